@@ -1,0 +1,48 @@
+# pidfence: two commands do everything on a fresh machine.
+#   make demo   set up, start the embedded services, run the main job with faults, print the verdict
+#   make test   set up, run the whole test suite (what CI runs)
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.pidfence-installed
+JARS   := .cache/jars/.complete
+PYTEST_ARGS ?=
+
+.PHONY: setup test unit lint demo bench clean distclean
+
+setup: $(STAMP) $(JARS)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 2; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+$(JARS): $(STAMP) infra/jvm/pom.xml infra/jvm/*/pom.xml
+	@command -v java >/dev/null || { echo "error: java not found: install a Java 17+ runtime (apt-get install openjdk-17-jre-headless)"; exit 2; }
+	@command -v mvn >/dev/null || { echo "error: mvn not found: install Apache Maven (apt-get install maven)"; exit 2; }
+	$(BIN)/python -m pidfence.services.jars
+
+test: setup
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+demo: setup
+	$(BIN)/pidfence demo
+
+bench: setup
+	$(BIN)/pidfence bench engine --quick
+
+clean:
+	rm -rf out build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+distclean: clean
+	rm -rf $(VENV) .cache

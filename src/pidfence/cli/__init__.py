@@ -1,0 +1,30 @@
+"""The ``pidfence`` command. Each subcommand lives in its own module and only parses arguments;
+the logic belongs to the package the command is named after."""
+
+from __future__ import annotations
+
+import typer
+
+from pidfence.cli import bench, copy, demo, lease, produce, services, sink, verify
+
+app = typer.Typer(
+    name="pidfence",
+    no_args_is_help=True,
+    add_completion=False,
+    help="Exactly-once Kafka pipelines: PID leases, idempotent producers, a deduplicating sink.",
+)
+
+
+
+@app.callback()
+def _root() -> None:
+    """Exactly-once Kafka pipelines: PID leases, idempotent producers, a deduplicating sink."""
+
+
+for _module in (services, lease, produce, copy, sink, verify, demo, bench):
+    _module.register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,29 @@
+"""``pidfence bench NAME [--quick]``: run ``bench/NAME.py`` and record its figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``bench`` to the ``pidfence`` app."""
+
+    @app.command("bench")
+    def bench(
+        name: Annotated[str, typer.Argument(help="Benchmark to run: bench/NAME.py")],
+        quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes, same figures")] = False,
+        bench_dir: Annotated[
+            Path | None, typer.Option(help="Folder holding the benchmarks (default: ./bench)")
+        ] = None,
+    ) -> None:
+        """Run a benchmark, print its table and write bench/results/NAME.json."""
+        from pidfence.benchkit import BenchNotFound, run_bench
+
+        try:
+            run_bench(name, quick=quick, bench_dir=bench_dir)
+        except BenchNotFound as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(2) from exc

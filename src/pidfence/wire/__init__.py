@@ -1,0 +1,35 @@
+"""The ``pf`` header codec, the shared value types and the exception root. No I/O."""
+
+from pidfence.wire.errors import MalformedHeader, PidfenceError
+from pidfence.wire.header import (
+    FLAG_FENCE,
+    GENERATION_LIMIT,
+    MAX_HEADER_BYTES,
+    PF_HEADER_KEY,
+    PF_VERSION,
+    PID_LIMIT,
+    SEQ_LIMIT,
+    PfHeader,
+    decode_pf,
+    encode_pf,
+)
+from pidfence.wire.verdict import Verdict
+
+__all__ = [
+    # codec
+    "FLAG_FENCE",
+    "GENERATION_LIMIT",
+    "MAX_HEADER_BYTES",
+    "PF_HEADER_KEY",
+    "PF_VERSION",
+    "PID_LIMIT",
+    "SEQ_LIMIT",
+    # errors
+    "MalformedHeader",
+    "PfHeader",
+    "PidfenceError",
+    # types
+    "Verdict",
+    "decode_pf",
+    "encode_pf",
+]
