@@ -3,7 +3,11 @@
 Format: JSON lines, one object per acknowledgement::
 
     {"pid": 7, "generation": 3, "topic": "t", "partition": 0, "seq": 12,
-     "digest": "9f86d081884c7d65", "offset": 1042, "ts_ms": 1763800000000, "fence": false}
+     "digest": "9f86d081884c7d65", "offset": 1042, "ts_ms": 1763800000000, "fence": false,
+     "expire_ms": 1763886400000}
+
+``ts_ms`` is the Kafka record timestamp (what the broker rules use as time); ``expire_ms`` is the
+end of the lease the record was sent under (0 when unknown).
 
 ``digest`` is :func:`value_digest` of the record value. A record resent after a lost
 acknowledgement may appear twice; the checker keys entries by (pid, topic, partition, seq).
@@ -39,6 +43,7 @@ class LedgerEntry:
     offset: int
     ts_ms: int
     fence: bool = False
+    expire_ms: int = 0
 
 
 class LedgerWriter:
