@@ -33,7 +33,7 @@ unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/python -m mypy
 
 demo: setup
 	$(BIN)/pidfence demo

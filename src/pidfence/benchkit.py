@@ -75,7 +75,8 @@ def load_bench(name: str, bench_dir: Path) -> Any:
         known = sorted(p.stem for p in bench_dir.glob("*.py") if not p.stem.startswith("_"))
         raise BenchNotFound(f"no benchmark {name!r} in {bench_dir} (known: {', '.join(known)})")
     spec = importlib.util.spec_from_file_location(f"pidfence_bench_{name}", path)
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise BenchNotFound(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

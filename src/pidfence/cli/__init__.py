@@ -15,7 +15,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root() -> None:
     """Exactly-once Kafka pipelines: PID leases, idempotent producers, a deduplicating sink."""

@@ -77,8 +77,14 @@ def fetch(*, force: bool = False, quiet: bool = False) -> Path:
     for component in COMPONENTS:
         shutil.rmtree(cache / component, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
-    cmd = [mvn, "-B", "-f", str(root / "infra" / "jvm" / "pom.xml"), "package",
-           f"-Djars.dir={cache}"]
+    cmd = [
+        mvn,
+        "-B",
+        "-f",
+        str(root / "infra" / "jvm" / "pom.xml"),
+        "package",
+        f"-Djars.dir={cache}",
+    ]
     if quiet:
         cmd.insert(1, "-q")
     subprocess.run(cmd, check=True)
