@@ -1,0 +1,27 @@
+"""The broker-side rules (DESIGN §4): per-partition producer state, verdicts, snapshots.
+
+Pure computation: no I/O beyond (de)serialising bytes. The Spark sink and the simulation run the
+same code.
+"""
+
+from pidfence.broker_plugin.batch import BatchResult, DecodedHeaders, decode_headers, offer_batch
+from pidfence.broker_plugin.decision import CODE_OF, VERDICT_CODES, Decision
+from pidfence.broker_plugin.errors import CorruptSnapshot
+from pidfence.broker_plugin.rebuild import rebuild
+from pidfence.broker_plugin.table import ProducerStateTable
+
+__all__ = [
+    "CODE_OF",
+    "VERDICT_CODES",
+    # batch path
+    "BatchResult",
+    # errors
+    "CorruptSnapshot",
+    "DecodedHeaders",
+    # rules
+    "Decision",
+    "ProducerStateTable",
+    "decode_headers",
+    "offer_batch",
+    "rebuild",
+]

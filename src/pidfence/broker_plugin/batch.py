@@ -1,0 +1,343 @@
+"""The batch path: many records at once, the same decisions as one-by-one ``offer_header``.
+
+Most records of a healthy stream are boring: a known producer's next sequence number, or an exact
+resend of one already appended. This module decides those with numpy, per producer, and sends every
+producer with anything unusual in the batch (a gap, a fence, a generation change, held records, an
+expiry or a capacity limit in reach) through the exact per-record rules in record order. Both paths
+write the same state, so the result is identical to ``offer_header`` record by record (a property
+test holds it to that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from pidfence.broker_plugin.decision import CODE_OF, VERDICT_CODES, Decision
+from pidfence.broker_plugin.table import Emit, ProducerStateTable
+from pidfence.wire import GENERATION_LIMIT, MalformedHeader, Verdict, decode_pf
+
+I64 = npt.NDArray[np.int64]
+U8 = npt.NDArray[np.uint8]
+BoolArr = npt.NDArray[np.bool_]
+
+_APPENDED: Final = CODE_OF[Verdict.APPENDED]
+_DUPLICATE: Final = CODE_OF[Verdict.DUPLICATE]
+_NON_IDEMPOTENT: Final = CODE_OF[Verdict.NON_IDEMPOTENT]
+_MALFORMED: Final = CODE_OF[Verdict.MALFORMED]
+_UNDECIDED: Final = 255
+# Sequences this large go through the exact path, so relative arithmetic cannot overflow.
+_SEQ_FAST_LIMIT: Final = 2**62
+
+
+@dataclass
+class BatchResult:
+    """Decisions of one :func:`offer_batch` call, aligned to its input rows.
+
+    ``verdict`` holds uint8 codes (``VERDICT_CODES[code]`` is the :class:`Verdict`; rows still held
+    when the call ended are ``BUFFERED``). ``pid``, ``generation``, ``seq`` and ``flags`` are the
+    decoded headers (0 where missing or malformed). ``log_order`` lists what was appended, in log
+    order: ``i >= 0`` is input row ``i``; ``i < 0`` is ``released[-i - 1]``, a record held by an
+    earlier call and appended during this one. ``released`` also holds the final verdicts of earlier
+    calls' held records that this call dropped.
+    """
+
+    verdict: U8
+    pid: I64
+    generation: I64
+    seq: I64
+    flags: U8
+    log_order: I64
+    released: list[Decision] = field(default_factory=list)
+
+    def verdicts(self) -> list[Verdict]:
+        """The verdicts as enum members."""
+        return [VERDICT_CODES[c] for c in self.verdict.tolist()]
+
+    def counts(self) -> dict[Verdict, int]:
+        """How many rows got each verdict."""
+        codes, counts = np.unique(self.verdict, return_counts=True)
+        return {
+            VERDICT_CODES[c]: int(n) for c, n in zip(codes.tolist(), counts.tolist(), strict=True)
+        }
+
+
+@dataclass
+class DecodedHeaders:
+    """``pf`` headers decoded column-wise."""
+
+    present: BoolArr
+    malformed: BoolArr
+    pid: I64
+    generation: I64
+    seq: I64
+    flags: U8
+
+
+def _binary_array(headers: Any) -> pa.Array:
+    if isinstance(headers, pa.ChunkedArray):
+        headers = headers.combine_chunks()
+    if isinstance(headers, pa.Array):
+        if pa.types.is_large_binary(headers.type):
+            return headers
+        if pa.types.is_binary(headers.type):
+            return headers
+        if pa.types.is_null(headers.type):
+            return pa.array([None] * len(headers), type=pa.binary())
+        raise TypeError(f"headers must be a binary arrow array, got {headers.type}")
+    return pa.array(list(headers), type=pa.binary())
+
+
+def _read_uint(data: U8, pos: I64) -> tuple[I64, I64, BoolArr]:
+    """Decode a msgpack non-negative int at each position: (value, encoded length, ok)."""
+    tag = data[pos].astype(np.int64)
+    fix = tag <= 0x7F
+    size = np.select([tag == 0xCC, tag == 0xCD, tag == 0xCE, tag == 0xCF], [1, 2, 4, 8], 0)
+    value = np.where(fix, tag, 0).astype(np.uint64)
+    acc = np.zeros(len(pos), dtype=np.uint64)
+    for k in range(8):
+        byte = data[pos + 1 + k].astype(np.uint64)
+        acc = np.where(size > k, (acc << np.uint64(8)) | byte, acc)
+    value = np.where(fix, value, acc)
+    ok = (fix | (size > 0)) & (value < np.uint64(2**63))
+    length = np.where(fix, 1, 1 + size).astype(np.int64)
+    return value.astype(np.int64), length, ok
+
+
+def decode_headers(headers: Any) -> DecodedHeaders:
+    """Decode a column of ``pf`` header values (``None`` = no header) without a Python loop.
+
+    Rows in the canonical encoding (msgpack-python's: fixarray of 5, unsigned ints) decode
+    vectorised; anything else goes through :func:`pidfence.wire.decode_pf`, so the result is
+    exactly what ``decode_pf`` says for every row.
+    """
+    arr = _binary_array(headers)
+    n = len(arr)
+    large = pa.types.is_large_binary(arr.type)
+    validity, offsets_buf, data_buf = arr.buffers()
+    off_type = np.int64 if large else np.int32
+    offsets: I64 = np.frombuffer(offsets_buf, dtype=off_type)[
+        arr.offset : arr.offset + n + 1
+    ].astype(np.int64)
+    raw = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    # Padding lets every gather read 16 bytes past any start without bounds checks.
+    data = np.concatenate([raw, np.zeros(64, dtype=np.uint8)])
+    present = (
+        np.ones(n, dtype=bool)
+        if arr.null_count == 0
+        else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    )
+    del validity
+    start, end = offsets[:-1], offsets[1:]
+    start_c = np.minimum(start, len(raw))
+    ok = present & (end - start >= 6)
+    ok &= (data[start_c] == 0x95) & (data[start_c + 1] == 0x01)
+    pos = start_c + 2
+    fields = []
+    for _ in range(3):
+        value, length, good = _read_uint(data, pos)
+        ok &= good
+        fields.append(value)
+        pos = pos + length
+    flag_byte = data[np.minimum(pos, len(data) - 1)]
+    ok &= (flag_byte <= 1) & (pos + 1 == end)
+    pid, gen, seq = fields
+    ok &= gen < GENERATION_LIMIT
+    flags = np.where(ok, flag_byte, 0).astype(np.uint8)
+    pid = np.where(ok, pid, 0)
+    gen = np.where(ok, gen, 0)
+    seq = np.where(ok, seq, 0)
+    malformed = np.zeros(n, dtype=bool)
+    slow = np.flatnonzero(present & ~ok)
+    if len(slow):
+        values = arr.take(pa.array(slow)).to_pylist()
+        for row, value in zip(slow.tolist(), values, strict=True):
+            try:
+                pf = decode_pf(value)
+            except MalformedHeader:
+                malformed[row] = True
+                continue
+            pid[row], gen[row], seq[row], flags[row] = pf.pid, pf.generation, pf.seq, pf.flags
+    return DecodedHeaders(present, malformed, pid, gen, seq, flags)
+
+
+def offer_batch(
+    table: ProducerStateTable,
+    headers: pa.Array | Sequence[bytes | None],
+    ts_ms: Any,
+    refs: Sequence[Any] | None = None,
+) -> BatchResult:
+    """Decide a batch of records in order; identical to ``offer_header`` row by row.
+
+    Args:
+        table: the partition's state (updated in place).
+        headers: the ``pf`` header value of each record (``None``/null when absent), as a pyarrow
+            binary array or a sequence of bytes.
+        ts_ms: each record's timestamp (int64 array-like), the table's only clock.
+        refs: what to remember for records that stay held past this call (default: row index);
+            must be msgpack-serialisable if the table is snapshotted while they are held.
+    """
+    dec = decode_headers(headers)
+    n = len(dec.pid)
+    ts = np.asarray(ts_ms, dtype=np.int64)
+    if ts.shape != (n,):
+        raise ValueError(f"ts_ms has shape {ts.shape}, expected ({n},)")
+    if refs is not None and len(refs) != n:
+        raise ValueError(f"refs has {len(refs)} items for {n} headers")
+    verdict = np.full(n, _UNDECIDED, dtype=np.uint8)
+    if n == 0:
+        return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags,
+                           np.empty(0, np.int64))  # fmt: skip
+    now = np.maximum.accumulate(np.maximum(ts, table.clock))
+    verdict[~dec.present | (dec.present & ~dec.malformed & (dec.pid == 0))] = _NON_IDEMPOTENT
+    verdict[dec.malformed] = _MALFORMED
+    candidate = dec.present & ~dec.malformed & (dec.pid != 0)
+    fast_rows, fast_codes, final_states, creations, slow_rows = _plan(table, dec, candidate, now)
+    verdict[fast_rows] = fast_codes
+
+    # Tokens of this call's rows are cleared before returning, so any constant tells them apart
+    # from records held by earlier calls (whose token is None).
+    call = 0
+    events_time: list[int] = []
+    events_sub: list[int] = []
+    events_idx: list[int] = []
+    released: list[Decision] = []
+
+    def collect(out: list[Emit], time: int) -> None:
+        for sub, (ref, v, token) in enumerate(out, start=1):
+            if token is not None and token[0] == call:
+                row = token[1]
+                verdict[row] = CODE_OF[v]
+                if v is Verdict.APPENDED:
+                    events_time.append(time)
+                    events_sub.append(sub)
+                    events_idx.append(row)
+            else:
+                released.append(Decision(ref, v))
+                if v is Verdict.APPENDED:
+                    events_time.append(time)
+                    events_sub.append(sub)
+                    events_idx.append(-len(released))
+
+    pid_l, gen_l, seq_l, flags_l = (
+        dec.pid.tolist(), dec.generation.tolist(), dec.seq.tolist(), dec.flags.tolist()
+    )  # fmt: skip
+    now_l = now.tolist()
+    ci = 0
+    out: list[Emit] = []
+    for r in slow_rows.tolist():
+        while ci < len(creations) and creations[ci][0] < r:
+            c_row, c_pid, c_gen = creations[ci]
+            table.create(c_pid, c_gen, 0, now_l[c_row])
+            ci += 1
+        out.clear()
+        t = table.advance(now_l[r], out)
+        ref = refs[r] if refs is not None else r
+        table.decide(pid_l[r], gen_l[r], seq_l[r], flags_l[r], t, ref, out, (call, r))
+        collect(out, r)
+    for c_row, c_pid, c_gen in creations[ci:]:
+        table.create(c_pid, c_gen, 0, now_l[c_row])
+    for pid, gen, high in final_states:
+        entry = table.entries[pid]
+        entry.generation = gen
+        entry.highwater = high
+    out.clear()
+    table.advance(int(now[-1]), out)
+    collect(out, n)
+    # Rows held by this call and still waiting keep their token; make it opaque to later calls.
+    for by_seq in table.held.values():
+        for h in by_seq.values():
+            if h.token is not None and h.token[0] == call:
+                h.token = None
+    log_order = _merge_log(fast_rows, fast_codes, events_time, events_sub, events_idx)
+    return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags, log_order, released)
+
+
+def _merge_log(
+    fast_rows: I64, fast_codes: U8, times: list[int], subs: list[int], idx: list[int]
+) -> I64:
+    appended = fast_rows[fast_codes == _APPENDED]
+    all_time = np.concatenate([appended, np.asarray(times, dtype=np.int64)])
+    all_sub = np.concatenate([np.zeros(len(appended), np.int64), np.asarray(subs, np.int64)])
+    all_idx = np.concatenate([appended, np.asarray(idx, dtype=np.int64)])
+    order = np.lexsort((all_sub, all_time))
+    return all_idx[order].astype(np.int64)
+
+
+def _plan(
+    table: ProducerStateTable, dec: DecodedHeaders, candidate: BoolArr, now: I64
+) -> tuple[I64, U8, list[tuple[int, int, int]], list[tuple[int, int, int]], I64]:
+    """Split candidate rows into vectorised producers and exact-path rows.
+
+    Returns (fast rows, their verdict codes, final (pid, generation, highwater) of fast producers,
+    fast producers created in this batch as (row, pid, generation) in row order, slow rows).
+    """
+    rows = np.flatnonzero(candidate)
+    empty_i = np.empty(0, np.int64)
+    if not len(rows):
+        return empty_i, np.empty(0, np.uint8), [], [], empty_i
+    order = np.argsort(dec.pid[rows], kind="stable")
+    sr = rows[order]
+    sp, sg, ss, sf = dec.pid[sr], dec.generation[sr], dec.seq[sr], dec.flags[sr]
+    starts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1]])
+    sizes = np.diff(np.r_[starts, len(sr)])
+    gid = np.repeat(np.arange(len(starts)), sizes)
+    upids = sp[starts].tolist()
+    life = table.lifetime_ms + table.grace_ms
+    last_now = int(now[-1])
+    k = len(starts)
+    base = np.empty(k, np.int64)
+    cur_gen = np.empty(k, np.int64)
+    exists = np.empty(k, bool)
+    bad = np.zeros(k, bool)
+    entries, held = table.entries, table.held
+    for i, pid in enumerate(upids):
+        entry = entries.get(pid)
+        if entry is None:
+            exists[i], base[i], cur_gen[i] = False, -1, 0
+        else:
+            exists[i], base[i], cur_gen[i] = True, entry.highwater, entry.generation
+            # An entry that may expire during the batch changes its producer's verdicts mid-way.
+            bad[i] = entry.first_seen + life <= last_now or pid in held
+    n_new = int((~exists).sum())
+    first_now = int(now[rows[0]])
+    if len(entries) + n_new > table.capacity or (n_new and life <= last_now - first_now):
+        # CAPACITY or expiry of new entries within reach: decide everything exactly.
+        return empty_i, np.empty(0, np.uint8), [], [], rows
+    g_first = sg[starts]
+    bad |= np.logical_or.reduceat((sg != g_first[gid]) | (sf != 0) | (ss >= _SEQ_FAST_LIMIT),
+                                  starts)  # fmt: skip
+    bad |= exists & (g_first != cur_gen) & (g_first != cur_gen + 1)
+    bad |= ~exists & (ss[starts] != 0)
+    # Sequence shape: every record must be a resend (s <= max so far) or the next one.
+    span = int(sizes.max()) + 2
+    rel = np.clip(ss - base[gid], 0, span - 1)
+    key = gid * span + rel
+    running = np.maximum.accumulate(key)
+    prev = np.empty_like(running)
+    prev[1:] = running[:-1]
+    prev[starts] = np.arange(k) * span
+    prev_rel = prev - gid * span
+    is_next = rel == prev_rel + 1
+    is_dup = rel <= prev_rel
+    bad |= np.logical_or.reduceat(~(is_next | is_dup), starts)
+    row_bad = bad[gid]
+    fast_sel = ~row_bad
+    fast_rows = sr[fast_sel]
+    fast_codes = np.where(is_next[fast_sel], _APPENDED, _DUPLICATE).astype(np.uint8)
+    ends = np.r_[starts[1:], len(sr)] - 1
+    high = base + (running[ends] - np.arange(k) * span)
+    good = np.flatnonzero(~bad)
+    final_states = [(upids[i], int(g_first[i]), int(high[i])) for i in good.tolist()]
+    for i in good.tolist():
+        if exists[i]:
+            table.touched.add(upids[i])
+    new_good = good[~exists[good]]
+    creations = sorted((int(sr[starts[i]]), upids[i], int(g_first[i])) for i in new_good.tolist())
+    slow_rows = np.sort(sr[row_bad])
+    return fast_rows, fast_codes, final_states, creations, slow_rows

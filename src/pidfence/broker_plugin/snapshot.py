@@ -1,0 +1,264 @@
+"""Full and incremental snapshots of a :class:`ProducerStateTable`.
+
+Framing: ``b"PFS1"`` + CRC32 (big-endian u32) of the payload + the msgpack payload. A full snapshot
+holds every live entry in ring order and every held record. A delta holds only what changed since
+the previous snapshot or delta: entries created since then (live ones, in ring order), entries
+updated since then, how many older entries expired from the ring's head, the clock and the held
+records (at most ``reorder_window`` per producer, so small). Deltas are chained by epoch; applying a
+delta to the wrong base raises :class:`CorruptSnapshot`, as does any damage at all.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import TYPE_CHECKING, Any, Final
+
+import msgpack
+
+from pidfence.broker_plugin.errors import CorruptSnapshot
+from pidfence.broker_plugin.table import Entry, Held
+
+if TYPE_CHECKING:
+    from pidfence.broker_plugin.table import ProducerStateTable
+
+MAGIC: Final = b"PFS1"
+VERSION: Final = 1
+_HEADER = struct.Struct(">4sI")
+
+
+def _frame(payload: dict[str, Any]) -> bytes:
+    try:
+        body = msgpack.packb(payload)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"cannot snapshot: a held record's ref is not msgpack-serialisable ({exc}); "
+            "pass ints, strings, bytes or tuples of them as refs"
+        ) from exc
+    return _HEADER.pack(MAGIC, zlib.crc32(body)) + body
+
+
+def _unframe(data: bytes, kind: str) -> dict[str, Any]:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CorruptSnapshot(f"snapshot must be bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) < _HEADER.size:
+        raise CorruptSnapshot(f"snapshot truncated ({len(data)} bytes)")
+    magic, crc = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CorruptSnapshot(f"bad magic {magic!r}: not a pidfence state snapshot")
+    body = data[_HEADER.size :]
+    if zlib.crc32(body) != crc:
+        raise CorruptSnapshot("CRC mismatch: the snapshot is damaged")
+    try:
+        payload = msgpack.unpackb(body, strict_map_key=False, use_list=True)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise CorruptSnapshot(f"undecodable snapshot body: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise CorruptSnapshot("snapshot body is not a map")
+    if payload.get("v") != VERSION:
+        raise CorruptSnapshot(f"unsupported snapshot version {payload.get('v')!r}")
+    if payload.get("kind") != kind:
+        raise CorruptSnapshot(f"expected a {kind} snapshot, got {payload.get('kind')!r}")
+    return payload
+
+
+def _held_rows(table: ProducerStateTable) -> list[list[Any]]:
+    return [
+        [pid, h.seq, h.generation, h.flags, h.ts_ms, h.arrival, h.ref]
+        for pid, by_seq in table.held.items()
+        for h in by_seq.values()
+    ]
+
+
+def _mark_clean(table: ProducerStateTable, epoch: int) -> None:
+    table.epoch = epoch
+    table.base_serial = table.next_serial
+    table.touched.clear()
+    table.expired_since = 0
+
+
+def full_snapshot(table: ProducerStateTable) -> bytes:
+    """Every live entry (ring order) and every held record."""
+    epoch = table.epoch + 1
+    entries = [
+        [pid, serial, e.generation, e.highwater, e.first_seen]
+        for pid, serial in table.ring
+        for e in (table.entries[pid],)
+    ]
+    data = _frame(
+        {
+            "v": VERSION,
+            "kind": "full",
+            "epoch": epoch,
+            "cfg": [table.capacity, table.lifetime_ms, table.reorder_window, table.grace_ms],
+            "clock": table.clock,
+            "serial": table.next_serial,
+            "arrival": table.next_arrival,
+            "entries": entries,
+            "held": _held_rows(table),
+        }
+    )
+    _mark_clean(table, epoch)
+    return data
+
+
+def delta_snapshot(table: ProducerStateTable) -> bytes:
+    """What changed since the previous snapshot; work proportional to the producers touched."""
+    epoch = table.epoch + 1
+    new: list[list[Any]] = []
+    updated: list[list[Any]] = []
+    for pid in table.touched:
+        entry = table.entries.get(pid)
+        if entry is not None and entry.serial < table.base_serial:
+            updated.append([pid, entry.generation, entry.highwater])
+    # Entries created since the last snapshot are the ring's tail (creation order).
+    tail = []
+    for pid, serial in _reverse_ring(table):
+        if serial < table.base_serial:
+            break
+        e = table.entries[pid]
+        tail.append([pid, serial, e.generation, e.highwater, e.first_seen])
+    new = tail[::-1]
+    data = _frame(
+        {
+            "v": VERSION,
+            "kind": "delta",
+            "prev": table.epoch,
+            "epoch": epoch,
+            "clock": table.clock,
+            "serial": table.next_serial,
+            "arrival": table.next_arrival,
+            "expired": table.expired_since,
+            "new": new,
+            "updated": sorted(updated),
+            "held": _held_rows(table),
+        }
+    )
+    _mark_clean(table, epoch)
+    return data
+
+
+def _reverse_ring(table: ProducerStateTable) -> Any:
+    ring = table.ring
+    n = len(ring)
+    # EntryRing exposes forward iteration only; index from the tail without copying the ring.
+    for i in range(n - 1, -1, -1):
+        slot = (ring._head + i) % ring.capacity
+        yield ring._pids[slot], ring._serials[slot]
+
+
+def _int(value: Any, what: str) -> int:
+    if type(value) is not int:
+        raise CorruptSnapshot(f"{what}: expected int, got {type(value).__name__}")
+    return value
+
+
+def _entry_row(row: Any) -> list[int]:
+    if not isinstance(row, list) or len(row) != 5:
+        raise CorruptSnapshot("entry row must be [pid, serial, generation, highwater, first_seen]")
+    return [_int(v, "entry field") for v in row]
+
+
+def restore_chain(
+    cls: type[ProducerStateTable],
+    full: bytes,
+    deltas: list[bytes],
+    *,
+    capacity: int | None,
+    lifetime_ms: int | None,
+    reorder_window: int | None,
+    grace_ms: int | None,
+) -> ProducerStateTable:
+    """Apply ``deltas`` to ``full`` and build the table (see module docstring)."""
+    try:
+        return _restore(cls, full, deltas, capacity, lifetime_ms, reorder_window, grace_ms)
+    except CorruptSnapshot:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError) as exc:
+        raise CorruptSnapshot(f"inconsistent snapshot: {exc.__class__.__name__}: {exc}") from exc
+
+
+def _restore(
+    cls: type[ProducerStateTable],
+    full: bytes,
+    deltas: list[bytes],
+    capacity: int | None,
+    lifetime_ms: int | None,
+    reorder_window: int | None,
+    grace_ms: int | None,
+) -> ProducerStateTable:
+    payload = _unframe(full, "full")
+    cfg = payload["cfg"]
+    if not isinstance(cfg, list) or len(cfg) != 4:
+        raise CorruptSnapshot("cfg must be [capacity, lifetime_ms, reorder_window, grace_ms]")
+    cap, life, window, grace = (_int(v, "cfg") for v in cfg)
+    epoch = _int(payload["epoch"], "epoch")
+    rows = [_entry_row(r) for r in payload["entries"]]
+    state = payload
+    for raw in deltas:
+        delta = _unframe(raw, "delta")
+        if _int(delta["prev"], "prev") != epoch:
+            raise CorruptSnapshot(
+                f"delta follows epoch {delta['prev']} but the chain is at epoch {epoch}"
+            )
+        epoch = _int(delta["epoch"], "epoch")
+        expired = _int(delta["expired"], "expired")
+        if not 0 <= expired <= len(rows):
+            raise CorruptSnapshot(f"delta expires {expired} of {len(rows)} entries")
+        rows = rows[expired:]
+        index = {row[0]: row for row in rows}
+        for upd in delta["updated"]:
+            if not isinstance(upd, list) or len(upd) != 3:
+                raise CorruptSnapshot("updated row must be [pid, generation, highwater]")
+            pid, gen, high = (_int(v, "updated field") for v in upd)
+            if pid not in index:
+                raise CorruptSnapshot(f"delta updates pid {pid}, which the base does not hold")
+            index[pid][2], index[pid][3] = gen, high
+        rows.extend(_entry_row(r) for r in delta["new"])
+        state = delta
+    table = cls(
+        capacity if capacity is not None else cap,
+        lifetime_ms if lifetime_ms is not None else life,
+        reorder_window if reorder_window is not None else window,
+        grace_ms if grace_ms is not None else grace,
+    )
+    if len(rows) > table.capacity:
+        raise CorruptSnapshot(f"{len(rows)} entries exceed capacity {table.capacity}")
+    last_serial = -1
+    last_seen = -(2**63)
+    for pid, serial, gen, high, first_seen in rows:
+        if pid in table.entries or pid <= 0:
+            raise CorruptSnapshot(f"pid {pid} is duplicated or invalid")
+        if serial <= last_serial or first_seen < last_seen:
+            raise CorruptSnapshot("entries are not in creation order")
+        if gen < 0 or high < -1:
+            raise CorruptSnapshot(f"pid {pid} has an invalid generation or highwater")
+        last_serial, last_seen = serial, first_seen
+        table.entries[pid] = Entry(gen, high, first_seen, serial)
+        table.ring.append(pid, serial)
+    table.clock = _int(state["clock"], "clock")
+    table.next_serial = _int(state["serial"], "serial")
+    table.next_arrival = _int(state["arrival"], "arrival")
+    if table.next_serial <= last_serial:
+        raise CorruptSnapshot("serial counter is behind the entries")
+    for row in state["held"]:
+        if not isinstance(row, list) or len(row) != 7:
+            raise CorruptSnapshot("held row must have 7 fields")
+        pid, seq, gen, flags, ts, arrival = (_int(v, "held field") for v in row[:6])
+        if pid not in table.entries:
+            raise CorruptSnapshot(f"held record of pid {pid}, which has no entry")
+        ref = row[6]
+        by_seq = table.held.setdefault(pid, {})
+        if seq in by_seq or arrival >= table.next_arrival:
+            raise CorruptSnapshot(f"held record {pid}/{seq} is inconsistent")
+        by_seq[seq] = Held(seq, gen, flags, ts, arrival, _freeze(ref))
+    _mark_clean(table, epoch)
+    return table
+
+
+def _freeze(ref: Any) -> Any:
+    """msgpack turns tuples into lists; give callers their tuples back (hashable refs)."""
+    if isinstance(ref, list):
+        return tuple(_freeze(r) for r in ref)
+    return ref

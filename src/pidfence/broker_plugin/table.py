@@ -1,0 +1,426 @@
+"""One partition's producer state and the broker-side rules of DESIGN §4.
+
+The table keeps ``pid -> (generation, highwater, first_seen_ms)`` for every live producer of one
+(topic, partition), in a fixed-size ring in creation order (the proposal's circular buffer), and
+decides each offered record with the cases of DESIGN §4, in the order the table lists them.
+
+Time is only ever the caller's ``ts_ms`` (the Kafka record timestamp): the table's clock is the
+largest timestamp seen so far, so a replay of the same records decides exactly as the first run did,
+and a timestamp that goes backwards (Kafka allows it) never moves the clock back. An entry is
+created with ``first_seen_ms`` = the clock, so the ring stays ordered by expiry time, and expires
+once the clock reaches ``first_seen_ms + lifetime_ms + grace_ms``. An expired pid is unknown again:
+``seq == 0`` starts a new entry, ``seq > 0`` is ``UNKNOWN_PID``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pidfence.broker_plugin.decision import Decision
+from pidfence.broker_plugin.ring import EntryRing
+from pidfence.wire import (
+    FLAG_FENCE,
+    GENERATION_LIMIT,
+    PID_LIMIT,
+    SEQ_LIMIT,
+    MalformedHeader,
+    Verdict,
+    decode_pf,
+)
+
+_NO_CLOCK: Final = -(2**63)
+
+#: Internal decision: (caller's ref, verdict, batch token of the record or None).
+Emit = tuple[Any, Verdict, "tuple[int, int] | None"]
+
+APPENDED: Final = Verdict.APPENDED
+NON_IDEMPOTENT: Final = Verdict.NON_IDEMPOTENT
+MALFORMED: Final = Verdict.MALFORMED
+CAPACITY: Final = Verdict.CAPACITY
+FENCE: Final = Verdict.FENCE
+UNKNOWN_PID: Final = Verdict.UNKNOWN_PID
+FENCED: Final = Verdict.FENCED
+INVALID_GENERATION: Final = Verdict.INVALID_GENERATION
+DUPLICATE: Final = Verdict.DUPLICATE
+BUFFERED: Final = Verdict.BUFFERED
+OUT_OF_ORDER: Final = Verdict.OUT_OF_ORDER
+
+
+class Entry:
+    """A live producer's state on this partition."""
+
+    __slots__ = ("first_seen", "generation", "highwater", "serial")
+
+    def __init__(self, generation: int, highwater: int, first_seen: int, serial: int) -> None:
+        self.generation = generation
+        self.highwater = highwater
+        self.first_seen = first_seen
+        self.serial = serial
+
+
+@dataclass(slots=True)
+class Held:
+    """A record held for reordering until its predecessor arrives."""
+
+    seq: int
+    generation: int
+    flags: int
+    ts_ms: int
+    arrival: int
+    ref: Any
+    #: (call id, row) of the batch call that held it; not part of snapshots.
+    token: tuple[int, int] | None = None
+
+
+class ProducerStateTable:
+    """The broker-side rules for one (topic, partition).
+
+    Args:
+        capacity: most live producer entries kept (ring size); a new producer beyond it is refused
+            with ``CAPACITY``, live state is never evicted.
+        lifetime_ms: how long an entry lives after its first record (the lease lifetime).
+        reorder_window: how far past ``highwater + 1`` a record may be held for reordering
+            (0 disables holding: such records are ``OUT_OF_ORDER`` at once).
+        grace_ms: extra life added to every entry (covers clock skew between producers).
+    """
+
+    def __init__(
+        self, capacity: int, lifetime_ms: int, reorder_window: int = 5, grace_ms: int = 0
+    ) -> None:
+        for name, value, low in (
+            ("capacity", capacity, 1),
+            ("lifetime_ms", lifetime_ms, 1),
+            ("reorder_window", reorder_window, 0),
+            ("grace_ms", grace_ms, 0),
+        ):
+            if type(value) is not int or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        self.capacity = capacity
+        self.lifetime_ms = lifetime_ms
+        self.reorder_window = reorder_window
+        self.grace_ms = grace_ms
+        self.entries: dict[int, Entry] = {}
+        self.ring = EntryRing(capacity)
+        self.held: dict[int, dict[int, Held]] = {}
+        self.clock = _NO_CLOCK
+        self.next_serial = 0
+        self.next_arrival = 0
+        # Change tracking for incremental snapshots (see snapshot.py).
+        self.epoch = 0
+        self.base_serial = 0
+        self.touched: set[int] = set()
+        self.expired_since = 0
+
+    # ----------------------------------------------------------------------------- public API
+
+    def __len__(self) -> int:
+        """Number of live producer entries."""
+        return len(self.entries)
+
+    def get(self, pid: int) -> tuple[int, int, int] | None:
+        """``(generation, highwater, first_seen_ms)`` of a live pid, else ``None``."""
+        entry = self.entries.get(pid)
+        if entry is None:
+            return None
+        return entry.generation, entry.highwater, entry.first_seen
+
+    @property
+    def held_count(self) -> int:
+        """Records currently held for reordering."""
+        return sum(len(h) for h in self.held.values())
+
+    def offer(
+        self,
+        pid: int,
+        generation: int,
+        seq: int,
+        ts_ms: int,
+        flags: int = 0,
+        ref: Any = None,
+    ) -> list[Decision]:
+        """Decide one record (DESIGN §4).
+
+        Returns the decisions this call made, in log order: expiries of held records, this
+        record's verdict (``BUFFERED`` when held), then held records it released.
+        """
+        out: list[Emit] = []
+        now = self.advance(ts_ms, out)
+        if _valid(pid, generation, seq, flags):
+            self.decide(pid, generation, seq, flags, now, ref, out, None)
+        else:
+            out.append((ref, MALFORMED, None))
+        return [Decision(r, v) for r, v, _ in out]
+
+    def offer_header(self, header: bytes | None, ts_ms: int, ref: Any = None) -> list[Decision]:
+        """Decide one record from its raw ``pf`` header value (``None`` when absent)."""
+        verdict = NON_IDEMPOTENT
+        if header is not None:
+            try:
+                pf = decode_pf(header)
+            except MalformedHeader:
+                verdict = MALFORMED
+            else:
+                return self.offer(pf.pid, pf.generation, pf.seq, ts_ms, pf.flags, ref)
+        out: list[Emit] = []
+        self.advance(ts_ms, out)
+        out.append((ref, verdict, None))
+        return [Decision(r, v) for r, v, _ in out]
+
+    def flush(self, ts_ms: int) -> list[Decision]:
+        """Close the reorder window: every held record becomes ``OUT_OF_ORDER``."""
+        out: list[Emit] = []
+        self.advance(ts_ms, out)
+        self.flush_held(out)
+        return [Decision(r, v) for r, v, _ in out]
+
+    def flush_held(self, out: list[Emit]) -> None:
+        """Every held record becomes ``OUT_OF_ORDER`` (in arrival order)."""
+        for held in sorted(
+            (h for by_seq in self.held.values() for h in by_seq.values()), key=lambda h: h.arrival
+        ):
+            out.append((held.ref, OUT_OF_ORDER, held.token))
+        self.touched.update(self.held)
+        self.held.clear()
+
+    def offer_batch(self, headers: Any, ts_ms: Any, refs: Any = None) -> Any:
+        """Decide many records at once; same decisions as :meth:`offer_header` one by one.
+
+        See :func:`pidfence.broker_plugin.batch.offer_batch` for the arguments and result.
+        """
+        from pidfence.broker_plugin.batch import offer_batch
+
+        return offer_batch(self, headers, ts_ms, refs)
+
+    def snapshot(self) -> bytes:
+        """Full state as bytes (msgpack, versioned, CRC-checked)."""
+        from pidfence.broker_plugin.snapshot import full_snapshot
+
+        return full_snapshot(self)
+
+    def snapshot_delta(self) -> bytes:
+        """Only what changed since the previous :meth:`snapshot` or :meth:`snapshot_delta`."""
+        from pidfence.broker_plugin.snapshot import delta_snapshot
+
+        return delta_snapshot(self)
+
+    @classmethod
+    def restore(
+        cls,
+        data: bytes,
+        *,
+        capacity: int | None = None,
+        lifetime_ms: int | None = None,
+        reorder_window: int | None = None,
+        grace_ms: int | None = None,
+    ) -> ProducerStateTable:
+        """Rebuild a table from :meth:`snapshot` bytes; ``CorruptSnapshot`` on any damage.
+
+        Keyword arguments override the snapshot's settings (a capacity smaller than the live
+        entries is refused).
+        """
+        return cls.restore_chain(
+            data,
+            (),
+            capacity=capacity,
+            lifetime_ms=lifetime_ms,
+            reorder_window=reorder_window,
+            grace_ms=grace_ms,
+        )
+
+    @classmethod
+    def restore_chain(
+        cls,
+        full: bytes,
+        deltas: Iterable[bytes],
+        *,
+        capacity: int | None = None,
+        lifetime_ms: int | None = None,
+        reorder_window: int | None = None,
+        grace_ms: int | None = None,
+    ) -> ProducerStateTable:
+        """Rebuild a table from a full snapshot and the deltas taken after it, in order."""
+        from pidfence.broker_plugin.snapshot import restore_chain
+
+        return restore_chain(
+            cls,
+            full,
+            list(deltas),
+            capacity=capacity,
+            lifetime_ms=lifetime_ms,
+            reorder_window=reorder_window,
+            grace_ms=grace_ms,
+        )
+
+    def state(self) -> tuple[Any, ...]:
+        """A canonical, comparable view of the whole state (for tests and equality)."""
+        ring = tuple(
+            (
+                pid,
+                serial,
+                self.entries[pid].generation,
+                self.entries[pid].highwater,
+                self.entries[pid].first_seen,
+            )
+            for pid, serial in self.ring
+        )
+        held = tuple(
+            sorted(
+                (pid, h.seq, h.generation, h.flags, h.ts_ms, h.arrival, repr(h.ref))
+                for pid, by_seq in self.held.items()
+                for h in by_seq.values()
+            )
+        )
+        return (
+            self.capacity, self.lifetime_ms, self.reorder_window, self.grace_ms, self.clock,
+            self.next_serial, self.next_arrival, ring, held,
+        )  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProducerStateTable):
+            return NotImplemented
+        return self.state() == other.state()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"ProducerStateTable(capacity={self.capacity}, lifetime_ms={self.lifetime_ms}, "
+            f"reorder_window={self.reorder_window}, live={len(self.entries)}, "
+            f"held={self.held_count}, clock={self.clock})"
+        )
+
+    # ------------------------------------------------------------------------- the rules
+
+    def advance(self, ts_ms: int, out: list[Emit]) -> int:
+        """Move the clock to ``max(clock, ts_ms)`` and expire entries; returns the clock."""
+        if ts_ms > self.clock:
+            self.clock = ts_ms
+            self.expire(ts_ms, out)
+        return self.clock
+
+    def expire(self, now: int, out: list[Emit]) -> None:
+        """Drop entries whose life ended at or before ``now``, oldest first."""
+        ring = self.ring
+        life = self.lifetime_ms + self.grace_ms
+        while len(ring):
+            pid, serial = ring.head()
+            entry = self.entries[pid]
+            if entry.first_seen + life > now:
+                return
+            ring.pop()
+            del self.entries[pid]
+            if serial < self.base_serial:
+                # Entries created since the last snapshot never reached one; deltas skip them.
+                self.expired_since += 1
+            self.touched.discard(pid)
+            held = self.held.pop(pid, None)
+            if held:
+                # The producer's life ended with a gap open: its held records can never be appended.
+                for h in sorted(held.values(), key=lambda h: h.arrival):
+                    out.append((h.ref, OUT_OF_ORDER, h.token))
+
+    def create(self, pid: int, generation: int, highwater: int, now: int) -> None:
+        """Add a new entry at the ring's tail."""
+        self.entries[pid] = Entry(generation, highwater, now, self.next_serial)
+        self.ring.append(pid, self.next_serial)
+        self.next_serial += 1
+
+    def decide(
+        self,
+        pid: int,
+        g: int,
+        s: int,
+        flags: int,
+        now: int,
+        ref: Any,
+        out: list[Emit],
+        token: tuple[int, int] | None,
+    ) -> None:
+        """Apply DESIGN §4 to one decoded record, in the table's order of cases."""
+        if pid == 0:
+            out.append((ref, NON_IDEMPOTENT, token))
+            return
+        fence = flags & FLAG_FENCE
+        entry = self.entries.get(pid)
+        if entry is None:
+            if self.ring.full:
+                out.append((ref, CAPACITY, token))
+            elif fence:
+                self.create(pid, g, s - 1, now)
+                out.append((ref, FENCE, token))
+            elif s == 0:
+                self.create(pid, g, 0, now)
+                out.append((ref, APPENDED, token))
+            else:
+                out.append((ref, UNKNOWN_PID, token))
+            return
+        current = entry.generation
+        if g < current:
+            out.append((ref, FENCED, token))
+            return
+        if g > current + 1:
+            out.append((ref, INVALID_GENERATION, token))
+            return
+        self.touched.add(pid)
+        if fence:
+            entry.generation = g
+            out.append((ref, FENCE, token))
+            return
+        high = entry.highwater
+        if s <= high:
+            entry.generation = g
+            out.append((ref, DUPLICATE, token))
+            return
+        if s == high + 1:
+            entry.generation = g
+            entry.highwater = s
+            out.append((ref, APPENDED, token))
+            if pid in self.held:
+                self.release(pid, entry, out)
+            return
+        held = self.held.get(pid)
+        if held is not None and s in held:
+            # The same record arrived twice while waiting for its predecessor.
+            out.append((ref, DUPLICATE, token))
+            return
+        if s - high - 1 <= self.reorder_window:
+            entry.generation = g
+            if held is None:
+                held = self.held[pid] = {}
+            held[s] = Held(s, g, flags, now, self.next_arrival, ref, token)
+            self.next_arrival += 1
+            out.append((ref, BUFFERED, token))
+            return
+        out.append((ref, OUT_OF_ORDER, token))
+
+    def release(self, pid: int, entry: Entry, out: list[Emit]) -> None:
+        """Append held records that now follow the highwater, re-checking each one."""
+        held = self.held[pid]
+        while True:
+            nxt = held.pop(entry.highwater + 1, None)
+            if nxt is None:
+                break
+            if nxt.generation < entry.generation:
+                # A generation bump while it waited: a zombie's record.
+                out.append((nxt.ref, FENCED, nxt.token))
+                break
+            entry.generation = nxt.generation
+            entry.highwater = nxt.seq
+            out.append((nxt.ref, APPENDED, nxt.token))
+        if not held:
+            del self.held[pid]
+
+
+def _valid(pid: Any, generation: Any, seq: Any, flags: Any) -> bool:
+    return (
+        type(pid) is int
+        and type(generation) is int
+        and type(seq) is int
+        and type(flags) is int
+        and 0 <= pid < PID_LIMIT
+        and 0 <= generation < GENERATION_LIMIT
+        and 0 <= seq < SEQ_LIMIT
+        and flags in (0, FLAG_FENCE)
+    )
