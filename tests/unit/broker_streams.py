@@ -1,0 +1,203 @@
+"""Random record streams for the broker-rules property tests, and a reference model of DESIGN §4.
+
+The reference model is a direct transcription of the §4 table with the plainest data structures
+(a dict and linear scans), so the real table's ring, batch path and snapshots are checked against
+something obviously right.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from pidfence.wire import FLAG_FENCE, MalformedHeader, Verdict, decode_pf, encode_pf
+
+
+@dataclass
+class StreamKnobs:
+    """How nasty a generated stream is."""
+
+    pids: int = 4
+    records: int = 200
+    dup_rate: float = 0.1
+    swap_rate: float = 0.05
+    bump_rate: float = 0.03
+    zombie_rate: float = 0.03
+    fence_rate: float = 0.02
+    odd_rate: float = 0.05
+    ts_step_max: int = 50
+    ts_back_rate: float = 0.05
+
+
+@dataclass
+class _Producer:
+    pid: int
+    generation: int
+    next_seq: int = 0
+    sent: list[tuple[int, int]] = field(default_factory=list)
+
+
+def make_stream(rng: random.Random, knobs: StreamKnobs) -> list[tuple[bytes | None, int]]:
+    """(pf header or None, ts_ms) records: in order with duplicates, reorders, bumps, zombies."""
+    producers = [_Producer(pid=i + 1, generation=rng.randrange(0, 10)) for i in range(knobs.pids)]
+    out: list[tuple[bytes | None, int]] = []
+    delayed: list[tuple[int, bytes]] = []  # (emit when len(out) reaches, header)
+    ts = 1_000
+    while len(out) < knobs.records:
+        due = [d for d in delayed if d[0] <= len(out)]
+        for d in due:
+            delayed.remove(d)
+            out.append((d[1], ts))
+        ts += rng.randrange(0, knobs.ts_step_max + 1)
+        stamp = ts - rng.randrange(0, 20) if rng.random() < knobs.ts_back_rate else ts
+        p = rng.choice(producers)
+        roll = rng.random()
+        if roll < knobs.odd_rate:
+            kind = rng.randrange(5)
+            if kind == 0:
+                out.append((None, stamp))
+            elif kind == 1:
+                out.append((bytes(rng.randrange(256) for _ in range(rng.randrange(0, 12))), stamp))
+            elif kind == 2:
+                out.append((encode_pf(0, 0, rng.randrange(5)), stamp))
+            elif kind == 3:  # unknown producer mid-stream
+                out.append((encode_pf(1000 + rng.randrange(5), 0, rng.randrange(1, 9)), stamp))
+            else:  # generation jump by two
+                out.append((encode_pf(p.pid, p.generation + 2, p.next_seq), stamp))
+            continue
+        roll -= knobs.odd_rate
+        if roll < knobs.dup_rate and p.sent:
+            seq, gen = rng.choice(p.sent[-8:])
+            out.append((encode_pf(p.pid, gen, seq), stamp))
+            continue
+        roll -= knobs.dup_rate
+        if roll < knobs.bump_rate:
+            p.generation += 1
+            continue
+        roll -= knobs.bump_rate
+        if roll < knobs.zombie_rate and p.generation > 0:
+            out.append((encode_pf(p.pid, p.generation - 1, p.next_seq), stamp))
+            continue
+        roll -= knobs.zombie_rate
+        if roll < knobs.fence_rate:
+            p.generation += 1
+            out.append((encode_pf(p.pid, p.generation, p.next_seq, FLAG_FENCE), stamp))
+            continue
+        roll -= knobs.fence_rate
+        if roll < knobs.swap_rate:
+            # Pipelining retry: the second record lands first, the first one a little later —
+            # sometimes re-sent by a successor generation, which fences the waiting record.
+            a, b = p.next_seq, p.next_seq + 1
+            out.append((encode_pf(p.pid, p.generation, b), stamp))
+            p.sent.append((b, p.generation))
+            if rng.random() < 0.3:
+                p.generation += 1
+            delayed.append((len(out) + rng.randrange(0, 6), encode_pf(p.pid, p.generation, a)))
+            p.sent.append((a, p.generation))
+            p.next_seq += 2
+            continue
+        out.append((encode_pf(p.pid, p.generation, p.next_seq), stamp))
+        p.sent.append((p.next_seq, p.generation))
+        p.next_seq += 1
+    return out
+
+
+class ReferenceTable:
+    """DESIGN §4 with a plain dict and scans; held records as a list."""
+
+    def __init__(self, capacity: int, lifetime_ms: int, reorder_window: int = 5) -> None:
+        self.capacity = capacity
+        self.lifetime = lifetime_ms
+        self.window = reorder_window
+        self.entries: dict[int, list[int]] = {}  # pid -> [gen, high, first_seen, order]
+        self.held: list[dict[str, Any]] = []
+        self.clock = -(2**63)
+        self.order = 0
+
+    def _expire(self, out: list[tuple[Any, Verdict]]) -> None:
+        for pid, (_, _, first_seen, _) in sorted(self.entries.items(), key=lambda kv: kv[1][3]):
+            if first_seen + self.lifetime <= self.clock:
+                del self.entries[pid]
+                for h in [h for h in self.held if h["pid"] == pid]:
+                    out.append((h["ref"], Verdict.OUT_OF_ORDER))
+                    self.held.remove(h)
+            else:
+                break
+
+    def offer_header(self, header: bytes | None, ts: int, ref: Any) -> list[tuple[Any, Verdict]]:
+        out: list[tuple[Any, Verdict]] = []
+        if ts > self.clock:
+            self.clock = ts
+            self._expire(out)
+        if header is None:
+            out.append((ref, Verdict.NON_IDEMPOTENT))
+            return out
+        try:
+            h = decode_pf(header)
+        except MalformedHeader:
+            out.append((ref, Verdict.MALFORMED))
+            return out
+        pid, g, s, fence = h.pid, h.generation, h.seq, h.is_fence
+        if pid == 0:
+            out.append((ref, Verdict.NON_IDEMPOTENT))
+            return out
+        e = self.entries.get(pid)
+        if e is None:
+            if len(self.entries) >= self.capacity:
+                out.append((ref, Verdict.CAPACITY))
+            elif fence:
+                self.entries[pid] = [g, s - 1, self.clock, self.order]
+                self.order += 1
+                out.append((ref, Verdict.FENCE))
+            elif s == 0:
+                self.entries[pid] = [g, 0, self.clock, self.order]
+                self.order += 1
+                out.append((ref, Verdict.APPENDED))
+            else:
+                out.append((ref, Verdict.UNKNOWN_PID))
+            return out
+        if g < e[0]:
+            out.append((ref, Verdict.FENCED))
+        elif g > e[0] + 1:
+            out.append((ref, Verdict.INVALID_GENERATION))
+        elif fence:
+            e[0] = g
+            out.append((ref, Verdict.FENCE))
+        elif s <= e[1]:
+            e[0] = g
+            out.append((ref, Verdict.DUPLICATE))
+        elif s == e[1] + 1:
+            e[0], e[1] = g, s
+            out.append((ref, Verdict.APPENDED))
+            self._release(pid, e, out)
+        elif any(x["pid"] == pid and x["seq"] == s for x in self.held):
+            out.append((ref, Verdict.DUPLICATE))
+        elif s - e[1] - 1 <= self.window:
+            e[0] = g
+            self.held.append({"pid": pid, "seq": s, "gen": g, "ref": ref})
+            out.append((ref, Verdict.BUFFERED))
+        else:
+            out.append((ref, Verdict.OUT_OF_ORDER))
+        return out
+
+    def _release(self, pid: int, e: list[int], out: list[tuple[Any, Verdict]]) -> None:
+        while True:
+            nxt = next((x for x in self.held if x["pid"] == pid and x["seq"] == e[1] + 1), None)
+            if nxt is None:
+                return
+            self.held.remove(nxt)
+            if nxt["gen"] < e[0]:
+                out.append((nxt["ref"], Verdict.FENCED))
+                return
+            e[0], e[1] = nxt["gen"], nxt["seq"]
+            out.append((nxt["ref"], Verdict.APPENDED))
+
+    def flush(self, ts: int) -> list[tuple[Any, Verdict]]:
+        out: list[tuple[Any, Verdict]] = []
+        if ts > self.clock:
+            self.clock = ts
+            self._expire(out)
+        out += [(h["ref"], Verdict.OUT_OF_ORDER) for h in self.held]
+        self.held.clear()
+        return out

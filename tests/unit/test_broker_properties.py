@@ -1,0 +1,218 @@
+"""Property tests: the table against a reference model, the batch path against ``offer``,
+snapshots (full and incremental) against the live table, and corruption detection."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable, rebuild
+from pidfence.wire import Verdict, encode_pf
+from tests.unit.broker_streams import ReferenceTable, StreamKnobs, make_stream
+
+knobs_strategy = st.builds(
+    StreamKnobs,
+    pids=st.integers(1, 8),
+    records=st.integers(0, 250),
+    dup_rate=st.floats(0, 0.3),
+    swap_rate=st.floats(0, 0.2),
+    bump_rate=st.floats(0, 0.1),
+    zombie_rate=st.floats(0, 0.1),
+    fence_rate=st.floats(0, 0.1),
+    odd_rate=st.floats(0, 0.15),
+    ts_step_max=st.integers(0, 80),
+    ts_back_rate=st.floats(0, 0.2),
+)
+table_args = st.tuples(st.integers(1, 8), st.integers(1, 3000), st.integers(0, 4))
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def sequential(
+    table: ProducerStateTable, stream: list[tuple[bytes | None, int]]
+) -> tuple[dict[int, Verdict], list[int]]:
+    final: dict[int, Verdict] = {}
+    appended: list[int] = []
+    for i, (header, ts) in enumerate(stream):
+        for d in table.offer_header(header, ts, ref=i):
+            final[d.ref] = d.verdict
+            if d.verdict is Verdict.APPENDED:
+                appended.append(d.ref)
+    return final, appended
+
+
+@SETTINGS
+@given(st.integers(0, 2**32), knobs_strategy, table_args)
+def test_table_matches_reference_model(seed: int, knobs: StreamKnobs, args: Any) -> None:
+    capacity, lifetime, window = args
+    stream = make_stream(random.Random(seed), knobs)
+    table = ProducerStateTable(capacity, lifetime, window)
+    ref = ReferenceTable(capacity, lifetime, window)
+    for i, (header, ts) in enumerate(stream):
+        got = [(d.ref, d.verdict) for d in table.offer_header(header, ts, ref=i)]
+        assert got == ref.offer_header(header, ts, i), f"record {i}"
+    end = stream[-1][1] + 1 if stream else 0
+    assert [(d.ref, d.verdict) for d in table.flush(end)] == ref.flush(end)
+    assert (
+        {p: table.get(p)[:2] for p in table.entries}
+        == {  # type: ignore[index]
+            p: tuple(e[:2]) for p, e in ref.entries.items()
+        }
+    )
+
+
+@SETTINGS
+@given(st.integers(0, 2**32), knobs_strategy, table_args, st.lists(st.integers(1, 60), max_size=8),
+       st.booleans())  # fmt: skip
+def test_batch_path_decides_exactly_like_offer(
+    seed: int, knobs: StreamKnobs, args: Any, cuts: list[int], as_arrow: bool
+) -> None:
+    capacity, lifetime, window = args
+    stream = make_stream(random.Random(seed), knobs)
+    one_by_one = ProducerStateTable(capacity, lifetime, window)
+    expected_final, expected_log = sequential(one_by_one, stream)
+
+    batched = ProducerStateTable(capacity, lifetime, window)
+    final: dict[int, Verdict] = {}
+    log: list[int] = []
+    start = 0
+    bounds = [*cuts, len(stream)]
+    while start < len(stream) or not bounds:
+        size = bounds.pop(0) if bounds else len(stream) - start
+        chunk = stream[start : start + size]
+        headers: Any = [h for h, _ in chunk]
+        if as_arrow:
+            headers = pa.array(headers, type=pa.binary())
+        result = batched.offer_batch(
+            headers, np.array([t for _, t in chunk], dtype=np.int64),
+            refs=list(range(start, start + len(chunk))),
+        )  # fmt: skip
+        for d in result.released:
+            final[d.ref] = d.verdict
+        for row, verdict in enumerate(result.verdicts()):
+            final[start + row] = verdict
+        for idx in result.log_order.tolist():
+            log.append(start + idx if idx >= 0 else result.released[-idx - 1].ref)
+        start += len(chunk)
+        if not chunk:
+            break
+    assert final == expected_final
+    assert log == expected_log
+    assert batched == one_by_one
+
+
+def test_batch_fast_path_on_a_long_in_order_stream() -> None:
+    rng = random.Random(7)
+    records: list[tuple[bytes | None, int]] = []
+    next_seq = dict.fromkeys(range(1, 51), 0)
+    for i in range(20_000):
+        pid = rng.randrange(1, 51)
+        if rng.random() < 0.05 and next_seq[pid]:
+            seq = next_seq[pid] - 1
+        else:
+            seq = next_seq[pid]
+            next_seq[pid] += 1
+        records.append((encode_pf(pid, 3, seq), i))
+    a = ProducerStateTable(100, 10**9)
+    expected_final, expected_log = sequential(a, records)
+    b = ProducerStateTable(100, 10**9)
+    for lo in range(0, len(records), 5000):
+        chunk = records[lo : lo + 5000]
+        res = b.offer_batch(pa.array([h for h, _ in chunk]), np.arange(lo, lo + len(chunk)))
+        assert not res.released
+        assert (res.log_order >= 0).all()
+        for row, v in enumerate(res.verdicts()):
+            assert expected_final[lo + row] is v
+        assert [lo + i for i in res.log_order.tolist()] == [
+            x for x in expected_log if lo <= x < lo + len(chunk)
+        ]
+    assert a == b
+
+
+@SETTINGS
+@given(st.integers(0, 2**32), knobs_strategy, table_args, st.integers(1, 6))
+def test_snapshots_and_delta_chains_restore_the_live_table(
+    seed: int, knobs: StreamKnobs, args: Any, pieces: int
+) -> None:
+    capacity, lifetime, window = args
+    stream = make_stream(random.Random(seed), knobs)
+    table = ProducerStateTable(capacity, lifetime, window)
+    full = table.snapshot()
+    deltas: list[bytes] = []
+    step = max(1, len(stream) // pieces)
+    for lo in range(0, len(stream), step):
+        for i, (header, ts) in enumerate(stream[lo : lo + step]):
+            table.offer_header(header, ts, ref=lo + i)
+        deltas.append(table.snapshot_delta())
+    restored = ProducerStateTable.restore_chain(full, deltas)
+    assert restored == table
+    assert ProducerStateTable.restore(table.snapshot()) == table
+    # The restored table keeps deciding like the original.
+    probe = encode_pf(1, 0, 0)
+    assert [d.verdict for d in restored.offer_header(probe, 10**9)] == [
+        d.verdict for d in table.offer_header(probe, 10**9)
+    ]
+
+
+@SETTINGS
+@given(st.integers(0, 2**32), knobs_strategy, st.data())
+def test_damaged_snapshots_raise_corrupt_snapshot_or_restore_identically(
+    seed: int, knobs: StreamKnobs, data: st.DataObject
+) -> None:
+    table = ProducerStateTable(6, 500, 3)
+    for i, (header, ts) in enumerate(make_stream(random.Random(seed), knobs)):
+        table.offer_header(header, ts, ref=i)
+    snap = bytearray(table.snapshot())
+    mode = data.draw(st.sampled_from(["flip", "truncate", "extend", "garbage"]))
+    if mode == "flip":
+        pos = data.draw(st.integers(0, len(snap) - 1))
+        snap[pos] ^= data.draw(st.integers(1, 255))
+    elif mode == "truncate":
+        snap = snap[: data.draw(st.integers(0, len(snap) - 1))]
+    elif mode == "extend":
+        snap += data.draw(st.binary(min_size=1, max_size=8))
+    else:
+        snap = bytearray(data.draw(st.binary(max_size=64)))
+    try:
+        restored = ProducerStateTable.restore(bytes(snap))
+    except CorruptSnapshot:
+        return
+    assert restored == table
+
+
+def test_delta_applied_to_the_wrong_base_is_corrupt() -> None:
+    table = ProducerStateTable(4, 1000)
+    full = table.snapshot()
+    table.offer(1, 0, 0, 0)
+    table.snapshot_delta()
+    table.offer(1, 0, 1, 1)
+    second = table.snapshot_delta()
+    with pytest.raises(CorruptSnapshot, match="epoch"):
+        ProducerStateTable.restore_chain(full, [second])
+
+
+def test_unserialisable_held_refs_are_refused_clearly() -> None:
+    table = ProducerStateTable(4, 1000)
+    table.offer(1, 0, 0, 0)
+    table.offer(1, 0, 2, 0, ref=object())
+    with pytest.raises(ValueError, match="msgpack-serialisable"):
+        table.snapshot()
+
+
+def test_rebuild_replays_the_log_after_a_snapshot() -> None:
+    table = ProducerStateTable(4, 1000)
+    table.offer(1, 0, 0, 0)
+    snap = table.snapshot()
+    suffix = [(encode_pf(1, 0, 1), 5), (encode_pf(2, 3, 0), 6), (encode_pf(1, 1, 2, 1), 7)]
+    for header, ts in suffix:
+        table.offer_header(header, ts)
+    assert rebuild(snap, suffix) == table
+    assert rebuild(None, [(encode_pf(1, 0, 0), 0), *suffix], capacity=4, lifetime_ms=1000) == table
+    with pytest.raises(ValueError, match="capacity"):
+        rebuild(None, [])
