@@ -107,7 +107,7 @@ def run_bench(name: str, *, quick: bool, bench_dir: Path | None = None) -> Bench
     """Run ``bench/NAME.py``, print its table and write ``bench/results/NAME.json``."""
     bench_dir = bench_dir or default_bench_dir()
     module = load_bench(name, bench_dir)
-    console = Console()
+    console = Console(width=max(140, Console().width))
     started = time.time()
     with Progress(console=console, transient=True) as progress:
         report: BenchReport = module.run(quick=quick, progress=progress)

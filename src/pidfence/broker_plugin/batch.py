@@ -100,7 +100,8 @@ def _read_uint(data: U8, pos: I64) -> tuple[I64, I64, BoolArr]:
     size = np.select([tag == 0xCC, tag == 0xCD, tag == 0xCE, tag == 0xCF], [1, 2, 4, 8], 0)
     value = np.where(fix, tag, 0).astype(np.uint64)
     acc = np.zeros(len(pos), dtype=np.uint64)
-    for k in range(8):
+    widest = int(size.max()) if len(size) else 0
+    for k in range(widest):
         byte = data[pos + 1 + k].astype(np.uint64)
         acc = np.where(size > k, (acc << np.uint64(8)) | byte, acc)
     value = np.where(fix, value, acc)
@@ -224,10 +225,12 @@ def offer_batch(
                     events_sub.append(sub)
                     events_idx.append(-len(released))
 
-    pid_l, gen_l, seq_l, flags_l = (
-        dec.pid.tolist(), dec.generation.tolist(), dec.seq.tolist(), dec.flags.tolist()
-    )  # fmt: skip
-    now_l = now.tolist()
+    if len(slow_rows):
+        pid_l, gen_l, seq_l = dec.pid.tolist(), dec.generation.tolist(), dec.seq.tolist()
+        flags_l, now_l = dec.flags.tolist(), now.tolist()
+    else:
+        pid_l = gen_l = seq_l = flags_l = []
+        now_l = now.tolist() if creations else []
     ci = 0
     out: list[Emit] = []
     for r in slow_rows.tolist():
@@ -262,6 +265,8 @@ def _merge_log(
     fast_rows: I64, fast_codes: U8, times: list[int], subs: list[int], idx: list[int]
 ) -> I64:
     appended = fast_rows[fast_codes == _APPENDED]
+    if not times:
+        return np.sort(appended).astype(np.int64)
     all_time = np.concatenate([appended, np.asarray(times, dtype=np.int64)])
     all_sub = np.concatenate([np.zeros(len(appended), np.int64), np.asarray(subs, np.int64)])
     all_idx = np.concatenate([appended, np.asarray(idx, dtype=np.int64)])
