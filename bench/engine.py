@@ -153,8 +153,14 @@ def run(quick: bool, progress: Progress) -> BenchReport:
         title=f"broker rules: {n:,} in-order records, {PIDS:,} producers, {DUP_RATE:.0%} resends",
         columns=list(rows[0]),
         rows=rows,
-        params={"records": n, "pids": PIDS, "dup_rate": DUP_RATE, "batch": BATCH,
-                "appended": appended, "live_pids": live},  # fmt: skip
+        params={
+            "records": n,
+            "pids": PIDS,
+            "dup_rate": DUP_RATE,
+            "batch": BATCH,
+            "appended": appended,
+            "live_pids": live,
+        },
         notes=[
             f"appended {appended:,} of {n:,}; batch path = offer, checked in the same run",
             f"batch path vs per-record: {t_seq / t_batch:.1f}x; vs naive set: "
