@@ -1,0 +1,174 @@
+"""A JVM (or any) server process started by pidfence, stopped by pid, with fault hooks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pidfence.wire import PidfenceError
+
+#: Every pid this Python process started and has not yet seen exit (the suite checks it is empty).
+_STARTED: set[int] = set()
+_LOCK = threading.Lock()
+
+
+class ServiceFailed(PidfenceError):
+    """A service did not start or did not become ready; the message carries its log tail."""
+
+
+def started_pids() -> set[int]:
+    """Pids of processes started here that may still be running."""
+    with _LOCK:
+        return {pid for pid in _STARTED if _alive(pid)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class ManagedProcess:
+    """One server process: its command, its log file, and signals sent to its pid only."""
+
+    def __init__(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.cmd = list(cmd)
+        self.log_path = log_path
+        self.env = env
+        self.cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.paused = False
+
+    @property
+    def pid(self) -> int | None:
+        """The running process's pid, if started."""
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        """Start the process, appending its output to ``log_path``."""
+        if self.running:
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== start {time.strftime('%H:%M:%S')} {self.name}\n".encode())
+            log.flush()
+            # Own session: a Ctrl-C in the terminal goes to pidfence, which stops us in order.
+            self._proc = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(self.env or {})},
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        with _LOCK:
+            _STARTED.add(self._proc.pid)
+        self.paused = False
+
+    @property
+    def running(self) -> bool:
+        """True while the process has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        """The exit code once the process has exited."""
+        return None if self._proc is None else self._proc.poll()
+
+    def _signal(self, sig: int) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._proc.pid, sig)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds; waits for the exit."""
+        if self._proc is None:
+            return
+        if self.paused:
+            self.resume()
+        self._signal(signal.SIGTERM)
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            self._proc.wait(10)
+        self._forget()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no clean shutdown."""
+        if self._proc is None:
+            return
+        if self.paused:
+            self.resume()
+        self._signal(signal.SIGKILL)
+        self._proc.wait(10)
+        self._forget()
+
+    def pause(self) -> None:
+        """SIGSTOP: the process freezes, its sockets stay open (a GC pause, a stuck VM)."""
+        self._signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        self._signal(signal.SIGCONT)
+        self.paused = False
+
+    def _forget(self) -> None:
+        if self._proc is not None:
+            with _LOCK:
+                _STARTED.discard(self._proc.pid)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the process's log."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def java() -> str:
+    """The ``java`` executable (``$JAVA_HOME/bin/java`` first)."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    return "java"
+
+
+def wait_until(
+    check: object, timeout: float, what: str, interval: float = 0.2, tail: str = ""
+) -> None:
+    """Call ``check()`` until it returns truthy; :class:`ServiceFailed` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():  # type: ignore[operator]
+                return
+        except Exception as exc:  # noqa: BLE001 - any failure of a probe means "not ready yet"
+            last = exc
+        time.sleep(interval)
+    detail = f" (last error: {last})" if last else ""
+    raise ServiceFailed(f"{what} not ready after {timeout:.0f}s{detail}\n{tail}")

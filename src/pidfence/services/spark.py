@@ -1,0 +1,178 @@
+"""Spark sessions with the Kafka connector from the jar cache, and a local standalone cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pidfence.services.jars import jars
+from pidfence.services.ports import free_port
+from pidfence.services.process import ManagedProcess, ServiceFailed, wait_until
+
+
+def spark_home() -> Path:
+    """The pyspark distribution (it carries ``bin/spark-class`` and Spark's jars)."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def connector_jars() -> str:
+    """``spark.jars`` value: the Kafka connector and what pyspark lacks, from the cache."""
+    return ",".join(str(p) for p in jars("spark-kafka"))
+
+
+def spark_session(
+    master: str = "local[2]", app_name: str = "pidfence", conf: dict[str, str] | None = None
+) -> Any:
+    """A SparkSession that can read Kafka; no download at run time.
+
+    Args:
+        master: ``local[N]``, ``local[N,F]`` (F task attempts) or ``spark://host:port``.
+        app_name: shown in Spark's UI and logs.
+        conf: extra Spark settings (override the defaults here).
+    """
+    from pyspark.sql import SparkSession
+
+    # Workers must run this interpreter (the venv's pyarrow, msgpack and pidfence).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings = {
+        "spark.jars": connector_jars(),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.memory": "1g",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        "spark.python.worker.reuse": "true",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        **(conf or {}),
+    }
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+class SparkStandaloneCluster:
+    """A Spark standalone master and ``workers`` workers on 127.0.0.1 (pyspark's spark-class)."""
+
+    def __init__(
+        self, workers: int = 2, run_dir: Path | None = None, worker_memory: str = "1g"
+    ) -> None:
+        self.workers = workers
+        self._owns_dir = run_dir is None
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="pidfence-spark-"))
+        self.port = free_port()
+        self.ui_port = free_port()
+        self.worker_memory = worker_memory
+        self.nodes: list[ManagedProcess] = []
+
+    @property
+    def master_url(self) -> str:
+        """``spark://127.0.0.1:PORT``."""
+        return f"spark://127.0.0.1:{self.port}"
+
+    def _env(self) -> dict[str, str]:
+        return {
+            "SPARK_HOME": str(spark_home()),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(self.run_dir / "logs"),
+            "SPARK_WORKER_DIR": str(self.run_dir / "work"),
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_NO_DAEMONIZE": "1",
+        }
+
+    def start(self, timeout: float = 120.0) -> SparkStandaloneCluster:
+        """Start the master and workers; return once every worker is ALIVE."""
+        spark_class = str(spark_home() / "bin" / "spark-class")
+        env = self._env()
+        master = ManagedProcess(
+            "spark-master",
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+             "--port", str(self.port), "--webui-port", str(self.ui_port)],
+            self.run_dir / "master.log", env=env,
+        )  # fmt: skip
+        self.nodes.append(master)
+        for i in range(self.workers):
+            self.nodes.append(
+                ManagedProcess(
+                    f"spark-worker-{i}",
+                    [
+                        spark_class,
+                        "org.apache.spark.deploy.worker.Worker",
+                        "--host",
+                        "127.0.0.1",
+                        "--webui-port",
+                        str(free_port()),
+                        "--cores",
+                        "1",
+                        "--memory",
+                        self.worker_memory,
+                        self.master_url,
+                    ],
+                    self.run_dir / f"worker{i}.log",
+                    env=env,
+                )  # fmt: skip
+            )
+        master.start()
+        try:
+            wait_until(self._master_up, timeout, "Spark master", tail=master.log_tail())
+            for node in self.nodes[1:]:
+                node.start()
+            wait_until(
+                lambda: self.alive_workers() >= self.workers,
+                timeout,
+                f"{self.workers} Spark workers",
+                interval=0.5,
+                tail="\n".join(n.log_tail(10) for n in self.nodes),
+            )
+        except ServiceFailed:
+            self.stop()
+            raise
+        return self
+
+    def _state(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.ui_port}/json/"
+        with urllib.request.urlopen(url, timeout=3) as response:
+            state: dict[str, Any] = json.load(response)
+        return state
+
+    def _master_up(self) -> bool:
+        return self._state().get("status") == "ALIVE"
+
+    def alive_workers(self) -> int:
+        """Workers the master lists as ALIVE."""
+        return sum(1 for w in self._state().get("workers", []) if w.get("state") == "ALIVE")
+
+    def pids(self) -> list[int]:
+        """Pids of running master and workers."""
+        return [n.pid for n in self.nodes if n.running and n.pid is not None]
+
+    def stop(self) -> None:
+        """Stop workers, then the master."""
+        for node in reversed(self.nodes):
+            node.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def __enter__(self) -> SparkStandaloneCluster:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,154 @@
+"""A real ZooKeeper ensemble (1 to 3 nodes) on 127.0.0.1, from the Maven Central jars."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from pidfence.services.jars import classpath
+from pidfence.services.ports import free_port
+from pidfence.services.process import ManagedProcess, ServiceFailed, java, wait_until
+
+
+class ZooKeeperEnsemble:
+    """``size`` ZooKeeper servers in one ensemble, each a JVM process we started.
+
+    Args:
+        size: 1 (standalone) to 3 nodes.
+        run_dir: where data, configs and logs go (a temporary folder by default, removed on stop).
+        tick_ms: ZooKeeper's tick; small so sessions expire and elections finish quickly.
+    """
+
+    def __init__(self, size: int = 1, run_dir: Path | None = None, tick_ms: int = 500) -> None:
+        if not 1 <= size <= 3:
+            raise ValueError(f"size must be 1..3, got {size}")
+        self.size = size
+        self._owns_dir = run_dir is None
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="pidfence-zk-"))
+        self.tick_ms = tick_ms
+        self.client_ports = [free_port() for _ in range(size)]
+        self._peer_ports = [(free_port(), free_port()) for _ in range(size)]
+        self.nodes: list[ManagedProcess] = []
+
+    @property
+    def hosts(self) -> str:
+        """The kazoo/ZooKeeper connect string of every node."""
+        return ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
+
+    def node_hosts(self, i: int) -> str:
+        """The connect string of node ``i`` alone."""
+        return f"127.0.0.1:{self.client_ports[i]}"
+
+    def _configure(self, i: int) -> Path:
+        node_dir = self.run_dir / f"zk{i}"
+        data = node_dir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "myid").write_text(f"{i + 1}\n")
+        lines = [
+            f"tickTime={self.tick_ms}",
+            "initLimit=20",
+            "syncLimit=10",
+            f"dataDir={data}",
+            f"clientPort={self.client_ports[i]}",
+            "clientPortAddress=127.0.0.1",
+            "admin.enableServer=false",
+            "4lw.commands.whitelist=ruok,stat,srvr,mntr",
+            "maxClientCnxns=0",
+        ]
+        if self.size > 1:
+            for j, (peer, election) in enumerate(self._peer_ports):
+                lines.append(f"server.{j + 1}=127.0.0.1:{peer}:{election}")
+        cfg = node_dir / "zoo.cfg"
+        cfg.write_text("\n".join(lines) + "\n")
+        return cfg
+
+    def start(self, timeout: float = 90.0) -> ZooKeeperEnsemble:
+        """Start every node; return once each one serves a write and a read."""
+        cp = classpath("zookeeper")
+        for i in range(self.size):
+            cfg = self._configure(i)
+            cmd = [
+                java(), "-Xmx256m", "-XX:+UseSerialGC",
+                "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+                "-Dorg.slf4j.simpleLogger.showDateTime=true",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                "-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg),
+            ]  # fmt: skip
+            self.nodes.append(ManagedProcess(f"zookeeper-{i}", cmd, cfg.parent / "zookeeper.log"))
+        for node in self.nodes:
+            node.start()
+        try:
+            for i in range(self.size):
+                self.wait_ready(i, timeout)
+        except ServiceFailed:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, i: int, timeout: float = 60.0) -> None:
+        """Block until node ``i`` answers a znode write and read."""
+        wait_until(
+            lambda: _round_trip(self.node_hosts(i)),
+            timeout,
+            f"ZooKeeper node {i} ({self.node_hosts(i)})",
+            interval=0.3,
+            tail=self.nodes[i].log_tail(),
+        )
+
+    def kill(self, i: int) -> None:
+        """SIGKILL node ``i``."""
+        self.nodes[i].kill()
+
+    def restart(self, i: int, timeout: float = 60.0) -> None:
+        """Stop node ``i`` if running, start it again and wait until it serves."""
+        self.nodes[i].stop()
+        self.nodes[i].start()
+        self.wait_ready(i, timeout)
+
+    def pause(self, i: int) -> None:
+        """SIGSTOP node ``i``."""
+        self.nodes[i].pause()
+
+    def resume(self, i: int) -> None:
+        """SIGCONT node ``i``."""
+        self.nodes[i].resume()
+
+    def log_tail(self, i: int, lines: int = 40) -> str:
+        """The end of node ``i``'s log."""
+        return self.nodes[i].log_tail(lines)
+
+    def pids(self) -> list[int]:
+        """Pids of running nodes."""
+        return [n.pid for n in self.nodes if n.running and n.pid is not None]
+
+    def stop(self) -> None:
+        """Stop every node (SIGTERM, then SIGKILL) and remove the run folder if we made it."""
+        for node in self.nodes:
+            node.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def __enter__(self) -> ZooKeeperEnsemble:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _round_trip(hosts: str) -> bool:
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=hosts, timeout=3.0, connection_retry=None)
+    try:
+        client.start(timeout=3.0)
+        client.ensure_path("/pidfence-ready")
+        client.set("/pidfence-ready", b"ok")
+        data, _ = client.get("/pidfence-ready")
+        return bool(data == b"ok")
+    finally:
+        client.stop()
+        client.close()
