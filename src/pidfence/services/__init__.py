@@ -1,7 +1,7 @@
 """Real ZooKeeper, Kafka and Spark processes for development, tests and the demo.
 
-NOTE TO THE SERVICES ENGINEER (from the lead, 10:57 UTC): while helpers were starting, the lead wrote
-and verified ``process.py`` (ManagedProcess, started_pids, wait_until), ``ports.py`` (free_port),
+NOTE TO THE SERVICES ENGINEER (from the lead, 10:57 UTC): while helpers were starting, the lead
+wrote and verified ``process.py`` (ManagedProcess, started_pids, wait_until), ``ports.py`` (free_port),
 ``zookeeper.py`` (ZooKeeperEnsemble: 1 node ready in 0.6 s, 3 nodes in 3.7 s), ``kafka.py``
 (KafkaCluster in KRaft combined mode, create_topic: 1 node ready in 4.9 s, 3 nodes in 15.7 s, kill +
 restart works) and ``spark.py`` (spark_session with the connector jars — a batch read of Kafka

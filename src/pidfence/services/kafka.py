@@ -127,7 +127,7 @@ class KafkaCluster:
         for i, node in enumerate(self.nodes):
             if node.running:
                 wait_until(
-                    lambda i=i: self._node_ready(i),  # type: ignore[misc]
+                    lambda i=i: self._node_ready(i),
                     timeout,
                     f"Kafka node {i} (127.0.0.1:{self.ports[i]})",
                     interval=0.5,
@@ -216,7 +216,8 @@ def create_topic(
     timeout: float = 60.0,
 ) -> str:
     """Create ``name`` on any cluster and wait until every partition has a leader."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka import NewTopic
+    from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(

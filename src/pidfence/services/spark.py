@@ -126,7 +126,7 @@ class SparkStandaloneCluster:
                     ],
                     self.run_dir / f"worker{i}.log",
                     env=env,
-                )  # fmt: skip
+                )
             )
         master.start()
         try:
