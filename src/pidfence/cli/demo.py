@@ -1,10 +1,66 @@
-"""`pidfence demo` (placeholder until its issue lands)."""
+"""`pidfence demo`: the main job (what `make demo` runs)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's command(s) to the `pidfence` app."""
-    del app
+    app.command("demo")(demo)
+
+
+def demo(
+    records: Annotated[int, typer.Option(help="Records per producer.")] = 5000,
+    producers: Annotated[int, typer.Option(help="Producer processes on the raw topic.")] = 4,
+    partitions: Annotated[int, typer.Option(help="Partitions of the raw topic.")] = 4,
+    faults: Annotated[
+        str, typer.Option(help="all, none, or a list of kill,zombie,resend,rollover,copier.")
+    ] = "all",
+    out: Annotated[Path, typer.Option(help="Report, ledgers, logs and output log go here.")] = Path(
+        "out"
+    ),
+    keep_running: Annotated[
+        bool, typer.Option(help="Leave ZooKeeper, Kafka and the lease servers running.")
+    ] = False,
+    copier_records: Annotated[
+        int, typer.Option(help="Records copied by `pidfence copy` (0: no copier).")
+    ] = 2000,
+    lease_lifetime: Annotated[
+        float, typer.Option(help="Lease lifetime in seconds when the rollover fault is on.")
+    ] = 20.0,
+    produce_seconds: Annotated[
+        float, typer.Option(help="Target producing time (sets the producers' rate).")
+    ] = 26.0,
+) -> None:
+    """Run ZooKeeper, Kafka, lease servers, producers, a copier and the Spark sink with faults,
+    then check exactly-once. Exit 1 on any anomaly."""
+    from rich.console import Console
+
+    from pidfence.demo import BadDemoOption, DemoConfig, parse_faults, run_demo
+
+    console = Console()
+    try:
+        config = DemoConfig(
+            records=records,
+            producers=producers,
+            partitions=partitions,
+            faults=parse_faults(faults),
+            out=out,
+            keep_running=keep_running,
+            copier_records=copier_records,
+            lease_lifetime_s=lease_lifetime,
+            produce_seconds=produce_seconds,
+        )
+    except BadDemoOption as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    try:
+        summary = run_demo(config, console)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every process the demo started was stopped[/yellow]")
+        raise typer.Exit(130) from None
+    raise typer.Exit(0 if summary["ok"] else 1)

@@ -1,0 +1,33 @@
+"""``pidfence demo``: the whole pipeline with injected faults, and the process helpers the chaos
+tests share with it."""
+
+from pidfence.demo.config import BadDemoOption, DemoConfig, Fault, parse_faults
+from pidfence.demo.faults import CopierCrash, FaultScript, KillAndResume, Zombie, drive
+from pidfence.demo.procs import (
+    LeaseServerProc,
+    ProducerRole,
+    ProducerSpec,
+    Worker,
+    spawn_lease_server,
+)
+from pidfence.demo.runner import run_demo
+
+__all__ = [
+    # running the demo
+    "DemoConfig",
+    "Fault",
+    "parse_faults",
+    "run_demo",
+    "BadDemoOption",
+    # processes and faults (shared with tests/chaos)
+    "LeaseServerProc",
+    "ProducerRole",
+    "ProducerSpec",
+    "Worker",
+    "spawn_lease_server",
+    "FaultScript",
+    "KillAndResume",
+    "Zombie",
+    "CopierCrash",
+    "drive",
+]

@@ -1,0 +1,361 @@
+"""Subprocesses the demo and the chaos tests start: lease servers, producers, the copier, the sink.
+
+Every process is a :class:`pidfence.services.process.ManagedProcess`: its own session (a Ctrl-C
+in the terminal reaches only the demo, which stops them in order), its output in a log file, and
+signals sent to its pid only. A :class:`Worker` adds the send ledger the process writes, read
+incrementally so progress can be polled cheaply.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from pidfence.services.ports import free_port
+from pidfence.services.process import ManagedProcess, ServiceFailed, wait_until
+
+#: Runs the ``pidfence`` CLI with this interpreter (works without the console script on PATH).
+PIDFENCE = (sys.executable, "-c", "from pidfence.cli import main; main()")
+
+
+def pidfence_argv(*args: str) -> list[str]:
+    """The argv of ``pidfence ARGS...`` run by this interpreter."""
+    return [*PIDFENCE, *args]
+
+
+class Worker:
+    """One pidfence subprocess (producer, copier, sink) plus the ledger it writes, if any.
+
+    Args:
+        name: a unique instance name (``p1``, ``p1.r1``); names the log and ledger files.
+        argv: the command line.
+        log_dir: where ``NAME.log`` goes.
+        ledger: the send ledger this instance writes (None for processes without one).
+        env: extra environment variables.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_dir: Path,
+        ledger: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.ledger = ledger
+        self.proc = ManagedProcess(name, argv, log_dir / f"{name}.log", env=env)
+        self._read_at = 0
+        self._acked = 0
+        self._fences = 0
+
+    @property
+    def pid(self) -> int | None:
+        """The OS pid while running."""
+        return self.proc.pid
+
+    def start(self) -> Worker:
+        """Start the process."""
+        self.proc.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        """True until the process exits."""
+        return self.proc.running
+
+    def exit_code(self) -> int | None:
+        """The exit code once exited."""
+        return self.proc.exit_code()
+
+    def kill(self) -> None:
+        """SIGKILL (a crash)."""
+        self.proc.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP (a zombie-to-be: frozen, sockets open)."""
+        self.proc.pause()
+
+    def resume(self) -> None:
+        """SIGCONT."""
+        self.proc.resume()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``."""
+        self.proc.stop(timeout)
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the exit; :class:`ServiceFailed` (with the log tail) after ``timeout``."""
+        wait_until(lambda: not self.running, timeout, f"{self.name} to finish", 0.2, self.tail())
+        code = self.exit_code()
+        return -1 if code is None else code
+
+    def tail(self, lines: int = 30) -> str:
+        """The end of the process's log."""
+        return self.proc.log_tail(lines)
+
+    def _scan(self) -> None:
+        if self.ledger is None or not self.ledger.exists():
+            return
+        with self.ledger.open("rb") as handle:
+            handle.seek(self._read_at)
+            chunk = handle.read()
+        end = chunk.rfind(b"\n") + 1
+        lines = chunk[:end]
+        self._read_at += end
+        fences = lines.count(b'"fence":true')
+        self._fences += fences
+        self._acked += lines.count(b"\n") - fences
+
+    def acked(self) -> int:
+        """Data records this instance's ledger holds so far (acknowledged by Kafka)."""
+        self._scan()
+        return self._acked
+
+    def fences(self) -> int:
+        """FENCE records this instance's ledger holds so far."""
+        self._scan()
+        return self._fences
+
+
+@dataclass(frozen=True)
+class ProducerSpec:
+    """What one ``pidfence produce`` load generator does; instances share it across restarts.
+
+    Args:
+        name: the producer's name (also written into each value by the CLI).
+        bootstrap: Kafka bootstrap servers.
+        lease_servers: ``host:port[,host:port]``.
+        topic: the topic written.
+        count: records in total across all instances.
+        state: the ``--state`` checkpoint file (resume point).
+        rate: records per second (0: as fast as possible).
+        resend_every: re-send the last acknowledged records every N records (0: never).
+        keys: distinct keys (spread over partitions).
+        value_size: bytes per value.
+        extra: more CLI arguments, passed through.
+    """
+
+    name: str
+    bootstrap: str
+    lease_servers: str
+    topic: str
+    count: int
+    state: Path
+    rate: float = 0.0
+    resend_every: int = 0
+    keys: int = 1000
+    value_size: int = 100
+    extra: tuple[str, ...] = field(default=())
+
+    def argv(self, ledger: Path) -> list[str]:
+        """The ``pidfence produce`` command line writing ``ledger``."""
+        args = [
+            "produce",
+            "--bootstrap", self.bootstrap,
+            "--lease-server", self.lease_servers,
+            "--topic", self.topic,
+            "--count", str(self.count),
+            "--keys", str(self.keys),
+            "--value-size", str(self.value_size),
+            "--state", str(self.state),
+            "--ledger", str(ledger),
+            "--name", self.name,
+        ]  # fmt: skip
+        if self.rate > 0:
+            args += ["--rate", f"{self.rate:g}"]
+        if self.resend_every > 0:
+            args += ["--resend-every", str(self.resend_every)]
+        return pidfence_argv(*args, *self.extra)
+
+
+class ProducerRole:
+    """A logical producer and every instance of it started so far (restarts, replacements).
+
+    Each instance writes its own ledger file ``ledger_dir/INSTANCE.jsonl``, so a zombie and its
+    replacement never interleave lines in one file.
+    """
+
+    def __init__(self, spec: ProducerSpec, ledger_dir: Path, log_dir: Path) -> None:
+        self.spec = spec
+        self.ledger_dir = ledger_dir
+        self.log_dir = log_dir
+        self.instances: list[Worker] = []
+
+    def spawn(self, spec: ProducerSpec | None = None) -> Worker:
+        """Start a new instance (from ``spec.state`` if it exists: the CLI resumes from it)."""
+        use = spec or self.spec
+        name = self.spec.name if not self.instances else f"{self.spec.name}.r{len(self.instances)}"
+        ledger = self.ledger_dir / f"{name}.jsonl"
+        worker = Worker(name, use.argv(ledger), self.log_dir, ledger=ledger).start()
+        self.instances.append(worker)
+        return worker
+
+    def spawn_replacement(self) -> Worker:
+        """Start a replacement from a COPY of the checkpoint while the current instance lives on.
+
+        The replacement resumes (bump + FENCE) from the checkpoint; the old instance keeps its own
+        state file, so when it wakes up it is a zombie still holding the fenced generation.
+        """
+        copy = self.spec.state.with_name(f"{self.spec.state.stem}.r{len(self.instances)}.json")
+        shutil.copyfile(self.spec.state, copy)
+        return self.spawn(replace(self.spec, state=copy))
+
+    @property
+    def current(self) -> Worker:
+        """The newest instance."""
+        return self.instances[-1]
+
+    def acked(self) -> int:
+        """Data records acknowledged over every instance."""
+        return sum(w.acked() for w in self.instances)
+
+    def fences(self) -> int:
+        """FENCE records acknowledged over every instance."""
+        return sum(w.fences() for w in self.instances)
+
+    def running(self) -> bool:
+        """True while any instance runs."""
+        return any(w.running for w in self.instances)
+
+    def stop(self) -> None:
+        """Stop every instance still running."""
+        for worker in self.instances:
+            worker.stop()
+
+
+def copier_argv(
+    bootstrap: str,
+    lease_servers: str,
+    from_topic: str,
+    to_topic: str,
+    state: Path,
+    ledger: Path | None = None,
+    idle_exit_s: float = 5.0,
+    max_records: int = 0,
+) -> list[str]:
+    """The ``pidfence copy`` command line."""
+    args = [
+        "copy",
+        "--bootstrap", bootstrap,
+        "--lease-server", lease_servers,
+        "--from-topic", from_topic,
+        "--to-topic", to_topic,
+        "--state", str(state),
+        "--idle-exit", f"{idle_exit_s:g}",
+    ]  # fmt: skip
+    if ledger is not None:
+        args += ["--ledger", str(ledger)]
+    if max_records:
+        args += ["--max-records", str(max_records)]
+    return pidfence_argv(*args)
+
+
+def sink_argv(
+    bootstrap: str,
+    topic: str,
+    output: Path,
+    checkpoint: Path,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The ``pidfence sink --available-now`` command line (a Spark driver of its own)."""
+    return pidfence_argv(
+        "sink",
+        "--bootstrap", bootstrap,
+        "--topic", topic,
+        "--output", str(output),
+        "--checkpoint", str(checkpoint),
+        "--available-now",
+        "--starting-offsets", "earliest",
+        *extra,
+    )  # fmt: skip
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class LeaseServerProc:
+    """A ``pidfence lease-server`` subprocess on a free 127.0.0.1 port."""
+
+    proc: ManagedProcess
+    port: int
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:PORT``."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The OS pid while running."""
+        return self.proc.pid
+
+    def wait_listening(self, timeout: float = 60.0) -> None:
+        """Return once the server accepts connections."""
+
+        def ready() -> bool:
+            if not self.proc.running:
+                raise ServiceFailed(f"lease server exited:\n{self.proc.log_tail()}")
+            return _listening(self.port)
+
+        wait_until(ready, timeout, f"lease server {self.address}", 0.2, self.proc.log_tail())
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        self.proc.kill()
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """Start again on the same port; return once listening."""
+        self.proc.start()
+        self.wait_listening(timeout)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL."""
+        self.proc.stop(10)
+
+
+def spawn_lease_server(
+    zk_hosts: str,
+    log_dir: Path,
+    name: str = "lease",
+    lifetime: str = "24h",
+    block_size: int = 100,
+    port: int | None = None,
+) -> LeaseServerProc:
+    """Start ``pidfence lease-server`` (call :meth:`LeaseServerProc.wait_listening` after)."""
+    port = port or free_port()
+    argv = pidfence_argv(
+        "lease-server",
+        "--zk", zk_hosts,
+        "--listen", f"127.0.0.1:{port}",
+        "--lifetime", lifetime,
+        "--block-size", str(block_size),
+    )  # fmt: skip
+    proc = ManagedProcess(name, argv, log_dir / f"{name}.log")
+    proc.start()
+    return LeaseServerProc(proc, port)
+
+
+def wait_for(
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Poll ``condition`` until true; :class:`ServiceFailed` naming ``what`` after ``timeout``."""
+    deadline = clock() + timeout
+    while not condition():
+        if clock() > deadline:
+            raise ServiceFailed(f"timed out after {timeout:.0f}s waiting for {what}")
+        sleep(interval)

@@ -1,0 +1,167 @@
+"""The demo's outputs: the summary table on the terminal, ``summary.json`` and ``report.html``."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """The terminal summary: counts, verdicts, anomalies."""
+    table = Table(title="pidfence demo", show_header=True, header_style="bold")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    counts = summary["counts"]
+    rows = [
+        ("sent (acknowledged data records)", counts["sent_acknowledged"]),
+        ("  distinct (pid, partition, seq)", counts["sent_distinct"]),
+        ("  FENCE records acknowledged", counts["fences_acknowledged"]),
+        ("  pids used", counts["pids_used"]),
+        ("in the raw topic (incl. FENCE)", counts["raw_records"]),
+        ("appended to the output log", counts["appended"]),
+    ]
+    for label, value in rows:
+        table.add_row(label, str(value))
+    table.add_section()
+    for verdict, value in summary["verdicts"].items():
+        if verdict != "APPENDED":
+            table.add_row(f"dropped: {verdict}", str(value))
+    table.add_section()
+    for name, value in summary["anomalies"].items():
+        style = "red" if value else "green"
+        table.add_row(f"anomaly: {name}", f"[{style}]{value}[/{style}]")
+    for name, value in summary.get("informational", {}).items():
+        table.add_row(f"info: {name}", str(value))
+    if summary.get("copier"):
+        copier = summary["copier"]
+        table.add_section()
+        table.add_row("copier: upstream records", str(copier["upstream"]))
+        table.add_row("copier: in output log exactly once", str(copier["copied_once"]))
+    table.add_section()
+    verdict = "[green]OK: zero anomalies[/green]" if summary["ok"] else "[red]ANOMALIES[/red]"
+    table.add_row("result", verdict)
+    table.add_row("wall time", f"{summary.get('wall_s', 0):.1f}s")
+    return table
+
+
+def _png(fig: Any) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def plots(summary: dict[str, Any]) -> dict[str, str]:
+    """Base64 PNGs: counts over time, verdicts per producer, unique users per minute."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    images: dict[str, str] = {}
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for name, label in (("raw", "raw topic"), ("appended", "output log (deduplicated)")):
+        points = summary["timeline"][name]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.step(xs, ys, where="post", label=label)
+    ax.set_xlabel("seconds since the first record (Kafka timestamp)")
+    ax.set_ylabel("records (cumulative)")
+    ax.legend()
+    ax.set_title("raw vs deduplicated records over time")
+    images["timeline"] = _png(fig)
+    plt.close(fig)
+
+    per_producer = summary["verdicts_per_producer"]
+    verdicts = sorted({v for counts in per_producer.values() for v in counts})
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = list(per_producer)
+    bottoms = [0] * len(names)
+    for verdict in verdicts:
+        heights = [per_producer[n].get(verdict, 0) for n in names]
+        ax.bar(names, heights, bottom=bottoms, label=verdict)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set_yscale("symlog")
+    ax.set_ylabel("records (symlog)")
+    ax.legend(fontsize="small")
+    ax.set_title("verdicts per producer")
+    images["verdicts"] = _png(fig)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    styles = {"raw": "o-", "output_log": "s--", "truth": "x:"}
+    for name, series in summary["downstream"].items():
+        if series:
+            keys = list(series)
+            ax.plot(range(len(keys)), list(series.values()), styles.get(name, "-"), label=name)
+            ax.set_xticks(range(len(keys)), [k[-8:] for k in keys], rotation=30, fontsize="small")
+    ax.set_ylabel("unique users")
+    ax.legend()
+    ax.set_title("downstream job: unique users per minute")
+    images["downstream"] = _png(fig)
+    plt.close(fig)
+    return images
+
+
+def render_html(summary: dict[str, Any], images: dict[str, str]) -> str:
+    """A self-contained HTML report (images embedded as base64)."""
+    esc = html.escape
+    status = "OK: zero anomalies" if summary["ok"] else "ANOMALIES FOUND"
+    counts = "".join(
+        f"<tr><td>{esc(k)}</td><td>{v}</td></tr>" for k, v in summary["counts"].items()
+    )
+    verdicts = "".join(
+        f"<tr><td>{esc(k)}</td><td>{v}</td></tr>" for k, v in summary["verdicts"].items()
+    )
+    anomalies = "".join(
+        f"<tr><td>{esc(k)}</td><td>{v}</td></tr>" for k, v in summary["anomalies"].items()
+    )
+    faults = "".join(
+        f"<li><b>{esc(name)}</b><ul>{''.join(f'<li>{esc(e)}</li>' for e in events)}</ul></li>"
+        for name, events in summary["faults"].items()
+    )
+    figures = "".join(
+        f'<figure><img alt="{esc(name)}" src="data:image/png;base64,{data}"></figure>'
+        for name, data in images.items()
+    )
+    downstream = summary["downstream"]
+    minute_rows = "".join(
+        f"<tr><td>{esc(m)}</td>"
+        + "".join(f"<td>{downstream[s].get(m, '')}</td>" for s in ("raw", "output_log", "truth"))
+        + "</tr>"
+        for m in sorted(set().union(*(set(v) for v in downstream.values())))
+    )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>pidfence demo</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:auto}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px}}
+.ok{{color:green}}.bad{{color:#b00}}</style></head><body>
+<h1>pidfence demo — <span class="{"ok" if summary["ok"] else "bad"}">{status}</span></h1>
+<p>wall time {summary.get("wall_s", 0):.1f}s; config
+<code>{esc(json.dumps(summary["config"]))}</code></p>
+<h2>Counts</h2><table>{counts}</table>
+<h2>Verdicts</h2><table>{verdicts}</table>
+<h2>Anomalies (checker)</h2><table>{anomalies}</table>
+<h2>Faults injected</h2><ul>{faults}</ul>
+<h2>Plots</h2>{figures}
+<h2>Downstream: unique users per minute</h2>
+<table><tr><th>minute</th><th>raw topic</th><th>output log</th><th>truth</th></tr>
+{minute_rows}</table>
+</body></html>
+"""
+
+
+def write_report(summary: dict[str, Any], out: Path, console: Console) -> None:
+    """Print the summary table; write ``out/summary.json`` and ``out/report.html``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "report.html").write_text(render_html(summary, plots(summary)))
+    console.print(summary_table(summary))
+    console.print(f"report: {out / 'report.html'}  summary: {out / 'summary.json'}")

@@ -1,0 +1,228 @@
+"""Collect what the demo produced into one JSON-able summary: counts, verdicts, anomalies."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pidfence.verify.ledger import LedgerEntry, read_ledger, value_digest
+
+if TYPE_CHECKING:
+    from pidfence.demo.runner import DemoRun
+
+_INSTANCE = re.compile(r"\.r\d+$")
+
+
+def producer_of(instance: str) -> str:
+    """``p1.r2`` -> ``p1``: the logical producer of an instance name."""
+    return _INSTANCE.sub("", instance)
+
+
+def ledger_entries(folder: Path) -> dict[str, list[LedgerEntry]]:
+    """Entries per instance name from every ``*.jsonl`` directly in ``folder``."""
+    return {path.stem: list(read_ledger([path])) for path in sorted(folder.glob("*.jsonl"))}
+
+
+def pid_owners(ledgers: dict[str, list[LedgerEntry]]) -> dict[int, str]:
+    """pid -> logical producer name (a pid belongs to one producer; restarts keep or bump it)."""
+    owners: dict[int, str] = {}
+    for instance, entries in ledgers.items():
+        for entry in entries:
+            owners.setdefault(entry.pid, producer_of(instance))
+    return owners
+
+
+def verdicts_per_producer(
+    log: pa.Table, rejects: pa.Table, owners: dict[int, str]
+) -> dict[str, dict[str, int]]:
+    """``{producer: {verdict: count}}`` with APPENDED from the log and drops from the rejects."""
+    table: dict[str, Counter[str]] = defaultdict(Counter)
+    for pid in log.column("pid").to_pylist():
+        table[owners.get(pid, "other")]["APPENDED"] += 1
+    for pid, verdict in zip(
+        rejects.column("pid").to_pylist(), rejects.column("verdict").to_pylist(), strict=True
+    ):
+        table[owners.get(pid, "other")][str(verdict)] += 1
+    return {name: dict(sorted(counts.items())) for name, counts in sorted(table.items())}
+
+
+def cumulative_per_second(timestamps: list[int], start_ms: int) -> list[tuple[float, int]]:
+    """(seconds since ``start_ms``, records so far) at each second with records."""
+    per_second = Counter((ts - start_ms) // 1000 for ts in timestamps)
+    points, total = [], 0
+    for second in sorted(per_second):
+        total += per_second[second]
+        points.append((float(second), total))
+    return points
+
+
+def copier_exactly_once(upstream: pa.Table, log: pa.Table) -> dict[str, int]:
+    """Every upstream value appears exactly once in the output log (values are unique upstream).
+
+    Returns ``{"upstream": n, "copied_once": a, "missing": b, "duplicated": c}``.
+    """
+    wanted = Counter(value_digest(v) for v in upstream.column("value").to_pylist())
+    seen = Counter(
+        d for d in (value_digest(v) for v in log.column("value").to_pylist()) if d in wanted
+    )
+    return {
+        "upstream": len(wanted),
+        "copied_once": sum(1 for d in wanted if seen[d] == 1),
+        "missing": sum(1 for d in wanted if seen[d] == 0),
+        "duplicated": sum(1 for d in wanted if seen[d] > 1),
+    }
+
+
+def anomaly_counts(report: Any) -> dict[str, int]:
+    """``{anomaly: count}`` from the checker's report."""
+    for name in ("counts", "anomaly_counts"):
+        value = getattr(report, name, None)
+        if callable(value):
+            value = value()
+        if isinstance(value, dict):
+            return {str(k): int(v) for k, v in value.items()}
+    anomalies = getattr(report, "anomalies", None)
+    if isinstance(anomalies, dict):
+        return {str(k): _count(v) for k, v in anomalies.items()}
+    raise TypeError(f"cannot read anomaly counts from {type(report).__name__}")
+
+
+def informational_counts(report: Any) -> dict[str, int]:
+    """Counts the checker reports but that are not anomalies (e.g. ``expired``)."""
+    for name in ("info", "informational", "notes"):
+        value = getattr(report, name, None)
+        if isinstance(value, dict):
+            return {str(k): _count(v) for k, v in value.items()}
+    expired = getattr(report, "expired", None)
+    if expired is not None:
+        return {"expired": _count(expired)}
+    return {}
+
+
+def _count(value: Any) -> int:
+    return int(getattr(value, "count", value))
+
+
+def anomaly_examples(report: Any) -> dict[str, list[str]]:
+    """Up to 10 examples per anomaly, as strings."""
+    anomalies = getattr(report, "anomalies", None)
+    out: dict[str, list[str]] = {}
+    if isinstance(anomalies, dict):
+        for name, value in anomalies.items():
+            examples = getattr(value, "examples", [])
+            out[str(name)] = [str(e) for e in list(examples)[:10]]
+    return out
+
+
+def minutes(table: pa.Table) -> dict[str, int]:
+    """``unique_users_per_minute`` output as ``{minute: users}``."""
+    names = table.column_names
+    keys = table.column(names[0]).to_pylist()
+    values = table.column(names[1]).to_pylist()
+    return {str(k): int(v) for k, v in zip(keys, values, strict=True)}
+
+
+def collect(run: DemoRun) -> dict[str, Any]:
+    """Read ledgers, the raw topic, the output log and rejects; run the checker; summarise."""
+    from pidfence.demo.topic import read_topic
+    from pidfence.spark_sink import read_log, read_rejects
+    from pidfence.verify import check
+    from pidfence.verify.downstream import unique_users_per_minute
+
+    paths = run.paths
+    ledgers = ledger_entries(paths.ledgers)
+    everything = [e for entries in ledgers.values() for e in entries]
+    log = read_log(str(paths.sink_output))
+    rejects = read_rejects(str(paths.sink_output))
+    raw = read_topic(run.bootstrap, run.raw_topic)
+    report = check(everything, log, rejects)
+    anomalies = anomaly_counts(report)
+    owners = pid_owners(ledgers)
+
+    data = [e for e in everything if not e.fence]
+    identities = {(e.pid, e.topic, e.partition, e.seq) for e in data}
+    verdicts = Counter(str(v) for v in rejects.column("verdict").to_pylist())
+    raw_fences = sum(1 for h in raw.column("pf").to_pylist() if h is not None and _is_fence(h))
+
+    start_ms = min(raw.column("timestamp").to_pylist(), default=0)
+    copier: dict[str, int] = {}
+    if run.copier_workers:
+        upstream = read_topic(run.bootstrap, run.upstream_topic)
+        copier = copier_exactly_once(upstream, log)
+        if copier["missing"] or copier["duplicated"]:
+            anomalies["copier_missing"] = copier["missing"]
+            anomalies["copier_duplicated"] = copier["duplicated"]
+
+    raw_data = raw.filter(pc.fill_null(pc.greater(pc.binary_length(raw["value"]), 0), False))
+    downstream = {
+        "raw": minutes(unique_users_per_minute(raw_data)),
+        "output_log": minutes(unique_users_per_minute(log)),
+        "truth": minutes(_truth(raw)),
+    }
+    exit_codes = {w.name: w.exit_code() for role in run.roles for w in role.instances} | {
+        w.name: w.exit_code() for w in run.copier_workers
+    }
+    summary: dict[str, Any] = {
+        "ok": not any(anomalies.values()),
+        "config": {
+            "records": run.config.records,
+            "producers": run.config.producers,
+            "partitions": run.config.partitions,
+            "faults": sorted(f.value for f in run.config.faults),
+            "lease_lifetime": run.config.lifetime,
+            "copier_records": run.config.copier_records,
+        },
+        "counts": {
+            "sent_acknowledged": len(data),
+            "sent_distinct": len(identities),
+            "fences_acknowledged": sum(1 for e in everything if e.fence),
+            "raw_records": raw.num_rows,
+            "raw_fence_records": raw_fences,
+            "appended": log.num_rows,
+            "rejected": rejects.num_rows,
+            "pids_used": len({e.pid for e in everything}),
+        },
+        "verdicts": {"APPENDED": log.num_rows, **dict(sorted(verdicts.items()))},
+        "verdicts_per_producer": verdicts_per_producer(log, rejects, owners),
+        "anomalies": anomalies,
+        "informational": informational_counts(report),
+        "examples": anomaly_examples(report),
+        "copier": copier,
+        "faults": run.fault_events,
+        "phases_s": run.phases,
+        "sink_passes": run.sink_passes,
+        "exit_codes": exit_codes,
+        "downstream": downstream,
+        "timeline": {
+            "raw": cumulative_per_second(raw.column("timestamp").to_pylist(), start_ms),
+            "appended": cumulative_per_second(log.column("timestamp").to_pylist(), start_ms),
+        },
+    }
+    return summary
+
+
+def _is_fence(header: bytes) -> bool:
+    from pidfence.wire import FLAG_FENCE, MalformedHeader, decode_pf
+
+    try:
+        return bool(decode_pf(header).flags & FLAG_FENCE)
+    except MalformedHeader:
+        return False
+
+
+def _truth(raw: pa.Table) -> pa.Table:
+    """What the downstream job should see: each distinct record value once, FENCEs excluded."""
+    from pidfence.verify.downstream import unique_users_per_minute
+
+    seen: set[bytes] = set()
+    keep = []
+    for i, value in enumerate(raw.column("value").to_pylist()):
+        if value and value not in seen:
+            seen.add(value)
+            keep.append(i)
+    return unique_users_per_minute(raw.take(pa.array(keep, pa.int64())))

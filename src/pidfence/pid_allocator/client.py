@@ -1,0 +1,228 @@
+"""``LeaseClient``: the synchronous client producers use to lease pids and bump generations."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import msgpack
+
+from pidfence.pid_allocator.errors import (
+    LeaseServerUnreachable,
+    LeaseServiceUnavailable,
+    error_from_reply,
+)
+from pidfence.pid_allocator.protocol import LENGTH, MAX_FRAME_BYTES, PROTOCOL_VERSION, encode_frame
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A pid lease (or a bumped one).
+
+    Attributes:
+        pid: producer id, never reused.
+        generation: fencing token; unique per (pid, generation) across all callers.
+        sequence: first sequence number to use (0).
+        expire_ms: lease end, epoch milliseconds.
+    """
+
+    pid: int
+    generation: int
+    sequence: int
+    expire_ms: int
+
+
+def _parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out: list[tuple[str, int]] = []
+    for item in (s.strip() for s in items):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"lease server {item!r} is not HOST:PORT")
+        out.append((host, int(port)))
+    if not out:
+        raise ValueError("give at least one lease server as HOST:PORT")
+    return out
+
+
+class _Broken(Exception):
+    pass
+
+
+class LeaseClient:
+    """Talks to one of several lease servers, failing over and retrying retriable errors.
+
+    Args:
+        servers: ``"host:port,host:port"`` or a sequence of ``"host:port"``.
+        connect_timeout_s: TCP connect timeout per attempt.
+        request_timeout_s: wait for one reply.
+        retries: extra attempts after the first, each on the next server.
+        backoff_s: first backoff; doubles per retry (capped at 2 s).
+        sleep: sleep function (injected in tests).
+        clock: monotonic seconds (injected in tests).
+    """
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        connect_timeout_s: float = 2.0,
+        request_timeout_s: float = 5.0,
+        retries: int = 5,
+        backoff_s: float = 0.1,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.servers = _parse_servers(servers)
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._sleep = sleep
+        self._clock = clock
+        self._index = 0
+        self._sock: socket.socket | None = None
+        self._ids = itertools.count(1)
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def lease(self, partitions: Sequence[tuple[str, int]] = ()) -> Lease:
+        """Lease a new pid.
+
+        Raises:
+            LeaseCapacityExhausted, LeaseServiceUnavailable, LeaseServerUnreachable, LeaseError.
+        """
+        reply = self._call("lease", partitions=[[t, p] for t, p in partitions])
+        return Lease(
+            reply["pid"], reply["generation"], reply.get("sequence", 0), reply["expire_ms"]
+        )
+
+    def bump(self, pid: int, generation: int) -> Lease:
+        """Move ``pid`` from ``generation`` (the caller's current one) to a new generation.
+
+        Retries reuse one token, so a bump whose reply was lost is answered, not refused.
+
+        Raises:
+            StaleGeneration: another caller bumped first (this caller is fenced).
+            UnknownPid: the pid expired or was never issued.
+        """
+        token = uuid.uuid4().hex
+        reply = self._call("bump", pid=pid, generation=generation, token=token)
+        return Lease(reply["pid"], reply["generation"], 0, reply["expire_ms"])
+
+    def ping(self) -> dict[str, Any]:
+        """The server's ``server`` id, ``now_ms`` and status."""
+        reply = self._call("ping")
+        return {k: v for k, v in reply.items() if k not in ("v", "id", "error")}
+
+    def close(self) -> None:
+        """Close the connection (the client can still be used; it reconnects)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> LeaseClient:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- transport ------------------------------------------------------------------------------
+
+    def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        request_id = next(self._ids)
+        frame = encode_frame({"v": PROTOCOL_VERSION, "op": op, "id": request_id, **fields})
+        tried: list[str] = []
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self._sleep(min(self.backoff_s * 2 ** (attempt - 1), 2.0))
+            host, port = self.servers[self._index]
+            tried.append(f"{host}:{port}")
+            try:
+                reply = self._exchange(frame, request_id)
+            except _Broken as exc:
+                last = exc
+                self._failover()
+                continue
+            code = reply.get("error")
+            if code is None:
+                return reply
+            error = error_from_reply(str(code), str(reply.get("message", "")))
+            if not error.retriable:
+                raise error
+            last = error
+            self._failover()
+        if isinstance(last, LeaseServiceUnavailable):
+            raise last
+        names = ", ".join(dict.fromkeys(tried))
+        raise LeaseServerUnreachable(
+            f"no lease server answered {op!r} after {self.retries + 1} attempts (tried {names}; "
+            f"last error: {last}); start one with `pidfence lease-server --zk HOSTS --listen "
+            "HOST:PORT` or fix the server list"
+        )
+
+    def _failover(self) -> None:
+        self.close()
+        self._index = (self._index + 1) % len(self.servers)
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            host, port = self.servers[self._index]
+            try:
+                sock = socket.create_connection((host, port), timeout=self.connect_timeout_s)
+            except OSError as exc:
+                raise _Broken(f"connect to {host}:{port} failed: {exc}") from exc
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+        return self._sock
+
+    def _exchange(self, frame: bytes, request_id: int) -> dict[str, Any]:
+        sock = self._connect()
+        deadline = self._clock() + self.request_timeout_s
+        try:
+            sock.settimeout(self.request_timeout_s)
+            sock.sendall(frame)
+            while True:
+                reply = self._read_reply(sock, deadline)
+                if reply.get("id") == request_id:
+                    return reply
+                if reply.get("id") is None and reply.get("error"):
+                    return reply  # the server refused the connection or the frame as a whole
+        except (OSError, _Broken) as exc:
+            self.close()
+            raise _Broken(str(exc)) from exc
+
+    def _read_reply(self, sock: socket.socket, deadline: float) -> dict[str, Any]:
+        (length,) = LENGTH.unpack(self._read_exactly(sock, 4, deadline))
+        if length > MAX_FRAME_BYTES:
+            raise _Broken(f"reply frame of {length} bytes; not a lease server?")
+        try:
+            reply = msgpack.unpackb(self._read_exactly(sock, length, deadline), raw=False)
+        except Exception as exc:
+            raise _Broken(f"undecodable reply: {exc}") from exc
+        if not isinstance(reply, dict):
+            raise _Broken("reply is not a msgpack map")
+        return reply
+
+    def _read_exactly(self, sock: socket.socket, n: int, deadline: float) -> bytes:
+        chunks = bytearray()
+        while len(chunks) < n:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise _Broken("request timed out")
+            sock.settimeout(remaining)
+            chunk = sock.recv(n - len(chunks))
+            if not chunk:
+                raise _Broken("connection closed by the server")
+            chunks += chunk
+        return bytes(chunks)

@@ -1,0 +1,163 @@
+"""Frames and requests of the lease protocol (DESIGN.md §5).
+
+A frame is a 4-byte big-endian length, then that many bytes of one msgpack map. Requests are
+validated field by field here, so the server's handlers only ever see well-typed values.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from pidfence.pid_allocator.errors import MalformedRequest, UnknownOp, UnsupportedVersion
+from pidfence.pid_allocator.generations import GENERATION_LIMIT
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 1 << 20
+LENGTH = struct.Struct(">I")
+PID_LIMIT = 2**63
+PARTITION_LIMIT = 2**31
+MAX_PARTITIONS = 100_000
+MAX_TOPIC_CHARS = 249
+MAX_ID_CHARS = 128
+MAX_TOKEN_CHARS = 64
+OPS = ("lease", "bump", "ping")
+
+RequestId = int | str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """``op=lease``: the partitions the caller will write (informational)."""
+
+    id: RequestId
+    partitions: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BumpRequest:
+    """``op=bump``: the caller's pid and current generation; ``token`` makes a retry idempotent."""
+
+    id: RequestId
+    pid: int
+    generation: int
+    token: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PingRequest:
+    """``op=ping``."""
+
+    id: RequestId
+
+
+Request = LeaseRequest | BumpRequest | PingRequest
+
+
+class RequestRejected(Exception):
+    """A request that gets an error reply; ``id`` is echoed when it could be read."""
+
+    def __init__(self, request_id: RequestId, error: Exception) -> None:
+        super().__init__(str(error))
+        self.request_id = request_id
+        self.error = error
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    """Length-prefixed msgpack frame of ``message``."""
+    body: bytes = msgpack.packb(message, use_bin_type=True)
+    return LENGTH.pack(len(body)) + body
+
+
+def _int(value: Any, name: str, lo: int, hi: int) -> int:
+    if type(value) is not int or not lo <= value < hi:
+        raise MalformedRequest(f"{name} must be an integer in [{lo}, {hi}), got {value!r:.80}")
+    return value
+
+
+def _request_id(message: dict[Any, Any]) -> RequestId:
+    value = message.get("id")
+    if value is None:
+        return None
+    if type(value) is int and -PID_LIMIT <= value < PID_LIMIT:
+        return value
+    if isinstance(value, str) and len(value) <= MAX_ID_CHARS:
+        return value
+    raise MalformedRequest(f"id must be an int64 or a string of <= {MAX_ID_CHARS} characters")
+
+
+def _partitions(value: Any) -> tuple[tuple[str, int], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_PARTITIONS:
+        raise MalformedRequest(f"partitions must be a list of <= {MAX_PARTITIONS} [topic, n] pairs")
+    out: list[tuple[str, int]] = []
+    for item in value:
+        if not isinstance(item, list) or len(item) != 2:
+            raise MalformedRequest("each partition must be a [topic, partition] pair")
+        topic, part = item
+        if not isinstance(topic, str) or not 0 < len(topic) <= MAX_TOPIC_CHARS:
+            raise MalformedRequest(f"topic must be a string of 1..{MAX_TOPIC_CHARS} characters")
+        out.append((topic, _int(part, "partition", 0, PARTITION_LIMIT)))
+    return tuple(out)
+
+
+def parse_request(body: bytes) -> Request:
+    """Decode and validate one request frame body.
+
+    Raises:
+        RequestRejected: wrapping ``MalformedRequest``, ``UnsupportedVersion`` or ``UnknownOp``.
+    """
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=False, max_bin_len=0)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad bytes
+        raise RequestRejected(None, MalformedRequest(f"frame is not msgpack: {exc}")) from None
+    if not isinstance(message, dict):
+        raise RequestRejected(None, MalformedRequest("frame must hold a msgpack map"))
+    try:
+        request_id = _request_id(message)
+    except MalformedRequest as exc:
+        raise RequestRejected(None, exc) from None
+    try:
+        return _parse_fields(message, request_id)
+    except (MalformedRequest, UnsupportedVersion, UnknownOp) as exc:
+        raise RequestRejected(request_id, exc) from None
+
+
+def _parse_fields(message: dict[Any, Any], request_id: RequestId) -> Request:
+    version = message.get("v")
+    if type(version) is not int:
+        raise MalformedRequest("v must be an integer (the protocol version, 1)")
+    if version != PROTOCOL_VERSION:
+        raise UnsupportedVersion(f"protocol version {version} unsupported; this server speaks 1")
+    op = message.get("op")
+    if not isinstance(op, str):
+        raise MalformedRequest("op must be a string: lease, bump or ping")
+    if op == "lease":
+        return LeaseRequest(request_id, _partitions(message.get("partitions")))
+    if op == "bump":
+        token = message.get("token")
+        if token is not None and (not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS):
+            raise MalformedRequest(f"token must be a string of <= {MAX_TOKEN_CHARS} characters")
+        return BumpRequest(
+            request_id,
+            _int(message.get("pid"), "pid", 1, PID_LIMIT),
+            _int(message.get("generation"), "generation", 0, GENERATION_LIMIT),
+            token,
+        )
+    if op == "ping":
+        return PingRequest(request_id)
+    raise UnknownOp(f"unknown op {op[:40]!r}; expected one of {', '.join(OPS)}")
+
+
+def error_reply(request_id: RequestId, code: str, message: str) -> dict[str, Any]:
+    """An error reply map."""
+    return {"v": PROTOCOL_VERSION, "id": request_id, "error": code, "message": message}
+
+
+def ok_reply(request_id: RequestId, **fields: Any) -> dict[str, Any]:
+    """A success reply map."""
+    return {"v": PROTOCOL_VERSION, "id": request_id, "error": None, **fields}

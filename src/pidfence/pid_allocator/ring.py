@@ -1,0 +1,92 @@
+"""The lease ring: a fixed-capacity circular buffer of issued leases in issue order.
+
+Every lease has the same lifetime, so issue order is expiry order: expired leases leave from the
+head, new ones join at the tail, and because one server issues pids in increasing order a lookup is
+a binary search on pid. A live lease is never dropped; a full ring refuses new leases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pidfence.pid_allocator.errors import LeaseCapacityExhausted
+
+
+@dataclass(frozen=True, slots=True)
+class RingEntry:
+    """One issued lease: its pid, starting generation and end (epoch ms)."""
+
+    pid: int
+    generation: int
+    expire_ms: int
+
+
+class LeaseRing:
+    """Fixed-capacity ring of live leases.
+
+    Args:
+        capacity: how many live leases it holds at most (>= 1).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._pids = [0] * capacity
+        self._gens = [0] * capacity
+        self._expires = [0] * capacity
+        self._head = 0
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def expire(self, now_ms: int) -> int:
+        """Drop leases that ended at or before ``now_ms`` from the head; return how many."""
+        dropped = 0
+        while self._size and self._expires[self._head] <= now_ms:
+            self._head = (self._head + 1) % self.capacity
+            self._size -= 1
+            dropped += 1
+        return dropped
+
+    def ensure_room(self, now_ms: int) -> None:
+        """Expire the head, then raise ``LeaseCapacityExhausted`` if no slot is free."""
+        self.expire(now_ms)
+        if self._size == self.capacity:
+            raise LeaseCapacityExhausted(
+                f"lease ring full: {self.capacity} live leases; start more lease servers or "
+                "raise --capacity"
+            )
+
+    def append(self, pid: int, generation: int, expire_ms: int, now_ms: int) -> None:
+        """Add a lease at the tail.
+
+        Raises:
+            LeaseCapacityExhausted: every slot holds a live lease.
+            ValueError: ``pid`` is not above the newest pid (pids are monotonic per server).
+        """
+        self.ensure_room(now_ms)
+        if self._size and pid <= self._pids[(self._head + self._size - 1) % self.capacity]:
+            raise ValueError(f"pid {pid} is not above the newest pid in the ring")
+        tail = (self._head + self._size) % self.capacity
+        self._pids[tail] = pid
+        self._gens[tail] = generation
+        self._expires[tail] = expire_ms
+        self._size += 1
+
+    def find(self, pid: int, now_ms: int) -> RingEntry | None:
+        """The live lease of ``pid``, or None when it is not here or has expired."""
+        lo, hi = 0, self._size
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._pids[(self._head + mid) % self.capacity] < pid:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == self._size:
+            return None
+        slot = (self._head + lo) % self.capacity
+        if self._pids[slot] != pid or self._expires[slot] <= now_ms:
+            return None
+        return RingEntry(pid, self._gens[slot], self._expires[slot])

@@ -1,0 +1,92 @@
+"""``ProducerCheckpoint``: what a caller stores atomically with its upstream position."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pidfence.producer.errors import BadCheckpoint
+
+TopicPartition = tuple[str, int]
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerCheckpoint:
+    """A producer's identity and its next sequence number per (topic, partition).
+
+    Take it after :meth:`IdempotentProducer.flush`, so every seq below ``next_seq`` is acknowledged.
+
+    Attributes:
+        pid: the leased producer id.
+        generation: the generation the records were sent under.
+        expire_ms: the lease end (epoch ms); a checkpoint past it is resumed under a new pid.
+        next_seq: next seq per (topic, partition) the producer has written to.
+        lifetime_ms: the lease lifetime when known (0: unknown), to time the rollover on resume.
+    """
+
+    pid: int
+    generation: int
+    expire_ms: int
+    next_seq: Mapping[TopicPartition, int] = field(default_factory=dict)
+    lifetime_ms: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``next_seq`` as ``[[topic, partition, seq], ...]``, sorted)."""
+        return {
+            "v": CHECKPOINT_VERSION,
+            "pid": self.pid,
+            "generation": self.generation,
+            "expire_ms": self.expire_ms,
+            "lifetime_ms": self.lifetime_ms,
+            "next_seq": [[t, p, s] for (t, p), s in sorted(self.next_seq.items())],
+        }
+
+    def to_json(self) -> str:
+        """The checkpoint as one JSON document."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ProducerCheckpoint:
+        """Parse :meth:`to_dict` output.
+
+        Raises:
+            BadCheckpoint: wrong version, missing field or wrong types.
+        """
+        try:
+            if data["v"] != CHECKPOINT_VERSION:
+                raise BadCheckpoint(f"checkpoint version {data['v']!r} is not {CHECKPOINT_VERSION}")
+            next_seq: dict[TopicPartition, int] = {}
+            for topic, partition, seq in data["next_seq"]:
+                if not isinstance(topic, str) or type(partition) is not int or type(seq) is not int:
+                    raise BadCheckpoint(f"bad next_seq entry {[topic, partition, seq]!r}")
+                if partition < 0 or seq < 0:
+                    raise BadCheckpoint(f"negative partition or seq in {[topic, partition, seq]!r}")
+                next_seq[(topic, partition)] = seq
+            fields = {k: data[k] for k in ("pid", "generation", "expire_ms")}
+            if any(type(v) is not int or v < 0 for v in fields.values()):
+                raise BadCheckpoint(f"pid, generation and expire_ms must be ints >= 0: {fields}")
+            lifetime = data.get("lifetime_ms", 0)
+            if type(lifetime) is not int:
+                raise BadCheckpoint(f"lifetime_ms must be an int, got {lifetime!r}")
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, BadCheckpoint):
+                raise
+            raise BadCheckpoint(f"not a producer checkpoint ({exc!r}); restore a good copy") from exc
+        return cls(next_seq=next_seq, lifetime_ms=lifetime, **fields)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ProducerCheckpoint:
+        """Parse :meth:`to_json` output.
+
+        Raises:
+            BadCheckpoint: not JSON, or not a checkpoint.
+        """
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise BadCheckpoint(f"checkpoint is not JSON ({exc}); restore a good copy") from exc
+        return cls.from_dict(data)

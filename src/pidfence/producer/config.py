@@ -1,0 +1,94 @@
+"""``ProducerConfig``: the producer's settings as a frozen dataclass exporting librdkafka keys."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pidfence.producer.errors import ProducerConfigError
+
+_SECRET_WORDS = ("password", "secret", "token", "key.password", "sasl.oauthbearer")
+_OWNED = {"bootstrap.servers", "acks", "enable.idempotence", "message.max.bytes", "linger.ms"}
+
+
+def _is_secret(key: str) -> bool:
+    return any(word in key for word in _SECRET_WORDS)
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """Settings of an :class:`~pidfence.producer.IdempotentProducer`.
+
+    Attributes:
+        bootstrap_servers: Kafka ``host:port[,host:port]``.
+        acks: must be ``"all"`` (or ``"-1"``): a record acknowledged by one replica only can be
+            lost on leader failover, and a lost record is a gap no dedup can repair.
+        enable_idempotence: librdkafka's own idempotence, on by default so one session's records
+            reach the broker in order; turn it off (e.g. for brokers that refuse it) and the sink's
+            reorder window absorbs small reorderings.
+        linger_ms: librdkafka ``linger.ms``.
+        message_max_bytes: largest record value accepted (librdkafka ``message.max.bytes``).
+        rollover_fraction: lease a new pid after this fraction of the lease lifetime (23/24).
+        default_lifetime_ms: lifetime assumed when a resumed checkpoint does not carry one.
+        metadata_timeout_s: wait for topic metadata (partition counts) at first use of a topic.
+        sticky_records: unkeyed records stick to one partition for this many records, then
+            move round-robin to the next (Kafka's sticky partitioner, counted in records).
+        resend_buffer: acknowledged records kept per partition for ``resend_acknowledged``.
+        extra: more librdkafka settings, passed through (secrets are masked in ``repr``).
+    """
+
+    bootstrap_servers: str
+    acks: str = "all"
+    enable_idempotence: bool = True
+    linger_ms: int = 5
+    message_max_bytes: int = 1_000_000
+    rollover_fraction: float = 23 / 24
+    default_lifetime_ms: int = 24 * 3600 * 1000
+    metadata_timeout_s: float = 10.0
+    sticky_records: int = 100
+    resend_buffer: int = 16
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        acks = str(self.extra.get("acks", self.acks)).lower()
+        if acks not in ("all", "-1"):
+            raise ProducerConfigError(
+                f"acks={acks!r} can lose acknowledged records on leader failover; "
+                "set acks='all' (ProducerConfig(acks='all'), the default)"
+            )
+        clash = sorted(_OWNED & set(self.extra) - {"acks"})
+        if clash:
+            raise ProducerConfigError(
+                f"set {clash} through ProducerConfig's own fields, not extra="
+            )
+        if not 0 < self.rollover_fraction < 1:
+            raise ProducerConfigError(
+                f"rollover_fraction must be in (0, 1), got {self.rollover_fraction}"
+            )
+        if self.sticky_records < 1 or self.resend_buffer < 0 or self.message_max_bytes < 1:
+            raise ProducerConfigError("sticky_records >= 1, resend_buffer >= 0, message_max_bytes >= 1")
+        if not self.bootstrap_servers:
+            raise ProducerConfigError("give bootstrap_servers as host:port[,host:port]")
+
+    def to_librdkafka(self) -> dict[str, Any]:
+        """The ``confluent_kafka.Producer`` configuration (dotted librdkafka keys)."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "acks": "all",
+            "enable.idempotence": self.enable_idempotence,
+            "linger.ms": self.linger_ms,
+            "message.max.bytes": max(self.message_max_bytes + 4096, 1000),
+        }
+        conf.update({k: v for k, v in self.extra.items() if k != "acks"})
+        return conf
+
+    def __repr__(self) -> str:
+        extra = {k: ("***" if _is_secret(k) else v) for k, v in self.extra.items()}
+        return (
+            f"ProducerConfig(bootstrap_servers={self.bootstrap_servers!r}, acks={self.acks!r}, "
+            f"enable_idempotence={self.enable_idempotence}, linger_ms={self.linger_ms}, "
+            f"message_max_bytes={self.message_max_bytes}, "
+            f"rollover_fraction={self.rollover_fraction:.4f}, sticky_records={self.sticky_records}, "
+            f"resend_buffer={self.resend_buffer}, extra={extra!r})"
+        )

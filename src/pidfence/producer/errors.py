@@ -1,0 +1,73 @@
+"""Errors the producer raises on purpose; each says what to do about it."""
+
+from __future__ import annotations
+
+from pidfence.wire import PidfenceError
+
+
+class ProducerError(PidfenceError):
+    """Root of the producer's errors."""
+
+
+class ProducerConfigError(ProducerError, ValueError):
+    """A producer setting that cannot give idempotent, exactly-once writes; fix the setting."""
+
+
+class ReservedHeader(ProducerError, ValueError):
+    """The caller passed a header named ``pf``: the producer owns it. Rename the header."""
+
+
+class UnknownTopic(ProducerError):
+    """The topic does not exist (or has no partitions). Create it first, then produce again."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            f"topic {topic!r} does not exist on the cluster: create it "
+            "(`kafka-topics --create` or `pidfence.services.create_topic`) and produce again"
+        )
+        self.topic = topic
+
+
+class BrokerUnavailable(ProducerError):
+    """No Kafka broker answered a metadata request; check --bootstrap and that Kafka runs."""
+
+    retriable = True
+
+
+class LeaseServerDown(ProducerError):
+    """No lease server answered after the client's retries; start one or fix --lease-server."""
+
+    retriable = True
+
+
+class LeaseExpired(ProducerError):
+    """The pid's lease ended and no new one could be leased; retry once a lease server answers."""
+
+    retriable = True
+
+
+class ProducerFenced(ProducerError):
+    """Another producer resumed the same checkpoint (its bump won); this instance must stop."""
+
+
+class ValueTooLarge(ProducerError, ValueError):
+    """A record larger than ``message.max.bytes``; split it or raise the limit on both sides."""
+
+
+class DeliveryFailed(ProducerError):
+    """Kafka did not acknowledge a record after librdkafka's own retries.
+
+    Resume from the last checkpoint: the records after it are re-sent and deduplicated by seq.
+    """
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class InvalidTransition(ProducerError):
+    """A lease state change the state machine does not allow (a bug in the caller)."""
+
+
+class BadCheckpoint(ProducerError, ValueError):
+    """A checkpoint (or state file) that does not parse; restore a good copy or start afresh."""

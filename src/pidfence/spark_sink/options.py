@@ -1,0 +1,91 @@
+"""Options of ``format("pidfence")``: parsing and defaults."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from pidfence.spark_sink.errors import SinkOptionError
+
+_UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION: Final = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
+DEFAULT_LIFETIME_MS: Final = 86_400_000
+DEFAULT_CAPACITY: Final = 100_000
+DEFAULT_REORDER_WINDOW: Final = 5
+DEFAULT_COMPACT_EVERY: Final = 16
+
+
+def parse_duration_ms(text: str) -> int:
+    """``"3600000"``, ``"90s"``, ``"15m"``, ``"24h"`` or ``"7d"`` as milliseconds (> 0)."""
+    match = _DURATION.match(text)
+    if match is None or int(match.group(1)) <= 0:
+        raise SinkOptionError(
+            f"lifetime {text!r} is not a positive duration; use milliseconds or e.g. 90s, 15m, 24h"
+        )
+    return int(match.group(1)) * _UNITS[match.group(2) or "ms"]
+
+
+def _int(options: dict[str, str], name: str, default: int, low: int) -> int:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SinkOptionError(f"option {name}={raw!r} must be an integer >= {low}") from None
+    if value < low:
+        raise SinkOptionError(f"option {name}={raw!r} must be an integer >= {low}")
+    return value
+
+
+def _bool(options: dict[str, str], name: str) -> bool:
+    raw = options.get(name, "false").strip().lower()
+    if raw not in ("true", "false"):
+        raise SinkOptionError(f"option {name}={raw!r} must be true or false")
+    return raw == "true"
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """The sink's settings.
+
+    Attributes:
+        path: root of the output log (local path or a pyarrow.fs URI such as ``s3://b/p``).
+        rejects_path: root of the rejects log (default ``<path>/_rejects``).
+        lifetime_ms: producer entry lifetime (the lease lifetime).
+        capacity: most live producers per partition.
+        reorder_window: how far ahead of ``highwater + 1`` a record may wait for the gap.
+        compact_every: a full state snapshot after this many incremental ones.
+        flush_held: at the end of every batch, decide held records (``OUT_OF_ORDER``) instead of
+            carrying them into the next batch.
+    """
+
+    path: str
+    rejects_path: str
+    lifetime_ms: int = DEFAULT_LIFETIME_MS
+    capacity: int = DEFAULT_CAPACITY
+    reorder_window: int = DEFAULT_REORDER_WINDOW
+    compact_every: int = DEFAULT_COMPACT_EVERY
+    flush_held: bool = False
+
+    @classmethod
+    def parse(cls, options: dict[str, str]) -> SinkOptions:
+        """Validate Spark's option map (keys are case-insensitive in Spark; we accept both)."""
+        opts = {k.lower(): v for k, v in options.items()}
+        path = opts.get("path")
+        if not path:
+            raise SinkOptionError(
+                'the pidfence sink needs a path: .option("path", DIR) or .start(DIR)'
+            )
+        path = path.rstrip("/")
+        lifetime = opts.get("lifetime")
+        return cls(
+            path=path,
+            rejects_path=(opts.get("rejectspath") or f"{path}/_rejects").rstrip("/"),
+            lifetime_ms=DEFAULT_LIFETIME_MS if lifetime is None else parse_duration_ms(lifetime),
+            capacity=_int(opts, "capacity", DEFAULT_CAPACITY, 1),
+            reorder_window=_int(opts, "reorderwindow", DEFAULT_REORDER_WINDOW, 0),
+            compact_every=_int(opts, "compactevery", DEFAULT_COMPACT_EVERY, 0),
+            flush_held=_bool(opts, "flushheld"),
+        )

@@ -1,0 +1,252 @@
+"""The checker (DESIGN §8): compares the send ledger with the output log and the rejects log.
+
+A pure function over pyarrow tables and ledger entries. Records are identified by
+``(pid, topic, partition, seq)``; values are compared by :func:`value_digest`.
+
+Anomalies (each must be 0 for a run to pass):
+
+* ``lost``: acknowledged by Kafka (ledger entry with ``fence=False``) yet not in the log with the
+  same digest, and not rejected as ``FENCED`` (a zombie's write). A ``DUPLICATE`` reject needs no
+  rule of its own: it is only excused when its original is in the log, which the first check sees.
+* ``duplicate``: one identity appears more than once in the log.
+* ``reordered``: within (topic, partition, pid), in ``log_offset`` order, a seq not greater than
+  the one before it (equal seqs are reported as ``duplicate`` only).
+* ``zombie``: a record of generation g appended after a record or ``FENCE`` of the same pid with a
+  generation > g reached that partition (``kafka_offset`` order of log + rejects).
+* ``unexpected``: in the log with pid != 0 but never acknowledged: the pid is in no ledger, or the
+  seq is at or below the highest acknowledged seq of its (pid, topic, partition) yet not in the
+  ledger, or the ledger has it with another digest.
+
+Informational counts (never fail a run):
+
+* ``expired``: acknowledged records the broker refused because their lease had ended (ledger
+  ``ts_ms > expire_ms > 0`` and verdict ``UNKNOWN_PID`` or ``OUT_OF_ORDER``): the proposal says a
+  client never uses an expired pid, so these are the producer's own late writes.
+* ``unacknowledged``: in the log above the highest acknowledged seq of its (pid, topic, partition):
+  a producer killed after Kafka wrote the record but before the ledger recorded the ack.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import pyarrow as pa
+
+from pidfence.verify.ledger import LedgerEntry, value_digest
+from pidfence.wire import Verdict
+
+#: The anomalies that fail a run, in report order.
+ANOMALIES: Final = ("lost", "duplicate", "reordered", "zombie", "unexpected")
+#: Counts shown for information only.
+INFORMATIONAL: Final = ("expired", "unacknowledged")
+#: How many examples each anomaly keeps.
+MAX_EXAMPLES: Final = 10
+
+LOG_COLUMNS: Final = (
+    "topic",
+    "partition",
+    "log_offset",
+    "pid",
+    "generation",
+    "seq",
+    "key",
+    "value",
+    "kafka_offset",
+    "timestamp",
+)
+REJECT_COLUMNS: Final = (*LOG_COLUMNS, "verdict")
+
+Identity = tuple[int, str, int, int]
+
+# Verdicts that move a partition's known generation forward (DESIGN §4 state changes).
+_GENERATION_WITNESSES: Final = frozenset({Verdict.FENCE.value, Verdict.DUPLICATE.value})
+_EXPIRY_VERDICTS: Final = frozenset({Verdict.UNKNOWN_PID.value, Verdict.OUT_OF_ORDER.value})
+
+
+@dataclass(slots=True)
+class Finding:
+    """One anomaly's total and the first few cases (plain dicts, ready for JSON)."""
+
+    count: int = 0
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, example: dict[str, Any]) -> None:
+        """Count one case and keep it when fewer than ``MAX_EXAMPLES`` are kept."""
+        self.count += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(example)
+
+
+@dataclass(slots=True)
+class CheckReport:
+    """What :func:`check` found.
+
+    Attributes:
+        findings: one :class:`Finding` per name in ``ANOMALIES`` and ``INFORMATIONAL``.
+        totals: sizes of the inputs (``ledger``, ``log``, ``rejects``).
+    """
+
+    findings: dict[str, Finding]
+    totals: dict[str, int]
+
+    @property
+    def ok(self) -> bool:
+        """True when every anomaly count is 0 (informational counts do not matter)."""
+        return all(self.findings[name].count == 0 for name in ANOMALIES)
+
+    def counts(self) -> dict[str, int]:
+        """Every count by name."""
+        return {name: finding.count for name, finding in self.findings.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``ok``, ``totals``, per finding ``count`` and ``examples``)."""
+        return {
+            "ok": self.ok,
+            "totals": dict(self.totals),
+            "findings": {
+                name: {"count": f.count, "examples": f.examples} for name, f in self.findings.items()
+            },
+        }
+
+    def summary(self) -> str:
+        """One line: ``ok`` or the non-zero anomaly counts."""
+        bad = {n: self.findings[n].count for n in ANOMALIES if self.findings[n].count}
+        return "ok" if not bad else ", ".join(f"{n}={c}" for n, c in bad.items())
+
+
+def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> CheckReport:
+    """Compare acknowledged sends with the output log and the rejects (DESIGN §8).
+
+    Args:
+        ledger: acknowledged records (any order; a resent record may appear twice).
+        log: the output log, columns ``LOG_COLUMNS`` (extra columns are ignored).
+        rejects: the rejects log, columns ``REJECT_COLUMNS``.
+
+    Returns:
+        The report; ``report.ok`` is the pass/fail answer.
+
+    Raises:
+        ValueError: a table lacks a required column (the message names it).
+    """
+    log_rows = _rows(log, LOG_COLUMNS, "log")
+    reject_rows = _rows(rejects, REJECT_COLUMNS, "rejects")
+    findings = {name: Finding() for name in (*ANOMALIES, *INFORMATIONAL)}
+
+    acked: dict[Identity, LedgerEntry] = {}
+    top_acked: dict[tuple[int, str, int], int] = {}
+    ledger_pids: set[int] = set()
+    n_ledger = 0
+    for entry in ledger:
+        n_ledger += 1
+        ledger_pids.add(entry.pid)
+        if entry.fence:
+            continue
+        ident = (entry.pid, entry.topic, entry.partition, entry.seq)
+        acked.setdefault(ident, entry)
+        stream = ident[:3]
+        top_acked[stream] = max(top_acked.get(stream, -1), entry.seq)
+
+    in_log: dict[Identity, str] = {}
+    seen = Counter[Identity]()
+    for row in log_rows:
+        if row["pid"] == 0:
+            continue
+        ident = _identity(row)
+        digest = value_digest(row["value"])
+        seen[ident] += 1
+        if seen[ident] == 2:
+            findings["duplicate"].add(_example(row))
+        elif seen[ident] > 2:
+            findings["duplicate"].count += 1
+        in_log.setdefault(ident, digest)
+        sent = acked.get(ident)
+        if sent is not None:
+            if sent.digest != digest:
+                findings["unexpected"].add({**_example(row), "why": "digest differs from ledger"})
+        elif row["pid"] not in ledger_pids:
+            findings["unexpected"].add({**_example(row), "why": "pid in no ledger"})
+        elif row["seq"] <= top_acked.get(ident[:3], -1):
+            findings["unexpected"].add({**_example(row), "why": "seq never acknowledged"})
+        else:
+            findings["unacknowledged"].add(_example(row))
+
+    rejected: dict[Identity, set[str]] = defaultdict(set)
+    for row in reject_rows:
+        rejected[_identity(row)].add(str(row["verdict"]))
+
+    for ident, entry in acked.items():
+        if in_log.get(ident) == entry.digest:
+            continue
+        verdicts = rejected.get(ident, set())
+        if Verdict.FENCED.value in verdicts:
+            continue
+        example = {
+            "pid": entry.pid,
+            "generation": entry.generation,
+            "topic": entry.topic,
+            "partition": entry.partition,
+            "seq": entry.seq,
+            "kafka_offset": entry.offset,
+            "verdicts": sorted(verdicts),
+        }
+        if 0 < entry.expire_ms < entry.ts_ms and verdicts & _EXPIRY_VERDICTS:
+            findings["expired"].add(example)
+        else:
+            findings["lost"].add(example)
+
+    _check_order(log_rows, findings["reordered"])
+    _check_zombies(log_rows, reject_rows, findings["zombie"])
+    return CheckReport(
+        findings, {"ledger": n_ledger, "log": len(log_rows), "rejects": len(reject_rows)}
+    )
+
+
+def _check_order(log_rows: list[dict[str, Any]], finding: Finding) -> None:
+    last: dict[tuple[int, str, int], int] = {}
+    for row in sorted(log_rows, key=lambda r: (r["topic"], r["partition"], r["log_offset"])):
+        if row["pid"] == 0:
+            continue
+        stream = _identity(row)[:3]
+        before = last.get(stream)
+        if before is not None and row["seq"] < before:
+            finding.add({**_example(row), "after_seq": before})
+        last[stream] = max(row["seq"], before if before is not None else -1)
+
+
+def _check_zombies(
+    log_rows: list[dict[str, Any]], reject_rows: list[dict[str, Any]], finding: Finding
+) -> None:
+    events = [(r, True) for r in log_rows if r["pid"] != 0]
+    events += [(r, False) for r in reject_rows if str(r["verdict"]) in _GENERATION_WITNESSES]
+    events.sort(key=lambda e: (e[0]["topic"], e[0]["partition"], e[0]["kafka_offset"], not e[1]))
+    newest: dict[tuple[int, str, int], int] = {}
+    for row, appended in events:
+        stream = _identity(row)[:3]
+        top = newest.get(stream, -1)
+        if appended and row["generation"] < top:
+            finding.add({**_example(row), "fenced_by_generation": top})
+        newest[stream] = max(top, row["generation"])
+
+
+def _identity(row: Mapping[str, Any]) -> Identity:
+    return (int(row["pid"]), str(row["topic"]), int(row["partition"]), int(row["seq"]))
+
+
+def _example(row: Mapping[str, Any]) -> dict[str, Any]:
+    keys = ("topic", "partition", "log_offset", "pid", "generation", "seq", "kafka_offset")
+    return {k: row[k] for k in keys if k in row}
+
+
+def _rows(table: pa.Table, columns: tuple[str, ...], name: str) -> list[dict[str, Any]]:
+    missing = [c for c in columns if c not in table.column_names and c not in ("key", "timestamp")]
+    if missing:
+        raise ValueError(
+            f"{name} table lacks column(s) {missing}; expected {list(columns)} "
+            "(read it with pidfence.spark_sink.read_log / read_rejects)"
+        )
+    wanted = [c for c in columns if c in table.column_names and c not in ("key", "timestamp")]
+    data = {c: table.column(c).to_pylist() for c in wanted}
+    return [dict(zip(wanted, values, strict=True)) for values in zip(*data.values(), strict=True)]

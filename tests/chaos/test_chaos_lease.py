@@ -1,0 +1,80 @@
+"""Lease-service faults: one of two lease servers killed (client failover), and a lease that
+expires while its producer is paused (its late records are rejected, not appended)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pidfence.demo.faults import KillAndResume, drive
+from pidfence.demo.procs import spawn_lease_server
+from pidfence.services.kafka import create_topic
+from tests.chaos.conftest import ChaosKit
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_one_of_two_lease_servers_killed_producer_fails_over(
+    chaos: ChaosKit, kafka: Any, new_topic: Any, zk_chroot: str, spark: Any, stop_all: Any
+) -> None:
+    servers = [spawn_lease_server(zk_chroot, chaos.logs, name=f"lease-{i}") for i in range(2)]
+    try:
+        for server in servers:
+            server.wait_listening()
+        topic = new_topic(partitions=2)
+        both = ",".join(s.address for s in servers)
+        role = chaos.role("p", kafka.bootstrap, both, topic, 2000, rate=400.0)
+        stop_all(role)
+        role.spawn()
+        # Kill the first server, then crash the producer: its resume must bump through the other.
+        servers[0].kill()
+        fault = KillAndResume(role, at=600)
+        drive([fault], timeout=150, until=lambda: not role.running())
+        assert not servers[0].proc.running
+        assert role.current.exit_code() == 0, role.current.tail()
+        assert role.instances[1].fences() >= 1, "resume did not bump through the live server"
+    finally:
+        for server in servers:
+            server.stop()
+    chaos.sink(spark, kafka.bootstrap, topic)
+    outcome = chaos.outcome()
+    outcome.assert_clean()
+    assert outcome.verdicts["FENCE"] >= 1
+    assert outcome.log.num_rows == 2000
+
+
+def test_lease_expiry_while_paused_rejects_late_records(
+    chaos: ChaosKit, kafka: Any, zk_chroot: str, spark: Any, stop_all: Any, request: Any
+) -> None:
+    # LogAppendTime: a record's time is when the broker appends it, so records that sat in the
+    # paused producer's queue arrive "late" by the broker's clock, after the lease expired.
+    topic = create_topic(
+        kafka.bootstrap,
+        f"expiry-{request.node.name[:40]}".replace("[", "-").replace("]", ""),
+        partitions=1,
+        config={"message.timestamp.type": "LogAppendTime"},
+    )
+    lifetime_s = 6
+    server = spawn_lease_server(zk_chroot, chaos.logs, name="lease", lifetime=f"{lifetime_s}s")
+    try:
+        server.wait_listening()
+        role = chaos.role("p", kafka.bootstrap, server.address, topic, 60_000)
+        stop_all(role)
+        worker = role.spawn()
+        drive([], timeout=120, until=lambda: role.acked() >= 2000 or not worker.running)
+        worker.pause()
+        import time
+
+        time.sleep(lifetime_s + 2)  # the fault itself: the pause outlives the lease
+        worker.resume()
+        assert worker.wait(180) == 0, worker.tail()
+    finally:
+        server.stop()
+    chaos.sink(spark, kafka.bootstrap, topic, lifetime=lifetime_s * 1000)
+    outcome = chaos.outcome()
+    outcome.assert_clean()
+    from pidfence.demo.summary import informational_counts
+
+    expired = informational_counts(outcome.report).get("expired", 0)
+    assert outcome.verdicts["UNKNOWN_PID"] >= 1 and expired >= 1, (outcome.verdicts, expired)

@@ -1,0 +1,40 @@
+"""The Spark driver SIGKILLed mid-batch (a sink subprocess), then restarted from its checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pidfence.demo.procs import Worker, sink_argv
+from tests.chaos.conftest import ChaosKit
+
+pytestmark = pytest.mark.timeout(300)
+
+RECORDS = 3000
+
+
+def test_sink_driver_sigkill_mid_batch_then_restart_is_exactly_once(
+    chaos: ChaosKit, kafka: Any, new_topic: Any, lease_server: Any, stop_all: Any
+) -> None:
+    topic = new_topic(partitions=2)
+    role = chaos.role("p", kafka.bootstrap, lease_server.address, topic, RECORDS)
+    stop_all(role)
+    assert role.spawn().wait(120) == 0, role.current.tail()
+
+    argv = sink_argv(kafka.bootstrap, topic, chaos.tmp / "output", chaos.tmp / "checkpoint")
+    crashed = Worker(
+        "sink-crash", argv, chaos.logs, env={"PIDFENCE_SINK_CRASH_AT": "before_manifest"}
+    )
+    stop_all(crashed)
+    code = crashed.start().wait(240)
+    # The driver killed itself with SIGKILL between the data files and the manifest.
+    assert code == -9, crashed.tail()
+
+    restarted = Worker("sink", argv, chaos.logs)
+    stop_all(restarted)
+    assert restarted.start().wait(240) == 0, restarted.tail()
+
+    outcome = chaos.outcome()
+    outcome.assert_clean()
+    assert outcome.log.num_rows == RECORDS

@@ -1,0 +1,118 @@
+"""Lease servers on a real ZooKeeper: unique pids and generations across servers and processes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from pidfence.pid_allocator import (
+    Lease,
+    LeaseClient,
+    LeaseServerThread,
+    SpawnedLeaseServer,
+    StaleGeneration,
+    UnknownPid,
+    spawn_lease_server,
+)
+
+
+def test_lease_bump_and_foreign_bump(
+    lease_server: LeaseServerThread, lease_server_factory: Callable[..., LeaseServerThread]
+) -> None:
+    other = lease_server_factory()
+    with LeaseClient(lease_server.address) as a, LeaseClient(other.address) as b:
+        lease = a.lease([("t", 0)])
+        bumped = b.bump(lease.pid, lease.generation)  # a server that did not issue the pid
+        assert bumped.generation == lease.generation + 1
+        assert bumped.expire_ms <= lease.expire_ms
+        with pytest.raises(StaleGeneration):
+            a.bump(lease.pid, lease.generation)
+        assert a.bump(lease.pid, bumped.generation).generation == lease.generation + 2
+        with pytest.raises(UnknownPid):
+            b.bump(lease.pid + 10**9, 0)
+
+
+def test_zookeeper_writes_stay_per_block(
+    lease_server_factory: Callable[..., LeaseServerThread],
+) -> None:
+    server = lease_server_factory(block_size=100)
+    with LeaseClient(server.address) as client:
+        pids = [client.lease().pid for _ in range(1000)]
+    assert len(set(pids)) == 1000
+    assert server.running.coordinator.writes <= 11  # 10 blocks, plus at most one prefetched
+
+
+def _hammer(
+    servers: list[str], clients: int, leases_each: int
+) -> tuple[list[Lease], list[tuple[int, int]]]:
+    """Concurrent clients lease pids, then all race to bump the same few pids everywhere."""
+    leases: list[Lease] = []
+    lock = threading.Lock()
+
+    def lease_worker(i: int) -> None:
+        order = servers[i % len(servers) :] + servers[: i % len(servers)]
+        with LeaseClient(order, retries=20, backoff_s=0.05) as client:
+            got = [client.lease() for _ in range(leases_each)]
+        with lock:
+            leases.extend(got)
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lease_worker, range(clients)))
+
+    granted: list[tuple[int, int]] = []
+    targets = leases[:5]
+
+    def bump_worker(i: int) -> None:
+        order = servers[i % len(servers) :] + servers[: i % len(servers)]
+        with LeaseClient(order, retries=20, backoff_s=0.05) as client:
+            for target in targets:
+                generation = target.generation
+                for _ in range(3):
+                    try:
+                        new = client.bump(target.pid, generation)
+                    except StaleGeneration:
+                        return
+                    with lock:
+                        granted.append((new.pid, new.generation))
+                    generation = new.generation
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(bump_worker, range(clients)))
+    return leases, granted
+
+
+def _assert_unique(leases: list[Lease], granted: list[tuple[int, int]]) -> None:
+    pids = [lease.pid for lease in leases]
+    assert len(pids) == len(set(pids)), "a pid was issued twice"
+    issued = {(lease.pid, lease.generation) for lease in leases}
+    assert len(granted) == len(set(granted)), "two callers got the same (pid, generation)"
+    assert not issued & set(granted)
+    assert granted, "no bump succeeded"
+
+
+@pytest.fixture
+def two_processes(zk_chroot: str) -> Iterator[list[SpawnedLeaseServer]]:
+    handles: list[SpawnedLeaseServer] = []
+    try:
+        handles = [spawn_lease_server(zk_chroot, block_size=10) for _ in range(2)]
+        yield handles
+    finally:
+        for handle in handles:
+            handle.stop()
+
+
+def test_two_server_processes_never_duplicate(two_processes: list[SpawnedLeaseServer]) -> None:
+    leases, granted = _hammer([h.address for h in two_processes], clients=8, leases_each=100)
+    _assert_unique(leases, granted)
+    assert all(h.stop() == 0 for h in two_processes)  # SIGTERM is a clean shutdown
+
+
+def test_three_servers_never_duplicate(
+    lease_server_factory: Callable[..., LeaseServerThread],
+) -> None:
+    servers = [lease_server_factory(block_size=7) for _ in range(3)]
+    leases, granted = _hammer([s.address for s in servers], clients=6, leases_each=100)
+    _assert_unique(leases, granted)

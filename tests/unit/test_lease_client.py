@@ -1,0 +1,97 @@
+"""``LeaseClient`` against an in-process server on the in-memory coordinator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from pidfence.pid_allocator import (
+    LeaseClient,
+    LeaseServerThread,
+    LeaseServerUnreachable,
+    LeaseServiceUnavailable,
+    MemoryCoordinator,
+    StaleGeneration,
+    UnknownPid,
+)
+from pidfence.services.ports import free_port
+
+
+@pytest.fixture
+def store() -> MemoryCoordinator:
+    return MemoryCoordinator()
+
+
+@pytest.fixture
+def server(store: MemoryCoordinator) -> Iterator[LeaseServerThread]:
+    with LeaseServerThread(None, block_size=10, coordinator=store) as running:
+        yield running
+
+
+def test_lease_bump_ping_round_trip(server: LeaseServerThread) -> None:
+    with LeaseClient(server.address) as client:
+        lease = client.lease([("orders", 0), ("orders", 1)])
+        assert lease.pid >= 1
+        assert lease.sequence == 0
+        bumped = client.bump(lease.pid, lease.generation)
+        assert (bumped.pid, bumped.generation) == (lease.pid, lease.generation + 1)
+        info = client.ping()
+        assert info["server"].startswith("lease-")
+        assert isinstance(info["now_ms"], int)
+
+
+def test_error_replies_raise_their_classes(server: LeaseServerThread) -> None:
+    sleeps: list[float] = []
+    with LeaseClient(server.address, sleep=sleeps.append) as client:
+        lease = client.lease()
+        client.bump(lease.pid, lease.generation)
+        with pytest.raises(StaleGeneration) as stale:
+            client.bump(lease.pid, lease.generation)
+        assert stale.value.code == "STALE_GENERATION"
+        assert not stale.value.retriable
+        with pytest.raises(UnknownPid):
+            client.bump(10**12, 0)
+    assert sleeps == []  # non-retriable errors are not retried
+
+
+def test_fails_over_from_a_dead_server(server: LeaseServerThread) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    sleeps: list[float] = []
+    with LeaseClient([dead, server.address], sleep=sleeps.append, backoff_s=0.01) as client:
+        assert client.lease().pid >= 1
+    assert sleeps == [0.01]
+
+
+def test_unreachable_after_retries_names_the_servers() -> None:
+    dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    sleeps: list[float] = []
+    client = LeaseClient(",".join(dead), retries=3, backoff_s=0.1, sleep=sleeps.append)
+    with pytest.raises(LeaseServerUnreachable) as caught:
+        client.lease()
+    assert caught.value.retriable
+    message = str(caught.value)
+    assert all(d in message for d in dead)
+    assert "pidfence lease-server" in message
+    assert sleeps == [0.1, 0.2, 0.4]
+
+
+def test_unavailable_is_retried_then_raised(
+    server: LeaseServerThread, store: MemoryCoordinator
+) -> None:
+    sleeps: list[float] = []
+    with LeaseClient(server.address, retries=2, sleep=sleeps.append) as client:
+        lease = client.lease()
+        store.up = False
+        with pytest.raises(LeaseServiceUnavailable) as caught:
+            client.bump(lease.pid, lease.generation)
+        assert caught.value.retriable
+        assert len(sleeps) == 2
+        store.up = True
+        assert client.bump(lease.pid, lease.generation).generation == lease.generation + 1
+
+
+@pytest.mark.parametrize("servers", ["", "localhost", "h:notaport", "h:0", ":80", []])
+def test_bad_server_lists_are_refused(servers: str | list[str]) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        LeaseClient(servers)
