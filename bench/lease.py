@@ -2,7 +2,7 @@
 
 Starts its own one-node ZooKeeper, then for each contender starts ``pidfence lease-server``
 processes and drives them with 8 concurrent closed-loop clients (asyncio, one request in flight
-per client, in this process). Contenders, side by side in one run:
+per client) spread over two load processes. Contenders, side by side in one run:
 
 * 1 server, blocks of 100 pids (the design);
 * 2 servers on the same ZooKeeper, blocks of 100 (clients split between them);
@@ -15,9 +15,12 @@ multi transaction: the versioned set of ``pid_block`` plus the block record).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import struct
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -33,6 +36,7 @@ from pidfence.services.ports import free_port
 from pidfence.services.zookeeper import ZooKeeperEnsemble
 
 CLIENTS = 8
+LOAD_PROCESSES = 2
 
 
 async def _client(address: str, count: int, latencies: list[float]) -> None:
@@ -53,14 +57,37 @@ async def _client(address: str, count: int, latencies: list[float]) -> None:
         await writer.wait_closed()
 
 
-async def _drive(addresses: list[str], leases: int) -> tuple[float, list[float]]:
+async def _clients(addresses: list[str], clients: int, per_client: int) -> list[float]:
     latencies: list[float] = []
-    per_client = leases // CLIENTS
-    started = time.perf_counter()
     await asyncio.gather(
-        *(_client(addresses[i % len(addresses)], per_client, latencies) for i in range(CLIENTS))
+        *(_client(addresses[i % len(addresses)], per_client, latencies) for i in range(clients))
     )
-    return time.perf_counter() - started, latencies
+    return latencies
+
+
+def client_process_main() -> None:
+    """Entry of one load process: ``ADDRS CLIENTS PER_CLIENT`` in, latencies (JSON) out."""
+    addresses, clients, per_client = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
+    started = time.time()
+    latencies = asyncio.run(_clients(addresses, clients, per_client))
+    sys.stdout.write(json.dumps({"start": started, "end": time.time(), "latencies": latencies}))
+
+
+def _drive(addresses: list[str], leases: int) -> tuple[float, list[float]]:
+    """8 clients in LOAD_PROCESSES processes, so the load generator is not the bottleneck."""
+    per_client = leases // CLIENTS
+    per_process = CLIENTS // LOAD_PROCESSES
+    code = f"import runpy; runpy.run_path({__file__!r})['client_process_main']()"
+    procs = []
+    for i in range(LOAD_PROCESSES):
+        rotated = addresses[i % len(addresses) :] + addresses[: i % len(addresses)]
+        argv = [sys.executable, "-c", code, ",".join(rotated), str(per_process), str(per_client)]
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE))
+    results = [json.loads(p.communicate()[0] or b"null") for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a load process failed")
+    elapsed = max(r["end"] for r in results) - min(r["start"] for r in results)
+    return elapsed, [x for r in results for x in r["latencies"]]
 
 
 def _zk_writes(metrics_port: int) -> float:
@@ -104,10 +131,10 @@ def _contender(
     handles = [spawn_lease_server(chroot, block_size=block_size, metrics_port=p) for p in ports]
     try:
         addresses = [h.address for h in handles]
-        asyncio.run(_drive(addresses, CLIENTS * 20))  # warm-up: connections, first claims
+        _drive(addresses, CLIENTS * 20)  # warm-up: connections, first claims
         before = sum(_zk_writes(p) for p in ports)
         cpu_before = sum(_cpu_s(h.pid) for h in handles)
-        elapsed, latencies = asyncio.run(_drive(addresses, leases))
+        elapsed, latencies = _drive(addresses, leases)
         cpu = sum(_cpu_s(h.pid) for h in handles) - cpu_before
         writes = sum(_zk_writes(p) for p in ports) - before
     finally:
@@ -163,9 +190,9 @@ def run(quick: bool, progress: Progress) -> BenchReport:
         notes=[
             "Targets: >= 10,000 leases/s per server, p99 < 5 ms, <= 10 ZooKeeper writes per "
             "1000 leases (block size 100).",
-            "Clients run in the bench process (asyncio, one request in flight each); servers are "
-            "separate `pidfence lease-server` processes; all share the machine's cores with "
-            "ZooKeeper.",
+            "Clients: 2 load processes x 4 asyncio clients, one request in flight each; servers "
+            "are separate `pidfence lease-server` processes; all share the machine's 2 cores "
+            "with ZooKeeper.",
             "server_cpu_us_per_lease: CPU the server process spent per lease; 1e6 / it is what "
             "one core could serve if clients were elsewhere.",
             "A ZooKeeper write here is one transaction (a claim's multi: versioned set of "

@@ -107,7 +107,7 @@ class ChaosKit:
     def outcome(self) -> Outcome:
         """The output log, the rejects and the checker's report over every ledger."""
         from pidfence.spark_sink import read_log, read_rejects
-        from pidfence.verify import check
+        from pidfence.verify.check import check
 
         log = read_log(str(self.tmp / "output"))
         rejects = read_rejects(str(self.tmp / "output"))

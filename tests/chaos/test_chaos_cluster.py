@@ -10,7 +10,7 @@ import pytest
 
 from pidfence.demo.faults import Bounce, KillAndResume, drive
 from pidfence.demo.procs import spawn_lease_server
-from pidfence.services.kafka import create_topic
+from pidfence.demo.topic import create_topic
 from tests.chaos.conftest import ChaosKit
 
 pytestmark = pytest.mark.timeout(420)

@@ -9,7 +9,7 @@ import pytest
 
 from pidfence.demo.faults import KillAndResume, drive
 from pidfence.demo.procs import spawn_lease_server
-from pidfence.services.kafka import create_topic
+from pidfence.demo.topic import create_topic
 from tests.chaos.conftest import ChaosKit
 
 pytestmark = pytest.mark.timeout(240)
@@ -71,7 +71,7 @@ def test_lease_expiry_while_paused_rejects_late_records(
         assert worker.wait(180) == 0, worker.tail()
     finally:
         server.stop()
-    chaos.sink(spark, kafka.bootstrap, topic, lifetime=lifetime_s * 1000)
+    chaos.sink(spark, kafka.bootstrap, topic, sink_options={"lifetime": f"{lifetime_s}s"})
     outcome = chaos.outcome()
     outcome.assert_clean()
     from pidfence.demo.summary import informational_counts

@@ -23,8 +23,11 @@ def test_sink_driver_sigkill_mid_batch_then_restart_is_exactly_once(
     assert role.spawn().wait(120) == 0, role.current.tail()
 
     argv = sink_argv(kafka.bootstrap, topic, chaos.tmp / "output", chaos.tmp / "checkpoint")
+    # The crash hook fires only in the process group it names: the child's own pid, known to
+    # a shell that then execs the sink (a session leader, so its pid is its group id).
+    crash_argv = ["sh", "-c", 'PIDFENCE_SINK_CRASH_PGID=$$ exec "$@"', "sh", *argv]
     crashed = Worker(
-        "sink-crash", argv, chaos.logs, env={"PIDFENCE_SINK_CRASH_AT": "before_manifest"}
+        "sink-crash", crash_argv, chaos.logs, env={"PIDFENCE_SINK_CRASH_AT": "before_manifest"}
     )
     stop_all(crashed)
     code = crashed.start().wait(240)

@@ -85,9 +85,9 @@ def _summary(ok: bool) -> dict[str, object]:
         "copier": {},
         "faults": {"kill": ["SIGKILL p0 <after> 5"]},
         "downstream": {
-            "raw": {"2026-01-01T00:00": 5},
-            "output_log": {"2026-01-01T00:00": 4},
-            "truth": {"2026-01-01T00:00": 4},
+            "raw": {"2026-01-01 00:00": [5, 9]},
+            "output_log": {"2026-01-01 00:00": [5, 7]},
+            "truth": {"2026-01-01 00:00": [5, 7]},
         },
         "timeline": {"raw": [(0.0, 6), (1.0, 12)], "appended": [(0.0, 5), (1.0, 10)]},
     }

@@ -28,6 +28,7 @@ class StreamKnobs:
     odd_rate: float = 0.05
     ts_step_max: int = 50
     ts_back_rate: float = 0.05
+    resend_rate: float = 0.02
 
 
 @dataclass
@@ -85,6 +86,18 @@ def make_stream(rng: random.Random, knobs: StreamKnobs) -> list[tuple[bytes | No
             out.append((encode_pf(p.pid, p.generation, p.next_seq, FLAG_FENCE), stamp))
             continue
         roll -= knobs.fence_rate
+        if roll < knobs.resend_rate and p.next_seq:
+            # Resume after a crash: a new generation re-sends its last records (pipelined, so
+            # they may land in any order) while the old generation's copies may be held.
+            p.generation += 1
+            back = rng.randrange(1, min(4, p.next_seq) + 1)
+            seqs = list(range(p.next_seq - back, p.next_seq))
+            rng.shuffle(seqs)
+            for seq in seqs:
+                out.append((encode_pf(p.pid, p.generation, seq), stamp))
+                p.sent.append((seq, p.generation))
+            continue
+        roll -= knobs.resend_rate
         if roll < knobs.swap_rate:
             # Pipelining retry: the second record lands first, the first one a little later —
             # sometimes re-sent by a successor generation, which fences the waiting record.
@@ -171,14 +184,19 @@ class ReferenceTable:
             e[0], e[1] = g, s
             out.append((ref, Verdict.APPENDED))
             self._release(pid, e, out)
-        elif any(x["pid"] == pid and x["seq"] == s for x in self.held):
+        elif any(x["pid"] == pid and x["seq"] == s and x["gen"] == g for x in self.held):
             out.append((ref, Verdict.DUPLICATE))
-        elif s - e[1] - 1 <= self.window:
-            e[0] = g
-            self.held.append({"pid": pid, "seq": s, "gen": g, "ref": ref})
-            out.append((ref, Verdict.BUFFERED))
         else:
-            out.append((ref, Verdict.OUT_OF_ORDER))
+            # A successor's resend replaces a zombie's waiting copy of the same seq.
+            for x in [x for x in self.held if x["pid"] == pid and x["seq"] == s]:
+                self.held.remove(x)
+                out.append((x["ref"], Verdict.FENCED))
+            if s - e[1] - 1 <= self.window:
+                e[0] = g
+                self.held.append({"pid": pid, "seq": s, "gen": g, "ref": ref})
+                out.append((ref, Verdict.BUFFERED))
+            else:
+                out.append((ref, Verdict.OUT_OF_ORDER))
         return out
 
     def _release(self, pid: int, e: list[int], out: list[tuple[Any, Verdict]]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pidfence.broker_plugin import ProducerStateTable
+from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable, rebuild
 from pidfence.broker_plugin.ring import EntryRing
 from pidfence.wire import FLAG_FENCE, Verdict, encode_pf
 
@@ -214,3 +214,93 @@ def test_offer_header_matches_offer() -> None:
             is b.offer_header(encode_pf(pid, g, s, f), 0)[0].verdict
         )
     assert a == b
+
+
+def test_successor_resend_replaces_a_zombies_held_copy() -> None:
+    # Old generation 0 sent s=2 before s=1 and died; generation 1 re-sends 2 then 1. Calling the
+    # resend a DUPLICATE of the waiting zombie copy (fenced at release) would lose seq 2.
+    table = ProducerStateTable(capacity=2, lifetime_ms=1000, reorder_window=3)
+    one(table, 1, 0, 0)
+    assert table.offer(1, 0, 2, 0, ref="zombie s2")[0].verdict is V.BUFFERED
+    assert verdicts(table.offer(1, 1, 2, 0, ref="resend s2")) == [
+        ("zombie s2", V.FENCED),
+        ("resend s2", V.BUFFERED),
+    ]
+    assert table.get(1) == (1, 0, 0)
+    assert verdicts(table.offer(1, 1, 1, 0, ref="s1")) == [
+        ("s1", V.APPENDED),
+        ("resend s2", V.APPENDED),
+    ]
+    assert table.get(1) == (1, 2, 0)
+
+
+def test_held_copy_of_an_older_generation_is_replaced_after_a_bump() -> None:
+    table = ProducerStateTable(capacity=2, lifetime_ms=1000, reorder_window=3)
+    one(table, 1, 0, 0)
+    table.offer(1, 0, 3, 0, ref="zombie s3")
+    table.offer(1, 1, 0, 0, ref="bump via resend")  # DUPLICATE, moves gE to 1
+    assert verdicts(table.offer(1, 1, 3, 0, ref="resend s3")) == [
+        ("zombie s3", V.FENCED),
+        ("resend s3", V.BUFFERED),
+    ]
+
+
+def test_ring_wraps_around_many_times() -> None:
+    table = ProducerStateTable(capacity=3, lifetime_ms=10)
+    for i in range(50):
+        # One new producer per 5 ms lives 10 ms: at most 2 live at once, slots reused forever.
+        assert one(table, i + 1, 0, 0, ts=i * 5) is V.APPENDED
+        assert len(table) == min(i + 1, 2)
+    assert [pid for pid, _ in table.ring] == [49, 50]
+    assert one(table, 48, 0, 1, ts=250) is V.UNKNOWN_PID
+
+
+def test_restore_overrides_are_checked_as_settings_not_as_damage() -> None:
+    table = ProducerStateTable(capacity=4, lifetime_ms=1000)
+    for pid in (1, 2, 3):
+        one(table, pid, 0, 0)
+    snap = table.snapshot()
+    with pytest.raises(ValueError, match="capacity >= 3"):
+        ProducerStateTable.restore(snap, capacity=2)
+    with pytest.raises(ValueError, match="lifetime_ms must be an int"):
+        ProducerStateTable.restore(snap, lifetime_ms=0)
+    bigger = ProducerStateTable.restore(snap, capacity=3, reorder_window=0)
+    assert (bigger.capacity, bigger.reorder_window) == (3, 0)
+    assert [bigger.get(p) for p in (1, 2, 3)] == [table.get(p) for p in (1, 2, 3)]
+
+
+def test_held_refs_survive_a_snapshot_as_tuples() -> None:
+    table = ProducerStateTable(capacity=4, lifetime_ms=1000)
+    one(table, 1, 0, 0)
+    table.offer(1, 0, 2, 0, ref=(7, b"k", "v"))
+    restored = ProducerStateTable.restore(table.snapshot())
+    assert verdicts(restored.offer(1, 0, 1, 0, ref="s1")) == [
+        ("s1", V.APPENDED),
+        ((7, b"k", "v"), V.APPENDED),
+    ]
+
+
+def test_rebuild_from_a_damaged_snapshot_raises_corrupt_snapshot() -> None:
+    table = ProducerStateTable(capacity=4, lifetime_ms=1000)
+    one(table, 1, 0, 0)
+    snap = bytearray(table.snapshot())
+    snap[-1] ^= 0xFF
+    with pytest.raises(CorruptSnapshot, match="CRC"):
+        rebuild(bytes(snap), [])
+    assert not CorruptSnapshot.retriable
+
+
+def test_numpy_integers_are_accepted_and_bad_timestamps_refused() -> None:
+    np = pytest.importorskip("numpy")
+    table = ProducerStateTable(capacity=2, lifetime_ms=1000)
+    (d,) = table.offer(np.int64(1), np.int32(0), np.uint64(0), np.int64(5), ref="np")
+    assert d.verdict is V.APPENDED
+    assert type(table.clock) is int
+    assert one(table, 1, True, 1) is V.MALFORMED  # bool is not a generation
+    before = table.state()
+    with pytest.raises(TypeError, match="ts_ms must be an int"):
+        table.offer(1, 0, 1, 6.5)
+    with pytest.raises(TypeError, match="ts_ms must be an int"):
+        table.offer_header(None, "7")
+    assert table.state() == before
+    table.snapshot()  # the clock stayed an exact int, so this serialises

@@ -87,6 +87,8 @@ def _binary_array(headers: Any) -> pa.Array:
             return headers
         if pa.types.is_binary(headers.type):
             return headers
+        if pa.types.is_binary_view(headers.type):
+            return headers.cast(pa.binary())
         if pa.types.is_null(headers.type):
             return pa.array([None] * len(headers), type=pa.binary())
         raise TypeError(f"headers must be a binary arrow array, got {headers.type}")
@@ -257,14 +259,23 @@ def offer_batch(
         for h in by_seq.values():
             if h.token is not None and h.token[0] == call:
                 h.token = None
-    log_order = _merge_log(fast_rows, fast_codes, events_time, events_sub, events_idx)
+    # Header-less and pid-0 records are appended too (DESIGN §4), at their own position.
+    opt_out = np.flatnonzero(verdict == _NON_IDEMPOTENT)
+    log_order = _merge_log(fast_rows, fast_codes, opt_out, events_time, events_sub, events_idx)
     return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags, log_order, released)
 
 
 def _merge_log(
-    fast_rows: I64, fast_codes: U8, times: list[int], subs: list[int], idx: list[int]
+    fast_rows: I64,
+    fast_codes: U8,
+    opt_out: I64,
+    times: list[int],
+    subs: list[int],
+    idx: list[int],
 ) -> I64:
-    appended = fast_rows[fast_codes == _APPENDED]
+    """Every appended record in log order: rows decided at their own position (fast-path and
+    opt-out rows) sort by row; a slow row's decisions sort by (row, order within the call)."""
+    appended = np.concatenate([fast_rows[fast_codes == _APPENDED], opt_out])
     if not times:
         return np.sort(appended).astype(np.int64)
     all_time = np.concatenate([appended, np.asarray(times, dtype=np.int64)])

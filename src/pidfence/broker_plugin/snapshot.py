@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgpack
 
 from pidfence.broker_plugin.errors import CorruptSnapshot
-from pidfence.broker_plugin.table import Entry, Held
+from pidfence.broker_plugin.table import Entry, Held, check_settings
 
 if TYPE_CHECKING:
     from pidfence.broker_plugin.table import ProducerStateTable
@@ -148,6 +148,10 @@ def _reverse_ring(table: ProducerStateTable) -> Any:
         yield ring._pids[slot], ring._serials[slot]
 
 
+class _CapacityOverride(Exception):
+    """A capacity override too small for the snapshot (raised to the caller as ValueError)."""
+
+
 def _int(value: Any, what: str) -> int:
     if type(value) is not int:
         raise CorruptSnapshot(f"{what}: expected int, got {type(value).__name__}")
@@ -170,11 +174,26 @@ def restore_chain(
     reorder_window: int | None,
     grace_ms: int | None,
 ) -> ProducerStateTable:
-    """Apply ``deltas`` to ``full`` and build the table (see module docstring)."""
+    """Apply ``deltas`` to ``full`` and build the table (see module docstring).
+
+    Raises:
+        CorruptSnapshot: any damage to ``full`` or a delta, or a delta applied to the wrong base.
+        ValueError: an override is impossible, or ``capacity`` is below the snapshot's live
+            entries (a caller's mistake, not damage: falling back to an older snapshot would not
+            help).
+    """
+    check_settings(
+        capacity=capacity,
+        lifetime_ms=lifetime_ms,
+        reorder_window=reorder_window,
+        grace_ms=grace_ms,
+    )
     try:
         return _restore(cls, full, deltas, capacity, lifetime_ms, reorder_window, grace_ms)
     except CorruptSnapshot:
         raise
+    except _CapacityOverride as exc:
+        raise ValueError(str(exc)) from None
     except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError) as exc:
         raise CorruptSnapshot(f"inconsistent snapshot: {exc.__class__.__name__}: {exc}") from exc
 
@@ -224,6 +243,11 @@ def _restore(
         grace_ms if grace_ms is not None else grace,
     )
     if len(rows) > table.capacity:
+        if capacity is not None and len(rows) <= cap:
+            raise _CapacityOverride(
+                f"the snapshot holds {len(rows)} live entries; restore with capacity >= "
+                f"{len(rows)} (got {capacity}) or leave capacity unset"
+            )
         raise CorruptSnapshot(f"{len(rows)} entries exceed capacity {table.capacity}")
     last_serial = -1
     last_seen = -(2**63)

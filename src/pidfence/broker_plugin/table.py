@@ -14,6 +14,7 @@ once the clock reaches ``first_seen_ms + lifetime_ms + grace_ms``. An expired pi
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -89,14 +90,12 @@ class ProducerStateTable:
     def __init__(
         self, capacity: int, lifetime_ms: int, reorder_window: int = 5, grace_ms: int = 0
     ) -> None:
-        for name, value, low in (
-            ("capacity", capacity, 1),
-            ("lifetime_ms", lifetime_ms, 1),
-            ("reorder_window", reorder_window, 0),
-            ("grace_ms", grace_ms, 0),
-        ):
-            if type(value) is not int or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        check_settings(
+            capacity=capacity,
+            lifetime_ms=lifetime_ms,
+            reorder_window=reorder_window,
+            grace_ms=grace_ms,
+        )
         self.capacity = capacity
         self.lifetime_ms = lifetime_ms
         self.reorder_window = reorder_window
@@ -145,8 +144,13 @@ class ProducerStateTable:
         Returns the decisions this call made, in log order: expiries of held records, this
         record's verdict (``BUFFERED`` when held), then held records it released.
         """
+        if type(ts_ms) is not int:
+            ts_ms = _timestamp(ts_ms)
         out: list[Emit] = []
         now = self.advance(ts_ms, out)
+        if not _valid(pid, generation, seq, flags):
+            # numpy and other integral types are fine; anything else is MALFORMED.
+            pid, generation, seq, flags = (_integral(v) for v in (pid, generation, seq, flags))
         if _valid(pid, generation, seq, flags):
             self.decide(pid, generation, seq, flags, now, ref, out, None)
         else:
@@ -163,6 +167,8 @@ class ProducerStateTable:
                 verdict = MALFORMED
             else:
                 return self.offer(pf.pid, pf.generation, pf.seq, ts_ms, pf.flags, ref)
+        if type(ts_ms) is not int:
+            ts_ms = _timestamp(ts_ms)
         out: list[Emit] = []
         self.advance(ts_ms, out)
         out.append((ref, verdict, None))
@@ -170,6 +176,8 @@ class ProducerStateTable:
 
     def flush(self, ts_ms: int) -> list[Decision]:
         """Close the reorder window: every held record becomes ``OUT_OF_ORDER``."""
+        if type(ts_ms) is not int:
+            ts_ms = _timestamp(ts_ms)
         out: list[Emit] = []
         self.advance(ts_ms, out)
         self.flush_held(out)
@@ -381,10 +389,20 @@ class ProducerStateTable:
                 self.release(pid, entry, out)
             return
         held = self.held.get(pid)
-        if held is not None and s in held:
-            # The same record arrived twice while waiting for its predecessor.
-            out.append((ref, DUPLICATE, token))
-            return
+        waiting = held.get(s) if held is not None else None
+        if waiting is not None:
+            if g == waiting.generation:
+                # The same record arrived twice while waiting for its predecessor.
+                out.append((ref, DUPLICATE, token))
+                return
+            # A successor generation re-sent a record a zombie's copy of which is waiting: the
+            # waiting copy could only be fenced at release, and calling the resend a DUPLICATE of
+            # it would lose the record. Fence the zombie's copy now and hold the resend instead.
+            del held[s]
+            if not held:
+                del self.held[pid]
+                held = None
+            out.append((waiting.ref, FENCED, waiting.token))
         if s - high - 1 <= self.reorder_window:
             entry.generation = g
             if held is None:
@@ -411,6 +429,37 @@ class ProducerStateTable:
             out.append((nxt.ref, APPENDED, nxt.token))
         if not held:
             del self.held[pid]
+
+
+_SETTING_MINIMUM: Final = {"capacity": 1, "lifetime_ms": 1, "reorder_window": 0, "grace_ms": 0}
+
+
+def check_settings(**settings: int | None) -> None:
+    """Refuse impossible table settings (``None`` = not given, skipped).
+
+    Raises:
+        ValueError: a setting is not an int or is below its minimum.
+    """
+    for name, value in settings.items():
+        low = _SETTING_MINIMUM[name]
+        if value is not None and (type(value) is not int or value < low):
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _timestamp(ts_ms: Any) -> int:
+    """``ts_ms`` as an int (numpy ints are fine); the clock must stay an exact int."""
+    if isinstance(ts_ms, numbers.Integral) and not isinstance(ts_ms, bool):
+        return int(ts_ms)
+    raise TypeError(
+        f"ts_ms must be an int (epoch milliseconds, the Kafka record timestamp), "
+        f"got {type(ts_ms).__name__} {ts_ms!r}; nothing was decided"
+    )
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
 
 
 def _valid(pid: Any, generation: Any, seq: Any, flags: Any) -> bool:

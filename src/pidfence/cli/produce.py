@@ -1,10 +1,84 @@
-"""`pidfence produce` (placeholder until its issue lands)."""
+"""``pidfence produce``: a resumable load generator (logic in ``pidfence.producer.loadgen``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's command(s) to the `pidfence` app."""
-    del app
+    """Add ``produce`` to the ``pidfence`` app."""
+
+    @app.command("produce")
+    def produce(
+        bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap servers HOST:PORT[,...]")],
+        lease_server: Annotated[
+            str, typer.Option("--lease-server", help="Lease servers HOST:PORT[,HOST:PORT]")
+        ],
+        topic: Annotated[str, typer.Option(help="An existing topic")],
+        count: Annotated[int, typer.Option(min=0, help="Records in total, across restarts")],
+        value_size: Annotated[int, typer.Option(min=0, help="Bytes per value")] = 100,
+        keys: Annotated[int, typer.Option(min=0, help="Distinct keys (0: unkeyed)")] = 1000,
+        ledger: Annotated[
+            Path | None, typer.Option(help="Send ledger (JSON lines) of acknowledged records")
+        ] = None,
+        state: Annotated[
+            Path | None, typer.Option(help="Checkpoint file: resume from it, keep it current")
+        ] = None,
+        rate: Annotated[float, typer.Option(min=0, help="Records per second (0: unlimited)")] = 0,
+        resend_every: Annotated[
+            int, typer.Option(min=0, help="Re-send the last acknowledged records every N records")
+        ] = 0,
+        lifetime_rollover: Annotated[
+            float, typer.Option(help="Lease a new pid after this fraction of the lease lifetime")
+        ] = 23 / 24,
+        checkpoint_every: Annotated[
+            int, typer.Option(min=1, help="Flush and save --state every N records")
+        ] = 500,
+        name: Annotated[str, typer.Option(help="Producer name written into every value")] = "p",
+        librdkafka_idempotence: Annotated[
+            bool,
+            typer.Option(help="librdkafka's own idempotence (in-order on the wire per session)"),
+        ] = True,
+    ) -> None:
+        """Send COUNT deterministic records with pf headers; resumable after SIGKILL via --state."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        from pidfence.pid_allocator import LeaseClient
+        from pidfence.producer import ProducerConfig
+        from pidfence.producer.cliutil import fail_cleanly
+        from pidfence.producer.loadgen import LoadGenerator, LoadSpec, open_producer_factory
+
+        with fail_cleanly():
+            spec = LoadSpec(
+                name=name,
+                topic=topic,
+                count=count,
+                value_size=value_size,
+                keys=keys,
+                rate=rate,
+                resend_every=resend_every,
+                checkpoint_every=checkpoint_every,
+            )
+            config = ProducerConfig(
+                bootstrap,
+                enable_idempotence=librdkafka_idempotence,
+                rollover_fraction=lifetime_rollover,
+            )
+            with LeaseClient(lease_server) as client:
+                generator = LoadGenerator(
+                    spec, open_producer_factory(config, client, ledger=ledger), state
+                )
+                with Progress(
+                    TextColumn(f"[bold]{name}[/] -> {topic}"), BarColumn(), MofNCompleteColumn()
+                ) as progress:
+                    task = progress.add_task("produce", total=count)
+                    result = generator.run(lambda done: progress.update(task, completed=done))
+            typer.echo(
+                f"produced {result.next_i - result.first_i} records (i {result.first_i}.."
+                f"{result.next_i - 1}) as pid {result.pid} generation {result.generation}; "
+                f"resumed={result.resumed} resumed_from_expired={result.resumed_from_expired} "
+                f"resent={result.resent} rollovers={result.rollovers}"
+            )

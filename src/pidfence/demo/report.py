@@ -95,16 +95,21 @@ def plots(summary: dict[str, Any]) -> dict[str, str]:
     images["verdicts"] = _png(fig)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    styles = {"raw": "o-", "output_log": "s--", "truth": "x:"}
-    for name, series in summary["downstream"].items():
-        if series:
-            keys = list(series)
-            ax.plot(range(len(keys)), list(series.values()), styles.get(name, "-"), label=name)
-            ax.set_xticks(range(len(keys)), [k[-8:] for k in keys], rotation=30, fontsize="small")
-    ax.set_ylabel("unique users")
-    ax.legend()
-    ax.set_title("downstream job: unique users per minute")
+    downstream = summary["downstream"]
+    sources = [("raw", "raw topic"), ("output_log", "output log"), ("truth", "truth (ledger)")]
+    labels = sorted(set().union(*(set(v) for v in downstream.values())))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    width = 0.8 / len(sources)
+    for column, (ax, what) in enumerate(zip(axes, ("unique users", "events"), strict=True)):
+        for k, (name, label) in enumerate(sources):
+            heights = [downstream[name].get(m, [0, 0])[column] for m in labels]
+            offsets = [i + (k - 1) * width for i in range(len(labels))]
+            ax.bar(offsets, heights, width=width, label=label)
+        ax.set_xticks(range(len(labels)), [m[-5:] for m in labels])
+        ax.set_xlabel("minute (UTC, event time)")
+        ax.set_title(f"{what} per minute")
+    axes[0].legend(fontsize="small")
+    fig.suptitle("downstream job: raw topic vs output log vs truth")
     images["downstream"] = _png(fig)
     plt.close(fig)
     return images
@@ -134,7 +139,11 @@ def render_html(summary: dict[str, Any], images: dict[str, str]) -> str:
     downstream = summary["downstream"]
     minute_rows = "".join(
         f"<tr><td>{esc(m)}</td>"
-        + "".join(f"<td>{downstream[s].get(m, '')}</td>" for s in ("raw", "output_log", "truth"))
+        + "".join(
+            f"<td>{downstream[s].get(m, ['', ''])[i]}</td>"
+            for i in (0, 1)
+            for s in ("raw", "output_log", "truth")
+        )
         + "</tr>"
         for m in sorted(set().union(*(set(v) for v in downstream.values())))
     )
@@ -151,8 +160,13 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px}}
 <h2>Anomalies (checker)</h2><table>{anomalies}</table>
 <h2>Faults injected</h2><ul>{faults}</ul>
 <h2>Plots</h2>{figures}
-<h2>Downstream: unique users per minute</h2>
-<table><tr><th>minute</th><th>raw topic</th><th>output log</th><th>truth</th></tr>
+<h2>Downstream job: unique users per minute (seed 003)</h2>
+<p>Distinct users cannot be inflated by duplicates, events can: the raw topic over-counts
+events; the output log must equal the truth computed from the send ledgers.</p>
+<table><tr><th rowspan="2">minute</th><th colspan="3">unique users</th>
+<th colspan="3">events</th></tr>
+<tr><th>raw topic</th><th>output log</th><th>truth</th>
+<th>raw topic</th><th>output log</th><th>truth</th></tr>
 {minute_rows}</table>
 </body></html>
 """

@@ -36,7 +36,7 @@ from pidfence.demo.procs import (
     copier_argv,
     spawn_lease_server,
 )
-from pidfence.services.kafka import create_topic
+from pidfence.demo.topic import create_topic
 
 UPSTREAM_PRODUCER = "upstream"
 

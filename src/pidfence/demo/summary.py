@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pidfence.verify.check import ANOMALIES, INFORMATIONAL, CheckReport
 from pidfence.verify.ledger import LedgerEntry, read_ledger, value_digest
 
 if TYPE_CHECKING:
@@ -78,61 +80,45 @@ def copier_exactly_once(upstream: pa.Table, log: pa.Table) -> dict[str, int]:
     }
 
 
-def anomaly_counts(report: Any) -> dict[str, int]:
-    """``{anomaly: count}`` from the checker's report."""
-    for name in ("counts", "anomaly_counts"):
-        value = getattr(report, name, None)
-        if callable(value):
-            value = value()
-        if isinstance(value, dict):
-            return {str(k): int(v) for k, v in value.items()}
-    anomalies = getattr(report, "anomalies", None)
-    if isinstance(anomalies, dict):
-        return {str(k): _count(v) for k, v in anomalies.items()}
-    raise TypeError(f"cannot read anomaly counts from {type(report).__name__}")
+def anomaly_counts(report: CheckReport) -> dict[str, int]:
+    """``{anomaly: count}`` for the anomalies that fail a run."""
+    return {name: report.findings[name].count for name in ANOMALIES}
 
 
-def informational_counts(report: Any) -> dict[str, int]:
-    """Counts the checker reports but that are not anomalies (e.g. ``expired``)."""
-    for name in ("info", "informational", "notes"):
-        value = getattr(report, name, None)
-        if isinstance(value, dict):
-            return {str(k): _count(v) for k, v in value.items()}
-    expired = getattr(report, "expired", None)
-    if expired is not None:
-        return {"expired": _count(expired)}
-    return {}
+def informational_counts(report: CheckReport) -> dict[str, int]:
+    """Counts the checker reports that never fail a run (``expired``, ``unacknowledged``)."""
+    return {name: report.findings[name].count for name in INFORMATIONAL}
 
 
-def _count(value: Any) -> int:
-    return int(getattr(value, "count", value))
+def anomaly_examples(report: CheckReport) -> dict[str, list[str]]:
+    """Up to 10 examples per non-zero anomaly, as strings."""
+    return {
+        name: [str(e) for e in report.findings[name].examples]
+        for name in ANOMALIES
+        if report.findings[name].count
+    }
 
 
-def anomaly_examples(report: Any) -> dict[str, list[str]]:
-    """Up to 10 examples per anomaly, as strings."""
-    anomalies = getattr(report, "anomalies", None)
-    out: dict[str, list[str]] = {}
-    if isinstance(anomalies, dict):
-        for name, value in anomalies.items():
-            examples = getattr(value, "examples", [])
-            out[str(name)] = [str(e) for e in list(examples)[:10]]
+def minutes(table: pa.Table) -> dict[str, list[int]]:
+    """``unique_users_per_minute`` output as ``{"HH:MM": [users, events]}`` (UTC minutes)."""
+    out: dict[str, list[int]] = {}
+    for minute, users, events in zip(
+        table.column("minute").to_pylist(),
+        table.column("users").to_pylist(),
+        table.column("events").to_pylist(),
+        strict=True,
+    ):
+        label = time.strftime("%Y-%m-%d %H:%M", time.gmtime(minute / 1000))
+        out[label] = [int(users), int(events)]
     return out
-
-
-def minutes(table: pa.Table) -> dict[str, int]:
-    """``unique_users_per_minute`` output as ``{minute: users}``."""
-    names = table.column_names
-    keys = table.column(names[0]).to_pylist()
-    values = table.column(names[1]).to_pylist()
-    return {str(k): int(v) for k, v in zip(keys, values, strict=True)}
 
 
 def collect(run: DemoRun) -> dict[str, Any]:
     """Read ledgers, the raw topic, the output log and rejects; run the checker; summarise."""
     from pidfence.demo.topic import read_topic
     from pidfence.spark_sink import read_log, read_rejects
-    from pidfence.verify import check
-    from pidfence.verify.downstream import unique_users_per_minute
+    from pidfence.verify.check import check
+    from pidfence.verify.downstream import truth_from_ledger, unique_users_per_minute
 
     paths = run.paths
     ledgers = ledger_entries(paths.ledgers)
@@ -162,8 +148,13 @@ def collect(run: DemoRun) -> dict[str, Any]:
     downstream = {
         "raw": minutes(unique_users_per_minute(raw_data)),
         "output_log": minutes(unique_users_per_minute(log)),
-        "truth": minutes(_truth(raw)),
+        "truth": minutes(truth_from_ledger(everything, raw)),
     }
+    # The downstream job over the output log must see exactly the truth (events and users).
+    log_side, truth = downstream["output_log"], downstream["truth"]
+    anomalies["downstream_mismatch"] = sum(
+        1 for m in set(log_side) | set(truth) if log_side.get(m) != truth.get(m)
+    )
     exit_codes = {w.name: w.exit_code() for role in run.roles for w in role.instances} | {
         w.name: w.exit_code() for w in run.copier_workers
     }
@@ -213,16 +204,3 @@ def _is_fence(header: bytes) -> bool:
         return bool(decode_pf(header).flags & FLAG_FENCE)
     except MalformedHeader:
         return False
-
-
-def _truth(raw: pa.Table) -> pa.Table:
-    """What the downstream job should see: each distinct record value once, FENCEs excluded."""
-    from pidfence.verify.downstream import unique_users_per_minute
-
-    seen: set[bytes] = set()
-    keep = []
-    for i, value in enumerate(raw.column("value").to_pylist()):
-        if value and value not in seen:
-            seen.add(value)
-            keep.append(i)
-    return unique_users_per_minute(raw.take(pa.array(keep, pa.int64())))

@@ -17,12 +17,30 @@ RAW_SCHEMA = pa.schema(
         ("key", pa.binary()),
         ("value", pa.binary()),
         ("pf", pa.binary()),
+        ("pid", pa.int64()),
+        ("generation", pa.int64()),
+        ("seq", pa.int64()),
+        ("flags", pa.int64()),
     ]
 )
 
 
+def _decoded(header: bytes | None) -> tuple[int, int, int, int]:
+    """(pid, generation, seq, flags); zeros for a missing or undecodable header."""
+    from pidfence.wire import MalformedHeader, decode_pf
+
+    if header is None:
+        return 0, 0, 0, 0
+    try:
+        pf = decode_pf(header)
+    except MalformedHeader:
+        return 0, 0, 0, 0
+    return pf.pid, pf.generation, pf.seq, pf.flags
+
+
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> pa.Table:
-    """Every record now in ``topic`` (offsets from low to high watermark), with its ``pf`` header.
+    """Every record now in ``topic`` (offsets from low to high watermark), with its ``pf`` header
+    raw and decoded (``pid``, ``generation``, ``seq``, ``flags``; 0 when missing or malformed).
 
     Args:
         bootstrap: Kafka bootstrap servers.
@@ -71,9 +89,45 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> pa.Table:
                 rows["timestamp"].append(msg.timestamp()[1])
                 rows["key"].append(msg.key())
                 rows["value"].append(msg.value())
-                rows["pf"].append(headers.get(PF_HEADER_KEY))
+                header = headers.get(PF_HEADER_KEY)
+                rows["pf"].append(header)
+                fields = _decoded(header)
+                for name, field in zip(("pid", "generation", "seq", "flags"), fields, strict=True):
+                    rows[name].append(field)
                 if offset + 1 >= ends[partition]:
                     pending.pop(partition, None)
         return pa.table(rows, schema=RAW_SCHEMA)
     finally:
         consumer.close()
+
+
+def create_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int,
+    replication: int = 1,
+    config: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> str:
+    """Create ``name`` and wait until every partition has a leader; return the name."""
+    import time
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin: Any = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, partitions, replication, config=config or {})], operation_timeout=30
+    )
+    futures[name].result(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        topic = admin.list_topics(name, timeout=5).topics.get(name)
+        if (
+            topic is not None
+            and topic.error is None
+            and len(topic.partitions) == partitions
+            and all(p.leader >= 0 for p in topic.partitions.values())
+        ):
+            return name
+        time.sleep(0.2)
+    raise TimeoutError(f"topic {name} has no leader for every partition after {timeout_s:.0f}s")

@@ -86,7 +86,13 @@ class LeaseConnection(asyncio.Protocol):
                 self._spawn(body)
         if offset:
             del buffer[:offset]
-        self._partial_since = self._last_activity if buffer else None
+        if not buffer:
+            self._partial_since = None
+        elif self._partial_since is None or offset:
+            self._partial_since = self._last_activity  # a new frame started: its clock starts
+            if self._timer is not None:
+                self._timer.cancel()
+            self._arm_timer(self.server.limits.frame_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection and cancel its waiting requests."""
@@ -128,7 +134,7 @@ class LeaseConnection(asyncio.Protocol):
         try:
             self._write(await self.server.handle(body))
         finally:
-            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
             self._update_reading()
 
     def _update_reading(self) -> None:

@@ -66,15 +66,24 @@ async def start_server(
     Raises:
         LeaseServiceUnavailable: ZooKeeper cannot be reached.
     """
+    if coordinator is None and not zk_hosts:
+        raise ValueError("give zk_hosts (ZooKeeper connect string) or a coordinator")
     executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lease-zk")
-    if coordinator is None:
-        if not zk_hosts:
-            raise ValueError("give zk_hosts (ZooKeeper connect string) or a coordinator")
-        zk = ZkCoordinator(zk_hosts, root=zk_root, session_timeout_s=zk_session_timeout_s)
-        coordinator = await asyncio.get_running_loop().run_in_executor(executor, zk.start)
-    service = LeaseService(coordinator, executor, config, clock=clock)
-    server = LeaseServer(service, metrics, limits)
-    bound_host, bound_port = await server.start(host, port)
+    owned: Coordinator | None = None
+    try:
+        if coordinator is None:
+            zk = ZkCoordinator(str(zk_hosts), root=zk_root, session_timeout_s=zk_session_timeout_s)
+            coordinator = owned = await asyncio.get_running_loop().run_in_executor(
+                executor, zk.start
+            )
+        service = LeaseService(coordinator, executor, config, clock=clock)
+        server = LeaseServer(service, metrics, limits)
+        bound_host, bound_port = await server.start(host, port)
+    except BaseException:
+        executor.shutdown(wait=False, cancel_futures=True)
+        if owned is not None:
+            owned.close()
+        raise
     return RunningServer(server, coordinator, executor, bound_host, bound_port)
 
 

@@ -1,16 +1,13 @@
-"""The asyncio TCP front of a lease server: framing, limits, dispatch (DESIGN.md §5).
+"""The asyncio TCP front of a lease server: limits and dispatch (DESIGN.md §5).
 
-Per connection: one reader that parses frames and at most ``max_in_flight`` requests being
-handled; a frame must arrive completely within ``frame_timeout_s`` and a connection that sends
-nothing for ``idle_timeout_s`` is closed, so slow or idle clients cost a socket and nothing more.
-Frames over 1 MiB get MALFORMED_REQUEST and the connection is closed (the stream cannot be
-resynchronised); any other bad frame gets an error reply and the connection stays usable.
+Connections (``connection.py``) hand each frame body to ``handle_now``, which answers whatever
+needs no waiting (bad frames, pings, leases from a held block) synchronously; the rest goes to
+``handle`` as a task. Every bad frame gets an error reply and never an exception.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -207,9 +204,3 @@ def _grant_reply(request_id: RequestId, grant: Grant, **extra: Any) -> dict[str,
     return ok_reply(
         request_id, pid=grant.pid, generation=grant.generation, expire_ms=grant.expire_ms, **extra
     )
-
-
-async def _close(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()

@@ -75,7 +75,9 @@ class ProducerCheckpoint:
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadCheckpoint):
                 raise
-            raise BadCheckpoint(f"not a producer checkpoint ({exc!r}); restore a good copy") from exc
+            raise BadCheckpoint(
+                f"not a producer checkpoint ({exc!r}); restore a good copy"
+            ) from exc
         return cls(next_seq=next_seq, lifetime_ms=lifetime, **fields)
 
     @classmethod

@@ -67,7 +67,9 @@ class ProducerConfig:
                 f"rollover_fraction must be in (0, 1), got {self.rollover_fraction}"
             )
         if self.sticky_records < 1 or self.resend_buffer < 0 or self.message_max_bytes < 1:
-            raise ProducerConfigError("sticky_records >= 1, resend_buffer >= 0, message_max_bytes >= 1")
+            raise ProducerConfigError(
+                "sticky_records >= 1, resend_buffer >= 0, message_max_bytes >= 1"
+            )
         if not self.bootstrap_servers:
             raise ProducerConfigError("give bootstrap_servers as host:port[,host:port]")
 
@@ -89,6 +91,7 @@ class ProducerConfig:
             f"ProducerConfig(bootstrap_servers={self.bootstrap_servers!r}, acks={self.acks!r}, "
             f"enable_idempotence={self.enable_idempotence}, linger_ms={self.linger_ms}, "
             f"message_max_bytes={self.message_max_bytes}, "
-            f"rollover_fraction={self.rollover_fraction:.4f}, sticky_records={self.sticky_records}, "
+            f"rollover_fraction={self.rollover_fraction:.4f}, "
+            f"sticky_records={self.sticky_records}, "
             f"resend_buffer={self.resend_buffer}, extra={extra!r})"
         )

@@ -71,3 +71,7 @@ class InvalidTransition(ProducerError):
 
 class BadCheckpoint(ProducerError, ValueError):
     """A checkpoint (or state file) that does not parse; restore a good copy or start afresh."""
+
+
+class NotFlushed(ProducerError):
+    """``checkpoint()`` while records are in flight: call ``flush()`` first, then checkpoint."""

@@ -57,9 +57,7 @@ class Sequencer:
         self._packer = msgpack.Packer()
 
     @classmethod
-    def resumed(
-        cls, checkpoint: ProducerCheckpoint, generation: int, expire_ms: int
-    ) -> Sequencer:
+    def resumed(cls, checkpoint: ProducerCheckpoint, generation: int, expire_ms: int) -> Sequencer:
         """A sequencer continuing ``checkpoint`` under the bumped ``generation``."""
         return cls(
             checkpoint.pid, generation, expire_ms, checkpoint.next_seq, checkpoint.lifetime_ms
@@ -76,6 +74,14 @@ class Sequencer:
         # is the per-record hot path.
         data: bytes = self._packer.pack([PF_VERSION, self.pid, self.generation, seq, 0])
         return data
+
+    def rewind(self, topic: str, partition: int) -> None:
+        """Undo the last :meth:`stamp` on (topic, partition): its record was never handed over."""
+        tp = (topic, partition)
+        seq = self._next[tp] - 1
+        if seq < 0:
+            raise ValueError(f"nothing to rewind on {tp}")
+        self._next[tp] = seq
 
     def peek(self, topic: str, partition: int) -> int:
         """The seq the next :meth:`stamp` on (topic, partition) will use."""

@@ -1,0 +1,243 @@
+"""The copier behind ``pidfence copy``: topic A to topic B, exactly once after dedup.
+
+Input partition ``i`` goes to output partition ``i`` (the counts must match), so the records of
+one output partition are exactly one input partition's records in offset order: after a restart
+the copier re-reads from the stored offsets and gives every re-sent record the seq it had before,
+and the broker rules drop the ones that already landed as ``DUPLICATE``. Every ``checkpoint_every``
+records (and at exit) it flushes, then stores the next input offset per partition TOGETHER WITH
+the producer checkpoint in one state file (tmp + fsync + rename). No Kafka offset commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+
+from pidfence.producer.checkpoint import ProducerCheckpoint
+from pidfence.producer.errors import BadCheckpoint, BrokerUnavailable, ProducerError, UnknownTopic
+from pidfence.producer.idempotent import IdempotentProducer
+from pidfence.producer.statefile import load_state, save_state
+from pidfence.wire import PF_HEADER_KEY
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+OpenProducer = Callable[[ProducerCheckpoint | None], IdempotentProducer]
+
+
+class PartitionMismatch(ProducerError):
+    """Input and output partition counts differ; create the output with as many partitions.
+
+    Merging partitions would make a record's seq depend on how partitions interleave, which
+    differs after a restart, so dedup could drop the wrong record.
+    """
+
+
+@dataclass(frozen=True)
+class CopySpec:
+    """What one copier does.
+
+    Attributes:
+        bootstrap: Kafka bootstrap servers (for the consumer).
+        from_topic: input topic.
+        to_topic: output topic (same partition count).
+        group: consumer ``group.id`` (only used as an identity: offsets live in the state file).
+        max_records: stop after copying this many records in this run (0: no limit).
+        idle_exit_s: stop once no record arrived for this long (0: never).
+        checkpoint_every: flush and save the state every N records.
+        poll_s: consumer poll timeout.
+    """
+
+    bootstrap: str
+    from_topic: str
+    to_topic: str
+    group: str = ""
+    max_records: int = 0
+    idle_exit_s: float = 10.0
+    checkpoint_every: int = 200
+    poll_s: float = 0.2
+    consumer_extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CopyResult:
+    """What one run did."""
+
+    copied: int
+    offsets: dict[int, int]
+    resumed: bool
+
+
+class Copier:
+    """Consumes ``from_topic`` with manual offsets and re-produces every record to ``to_topic``.
+
+    Args:
+        spec: what to copy.
+        open_producer: ``f(checkpoint or None)`` -> a producer (resumed from the checkpoint).
+        state_path: the state file holding offsets + producer checkpoint.
+        consumer_factory: builds the consumer from a librdkafka dict.
+        clock: monotonic seconds (idle detection).
+    """
+
+    def __init__(
+        self,
+        spec: CopySpec,
+        open_producer: OpenProducer,
+        state_path: str | Path,
+        consumer_factory: Callable[[dict[str, Any]], Any] = confluent_kafka.Consumer,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spec = spec
+        self._open = open_producer
+        self.state_path = Path(state_path)
+        self._consumer_factory = consumer_factory
+        self._clock = clock
+
+    def _load(self) -> tuple[dict[int, int], ProducerCheckpoint | None, int]:
+        data = load_state(self.state_path)
+        if data is None:
+            return {}, None, 0
+        try:
+            if data.get("v") != STATE_VERSION or (data.get("from"), data.get("to")) != (
+                self.spec.from_topic,
+                self.spec.to_topic,
+            ):
+                raise BadCheckpoint(
+                    f"state file {self.state_path} copies {data.get('from')!r} -> "
+                    f"{data.get('to')!r}, not this copy; use another --state"
+                )
+            offsets = {int(p): int(o) for p, o in data["offsets"].items()}
+            copied = int(data.get("copied", 0))
+            checkpoint = ProducerCheckpoint.from_dict(data["checkpoint"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, BadCheckpoint):
+                raise
+            raise BadCheckpoint(f"state file {self.state_path} is incomplete ({exc!r})") from exc
+        return offsets, checkpoint, copied
+
+    def _save(self, producer: IdempotentProducer, offsets: dict[int, int], copied: int) -> None:
+        while producer.flush(60.0):
+            pass
+        save_state(
+            self.state_path,
+            {
+                "v": STATE_VERSION,
+                "from": self.spec.from_topic,
+                "to": self.spec.to_topic,
+                "offsets": {str(p): o for p, o in sorted(offsets.items())},
+                "copied": copied,
+                "checkpoint": producer.checkpoint().to_dict(),
+            },
+        )
+
+    def _partitions(self, consumer: Any, topic: str) -> int:
+        try:
+            meta = consumer.list_topics(topic, timeout=10.0)
+        except confluent_kafka.KafkaException as exc:
+            raise BrokerUnavailable(
+                f"no Kafka broker at {self.spec.bootstrap} answered ({exc}); check --bootstrap"
+            ) from exc
+        info = meta.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            raise UnknownTopic(topic)
+        return len(info.partitions)
+
+    def run(self, on_progress: Callable[[int], None] | None = None) -> CopyResult:
+        """Copy until idle for ``idle_exit_s`` or ``max_records`` copied; returns what happened."""
+        spec = self.spec
+        offsets, checkpoint, copied_before = self._load()
+        consumer = self._consumer_factory(
+            {
+                "bootstrap.servers": spec.bootstrap,
+                "group.id": spec.group or f"pidfence-copy-{spec.to_topic}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "logger": logging.getLogger("pidfence.producer.librdkafka"),
+                **spec.consumer_extra,
+            }
+        )
+        try:
+            n_in = self._partitions(consumer, spec.from_topic)
+            producer = self._open(checkpoint)
+            try:
+                result = self._copy(consumer, producer, n_in, offsets, copied_before, on_progress)
+                result.resumed = checkpoint is not None
+                return result
+            finally:
+                producer.close()
+        finally:
+            consumer.close()
+
+    def _copy(
+        self,
+        consumer: Any,
+        producer: IdempotentProducer,
+        n_in: int,
+        offsets: dict[int, int],
+        copied: int,
+        on_progress: Callable[[int], None] | None,
+    ) -> CopyResult:
+        spec = self.spec
+        n_out = producer.partition_count(spec.to_topic)
+        if n_out != n_in:
+            raise PartitionMismatch(
+                f"{spec.from_topic} has {n_in} partitions and {spec.to_topic} has {n_out}; "
+                f"create {spec.to_topic} with {n_in} partitions"
+            )
+        # Save right after a resume: it bumped the generation.
+        self._save(producer, offsets, copied)
+        consumer.assign(
+            [
+                confluent_kafka.TopicPartition(
+                    spec.from_topic, p, offsets.get(p, confluent_kafka.OFFSET_BEGINNING)
+                )
+                for p in range(n_in)
+            ]
+        )
+        this_run = 0
+        last_record = self._clock()
+        while not spec.max_records or this_run < spec.max_records:
+            msg = consumer.poll(spec.poll_s)
+            if msg is None:
+                producer.poll(0)
+                if spec.idle_exit_s and self._clock() - last_record >= spec.idle_exit_s:
+                    break
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                    continue
+                raise BrokerUnavailable(f"consuming {spec.from_topic} failed: {msg.error()}")
+            last_record = self._clock()
+            if producer.rollover_due:
+                # A checkpoint on each side of the rollover: no record under the new pid is sent
+                # before a checkpoint names it.
+                self._save(producer, offsets, copied)
+                producer.roll()
+                self._save(producer, offsets, copied)
+            headers = [(k, v) for k, v in (msg.headers() or []) if k != PF_HEADER_KEY]
+            producer.produce(
+                spec.to_topic,
+                msg.value(),
+                key=msg.key(),
+                partition=msg.partition(),
+                headers=headers or None,
+            )
+            offsets[msg.partition()] = msg.offset() + 1
+            this_run += 1
+            copied += 1
+            if copied % spec.checkpoint_every == 0:
+                self._save(producer, offsets, copied)
+                if on_progress is not None:
+                    on_progress(copied)
+        self._save(producer, offsets, copied)
+        if on_progress is not None:
+            on_progress(copied)
+        return CopyResult(copied, dict(offsets), resumed=False)

@@ -1,0 +1,78 @@
+"""The knobs of one simulated schedule."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+#: Deliberately broken broker rules, to prove the simulation finds what they break.
+Mutation = Literal["accept_stale_generation", "accept_old_seq", "drop_fence"]
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """What a schedule may do; probabilities are per opportunity.
+
+    Attributes:
+        events: upstream events per producer chain.
+        partitions: partitions of the one simulated topic.
+        producers: independent producer chains (each with its own upstream and checkpoints).
+        drop_p: a send is lost on the way (the producer retries it later).
+        dup_p: Kafka writes a record but the ack is lost (the retry writes it again).
+        reorder: the network delivers any of a producer's first ``reorder`` in-flight records
+            (1 keeps order; must not exceed the broker's ``reorder_window`` + 1).
+        crash_p: per step, the active producer instance crashes and is resumed from its
+            checkpoint (generation bump + FENCE on every partition in the checkpoint).
+        zombie_p: a crashed instance keeps running for a few sends (a zombie).
+        restart_p: per sink batch, the sink restarts and rebuilds its state from an older
+            snapshot plus the Kafka suffix after it.
+        plain_p: per step, a non-idempotent (no ``pf`` header) record is written.
+        lifetime_ms: lease lifetime under the fake clock (rollover at 23/24 of it).
+        step_ms: fake clock advance per step.
+        checkpoint_every: sends between checkpoints (each checkpoint flushes first).
+        batch_every: steps between sink batches.
+        fence_all: a resumed producer FENCEs every partition of the topic, not only the
+            checkpoint's. With False, a pid that wrote to a partition after its checkpoint and then
+            crashed twice leaves that partition two generations behind, and DESIGN §4's
+            ``g > gE + 1 -> INVALID_GENERATION`` drops all its later records (see
+            docs/verification.md).
+        cold_reorder: let records overtake a pid's first record on a partition (exposes the
+            ``UNKNOWN_PID`` hole of DESIGN §4; off by default, as librdkafka's idempotence and
+            the producer keep that order).
+        mutation: a broken broker rule, or None for the real rules.
+    """
+
+    events: int = 60
+    partitions: int = 2
+    producers: int = 1
+    drop_p: float = 0.1
+    dup_p: float = 0.1
+    reorder: int = 3
+    crash_p: float = 0.03
+    zombie_p: float = 0.5
+    restart_p: float = 0.1
+    plain_p: float = 0.02
+    lifetime_ms: int = 2400
+    step_ms: int = 10
+    checkpoint_every: int = 8
+    batch_every: int = 3
+    fence_all: bool = True
+    cold_reorder: bool = False
+    mutation: Mutation | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.reorder <= 6:
+            raise ValueError(f"reorder must be in 1..6 (broker window 5 + 1), got {self.reorder}")
+        if self.lifetime_ms < 24 * self.step_ms * 4:
+            raise ValueError("lifetime_ms must be at least 96 steps so a rollover margin exists")
+        for name in ("drop_p", "dup_p", "crash_p", "zombie_p", "restart_p", "plain_p"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= (0.9 if name == "drop_p" else 1.0):
+                raise ValueError(f"{name} must be a probability (drop_p <= 0.9), got {value}")
+        for name in ("events", "partitions", "producers", "checkpoint_every", "batch_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The knobs as keyword arguments of :func:`pidfence.sim.run`."""
+        return asdict(self)

@@ -1,0 +1,171 @@
+"""The simulated sink: the real broker rules per partition, batches, snapshots and restarts."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from pidfence.broker_plugin import ProducerStateTable, rebuild
+from pidfence.sim.kafka import KafkaRecord, SimKafka
+from pidfence.sim.knobs import Knobs, Mutation
+from pidfence.wire import MalformedHeader, Verdict, decode_pf
+
+CAPACITY = 64
+
+
+class RebuildMismatch(AssertionError):
+    """State rebuilt from a snapshot plus the Kafka suffix differs from the live state."""
+
+
+def _mutator(mutation: Mutation | None) -> Callable[[Verdict, bool], Verdict]:
+    def mutate(verdict: Verdict, fence: bool) -> Verdict:
+        if mutation == "accept_stale_generation" and verdict is Verdict.FENCED and not fence:
+            return Verdict.APPENDED
+        if mutation == "accept_old_seq" and verdict is Verdict.DUPLICATE:
+            return Verdict.APPENDED
+        return verdict
+
+    return mutate
+
+
+class SimSink:
+    """Decides every Kafka record once per committed batch, in Kafka-offset order (DESIGN §7).
+
+    ``drop_fence`` is applied at the input: FENCE records never reach the rules.
+    """
+
+    def __init__(self, rng: random.Random, knobs: Knobs, kafka: SimKafka, topic: str) -> None:
+        self.rng = rng
+        self.knobs = knobs
+        self.kafka = kafka
+        self.topic = topic
+        self.mutate = _mutator(knobs.mutation)
+        n = len(kafka.partitions)
+        self.tables = [self._table() for _ in range(n)]
+        self.committed = [0] * n
+        self.snapshots: list[list[tuple[bytes, int]]] = [[] for _ in range(n)]
+        self.log: list[list[tuple[KafkaRecord, Verdict]]] = [[] for _ in range(n)]
+        self.rejects: list[list[tuple[KafkaRecord, Verdict]]] = [[] for _ in range(n)]
+        self.batches = 0
+        self.restarts = 0
+
+    def _table(self) -> ProducerStateTable:
+        return ProducerStateTable(CAPACITY, self.knobs.lifetime_ms)
+
+    def batch(self, final: bool = False) -> None:
+        """One micro-batch over every partition; maybe restart first; snapshot after."""
+        self.batches += 1
+        for p in range(len(self.tables)):
+            if self.rng.random() < self.knobs.restart_p:
+                self._restart(p)
+            records = self.kafka.partitions[p][self.committed[p] :]
+            table = self.tables[p]
+            for rec in records:
+                header = rec.header
+                if self.knobs.mutation == "drop_fence" and _is_fence(header):
+                    continue
+                for decision in table.offer_header(header, rec.ts_ms, ref=rec.offset):
+                    self._record(p, decision.ref, decision.verdict)
+            if final:
+                clock = max((r.ts_ms for r in self.kafka.partitions[p]), default=0)
+                for decision in table.flush(clock):
+                    self._record(p, decision.ref, decision.verdict)
+            self.committed[p] += len(records)
+            if self.rng.random() < 0.5:
+                self.snapshots[p].append((table.snapshot(), self.committed[p]))
+
+    def _record(self, p: int, offset: int, verdict: Verdict) -> None:
+        rec = self.kafka.partitions[p][offset]
+        verdict = self.mutate(verdict, _is_fence(rec.header))
+        if verdict.appended:
+            self.log[p].append((rec, verdict))
+        elif verdict.final:
+            self.rejects[p].append((rec, verdict))
+
+    def _restart(self, p: int) -> None:
+        """Lose the in-memory table; rebuild it from a random older snapshot + Kafka suffix."""
+        self.restarts += 1
+        snaps = self.snapshots[p]
+        if snaps:
+            snap, start = snaps[self.rng.randrange(len(snaps))]
+        else:
+            snap, start = None, 0
+        suffix = self.kafka.partitions[p][start : self.committed[p]]
+        if self.knobs.mutation == "drop_fence":
+            suffix = [r for r in suffix if not _is_fence(r.header)]
+        # rebuild() is the public path; it cannot carry refs, so held records come back with
+        # ref None. The sink needs refs (Kafka offsets) to place released records, so it replays
+        # with refs itself and checks both against the live state.
+        plain = rebuild(
+            snap,
+            ((r.header, r.ts_ms) for r in suffix),
+            capacity=CAPACITY,
+            lifetime_ms=self.knobs.lifetime_ms,
+        )
+        table = ProducerStateTable.restore(snap) if snap is not None else self._table()
+        for r in suffix:
+            table.offer_header(r.header, r.ts_ms, ref=r.offset)
+        live = self.tables[p].state()
+        if table.state() != live or _no_refs(plain.state()) != _no_refs(live):
+            raise RebuildMismatch(
+                f"partition {p}: rebuild from offset {start} differs from the live state"
+            )
+        self.tables[p] = table
+
+    def tables_out(self) -> tuple[pa.Table, pa.Table]:
+        """The output log and the rejects as pyarrow tables with the DESIGN §7 columns."""
+        return self._arrow(self.log, False), self._arrow(self.rejects, True)
+
+    def _arrow(self, parts: list[list[tuple[KafkaRecord, Verdict]]], verdicts: bool) -> pa.Table:
+        cols: dict[str, list[object]] = {
+            k: []
+            for k in ("topic", "partition", "log_offset", "pid", "generation", "seq", "key",
+                      "value", "kafka_offset", "timestamp", "verdict")
+        }  # fmt: skip
+        for p, rows in enumerate(parts):
+            for i, (rec, verdict) in enumerate(rows):
+                pid = gen = seq = 0
+                if rec.header is not None:
+                    try:
+                        pf = decode_pf(rec.header)
+                        pid, gen, seq = pf.pid, pf.generation, pf.seq
+                    except MalformedHeader:
+                        pass
+                for k, v in (
+                    ("topic", self.topic), ("partition", p), ("log_offset", i), ("pid", pid),
+                    ("generation", gen), ("seq", seq), ("key", rec.key), ("value", rec.value),
+                    ("kafka_offset", rec.offset), ("timestamp", rec.ts_ms),
+                    ("verdict", verdict.value),
+                ):  # fmt: skip
+                    cols[k].append(v)
+        if not verdicts:
+            del cols["verdict"]
+        return pa.table(cols, schema=_schema(verdicts))
+
+
+def _schema(verdicts: bool) -> pa.Schema:
+    fields = [
+        ("topic", pa.string()), ("partition", pa.int32()), ("log_offset", pa.int64()),
+        ("pid", pa.int64()), ("generation", pa.int32()), ("seq", pa.int64()),
+        ("key", pa.binary()), ("value", pa.binary()), ("kafka_offset", pa.int64()),
+        ("timestamp", pa.int64()),
+    ]  # fmt: skip
+    if verdicts:
+        fields.append(("verdict", pa.string()))
+    return pa.schema(fields)
+
+
+def _is_fence(header: bytes | None) -> bool:
+    if header is None:
+        return False
+    try:
+        return bool(decode_pf(header).flags & 1)
+    except MalformedHeader:
+        return False
+
+
+def _no_refs(state: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (*state[:-1], tuple(h[:-1] for h in state[-1]))

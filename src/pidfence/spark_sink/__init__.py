@@ -1,0 +1,41 @@
+"""The ``pidfence`` Spark sink (DESIGN §7): exactly-once output log through the broker rules.
+
+Usage::
+
+    from pidfence.spark_sink import register, read_log
+    register(spark)
+    kafka_df.writeStream.format("pidfence").option("path", P).option("checkpointLocation", C)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pidfence.spark_sink.errors import InjectedFault, SinkError, SinkOptionError, SplitPartitionError
+from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
+from pidfence.spark_sink.pipeline import SinkRunSummary, build_query, run_sink, start_sink
+from pidfence.spark_sink.readers import read_log, read_rejects
+
+
+def register(spark: Any) -> None:
+    """Register ``format("pidfence")`` with a SparkSession."""
+    from pidfence.spark_sink.source import PidfenceDataSource
+
+    spark.dataSource.register(PidfenceDataSource)
+
+
+__all__ = [
+    "InjectedFault",
+    "SinkError",
+    "SinkOptionError",
+    "SinkOptions",
+    "SinkRunSummary",
+    "SplitPartitionError",
+    "build_query",
+    "parse_duration_ms",
+    "read_log",
+    "read_rejects",
+    "register",
+    "run_sink",
+    "start_sink",
+]

@@ -1,0 +1,192 @@
+"""One partition's batch through the broker rules: Kafka rows in, log rows and rejects out.
+
+Pure computation on Arrow tables (no Spark, no I/O), so it is unit-tested directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pidfence.broker_plugin import CODE_OF, VERDICT_CODES
+from pidfence.spark_sink.state import HeldRow, PartitionState
+from pidfence.wire import PF_HEADER_KEY, Verdict
+
+TS_TYPE: Final = pa.timestamp("us", tz="UTC")
+LOG_SCHEMA: Final = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("log_offset", pa.int64()),
+        ("pid", pa.int64()),
+        ("generation", pa.int64()),
+        ("seq", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("kafka_offset", pa.int64()),
+        ("timestamp", TS_TYPE),
+    ]
+)
+REJECTS_SCHEMA: Final = LOG_SCHEMA.append(pa.field("verdict", pa.string()))
+_APPENDED_CODES: Final = np.array(
+    [CODE_OF[Verdict.APPENDED], CODE_OF[Verdict.NON_IDEMPOTENT]], dtype=np.uint8
+)
+_BUFFERED: Final = CODE_OF[Verdict.BUFFERED]
+_NON_IDEMPOTENT: Final = CODE_OF[Verdict.NON_IDEMPOTENT]
+_NAMES: Final = np.array([v.name for v in VERDICT_CODES], dtype=object)
+
+
+@dataclass
+class PartitionOutput:
+    """What one batch of one partition produced."""
+
+    log: pa.Table
+    rejects: pa.Table
+    rows_in: int
+    counts: dict[str, int]
+
+
+def pf_headers(headers: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The first ``pf`` header value per row of a Kafka ``headers`` column (null when absent)."""
+    if isinstance(headers, pa.ChunkedArray):
+        headers = headers.combine_chunks()
+    n = len(headers)
+    flat = pc.list_flatten(headers)
+    parents = pc.list_parent_indices(headers).to_numpy(zero_copy_only=False)
+    keys = flat.field("key")
+    hit = pc.fill_null(pc.equal(keys, PF_HEADER_KEY), False).to_numpy(zero_copy_only=False)
+    rows = parents[hit]
+    positions = np.flatnonzero(hit)
+    first_rows, first_at = np.unique(rows, return_index=True)
+    index = np.full(n, -1, dtype=np.int64)
+    index[first_rows] = positions[first_at]
+    values = flat.field("value")
+    mask = index < 0
+    return pc.take(values, pa.array(np.where(mask, 0, index), mask=mask)) if len(values) else (
+        pa.nulls(n, pa.binary())
+    )
+
+
+def _to_ts(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return column.cast(pa.int64()).cast(TS_TYPE) if column.type != TS_TYPE else column
+
+
+def process_partition(
+    rows: pa.Table, topic: str, partition: int, st: PartitionState, flush_held: bool = False
+) -> PartitionOutput:
+    """Apply the rules to one partition's rows (any order; sorted by Kafka offset here).
+
+    ``st`` is updated in place: table, held payloads and the next log offset.
+    """
+    rows = rows.sort_by("offset")
+    n = rows.num_rows
+    headers = pf_headers(rows.column("headers"))
+    ts = _to_ts(rows.column("timestamp"))
+    ts_us = ts.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    offsets = rows.column("offset").to_numpy()
+    res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist())
+    base = pa.table(
+        {
+            "topic": pa.array([topic] * n, pa.string()),
+            "partition": pa.array(np.full(n, partition, dtype=np.int32)),
+            "log_offset": pa.nulls(n, pa.int64()),
+            "pid": pa.array(res.pid),
+            "generation": pa.array(res.generation),
+            "seq": pa.array(res.seq),
+            "key": rows.column("key").cast(pa.binary()),
+            "value": rows.column("value").cast(pa.binary()),
+            "kafka_offset": pa.array(offsets, pa.int64()),
+            "timestamp": ts,
+        },
+        schema=LOG_SCHEMA,
+    )
+    # Records held by earlier batches that this one decided, from the payloads we kept.
+    released_rows = [st.held.pop(int(d.ref)) for d in res.released]
+    released = _held_table(released_rows, topic, partition)
+    source = pa.concat_tables([base, released]) if released_rows else base
+    order = _with_non_idempotent(res.log_order, res.verdict)
+    take = np.where(order >= 0, order, n + (-order - 1))
+    log = source.take(pa.array(take, pa.int64()))
+    log_offsets = np.arange(st.next_log, st.next_log + len(take), dtype=np.int64)
+    log = log.set_column(2, "log_offset", pa.array(log_offsets))
+    st.next_log += len(take)
+
+    verdict = res.verdict
+    buffered = np.flatnonzero(verdict == _BUFFERED)
+    for i in buffered.tolist():
+        st.held[int(offsets[i])] = _held_row(base, i)
+    dropped = np.flatnonzero(~np.isin(verdict, _APPENDED_CODES) & (verdict != _BUFFERED))
+    reject_parts = [base.take(pa.array(dropped, pa.int64())).append_column(
+        "verdict", pa.array(_NAMES[verdict[dropped]].tolist(), pa.string())
+    )]
+    late = [(r, d.verdict) for r, d in zip(released_rows, res.released, strict=True)
+            if not d.verdict.appended]
+    flushed: list[Verdict] = []
+    if flush_held and st.held:
+        max_ms = int(ts_us.max() // 1000) if n else st.table.clock
+        for d in st.table.flush(max_ms):
+            late.append((st.held.pop(int(d.ref)), d.verdict))
+            flushed.append(d.verdict)
+    if late:
+        held_rejects = _held_table([r for r, _ in late], topic, partition)
+        reject_parts.append(held_rejects.append_column(
+            "verdict", pa.array([v.name for _, v in late], pa.string())
+        ))
+    rejects = pa.concat_tables(reject_parts).sort_by("kafka_offset")
+    counts: dict[str, int] = {}
+    for code, count in zip(*np.unique(verdict, return_counts=True), strict=True):
+        if code != _BUFFERED:
+            counts[VERDICT_CODES[code].name] = counts.get(VERDICT_CODES[code].name, 0) + int(count)
+    for row_verdict in [d.verdict for d in res.released] + flushed:
+        counts[row_verdict.name] = counts.get(row_verdict.name, 0) + 1
+    return PartitionOutput(log, rejects, n, counts)
+
+
+def _with_non_idempotent(order: np.ndarray, verdict: np.ndarray) -> np.ndarray:
+    """``log_order`` with the ``NON_IDEMPOTENT`` rows in arrival position.
+
+    The batch path lists only rule-appended rows; a row without a header is appended on arrival,
+    so it goes before the first entry of a later row. Released entries (negative) follow the row
+    that released them, so they carry that row's index as their position.
+    """
+    plain = np.flatnonzero(verdict == _NON_IDEMPOTENT)
+    plain = plain[~np.isin(plain, order)]
+    if not len(plain):
+        return order
+    key = np.where(order >= 0, order, -1)
+    key = np.maximum.accumulate(key) if len(key) else key
+    all_key = np.concatenate([key, plain])
+    all_idx = np.concatenate([order, plain])
+    return all_idx[np.argsort(all_key, kind="stable")].astype(np.int64)
+
+
+def _held_row(base: pa.Table, i: int) -> HeldRow:
+    row = base.slice(i, 1).to_pylist()[0]
+    ts_us = int(base.column("timestamp").slice(i, 1).cast(pa.int64())[0].as_py())
+    return (row["kafka_offset"], row["key"], row["value"], ts_us, row["pid"],
+            row["generation"], row["seq"])  # fmt: skip
+
+
+def _held_table(held: list[HeldRow], topic: str, partition: int) -> pa.Table:
+    m = len(held)
+    return pa.table(
+        {
+            "topic": pa.array([topic] * m, pa.string()),
+            "partition": pa.array([partition] * m, pa.int32()),
+            "log_offset": pa.nulls(m, pa.int64()),
+            "pid": pa.array([h[4] for h in held], pa.int64()),
+            "generation": pa.array([h[5] for h in held], pa.int64()),
+            "seq": pa.array([h[6] for h in held], pa.int64()),
+            "key": pa.array([h[1] for h in held], pa.binary()),
+            "value": pa.array([h[2] for h in held], pa.binary()),
+            "kafka_offset": pa.array([h[0] for h in held], pa.int64()),
+            "timestamp": pa.array([h[3] for h in held], pa.int64()).cast(TS_TYPE),
+        },
+        schema=LOG_SCHEMA,
+    )

@@ -1,0 +1,62 @@
+"""Readers of the committed output log and rejects log (pyarrow)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_SCHEMA
+from pidfence.spark_sink.storage import (
+    DATA,
+    Store,
+    batch_name,
+    manifest_ids,
+    part_name,
+    read_manifest,
+)
+
+
+def committed_files(store: Store, rejects: Store, table: str = "log") -> list[str]:
+    """Paths of the committed files of the log (``table="log"``) or of the rejects."""
+    files: list[str] = []
+    for bid in manifest_ids(store):
+        for part in read_manifest(store, bid)["parts"]:
+            name = part_name(part["topic"], int(part["partition"])) + ".parquet"
+            if table == "log" and part["appended"]:
+                files.append(store.join(DATA, batch_name(bid), name))
+            elif table == "rejects" and part["rejected"]:
+                files.append(rejects.join(batch_name(bid), name))
+    return files
+
+
+def _read(path: str, rejects_path: str | None, table: str) -> pa.Table:
+    store = Store.at(path)
+    rejects = Store.at(rejects_path or f"{path.rstrip('/')}/_rejects")
+    owner = rejects if table == "rejects" else store
+    schema = REJECTS_SCHEMA if table == "rejects" else LOG_SCHEMA
+    pieces = [owner.read_table(f) for f in committed_files(store, rejects, table)]
+    if not pieces:
+        return schema.empty_table()
+    return pa.concat_tables([p.select(schema.names).cast(schema) for p in pieces])
+
+
+def read_log(path: str) -> pa.Table:
+    """The committed output log, sorted by (topic, partition, log_offset).
+
+    Args:
+        path: the sink's ``path`` option.
+    """
+    return _read(path, None, "log").sort_by(
+        [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "ascending")]
+    )
+
+
+def read_rejects(path: str, rejects_path: str | None = None) -> pa.Table:
+    """The committed rejects (with ``verdict``), sorted by (topic, partition, kafka_offset).
+
+    Args:
+        path: the sink's ``path`` option.
+        rejects_path: the sink's ``rejectsPath`` option if it was set.
+    """
+    return _read(path, rejects_path, "rejects").sort_by(
+        [("topic", "ascending"), ("partition", "ascending"), ("kafka_offset", "ascending")]
+    )

@@ -1,0 +1,92 @@
+"""The ``pidfence`` data source: streaming writer, and a batch reader of the committed log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from pidfence.spark_sink.errors import SinkOptionError
+from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.readers import committed_files
+from pidfence.spark_sink.storage import Store
+from pidfence.spark_sink.writer import KAFKA_COLUMNS, PidfenceStreamWriter
+
+LOG_DDL = (
+    "topic STRING, partition INT, log_offset BIGINT, pid BIGINT, generation BIGINT, seq BIGINT, "
+    "key BINARY, value BINARY, kafka_offset BIGINT, timestamp TIMESTAMP"
+)
+REJECTS_DDL = LOG_DDL + ", verdict STRING"
+
+
+class PidfenceDataSource(DataSource):  # type: ignore[misc]
+    """``format("pidfence")``: write a Kafka stream through the broker rules; read the log back.
+
+    Reader option ``table``: ``log`` (default) or ``rejects``.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name."""
+        return "pidfence"
+
+    def _table(self) -> str:
+        table = str(self.options.get("table", "log")).lower()
+        if table not in ("log", "rejects"):
+            raise SinkOptionError(f"option table={table!r}: use 'log' or 'rejects'")
+        return table
+
+    def schema(self) -> str:
+        """The log's (or rejects') schema."""
+        return REJECTS_DDL if self._table() == "rejects" else LOG_DDL
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> PidfenceStreamWriter:  # noqa: N802
+        """The writer; checks that the input is a Kafka source read with headers."""
+        del overwrite
+        missing = [c for c in KAFKA_COLUMNS if c not in schema.fieldNames()]
+        if missing:
+            raise SinkOptionError(
+                f"the pidfence sink needs the Kafka source's columns; missing {missing}. Read "
+                "with spark.readStream.format('kafka').option('includeHeaders', 'true') and do "
+                "not drop columns"
+            )
+        return PidfenceStreamWriter(SinkOptions.parse(dict(self.options)))
+
+    def reader(self, schema: StructType) -> PidfenceReader:
+        """A batch reader of the committed log."""
+        del schema
+        return PidfenceReader(SinkOptions.parse(dict(self.options)), self._table())
+
+
+class FilePartition(InputPartition):  # type: ignore[misc]
+    """One committed Parquet file."""
+
+    def __init__(self, root: str, path: str) -> None:
+        super().__init__(path)
+        self.root = root
+        self.path = path
+
+
+class PidfenceReader(DataSourceReader):  # type: ignore[misc]
+    """Reads committed files only; one Spark partition per file."""
+
+    def __init__(self, options: SinkOptions, table: str) -> None:
+        self.options = options
+        self.table = table
+
+    def _root(self) -> str:
+        return self.options.rejects_path if self.table == "rejects" else self.options.path
+
+    def partitions(self) -> list[FilePartition]:
+        """The committed files of the log (or rejects)."""
+        store = Store.at(self.options.path)
+        files = committed_files(store, Store.at(self.options.rejects_path), self.table)
+        return [FilePartition(self._root(), f) for f in files]
+
+    def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        """Stream one file's record batches."""
+        store = Store.at(partition.root)
+        yield from store.read_table(partition.path).to_batches()

@@ -1,0 +1,388 @@
+"""Unit tests of IdempotentProducer with a fake Kafka client and a fake lease client."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import confluent_kafka
+import pytest
+
+from pidfence.pid_allocator.errors import LeaseServerUnreachable, StaleGeneration, UnknownPid
+from pidfence.producer import (
+    BrokerUnavailable,
+    DeliveryFailed,
+    IdempotentProducer,
+    LeaseExpired,
+    LeaseServerDown,
+    LeaseState,
+    NotFlushed,
+    ProducerCheckpoint,
+    ProducerConfig,
+    ProducerFenced,
+    ReservedHeader,
+    UnknownTopic,
+    ValueTooLarge,
+    key_partition,
+)
+from pidfence.verify.ledger import read_ledger, value_digest
+from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf
+
+LIFETIME = 24_000
+
+
+@dataclass(frozen=True)
+class FakeLease:
+    pid: int
+    generation: int
+    sequence: int
+    expire_ms: int
+
+
+class FakeLeaseClient:
+    """Same methods as LeaseClient; generations bump only from the latest."""
+
+    def __init__(self, clock: Any) -> None:
+        self.clock = clock
+        self.next_pid = 100
+        self.latest: dict[int, int] = {}
+        self.expire: dict[int, int] = {}
+        self.down = False
+        self.calls: list[str] = []
+
+    def lease(self, partitions: Sequence[tuple[str, int]] = ()) -> FakeLease:
+        self.calls.append("lease")
+        if self.down:
+            raise LeaseServerUnreachable("no lease server answered")
+        pid, self.next_pid = self.next_pid, self.next_pid + 1
+        self.latest[pid] = 40
+        self.expire[pid] = self.clock() + LIFETIME
+        return FakeLease(pid, 40, 0, self.expire[pid])
+
+    def bump(self, pid: int, generation: int) -> FakeLease:
+        self.calls.append(f"bump {pid} {generation}")
+        if self.down:
+            raise LeaseServerUnreachable("no lease server answered")
+        if pid not in self.latest:
+            raise UnknownPid(f"pid {pid} unknown")
+        if self.latest[pid] != generation:
+            raise StaleGeneration(f"pid {pid} is at {self.latest[pid]}")
+        self.latest[pid] = generation + 1
+        return FakeLease(pid, generation + 1, 0, self.expire[pid])
+
+
+class FakeMsg:
+    def __init__(self, topic: str, partition: int, key: Any, value: Any, headers: Any) -> None:
+        self._t, self._p, self._k, self._v, self._h = topic, partition, key, value, headers
+        self._offset = -1
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def key(self) -> Any:
+        return self._k
+
+    def value(self) -> Any:
+        return self._v
+
+    def headers(self) -> Any:
+        return list(self._h)
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000 + self._offset)
+
+
+class FakeKafka:
+    """Queues records; poll/flush acknowledge them in order (or fail the ones marked)."""
+
+    def __init__(self, conf: dict[str, Any], topics: dict[str, int]) -> None:
+        self.conf = conf
+        self.topics = topics
+        self.pending: list[tuple[FakeMsg, Any]] = []
+        self.log: list[FakeMsg] = []
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.fail: Any = None
+        self.full_once = False
+        self.broker_down = False
+
+    def produce(
+        self, topic: str, value: Any, key: Any, partition: int, headers: Any, on_delivery: Any
+    ) -> None:
+        if self.full_once:
+            self.full_once = False
+            raise BufferError("queue full")
+        self.pending.append((FakeMsg(topic, partition, key, value, headers), on_delivery))
+
+    def poll(self, timeout: float = 0) -> int:
+        served, self.pending = self.pending, []
+        for msg, callback in served:
+            if self.fail is not None:
+                callback(self.fail, msg)
+                continue
+            tp = (msg.topic(), msg.partition())
+            msg._offset = self.offsets.get(tp, 0)
+            self.offsets[tp] = msg._offset + 1
+            self.log.append(msg)
+            callback(None, msg)
+        return len(served)
+
+    def flush(self, timeout: float = -1) -> int:
+        self.poll()
+        return 0
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        if self.broker_down:
+            raise confluent_kafka.KafkaException(
+                confluent_kafka.KafkaError(confluent_kafka.KafkaError._TRANSPORT)
+            )
+        if topic not in self.topics:
+            return SimpleNamespace(
+                topics={topic: SimpleNamespace(error="UNKNOWN_TOPIC_OR_PART", partitions={})}
+            )
+        parts = {i: object() for i in range(self.topics[topic])}
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions=parts)})
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+        self.lease = FakeLeaseClient(self.clock)
+        self.kafka: FakeKafka | None = None
+        self.config = ProducerConfig("127.0.0.1:9", sticky_records=3, resend_buffer=4)
+
+    def clock(self) -> int:
+        return self.now
+
+    def factory(self, conf: dict[str, Any]) -> FakeKafka:
+        self.kafka = FakeKafka(conf, {"t": 3, "u": 1})
+        return self.kafka
+
+    def producer(self, **kwargs: Any) -> IdempotentProducer:
+        return IdempotentProducer(
+            self.config, self.lease, clock=self.clock, producer_factory=self.factory, **kwargs
+        )
+
+    def resume(self, cp: ProducerCheckpoint, **kwargs: Any) -> IdempotentProducer:
+        return IdempotentProducer.resume(
+            cp, self.lease, self.config, clock=self.clock, producer_factory=self.factory, **kwargs
+        )
+
+    def headers(self) -> list[Any]:
+        assert self.kafka is not None
+        return [decode_pf(m.headers()[0][1]) for m in self.kafka.log]
+
+
+@pytest.fixture
+def rig() -> Rig:
+    return Rig()
+
+
+def test_keyed_records_use_murmur2_and_count_seq_per_partition(rig: Rig) -> None:
+    producer = rig.producer()
+    assert producer.state is LeaseState.LEASED
+    parts = [producer.produce("t", b"v%d" % i, key=b"k%d" % i) for i in range(30)]
+    assert parts == [key_partition(b"k%d" % i, 3) for i in range(30)]
+    assert producer.flush() == 0
+    assert rig.kafka is not None
+    seen: dict[int, list[int]] = {}
+    for msg, pf in zip(rig.kafka.log, rig.headers(), strict=True):
+        assert pf.pid == 100 and pf.generation == 40 and pf.flags == 0
+        seen.setdefault(msg.partition(), []).append(pf.seq)
+    assert all(seqs == list(range(len(seqs))) for seqs in seen.values())
+    assert producer.acked == 30
+    assert rig.kafka.conf["acks"] == "all" and rig.kafka.conf["enable.idempotence"] is True
+
+
+def test_unkeyed_records_stick_then_round_robin(rig: Rig) -> None:
+    producer = rig.producer()
+    parts = [producer.produce("t", b"x") for _ in range(10)]
+    assert parts == [0, 0, 0, 1, 1, 1, 2, 2, 2, 0]
+
+
+def test_user_pf_header_is_refused_and_loses_no_seq(rig: Rig) -> None:
+    producer = rig.producer()
+    with pytest.raises(ReservedHeader, match="reserved"):
+        producer.produce("t", b"x", partition=0, headers=[("pf", b"mine")])
+    assert isinstance(ReservedHeader("x"), ValueError | PidfenceError)
+    producer.produce("t", b"x", partition=0, headers=[("trace", b"1")])
+    producer.flush()
+    assert rig.headers()[0].seq == 0
+    assert rig.kafka is not None and rig.kafka.log[0].headers()[1] == ("trace", b"1")
+
+
+def test_flush_raises_first_delivery_error_once(rig: Rig) -> None:
+    producer = rig.producer()
+    assert rig.kafka is not None
+    rig.kafka.fail = confluent_kafka.KafkaError(confluent_kafka.KafkaError._MSG_TIMED_OUT)
+    producer.produce("t", b"a", partition=0)
+    producer.produce("t", b"b", partition=1)
+    with pytest.raises(DeliveryFailed, match="resume from the last checkpoint") as info:
+        producer.flush()
+    assert info.value.code == "_MSG_TIMED_OUT"
+    rig.kafka.fail = None
+    assert producer.flush() == 0
+
+
+def test_user_delivery_callback_runs_after_bookkeeping(rig: Rig) -> None:
+    producer = rig.producer()
+    got: list[int] = []
+    producer.produce("t", b"a", partition=2, on_delivery=lambda err, msg: got.append(msg.offset()))
+    producer.flush()
+    assert got == [0] and producer.acked == 1
+
+
+def test_buffer_full_is_retried_without_losing_the_record(rig: Rig) -> None:
+    producer = rig.producer()
+    assert rig.kafka is not None
+    rig.kafka.full_once = True
+    producer.produce("t", b"a", partition=0)
+    producer.flush()
+    assert [pf.seq for pf in rig.headers()] == [0]
+
+
+def test_errors_are_named_with_retriable_set(rig: Rig) -> None:
+    producer = rig.producer()
+    with pytest.raises(UnknownTopic, match="create it"):
+        producer.produce("nope", b"x")
+    with pytest.raises(ValueTooLarge):
+        producer.produce("t", b"x" * (rig.config.message_max_bytes + 1))
+    with pytest.raises(ValueError, match="does not exist"):
+        producer.produce("t", b"x", partition=3)
+    assert rig.kafka is not None
+    rig.kafka.broker_down = True
+    with pytest.raises(BrokerUnavailable) as info:
+        producer.produce("u2", b"x")
+    assert info.value.retriable
+    assert not UnknownTopic.retriable and not ValueTooLarge.retriable
+    rig.lease.down = True
+    with pytest.raises(LeaseServerDown) as down:
+        rig.producer()
+    assert down.value.retriable
+
+
+def test_checkpoint_requires_flush(rig: Rig) -> None:
+    producer = rig.producer()
+    producer.produce("t", b"a", partition=0)
+    with pytest.raises(NotFlushed):
+        producer.checkpoint()
+    producer.flush()
+    cp = producer.checkpoint()
+    assert (cp.pid, cp.generation, dict(cp.next_seq)) == (100, 40, {("t", 0): 1})
+    assert cp.expire_ms == rig.now + LIFETIME and cp.lifetime_ms == LIFETIME
+
+
+def test_resume_bumps_and_fences_every_partition_before_data(rig: Rig, tmp_path: Path) -> None:
+    first = rig.producer()
+    for i in range(7):
+        first.produce("t", b"%d" % i, key=b"%d" % i)
+    first.produce("u", b"u")
+    first.flush()
+    cp = first.checkpoint()
+    ledger = tmp_path / "l.jsonl"
+    second = rig.resume(cp, ledger=ledger)
+    assert rig.kafka is not None
+    fences = rig.headers()
+    assert [(m.topic(), m.partition()) for m in rig.kafka.log] == sorted(cp.next_seq)
+    assert all(pf.flags == FLAG_FENCE and pf.generation == 41 for pf in fences)
+    assert [pf.seq for pf in fences] == [cp.next_seq[tp] for tp in sorted(cp.next_seq)]
+    assert all(m.value() == b"" for m in rig.kafka.log)
+    second.produce("u", b"next")
+    second.close()
+    last = rig.headers()[-1]
+    assert (last.pid, last.generation, last.seq) == (100, 41, cp.next_seq[("u", 0)])
+    entries = list(read_ledger([ledger]))
+    assert [e.fence for e in entries] == [True] * len(cp.next_seq) + [False]
+    assert entries[-1].offset == 1 and entries[-1].digest == value_digest(b"next")
+    assert second.fences_acked == len(cp.next_seq) and not second.resumed_from_expired
+
+
+def test_resume_of_expired_checkpoint_leases_a_new_pid(rig: Rig) -> None:
+    cp = ProducerCheckpoint(7, 40, rig.now - 1, {("t", 0): 5})
+    producer = rig.resume(cp)
+    assert producer.resumed_from_expired and "bump 7 40" not in rig.lease.calls
+    assert producer.sequencer.pid == 100 and producer.sequencer.peek("t", 0) == 0
+    assert rig.kafka is not None and rig.kafka.log == []
+    unknown = rig.resume(ProducerCheckpoint(999, 1, rig.now + 10, {("t", 0): 5}))
+    assert unknown.resumed_from_expired and rig.lease.calls[-2:] == ["bump 999 1", "lease"]
+
+
+def test_resume_after_a_crash_between_bump_and_save_probes_forward(rig: Rig) -> None:
+    first = rig.producer()
+    first.produce("t", b"a", partition=0)
+    first.flush()
+    cp = first.checkpoint()
+    rig.resume(cp)  # bumped to 41 and then "killed" before saving its checkpoint
+    again = rig.resume(cp)
+    assert again.sequencer.generation == 42
+    rig.lease.latest[100] = 90
+    with pytest.raises(ProducerFenced, match="another producer owns"):
+        rig.resume(cp, stale_probe=3)
+
+
+def test_rollover_leases_new_pid_and_old_records_complete(rig: Rig, tmp_path: Path) -> None:
+    ledger = tmp_path / "l.jsonl"
+    producer = rig.producer(ledger=ledger)
+    producer.produce("t", b"old", partition=0)  # in flight across the rollover
+    rig.now += LIFETIME * 23 // 24
+    producer.produce("t", b"new", partition=0)
+    producer.close()
+    assert [(pf.pid, pf.seq) for pf in rig.headers()] == [(100, 0), (101, 0)]
+    assert producer.rollovers == 1
+    assert [(e.pid, e.expire_ms) for e in read_ledger([ledger])] == [
+        (100, 1_000_000 + LIFETIME),
+        (101, rig.now + LIFETIME),
+    ]
+
+
+def test_rollover_failure_keeps_old_lease_until_it_expires(rig: Rig) -> None:
+    producer = rig.producer()
+    rig.lease.down = True
+    rig.now += LIFETIME * 23 // 24
+    producer.produce("t", b"a", partition=0)
+    assert producer.sequencer.pid == 100 and producer.state is LeaseState.LEASED
+    rig.now += LIFETIME
+    with pytest.raises(LeaseExpired, match="retry") as info:
+        producer.produce("t", b"b", partition=0)
+    assert info.value.retriable
+    rig.lease.down = False
+    producer.produce("t", b"c", partition=0)
+    producer.flush()
+    assert [(pf.pid, pf.seq) for pf in rig.headers()] == [(100, 0), (101, 0)]
+
+
+def test_resend_acknowledged_repeats_original_headers(rig: Rig, tmp_path: Path) -> None:
+    ledger = tmp_path / "l.jsonl"
+    producer = rig.producer(ledger=ledger)
+    for i in range(6):
+        producer.produce("t", b"v%d" % i, key=b"k", partition=1)
+    producer.flush()
+    assert producer.resend_acknowledged(2) == 2
+    producer.flush()
+    assert rig.kafka is not None
+    tail = rig.kafka.log[-2:]
+    assert [m.value() for m in tail] == [b"v4", b"v5"]
+    assert [decode_pf(m.headers()[0][1]).seq for m in tail] == [4, 5]
+    assert producer.resend_acknowledged(0) == 0
+    assert producer.resend_acknowledged(10) == 4  # only resend_buffer=4 are kept
+    producer.close()
+    assert len(list(read_ledger([ledger]))) == 12
+
+
+def test_closed_producer_refuses_to_send(rig: Rig) -> None:
+    producer = rig.producer()
+    producer.close()
+    producer.close()
+    with pytest.raises(PidfenceError, match="CLOSED"):
+        producer.produce("t", b"x")

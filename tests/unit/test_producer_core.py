@@ -1,0 +1,149 @@
+"""Unit tests of the producer's I/O-free parts: murmur2, Sequencer, checkpoint, state, config."""
+
+from __future__ import annotations
+
+import pytest
+
+from pidfence.producer import (
+    BadCheckpoint,
+    InvalidTransition,
+    LeaseState,
+    LeaseStateMachine,
+    ProducerCheckpoint,
+    ProducerConfig,
+    ProducerConfigError,
+    Sequencer,
+    key_partition,
+    murmur2,
+)
+from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf
+
+# Java values of org.apache.kafka.common.utils.Utils.murmur2 (Kafka's UtilsTest and the values
+# other clients copy from it).
+JAVA_MURMUR2 = {
+    b"21": -973932308,
+    b"foobar": -790332482,
+    b"a-little-bit-long-string": -985981536,
+    b"a-little-bit-longer-string": -1486304829,
+    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    b"abc": 479470107,
+    b"1": -1993445489,
+    b"12": 126087238,
+    b"123": -267702483,
+    b"1234": -1614185708,
+    b"12345": -1188365604,
+}
+
+
+@pytest.mark.parametrize(("data", "expected"), sorted(JAVA_MURMUR2.items()))
+def test_murmur2_matches_java(data: bytes, expected: int) -> None:
+    assert murmur2(data) == expected
+
+
+def test_key_partition_is_positive_modulo() -> None:
+    # toPositive(-973932308) % 7, as Kafka's BuiltInPartitioner computes it.
+    assert key_partition(b"21", 7) == (-973932308 & 0x7FFFFFFF) % 7
+    assert all(0 <= key_partition(bytes([i]), 3) < 3 for i in range(256))
+    assert murmur2(b"") == murmur2(bytes())
+
+
+def test_sequencer_counts_per_partition_and_stamps_pf() -> None:
+    seq = Sequencer(pid=7, generation=3, expire_ms=1000)
+    headers = [seq.stamp("t", 0), seq.stamp("t", 0), seq.stamp("t", 1), seq.stamp("u", 0)]
+    decoded = [decode_pf(h) for h in headers]
+    assert [(h.pid, h.generation, h.seq, h.flags) for h in decoded] == [
+        (7, 3, 0, 0),
+        (7, 3, 1, 0),
+        (7, 3, 0, 0),
+        (7, 3, 0, 0),
+    ]
+    assert seq.peek("t", 0) == 2 and seq.peek("x", 5) == 0
+
+
+def test_sequencer_rewind_undoes_one_stamp() -> None:
+    seq = Sequencer(1, 0, 0)
+    seq.stamp("t", 0)
+    seq.stamp("t", 0)
+    seq.rewind("t", 0)
+    assert decode_pf(seq.stamp("t", 0)).seq == 1
+    with pytest.raises(KeyError):
+        seq.rewind("t", 9)
+
+
+def test_fences_announce_next_seq_without_advancing() -> None:
+    cp = ProducerCheckpoint(5, 2, 99, {("t", 1): 4, ("t", 0): 0})
+    seq = Sequencer.resumed(cp, generation=3, expire_ms=99)
+    fences = seq.fences()
+    assert [(t, p) for t, p, _ in fences] == [("t", 0), ("t", 1)]
+    decoded = [decode_pf(h) for _, _, h in fences]
+    assert [(h.pid, h.generation, h.seq, h.flags) for h in decoded] == [
+        (5, 3, 0, FLAG_FENCE),
+        (5, 3, 4, FLAG_FENCE),
+    ]
+    assert decode_pf(seq.stamp("t", 1)).seq == 4
+
+
+def test_sequencer_refuses_bad_identity() -> None:
+    with pytest.raises(ValueError, match="pid"):
+        Sequencer(0, 0, 0)
+    with pytest.raises(ValueError, match="generation"):
+        Sequencer(1, 2**31, 0)
+
+
+def test_checkpoint_json_round_trip() -> None:
+    seq = Sequencer(11, 4, 12345, lifetime_ms=600)
+    seq.stamp("a", 2)
+    seq.stamp("b", 0)
+    cp = seq.checkpoint()
+    back = ProducerCheckpoint.from_json(cp.to_json())
+    assert back == cp
+    assert back.next_seq == {("a", 2): 1, ("b", 0): 1}
+    assert back.lifetime_ms == 600
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[]",
+        '{"v": 2, "pid": 1, "generation": 0, "expire_ms": 1, "next_seq": []}',
+        '{"v": 1, "pid": 1, "generation": 0, "next_seq": []}',
+        '{"v": 1, "pid": 1, "generation": 0, "expire_ms": 1, "next_seq": [["t", "0", 1]]}',
+        '{"v": 1, "pid": -1, "generation": 0, "expire_ms": 1, "next_seq": []}',
+        '{"v": 1, "pid": 1, "generation": 0, "expire_ms": 1, "next_seq": [["t", 0]]}',
+    ],
+)
+def test_bad_checkpoint_is_a_clear_error(text: str) -> None:
+    with pytest.raises(BadCheckpoint):
+        ProducerCheckpoint.from_json(text)
+    assert issubclass(BadCheckpoint, PidfenceError) and not BadCheckpoint.retriable
+
+
+def test_state_machine_checks_transitions() -> None:
+    machine = LeaseStateMachine()
+    assert machine.state is LeaseState.UNLEASED
+    with pytest.raises(InvalidTransition):
+        machine.move(LeaseState.ROLLING)
+    for to in (LeaseState.LEASED, LeaseState.ROLLING, LeaseState.LEASED, LeaseState.CLOSED):
+        machine.move(to)
+    with pytest.raises(InvalidTransition, match="terminal"):
+        machine.move(LeaseState.LEASED)
+
+
+def test_config_refuses_weak_acks_and_exports_librdkafka_keys() -> None:
+    with pytest.raises(ProducerConfigError, match="acks='all'"):
+        ProducerConfig("h:1", acks="1")
+    with pytest.raises(ProducerConfigError, match="acks"):
+        ProducerConfig("h:1", extra={"acks": 0})
+    with pytest.raises(ProducerConfigError, match="linger.ms"):
+        ProducerConfig("h:1", extra={"linger.ms": 3})
+    conf = ProducerConfig("h:1", enable_idempotence=False, extra={"client.id": "x"})
+    out = conf.to_librdkafka()
+    assert out["acks"] == "all" and out["enable.idempotence"] is False
+    assert out["bootstrap.servers"] == "h:1" and out["client.id"] == "x"
+    assert ProducerConfig("h:1", acks="-1").to_librdkafka()["acks"] == "all"
+
+
+def test_config_repr_masks_secrets() -> None:
+    conf = ProducerConfig("h:1", extra={"sasl.password": "hunter2", "sasl.username": "bob"})
+    assert "hunter2" not in repr(conf) and "bob" in repr(conf)

@@ -1,0 +1,179 @@
+"""Commit protocol, replays, cleanup and state recovery of the sink writer (no Spark)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from pidfence.spark_sink import SplitPartitionError, read_log, read_rejects
+from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
+from pidfence.spark_sink.errors import SinkOptionError
+from pidfence.spark_sink.state import state_files
+from pidfence.spark_sink.storage import Store
+from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
+from tests.unit.test_sink_process import Record, kafka_rows, make_stream, reference
+
+SETTINGS = {"capacity": "64", "lifetime": "10000000", "reorderWindow": "3", "compactEvery": "2"}
+
+
+def _writer(path: Path) -> PidfenceStreamWriter:
+    return PidfenceStreamWriter(SinkOptions.parse({"path": str(path), **SETTINGS}))
+
+
+def _write(
+    monkeypatch: pytest.MonkeyPatch, w: PidfenceStreamWriter, batch: int, table: pa.Table
+) -> SinkCommitMessage:
+    monkeypatch.setattr(writer_mod, "_task_context", lambda: (batch, 0))
+    return w.write(iter(table.to_batches(max_chunksize=17)))
+
+
+def _run(
+    monkeypatch: pytest.MonkeyPatch, w: PidfenceStreamWriter, chunks: list[list[Record]]
+) -> None:
+    for b, chunk in enumerate(chunks):
+        w.commit([_write(monkeypatch, w, b, kafka_rows(chunk))], b)
+
+
+def _chunks(records: list[Record], size: int = 50) -> list[list[Record]]:
+    return [records[i : i + size] for i in range(0, len(records), size)]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_log_across_batches_equals_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(11, 500)
+    _run(monkeypatch, _writer(tmp_path), _chunks(records))
+    expected, dropped = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
+    log = read_log(str(tmp_path))
+    assert log["kafka_offset"].to_pylist() == expected
+    assert log["log_offset"].to_pylist() == list(range(len(expected)))
+    rej = read_rejects(str(tmp_path))
+    assert dict(zip(rej["kafka_offset"].to_pylist(), rej["verdict"].to_pylist(), strict=True)) == (
+        dropped
+    )
+
+
+def test_replayed_batch_rewrites_identical_files_and_commit_is_idempotent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(3, 200)
+    chunks = _chunks(records)
+    w = _writer(tmp_path)
+    _run(monkeypatch, w, chunks)
+    before = _files(tmp_path)
+    last = len(chunks) - 1
+    msg = _write(monkeypatch, w, last, kafka_rows(chunks[last]))  # Spark re-runs the last batch
+    w.commit([msg], last)
+    w.commit([msg], last)
+    assert _files(tmp_path) == before
+
+
+def test_uncommitted_batch_is_invisible_and_cleaned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(4, 120)
+    chunks = _chunks(records, 60)
+    w = _writer(tmp_path)
+    _run(monkeypatch, w, chunks[:1])
+    visible = read_log(str(tmp_path))
+    _write(monkeypatch, w, 1, kafka_rows(chunks[1]))  # written, never committed
+    assert read_log(str(tmp_path)).equals(visible)
+    store = Store.at(str(tmp_path))
+    assert cleanup_uncommitted(store, Store.at(str(tmp_path / "_rejects"))) == [1]
+    assert not (tmp_path / "data" / f"{1:020d}").exists()
+    assert 1 not in state_files(store, "t", 0)
+
+
+def test_abort_removes_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = _writer(tmp_path)
+    msg = _write(monkeypatch, w, 0, kafka_rows(make_stream(5, 40)))
+    w.abort([msg, None], 0)
+    assert read_log(str(tmp_path)).num_rows == 0
+    assert not any(p.is_file() for p in tmp_path.rglob("*.parquet"))
+
+
+def test_two_tasks_for_one_partition_publish_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(6, 40)
+    w = _writer(tmp_path)
+    a = _write(monkeypatch, w, 0, kafka_rows(records[:20]))
+    b = _write(monkeypatch, w, 0, kafka_rows(records[20:]))
+    with pytest.raises(SplitPartitionError, match="two tasks"):
+        w.commit([a, b], 0)
+    assert not (tmp_path / "_manifests").exists()
+
+
+def test_partitions_in_one_task_are_kept_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recs = make_stream(7, 80)
+    both = pa.concat_tables([kafka_rows(recs, "t", 0), kafka_rows(recs, "t", 1)])
+    w = _writer(tmp_path)
+    w.commit([_write(monkeypatch, w, 0, both)], 0)
+    log = read_log(str(tmp_path))
+    per = log.group_by("partition").aggregate([("log_offset", "count")]).to_pylist()
+    assert sorted((r["partition"], r["log_offset_count"]) for r in per) == [
+        (0, log.num_rows // 2),
+        (1, log.num_rows // 2),
+    ]
+
+
+@pytest.mark.parametrize("damage", ["delete", "corrupt", "delete_all"])
+def test_lost_newest_state_is_rebuilt_from_older_state_and_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    records = make_stream(8, 600)
+    chunks = _chunks(records, 60)
+    w = _writer(tmp_path)
+    _run(monkeypatch, w, chunks[:-1])
+    state_dir = tmp_path / "_state" / "t~0"
+    newest = sorted(state_dir.iterdir())[-1]
+    if damage == "delete":
+        newest.unlink()
+    elif damage == "corrupt":
+        newest.write_bytes(newest.read_bytes()[:-7] + b"garbage")
+    else:
+        for f in state_dir.iterdir():
+            f.unlink()
+    last = len(chunks) - 1
+    w.commit([_write(monkeypatch, w, last, kafka_rows(chunks[last]))], last)
+    # No producer here holds records across the damaged batch, so recovery is exact.
+    expected, _ = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
+    assert read_log(str(tmp_path))["kafka_offset"].to_pylist() == expected
+
+
+def test_state_is_incremental_with_periodic_compaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _run(monkeypatch, _writer(tmp_path), _chunks(make_stream(9, 600), 40))
+    kinds = [n.partition(".")[2] for n in sorted(os.listdir(tmp_path / "_state" / "t~0"))]
+    assert "delta" in kinds and kinds.count("full") <= 2
+    # compactEvery=2: never more than 2 deltas after a full.
+    run = 0
+    for kind in kinds:
+        run = 0 if kind == "full" else run + 1
+        assert run <= 2
+
+
+def test_options_are_validated() -> None:
+    assert parse_duration_ms("15m") == 900_000
+    assert parse_duration_ms("250") == 250
+    with pytest.raises(SinkOptionError, match="lifetime"):
+        parse_duration_ms("soon")
+    with pytest.raises(SinkOptionError, match="path"):
+        SinkOptions.parse({})
+    with pytest.raises(SinkOptionError, match="capacity"):
+        SinkOptions.parse({"path": "/x", "capacity": "0"})
+    opts = SinkOptions.parse({"path": "/x/", "reorderWindow": "0"})
+    assert opts.rejects_path == "/x/_rejects" and opts.reorder_window == 0

@@ -1,0 +1,153 @@
+"""The sink's per-partition step equals the per-record rules, however the stream is batched."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from pidfence.broker_plugin import ProducerStateTable
+from pidfence.spark_sink.process import pf_headers, process_partition
+from pidfence.spark_sink.state import PartitionState
+from pidfence.wire import FLAG_FENCE, encode_pf
+
+HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+Record = tuple[int, bytes | None, int]  # (kafka offset, pf header or None, ts_ms)
+
+
+def make_stream(seed: int, n: int = 400) -> list[Record]:
+    """Duplicates, reordering, fences with zombies, unknown pids, malformed and missing headers."""
+    rng = random.Random(seed)
+    gens = {pid: 0 for pid in range(1, 6)}
+    seqs = {pid: 0 for pid in gens}
+    out: list[Record] = []
+    pending: list[bytes | None] = []
+    ts = 1_000
+    while len(out) + len(pending) < n:
+        pid = rng.choice(list(gens))
+        roll = rng.random()
+        header: bytes | None
+        if roll < 0.05:
+            header = None
+        elif roll < 0.08:
+            header = b"\x07garbage"
+        elif roll < 0.11:
+            header = encode_pf(900 + rng.randrange(5), 0, 3 + rng.randrange(3))  # unknown pid
+        elif roll < 0.14:
+            gens[pid] += 1
+            header = encode_pf(pid, gens[pid], seqs[pid], FLAG_FENCE)
+        elif roll < 0.18 and gens[pid] > 0:
+            header = encode_pf(pid, gens[pid] - 1, seqs[pid])  # zombie
+        elif roll < 0.28 and seqs[pid] > 0:
+            header = encode_pf(pid, gens[pid], rng.randrange(seqs[pid]))  # duplicate
+        else:
+            header = encode_pf(pid, gens[pid], seqs[pid])
+            seqs[pid] += 1
+        pending.append(header)
+        if len(pending) >= 3 or rng.random() < 0.5:
+            if rng.random() < 0.2:
+                pending.reverse()  # a small reorder
+            for h in pending:
+                out.append((len(out), h, ts))
+                ts += rng.randrange(3)
+            pending = []
+    for h in pending:
+        out.append((len(out), h, ts))
+    return out
+
+
+def kafka_rows(records: list[Record], topic: str = "t", partition: int = 0) -> pa.Table:
+    """Rows shaped like Spark's Kafka source (as the Arrow writer receives them)."""
+    headers = [[{"key": "pf", "value": h}] if h is not None else [] for _, h, _ in records]
+    return pa.table(
+        {
+            "key": pa.array([b"k%d" % o for o, _, _ in records], pa.binary()),
+            "value": pa.array([b"v%d" % o for o, _, _ in records], pa.binary()),
+            "topic": pa.array([topic] * len(records), pa.string()),
+            "partition": pa.array([partition] * len(records), pa.int32()),
+            "offset": pa.array([o for o, _, _ in records], pa.int64()),
+            "timestamp": pa.array([t * 1000 for _, _, t in records], pa.int64()).cast(
+                pa.timestamp("us", tz="UTC")
+            ),
+            "headers": pa.array(headers, HEADERS_TYPE),
+        }
+    )
+
+
+def reference(records: list[Record], **kwargs: Any) -> tuple[list[int], dict[int, str]]:
+    """Per-record rules: appended Kafka offsets in log order, and dropped offset → verdict."""
+    table = ProducerStateTable(**kwargs)
+    log: list[int] = []
+    dropped: dict[int, str] = {}
+    for offset, header, ts in records:
+        for d in table.offer_header(header, ts, ref=offset):
+            if d.verdict.appended:
+                log.append(d.ref)
+            elif d.verdict.final:
+                dropped[d.ref] = d.verdict.name
+    return log, dropped
+
+
+SETTINGS = {"capacity": 64, "lifetime_ms": 10_000_000, "reorder_window": 3}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_equal_per_record_rules(seed: int) -> None:
+    records = make_stream(seed)
+    rng = random.Random(seed)
+    st = PartitionState(ProducerStateTable(**SETTINGS))
+    logs, rejects = [], []
+    i = 0
+    while i < len(records):
+        step = rng.randrange(1, 60)
+        chunk = records[i : i + step]
+        rng.shuffle(chunk)  # the writer sorts by Kafka offset itself
+        out = process_partition(kafka_rows(chunk), "t", 0, st)
+        logs.append(out.log)
+        rejects.append(out.rejects)
+        i += step
+    log = pa.concat_tables(logs)
+    expected_log, expected_dropped = reference(records, **SETTINGS)
+    assert log.column("kafka_offset").to_pylist() == expected_log
+    assert log.column("log_offset").to_pylist() == list(range(len(expected_log)))
+    rej = pa.concat_tables(rejects)
+    got = dict(zip(rej["kafka_offset"].to_pylist(), rej["verdict"].to_pylist(), strict=True))
+    assert got == expected_dropped
+    assert set(st.held) | set(expected_log) | set(got) == {o for o, _, _ in records}
+
+
+def test_log_rows_carry_payload_and_decoded_header() -> None:
+    records: list[Record] = [(0, encode_pf(7, 2, 0), 5), (1, None, 6), (2, encode_pf(7, 2, 1), 7)]
+    out = process_partition(
+        kafka_rows(records, "orders", 3), "orders", 3, PartitionState(ProducerStateTable(8, 1000))
+    )
+    rows = out.log.to_pylist()
+    assert [r["kafka_offset"] for r in rows] == [0, 1, 2]
+    assert rows[0]["pid"] == 7 and rows[0]["generation"] == 2 and rows[2]["seq"] == 1
+    assert rows[1]["pid"] == 0  # no header: appended as NON_IDEMPOTENT
+    assert rows[0]["topic"] == "orders" and rows[0]["partition"] == 3
+    assert rows[2]["value"] == b"v2" and rows[2]["key"] == b"k2"
+    assert out.counts == {"APPENDED": 2, "NON_IDEMPOTENT": 1}
+
+
+def test_pf_header_is_the_first_pf_among_others() -> None:
+    headers = pa.array(
+        [
+            [{"key": "trace", "value": b"x"}, {"key": "pf", "value": b"A"}],
+            [],
+            [{"key": "pf", "value": b"B"}, {"key": "pf", "value": b"C"}],
+            None,
+        ],
+        HEADERS_TYPE,
+    )
+    assert pf_headers(headers).to_pylist() == [b"A", None, b"B", None]
+
+
+def test_flush_held_decides_waiting_records_at_batch_end() -> None:
+    records: list[Record] = [(0, encode_pf(7, 0, 0), 1), (1, encode_pf(7, 0, 2), 2)]
+    st = PartitionState(ProducerStateTable(8, 1000, reorder_window=3))
+    out = process_partition(kafka_rows(records), "t", 0, st, flush_held=True)
+    assert out.rejects.column("verdict").to_pylist() == ["OUT_OF_ORDER"]
+    assert not st.held
