@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 $(JARS): $(STAMP) infra/jvm/pom.xml infra/jvm/*/pom.xml
 	@command -v java >/dev/null || { echo "error: java not found: install a Java 17+ runtime (apt-get install openjdk-17-jre-headless)"; exit 2; }
 	@command -v mvn >/dev/null || { echo "error: mvn not found: install Apache Maven (apt-get install maven)"; exit 2; }
-	$(BIN)/python -m pidfence.services.jars
+	$(BIN)/python -c "from pidfence.services.jars import main; main()"
 
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)

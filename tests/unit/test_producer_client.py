@@ -101,6 +101,17 @@ class FakeMsg:
         return (1, 1_700_000_000_000 + self._offset)
 
 
+class FakeReport(FakeMsg):
+    """A delivery report: like confluent-kafka's, it carries no headers."""
+
+    def __init__(self, msg: FakeMsg) -> None:
+        super().__init__(msg._t, msg._p, msg._k, msg._v, ())
+        self._offset = msg._offset
+
+    def headers(self) -> Any:
+        return None
+
+
 class FakeKafka:
     """Queues records; poll/flush acknowledge them in order (or fail the ones marked)."""
 
@@ -115,24 +126,31 @@ class FakeKafka:
         self.broker_down = False
 
     def produce(
-        self, topic: str, value: Any, key: Any, partition: int, headers: Any, on_delivery: Any
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        partition: int,
+        headers: Any,
+        on_delivery: Any = None,
     ) -> None:
         if self.full_once:
             self.full_once = False
             raise BufferError("queue full")
-        self.pending.append((FakeMsg(topic, partition, key, value, headers), on_delivery))
+        callback = on_delivery or self.conf["on_delivery"]
+        self.pending.append((FakeMsg(topic, partition, key, value, headers), callback))
 
     def poll(self, timeout: float = 0) -> int:
         served, self.pending = self.pending, []
         for msg, callback in served:
             if self.fail is not None:
-                callback(self.fail, msg)
+                callback(self.fail, FakeReport(msg))
                 continue
             tp = (msg.topic(), msg.partition())
             msg._offset = self.offsets.get(tp, 0)
             self.offsets[tp] = msg._offset + 1
             self.log.append(msg)
-            callback(None, msg)
+            callback(None, FakeReport(msg))
         return len(served)
 
     def flush(self, timeout: float = -1) -> int:
@@ -208,7 +226,8 @@ def test_keyed_records_use_murmur2_and_count_seq_per_partition(rig: Rig) -> None
 def test_unkeyed_records_stick_then_round_robin(rig: Rig) -> None:
     producer = rig.producer()
     parts = [producer.produce("t", b"x") for _ in range(10)]
-    assert parts == [0, 0, 0, 1, 1, 1, 2, 2, 2, 0]
+    # The first partition is pid % partitions (pid 100, 3 partitions).
+    assert parts == [1, 1, 1, 2, 2, 2, 0, 0, 0, 1]
 
 
 def test_user_pf_header_is_refused_and_loses_no_seq(rig: Rig) -> None:
@@ -331,6 +350,37 @@ def test_resume_after_a_crash_between_bump_and_save_probes_forward(rig: Rig) -> 
         rig.resume(cp, stale_probe=3)
 
 
+def test_resume_past_a_bump_that_wrote_no_fence_walks_each_partition_up(rig: Rig) -> None:
+    from pidfence.broker_plugin import ProducerStateTable
+    from pidfence.wire import Verdict
+
+    first = rig.producer()
+    for i in range(4):
+        first.produce("t", f"a{i}".encode(), partition=i % 2)
+    first.flush()
+    cp = first.checkpoint()
+    assert rig.kafka is not None
+    landed = list(zip(rig.kafka.log, rig.headers(), strict=True))
+    # A predecessor bumped to 41 and died before writing any FENCE: Kafka holds generation 40.
+    rig.lease.latest[100] = 41
+    heir = rig.resume(cp)
+    assert heir.sequencer.generation == 42
+    heir.produce("t", b"b", partition=0)
+    heir.flush()
+    assert rig.kafka is not None
+    fences = [(pf.generation, pf.flags) for pf in rig.headers() if pf.flags & FLAG_FENCE]
+    assert fences == [(41, FLAG_FENCE), (42, FLAG_FENCE)] * 2
+    landed += list(zip(rig.kafka.log, rig.headers(), strict=True))
+    tables = {p: ProducerStateTable(capacity=10, lifetime_ms=LIFETIME) for p in range(3)}
+    verdicts = []
+    for msg, pf in landed:
+        table = tables[msg.partition()]
+        decisions = table.offer(pf.pid, pf.generation, pf.seq, 1, flags=pf.flags)
+        verdicts += [d.verdict for d in decisions]
+    assert verdicts.count(Verdict.APPENDED) == 5
+    assert verdicts.count(Verdict.FENCE) == 4 and len(verdicts) == 9
+
+
 def test_rollover_leases_new_pid_and_old_records_complete(rig: Rig, tmp_path: Path) -> None:
     ledger = tmp_path / "l.jsonl"
     producer = rig.producer(ledger=ledger)
@@ -386,3 +436,29 @@ def test_closed_producer_refuses_to_send(rig: Rig) -> None:
     producer.close()
     with pytest.raises(PidfenceError, match="CLOSED"):
         producer.produce("t", b"x")
+
+
+def test_success_reports_off_reports_errors_only_and_refuses_what_needs_successes(
+    rig: Rig, tmp_path: Path
+) -> None:
+    from pidfence.producer import ProducerConfigError
+
+    rig.config = ProducerConfig("127.0.0.1:9", success_reports=False)
+    assert rig.config.to_librdkafka()["delivery.report.only.error"] is True
+    with pytest.raises(ProducerConfigError, match="resend_buffer=0"):
+        ProducerConfig("127.0.0.1:9", success_reports=False, resend_buffer=4)
+    with pytest.raises(ProducerConfigError, match="ledger"):
+        rig.producer(ledger=tmp_path / "l.jsonl")
+    producer = rig.producer()
+    with pytest.raises(ProducerConfigError, match="on_delivery"):
+        producer.produce("t", b"x", partition=0, on_delivery=lambda err, msg: None)
+    producer.produce("t", b"y", partition=0)
+    assert rig.kafka is not None
+    rig.kafka.fail = confluent_kafka.KafkaError(confluent_kafka.KafkaError._MSG_TIMED_OUT)
+    with pytest.raises(DeliveryFailed):
+        producer.flush()
+    assert [pf.seq for pf in rig.headers()] == []
+    rig.kafka.fail = None
+    producer.produce("t", b"z", partition=0)
+    producer.flush()
+    assert [pf.seq for pf in rig.headers()] == [1]

@@ -16,10 +16,11 @@ from pidfence.producer import (
     key_partition,
     murmur2,
 )
-from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf
+from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf, encode_pf
 
-# Java values of org.apache.kafka.common.utils.Utils.murmur2 (Kafka's UtilsTest and the values
-# other clients copy from it).
+# Java values of org.apache.kafka.common.utils.Utils.murmur2: the first six are Kafka's own
+# UtilsTest.testMurmur2; the digit strings and "ABCDEFGH" were computed with Kafka's Java
+# implementation by other clients (kafkajs's defaultJava/Test.java, Alpakka Kafka's Murmur2Spec).
 JAVA_MURMUR2 = {
     b"21": -973932308,
     b"foobar": -790332482,
@@ -32,6 +33,19 @@ JAVA_MURMUR2 = {
     b"123": -267702483,
     b"1234": -1614185708,
     b"12345": -1188365604,
+    b"12345678": 338742798,
+    b"123456789012": -1769968653,
+    b"ABCDEFGH": -1542716145,
+    b"0": 971027396,
+    b"128": -326012175,
+    b"2187": -1508407203,
+    b"16384": -325739742,
+    b"78125": -1654490814,
+    b"279936": 1462227128,
+    b"823543": -2014198330,
+    b"2097152": 607668903,
+    b"4782969": -1182699775,
+    b"10000000": -1830336757,
 }
 
 
@@ -44,7 +58,8 @@ def test_key_partition_is_positive_modulo() -> None:
     # toPositive(-973932308) % 7, as Kafka's BuiltInPartitioner computes it.
     assert key_partition(b"21", 7) == (-973932308 & 0x7FFFFFFF) % 7
     assert all(0 <= key_partition(bytes([i]), 3) < 3 for i in range(256))
-    assert murmur2(b"") == murmur2(bytes())
+    # Java's murmur2 of an empty array (seed ^ 0, then the final mix).
+    assert murmur2(b"") == 275646681
 
 
 def test_sequencer_counts_per_partition_and_stamps_pf() -> None:
@@ -58,6 +73,17 @@ def test_sequencer_counts_per_partition_and_stamps_pf() -> None:
         (7, 3, 0, 0),
     ]
     assert seq.peek("t", 0) == 2 and seq.peek("x", 5) == 0
+
+
+@pytest.mark.parametrize(
+    ("pid", "generation"), [(1, 0), (300, 2**31 - 1), (2**63 - 1, 127), (2**40, 70_000)]
+)
+def test_stamp_is_byte_identical_to_encode_pf(pid: int, generation: int) -> None:
+    start = 2**63 - 3
+    seq = Sequencer(pid, generation, 0, next_seq={("t", 0): 0, ("t", 1): 120, ("t", 2): start})
+    for partition, first in ((0, 0), (1, 120), (2, start)):
+        for n in range(first, first + 3 if partition != 2 else 2**63):
+            assert seq.stamp("t", partition) == encode_pf(pid, generation, n)
 
 
 def test_sequencer_rewind_undoes_one_stamp() -> None:
@@ -135,7 +161,7 @@ def test_config_refuses_weak_acks_and_exports_librdkafka_keys() -> None:
         ProducerConfig("h:1", acks="1")
     with pytest.raises(ProducerConfigError, match="acks"):
         ProducerConfig("h:1", extra={"acks": 0})
-    with pytest.raises(ProducerConfigError, match="linger.ms"):
+    with pytest.raises(ProducerConfigError, match=r"linger\.ms"):
         ProducerConfig("h:1", extra={"linger.ms": 3})
     conf = ProducerConfig("h:1", enable_idempotence=False, extra={"client.id": "x"})
     out = conf.to_librdkafka()

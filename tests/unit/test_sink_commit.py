@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from pidfence.spark_sink import SplitPartitionError, read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
 from pidfence.spark_sink.errors import SinkOptionError
+from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
 from pidfence.spark_sink.state import state_files
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
@@ -177,3 +178,68 @@ def test_options_are_validated() -> None:
         SinkOptions.parse({"path": "/x", "capacity": "0"})
     opts = SinkOptions.parse({"path": "/x/", "reorderWindow": "0"})
     assert opts.rejects_path == "/x/_rejects" and opts.reorder_window == 0
+
+
+def test_batch_without_a_partition_keeps_its_state_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recs = make_stream(12, 90)
+    w = _writer(tmp_path)
+    w.commit([_write(monkeypatch, w, 0, kafka_rows(recs[:30], "t", 0))], 0)
+    w.commit([_write(monkeypatch, w, 1, kafka_rows(recs[:30], "t", 1))], 1)  # t~0 idle
+    w.commit([_write(monkeypatch, w, 2, kafka_rows(recs[30:], "t", 0))], 2)
+    # Batch 2 continues batch 0's chain with a delta: no full snapshot, no roll-forward.
+    assert sorted(state_files(Store.at(str(tmp_path)), "t", 0).values()) == [
+        f"{0:020d}.full",
+        f"{2:020d}.delta",
+    ]
+    expected, _ = reference(recs, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
+    log = read_log(str(tmp_path))
+    assert log.filter(pc.equal(log["partition"], 0))["kafka_offset"].to_pylist() == (expected)
+
+
+def test_batch_watcher_reports_each_committed_batch_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pidfence.spark_sink.pipeline import BatchWatcher
+
+    class Progress:
+        def __init__(self, batch: int) -> None:
+            self.json = (
+                f'{{"batchId": {batch}, "sources": [{{"metrics": '
+                f'{{"maxOffsetsBehindLatest": "{batch * 10}"}}}}]}}'
+            )
+
+    class Query:
+        recentProgress: list[Progress] = []
+
+    recs = make_stream(13, 60)
+    w = _writer(tmp_path)
+    watcher = BatchWatcher(str(tmp_path))
+    w.commit([_write(monkeypatch, w, 0, kafka_rows(recs[:30]))], 0)
+    assert watcher.poll(Query()) == []  # waits for batch 0's progress (its lag)
+    Query.recentProgress = [Progress(0)]
+    lines = watcher.poll(Query())
+    assert [(x.batch, x.records_in, x.lag) for x in lines] == [(0, 30, 0)]
+    w.commit([_write(monkeypatch, w, 1, kafka_rows(recs[30:]))], 1)
+    lines = watcher.poll(Query(), final=True)
+    assert [(x.batch, x.records_in, x.lag) for x in lines] == [(1, 30, None)]
+    assert lines[0].appended + sum(lines[0].dropped.values()) <= 30
+    assert watcher.poll(Query(), final=True) == []
+
+
+def test_crash_hook_needs_its_own_session_and_self_means_this_pid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pidfence.spark_sink import faults
+
+    monkeypatch.setenv(faults.CRASH_PGID, "self")
+    faults.resolve_self_pgid()
+    assert os.environ[faults.CRASH_PGID] == str(os.getpid())
+    # A group/session this process is not in never fires (the hook returns, nothing is killed).
+    stranger = max(os.getpgrp(), os.getsid(0)) + 7_654_321
+    monkeypatch.setenv(faults.CRASH_PGID, str(stranger))
+    monkeypatch.setenv(faults.CRASH_AT, "after_write")
+    faults.crash_point("after_write")
+    monkeypatch.setenv(faults.CRASH_PGID, "not-a-pid")
+    faults.crash_point("after_write")

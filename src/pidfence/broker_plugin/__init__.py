@@ -1,12 +1,5 @@
 """The broker-side rules (DESIGN §4): per-partition producer state, verdicts, snapshots.
 
-NOTE TO THE BROKER-RULES ENGINEER (from the lead, 10:57 UTC): this package is already implemented
-and tested by the lead (tests/unit/test_broker_rules.py, tests/unit/test_broker_properties.py,
-tests/unit/broker_streams.py, bench/engine.py: batch path 2-2.9M records/s on --quick). Do NOT
-rewrite it. Your job now: review it against DESIGN §4 and your brief, fix real bugs (keep every
-public name and test passing), add missing tests, run `pidfence bench engine` (full), and write
-docs/broker-rules.md. Remove this note when done.
-
 Pure computation: no I/O beyond (de)serialising bytes. The Spark sink and the simulation run the
 same code.
 """

@@ -66,6 +66,7 @@ def register(app: typer.Typer) -> None:
                 bootstrap,
                 enable_idempotence=librdkafka_idempotence,
                 rollover_fraction=lifetime_rollover,
+                resend_buffer=16 if resend_every else 0,
             )
             with LeaseClient(lease_server) as client:
                 generator = LoadGenerator(

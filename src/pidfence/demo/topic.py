@@ -112,7 +112,8 @@ def create_topic(
     """Create ``name`` and wait until every partition has a leader; return the name."""
     import time
 
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     admin: Any = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(

@@ -9,7 +9,14 @@ from typing import Any
 from pidfence.producer.errors import ProducerConfigError
 
 _SECRET_WORDS = ("password", "secret", "token", "key.password", "sasl.oauthbearer")
-_OWNED = {"bootstrap.servers", "acks", "enable.idempotence", "message.max.bytes", "linger.ms"}
+_OWNED = {
+    "bootstrap.servers",
+    "acks",
+    "enable.idempotence",
+    "message.max.bytes",
+    "linger.ms",
+    "delivery.report.only.error",
+}
 
 
 def _is_secret(key: str) -> bool:
@@ -34,7 +41,13 @@ class ProducerConfig:
         metadata_timeout_s: wait for topic metadata (partition counts) at first use of a topic.
         sticky_records: unkeyed records stick to one partition for this many records, then
             move round-robin to the next (Kafka's sticky partitioner, counted in records).
-        resend_buffer: acknowledged records kept per partition for ``resend_acknowledged``.
+        resend_buffer: acknowledged records kept per partition for ``resend_acknowledged`` (a
+            fault hook for demos and tests; 0, the default, keeps none).
+        success_reports: deliver a report for every acknowledged record (needed by the send
+            ledger, the resend buffer and per-record ``on_delivery`` callbacks). ``False`` sets
+            librdkafka's ``delivery.report.only.error``: failures are still reported (and
+            raised by ``flush()``), successes cost no Python call; the producer then refuses a
+            ledger, a resend buffer and ``on_delivery``.
         extra: more librdkafka settings, passed through (secrets are masked in ``repr``).
     """
 
@@ -47,7 +60,8 @@ class ProducerConfig:
     default_lifetime_ms: int = 24 * 3600 * 1000
     metadata_timeout_s: float = 10.0
     sticky_records: int = 100
-    resend_buffer: int = 16
+    resend_buffer: int = 0
+    success_reports: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -70,6 +84,11 @@ class ProducerConfig:
             raise ProducerConfigError(
                 "sticky_records >= 1, resend_buffer >= 0, message_max_bytes >= 1"
             )
+        if not self.success_reports and self.resend_buffer:
+            raise ProducerConfigError(
+                "the resend buffer is filled from success reports: set resend_buffer=0 with "
+                "success_reports=False"
+            )
         if not self.bootstrap_servers:
             raise ProducerConfigError("give bootstrap_servers as host:port[,host:port]")
 
@@ -82,6 +101,8 @@ class ProducerConfig:
             "linger.ms": self.linger_ms,
             "message.max.bytes": max(self.message_max_bytes + 4096, 1000),
         }
+        if not self.success_reports:
+            conf["delivery.report.only.error"] = True
         conf.update({k: v for k, v in self.extra.items() if k != "acks"})
         return conf
 
@@ -93,5 +114,6 @@ class ProducerConfig:
             f"message_max_bytes={self.message_max_bytes}, "
             f"rollover_fraction={self.rollover_fraction:.4f}, "
             f"sticky_records={self.sticky_records}, "
-            f"resend_buffer={self.resend_buffer}, extra={extra!r})"
+            f"resend_buffer={self.resend_buffer}, success_reports={self.success_reports}, "
+            f"extra={extra!r})"
         )

@@ -32,6 +32,7 @@ from pidfence.producer.errors import (
     LeaseExpired,
     LeaseServerDown,
     NotFlushed,
+    ProducerConfigError,
     ProducerError,
     ProducerFenced,
     ReservedHeader,
@@ -63,10 +64,6 @@ class LeaseClientLike(Protocol):
 def wall_clock_ms() -> int:
     """Epoch milliseconds (the lease server's time base)."""
     return time.time_ns() // 1_000_000
-
-
-def _as_bytes(data: bytes | str | None) -> bytes | None:
-    return data.encode() if isinstance(data, str) else data
 
 
 class IdempotentProducer:
@@ -102,12 +99,18 @@ class IdempotentProducer:
         conf = config.to_librdkafka()
         conf.setdefault("allow.auto.create.topics", False)
         conf.setdefault("logger", logging.getLogger("pidfence.producer.librdkafka"))
+        # The default delivery callback: a record needs its own only when it is tracked or the
+        # caller passed one (a per-record callback costs a Python object per record).
+        conf["on_delivery"] = self._on_delivery
         self._producer = producer_factory(conf)
+        self._kafka_produce = self._producer.produce
         self._owns_ledger = ledger is not None and not isinstance(ledger, LedgerWriter)
         self._ledger: LedgerWriter | None = (
             LedgerWriter(ledger) if isinstance(ledger, str | Path) else ledger
         )
         self._machine = LeaseStateMachine()
+        # The sequencer while LEASED, else None: produce() checks one attribute, not the state.
+        self._live: Sequencer | None = None
         self._partition_counts: dict[str, int] = {}
         self._sticky: dict[str, list[int]] = {}  # topic -> [partition, records left]
         self._acked_buffer: dict[TopicPartition, deque[tuple[Any, Any, bytes]]] = {}
@@ -115,6 +118,9 @@ class IdempotentProducer:
         self._error: ProducerError | None = None
         self._seq: Sequencer | None = None
         self._rollover_at = 0
+        self._rollover_ns = 0
+        # With the default clock, produce() compares time.time_ns() directly (no Python call).
+        self._wall_clock = clock is wall_clock_ms
         self.acked = 0
         self.fences_acked = 0
         self.resent = 0
@@ -123,6 +129,11 @@ class IdempotentProducer:
         self._max_value = config.message_max_bytes
         self._keep = config.resend_buffer
         self._track = self._ledger is not None or self._keep > 0
+        if self._ledger is not None and not config.success_reports:
+            raise ProducerConfigError(
+                "the send ledger is written from success reports: use success_reports=True "
+                "(the default) with a ledger"
+            )
         if _lease_now:
             self._install(self._lease_new(), from_state=LeaseState.UNLEASED)
 
@@ -183,7 +194,7 @@ class IdempotentProducer:
         sequencer = Sequencer.resumed(checkpoint, lease.generation, lease.expire_ms)
         sequencer.lifetime_ms = lifetime
         self._install(sequencer, from_state=LeaseState.UNLEASED)
-        self._write_fences(fence_timeout_s)
+        self._write_fences(fence_timeout_s, from_generation=checkpoint.generation + 1)
         log.info(
             "resumed pid %d at generation %d on %d partitions",
             sequencer.pid,
@@ -204,7 +215,7 @@ class IdempotentProducer:
                 return None
             except StaleGeneration as exc:
                 last = exc
-        self._machine.move(LeaseState.FENCED)
+        self._move(LeaseState.FENCED)
         raise ProducerFenced(
             f"pid {checkpoint.pid}: none of generations {checkpoint.generation}.."
             f"{checkpoint.generation + stale_probe} is the latest, so another producer owns this "
@@ -231,8 +242,16 @@ class IdempotentProducer:
         self._expire_by_pid[sequencer.pid] = sequencer.expire_ms
         lifetime = sequencer.lifetime_ms or self.config.default_lifetime_ms
         margin = round(lifetime * (1 - self.config.rollover_fraction))
-        self._rollover_at = sequencer.expire_ms - margin
-        self._machine.move(LeaseState.LEASED)
+        self._set_rollover(sequencer.expire_ms - margin)
+        self._move(LeaseState.LEASED)
+
+    def _move(self, to: LeaseState) -> None:
+        self._machine.move(to)
+        self._live = self._seq if to is LeaseState.LEASED else None
+
+    def _set_rollover(self, at_ms: int) -> None:
+        self._rollover_at = at_ms
+        self._rollover_ns = at_ms * 1_000_000
 
     @property
     def rollover_due(self) -> bool:
@@ -254,11 +273,11 @@ class IdempotentProducer:
     def _roll(self) -> Sequencer:
         """Lease the next pid before this one expires; in-flight records finish normally."""
         current = self._sequencer()
-        self._machine.move(LeaseState.ROLLING)
+        self._move(LeaseState.ROLLING)
         try:
             fresh = self._lease_new()
         except LeaseServerDown as exc:
-            self._machine.move(LeaseState.LEASED)
+            self._move(LeaseState.LEASED)
             now = self._clock()
             if now >= current.expire_ms:
                 raise LeaseExpired(
@@ -266,7 +285,7 @@ class IdempotentProducer:
                     f"could be leased ({exc}); retry once a lease server answers"
                 ) from exc
             # Try again a little later, still inside the old lease.
-            self._rollover_at = now + max((current.expire_ms - now) // 4, 1)
+            self._set_rollover(now + max((current.expire_ms - now) // 4, 1))
             log.warning("rollover of pid %d failed (%s); retrying later", current.pid, exc)
             return current
         self._install(fresh, from_state=LeaseState.ROLLING)
@@ -289,8 +308,14 @@ class IdempotentProducer:
 
     @property
     def sequencer(self) -> Sequencer:
-        """The current sequencer (pid, generation, counters)."""
-        return self._sequencer()
+        """The current (or, once closed, the last) sequencer: pid, generation, counters.
+
+        Raises:
+            ProducerError: no pid was ever leased.
+        """
+        if self._seq is None:
+            raise ProducerError(f"the producer is {self._machine.state}: it holds no pid")
+        return self._seq
 
     def partition_count(self, topic: str) -> int:
         """Partitions of ``topic`` from cached metadata (fetched on first use).
@@ -321,7 +346,9 @@ class IdempotentProducer:
             return key_partition(key, count)
         sticky = self._sticky.get(topic)
         if sticky is None:
-            sticky = self._sticky[topic] = [0, self.config.sticky_records]
+            # Start at pid % count so many producers of one topic do not all begin on partition 0.
+            start = self._seq.pid % count if self._seq is not None else 0
+            sticky = self._sticky[topic] = [start, self.config.sticky_records]
         elif sticky[1] <= 0:
             sticky[0] = (sticky[0] + 1) % count
             sticky[1] = self.config.sticky_records
@@ -353,24 +380,34 @@ class IdempotentProducer:
             UnknownTopic / BrokerUnavailable: from the first metadata lookup of ``topic``.
             LeaseExpired: the lease ended and no new pid could be leased.
         """
-        if self._clock() >= self._rollover_at:
+        if (
+            time.time_ns() >= self._rollover_ns
+            if self._wall_clock
+            else self._clock() >= self._rollover_at
+        ):
             self._roll()
-        seq = self._sequencer()
-        value_b = _as_bytes(value)
+        seq = self._live
+        if seq is None:
+            seq = self._sequencer()  # raises: not leased
+        value_b = value.encode() if isinstance(value, str) else value
         if value_b is not None and len(value_b) > self._max_value:
             raise ValueTooLarge(
                 f"value of {len(value_b)} bytes exceeds message_max_bytes={self._max_value}; "
                 "split the record or raise the limit (producer and topic max.message.bytes)"
             )
-        key_b = _as_bytes(key)
+        key_b = key.encode() if isinstance(key, str) else key
         if partition is None:
             partition = self._pick(topic, key_b)
-        elif not 0 <= partition < self.partition_count(topic):
-            raise ValueError(
-                f"partition {partition} does not exist in {topic!r} "
-                f"({self.partition_count(topic)} partitions)"
-            )
-        wire_headers: list[tuple[str, Any]] = [(PF_HEADER_KEY, seq.stamp(topic, partition))]
+        else:
+            count = self._partition_counts.get(topic)
+            if count is None:
+                count = self.partition_count(topic)
+            if not 0 <= partition < count:
+                raise ValueError(
+                    f"partition {partition} does not exist in {topic!r} ({count} partitions)"
+                )
+        pf = seq.stamp(topic, partition)
+        wire_headers: list[tuple[str, Any]] = [(PF_HEADER_KEY, pf)]
         if headers:
             for name, data in headers:
                 if name == PF_HEADER_KEY:
@@ -380,10 +417,33 @@ class IdempotentProducer:
                         "rename your header"
                     )
                 wire_headers.append((name, data))
-        callback: DeliveryCallback = self._on_delivery
+        callback: DeliveryCallback | None = None
+        if self._track:
+            # Delivery reports carry no headers, so a tracked record's callback is bound to its pf.
+            callback = functools.partial(self._on_tracked, pf)
         if on_delivery is not None:
-            callback = self._chain(on_delivery)
-        self._send(topic, value_b, key_b, partition, wire_headers, callback, seq)
+            if not self.config.success_reports:
+                seq.rewind(topic, partition)
+                raise ProducerConfigError(
+                    "on_delivery needs a report per record: use success_reports=True"
+                )
+            callback = self._chain(callback or self._on_delivery, on_delivery)
+        try:
+            if callback is None:
+                self._kafka_produce(
+                    topic, value_b, key_b, partition=partition, headers=wire_headers
+                )
+            else:
+                self._kafka_produce(
+                    topic, value_b, key_b, partition=partition, headers=wire_headers,
+                    on_delivery=callback,
+                )  # fmt: skip
+        except BufferError:
+            callback = callback or self._on_delivery
+            self._send(topic, value_b, key_b, partition, wire_headers, callback, seq)
+        except BaseException:
+            seq.rewind(topic, partition)
+            raise
         return partition
 
     def _send(
@@ -410,9 +470,10 @@ class IdempotentProducer:
                     seq.rewind(topic, partition)
                 raise
 
-    def _chain(self, user: DeliveryCallback) -> DeliveryCallback:
+    @staticmethod
+    def _chain(own: DeliveryCallback, user: DeliveryCallback) -> DeliveryCallback:
         def both(err: Any, msg: Any) -> None:
-            self._on_delivery(err, msg)
+            own(err, msg)
             user(err, msg)
 
         return both
@@ -430,9 +491,12 @@ class IdempotentProducer:
             self._fail(err, msg)
             return
         self.acked += 1
-        if not self._track:
+
+    def _on_tracked(self, header: bytes, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._fail(err, msg)
             return
-        header: bytes = msg.headers()[0][1]
+        self.acked += 1
         if self._keep:
             tp = (msg.topic(), msg.partition())
             buffer = self._acked_buffer.get(tp)
@@ -442,14 +506,14 @@ class IdempotentProducer:
         if self._ledger is not None:
             self._write_ledger(msg, header, fence=False)
 
-    def _on_other_delivery(self, err: Any, msg: Any, fence: bool) -> None:
+    def _on_other_delivery(self, header: bytes, fence: bool, err: Any, msg: Any) -> None:
         if err is not None:
             self._fail(err, msg)
             return
         if fence:
             self.fences_acked += 1
         if self._ledger is not None:
-            self._write_ledger(msg, msg.headers()[0][1], fence=fence)
+            self._write_ledger(msg, header, fence=fence)
 
     def _write_ledger(self, msg: Any, header: bytes, fence: bool) -> None:
         if self._ledger is None:
@@ -470,14 +534,12 @@ class IdempotentProducer:
             )
         )
 
-    def _write_fences(self, timeout_s: float) -> None:
+    def _write_fences(self, timeout_s: float, from_generation: int) -> None:
         seq = self._sequencer()
 
-        def on_fence(err: Any, msg: Any) -> None:
-            self._on_other_delivery(err, msg, fence=True)
-
-        for topic, partition, header in seq.fences():
+        for topic, partition, header in seq.fences(from_generation):
             self.partition_count(topic)
+            on_fence = functools.partial(self._on_other_delivery, header, True)
             self._send(topic, b"", None, partition, [(PF_HEADER_KEY, header)], on_fence, None)
         left = self.flush(timeout_s)
         if left:
@@ -494,12 +556,10 @@ class IdempotentProducer:
         not move. Returns the number of records re-sent.
         """
 
-        def on_resend(err: Any, msg: Any) -> None:
-            self._on_other_delivery(err, msg, fence=False)
-
         sent = 0
         for (topic, partition), buffer in sorted(self._acked_buffer.items()):
             for key, value, header in list(buffer)[-n:] if n > 0 else []:
+                on_resend = functools.partial(self._on_other_delivery, header, False)
                 self._send(topic, value, key, partition, [(PF_HEADER_KEY, header)], on_resend, None)
                 sent += 1
         self.resent += sent
@@ -545,7 +605,7 @@ class IdempotentProducer:
         try:
             self.flush(timeout)
         finally:
-            self._machine.move(LeaseState.CLOSED)
+            self._move(LeaseState.CLOSED)
             if self._ledger is not None:
                 if self._owns_ledger:
                     self._ledger.close()

@@ -23,6 +23,8 @@ import msgpack
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.wire import FLAG_FENCE, GENERATION_LIMIT, PF_VERSION, PID_LIMIT, SEQ_LIMIT, encode_pf
 
+_FIXINT = [bytes((i,)) for i in range(128)]
+
 
 class Sequencer:
     """Per-partition sequence counters for one (pid, generation).
@@ -35,7 +37,7 @@ class Sequencer:
         lifetime_ms: the lease lifetime if known (0: unknown), carried into checkpoints.
     """
 
-    __slots__ = ("_next", "_packer", "expire_ms", "generation", "lifetime_ms", "pid")
+    __slots__ = ("_next", "_packer", "_prefix", "expire_ms", "generation", "lifetime_ms", "pid")
 
     def __init__(
         self,
@@ -55,6 +57,9 @@ class Sequencer:
         self.lifetime_ms = lifetime_ms
         self._next: dict[TopicPartition, int] = dict(next_seq or {})
         self._packer = msgpack.Packer()
+        # [version, pid, generation, seq, flags] as msgpack: everything before seq is fixed for
+        # this sequencer, so stamp() only packs seq (the per-record hot path).
+        self._prefix = b"\x95" + b"".join(map(self._packer.pack, (PF_VERSION, pid, generation)))
 
     @classmethod
     def resumed(cls, checkpoint: ProducerCheckpoint, generation: int, expire_ms: int) -> Sequencer:
@@ -70,10 +75,9 @@ class Sequencer:
         if seq >= SEQ_LIMIT:
             raise OverflowError(f"seq of {tp} reached 2**63; lease a new pid")
         self._next[tp] = seq + 1
-        # encode_pf re-validates pid and generation, which the constructor already checked; this
-        # is the per-record hot path.
-        data: bytes = self._packer.pack([PF_VERSION, self.pid, self.generation, seq, 0])
-        return data
+        # Byte for byte what encode_pf(pid, generation, seq) returns (a unit test checks it).
+        packed = _FIXINT[seq] if seq < 128 else self._packer.pack(seq)
+        return self._prefix + packed + b"\x00"
 
     def rewind(self, topic: str, partition: int) -> None:
         """Undo the last :meth:`stamp` on (topic, partition): its record was never handed over."""
@@ -95,9 +99,21 @@ class Sequencer:
         """
         return encode_pf(self.pid, self.generation, self.peek(topic, partition), FLAG_FENCE)
 
-    def fences(self) -> list[tuple[str, int, bytes]]:
-        """FENCE headers for every (topic, partition) this sequencer knows, sorted."""
-        return [(t, p, self.fence_header(t, p)) for t, p in sorted(self._next)]
+    def fences(self, from_generation: int | None = None) -> list[tuple[str, int, bytes]]:
+        """FENCE headers for every (topic, partition) this sequencer knows, sorted.
+
+        With ``from_generation``, each partition gets one FENCE per generation from it up to the
+        current one, in order: the broker rules accept a generation at most one above the one
+        they hold, so a resume whose bump skipped generations (a predecessor bumped, then died
+        before writing its FENCEs) walks every partition up one generation at a time.
+        """
+        if from_generation is None or from_generation >= self.generation:
+            return [(t, p, self.fence_header(t, p)) for t, p in sorted(self._next)]
+        return [
+            (t, p, encode_pf(self.pid, g, self.peek(t, p), FLAG_FENCE))
+            for t, p in sorted(self._next)
+            for g in range(max(from_generation, 0), self.generation + 1)
+        ]
 
     def partitions(self) -> list[TopicPartition]:
         """Every (topic, partition) with a counter, sorted."""

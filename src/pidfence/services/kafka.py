@@ -216,8 +216,8 @@ def create_topic(
     timeout: float = 60.0,
 ) -> str:
     """Create ``name`` on any cluster and wait until every partition has a leader."""
-    from confluent_kafka import NewTopic
     from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -139,10 +140,15 @@ class ZooKeeperEnsemble:
         self.stop()
 
 
+#: Readiness probes fail by design until a node is up; their connection errors are not news.
+_PROBE_LOG = logging.getLogger("pidfence.services.zookeeper.probe")
+_PROBE_LOG.setLevel(logging.CRITICAL)
+
+
 def _round_trip(hosts: str) -> bool:
     from kazoo.client import KazooClient
 
-    client = KazooClient(hosts=hosts, timeout=3.0, connection_retry=None)
+    client = KazooClient(hosts=hosts, timeout=3.0, connection_retry=None, logger=_PROBE_LOG)
     try:
         client.start(timeout=3.0)
         client.ensure_path("/pidfence-ready")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from dataclasses import fields
 
-from pidfence.sim.knobs import Knobs
+from pidfence.sim.knobs import MUTATIONS, Knobs
 from pidfence.sim.runner import run
 
 
@@ -19,16 +19,19 @@ def main(argv: list[str] | None = None) -> int:
         if f.name in ("cold_reorder", "fence_all"):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
             continue
-        kind = float if f.name.endswith("_p") else (str if f.name == "mutation" else int)
+        if f.name == "mutation":
+            parser.add_argument(flag, choices=MUTATIONS, default=None)
+            continue
+        kind = float if f.name.endswith("_p") else int
         parser.add_argument(flag, type=kind, default=None)
     args = vars(parser.parse_args(argv))
     seed = args.pop("seed")
     knobs = {k: v for k, v in args.items() if v is not None}
     result = run(seed, **knobs)
-    print(result.describe())
+    lines = [result.describe()]
     for name, finding in result.report.findings.items():
-        for example in finding.examples:
-            print(f"  {name}: {example}")
+        lines += [f"  {name}: {example}" for example in finding.examples]
+    sys.stdout.write("\n".join(lines) + "\n")
     return 0 if result.ok else 1
 
 

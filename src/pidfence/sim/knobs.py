@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 #: Deliberately broken broker rules, to prove the simulation finds what they break.
 Mutation = Literal["accept_stale_generation", "accept_old_seq", "drop_fence"]
+#: Every value of :data:`Mutation`.
+MUTATIONS: tuple[str, ...] = get_args(Mutation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +71,21 @@ class Knobs:
             value = getattr(self, name)
             if not 0.0 <= value <= (0.9 if name == "drop_p" else 1.0):
                 raise ValueError(f"{name} must be a probability (drop_p <= 0.9), got {value}")
-        for name in ("events", "partitions", "producers", "checkpoint_every", "batch_every"):
+        for name in (
+            "events",
+            "partitions",
+            "producers",
+            "checkpoint_every",
+            "batch_every",
+            "step_ms",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.mutation is not None and self.mutation not in MUTATIONS:
+            # A typo would otherwise run the real rules and "prove" nothing.
+            raise ValueError(
+                f"mutation must be one of {list(MUTATIONS)} or None, not {self.mutation!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The knobs as keyword arguments of :func:`pidfence.sim.run`."""

@@ -26,6 +26,7 @@ class InFlight:
     """A record handed to the producer client and not yet acknowledged."""
 
     partition: int
+    seq: int
     header: bytes
     key: bytes
     value: bytes
@@ -67,7 +68,9 @@ class Chain:
     high: int = 0
 
 
-def make_events(rng: random.Random, chain: int, n: int, partitions: int) -> list[tuple[bytes, bytes, int]]:
+def make_events(
+    rng: random.Random, chain: int, n: int, partitions: int
+) -> list[tuple[bytes, bytes, int]]:
     """``(key, value, partition)`` per upstream event; values are seed-003 JSON (uid, ts in s)."""
     out = []
     base_s = 1_700_000_000 + rng.randrange(0, 600)
@@ -87,11 +90,23 @@ class Network:
         self.knobs = knobs
         self.kafka = kafka
         self.ledger: list[LedgerEntry] = []
+        #: What the network did: ``drops`` (lost sends, retried), ``duplicates`` (written, ack
+        #: lost, written again), ``overtakes`` (a record delivered before an older one in flight).
+        self.counts = {"drops": 0, "duplicates": 0, "overtakes": 0}
 
     def deliver_one(self, inst: Instance) -> None:
         """One delivery attempt of one of ``inst``'s first ``reorder`` in-flight records."""
         rng = self.rng
-        idx = rng.randrange(min(self.knobs.reorder, len(inst.pending)))
+        # The window is measured from the oldest unacknowledged seq of each partition, not as
+        # "any of the first N in flight": once later records are acknowledged (and held by the
+        # broker) a count of in-flight records no longer bounds the gap the broker must hold,
+        # and a record beyond ``hE + 1 + reorder_window`` is OUT_OF_ORDER, i.e. lost.
+        oldest: dict[int, int] = {}
+        for rec in inst.pending:
+            oldest.setdefault(rec.partition, rec.seq)
+        window = self.knobs.reorder
+        choices = [i for i, r in enumerate(inst.pending) if r.seq - oldest[r.partition] < window]
+        idx = choices[rng.randrange(len(choices))]
         rec = inst.pending[idx]
         if rec.partition not in inst.warm and not self.knobs.cold_reorder:
             # Nothing overtakes a pid's first record on a partition: the broker has no entry to
@@ -100,10 +115,14 @@ class Network:
             idx = next(i for i, r in enumerate(inst.pending) if r.partition == rec.partition)
             rec = inst.pending[idx]
         if rng.random() < self.knobs.drop_p:
+            self.counts["drops"] += 1
             return
+        if rec.seq > oldest[rec.partition]:
+            self.counts["overtakes"] += 1
         inst.warm.add(rec.partition)
         offset = self.kafka.append(rec.partition, rec.header, rec.key, rec.value, rec.ts_ms)
         if rng.random() < self.knobs.dup_p:
+            self.counts["duplicates"] += 1
             return  # written, ack lost: it stays in flight and is written again
         del inst.pending[idx]
         if inst.acks:
@@ -138,7 +157,13 @@ class Producers:
             Chain(c, make_events(rng, c, knobs.events, knobs.partitions))
             for c in range(knobs.producers)
         ]
-        self.counts = {"crashes": 0, "zombies": 0, "rollovers": 0, "checkpoints": 0}
+        self.counts = {
+            "crashes": 0,
+            "zombies": 0,
+            "rollovers": 0,
+            "checkpoints": 0,
+            "dead_landings": 0,
+        }
 
     @property
     def done(self) -> bool:
@@ -202,6 +227,7 @@ class Producers:
                     # A dead process: whatever is still on the wire lands now or never.
                     for rec in list(other.pending):
                         if self.rng.random() < 0.5:
+                            self.counts["dead_landings"] += 1
                             self.net.kafka.append(
                                 rec.partition, rec.header, rec.key, rec.value, rec.ts_ms
                             )
@@ -216,9 +242,10 @@ class Producers:
 
     def _send(self, chain: Chain, inst: Instance, now: int) -> None:
         key, value, partition = chain.events[inst.pos]
+        seq = inst.seq.peek(TOPIC, partition)
         header = inst.seq.stamp(TOPIC, partition)
         inst.pending.append(
-            InFlight(partition, header, key, value, now, inst.seq.expire_ms, False)
+            InFlight(partition, seq, header, key, value, now, inst.seq.expire_ms, False)
         )
         inst.pos += 1
         chain.high = max(chain.high, inst.pos)
@@ -233,7 +260,8 @@ class Producers:
         # checkpoint names the new pid before it sends, else a resume would replay under the old
         # pid what the new pid already wrote.
         old = chain.active
-        assert old is not None
+        if old is None:
+            raise SimStuck("rollover without an active instance")
         self.net.flush(old)
         chain.active = self._fresh(chain, now, old.pos)
         self.counts["rollovers"] += 1
@@ -241,7 +269,8 @@ class Producers:
 
     def _crash(self, chain: Chain, now: int) -> None:
         old = chain.active
-        assert old is not None and chain.checkpoint is not None
+        if old is None or chain.checkpoint is None:
+            raise SimStuck("crash without an active instance or a checkpoint")
         self.counts["crashes"] += 1
         if self.rng.random() < self.knobs.zombie_p:
             old.budget = self.rng.randrange(1, 6)
@@ -255,13 +284,14 @@ class Producers:
         seq = Sequencer.resumed(checkpoint, bumped.generation, bumped.expire_ms)
         inst = Instance(seq, pos, issued)
         if self.knobs.fence_all:
-            fenced = range(self.knobs.partitions)
+            fenced = list(range(self.knobs.partitions))
         else:
             fenced = sorted(p for _, p in seq.partitions())
         for partition in fenced:
             inst.pending.append(
                 InFlight(
-                    partition, seq.fence_header(TOPIC, partition), b"", b"", now,
+                    partition, seq.peek(TOPIC, partition), seq.fence_header(TOPIC, partition),
+                    b"", b"", now,
                     bumped.expire_ms, True,
                 )
             )  # fmt: skip

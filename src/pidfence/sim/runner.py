@@ -19,6 +19,7 @@ from pidfence.verify.ledger import LedgerEntry
 
 START_MS = 1_763_800_000_000
 MAX_STEPS = 100_000
+_DEFAULTS = Knobs().to_dict()
 
 
 @dataclass(slots=True)
@@ -50,9 +51,8 @@ class SimResult:
         return self.report.ok and self.exactly_once
 
     def replay_hint(self) -> str:
-        """The call that replays this schedule."""
-        args = ", ".join(f"{k}={v!r}" for k, v in self.knobs.to_dict().items())
-        return f"pidfence.sim.run({self.seed}, {args})  # or: python -m pidfence.sim --seed {self.seed}"
+        """The Python call and the shell command that replay this schedule exactly."""
+        return replay_hint(self.seed, self.knobs)
 
     def describe(self) -> str:
         """A short multi-line summary for failure messages and the CLI."""
@@ -60,6 +60,25 @@ class SimResult:
             f"seed {self.seed}: {self.report.summary()}, exactly_once={self.exactly_once}, "
             f"stats={self.stats}\nreplay: {self.replay_hint()}"
         )
+
+
+def replay_hint(seed: int, knobs: Knobs) -> str:
+    """The Python call and the shell command that replay ``seed`` under ``knobs`` exactly.
+
+    Usable before :func:`run` returns, so a schedule that raises can still be replayed.
+    """
+    values = knobs.to_dict()
+    args = ", ".join(f"{k}={v!r}" for k, v in values.items())
+    flags = [f"--seed {seed}"]
+    for name, value in values.items():
+        if value == _DEFAULTS[name]:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags.append(f"{flag} {value!r}" if isinstance(value, float) else f"{flag} {value}")
+    return f"pidfence.sim.run({seed}, {args})\n        or: python -m pidfence.sim {' '.join(flags)}"
 
 
 def run(seed: int, **knobs: Any) -> SimResult:
@@ -92,7 +111,9 @@ def run(seed: int, **knobs: Any) -> SimResult:
     log, rejects = sink.tables_out()
     report = check(net.ledger, log, rejects)
     upstream = [value for chain in producers.chains for _, value, _ in chain.events]
-    got = Counter(v for v, pid in zip(log["value"].to_pylist(), log["pid"].to_pylist(), strict=True) if pid)
+    got = Counter(
+        v for v, pid in zip(log["value"].to_pylist(), log["pid"].to_pylist(), strict=True) if pid
+    )
     stats = {
         "steps": steps,
         "kafka_records": sum(len(p) for p in kafka.partitions),
@@ -101,7 +122,12 @@ def run(seed: int, **knobs: Any) -> SimResult:
         "ledger": len(net.ledger),
         "batches": sink.batches,
         "restarts": sink.restarts,
+        "snapshots_full": sink.snapshot_counts["full"],
+        "snapshots_delta": sink.snapshot_counts["delta"],
+        "expired_entries": sink.expired_entries(),
         **producers.counts,
+        **net.counts,
+        **{f"verdict_{name}": n for name, n in sorted(sink.verdicts.items())},
     }
     return SimResult(
         seed, k, report, got == Counter(upstream), log, rejects, net.ledger, upstream, stats

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -46,11 +47,15 @@ class SimSink:
         n = len(kafka.partitions)
         self.tables = [self._table() for _ in range(n)]
         self.committed = [0] * n
-        self.snapshots: list[list[tuple[bytes, int]]] = [[] for _ in range(n)]
+        #: Per partition, the state files in order: ``(is_full, bytes, committed offset)``.
+        self.snapshots: list[list[tuple[bool, bytes, int]]] = [[] for _ in range(n)]
+        self.snapshot_counts = {"full": 0, "delta": 0}
         self.log: list[list[tuple[KafkaRecord, Verdict]]] = [[] for _ in range(n)]
         self.rejects: list[list[tuple[KafkaRecord, Verdict]]] = [[] for _ in range(n)]
         self.batches = 0
         self.restarts = 0
+        #: Every decision the rules made, by verdict name (``BUFFERED`` included).
+        self.verdicts: Counter[str] = Counter()
 
     def _table(self) -> ProducerStateTable:
         return ProducerStateTable(CAPACITY, self.knobs.lifetime_ms)
@@ -75,11 +80,17 @@ class SimSink:
                     self._record(p, decision.ref, decision.verdict)
             self.committed[p] += len(records)
             if self.rng.random() < 0.5:
-                self.snapshots[p].append((table.snapshot(), self.committed[p]))
+                chain = self.snapshots[p]
+                # Mostly incremental, as the real sink stores state (a full file every so often).
+                full = not chain or self.rng.random() < 0.25
+                data = table.snapshot() if full else table.snapshot_delta()
+                chain.append((full, data, self.committed[p]))
+                self.snapshot_counts["full" if full else "delta"] += 1
 
     def _record(self, p: int, offset: int, verdict: Verdict) -> None:
         rec = self.kafka.partitions[p][offset]
         verdict = self.mutate(verdict, _is_fence(rec.header))
+        self.verdicts[verdict.value] += 1
         if verdict.appended:
             self.log[p].append((rec, verdict))
         elif verdict.final:
@@ -88,11 +99,21 @@ class SimSink:
     def _restart(self, p: int) -> None:
         """Lose the in-memory table; rebuild it from a random older snapshot + Kafka suffix."""
         self.restarts += 1
-        snaps = self.snapshots[p]
-        if snaps:
-            snap, start = snaps[self.rng.randrange(len(snaps))]
-        else:
-            snap, start = None, 0
+        chain = self.snapshots[p]
+        snap: bytes | None = None
+        start = 0
+        base: ProducerStateTable | None = None
+        if chain:
+            pick = self.rng.randrange(len(chain))
+            first = max(i for i in range(pick + 1) if chain[i][0])
+            full, deltas = chain[first][1], [d for _, d, _ in chain[first + 1 : pick + 1]]
+            start = chain[pick][2]
+            base = ProducerStateTable.restore_chain(full, deltas)
+            # rebuild() takes one full snapshot: flatten the chain on a separate copy, so the
+            # table that goes on keeps its delta base at the picked snapshot.
+            snap = ProducerStateTable.restore_chain(full, deltas).snapshot()
+            # Newer state files describe the lost timeline; deltas continue from the pick.
+            del chain[pick + 1 :]
         suffix = self.kafka.partitions[p][start : self.committed[p]]
         if self.knobs.mutation == "drop_fence":
             suffix = [r for r in suffix if not _is_fence(r.header)]
@@ -105,7 +126,7 @@ class SimSink:
             capacity=CAPACITY,
             lifetime_ms=self.knobs.lifetime_ms,
         )
-        table = ProducerStateTable.restore(snap) if snap is not None else self._table()
+        table = base if base is not None else self._table()
         for r in suffix:
             table.offer_header(r.header, r.ts_ms, ref=r.offset)
         live = self.tables[p].state()
@@ -114,6 +135,17 @@ class SimSink:
                 f"partition {p}: rebuild from offset {start} differs from the live state"
             )
         self.tables[p] = table
+
+    def expired_entries(self) -> int:
+        """(partition, pid) pairs the rules knew and have since expired (lease ended)."""
+        total = 0
+        for p, records in enumerate(self.kafka.partitions):
+            pids = set()
+            for rec in records:
+                if rec.header is not None:
+                    pids.add(decode_pf(rec.header).pid)
+            total += sum(1 for pid in pids if self.tables[p].get(pid) is None)
+        return total
 
     def tables_out(self) -> tuple[pa.Table, pa.Table]:
         """The output log and the rejects as pyarrow tables with the DESIGN §7 columns."""

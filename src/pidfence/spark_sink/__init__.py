@@ -11,9 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from pidfence.spark_sink.errors import InjectedFault, SinkError, SinkOptionError, SplitPartitionError
+from pidfence.spark_sink.errors import (
+    InjectedFault,
+    SinkError,
+    SinkOptionError,
+    SplitPartitionError,
+)
 from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
-from pidfence.spark_sink.pipeline import SinkRunSummary, build_query, run_sink, start_sink
+from pidfence.spark_sink.pipeline import (
+    BatchLine,
+    SinkRunSummary,
+    build_query,
+    run_sink,
+    serve,
+    start_sink,
+)
 from pidfence.spark_sink.readers import read_log, read_rejects
 
 
@@ -25,6 +37,7 @@ def register(spark: Any) -> None:
 
 
 __all__ = [
+    "BatchLine",
     "InjectedFault",
     "SinkError",
     "SinkOptionError",
@@ -37,5 +50,6 @@ __all__ = [
     "read_rejects",
     "register",
     "run_sink",
+    "serve",
     "start_sink",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,4 +137,122 @@ def run_sink(
         spark, bootstrap, topic, output, checkpoint, available_now=available_now, **kwargs
     )
     query.awaitTermination()
+    return summarise(output, after=before)
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One committed batch as ``pidfence sink`` prints it.
+
+    Attributes:
+        batch: the batch id.
+        records_in: Kafka records the batch read.
+        appended: records appended to the output log.
+        dropped: records dropped, by verdict name.
+        lag: the Kafka source's ``maxOffsetsBehindLatest`` after the batch (None if unknown).
+    """
+
+    batch: int
+    records_in: int
+    appended: int
+    dropped: dict[str, int]
+    lag: int | None
+
+
+def _progress_lags(query: Any) -> dict[int, int]:
+    lags: dict[int, int] = {}
+    for progress in query.recentProgress:
+        data = json.loads(progress.json) if hasattr(progress, "json") else dict(progress)
+        total = 0
+        known = False
+        for source in data.get("sources", []):
+            value = (source.get("metrics") or {}).get("maxOffsetsBehindLatest")
+            if value is not None:
+                total += int(float(value))
+                known = True
+        if known:
+            lags[int(data["batchId"])] = total
+    return lags
+
+
+class BatchWatcher:
+    """Reports each batch a running query commits, once, from its manifest and progress.
+
+    Args:
+        output: the sink's ``path``.
+        after: report only batches with a larger id (the last committed one before the start).
+    """
+
+    def __init__(self, output: str, after: int = -1) -> None:
+        self.store = Store.at(output)
+        self.last = after
+
+    def poll(self, query: Any, final: bool = False) -> list[BatchLine]:
+        """Lines of the batches committed since the previous call, in batch order.
+
+        A batch whose progress event (its lag) has not arrived yet waits for the next call,
+        unless a later batch is already committed or ``final`` is set.
+        """
+        new = [b for b in manifest_ids(self.store) if b > self.last]
+        if not new:
+            return []
+        lags = _progress_lags(query)
+        lines = []
+        for bid in new:
+            if bid not in lags and bid == new[-1] and not final:
+                break
+            one = SinkRunSummary()
+            one.add_manifest(read_manifest(self.store, bid))
+            lines.append(BatchLine(bid, one.records_in, one.appended, one.dropped, lags.get(bid)))
+            self.last = bid
+        return lines
+
+
+def serve(
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    output: str,
+    checkpoint: str,
+    *,
+    on_batch: Callable[[BatchLine], None],
+    stop: threading.Event,
+    poll_seconds: float = 0.5,
+    **kwargs: Any,
+) -> SinkRunSummary:
+    """Run the sink until it finishes (``available_now``) or ``stop`` is set; report each batch.
+
+    Args:
+        spark: the SparkSession.
+        bootstrap: Kafka bootstrap servers.
+        topic: the topic to read.
+        output: the sink's ``path``.
+        checkpoint: Spark's checkpoint location.
+        on_batch: called once per committed batch, in order.
+        stop: set it (e.g. from a signal handler) to stop the query after the running batch.
+        poll_seconds: how often to look for newly committed batches.
+        **kwargs: passed to :func:`build_query`.
+
+    Returns:
+        What the batches committed by this run add up to.
+
+    Raises:
+        pyspark.errors.StreamingQueryException: the query failed.
+    """
+    before = max(manifest_ids(Store.at(output)), default=-1)
+    watcher = BatchWatcher(output, after=before)
+    query = start_sink(spark, bootstrap, topic, output, checkpoint, **kwargs)
+    try:
+        while query.isActive and not stop.is_set():
+            query.awaitTermination(poll_seconds)
+            for line in watcher.poll(query):
+                on_batch(line)
+    finally:
+        if query.isActive:
+            query.stop()
+    for line in watcher.poll(query, final=True):
+        on_batch(line)
+    error = query.exception()
+    if error is not None:
+        raise error
     return summarise(output, after=before)

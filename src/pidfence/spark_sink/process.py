@@ -66,8 +66,10 @@ def pf_headers(headers: pa.Array | pa.ChunkedArray) -> pa.Array:
     index[first_rows] = positions[first_at]
     values = flat.field("value")
     mask = index < 0
-    return pc.take(values, pa.array(np.where(mask, 0, index), mask=mask)) if len(values) else (
-        pa.nulls(n, pa.binary())
+    return (
+        pc.take(values, pa.array(np.where(mask, 0, index), mask=mask))
+        if len(values)
+        else (pa.nulls(n, pa.binary()))
     )
 
 
@@ -122,11 +124,16 @@ def process_partition(
     for i in buffered.tolist():
         st.held[int(offsets[i])] = _held_row(base, i)
     dropped = np.flatnonzero(~np.isin(verdict, _APPENDED_CODES) & (verdict != _BUFFERED))
-    reject_parts = [base.take(pa.array(dropped, pa.int64())).append_column(
-        "verdict", pa.array(_NAMES[verdict[dropped]].tolist(), pa.string())
-    )]
-    late = [(r, d.verdict) for r, d in zip(released_rows, res.released, strict=True)
-            if not d.verdict.appended]
+    reject_parts = [
+        base.take(pa.array(dropped, pa.int64())).append_column(
+            "verdict", pa.array(_NAMES[verdict[dropped]].tolist(), pa.string())
+        )
+    ]
+    late = [
+        (r, d.verdict)
+        for r, d in zip(released_rows, res.released, strict=True)
+        if not d.verdict.appended
+    ]
     flushed: list[Verdict] = []
     if flush_held and st.held:
         max_ms = int(ts_us.max() // 1000) if n else st.table.clock
@@ -135,9 +142,9 @@ def process_partition(
             flushed.append(d.verdict)
     if late:
         held_rejects = _held_table([r for r, _ in late], topic, partition)
-        reject_parts.append(held_rejects.append_column(
-            "verdict", pa.array([v.name for _, v in late], pa.string())
-        ))
+        reject_parts.append(
+            held_rejects.append_column("verdict", pa.array([v.name for _, v in late], pa.string()))
+        )
     rejects = pa.concat_tables(reject_parts).sort_by("kafka_offset")
     counts: dict[str, int] = {}
     for code, count in zip(*np.unique(verdict, return_counts=True), strict=True):

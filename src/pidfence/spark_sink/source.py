@@ -22,7 +22,7 @@ LOG_DDL = (
 REJECTS_DDL = LOG_DDL + ", verdict STRING"
 
 
-class PidfenceDataSource(DataSource):  # type: ignore[misc]
+class PidfenceDataSource(DataSource):
     """``format("pidfence")``: write a Kafka stream through the broker rules; read the log back.
 
     Reader option ``table``: ``log`` (default) or ``rejects``.
@@ -43,7 +43,7 @@ class PidfenceDataSource(DataSource):  # type: ignore[misc]
         """The log's (or rejects') schema."""
         return REJECTS_DDL if self._table() == "rejects" else LOG_DDL
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> PidfenceStreamWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> PidfenceStreamWriter:
         """The writer; checks that the input is a Kafka source read with headers."""
         del overwrite
         missing = [c for c in KAFKA_COLUMNS if c not in schema.fieldNames()]
@@ -61,7 +61,7 @@ class PidfenceDataSource(DataSource):  # type: ignore[misc]
         return PidfenceReader(SinkOptions.parse(dict(self.options)), self._table())
 
 
-class FilePartition(InputPartition):  # type: ignore[misc]
+class FilePartition(InputPartition):
     """One committed Parquet file."""
 
     def __init__(self, root: str, path: str) -> None:
@@ -70,7 +70,7 @@ class FilePartition(InputPartition):  # type: ignore[misc]
         self.path = path
 
 
-class PidfenceReader(DataSourceReader):  # type: ignore[misc]
+class PidfenceReader(DataSourceReader):
     """Reads committed files only; one Spark partition per file."""
 
     def __init__(self, options: SinkOptions, table: str) -> None:

@@ -93,10 +93,25 @@ def decode_state(data: bytes) -> StateFile:
             prev=None if obj["prev"] is None else int(obj["prev"]),
             table=bytes(obj["table"]),
             next_log=int(obj["next_log"]),
-            held=[tuple(h) for h in obj["held"]],  # type: ignore[misc]
+            held=[_held_row(h) for h in obj["held"]],
         )
     except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptSnapshot(f"sink state file is not readable ({exc}); it will be rebuilt") from exc
+        raise CorruptSnapshot(
+            f"sink state file is not readable ({exc}); it will be rebuilt"
+        ) from exc
+
+
+def _held_row(raw: Any) -> HeldRow:
+    offset, key, value, ts_us, pid, generation, seq = raw
+    return (
+        int(offset),
+        None if key is None else bytes(key),
+        None if value is None else bytes(value),
+        int(ts_us),
+        int(pid),
+        int(generation),
+        int(seq),
+    )
 
 
 def state_dir(store: Store, topic: str, partition: int) -> str:
@@ -166,9 +181,25 @@ def load_state(
         except (CorruptSnapshot, FileNotFoundError, OSError):
             continue
         break
-    if base.base_batch == last:
+    if base.base_batch == last or (
+        base.base_batch is not None and not _touched_since(store, topic, partition, base, last)
+    ):
+        # Batches that did not read this partition change nothing: the chain continues as is.
         return base
     return _roll_forward(store, topic, partition, base, last, opts)
+
+
+def _touched_since(
+    store: Store, topic: str, partition: int, base: PartitionState, last: int
+) -> bool:
+    start = -1 if base.base_batch is None else base.base_batch
+    for bid in manifest_ids(store):
+        if start < bid <= last and any(
+            p["topic"] == topic and p["partition"] == partition
+            for p in read_manifest(store, bid)["parts"]
+        ):
+            return True
+    return False
 
 
 def _roll_forward(
@@ -193,7 +224,9 @@ def _roll_forward(
             cols = ["pid", "generation", "seq", "kafka_offset", "timestamp"]
             if part["appended"]:
                 data = store.read_table(store.join(DATA, batch_name(bid), name + ".parquet"))
-                pieces.append(data.select(cols).append_column("fence", pa.array([False] * len(data))))
+                pieces.append(
+                    data.select(cols).append_column("fence", pa.array([False] * len(data)))
+                )
             if part["counts"].get(Verdict.FENCE.name):
                 rejects = Store.at(opts.rejects_path)
                 rej = rejects.read_table(rejects.join(batch_name(bid), name + ".parquet"))

@@ -12,6 +12,7 @@ Kafka topic name, so ``TOPIC~PARTITION`` is unambiguous)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -118,10 +119,8 @@ class Store:
 
     def delete_file(self, path: str) -> None:
         """Remove a file if present."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(path)
-        except FileNotFoundError:
-            pass
 
     def delete_dir(self, path: str) -> None:
         """Remove a directory tree if present."""

@@ -62,7 +62,7 @@ class PartCommit:
 
 
 @dataclass
-class SinkCommitMessage(WriterCommitMessage):  # type: ignore[misc]
+class SinkCommitMessage(WriterCommitMessage):
     """A task's commit message: its batch id and the partitions it wrote."""
 
     batch_id: int
@@ -83,7 +83,7 @@ def _task_context() -> tuple[int, int]:
     return int(raw), ctx.attemptNumber()
 
 
-class PidfenceStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+class PidfenceStreamWriter(DataSourceStreamArrowWriter):
     """Applies the broker rules per Kafka partition and publishes one manifest per batch."""
 
     def __init__(self, options: SinkOptions) -> None:
@@ -150,12 +150,14 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
             state_file=state_file,
         )
 
-    def commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Publish the batch's manifest (create-if-absent); a repeat changes nothing."""
         parts: dict[tuple[str, int], PartCommit] = {}
         for message in messages:
             if message is None:
                 continue
+            if not isinstance(message, SinkCommitMessage):
+                raise SinkError(f"batch {batchId}: unexpected commit message {message!r}")
             for part in message.parts:
                 key = (part.topic, part.partition)
                 if key in parts:
@@ -177,7 +179,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         crash_point("after_manifest")
         cleanup_uncommitted(store, Store.at(self.options.rejects_path))
 
-    def abort(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Remove whatever the batch's tasks wrote; nothing of it was ever visible."""
         del messages
         store = Store.at(self.options.path)

@@ -6,8 +6,10 @@ A pure function over pyarrow tables and ledger entries. Records are identified b
 Anomalies (each must be 0 for a run to pass):
 
 * ``lost``: acknowledged by Kafka (ledger entry with ``fence=False``) yet not in the log with the
-  same digest, and not rejected as ``FENCED`` (a zombie's write). A ``DUPLICATE`` reject needs no
-  rule of its own: it is only excused when its original is in the log, which the first check sees.
+  same digest, and not rejected as ``FENCED`` with the same generation and digest (a zombie's
+  write). A ``DUPLICATE`` reject needs no rule of its own: it is only excused when its original is
+  in the log, which the first check sees. An identity acknowledged under several generations (a
+  zombie and its replacement) is judged once per (generation, digest).
 * ``duplicate``: one identity appears more than once in the log.
 * ``reordered``: within (topic, partition, pid), in ``log_offset`` order, a seq not greater than
   the one before it (equal seqs are reported as ``duplicate`` only).
@@ -31,12 +33,15 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
 from pidfence.verify.ledger import LedgerEntry, value_digest
 from pidfence.wire import Verdict
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 #: The anomalies that fail a run, in report order.
 ANOMALIES: Final = ("lost", "duplicate", "reordered", "zombie", "unexpected")
@@ -107,9 +112,30 @@ class CheckReport:
             "ok": self.ok,
             "totals": dict(self.totals),
             "findings": {
-                name: {"count": f.count, "examples": f.examples} for name, f in self.findings.items()
+                name: {"count": f.count, "examples": f.examples}
+                for name, f in self.findings.items()
             },
         }
+
+    def render(self) -> Table:
+        """A rich table: one row per anomaly and informational count, with up to 10 examples."""
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=f"pidfence verify: {self.summary()}", show_lines=True)
+        table.add_column("anomaly")
+        table.add_column("count", justify="right")
+        table.add_column("examples")
+        for name, finding in self.findings.items():
+            informational = name in INFORMATIONAL
+            style = "dim" if informational else ("red" if finding.count else "green")
+            label = f"{name} (info)" if informational else name
+            examples = "\n".join(_one_line(e) for e in finding.examples)
+            # Text, not a markup string: examples hold brackets (verdict lists) rich would eat.
+            table.add_row(label, str(finding.count), Text(examples), style=style)
+        totals = ", ".join(f"{k}={v}" for k, v in self.totals.items())
+        table.caption = f"inputs: {totals}"
+        return table
 
     def summary(self) -> str:
         """One line: ``ok`` or the non-zero anomaly counts."""
@@ -135,7 +161,9 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
     reject_rows = _rows(rejects, REJECT_COLUMNS, "rejects")
     findings = {name: Finding() for name in (*ANOMALIES, *INFORMATIONAL)}
 
-    acked: dict[Identity, LedgerEntry] = {}
+    # One identity may be acknowledged more than once: a resend, or a zombie and its replacement
+    # sending the same seq under two generations. Each distinct (generation, digest) is judged.
+    acked: dict[Identity, dict[tuple[int, str], LedgerEntry]] = defaultdict(dict)
     top_acked: dict[tuple[int, str, int], int] = {}
     ledger_pids: set[int] = set()
     n_ledger = 0
@@ -145,7 +173,7 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
         if entry.fence:
             continue
         ident = (entry.pid, entry.topic, entry.partition, entry.seq)
-        acked.setdefault(ident, entry)
+        acked[ident].setdefault((entry.generation, entry.digest), entry)
         stream = ident[:3]
         top_acked[stream] = max(top_acked.get(stream, -1), entry.seq)
 
@@ -164,7 +192,7 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
         in_log.setdefault(ident, digest)
         sent = acked.get(ident)
         if sent is not None:
-            if sent.digest != digest:
+            if all(d != digest for _, d in sent):
                 findings["unexpected"].add({**_example(row), "why": "digest differs from ledger"})
         elif row["pid"] not in ledger_pids:
             findings["unexpected"].add({**_example(row), "why": "pid in no ledger"})
@@ -173,29 +201,34 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
         else:
             findings["unacknowledged"].add(_example(row))
 
-    rejected: dict[Identity, set[str]] = defaultdict(set)
+    # (verdict, generation, digest) per identity: a FENCED reject excuses only the very record
+    # that was fenced, not a replacement's send of the same seq under a newer generation.
+    rejected: dict[Identity, set[tuple[str, int, str]]] = defaultdict(set)
     for row in reject_rows:
-        rejected[_identity(row)].add(str(row["verdict"]))
+        rejected[_identity(row)].add(
+            (str(row["verdict"]), int(row["generation"]), value_digest(row["value"]))
+        )
 
-    for ident, entry in acked.items():
-        if in_log.get(ident) == entry.digest:
-            continue
-        verdicts = rejected.get(ident, set())
-        if Verdict.FENCED.value in verdicts:
-            continue
-        example = {
-            "pid": entry.pid,
-            "generation": entry.generation,
-            "topic": entry.topic,
-            "partition": entry.partition,
-            "seq": entry.seq,
-            "kafka_offset": entry.offset,
-            "verdicts": sorted(verdicts),
-        }
-        if 0 < entry.expire_ms < entry.ts_ms and verdicts & _EXPIRY_VERDICTS:
-            findings["expired"].add(example)
-        else:
-            findings["lost"].add(example)
+    for ident, sends in acked.items():
+        logged = in_log.get(ident)
+        drops = rejected.get(ident, set())
+        for (generation, digest), entry in sends.items():
+            if logged == digest or (Verdict.FENCED.value, generation, digest) in drops:
+                continue
+            verdicts = {v for v, g, d in drops if g == generation and d == digest}
+            example = {
+                "pid": entry.pid,
+                "generation": entry.generation,
+                "topic": entry.topic,
+                "partition": entry.partition,
+                "seq": entry.seq,
+                "kafka_offset": entry.offset,
+                "verdicts": sorted(verdicts),
+            }
+            if 0 < entry.expire_ms < entry.ts_ms and verdicts & _EXPIRY_VERDICTS:
+                findings["expired"].add(example)
+            else:
+                findings["lost"].add(example)
 
     _check_order(log_rows, findings["reordered"])
     _check_zombies(log_rows, reject_rows, findings["zombie"])
@@ -229,6 +262,10 @@ def _check_zombies(
         if appended and row["generation"] < top:
             finding.add({**_example(row), "fenced_by_generation": top})
         newest[stream] = max(top, row["generation"])
+
+
+def _one_line(example: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in example.items())
 
 
 def _identity(row: Mapping[str, Any]) -> Identity:

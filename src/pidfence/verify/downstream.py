@@ -15,6 +15,7 @@ the truth from :func:`truth_from_ledger`.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, Final
@@ -33,9 +34,13 @@ RESULT_SCHEMA: Final = pa.schema(
 
 def event_ms(ts: Any) -> int:
     """Event time in epoch milliseconds from a ``ts`` in seconds or milliseconds (see module)."""
-    if isinstance(ts, bool) or not isinstance(ts, int | float):
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        # json.loads accepts NaN and Infinity; int() of them raises OverflowError, not ValueError.
         raise ValueError(f"ts must be a number of seconds or milliseconds, got {ts!r}")
-    return int(ts * 1000) if abs(ts) < _SECONDS_BELOW else int(ts)
+    if isinstance(ts, int):
+        return ts * 1000 if abs(ts) < _SECONDS_BELOW else ts
+    # round, not truncate: 0.57 * 1000 is 569.99... in binary floating point.
+    return round(ts * 1000) if abs(ts) < _SECONDS_BELOW else round(ts)
 
 
 def parse_event(value: bytes | str | None) -> tuple[str, int] | None:
@@ -82,9 +87,7 @@ def truth_from_ledger(ledger: Iterable[LedgerEntry], values: pa.Table) -> pa.Tab
     Raises:
         ValueError: an acknowledged record's value is missing from ``values`` (say which).
     """
-    wanted = {
-        (e.pid, e.topic, e.partition, e.seq): e.digest for e in ledger if not e.fence
-    }
+    wanted = {(e.pid, e.topic, e.partition, e.seq): e.digest for e in ledger if not e.fence}
     cols = {c: values.column(c).to_pylist() for c in ("pid", "topic", "partition", "seq", "value")}
     found: dict[tuple[int, str, int, int], bytes | None] = {}
     extra: list[bytes | None] = []

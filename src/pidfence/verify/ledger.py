@@ -84,14 +84,40 @@ def read_ledger(paths: Iterable[str | Path]) -> Iterator[LedgerEntry]:
     """Entries from one or more ledger files (a folder means every ``*.jsonl`` in it).
 
     A torn last line (the writer was SIGKILLed mid-write) is skipped: that record's
-    acknowledgement was never fully recorded, so it is not claimed as sent.
+    acknowledgement was never fully recorded, so it is not claimed as sent. Blank lines are
+    skipped.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        ValueError: a complete line is not a ledger entry (the message names file and line).
     """
     for path in _expand(paths):
         with path.open(encoding="utf-8") as handle:
-            for line in handle:
+            for number, line in enumerate(handle, start=1):
                 if not line.endswith("\n"):
                     break
-                yield LedgerEntry(**json.loads(line))
+                if not line.strip():
+                    continue
+                yield _parse(line, path, number)
+
+
+def ledger_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The files :func:`read_ledger` reads for ``paths`` (a folder's ``*.jsonl``, sorted).
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+    """
+    return list(_expand(paths))
+
+
+def _parse(line: str, path: Path, number: int) -> LedgerEntry:
+    try:
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+        return LedgerEntry(**data)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}:{number}: not a ledger entry ({exc})") from exc
 
 
 def _expand(paths: Iterable[str | Path]) -> Iterator[Path]:
@@ -99,5 +125,7 @@ def _expand(paths: Iterable[str | Path]) -> Iterator[Path]:
         path = Path(raw)
         if path.is_dir():
             yield from sorted(path.glob("*.jsonl"))
-        else:
+        elif path.exists():
             yield path
+        else:
+            raise FileNotFoundError(f"ledger {path} does not exist")

@@ -1,0 +1,344 @@
+"""``pidfence services``: a ZooKeeper ensemble and a Kafka cluster that outlive the command.
+
+:class:`Services` starts the servers, records them in ``<run dir>/state.json`` (pids with their
+``/proc`` start times, ports, connect strings) and leaves them running. A later process loads that
+file to report status or to stop them. Stopping signals only the recorded pids, and only while each
+pid still belongs to the process that was recorded (same start time), so a pid the kernel has since
+reused for something else is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pidfence.services.kafka import KafkaCluster
+from pidfence.services.process import ManagedProcess
+from pidfence.services.zookeeper import ZooKeeperEnsemble
+from pidfence.wire import PidfenceError
+
+STATE_FILE = "state.json"
+STATE_VERSION = 1
+#: Sub-folders of the run dir that :meth:`Services.down` removes with the state file.
+_OWNED_DIRS = ("zookeeper", "kafka")
+
+
+class ServicesError(PidfenceError):
+    """A ``pidfence services`` request cannot be carried out (already up, not up, bad node)."""
+
+
+def default_run_dir() -> Path:
+    """``$PIDFENCE_RUN_DIR``, else ``.cache/services`` in the checkout (or the current folder)."""
+    env = os.environ.get("PIDFENCE_RUN_DIR")
+    if env:
+        return Path(env)
+    from pidfence.services.jars import JarsNotFetched, project_root
+
+    try:
+        root = project_root()
+    except JarsNotFetched:
+        root = Path.cwd()
+    return root / ".cache" / "services"
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22).
+
+    None when no such process exists or it has exited (a zombie counts as exited).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and ")"; the fields resume after the last ")".
+    fields = stat.rsplit(")", 1)[-1].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def same_process(pid: int, start_time: int) -> bool:
+    """True while ``pid`` is alive and is still the process that started at ``start_time``."""
+    return proc_start_time(pid) == start_time
+
+
+@dataclass
+class NodeRecord:
+    """One recorded server process."""
+
+    name: str
+    pid: int
+    start_time: int
+    port: int
+    log: str
+
+
+@dataclass
+class ServicesState:
+    """What ``state.json`` holds."""
+
+    run_dir: str
+    zookeeper: str
+    kafka: str
+    nodes: list[NodeRecord] = field(default_factory=list)
+    version: int = STATE_VERSION
+    created_at: str = ""
+
+    def pids(self) -> dict[str, int]:
+        """Node name to pid."""
+        return {n.name: n.pid for n in self.nodes}
+
+    def status(self) -> dict[str, Any]:
+        """The ``status --json`` document: connect strings, run dir, pids and which are alive."""
+        return {
+            "zookeeper": self.zookeeper,
+            "kafka": self.kafka,
+            "run_dir": self.run_dir,
+            "pids": self.pids(),
+            "alive": {n.name: same_process(n.pid, n.start_time) for n in self.nodes},
+        }
+
+    def to_json(self) -> str:
+        """Serialise to the file format."""
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> ServicesState:
+        """Parse the file format; :class:`ServicesError` on anything unexpected."""
+        try:
+            raw = json.loads(text)
+            if raw.get("version") != STATE_VERSION:
+                raise ServicesError(f"state file version {raw.get('version')!r} is not supported")
+            nodes = [NodeRecord(**n) for n in raw["nodes"]]
+            return cls(
+                run_dir=raw["run_dir"],
+                zookeeper=raw["zookeeper"],
+                kafka=raw["kafka"],
+                nodes=nodes,
+                created_at=raw.get("created_at", ""),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ServicesError(f"unreadable services state: {exc}") from exc
+
+
+def read_state(run_dir: Path) -> ServicesState | None:
+    """The state recorded in ``run_dir``, or None when nothing is recorded there."""
+    path = run_dir / STATE_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    return ServicesState.from_json(text)
+
+
+def write_state(run_dir: Path, state: ServicesState) -> Path:
+    """Write ``state.json`` atomically (a reader never sees half a file)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(state.to_json())
+    tmp.replace(path)
+    return path
+
+
+def stop_recorded(nodes: list[NodeRecord], timeout: float = 20.0) -> list[str]:
+    """SIGTERM every recorded process still alive, SIGKILL the ones left after ``timeout``.
+
+    A pid is signalled only while its start time matches the record. Returns the names of the
+    nodes that were signalled.
+    """
+    live = [n for n in nodes if same_process(n.pid, n.start_time)]
+    for node in live:
+        _signal(node, signal.SIGCONT)  # a paused process cannot act on SIGTERM
+        _signal(node, signal.SIGTERM)
+    if not _wait_gone(live, timeout):
+        for node in live:
+            _signal(node, signal.SIGKILL)
+        _wait_gone(live, 10.0)
+    return [n.name for n in live]
+
+
+def _signal(node: NodeRecord, sig: int) -> None:
+    if same_process(node.pid, node.start_time):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node.pid, sig)
+
+
+def _wait_gone(nodes: list[NodeRecord], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if not any(same_process(n.pid, n.start_time) for n in nodes):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def remove_state(run_dir: Path) -> None:
+    """Remove ``state.json`` and the server folders this module created under ``run_dir``."""
+    (run_dir / STATE_FILE).unlink(missing_ok=True)
+    for name in _OWNED_DIRS:
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()  # only when nothing else lives there
+
+
+class Services:
+    """A ZooKeeper ensemble and a Kafka KRaft cluster on 127.0.0.1, recorded in a run dir.
+
+    Args:
+        zookeeper: ZooKeeper nodes (1..3).
+        kafka: Kafka nodes (1..3), each broker and controller.
+        run_dir: data, logs and ``state.json`` (default: :func:`default_run_dir`).
+
+    Example:
+        >>> with Services(zookeeper=3, kafka=3) as stack:  # doctest: +SKIP
+        ...     stack.kill("kafka-1")
+        ...     stack.restart("kafka-1")
+    """
+
+    def __init__(self, zookeeper: int = 1, kafka: int = 1, run_dir: Path | None = None) -> None:
+        for what, n in (("zookeeper", zookeeper), ("kafka", kafka)):
+            if not 1 <= n <= 3:
+                raise ValueError(f"{what} nodes must be 1..3, got {n}")
+        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir()
+        self.zk = ZooKeeperEnsemble(zookeeper, run_dir=self.run_dir / "zookeeper")
+        self.kafka = KafkaCluster(kafka, run_dir=self.run_dir / "kafka")
+
+    @property
+    def zk_hosts(self) -> str:
+        """ZooKeeper connect string."""
+        return self.zk.hosts
+
+    @property
+    def bootstrap(self) -> str:
+        """Kafka ``bootstrap.servers``."""
+        return self.kafka.bootstrap
+
+    def up(self, timeout: float = 180.0) -> ServicesState:
+        """Start both services, wait until ready, record them; they keep running after we exit.
+
+        Raises:
+            ServicesError: the run dir already records live services.
+            ServiceFailed: a server did not become ready (whatever started is stopped again).
+        """
+        existing = read_state(self.run_dir)
+        if existing is not None:
+            if any(same_process(n.pid, n.start_time) for n in existing.nodes):
+                raise ServicesError(
+                    f"services already up in {self.run_dir}: run `pidfence services down` first"
+                )
+            remove_state(self.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.zk.start(timeout)
+        try:
+            self.kafka.start(timeout)
+        except BaseException:
+            self.zk.stop()
+            raise
+        return self.record()
+
+    def record(self) -> ServicesState:
+        """Write the current pids and ports to ``state.json`` and return the state."""
+        nodes: list[NodeRecord] = []
+        for node, port in self._nodes_with_ports():
+            pid = node.pid
+            start = proc_start_time(pid) if pid is not None and node.running else None
+            if pid is not None and start is not None:
+                nodes.append(NodeRecord(node.name, pid, start, port, str(node.log_path)))
+        state = ServicesState(
+            run_dir=str(self.run_dir.resolve()),
+            zookeeper=self.zk_hosts,
+            kafka=self.bootstrap,
+            nodes=nodes,
+            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+        write_state(self.run_dir, state)
+        return state
+
+    def _nodes_with_ports(self) -> list[tuple[ManagedProcess, int]]:
+        return [
+            *zip(self.zk.nodes, self.zk.client_ports, strict=False),
+            *zip(self.kafka.nodes, self.kafka.ports, strict=False),
+        ]
+
+    def _locate(self, node: str) -> tuple[ZooKeeperEnsemble | KafkaCluster, int]:
+        kind, _, index = node.rpartition("-")
+        cluster: ZooKeeperEnsemble | KafkaCluster
+        if kind == "zookeeper":
+            cluster = self.zk
+        elif kind == "kafka":
+            cluster = self.kafka
+        else:
+            raise ServicesError(f"unknown node {node!r}: expected zookeeper-N or kafka-N")
+        if not index.isdigit() or int(index) >= len(cluster.nodes):
+            raise ServicesError(f"no node {node!r} (started: {', '.join(self.node_names())})")
+        return cluster, int(index)
+
+    def node_names(self) -> list[str]:
+        """Names of every node started, e.g. ``zookeeper-0``, ``kafka-2``."""
+        return [n.name for n, _ in self._nodes_with_ports()]
+
+    def kill(self, node: str) -> None:
+        """SIGKILL one node (``zookeeper-N`` or ``kafka-N``): a crash."""
+        cluster, i = self._locate(node)
+        cluster.kill(i)
+
+    def restart(self, node: str, timeout: float = 120.0) -> None:
+        """Start a node again (stopping it first if it runs), wait until ready, re-record pids."""
+        cluster, i = self._locate(node)
+        cluster.restart(i, timeout)
+        self.record()
+
+    def pause(self, node: str) -> None:
+        """SIGSTOP one node: it keeps its sockets but answers nothing."""
+        cluster, i = self._locate(node)
+        cluster.pause(i)
+
+    def resume(self, node: str) -> None:
+        """SIGCONT a node paused by :meth:`pause`."""
+        cluster, i = self._locate(node)
+        cluster.resume(i)
+
+    def down(self) -> None:
+        """Stop every node (Kafka first), then remove the run state."""
+        self.kafka.stop()
+        self.zk.stop()
+        state = read_state(self.run_dir)
+        if state is not None:
+            # Nodes restarted by another process are known only to the state file.
+            stop_recorded(state.nodes)
+        remove_state(self.run_dir)
+
+    def __enter__(self) -> Services:
+        self.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+
+def status(run_dir: Path | None = None) -> ServicesState | None:
+    """The services recorded in ``run_dir`` (default run dir if None), or None."""
+    return read_state(run_dir or default_run_dir())
+
+
+def down(run_dir: Path | None = None, timeout: float = 20.0) -> list[str]:
+    """Stop the services recorded in ``run_dir`` by pid and remove the run state.
+
+    Returns:
+        Names of the nodes that were still running and were signalled.
+    """
+    run_dir = run_dir or default_run_dir()
+    state = read_state(run_dir)
+    stopped = stop_recorded(state.nodes, timeout) if state is not None else []
+    remove_state(run_dir)
+    return stopped

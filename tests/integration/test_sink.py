@@ -1,0 +1,308 @@
+"""The pidfence sink on real Kafka and Spark: a crafted raw topic becomes exactly the expected log.
+
+The raw topic is produced directly with hand-built ``pf`` headers, so every case of DESIGN §4 is
+present on purpose: duplicates, zombie writes after a FENCE, an unknown pid, a malformed header, a
+record without a header, records reordered within the window, a generation bump, an invalid
+generation, and a record held across runs. The output log and the rejects log must equal the
+expected rows exactly, run after run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+
+from pidfence.spark_sink import read_log, read_rejects, run_sink
+from pidfence.spark_sink.storage import STATE, Store, part_name
+from pidfence.wire import FLAG_FENCE, encode_pf
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+MALFORMED = b"\x95\x01\xc1junk"
+
+
+@dataclass(frozen=True)
+class Rec:
+    """One crafted raw record: ``header`` is (pid, generation, seq[, flags]), None or bytes."""
+
+    label: str
+    partition: int
+    header: tuple[int, ...] | bytes | None
+
+    def pf(self) -> bytes | None:
+        """The ``pf`` header value."""
+        if self.header is None or isinstance(self.header, bytes):
+            return self.header
+        return encode_pf(*self.header)
+
+    def identity(self) -> tuple[int, int, int]:
+        """(pid, generation, seq) as the log stores them (zeros without a valid header)."""
+        if self.header is None or isinstance(self.header, bytes):
+            return (0, 0, 0)
+        return self.header[0], self.header[1], self.header[2]
+
+
+F = FLAG_FENCE
+
+#: Run 1. Partition 0 holds every rule case; partition 1 has its own, independent state.
+RUN1 = [
+    Rec("a0", 0, (1, 10, 0)),
+    Rec("a1", 0, (1, 10, 1)),
+    Rec("a1-dup", 0, (1, 10, 1)),
+    Rec("plain", 0, None),
+    Rec("a-fence", 0, (1, 11, 2, F)),
+    Rec("a2-zombie", 0, (1, 10, 2)),
+    Rec("a2", 0, (1, 11, 2)),
+    Rec("b3-unknown", 0, (2, 0, 3)),
+    Rec("bad", 0, MALFORMED),
+    Rec("c0", 0, (3, 5, 0)),
+    Rec("c2-early", 0, (3, 5, 2)),
+    Rec("c1", 0, (3, 5, 1)),
+    Rec("c3-invalid-gen", 0, (3, 7, 3)),
+    Rec("c3-bumped", 0, (3, 6, 3)),
+    Rec("c4-zombie", 0, (3, 5, 4)),
+    Rec("c9-too-far", 0, (3, 6, 10)),
+    Rec("p1-a0", 1, (1, 10, 0)),
+    Rec("p1-d0", 1, (4, 0, 0)),
+    Rec("p1-d0-dup", 1, (4, 0, 0)),
+    Rec("p1-plain", 1, (0, 0, 0)),
+    Rec("p1-d1", 1, (4, 0, 1)),
+]
+LOG1 = {
+    0: ["a0", "a1", "plain", "a2", "c0", "c1", "c2-early", "c3-bumped"],
+    1: ["p1-a0", "p1-d0", "p1-plain", "p1-d1"],
+}
+REJECTS1 = {
+    "a1-dup": "DUPLICATE",
+    "a-fence": "FENCE",
+    "a2-zombie": "FENCED",
+    "b3-unknown": "UNKNOWN_PID",
+    "bad": "MALFORMED",
+    "c3-invalid-gen": "INVALID_GENERATION",
+    "c4-zombie": "FENCED",
+    "c9-too-far": "OUT_OF_ORDER",
+    "p1-d0-dup": "DUPLICATE",
+}
+
+#: Run 2: continues every producer; c6 waits for c5 past the end of the run.
+RUN2 = [
+    Rec("c4", 0, (3, 6, 4)),
+    Rec("c3-dup", 0, (3, 6, 3)),
+    Rec("a3", 0, (1, 11, 3)),
+    Rec("c6-held", 0, (3, 6, 6)),
+    Rec("p1-d2", 1, (4, 0, 2)),
+    Rec("p1-d0-late-dup", 1, (4, 0, 0)),
+]
+LOG2 = {0: ["c4", "a3"], 1: ["p1-d2"]}
+REJECTS2 = {"c3-dup": "DUPLICATE", "p1-d0-late-dup": "DUPLICATE"}
+
+#: Run 3: c5 arrives and releases c6, held by the previous run.
+RUN3 = [Rec("c5", 0, (3, 6, 5)), Rec("a4", 0, (1, 11, 4))]
+LOG3 = {0: ["c5", "c6-held", "a4"], 1: []}
+REJECTS3: dict[str, str] = {}
+
+
+@dataclass
+class Sent:
+    """Where each label landed in Kafka."""
+
+    offset: dict[str, int]
+    ts_ms: dict[str, int]
+    recs: dict[str, Rec]
+
+
+def produce(bootstrap: str, topic: str, recs: Sequence[Rec], sent: Sent | None = None) -> Sent:
+    """Produce ``recs`` in order (one in-flight request, so offsets follow the list)."""
+    sent = sent or Sent({}, {}, {})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0}
+    )
+    base = int(time.time() * 1000)
+    for i, rec in enumerate(recs):
+        pf = rec.pf()
+        ts = base + i
+        sent.ts_ms[rec.label] = ts
+        sent.recs[rec.label] = rec
+
+        def on_delivery(err: Any, msg: Any, label: str = rec.label) -> None:
+            assert err is None, err
+            sent.offset[label] = msg.offset()
+
+        producer.produce(
+            topic,
+            value=rec.label.encode(),
+            key=None if rec.label.endswith("plain") else f"k-{rec.label}".encode(),
+            partition=rec.partition,
+            headers=None if pf is None else [("other", b"x"), ("pf", pf)],
+            timestamp=ts,
+            on_delivery=on_delivery,
+        )
+    assert producer.flush(30) == 0
+    return sent
+
+
+def expected_log(
+    topic: str, sent: Sent, logs: Sequence[dict[int, list[str]]]
+) -> list[dict[str, Any]]:
+    """Output log rows of runs ``logs`` (log offsets continue across runs)."""
+    rows = []
+    for partition in (0, 1):
+        labels = [label for log in logs for label in log.get(partition, [])]
+        for log_offset, label in enumerate(labels):
+            rows.append(_row(topic, sent, label, log_offset))
+    return rows
+
+
+def expected_rejects(topic: str, sent: Sent, rejects: dict[str, str]) -> list[dict[str, Any]]:
+    """Rejects rows, in (partition, kafka_offset) order."""
+    rows = [_row(topic, sent, label, None) | {"verdict": v} for label, v in rejects.items()]
+    return sorted(rows, key=lambda r: (r["partition"], r["kafka_offset"]))
+
+
+def _row(topic: str, sent: Sent, label: str, log_offset: int | None) -> dict[str, Any]:
+    rec = sent.recs[label]
+    pid, generation, seq = rec.identity()
+    return {
+        "topic": topic,
+        "partition": rec.partition,
+        "log_offset": log_offset,
+        "pid": pid,
+        "generation": generation,
+        "seq": seq,
+        "key": None if label.endswith("plain") else f"k-{label}".encode(),
+        "value": label.encode(),
+        "kafka_offset": sent.offset[label],
+        "timestamp": datetime.fromtimestamp(sent.ts_ms[label] / 1000, UTC),
+    }
+
+
+def labels(table: pa.Table) -> list[str]:
+    """The values (labels) of a log or rejects table, in its order."""
+    return [v.decode() for v in table.column("value").to_pylist()]
+
+
+def assert_output(
+    output: Path,
+    topic: str,
+    sent: Sent,
+    logs: Sequence[dict[int, list[str]]],
+    rejects: dict[str, str],
+) -> None:
+    """The committed log and rejects equal the expected rows exactly."""
+    log = read_log(str(output))
+    assert labels(log) == [r["value"].decode() for r in expected_log(topic, sent, logs)]
+    assert log.to_pylist() == expected_log(topic, sent, logs)
+    rej = read_rejects(str(output))
+    assert dict(zip(labels(rej), rej.column("verdict").to_pylist(), strict=True)) == rejects
+    assert rej.to_pylist() == expected_rejects(topic, sent, rejects)
+
+
+def state_file_names(output: Path, topic: str, partition: int) -> list[str]:
+    """The partition's state files, oldest first."""
+    store = Store.at(str(output))
+    return store.listdir(store.join(STATE, part_name(topic, partition)))
+
+
+def test_crafted_topic_becomes_the_expected_log_run_after_run(
+    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path
+) -> None:
+    topic = new_topic(partitions=2)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    sent = produce(kafka.bootstrap, topic, RUN1)
+    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    assert summary.records_in == len(RUN1)
+    assert summary.appended == sum(len(v) for v in LOG1.values())
+    assert_output(out, topic, sent, [LOG1], REJECTS1)
+
+    produce(kafka.bootstrap, topic, RUN2, sent)
+    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    assert summary.records_in == len(RUN2)
+    # c6 is neither appended nor rejected yet: it waits for c5 in the partition's state.
+    assert_output(out, topic, sent, [LOG1, LOG2], REJECTS1 | REJECTS2)
+
+    produce(kafka.bootstrap, topic, RUN3, sent)
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    assert_output(out, topic, sent, [LOG1, LOG2, LOG3], REJECTS1 | REJECTS2 | REJECTS3)
+
+    # Nothing new in the topic: a run commits nothing and changes nothing.
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    assert_output(out, topic, sent, [LOG1, LOG2, LOG3], REJECTS1 | REJECTS2 | REJECTS3)
+
+    # Spark's reader returns the same committed rows.
+    expected = expected_log(topic, sent, [LOG1, LOG2, LOG3])
+    got = spark.read.format("pidfence").load(str(out)).orderBy("partition", "log_offset").collect()
+    no_ts = [{k: v for k, v in r.items() if k != "timestamp"} for r in expected]
+    assert [
+        {k: (bytes(v) if isinstance(v, bytearray) else v) for k, v in r.asDict().items()
+         if k != "timestamp"}
+        for r in got
+    ] == no_ts  # fmt: skip
+    assert [r["timestamp"].timestamp() for r in got] == [
+        r["timestamp"].timestamp() for r in expected
+    ]
+    rejected = spark.read.format("pidfence").option("table", "rejects").load(str(out))
+    assert sorted(r["verdict"] for r in rejected.collect()) == sorted(
+        (REJECTS1 | REJECTS2 | REJECTS3).values()
+    )
+
+
+def test_lost_or_corrupt_newest_state_is_rebuilt_from_older_state_and_the_log(
+    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path
+) -> None:
+    topic = new_topic(partitions=2)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    sent = produce(kafka.bootstrap, topic, RUN1)
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    # RUN2 without the held record: no payload waits in the state we are about to damage.
+    run2 = [r for r in RUN2 if r.label != "c6-held"]
+    produce(kafka.bootstrap, topic, run2, sent)
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+
+    store = Store.at(str(out))
+    p0 = state_file_names(out, topic, 0)
+    p1 = state_file_names(out, topic, 1)
+    assert len(p0) == 2 and len(p1) == 2, (p0, p1)
+    # Partition 0: the newest snapshot is corrupt; partition 1: it is gone.
+    newest0 = store.join(STATE, part_name(topic, 0), p0[-1])
+    data = bytearray(store.read_bytes(newest0))
+    data[-3] ^= 0xFF
+    store.write_bytes(newest0, bytes(data))
+    store.delete_file(store.join(STATE, part_name(topic, 1), p1[-1]))
+
+    run3 = [
+        Rec("c5", 0, (3, 6, 5)),
+        Rec("c4-dup", 0, (3, 6, 4)),
+        Rec("a3-dup", 0, (1, 11, 3)),
+        Rec("a2-zombie-2", 0, (1, 10, 4)),
+        Rec("a4", 0, (1, 11, 4)),
+        Rec("p1-d2-dup", 1, (4, 0, 2)),
+        Rec("p1-d3", 1, (4, 0, 3)),
+    ]
+    produce(kafka.bootstrap, topic, run3, sent)
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    log2 = {0: ["c4", "a3"], 1: ["p1-d2"]}
+    log3 = {0: ["c5", "a4"], 1: ["p1-d3"]}
+    rejects = REJECTS1 | {
+        "c3-dup": "DUPLICATE",
+        "p1-d0-late-dup": "DUPLICATE",
+        "c4-dup": "DUPLICATE",
+        "a3-dup": "DUPLICATE",
+        "a2-zombie-2": "FENCED",
+        "p1-d2-dup": "DUPLICATE",
+    }
+    assert_output(out, topic, sent, [LOG1, log2, log3], rejects)
+
+    # A sink over the same topic from scratch (one batch, no damage) writes the same rows.
+    ref_out = tmp_path / "ref"
+    run_sink(spark, kafka.bootstrap, topic, str(ref_out), str(tmp_path / "ref-ckpt"))
+    assert read_log(str(ref_out)) == read_log(str(out))
+    assert read_rejects(str(ref_out)) == read_rejects(str(out))

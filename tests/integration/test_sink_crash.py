@@ -1,0 +1,165 @@
+"""``pidfence sink`` as a driver process: task retries, SIGKILL at each commit step, a cluster.
+
+Each crash run SIGKILLs the sink's whole process group (driver, JVM, Python workers) at one point
+of the commit protocol (``pidfence.spark_sink.faults``); the next run restarts from the checkpoint.
+The output log must equal the expected one exactly after every restart.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pidfence.demo.procs import sink_argv
+from pidfence.spark_sink import read_log
+from pidfence.spark_sink.faults import CRASH_AT, CRASH_PGID, FAIL_ATTEMPT0
+from pidfence.spark_sink.storage import MANIFESTS, Store, batch_name
+from tests.integration.test_sink import (
+    LOG1,
+    LOG2,
+    LOG3,
+    REJECTS1,
+    REJECTS2,
+    REJECTS3,
+    RUN1,
+    RUN2,
+    RUN3,
+    assert_output,
+    produce,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+#: Generous bound for one Spark driver run on a busy 2-core machine (not a timed assertion).
+RUN_LIMIT_S = 400.0
+
+
+class SinkProc:
+    """One ``pidfence sink`` subprocess in its own session, its output in a log file."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def wait(self, timeout: float = RUN_LIMIT_S) -> int:
+        """Exit code (negative: killed by that signal); kills the group if it overruns."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        finally:
+            self._out.close()
+
+    def kill(self) -> None:
+        """SIGKILL the process group this test started (the child leads it)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def text(self) -> str:
+        """Everything the process printed so far."""
+        return self.log.read_text(errors="replace")
+
+
+def run_cli(
+    tmp: Path, name: str, argv: list[str], env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Run the sink to its end; (exit code, output)."""
+    proc = SinkProc(argv, tmp / f"{name}.log", env)
+    try:
+        code = proc.wait()
+    finally:
+        proc.kill()
+    return code, proc.text()
+
+
+def committed(output: Path, batch: int) -> bool:
+    """Whether the sink published the batch's manifest."""
+    store = Store.at(str(output))
+    return store.exists(store.join(MANIFESTS, batch_name(batch) + ".json"))
+
+
+def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
+    kafka: Any, new_topic: Any, tmp_path: Path
+) -> None:
+    topic = new_topic(partitions=2)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    argv = sink_argv(kafka.bootstrap, topic, out, ckpt, ["--master", "local[2,3]"])
+
+    # Every task's first attempt fails; Spark retries it and the log is still exact.
+    sent = produce(kafka.bootstrap, topic, RUN1)
+    code, text = run_cli(tmp_path, "retry", argv, {FAIL_ATTEMPT0: "1"})
+    assert code == 0, text
+    assert "injected failure of batch 0 attempt 0" in text
+    assert "batch 0: in 21" in text
+    assert_output(out, topic, sent, [LOG1], REJECTS1)
+
+    # Batch 1, SIGKILLed after write(), then between data files and manifest: never visible.
+    produce(kafka.bootstrap, topic, RUN2, sent)
+    for point in ("after_write", "before_manifest"):
+        code, text = run_cli(tmp_path, point, argv, {CRASH_AT: point, CRASH_PGID: "self"})
+        assert code == -signal.SIGKILL, text
+        assert not committed(out, 1)
+        assert_output(out, topic, sent, [LOG1], REJECTS1)
+
+    # After the manifest, before Spark's commit log: batch 1 is committed for the sink only.
+    code, text = run_cli(
+        tmp_path, "after_manifest", argv, {CRASH_AT: "after_manifest", CRASH_PGID: "self"}
+    )
+    assert code == -signal.SIGKILL, text
+    assert committed(out, 1) and not (ckpt / "commits" / "1").exists()
+    assert_output(out, topic, sent, [LOG1, LOG2], REJECTS1 | REJECTS2)
+
+    # A clean restart re-runs batch 1 (no new entries) and then reads what came since.
+    produce(kafka.bootstrap, topic, RUN3, sent)
+    code, text = run_cli(tmp_path, "clean", argv)
+    assert code == 0, text
+    assert (ckpt / "commits" / "1").exists()
+    assert_output(out, topic, sent, [LOG1, LOG2, LOG3], REJECTS1 | REJECTS2 | REJECTS3)
+
+
+def test_cli_on_standalone_cluster_runs_until_sigterm(
+    kafka: Any, new_topic: Any, spark_standalone: Any, tmp_path: Path
+) -> None:
+    topic = new_topic(partitions=2)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    sent = produce(kafka.bootstrap, topic, RUN1)
+    argv = sink_argv(kafka.bootstrap, topic, out, ckpt, ["--master", spark_standalone.master_url])
+    argv = [a for a in argv if a != "--available-now"] + ["--trigger", "1"]
+    proc = SinkProc(argv, tmp_path / "standalone.log")
+    try:
+        _wait_for(proc, lambda: committed(out, 0))
+        produce(kafka.bootstrap, topic, RUN2, sent)
+        _wait_for(proc, lambda: read_log(str(out)).num_rows == 15)
+        _wait_for(proc, lambda: "appended 3" in proc.text())
+        proc.proc.send_signal(signal.SIGTERM)
+        code = proc.wait()
+    finally:
+        proc.kill()
+    text = proc.text()
+    assert code == 0, text
+    assert "SIGTERM: stopping" in text
+    assert "batch 0: in 21  appended 12" in text
+    assert_output(out, topic, sent, [LOG1, LOG2], REJECTS1 | REJECTS2)
+
+
+def _wait_for(proc: SinkProc, done: Any) -> None:
+    deadline = time.monotonic() + RUN_LIMIT_S
+    while not done():
+        assert proc.proc.poll() is None, proc.text()
+        assert time.monotonic() < deadline, proc.text()
+        time.sleep(0.5)

@@ -1,0 +1,157 @@
+"""State-file logic of ``pidfence services`` (no server is started, no process is signalled)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pidfence.cli import app
+from pidfence.services import (
+    NodeRecord,
+    Services,
+    ServicesError,
+    ServicesState,
+    default_run_dir,
+    down,
+    proc_start_time,
+    same_process,
+    status,
+)
+from pidfence.services.stack import STATE_FILE, read_state, stop_recorded, write_state
+
+#: Above the largest pid_max Linux allows (2**22), so no process can ever have this pid.
+NO_SUCH_PID = 2**22 + 1
+
+
+def _state(run_dir: Path, nodes: list[NodeRecord]) -> ServicesState:
+    return ServicesState(
+        run_dir=str(run_dir),
+        zookeeper="127.0.0.1:2181,127.0.0.1:2182",
+        kafka="127.0.0.1:9092",
+        nodes=nodes,
+        created_at="2026-01-01T00:00:00Z",
+    )
+
+
+def _dead(name: str, port: int = 1) -> NodeRecord:
+    return NodeRecord(name, NO_SUCH_PID, 12345, port, f"/tmp/{name}.log")
+
+
+def test_state_round_trips(tmp_path: Path) -> None:
+    state = _state(tmp_path, [_dead("zookeeper-0", 2181), _dead("kafka-0", 9092)])
+    path = write_state(tmp_path, state)
+    assert path == tmp_path / STATE_FILE
+    assert not list(tmp_path.glob("*.tmp"))
+    assert read_state(tmp_path) == state
+    assert json.loads(path.read_text())["version"] == 1
+
+
+def test_missing_state_is_none(tmp_path: Path) -> None:
+    assert read_state(tmp_path) is None
+    assert status(tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["not json", "[]", '{"version": 2}', '{"version": 1, "run_dir": "x"}',
+     '{"version": 1, "run_dir": "x", "zookeeper": "", "kafka": "", "nodes": [{"pid": 1}]}'],
+)  # fmt: skip
+def test_unreadable_state_is_an_error(tmp_path: Path, text: str) -> None:
+    (tmp_path / STATE_FILE).write_text(text)
+    with pytest.raises(ServicesError):
+        read_state(tmp_path)
+
+
+def test_status_document(tmp_path: Path) -> None:
+    doc = _state(tmp_path, [_dead("zookeeper-0"), _dead("kafka-0")]).status()
+    assert doc["zookeeper"] == "127.0.0.1:2181,127.0.0.1:2182"
+    assert doc["kafka"] == "127.0.0.1:9092"
+    assert doc["run_dir"] == str(tmp_path)
+    assert doc["pids"] == {"zookeeper-0": NO_SUCH_PID, "kafka-0": NO_SUCH_PID}
+    assert doc["alive"] == {"zookeeper-0": False, "kafka-0": False}
+
+
+def test_start_time_identifies_a_process() -> None:
+    me = os.getpid()
+    start = proc_start_time(me)
+    assert isinstance(start, int)
+    assert same_process(me, start)
+    assert not same_process(me, start + 1)
+    assert proc_start_time(NO_SUCH_PID) is None
+
+
+def test_a_reused_pid_is_never_signalled() -> None:
+    me = os.getpid()
+    start = proc_start_time(me)
+    assert start is not None
+    # Our own pid with another start time: a recorded server whose pid the kernel gave to us.
+    impostor = NodeRecord("kafka-0", me, start + 1, 9092, "/tmp/x.log")
+    assert stop_recorded([impostor, _dead("zookeeper-0")], timeout=0.1) == []
+
+
+def test_down_removes_state_of_dead_services(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    for sub in ("zookeeper", "kafka"):
+        (run_dir / sub / "data").mkdir(parents=True)
+    write_state(run_dir, _state(run_dir, [_dead("zookeeper-0"), _dead("kafka-0")]))
+    (tmp_path / "keep").write_text("not ours")
+    assert down(run_dir, timeout=0.1) == []
+    assert not run_dir.exists()
+    assert (tmp_path / "keep").exists()
+
+
+def test_down_keeps_foreign_files(tmp_path: Path) -> None:
+    write_state(tmp_path, _state(tmp_path, [_dead("kafka-0")]))
+    (tmp_path / "notes.txt").write_text("user file")
+    down(tmp_path, timeout=0.1)
+    assert not (tmp_path / STATE_FILE).exists()
+    assert (tmp_path / "notes.txt").exists()
+
+
+def test_default_run_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PIDFENCE_RUN_DIR", str(tmp_path / "x"))
+    assert default_run_dir() == tmp_path / "x"
+    monkeypatch.delenv("PIDFENCE_RUN_DIR")
+    assert default_run_dir().parts[-2:] == (".cache", "services")
+
+
+def test_node_names_are_checked(tmp_path: Path) -> None:
+    stack = Services(zookeeper=1, kafka=1, run_dir=tmp_path)
+    for bad in ("spark-0", "kafka", "kafka-x", "zookeeper-5"):
+        with pytest.raises(ServicesError):
+            stack.kill(bad)
+    with pytest.raises(ValueError, match=r"1\.\.3"):
+        Services(zookeeper=4)
+
+
+def test_up_refuses_a_run_dir_with_live_services(tmp_path: Path) -> None:
+    me = os.getpid()
+    start = proc_start_time(me)
+    assert start is not None
+    write_state(tmp_path, _state(tmp_path, [NodeRecord("kafka-0", me, start, 1, "")]))
+    with pytest.raises(ServicesError, match="already up"):
+        Services(run_dir=tmp_path).up()
+
+
+def test_cli_status(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["services", "status", "--json", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    write_state(tmp_path, _state(tmp_path, [_dead("kafka-0")]))
+    result = runner.invoke(app, ["services", "status", "--json", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kafka"] == "127.0.0.1:9092"
+    assert doc["pids"] == {"kafka-0": NO_SUCH_PID}
+    result = runner.invoke(app, ["services", "status", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 0
+    assert "kafka-0" in result.stdout
+
+
+def test_cli_rejects_bad_sizes() -> None:
+    result = CliRunner().invoke(app, ["services", "up", "--kafka", "4"])
+    assert result.exit_code == 2

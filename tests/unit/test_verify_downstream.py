@@ -1,0 +1,107 @@
+"""The downstream job of seed 003: unique users per minute from the raw topic and the log."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from pidfence.verify import LedgerEntry, truth_from_ledger, unique_users_per_minute, value_digest
+from pidfence.verify.downstream import event_ms, parse_event
+
+MINUTE = 60_000
+T0 = 1_700_000_040  # a minute boundary, in seconds
+
+
+def event(uid: object, ts: object) -> bytes:
+    """A seed-003 JSON value."""
+    return json.dumps({"uid": uid, "ts": ts}).encode()
+
+
+def as_dicts(table: pa.Table) -> list[dict[str, int]]:
+    """Result rows as plain dicts."""
+    return table.to_pylist()
+
+
+def test_event_time_in_seconds_or_milliseconds() -> None:
+    assert event_ms(T0) == T0 * 1000
+    assert event_ms(T0 * 1000) == T0 * 1000
+    assert event_ms(T0 + 0.5) == T0 * 1000 + 500
+    assert event_ms(0.57) == 570  # rounded, not truncated
+    for bad in (True, "1", None, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="ts must be"):
+            event_ms(bad)
+
+
+def test_unusable_values_are_skipped_not_mixed_in() -> None:
+    assert parse_event(event(3, T0)) == ("3", T0 * 1000)
+    for value in (None, b"not json", b"[1]", b'{"uid": 1}', b'{"uid": 1, "ts": Infinity}'):
+        assert parse_event(value) is None
+
+
+def test_users_and_events_per_minute() -> None:
+    values = [
+        event(1, T0),
+        event(2, T0 + 59),
+        event(1, T0 + 30),  # same user, same minute
+        event(1, (T0 + 60) * 1000),  # next minute, in milliseconds
+        b"plain",
+    ]
+    result = unique_users_per_minute(pa.table({"value": pa.array(values, pa.binary())}))
+    assert as_dicts(result) == [
+        {"minute": T0 * 1000, "users": 2, "events": 3},
+        {"minute": T0 * 1000 + MINUTE, "users": 1, "events": 1},
+    ]
+    assert result.schema.metadata[b"skipped"] == b"1"
+
+
+def test_duplicates_inflate_events_not_users() -> None:
+    once = [event(u, T0) for u in range(3)]
+    raw = pa.table({"value": pa.array(once + once[:2], pa.binary())})
+    assert as_dicts(unique_users_per_minute(raw)) == [
+        {"minute": T0 * 1000, "users": 3, "events": 5}
+    ]
+
+
+def test_needs_a_value_column() -> None:
+    with pytest.raises(ValueError, match="value"):
+        unique_users_per_minute(pa.table({"x": [1]}))
+
+
+def raw_topic(rows: list[tuple[int, int, bytes]]) -> pa.Table:
+    """Raw topic records ``(pid, seq, value)`` on partition 0 of topic ``t``."""
+    return pa.table(
+        {
+            "pid": pa.array([p for p, _, _ in rows], pa.int64()),
+            "topic": pa.array(["t"] * len(rows), pa.string()),
+            "partition": pa.array([0] * len(rows), pa.int32()),
+            "seq": pa.array([s for _, s, _ in rows], pa.int64()),
+            "value": pa.array([v for _, _, v in rows], pa.binary()),
+        }
+    )
+
+
+def acked(pid: int, seq: int, value: bytes) -> LedgerEntry:
+    """A ledger entry for (pid, seq)."""
+    return LedgerEntry(pid, 1, "t", 0, seq, value_digest(value), seq, 0)
+
+
+def test_truth_counts_each_acknowledged_record_once() -> None:
+    values = [event(u, T0) for u in (1, 2, 2)]
+    rows = [(7, s, v) for s, v in enumerate(values)]
+    raw = raw_topic([*rows, rows[0], rows[2], (0, 0, event(9, T0))])  # resends + a plain record
+    ledger = [acked(7, s, v) for s, v in enumerate(values)] + [acked(7, 0, values[0])]
+    assert as_dicts(truth_from_ledger(ledger, raw)) == [
+        {"minute": T0 * 1000, "users": 3, "events": 4}
+    ]
+
+
+def test_truth_needs_every_acknowledged_value() -> None:
+    raw = raw_topic([(7, 0, event(1, T0))])
+    ledger = [acked(7, 0, event(1, T0)), acked(7, 1, event(2, T0))]
+    with pytest.raises(ValueError, match="1 acknowledged record"):
+        truth_from_ledger(ledger, raw)
+    # A value with another digest does not count as the acknowledged one.
+    with pytest.raises(ValueError, match="acknowledged record"):
+        truth_from_ledger([acked(7, 0, b"other")], raw)
