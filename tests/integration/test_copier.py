@@ -38,7 +38,7 @@ def _copied(state: Path) -> int:
 def _fill(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
     """Write the input with a plain producer; returns the values per partition in order."""
     producer = confluent_kafka.Producer(
-        {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5}
+        {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "enable.idempotence": True}
     )
     values: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
     for i in range(PER_PARTITION):
@@ -59,7 +59,12 @@ def test_copier_killed_at_any_moment_copies_each_record_exactly_once(
     kafka: Any, new_topic: Callable[..., str], lease_server: LeaseServerThread, tmp_path: Path
 ) -> None:
     source, target = new_topic(partitions=PARTITIONS), new_topic(partitions=PARTITIONS)
-    expected = _fill(kafka.bootstrap, source)
+    sent = _fill(kafka.bootstrap, source)
+    # "The values of A" are what A's log holds, in offset order.
+    expected: dict[int, list[bytes | None]] = {p: [] for p in range(PARTITIONS)}
+    for record in read_topic(kafka.bootstrap, source):
+        expected[record.partition].append(record.value)
+    assert expected == sent
     total = PARTITIONS * PER_PARTITION
     state = tmp_path / "copy-state.json"
     command = [
@@ -99,7 +104,24 @@ def test_copier_killed_at_any_moment_copies_each_record_exactly_once(
     for record, verdict in verdicts:
         if verdict is Verdict.APPENDED:
             appended[record.partition].append(record.value)
-    assert appended == expected
+    for p in range(PARTITIONS):
+        if appended[p] != expected[p]:
+            got = Counter(appended[p])
+            missing = [v for v in expected[p] if v not in got][:10]
+            twice = [v for v, n in got.items() if n > 1][:10]
+            pairs = enumerate(zip(appended[p], expected[p], strict=False))
+            first_diff = next((i for i, (a, b) in pairs if a != b), None)
+            detail = [
+                (r.offset, r.value, r.pf, v.name)
+                for r, v in verdicts
+                if r.partition == p and v is not Verdict.APPENDED
+            ][:40]
+            raise AssertionError(
+                f"partition {p}: {len(appended[p])} appended, {len(expected[p])} expected; "
+                f"missing {missing}; twice {twice}; first difference at {first_diff}; "
+                f"verdicts {Counter(v for r, v in verdicts if r.partition == p)}; "
+                f"non-appended {detail}"
+            )
     counts = Counter(v for _, v in verdicts)
     # Every verdict other than APPENDED is a re-send (DUPLICATE), a FENCE record, or a record a
     # killed incarnation sent under a generation its successor had already fenced.

@@ -19,7 +19,7 @@ import pytest
 from pidfence.demo.procs import sink_argv
 from pidfence.spark_sink import read_log
 from pidfence.spark_sink.faults import CRASH_AT, CRASH_PGID, FAIL_ATTEMPT0
-from pidfence.spark_sink.storage import MANIFESTS, Store, batch_name
+from pidfence.spark_sink.storage import MANIFESTS, Store, batch_name, manifest_ids
 from tests.integration.test_sink import (
     LOG1,
     LOG2,
@@ -145,7 +145,9 @@ def test_cli_on_standalone_cluster_runs_until_sigterm(
         _wait_for(proc, lambda: committed(out, 0))
         produce(kafka.bootstrap, topic, RUN2, sent)
         _wait_for(proc, lambda: read_log(str(out)).num_rows == 15)
-        _wait_for(proc, lambda: "appended 3" in proc.text())
+        # RUN2 may span batches; wait until the newest committed one is printed.
+        last = max(manifest_ids(Store.at(str(out))))
+        _wait_for(proc, lambda: f"batch {last}: " in proc.text())
         proc.proc.send_signal(signal.SIGTERM)
         code = proc.wait()
     finally:

@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 from pidfence.sim import Knobs, SimResult, run
@@ -165,7 +165,10 @@ def test_broken_rule_is_caught(mutation: str, anomaly: str) -> None:
 
 
 def test_a_failing_schedule_prints_its_replay() -> None:
-    @settings(max_examples=50, deadline=None, derandomize=True, database=None)
+    # No shrinking: the point is what a failure prints, and shrinking costs a minute.
+    @settings(
+        max_examples=50, deadline=None, derandomize=True, database=None, phases=[Phase.generate]
+    )
     @given(seed=SEEDS, knobs=KNOBS)
     def broken(seed: int, knobs: dict[str, Any]) -> None:
         assert_clean(judged(seed, **{**knobs, "crash_p": 0.3, "mutation": "accept_old_seq"}))

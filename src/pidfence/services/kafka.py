@@ -193,6 +193,9 @@ class KafkaCluster:
 
     def stop(self) -> None:
         """Stop every node and remove the run folder if we made it."""
+        # All at once: a KRaft node stopped last, after its peers, waits for a quorum that is gone.
+        for node in self.nodes:
+            node.terminate()
         for node in self.nodes:
             node.stop(timeout=20)
         if self._owns_dir:

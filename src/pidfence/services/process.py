@@ -115,6 +115,12 @@ class ManagedProcess:
             self._proc.wait(10)
         self._forget()
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting (resuming first if paused); :meth:`stop` then waits."""
+        if self.paused:
+            self.resume()
+        self._signal(signal.SIGTERM)
+
     def kill(self) -> None:
         """SIGKILL: a crash, no clean shutdown."""
         if self._proc is None:
