@@ -10,9 +10,9 @@ same trigger (available-now, the same ``maxOffsetsPerTrigger``):
     ``pid:seq``), into the Parquet sink;
 (c) the pidfence sink (the broker rules, output log + rejects).
 
-State bytes are taken at the first batch that reaches 1M records read and at the end: for (b) the
-state store's ``memoryUsedBytes`` from the query progress, for (c) the bytes of the state files a
-task reads to restore every partition (the newest full snapshot plus its deltas).
+State bytes are taken after the batch whose cumulative count is nearest to 1M and at the end:
+for (b) the state store's ``memoryUsedBytes`` from the query progress, for (c) the bytes of the
+state files a task reads to restore every partition (the newest full snapshot plus its deltas).
 """
 
 from __future__ import annotations
@@ -105,13 +105,15 @@ def _run(writer: Any) -> tuple[float, list[dict[str, Any]]]:
 
 
 def _at_million(progress: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
-    """(records read so far, progress) of the first batch whose cumulative count reaches 1M."""
+    """(records read so far, progress) of the batch whose cumulative count is nearest to 1M."""
     total = 0
+    best: tuple[int, int, dict[str, Any]] | None = None
     for p in progress:
         total += int(p["numInputRows"])
-        if total >= 1_000_000:
-            return total, p
-    return total, progress[-1]
+        if best is None or abs(total - 1_000_000) < best[0]:
+            best = (abs(total - 1_000_000), total, p)
+    assert best is not None
+    return best[1], best[2]
 
 
 def _chain_bytes(output: str, batch: int) -> tuple[int, int]:
