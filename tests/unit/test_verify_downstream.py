@@ -88,12 +88,23 @@ def acked(pid: int, seq: int, value: bytes) -> LedgerEntry:
 
 
 def test_truth_counts_each_acknowledged_record_once() -> None:
-    values = [event(u, T0) for u in (1, 2, 2)]
+    values = [event(u, T0 + i) for i, u in enumerate((1, 2, 2))]
     rows = [(7, s, v) for s, v in enumerate(values)]
     raw = raw_topic([*rows, rows[0], rows[2], (0, 0, event(9, T0))])  # resends + a plain record
     ledger = [acked(7, s, v) for s, v in enumerate(values)] + [acked(7, 0, values[0])]
     assert as_dicts(truth_from_ledger(ledger, raw)) == [
         {"minute": T0 * 1000, "users": 3, "events": 4}
+    ]
+
+
+def test_truth_counts_a_zombie_copy_under_another_identity_once() -> None:
+    # The zombie's fenced copy (pid 7, seq 1) and the replacement's copy after a lease rollover
+    # (pid 8, seq 0) are one upstream event.
+    first, second = event(1, T0), event(2, T0 + 1)
+    raw = raw_topic([(7, 0, first), (7, 1, second), (8, 0, second)])
+    ledger = [acked(7, 0, first), acked(7, 1, second), acked(8, 0, second)]
+    assert as_dicts(truth_from_ledger(ledger, raw)) == [
+        {"minute": T0 * 1000, "users": 2, "events": 2}
     ]
 
 

@@ -63,7 +63,7 @@ class KillAndResume(FaultScript):
         if self.done:
             return
         if self._step == 0:
-            if self.role.acked() < self.at or not self.role.spec.state.exists():
+            if self.role.acked() < self.at or self.role.checkpointed() == 0:
                 return
             victim = self.role.current
             victim.kill()
@@ -107,7 +107,7 @@ class Zombie(FaultScript):
         if self.done:
             return
         if self._step == 0:
-            if self.role.acked() < self.at or not self.role.spec.state.exists():
+            if self.role.acked() < self.at or self.role.checkpointed() == 0:
                 return
             self.zombie = self.role.current
             self.zombie.pause()

@@ -8,6 +8,8 @@ incrementally so progress can be polled cheaply.
 
 from __future__ import annotations
 
+import json
+
 import shutil
 import socket
 import sys
@@ -138,6 +140,8 @@ class ProducerSpec:
         resend_every: re-send the last acknowledged records every N records (0: never).
         keys: distinct keys (spread over partitions).
         value_size: bytes per value.
+        checkpoint_every: flush and save the state file every N records (the fault scripts
+            copy or resume from it, so it must cover data well before the run ends).
         extra: more CLI arguments, passed through.
     """
 
@@ -151,6 +155,7 @@ class ProducerSpec:
     resend_every: int = 0
     keys: int = 1000
     value_size: int = 100
+    checkpoint_every: int = 50
     extra: tuple[str, ...] = field(default=())
 
     def argv(self, ledger: Path) -> list[str]:
@@ -166,6 +171,7 @@ class ProducerSpec:
             "--state", str(self.state),
             "--ledger", str(ledger),
             "--name", self.name,
+            "--checkpoint-every", str(self.checkpoint_every),
         ]  # fmt: skip
         if self.rate > 0:
             args += ["--rate", f"{self.rate:g}"]
@@ -218,6 +224,13 @@ class ProducerRole:
     def fences(self) -> int:
         """FENCE records acknowledged over every instance."""
         return sum(w.fences() for w in self.instances)
+
+    def checkpointed(self) -> int:
+        """Records the state file's checkpoint covers (0 before the first save with data)."""
+        try:
+            return int(json.loads(self.spec.state.read_text()).get("next_i", 0))
+        except (OSError, ValueError):
+            return 0
 
     def running(self) -> bool:
         """True while any instance runs."""

@@ -53,6 +53,13 @@ def verdicts_per_producer(
     return {name: dict(sorted(counts.items())) for name, counts in sorted(table.items())}
 
 
+def epoch_ms(column: pa.ChunkedArray | pa.Array) -> list[int]:
+    """Epoch milliseconds of a timestamp column (the log's ``TIMESTAMP``) or an int64 one."""
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.timestamp("ms", tz=column.type.tz)).cast(pa.int64())
+    return [int(v) for v in column.to_pylist() if v is not None]
+
+
 def cumulative_per_second(timestamps: list[int], start_ms: int) -> list[tuple[float, int]]:
     """(seconds since ``start_ms``, records so far) at each second with records."""
     per_second = Counter((ts - start_ms) // 1000 for ts in timestamps)
@@ -135,7 +142,7 @@ def collect(run: DemoRun) -> dict[str, Any]:
     verdicts = Counter(str(v) for v in rejects.column("verdict").to_pylist())
     raw_fences = sum(1 for h in raw.column("pf").to_pylist() if h is not None and _is_fence(h))
 
-    start_ms = min(raw.column("timestamp").to_pylist(), default=0)
+    start_ms = min(epoch_ms(raw.column("timestamp")), default=0)
     copier: dict[str, int] = {}
     if run.copier_workers:
         upstream = read_topic(run.bootstrap, run.upstream_topic)
@@ -190,8 +197,8 @@ def collect(run: DemoRun) -> dict[str, Any]:
         "exit_codes": exit_codes,
         "downstream": downstream,
         "timeline": {
-            "raw": cumulative_per_second(raw.column("timestamp").to_pylist(), start_ms),
-            "appended": cumulative_per_second(log.column("timestamp").to_pylist(), start_ms),
+            "raw": cumulative_per_second(epoch_ms(raw.column("timestamp")), start_ms),
+            "appended": cumulative_per_second(epoch_ms(log.column("timestamp")), start_ms),
         },
     }
     return summary

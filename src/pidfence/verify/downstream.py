@@ -73,7 +73,10 @@ def unique_users_per_minute(table: pa.Table) -> pa.Table:
 
 
 def truth_from_ledger(ledger: Iterable[LedgerEntry], values: pa.Table) -> pa.Table:
-    """The true per-minute counts: each acknowledged record counted exactly once.
+    """The true per-minute counts: each acknowledged event counted exactly once.
+
+    An event is a distinct value: a zombie's fenced copy of an event and its replacement's copy
+    (under the same pid, or under a new pid after a lease rollover) are one event, counted once.
 
     The ledger holds digests, not values, so the values come from a table that contains every
     acknowledged record at least once (the raw topic, columns ``pid, partition, seq, value`` and
@@ -105,7 +108,8 @@ def truth_from_ledger(ledger: Iterable[LedgerEntry], values: pa.Table) -> pa.Tab
             f"{len(missing)} acknowledged record(s) have no value in the table, e.g. "
             f"{missing[:3]} (pid, topic, partition, seq); pass the raw topic's records"
         )
-    return _aggregate([*found.values(), *extra])
+    distinct = {value_digest(v): v for v in found.values()}
+    return _aggregate([*distinct.values(), *extra])
 
 
 def _aggregate(values: list[Any]) -> pa.Table:
