@@ -60,6 +60,7 @@ def register(app: typer.Typer) -> None:
         from pidfence.producer.cliutil import fail_cleanly
         from pidfence.spark_sink import BatchLine, SinkOptions, serve
         from pidfence.spark_sink.faults import resolve_self_pgid
+        from pidfence.spark_sink.pipeline import SESSION_CONF
 
         console = Console(highlight=False, soft_wrap=True)
         sink_options: dict[str, str] = {}
@@ -89,7 +90,9 @@ def register(app: typer.Typer) -> None:
             resolve_self_pgid()
             from pidfence.services import spark_session
 
-            spark = spark_session(master=master, app_name=f"pidfence-sink-{topic}")
+            spark = spark_session(
+                master=master, app_name=f"pidfence-sink-{topic}", conf=SESSION_CONF
+            )
             signal.signal(signal.SIGINT, on_signal)
             signal.signal(signal.SIGTERM, on_signal)
             try:

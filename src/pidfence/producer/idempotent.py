@@ -573,10 +573,15 @@ class IdempotentProducer:
     def flush(self, timeout: float | None = None) -> int:
         """Wait for every record in flight; returns how many are still in flight.
 
+        The send ledger is pushed to the OS too, so a checkpoint saved after this call never
+        covers an acknowledgement the ledger could still lose in a crash.
+
         Raises:
             DeliveryFailed: the first delivery error since the last flush (then cleared).
         """
         left: int = self._producer.flush(-1 if timeout is None else timeout)
+        if self._ledger is not None:
+            self._ledger.flush()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
