@@ -185,20 +185,17 @@ def test_a_failing_schedule_prints_its_replay() -> None:
     assert f"seed {replayed.seed}; replay with:" in notes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "known hole: a resume FENCEs only the checkpoint's partitions (DESIGN §6); a partition "
-        "first written after the checkpoint, then two crashes in a row, stays two generations "
-        "behind and DESIGN §4's g > gE + 1 rule drops the replacement's records there as "
-        "INVALID_GENERATION (seed 0: partition 1, generation gE + 2, seq 0)"
-    ),
-)
-def test_resume_fencing_only_checkpoint_partitions_is_exactly_once() -> None:
-    result = run(0, fence_all=False, partitions=3, crash_p=0.2, zombie_p=0.0, events=60)
-    assert result.stats["verdict_INVALID_GENERATION"] == 0, result.describe()
-    assert_clean(result)
+def test_resume_must_fence_every_partition_of_its_topics() -> None:
+    # Why IdempotentProducer.resume FENCEs every partition of the checkpoint's topics: a partition
+    # first written after the checkpoint, then two crashes in a row, stays two generations behind
+    # if only the checkpoint's partitions are fenced, and DESIGN §4's g > gE + 1 rule then drops
+    # the replacement's records there as INVALID_GENERATION (seed 0: partition 1).
+    narrow = run(0, fence_all=False, partitions=3, crash_p=0.2, zombie_p=0.0, events=60)
+    assert narrow.stats["verdict_INVALID_GENERATION"] > 0
+    assert not narrow.ok
+    every = run(0, fence_all=True, partitions=3, crash_p=0.2, zombie_p=0.0, events=60)
+    assert every.stats.get("verdict_INVALID_GENERATION", 0) == 0, every.describe()
+    assert_clean(every)
 
 
 # --- python -m pidfence.sim ------------------------------------------------------------------

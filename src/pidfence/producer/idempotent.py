@@ -536,9 +536,9 @@ class IdempotentProducer:
 
     def _write_fences(self, timeout_s: float, from_generation: int) -> None:
         seq = self._sequencer()
-
-        for topic, partition, header in seq.fences(from_generation):
-            self.partition_count(topic)
+        topics = sorted({topic for topic, _ in seq.partitions()})
+        counts = {topic: self.partition_count(topic) for topic in topics}
+        for topic, partition, header in seq.fences(from_generation, counts):
             on_fence = functools.partial(self._on_other_delivery, header, True)
             self._send(topic, b"", None, partition, [(PF_HEADER_KEY, header)], on_fence, None)
         left = self.flush(timeout_s)

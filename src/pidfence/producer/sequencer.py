@@ -99,20 +99,30 @@ class Sequencer:
         """
         return encode_pf(self.pid, self.generation, self.peek(topic, partition), FLAG_FENCE)
 
-    def fences(self, from_generation: int | None = None) -> list[tuple[str, int, bytes]]:
+    def fences(
+        self,
+        from_generation: int | None = None,
+        partition_counts: Mapping[str, int] | None = None,
+    ) -> list[tuple[str, int, bytes]]:
         """FENCE headers for every (topic, partition) this sequencer knows, sorted.
 
         With ``from_generation``, each partition gets one FENCE per generation from it up to the
         current one, in order: the broker rules accept a generation at most one above the one
         they hold, so a resume whose bump skipped generations (a predecessor bumped, then died
         before writing its FENCEs) walks every partition up one generation at a time.
+
+        With ``partition_counts`` (topic -> partitions), every partition of those topics is
+        fenced, also those without a counter: a predecessor may have first written a partition
+        after the checkpoint was taken, and left the broker at an older generation there.
         """
-        if from_generation is None or from_generation >= self.generation:
-            return [(t, p, self.fence_header(t, p)) for t, p in sorted(self._next)]
+        targets = set(self._next)
+        for topic, count in (partition_counts or {}).items():
+            targets.update((topic, p) for p in range(count))
+        low = self.generation if from_generation is None else max(from_generation, 0)
         return [
             (t, p, encode_pf(self.pid, g, self.peek(t, p), FLAG_FENCE))
-            for t, p in sorted(self._next)
-            for g in range(max(from_generation, 0), self.generation + 1)
+            for t, p in sorted(targets)
+            for g in range(min(low, self.generation), self.generation + 1)
         ]
 
     def partitions(self) -> list[TopicPartition]:

@@ -36,8 +36,8 @@ class Knobs:
         fence_all: a resumed producer FENCEs every partition of the topic, not only the
             checkpoint's. With False, a pid that wrote to a partition after its checkpoint and then
             crashed twice leaves that partition two generations behind, and DESIGN §4's
-            ``g > gE + 1 -> INVALID_GENERATION`` drops all its later records (False is what
-            ``IdempotentProducer.resume`` does today; tests/sim pins the hole with a strict xfail).
+            ``g > gE + 1 -> INVALID_GENERATION`` drops all its later records. True is what
+            ``IdempotentProducer.resume`` does; tests/sim shows False failing on seed 0.
         cold_reorder: let records overtake a pid's first record on a partition (exposes the
             ``UNKNOWN_PID`` hole of DESIGN §4; off by default, as librdkafka's idempotence and
             the producer keep that order).

@@ -64,7 +64,7 @@ class Chain:
     others: list[Instance] = field(default_factory=list)
     sends: int = 0
     #: Highest upstream position any instance of this chain has sent (a simulation-only oracle;
-    #: see docs/verification.md for what a real producer can use instead).
+    #: see docs/producer.md for what a real producer does instead).
     high: int = 0
 
 
