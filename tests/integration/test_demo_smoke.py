@@ -33,7 +33,8 @@ def test_demo_with_all_faults_reports_zero_anomalies(
     )
     summary = run_demo(config, Console(record=True, width=120), spark=spark)
 
-    assert summary["ok"], json.dumps({k: summary[k] for k in ("anomalies", "examples", "downstream")})
+    shown = ("anomalies", "examples", "downstream")
+    assert summary["ok"], json.dumps({k: summary[k] for k in shown})
     assert (tmp_path / "out" / "report.html").stat().st_size > 10_000
     written = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert written["counts"] == summary["counts"]

@@ -390,7 +390,7 @@ class ProducerStateTable:
             return
         held = self.held.get(pid)
         waiting = held.get(s) if held is not None else None
-        if waiting is not None:
+        if waiting is not None and held is not None:
             if g == waiting.generation:
                 # The same record arrived twice while waiting for its predecessor.
                 out.append((ref, DUPLICATE, token))

@@ -9,7 +9,6 @@ incrementally so progress can be polled cheaply.
 from __future__ import annotations
 
 import json
-
 import shutil
 import socket
 import sys
