@@ -106,7 +106,7 @@ class KafkaCluster:
             cfg = self._configure(i)
             fmt = subprocess.run(
                 [*self._jvm(cfg.parent), "kafka.tools.StorageTool", "format",
-                 "-t", self.cluster_id, "-c", str(cfg), "--ignore-formatted"],
+                 f"--cluster-id={self.cluster_id}", "-c", str(cfg), "--ignore-formatted"],
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
             if fmt.returncode != 0:
