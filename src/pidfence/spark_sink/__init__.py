@@ -30,9 +30,15 @@ from pidfence.spark_sink.readers import read_log, read_rejects
 
 
 def register(spark: Any) -> None:
-    """Register ``format("pidfence")`` with a SparkSession."""
+    """Register ``format("pidfence")`` with a SparkSession, and make it this thread's active one.
+
+    Spark looks Python data sources up through the JVM thread's active session; a session built
+    on another thread (e.g. started in the background while producers run) is not active here,
+    and ``start()`` would fail with ``DATA_SOURCE_NOT_FOUND``.
+    """
     from pidfence.spark_sink.source import PidfenceDataSource
 
+    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
     spark.dataSource.register(PidfenceDataSource)
 
 
