@@ -28,13 +28,12 @@ from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
-from kazoo.client import KazooClient
 from rich.progress import Progress
 
 from pidfence.benchkit import BenchReport
 from pidfence.pid_allocator import LeaseClient, LeaseServerThread
 from pidfence.producer import IdempotentProducer, ProducerConfig
-from pidfence.services import KafkaCluster, ZooKeeperEnsemble, create_topic
+from pidfence.services import KafkaCluster, ZooKeeperEnsemble, create_topic, new_chroot
 from pidfence.wire import PF_HEADER_KEY, decode_pf
 
 PARTITIONS = 4
@@ -48,15 +47,7 @@ OURS_NO_RDK = "IdempotentProducer, success_reports=False"
 
 
 def _chroot(hosts: str) -> str:
-    path = f"/bench-produce-{uuid.uuid4().hex[:8]}"
-    client = KazooClient(hosts=hosts)
-    client.start(timeout=30)
-    try:
-        client.ensure_path(path)
-    finally:
-        client.stop()
-        client.close()
-    return hosts + path
+    return new_chroot(hosts, "/bench-produce")
 
 
 def _plain(

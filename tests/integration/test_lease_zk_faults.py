@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -17,21 +16,12 @@ from pidfence.pid_allocator import (
     LeaseServiceUnavailable,
     ZkCoordinator,
 )
+from pidfence.services import new_chroot
 from tests.integration.test_lease_servers import _assert_unique, _hammer
 
 
 def _chroot(hosts: str) -> str:
-    from kazoo.client import KazooClient
-
-    path = f"/pidfence-test/lease-{uuid.uuid4().hex[:8]}"
-    client = KazooClient(hosts=hosts)
-    client.start(timeout=30)
-    try:
-        client.ensure_path(path)
-    finally:
-        client.stop()
-        client.close()
-    return hosts + path
+    return new_chroot(hosts, "/pidfence-test/lease")
 
 
 def _wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:

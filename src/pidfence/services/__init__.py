@@ -32,7 +32,7 @@ from pidfence.services.stack import (
     same_process,
     status,
 )
-from pidfence.services.zookeeper import ZooKeeperEnsemble
+from pidfence.services.zookeeper import ZooKeeperEnsemble, new_chroot
 
 __all__ = [
     "KafkaCluster",
@@ -50,6 +50,7 @@ __all__ = [
     "down",
     "fetch",
     "free_port",
+    "new_chroot",
     "proc_start_time",
     "same_process",
     "spark_session",

@@ -145,6 +145,26 @@ _PROBE_LOG = logging.getLogger("pidfence.services.zookeeper.probe")
 _PROBE_LOG.setLevel(logging.CRITICAL)
 
 
+def new_chroot(hosts: str, prefix: str = "/pidfence-test") -> str:
+    """Create a fresh, uniquely named znode under ``prefix``; return ``hosts`` chrooted to it.
+
+    Tests and benches use it so each gets a ZooKeeper namespace of its own.
+    """
+    import uuid
+
+    from kazoo.client import KazooClient
+
+    path = f"{prefix.rstrip('/')}/{uuid.uuid4().hex[:10]}"
+    client = KazooClient(hosts=hosts)
+    client.start(timeout=30)
+    try:
+        client.ensure_path(path)
+    finally:
+        client.stop()
+        client.close()
+    return hosts + path
+
+
 def _round_trip(hosts: str) -> bool:
     from kazoo.client import KazooClient
 
