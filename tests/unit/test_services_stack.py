@@ -13,7 +13,9 @@ from pidfence.cli import app
 from pidfence.services import (
     NodeRecord,
     Services,
+    ServicesAlreadyUp,
     ServicesError,
+    ServicesPartlyDown,
     ServicesState,
     default_run_dir,
     down,
@@ -128,25 +130,69 @@ def test_node_names_are_checked(tmp_path: Path) -> None:
         Services(zookeeper=4)
 
 
-def test_up_refuses_a_run_dir_with_live_services(tmp_path: Path) -> None:
-    me = os.getpid()
-    start = proc_start_time(me)
+def _me(name: str) -> NodeRecord:
+    start = proc_start_time(os.getpid())
     assert start is not None
-    write_state(tmp_path, _state(tmp_path, [NodeRecord("kafka-0", me, start, 1, "")]))
-    with pytest.raises(ServicesError, match="already up"):
+    return NodeRecord(name, os.getpid(), start, 1, "")
+
+
+def test_up_with_live_services_starts_nothing_and_says_already_up(tmp_path: Path) -> None:
+    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
+    with pytest.raises(ServicesAlreadyUp) as caught:
         Services(run_dir=tmp_path).up()
+    assert caught.value.state.pids() == {"zookeeper-0": os.getpid(), "kafka-0": os.getpid()}
+
+
+def test_up_with_a_dead_node_names_it(tmp_path: Path) -> None:
+    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
+    with pytest.raises(ServicesPartlyDown, match="kafka-0") as caught:
+        Services(run_dir=tmp_path).up()
+    assert [n.name for n in caught.value.dead] == ["kafka-0"]
+
+
+def test_cli_up_when_already_up_exits_0_with_status(tmp_path: Path) -> None:
+    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
+    result = CliRunner().invoke(app, ["services", "up", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("already up")
+    assert "kafka-0" in result.stdout and "zookeeper-0" in result.stdout
+
+
+def test_cli_up_when_already_up_with_another_shape_exits_3(tmp_path: Path) -> None:
+    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
+    result = CliRunner().invoke(app, ["services", "up", "--kafka", "3", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 3
+    assert "1 ZooKeeper and 1 Kafka" in result.stderr
+
+
+def test_cli_up_with_a_dead_node_exits_3_naming_it(tmp_path: Path) -> None:
+    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
+    result = CliRunner().invoke(app, ["services", "up", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 3
+    assert "kafka-0" in result.stderr and "partly down" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_cli_status(tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["services", "status", "--json", "--run-dir", str(tmp_path)])
-    assert result.exit_code == 1
-    write_state(tmp_path, _state(tmp_path, [_dead("kafka-0")]))
+    assert result.exit_code == 3
+    assert "no services recorded" in result.stderr
+    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
     result = runner.invoke(app, ["services", "status", "--json", "--run-dir", str(tmp_path)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3, result.output
     doc = json.loads(result.stdout)
     assert doc["kafka"] == "127.0.0.1:9092"
-    assert doc["pids"] == {"kafka-0": NO_SUCH_PID}
+    assert doc["pids"] == {"zookeeper-0": os.getpid(), "kafka-0": NO_SUCH_PID}
+    assert doc["alive"] == {"zookeeper-0": True, "kafka-0": False}
+    assert result.stderr.strip() == (
+        f"pidfence services status: error: not running: kafka-0 (pid {NO_SUCH_PID}, "
+        "log /tmp/kafka-0.log)"
+    )
+    result = runner.invoke(app, ["services", "status", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 3
+    assert "DEAD" in result.stdout
+    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
     result = runner.invoke(app, ["services", "status", "--run-dir", str(tmp_path)])
     assert result.exit_code == 0
     assert "kafka-0" in result.stdout

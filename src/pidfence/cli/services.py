@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from pidfence.cli.exits import EXIT_UNAVAILABLE, fail
+
+if TYPE_CHECKING:
+    from pidfence.services import ServicesState
 
 RunDir = Annotated[
     Path | None,
@@ -31,15 +36,35 @@ def register(app: typer.Typer) -> None:
         run_dir: RunDir = None,
         timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness")] = 180.0,
     ) -> None:
-        """Start the services, wait until they serve, and leave them running."""
-        from pidfence.services import ServiceFailed, Services, ServicesError
+        """Start the services, wait until they serve, and leave them running.
+
+        Already up: says so, prints the status and exits 0. Exit 3 when some recorded node has
+        died or a server does not become ready.
+        """
+        from pidfence.services import (
+            ServiceFailed,
+            Services,
+            ServicesAlreadyUp,
+            ServicesError,
+        )
 
         stack = Services(zookeeper=zookeeper, kafka=kafka, run_dir=run_dir)
         try:
             state = stack.up(timeout)
+        except ServicesAlreadyUp as exc:
+            typer.echo(f"already up in {exc.state.run_dir}")
+            _print_status(exc.state)
+            shape = _shape(exc.state)
+            if shape != (zookeeper, kafka):
+                fail(
+                    "services up",
+                    f"the running services have {shape[0]} ZooKeeper and {shape[1]} Kafka "
+                    f"node(s), not {zookeeper} and {kafka}: run `pidfence services down` first",
+                    EXIT_UNAVAILABLE,
+                )
+            return
         except (ServicesError, ServiceFailed) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
+            fail("services up", _first_line(exc), EXIT_UNAVAILABLE)
         typer.echo(f"zookeeper {state.zookeeper}")
         typer.echo(f"kafka     {state.kafka}")
         typer.echo(f"run dir   {state.run_dir} (stop with `pidfence services down`)")
@@ -49,34 +74,29 @@ def register(app: typer.Typer) -> None:
         run_dir: RunDir = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
     ) -> None:
-        """Show the recorded services; exit 1 when none are recorded."""
-        from rich.console import Console
-        from rich.table import Table
-
+        """Show the recorded services. Exit 0 when all run, 3 when one is dead or none is
+        recorded."""
         from pidfence.services import ServicesError
         from pidfence.services import status as read_status
 
         try:
             state = read_status(run_dir)
         except ServicesError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
+            fail("services status", _first_line(exc), EXIT_UNAVAILABLE)
         if state is None:
-            typer.echo("no services recorded (start them with `pidfence services up`)", err=True)
-            raise typer.Exit(1)
-        doc = state.status()
+            fail(
+                "services status",
+                "no services recorded (start them with `pidfence services up`)",
+                EXIT_UNAVAILABLE,
+            )
         if as_json:
-            typer.echo(json.dumps(doc))
-            return
-        table = Table(title=f"pidfence services ({state.run_dir})")
-        for column in ("node", "pid", "port", "alive", "log"):
-            table.add_column(column)
-        for node in state.nodes:
-            alive = "yes" if doc["alive"][node.name] else "[red]no[/red]"
-            table.add_row(node.name, str(node.pid), str(node.port), alive, node.log)
-        console = Console()
-        console.print(table)
-        console.print(f"zookeeper {state.zookeeper}\nkafka     {state.kafka}")
+            typer.echo(json.dumps(state.status()))
+        else:
+            _print_status(state)
+        dead = state.dead()
+        if dead:
+            names = ", ".join(f"{n.name} (pid {n.pid}, log {n.log})" for n in dead)
+            fail("services status", f"not running: {names}", EXIT_UNAVAILABLE)
 
     @group.command("down")
     def down(
@@ -90,6 +110,35 @@ def register(app: typer.Typer) -> None:
         try:
             stopped = stop_services(run_dir, timeout)
         except ServicesError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
+            fail("services down", _first_line(exc), EXIT_UNAVAILABLE)
         typer.echo(f"stopped {', '.join(stopped) if stopped else 'nothing (none running)'}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _shape(state: ServicesState) -> tuple[int, int]:
+    names = [n.name for n in state.nodes]
+    return (
+        sum(n.startswith("zookeeper-") for n in names),
+        sum(n.startswith("kafka-") for n in names),
+    )
+
+
+def _print_status(state: ServicesState) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    doc = state.status()
+    table = Table(title=f"pidfence services ({state.run_dir})")
+    for column in ("node", "pid", "port", "alive"):
+        table.add_column(column)
+    table.add_column("log", overflow="fold")
+    for node in state.nodes:
+        alive = "yes" if doc["alive"][node.name] else "[red]DEAD[/red]"
+        table.add_row(node.name, str(node.pid), str(node.port), alive, node.log)
+    console = Console(soft_wrap=True)
+    console.print(table)
+    console.print(f"zookeeper {state.zookeeper}\nkafka     {state.kafka}")

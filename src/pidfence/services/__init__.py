@@ -4,8 +4,9 @@ Library code never imports this package; tests, the demo and ``pidfence services
 
 * :class:`ZooKeeperEnsemble` and :class:`KafkaCluster` (KRaft, combined broker and controller)
   start 1 to 3 JVM nodes from the Maven Central jars in the cache (:func:`fetch`), on free
-  127.0.0.1 ports, and return once real round trips succeed. Nodes have fault hooks
-  (``kill``/``restart``/``pause``/``resume``).
+  127.0.0.1 ports, and return once real round trips succeed. Each node is a :class:`ServerNode`
+  with the fault hooks (``kill``/``restart``/``pause``/``resume``/``log_tail``); a cluster indexes
+  its nodes (``cluster[1].kill()``) and keeps ``cluster.kill(1)`` as a shorthand.
 * :class:`Services` combines both for ``pidfence services up``: it records pids (with their start
   times), ports and connect strings in ``<run dir>/state.json`` so that :func:`status` and
   :func:`down` work from another process; ``down`` signals recorded pids only.
@@ -18,13 +19,16 @@ Library code never imports this package; tests, the demo and ``pidfence services
 
 from pidfence.services.jars import classpath, fetch
 from pidfence.services.kafka import KafkaCluster, create_topic
+from pidfence.services.node import Cluster, ServerNode
 from pidfence.services.ports import free_port
 from pidfence.services.process import ManagedProcess, ServiceFailed, started_pids
 from pidfence.services.spark import SparkStandaloneCluster, spark_session
 from pidfence.services.stack import (
     NodeRecord,
     Services,
+    ServicesAlreadyUp,
     ServicesError,
+    ServicesPartlyDown,
     ServicesState,
     default_run_dir,
     down,
@@ -35,12 +39,16 @@ from pidfence.services.stack import (
 from pidfence.services.zookeeper import ZooKeeperEnsemble, new_chroot
 
 __all__ = [
+    "Cluster",
     "KafkaCluster",
     "ManagedProcess",
     "NodeRecord",
     "ServiceFailed",
+    "ServerNode",
     "Services",
+    "ServicesAlreadyUp",
     "ServicesError",
+    "ServicesPartlyDown",
     "ServicesState",
     "SparkStandaloneCluster",
     "ZooKeeperEnsemble",

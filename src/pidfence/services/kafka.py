@@ -7,12 +7,14 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 from pidfence.services.jars import classpath
+from pidfence.services.node import Cluster, ServerNode
 from pidfence.services.ports import free_port
-from pidfence.services.process import ManagedProcess, ServiceFailed, java, wait_until
+from pidfence.services.process import ServiceFailed, java, wait_until
 
 _LOG4J2 = """status = warn
 appender.out.type = Console
@@ -28,7 +30,7 @@ logger.state.level = WARN
 """
 
 
-class KafkaCluster:
+class KafkaCluster(Cluster):
     """``size`` Kafka nodes (each broker and KRaft controller), each a JVM process we started.
 
     Args:
@@ -47,7 +49,7 @@ class KafkaCluster:
         self.ports = [free_port() for _ in range(size)]
         self.controller_ports = [free_port() for _ in range(size)]
         self.cluster_id = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
-        self.nodes: list[ManagedProcess] = []
+        self.nodes: list[ServerNode] = []
 
     @property
     def bootstrap(self) -> str:
@@ -112,7 +114,16 @@ class KafkaCluster:
             if fmt.returncode != 0:
                 raise ServiceFailed(f"kafka storage format failed: {fmt.stdout}{fmt.stderr}")
             cmd = [*self._jvm(cfg.parent), "kafka.Kafka", str(cfg)]
-            self.nodes.append(ManagedProcess(f"kafka-{i}", cmd, cfg.parent / "kafka.log"))
+            self.nodes.append(
+                ServerNode(
+                    f"kafka-{i}",
+                    cmd,
+                    cfg.parent / "kafka.log",
+                    ready=self._probe(i),
+                    what=f"Kafka node {i} (127.0.0.1:{self.ports[i]})",
+                    port=self.ports[i],
+                )
+            )
         for node in self.nodes:
             node.start()
         try:
@@ -124,15 +135,10 @@ class KafkaCluster:
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until every running node answers metadata itself and is in the cluster view."""
-        for i, node in enumerate(self.nodes):
-            if node.running:
-                wait_until(
-                    lambda i=i: self._node_ready(i),
-                    timeout,
-                    f"Kafka node {i} (127.0.0.1:{self.ports[i]})",
-                    interval=0.5,
-                    tail=node.log_tail(20),
-                )
+        self.wait_all_ready(timeout)
+
+    def _probe(self, i: int) -> Callable[[], bool]:
+        return lambda: self._node_ready(i)
 
     def _node_ready(self, i: int) -> bool:
         from confluent_kafka.admin import AdminClient
@@ -164,32 +170,6 @@ class KafkaCluster:
     ) -> str:
         """Create a topic and wait until its leaders are known."""
         return create_topic(self.bootstrap, name, partitions, replication, config)
-
-    def kill(self, i: int) -> None:
-        """SIGKILL node ``i``."""
-        self.nodes[i].kill()
-
-    def restart(self, i: int, timeout: float = 120.0) -> None:
-        """Stop node ``i`` if running, start it again, wait until every broker is back."""
-        self.nodes[i].stop()
-        self.nodes[i].start()
-        self.wait_ready(timeout)
-
-    def pause(self, i: int) -> None:
-        """SIGSTOP node ``i``."""
-        self.nodes[i].pause()
-
-    def resume(self, i: int) -> None:
-        """SIGCONT node ``i``."""
-        self.nodes[i].resume()
-
-    def log_tail(self, i: int, lines: int = 40) -> str:
-        """The end of node ``i``'s log."""
-        return self.nodes[i].log_tail(lines)
-
-    def pids(self) -> list[int]:
-        """Pids of running nodes."""
-        return [n.pid for n in self.nodes if n.running and n.pid is not None]
 
     def stop(self) -> None:
         """Stop every node and remove the run folder if we made it."""

@@ -29,8 +29,23 @@ def connector_jars() -> str:
     return ",".join(str(p) for p in jars("spark-kafka"))
 
 
+#: Spark's own log4j2 configuration when its output goes to a file: WARN and above only.
+SPARK_LOG4J2 = """status = error
+rootLogger.level = warn
+rootLogger.appenderRef.out.ref = out
+appender.out.type = Console
+appender.out.name = out
+appender.out.target = SYSTEM_ERR
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = %d{HH:mm:ss.SSS} %p %c{1}: %m%n%ex
+"""
+
+
 def spark_session(
-    master: str = "local[2]", app_name: str = "pidfence", conf: dict[str, str] | None = None
+    master: str = "local[2]",
+    app_name: str = "pidfence",
+    conf: dict[str, str] | None = None,
+    log_file: Path | None = None,
 ) -> Any:
     """A SparkSession that can read Kafka; no download at run time.
 
@@ -38,6 +53,9 @@ def spark_session(
         master: ``local[N]``, ``local[N,F]`` (F task attempts) or ``spark://host:port``.
         app_name: shown in Spark's UI and logs.
         conf: extra Spark settings (override the defaults here).
+        log_file: send everything the driver JVM prints (Spark's log4j at WARN, the JVM's own
+            warnings, Python workers' stderr) to this file instead of the terminal. Takes effect
+            only when this call starts the JVM (the first session of the process).
     """
     from pyspark.sql import SparkSession
 
@@ -59,12 +77,58 @@ def spark_session(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         **(conf or {}),
     }
+    if log_file is not None:
+        _launch_gateway_logging_to(
+            log_file, {"spark.master": master, "spark.app.name": app_name}, settings
+        )
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def _launch_gateway_logging_to(
+    log_file: Path, launch: dict[str, str], settings: dict[str, str]
+) -> None:
+    """Start the driver JVM with its stdout and stderr in ``log_file`` and log4j at WARN.
+
+    pyspark starts the JVM lazily with the terminal's file descriptors; starting it here first,
+    with ``popen_kwargs``, is pyspark's documented way to capture that output. Python's own
+    ``py4j`` and ``pyspark`` loggers go to the same file.
+    """
+    import logging
+
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    config = log_file.with_name(log_file.stem + "-log4j2.properties")
+    config.write_text(SPARK_LOG4J2)
+    option = f"-Dlog4j2.configurationFile=file:{config}"
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        settings[key] = f"{settings[key]} {option}" if settings.get(key) else option
+    handler = logging.FileHandler(log_file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("py4j", "pyspark"):
+        logger = logging.getLogger(name)
+        if not any(
+            getattr(h, "baseFilename", None) == handler.baseFilename for h in logger.handlers
+        ):
+            logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
+    if SparkContext._gateway is not None:
+        return
+    spark_conf = SparkConf(loadDefaults=False)
+    for key, value in {**launch, **settings}.items():
+        spark_conf.set(key, value)
+    with log_file.open("ab") as out:
+        gateway = launch_gateway(  # type: ignore[no-untyped-call]
+            spark_conf, popen_kwargs={"stdout": out, "stderr": out}
+        )
+    SparkContext._ensure_initialized(gateway=gateway)
 
 
 class SparkStandaloneCluster:

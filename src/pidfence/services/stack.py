@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pidfence.services.kafka import KafkaCluster
-from pidfence.services.process import ManagedProcess
+from pidfence.services.node import ServerNode
 from pidfence.services.zookeeper import ZooKeeperEnsemble
 from pidfence.wire import PidfenceError
 
@@ -32,6 +32,27 @@ _OWNED_DIRS = ("zookeeper", "kafka")
 
 class ServicesError(PidfenceError):
     """A ``pidfence services`` request cannot be carried out (already up, not up, bad node)."""
+
+
+class ServicesAlreadyUp(ServicesError):
+    """The run dir records services that are all still running (``state`` says which)."""
+
+    def __init__(self, state: ServicesState) -> None:
+        super().__init__(f"services already up in {state.run_dir}")
+        self.state = state
+
+
+class ServicesPartlyDown(ServicesError):
+    """The run dir records services of which some have died (``dead`` names them)."""
+
+    def __init__(self, state: ServicesState, dead: list[NodeRecord]) -> None:
+        names = ", ".join(f"{n.name} (pid {n.pid}, log {n.log})" for n in dead)
+        super().__init__(
+            f"services in {state.run_dir} are partly down: {names} not running; "
+            "run `pidfence services down`, then `pidfence services up`"
+        )
+        self.state = state
+        self.dead = dead
 
 
 def default_run_dir() -> Path:
@@ -95,6 +116,10 @@ class ServicesState:
     def pids(self) -> dict[str, int]:
         """Node name to pid."""
         return {n.name: n.pid for n in self.nodes}
+
+    def dead(self) -> list[NodeRecord]:
+        """The recorded nodes that are no longer running."""
+        return [n for n in self.nodes if not same_process(n.pid, n.start_time)]
 
     def status(self) -> dict[str, Any]:
         """The ``status --json`` document: connect strings, run dir, pids and which are alive."""
@@ -227,15 +252,17 @@ class Services:
         """Start both services, wait until ready, record them; they keep running after we exit.
 
         Raises:
-            ServicesError: the run dir already records live services.
+            ServicesAlreadyUp: the run dir records services that all still run (nothing started).
+            ServicesPartlyDown: some recorded services still run, others died (nothing started).
             ServiceFailed: a server did not become ready (whatever started is stopped again).
         """
         existing = read_state(self.run_dir)
         if existing is not None:
-            if any(same_process(n.pid, n.start_time) for n in existing.nodes):
-                raise ServicesError(
-                    f"services already up in {self.run_dir}: run `pidfence services down` first"
-                )
+            dead = existing.dead()
+            if not dead:
+                raise ServicesAlreadyUp(existing)
+            if len(dead) < len(existing.nodes):
+                raise ServicesPartlyDown(existing, dead)
             remove_state(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.zk.start(timeout)
@@ -264,24 +291,18 @@ class Services:
         write_state(self.run_dir, state)
         return state
 
-    def _nodes_with_ports(self) -> list[tuple[ManagedProcess, int]]:
-        return [
-            *zip(self.zk.nodes, self.zk.client_ports, strict=False),
-            *zip(self.kafka.nodes, self.kafka.ports, strict=False),
-        ]
+    def _nodes_with_ports(self) -> list[tuple[ServerNode, int]]:
+        return [(n, n.port) for n in (*self.zk.nodes, *self.kafka.nodes)]
 
-    def _locate(self, node: str) -> tuple[ZooKeeperEnsemble | KafkaCluster, int]:
-        kind, _, index = node.rpartition("-")
-        cluster: ZooKeeperEnsemble | KafkaCluster
-        if kind == "zookeeper":
-            cluster = self.zk
-        elif kind == "kafka":
-            cluster = self.kafka
-        else:
-            raise ServicesError(f"unknown node {node!r}: expected zookeeper-N or kafka-N")
-        if not index.isdigit() or int(index) >= len(cluster.nodes):
-            raise ServicesError(f"no node {node!r} (started: {', '.join(self.node_names())})")
-        return cluster, int(index)
+    def node(self, name: str) -> ServerNode:
+        """The node called ``zookeeper-N`` or ``kafka-N`` (its fault hooks live on it)."""
+        for node in (*self.zk.nodes, *self.kafka.nodes):
+            if node.name == name:
+                return node
+        kind = name.rpartition("-")[0]
+        if kind not in ("zookeeper", "kafka"):
+            raise ServicesError(f"unknown node {name!r}: expected zookeeper-N or kafka-N")
+        raise ServicesError(f"no node {name!r} (started: {', '.join(self.node_names())})")
 
     def node_names(self) -> list[str]:
         """Names of every node started, e.g. ``zookeeper-0``, ``kafka-2``."""
@@ -289,24 +310,26 @@ class Services:
 
     def kill(self, node: str) -> None:
         """SIGKILL one node (``zookeeper-N`` or ``kafka-N``): a crash."""
-        cluster, i = self._locate(node)
-        cluster.kill(i)
+        self.node(node).kill()
 
     def restart(self, node: str, timeout: float = 120.0) -> None:
         """Start a node again (stopping it first if it runs), wait until ready, re-record pids."""
-        cluster, i = self._locate(node)
-        cluster.restart(i, timeout)
+        self.node(node).restart(timeout)
+        if node.startswith("kafka"):
+            self.kafka.wait_all_ready(timeout)
         self.record()
 
     def pause(self, node: str) -> None:
         """SIGSTOP one node: it keeps its sockets but answers nothing."""
-        cluster, i = self._locate(node)
-        cluster.pause(i)
+        self.node(node).pause()
 
     def resume(self, node: str) -> None:
         """SIGCONT a node paused by :meth:`pause`."""
-        cluster, i = self._locate(node)
-        cluster.resume(i)
+        self.node(node).resume()
+
+    def log_tail(self, node: str, lines: int = 40) -> str:
+        """The end of one node's log."""
+        return self.node(node).log_tail(lines)
 
     def down(self) -> None:
         """Stop every node (Kafka first), then remove the run state."""

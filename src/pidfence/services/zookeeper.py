@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 from pidfence.services.jars import classpath
+from pidfence.services.node import Cluster, ServerNode
 from pidfence.services.ports import free_port
-from pidfence.services.process import ManagedProcess, ServiceFailed, java, wait_until
+from pidfence.services.process import ServiceFailed, java
 
 
-class ZooKeeperEnsemble:
+class ZooKeeperEnsemble(Cluster):
     """``size`` ZooKeeper servers in one ensemble, each a JVM process we started.
 
     Args:
@@ -31,7 +33,7 @@ class ZooKeeperEnsemble:
         self.tick_ms = tick_ms
         self.client_ports = [free_port() for _ in range(size)]
         self._peer_ports = [(free_port(), free_port()) for _ in range(size)]
-        self.nodes: list[ManagedProcess] = []
+        self.nodes: list[ServerNode] = []
 
     @property
     def hosts(self) -> str:
@@ -77,7 +79,16 @@ class ZooKeeperEnsemble:
                 "-Dzookeeper.jmx.log4j.disable=true",
                 "-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg),
             ]  # fmt: skip
-            self.nodes.append(ManagedProcess(f"zookeeper-{i}", cmd, cfg.parent / "zookeeper.log"))
+            self.nodes.append(
+                ServerNode(
+                    f"zookeeper-{i}",
+                    cmd,
+                    cfg.parent / "zookeeper.log",
+                    ready=self._probe(i),
+                    what=f"ZooKeeper node {i} ({self.node_hosts(i)})",
+                    port=self.client_ports[i],
+                )
+            )
         for node in self.nodes:
             node.start()
         try:
@@ -88,41 +99,12 @@ class ZooKeeperEnsemble:
             raise
         return self
 
+    def _probe(self, i: int) -> Callable[[], bool]:
+        return lambda: _round_trip(self.node_hosts(i))
+
     def wait_ready(self, i: int, timeout: float = 60.0) -> None:
         """Block until node ``i`` answers a znode write and read."""
-        wait_until(
-            lambda: _round_trip(self.node_hosts(i)),
-            timeout,
-            f"ZooKeeper node {i} ({self.node_hosts(i)})",
-            interval=0.3,
-            tail=self.nodes[i].log_tail(),
-        )
-
-    def kill(self, i: int) -> None:
-        """SIGKILL node ``i``."""
-        self.nodes[i].kill()
-
-    def restart(self, i: int, timeout: float = 60.0) -> None:
-        """Stop node ``i`` if running, start it again and wait until it serves."""
-        self.nodes[i].stop()
-        self.nodes[i].start()
-        self.wait_ready(i, timeout)
-
-    def pause(self, i: int) -> None:
-        """SIGSTOP node ``i``."""
-        self.nodes[i].pause()
-
-    def resume(self, i: int) -> None:
-        """SIGCONT node ``i``."""
-        self.nodes[i].resume()
-
-    def log_tail(self, i: int, lines: int = 40) -> str:
-        """The end of node ``i``'s log."""
-        return self.nodes[i].log_tail(lines)
-
-    def pids(self) -> list[int]:
-        """Pids of running nodes."""
-        return [n.pid for n in self.nodes if n.running and n.pid is not None]
+        self.nodes[i].wait_ready(timeout)
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL) and remove the run folder if we made it."""

@@ -154,6 +154,7 @@ class BatchLine:
         appended: records appended to the output log.
         dropped: records dropped, by verdict name.
         lag: the Kafka source's ``maxOffsetsBehindLatest`` after the batch (None if unknown).
+        seconds: the batch's wall time (Spark's ``triggerExecution``; None if unknown).
     """
 
     batch: int
@@ -161,10 +162,32 @@ class BatchLine:
     appended: int
     dropped: dict[str, int]
     lag: int | None
+    seconds: float | None = None
+
+    def human(self) -> str:
+        """``batch 12: 98,012 in → 97,500 appended, 512 dropped (DUPLICATE 500, FENCED 12),
+        lag 3,400, 1.9 s``."""
+        total = sum(self.dropped.values())
+        parts = [f"batch {self.batch}: {self.records_in:,} in → {self.appended:,} appended"]
+        by_verdict = ", ".join(
+            f"{name} {n:,}" for name, n in sorted(self.dropped.items(), key=lambda kv: -kv[1]) if n
+        )
+        parts.append(f"{total:,} dropped" + (f" ({by_verdict})" if by_verdict else ""))
+        if self.lag is not None:
+            parts.append(f"lag {self.lag:,}")
+        if self.seconds is not None:
+            parts.append(f"{self.seconds:.1f} s")
+        return ", ".join(parts)
 
 
-def _progress_lags(query: Any) -> dict[int, int]:
-    lags: dict[int, int] = {}
+@dataclass(frozen=True)
+class _Progress:
+    lag: int | None
+    seconds: float | None
+
+
+def _progress_by_batch(query: Any) -> dict[int, _Progress]:
+    out: dict[int, _Progress] = {}
     for progress in query.recentProgress:
         data = json.loads(progress.json) if hasattr(progress, "json") else dict(progress)
         total = 0
@@ -174,9 +197,11 @@ def _progress_lags(query: Any) -> dict[int, int]:
             if value is not None:
                 total += int(float(value))
                 known = True
-        if known:
-            lags[int(data["batchId"])] = total
-    return lags
+        ms = (data.get("durationMs") or {}).get("triggerExecution")
+        out[int(data["batchId"])] = _Progress(
+            total if known else None, None if ms is None else float(ms) / 1000
+        )
+    return out
 
 
 class BatchWatcher:
@@ -200,14 +225,17 @@ class BatchWatcher:
         new = [b for b in manifest_ids(self.store) if b > self.last]
         if not new:
             return []
-        lags = _progress_lags(query)
+        progress = _progress_by_batch(query)
         lines = []
         for bid in new:
-            if bid not in lags and bid == new[-1] and not final:
+            if bid not in progress and bid == new[-1] and not final:
                 break
             one = SinkRunSummary()
             one.add_manifest(read_manifest(self.store, bid))
-            lines.append(BatchLine(bid, one.records_in, one.appended, one.dropped, lags.get(bid)))
+            seen = progress.get(bid, _Progress(None, None))
+            lines.append(
+                BatchLine(bid, one.records_in, one.appended, one.dropped, seen.lag, seen.seconds)
+            )
             self.last = bid
         return lines
 

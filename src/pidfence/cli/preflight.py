@@ -1,0 +1,230 @@
+"""What ``pidfence sink`` checks before it starts a JVM: Kafka answers, the topic exists, its
+records carry ``pf`` headers, and the output and checkpoint paths are writable and free.
+
+Each failed check is a :class:`PreflightError` whose message is the one line the user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pidfence.wire import PF_HEADER_KEY, PidfenceError
+
+#: How long the metadata request may take before Kafka counts as unreachable.
+METADATA_TIMEOUT_S = 10.0
+#: Records sampled (from the end of each partition) to look for ``pf`` headers.
+SAMPLE_RECORDS = 200
+
+
+class PreflightError(PidfenceError):
+    """A check before the start failed; the message says what, where and what to do."""
+
+    retriable: ClassVar[bool] = False
+
+
+class KafkaUnreachable(PreflightError):
+    """No broker answered a metadata request in time."""
+
+
+class TopicMissing(PreflightError):
+    """A topic to read does not exist."""
+
+
+class PathUnusable(PreflightError):
+    """The output or checkpoint path cannot be written, or another query owns it."""
+
+
+@dataclass
+class TopicReport:
+    """What the Kafka check found.
+
+    Attributes:
+        watermarks: (topic, partition) -> (low, high) offsets.
+        sampled: records looked at for a ``pf`` header.
+        with_pf: how many of them had one.
+    """
+
+    watermarks: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    sampled: int = 0
+    with_pf: int = 0
+
+    @property
+    def no_pf_warning(self) -> str | None:
+        """A warning when a non-empty sample had no ``pf`` header at all."""
+        if self.sampled and not self.with_pf:
+            return (
+                f"none of the {self.sampled} newest records has a `pf` header: they will be "
+                "appended as NON_IDEMPOTENT without deduplication (write them with "
+                "pidfence.producer.IdempotentProducer)"
+            )
+        return None
+
+
+def check_kafka(
+    bootstrap: str, topics: list[str], timeout_s: float = METADATA_TIMEOUT_S
+) -> TopicReport:
+    """Ask Kafka for the topics' metadata and watermarks, and sample their newest records.
+
+    Raises:
+        KafkaUnreachable: no answer within ``timeout_s``.
+        TopicMissing: a topic does not exist.
+    """
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "group.id": "pidfence-sink-preflight",
+        "enable.auto.commit": False,
+        "log_level": 0,  # librdkafka's own connection errors would repeat our one line
+        "logger": _Silent(),
+    }
+    try:
+        consumer: Any = Consumer(conf)
+    except KafkaException as exc:
+        raise KafkaUnreachable(f"bad Kafka configuration --bootstrap {bootstrap}: {exc}") from exc
+    try:
+        try:
+            meta = consumer.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            raise KafkaUnreachable(
+                f"cannot reach Kafka at {bootstrap}: no broker answered within {timeout_s:g} s "
+                "(is it running? check --bootstrap)"
+            ) from exc
+        report = TopicReport()
+        for topic in topics:
+            info = meta.topics.get(topic)
+            if info is None or info.error is not None or not info.partitions:
+                known = sorted(t for t in meta.topics if not t.startswith("__"))
+                hint = f" (topics there: {', '.join(known[:8])})" if known else ""
+                raise TopicMissing(
+                    f"topic {topic!r} does not exist on Kafka at {bootstrap}{hint}; create it first"
+                )
+            for partition in sorted(info.partitions):
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=timeout_s
+                )
+                report.watermarks[(topic, partition)] = (int(low), int(high))
+        _sample(consumer, report)
+        return report
+    finally:
+        consumer.close()
+
+
+class _Silent:
+    """A logging.Logger stand-in that drops librdkafka's log lines."""
+
+    def log(self, *args: object, **kwargs: object) -> None:
+        """Ignore."""
+
+
+def _sample(consumer: Any, report: TopicReport, budget_s: float = 3.0) -> None:
+    from confluent_kafka import TopicPartition
+
+    non_empty = [(tp, lh) for tp, lh in report.watermarks.items() if lh[1] > lh[0]]
+    if not non_empty:
+        return
+    per = max(1, SAMPLE_RECORDS // len(non_empty))
+    assignment = [TopicPartition(t, p, max(low, high - per)) for (t, p), (low, high) in non_empty]
+    wanted = sum(min(per, high - low) for _, (low, high) in non_empty)
+    consumer.assign(assignment)
+    deadline = time.monotonic() + budget_s
+    while report.sampled < wanted and time.monotonic() < deadline:
+        for msg in consumer.consume(num_messages=wanted, timeout=0.5):
+            if msg.error() is not None:
+                continue
+            report.sampled += 1
+            if any(key == PF_HEADER_KEY for key, _ in msg.headers() or []):
+                report.with_pf += 1
+
+
+def check_writable(path: str, what: str) -> None:
+    """Create ``path`` (a local folder) if needed and prove a file can be written in it.
+
+    Remote URIs (``s3://`` …) are left to the sink.
+
+    Raises:
+        PathUnusable: it is a file, or cannot be created or written.
+    """
+    if "://" in path and not path.startswith("file://"):
+        return
+    local = Path(path.removeprefix("file://"))
+    if local.exists() and not local.is_dir():
+        raise PathUnusable(f"{what} {local} is a file, not a folder; choose another --{what}")
+    try:
+        local.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".pidfence-probe-", dir=local)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise PathUnusable(
+            f"{what} {local} is not writable ({reason}); choose another --{what} or fix its "
+            "permissions"
+        ) from exc
+
+
+def check_owner(output: str, checkpoint: str) -> None:
+    """Refuse an output path that another query owns (the sink's owner record, when present).
+
+    Raises:
+        PathUnusable: the output path belongs to a query with another checkpoint.
+    """
+    try:
+        from pidfence.spark_sink import owner as owner_mod  # type: ignore[attr-defined]
+    except ImportError:
+        return  # the sink has no owner record in this version: writability is all we check
+    check = getattr(owner_mod, "check_owner", None)
+    if check is None:
+        return
+    try:
+        check(output, checkpoint)
+    except PidfenceError as exc:
+        raise PathUnusable(str(exc)) from exc
+
+
+def start_offsets(
+    checkpoint: str, watermarks: dict[tuple[str, int], tuple[int, int]], starting: str
+) -> dict[tuple[str, int], int]:
+    """Where this run starts reading each partition: after the checkpoint's last committed batch,
+    else ``starting`` (earliest: the low watermark, latest: the high one)."""
+    default = {
+        tp: (low if starting == "earliest" else high) for tp, (low, high) in watermarks.items()
+    }
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return default
+    root = Path(checkpoint.removeprefix("file://"))
+    commits = sorted(int(p.name) for p in (root / "commits").glob("[0-9]*") if p.name.isdigit())
+    if not commits:
+        return default
+    try:
+        lines = (root / "offsets" / str(commits[-1])).read_text().splitlines()
+    except OSError:
+        return default
+    out = dict(default)
+    for line in lines[2:]:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(doc, dict):
+            continue
+        for topic, parts in doc.items():
+            if isinstance(parts, dict):
+                for partition, offset in parts.items():
+                    out[(topic, int(partition))] = int(offset)
+    return out
+
+
+def records_to_read(
+    watermarks: dict[tuple[str, int], tuple[int, int]], starts: dict[tuple[str, int], int]
+) -> int:
+    """Records between each partition's start and its high watermark."""
+    return sum(
+        max(0, high - max(low, starts.get(tp, low))) for tp, (low, high) in watermarks.items()
+    )
