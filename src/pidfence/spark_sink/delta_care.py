@@ -1,0 +1,123 @@
+"""Table care of the pidfence Delta tables: compaction, vacuum, log checkpoints.
+
+None of these touches a file of an uncommitted batch: staged files live under ``_pidfence/``
+(Delta ignores paths starting with ``_``), compaction rewrites only files the Delta log adds,
+the default (lite) vacuum deletes only files the log removed, and the full vacuum — which also
+deletes files no commit ever added — keeps every file of a batch its query has not committed
+yet (a batch whose files were moved into ``data/`` just before a crash).
+
+Checkpoints of the Delta log are written by every commit's post-commit hook at the table's
+``delta.checkpointInterval`` (default 100 commits); :func:`checkpoint` writes one now.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from pidfence.spark_sink.delta_commit import committed_version
+from pidfence.spark_sink.delta_table import DATA_DIR, Location, TableKind, marker, open_table
+
+
+def compact(
+    path: str,
+    kind: TableKind = "log",
+    *,
+    target_size: int | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Rewrite small committed files into files of about ``target_size`` bytes.
+
+    A ``dataChange=false`` commit: readers see the same rows; the replaced files stay until a
+    vacuum past the retention period. Returns deltalake's metrics (``numFilesAdded``,
+    ``numFilesRemoved`` …).
+    """
+    dt = open_table(path, kind, create=False, storage_options=storage_options)
+    return dt.optimize.compact(target_size=target_size, commit_properties=marker())
+
+
+def _relative(loc: Location, uri: str) -> str:
+    for prefix in (loc.uri.rstrip("/") + "/", "file://" + loc.root.rstrip("/") + "/"):
+        if uri.startswith(prefix):
+            return uri[len(prefix) :]
+    return uri
+
+
+def _uncommitted(rel: str, versions: dict[str, int | None]) -> bool:
+    """Whether ``rel`` is a file of a batch that its query has not committed."""
+    parts = rel.split("/")
+    if len(parts) != 4 or parts[0] != DATA_DIR or not parts[2].isdigit():
+        return False
+    committed = versions.get(parts[1])
+    return committed is None or int(parts[2]) > committed
+
+
+def vacuum(
+    path: str,
+    kind: TableKind = "log",
+    *,
+    retention_hours: int | None = None,
+    full: bool = False,
+    dry_run: bool = False,
+    enforce_retention: bool = True,
+    storage_options: dict[str, str] | None = None,
+) -> list[str]:
+    """Delete files the table no longer needs; returns them (relative to the table root).
+
+    Args:
+        retention_hours: keep removed files this long (default: the table's
+            ``delta.deletedFileRetentionDuration``, 7 days), so readers of older versions and
+            running queries keep working.
+        full: also delete files no commit references (leftovers of batches that crashed and were
+            re-run into other files), except files of batches not committed yet.
+        dry_run: only list.
+        enforce_retention: refuse a retention below the table's minimum (deltalake's check).
+    """
+    loc = Location.at(path, storage_options)
+    dt = open_table(path, kind, create=False, storage_options=storage_options)
+    if not full:
+        found = dt.vacuum(
+            retention_hours,
+            dry_run=dry_run,
+            enforce_retention_duration=enforce_retention,
+            commit_properties=marker(),
+            full=False,
+        )
+        return sorted(_relative(loc, f) for f in found)
+    candidates = dt.vacuum(
+        retention_hours, dry_run=True, enforce_retention_duration=enforce_retention, full=True
+    )
+    queries = {
+        rel.split("/")[1]
+        for rel in (_relative(loc, c) for c in candidates)
+        if rel.startswith(DATA_DIR + "/") and rel.count("/") == 3
+    }
+    versions = {q: committed_version(dt, q) for q in queries}
+    doomed = sorted(
+        rel for rel in (_relative(loc, c) for c in candidates) if not _uncommitted(rel, versions)
+    )
+    if not dry_run:
+        for rel in doomed:
+            try:
+                loc.fs.delete_file(loc.join(rel))
+            except FileNotFoundError:
+                continue
+        _drop_empty_dirs(loc)
+    return doomed
+
+
+def _drop_empty_dirs(loc: Location) -> None:
+    top = loc.join(DATA_DIR)
+    infos = loc.fs.get_file_info(pafs.FileSelector(top, recursive=True, allow_not_found=True))
+    dirs = sorted((i.path for i in infos if i.type == pafs.FileType.Directory), reverse=True)
+    for d in dirs:
+        if not loc.fs.get_file_info(pafs.FileSelector(d, allow_not_found=True)):
+            loc.fs.delete_dir(d)
+
+
+def checkpoint(path: str, kind: TableKind = "log", **kwargs: Any) -> int:
+    """Write a Delta log checkpoint at the current version now; returns that version."""
+    dt = open_table(path, kind, create=False, storage_options=kwargs.get("storage_options"))
+    dt.create_checkpoint()
+    return dt.version()

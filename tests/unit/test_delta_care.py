@@ -1,0 +1,125 @@
+"""Table care: compaction and vacuum never touch an uncommitted batch; log checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from pidfence.spark_sink.delta_care import checkpoint, compact, vacuum
+from pidfence.spark_sink.delta_commit import (
+    commit_batch,
+    data_dir,
+    stage_file,
+    staging_dir,
+)
+from pidfence.spark_sink.delta_readers import read_delta_log
+from tests.unit.test_delta_commit import Q, expected, run_batch, stage
+from tests.unit.test_delta_table import log_rows
+
+
+class Crash(Exception):
+    """Stands for a driver that dies at a hook point."""
+
+
+def _crash(point: str) -> None:
+    if point == "published":
+        raise Crash(point)
+
+
+def _files(root: Path, under: str) -> set[str]:
+    return {str(p.relative_to(root)) for p in (root / under).rglob("*.parquet")}
+
+
+@pytest.fixture
+def busy_table(tmp_path: Path) -> Path:
+    """Batches 0-4 committed, batch 5 moved into data/ but not committed, batch 6 staged."""
+    path = str(tmp_path)
+    for b in range(5):
+        run_batch(path, b)
+    with pytest.raises(Crash):
+        run_batch(path, 5, hook=_crash)
+    stage(path, 6)
+    return tmp_path
+
+
+def test_compaction_keeps_rows_and_leaves_uncommitted_batches(busy_table: Path) -> None:
+    path = str(busy_table)
+    staged = _files(busy_table, "_pidfence")
+    pending = _files(busy_table, data_dir(Q, 5))
+    metrics = compact(path)
+    assert metrics["numFilesRemoved"] == 10
+    assert metrics["numFilesAdded"] == 1
+    assert len(DeltaTable(path).file_uris()) == 1
+    assert read_delta_log(path).equals(expected(list(range(5))))
+    assert _files(busy_table, "_pidfence") == staged
+    assert _files(busy_table, data_dir(Q, 5)) == pending
+    # The pending batch still commits after the compaction, once.
+    files = stage(path, 5)
+    assert commit_batch(path, "log", Q, 5, files)
+    assert read_delta_log(path).equals(expected(list(range(6))))
+
+
+def test_lite_vacuum_deletes_only_replaced_files(busy_table: Path) -> None:
+    path = str(busy_table)
+    before = _files(busy_table, "data")
+    assert vacuum(path, retention_hours=0, enforce_retention=False) == []
+    compact(path)
+    gone = vacuum(path, retention_hours=0, enforce_retention=False)
+    assert len(gone) == 10
+    assert all(g.startswith(data_dir(Q, 0)[:-20]) for g in gone)
+    # The uncommitted batch 5 (in data/) and the staged batch 6 are still there.
+    assert _files(busy_table, data_dir(Q, 5)) == {f for f in before if f.startswith(data_dir(Q, 5))}
+    assert (busy_table / staging_dir(Q, 6) / "t-0.parquet").exists()
+    assert read_delta_log(path).equals(expected(list(range(5))))
+
+
+def test_vacuum_respects_the_retention_period(busy_table: Path) -> None:
+    path = str(busy_table)
+    compact(path)
+    # Default retention (7 days): the files just replaced stay for readers of older versions.
+    assert vacuum(path) == []
+    assert len(_files(busy_table, data_dir(Q, 0))) == 2
+
+
+def test_full_vacuum_keeps_uncommitted_batches_and_drops_orphans(busy_table: Path) -> None:
+    path = str(busy_table)
+    # An orphan: batch 7 published an extra partition before a crash; its re-run has only one.
+    extra = stage_file(path, "log", Q, 7, "t", 9, log_rows("t", 9, 0, 2))
+    with pytest.raises(Crash):
+        commit_batch(path, "log", Q, 7, [extra], hook=_crash)
+    with pytest.raises(Crash):
+        run_batch(path, 5, hook=_crash)  # batch 5 still pending
+    planned = vacuum(path, retention_hours=0, enforce_retention=False, full=True, dry_run=True)
+    assert planned == []  # batch 7 and 5 are not committed: nothing of them goes
+    commit_batch(path, "log", Q, 5, stage(path, 5))
+    commit_batch(
+        path, "log", Q, 7, [stage_file(path, "log", Q, 7, "t", 0, log_rows("t", 0, 99, 1))]
+    )
+    planned = vacuum(path, retention_hours=0, enforce_retention=False, full=True, dry_run=True)
+    assert planned == [f"{data_dir(Q, 7)}/t-9.parquet"]
+    stage(path, 8)  # staged, never touched
+    assert vacuum(path, retention_hours=0, enforce_retention=False, full=True) == planned
+    assert not (busy_table / data_dir(Q, 7) / "t-9.parquet").exists()
+    assert (busy_table / staging_dir(Q, 8) / "t-1.parquet").exists()
+    assert read_delta_log(path).num_rows == expected(list(range(6))).num_rows + 1
+
+
+def test_checkpoint_at_the_default_interval(tmp_path: Path) -> None:
+    # Every commit runs deltalake's post-commit hook: with the default interval (100, not set in
+    # the table's configuration) the 100th commit, version 99, writes a checkpoint.
+    path = str(tmp_path)
+    for b in range(99):
+        commit_batch(path, "log", Q, b, [])
+    log = tmp_path / "_delta_log"
+    assert "delta.checkpointInterval" not in DeltaTable(path).metadata().configuration
+    assert [p.name for p in log.glob("*.checkpoint*")] == [f"{99:020d}.checkpoint.parquet"]
+    commit_batch(path, "log", Q, 99, [])
+    assert [p.name for p in log.glob("*.checkpoint*")] == [f"{99:020d}.checkpoint.parquet"]
+    # The transaction ids survive a reader that starts from the checkpoint.
+    dt = DeltaTable(path)
+    assert dt.transaction_version(Q) == 99
+    assert not commit_batch(path, "log", Q, 98, [])
+    assert checkpoint(path) == 100
+    assert (log / f"{100:020d}.checkpoint.parquet").exists()

@@ -1,0 +1,144 @@
+"""The pidfence Delta table spec: schema, create-or-open, refusal of anything that is not ours."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from pidfence.spark_sink.delta_table import (
+    DELTA_LOG_SCHEMA,
+    DELTA_REJECTS_SCHEMA,
+    FORMAT_KEY,
+    TABLE_KEY,
+    TS_TYPE,
+    DeltaCommitConflict,
+    ForeignCommit,
+    NotPidfenceTable,
+    StagedFileMissing,
+    open_table,
+)
+from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_SCHEMA
+from pidfence.wire import PidfenceError
+
+
+def log_rows(topic: str, partition: int, start: int, n: int, tag: str = "") -> pa.Table:
+    """``n`` log rows of one partition from ``log_offset`` ``start`` (values carry ``tag``)."""
+    offsets = list(range(start, start + n))
+    return pa.table(
+        {
+            "topic": pa.array([topic] * n, pa.string()),
+            "partition": pa.array([partition] * n, pa.int32()),
+            "log_offset": pa.array(offsets, pa.int64()),
+            "pid": pa.array([7] * n, pa.int64()),
+            "generation": pa.array([1] * n, pa.int64()),
+            "seq": pa.array(offsets, pa.int64()),
+            "key": pa.array([None if i % 3 == 0 else b"k%d" % i for i in offsets], pa.binary()),
+            "value": pa.array([f"{tag}{topic}:{partition}:{i}".encode() for i in offsets]),
+            "kafka_offset": pa.array([10 + 2 * i for i in offsets], pa.int64()),
+            "timestamp": pa.array([1_700_000_000_000_000 + i for i in offsets], pa.int64()).cast(
+                TS_TYPE
+            ),
+        },
+        schema=DELTA_LOG_SCHEMA,
+    )
+
+
+def reject_rows(topic: str, partition: int, start: int, n: int, verdict: str) -> pa.Table:
+    """``n`` rejects of one partition (no log offsets) with one verdict."""
+    rows = log_rows(topic, partition, start, n).set_column(2, "log_offset", pa.nulls(n, pa.int64()))
+    return rows.append_column("verdict", pa.array([verdict] * n, pa.string()))
+
+
+def test_schema_is_the_sinks_output_schema() -> None:
+    # The Delta tables hold exactly the columns and types of read_log / read_rejects.
+    assert DELTA_LOG_SCHEMA.equals(LOG_SCHEMA)
+    assert DELTA_REJECTS_SCHEMA.equals(REJECTS_SCHEMA)
+
+
+def test_create_then_reopen(tmp_path: Path) -> None:
+    path = str(tmp_path / "out")
+    dt = open_table(path, "log")
+    assert dt.version() == 0
+    assert dt.metadata().configuration == {TABLE_KEY: "log", FORMAT_KEY: "1"}
+    assert pa.schema(dt.schema().to_arrow()).names == DELTA_LOG_SCHEMA.names
+    again = open_table(path, "log")
+    assert again.version() == 0
+    rejects = open_table(str(tmp_path / "out" / "_rejects"), "rejects")
+    assert pa.schema(rejects.schema().to_arrow()).names[-1] == "verdict"
+    # A Delta reader sees an empty table of the right schema.
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 0
+
+
+def test_open_without_create_fails_on_missing_table(tmp_path: Path) -> None:
+    with pytest.raises(TableNotFoundError):
+        open_table(str(tmp_path / "none"), "log", create=False)
+    assert not (tmp_path / "none").exists()
+
+
+def _versions(path: Path) -> list[str]:
+    return sorted(p.name for p in (path / "_delta_log").iterdir())
+
+
+def test_refuses_another_writers_table_with_other_schema(tmp_path: Path) -> None:
+    write_deltalake(str(tmp_path), pa.table({"id": [1, 2], "name": ["a", "b"]}))
+    before = _versions(tmp_path)
+    with pytest.raises(NotPidfenceTable, match="pidfence did not create") as info:
+        open_table(str(tmp_path), "log")
+    assert not info.value.retriable
+    assert _versions(tmp_path) == before
+
+
+def test_refuses_same_schema_written_by_another_writer(tmp_path: Path) -> None:
+    # Same columns and types, but not marked as pidfence's: never append to it.
+    write_deltalake(str(tmp_path), log_rows("t", 0, 0, 3))
+    with pytest.raises(NotPidfenceTable, match="pidfence did not create"):
+        open_table(str(tmp_path), "log")
+
+
+def test_refuses_marked_table_with_other_schema(tmp_path: Path) -> None:
+    DeltaTable.create(
+        str(tmp_path),
+        pa.schema([("topic", pa.string()), ("x", pa.int64())]),
+        configuration={TABLE_KEY: "log", FORMAT_KEY: "1"},
+        raise_if_key_not_exists=False,
+    )
+    with pytest.raises(NotPidfenceTable, match="not the pidfence log schema"):
+        open_table(str(tmp_path), "log")
+
+
+def test_refuses_other_kind_and_other_format(tmp_path: Path) -> None:
+    open_table(str(tmp_path / "r"), "rejects")
+    with pytest.raises(NotPidfenceTable, match="rejects table, not a log table"):
+        open_table(str(tmp_path / "r"), "log")
+    DeltaTable.create(
+        str(tmp_path / "f"),
+        DELTA_LOG_SCHEMA,
+        configuration={TABLE_KEY: "log", FORMAT_KEY: "99"},
+        raise_if_key_not_exists=False,
+    )
+    with pytest.raises(NotPidfenceTable, match="format '99'"):
+        open_table(str(tmp_path / "f"), "log")
+
+
+def test_refuses_manifest_layout_and_stray_files(tmp_path: Path) -> None:
+    (tmp_path / "m" / "_manifests").mkdir(parents=True)
+    with pytest.raises(NotPidfenceTable, match="manifest layout"):
+        open_table(str(tmp_path / "m"), "log")
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "part-0.parquet").write_bytes(b"x")
+    with pytest.raises(NotPidfenceTable, match="not empty and not a Delta table"):
+        open_table(str(tmp_path / "s"), "log")
+    assert not (tmp_path / "m" / "_delta_log").exists()
+    assert not (tmp_path / "s" / "_delta_log").exists()
+
+
+def test_errors_are_pidfence_errors_with_retriable_flags() -> None:
+    assert issubclass(NotPidfenceTable, PidfenceError)
+    assert not NotPidfenceTable.retriable
+    assert not ForeignCommit.retriable
+    assert DeltaCommitConflict.retriable
+    assert StagedFileMissing.retriable
