@@ -8,6 +8,7 @@ something obviously right.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,9 @@ class StreamKnobs:
     ts_step_max: int = 50
     ts_back_rate: float = 0.05
     resend_rate: float = 0.02
+    #: Records stamped up to ``skew_ms`` ahead (a producer's clock, or Kafka's 1 h allowance).
+    skew_rate: float = 0.0
+    skew_ms: int = 0
 
 
 @dataclass
@@ -52,6 +56,8 @@ def make_stream(rng: random.Random, knobs: StreamKnobs) -> list[tuple[bytes | No
             out.append((d[1], ts))
         ts += rng.randrange(0, knobs.ts_step_max + 1)
         stamp = ts - rng.randrange(0, 20) if rng.random() < knobs.ts_back_rate else ts
+        if knobs.skew_ms and rng.random() < knobs.skew_rate:
+            stamp = ts + rng.randrange(knobs.skew_ms)
         p = rng.choice(producers)
         roll = rng.random()
         if roll < knobs.odd_rate:
@@ -117,18 +123,32 @@ def make_stream(rng: random.Random, knobs: StreamKnobs) -> list[tuple[bytes | No
 
 
 class ReferenceTable:
-    """DESIGN §4 with a plain dict and scans; held records as a list."""
+    """DESIGN §4 (amended) with a plain dict and scans; held records as a list.
 
-    def __init__(self, capacity: int, lifetime_ms: int, reorder_window: int = 5) -> None:
+    A record is judged at max(clock, its timestamp); only a record that lands (appended, FENCE or
+    held) makes that the clock and expires entries; rejected records change nothing.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        lifetime_ms: int,
+        reorder_window: int = 5,
+        verifier: Callable[[int, int, bytes | None, int], str | None] | None = None,
+    ) -> None:
         self.capacity = capacity
         self.lifetime = lifetime_ms
         self.window = reorder_window
+        self.verifier = verifier
         self.entries: dict[int, list[int]] = {}  # pid -> [gen, high, first_seen, order]
         self.held: list[dict[str, Any]] = []
         self.clock = -(2**63)
         self.order = 0
 
-    def _expire(self, out: list[tuple[Any, Verdict]]) -> None:
+    def _land(self, ts: int, out: list[tuple[Any, Verdict]]) -> None:
+        if ts <= self.clock:
+            return
+        self.clock = ts
         for pid, (_, _, first_seen, _) in sorted(self.entries.items(), key=lambda kv: kv[1][3]):
             if first_seen + self.lifetime <= self.clock:
                 del self.entries[pid]
@@ -138,13 +158,18 @@ class ReferenceTable:
             else:
                 break
 
-    def offer_header(self, header: bytes | None, ts: int, ref: Any) -> list[tuple[Any, Verdict]]:
+    def _ok(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
+        if any(x["pid"] == pid and x["gen"] == g for x in self.held):
+            return True  # a held record of this generation proved it
+        return self.verifier is None or self.verifier(pid, g, cert, max(self.clock, ts)) is None
+
+    def offer_header(
+        self, header: bytes | None, ts: int, ref: Any, cert: bytes | None = None
+    ) -> list[tuple[Any, Verdict]]:
         out: list[tuple[Any, Verdict]] = []
-        if ts > self.clock:
-            self.clock = ts
-            self._expire(out)
         if header is None:
             out.append((ref, Verdict.NON_IDEMPOTENT))
+            self._land(ts, out)
             return out
         try:
             h = decode_pf(header)
@@ -154,49 +179,69 @@ class ReferenceTable:
         pid, g, s, fence = h.pid, h.generation, h.seq, h.is_fence
         if pid == 0:
             out.append((ref, Verdict.NON_IDEMPOTENT))
+            self._land(ts, out)
             return out
+        at = max(self.clock, ts)
         e = self.entries.get(pid)
+        if e is not None and e[2] + self.lifetime <= at:
+            e = None  # expired at the record's time (removed only if the record lands)
         if e is None:
-            if len(self.entries) >= self.capacity:
+            if sum(1 for x in self.entries.values() if x[2] + self.lifetime > at) >= self.capacity:
                 out.append((ref, Verdict.CAPACITY))
-            elif fence:
-                self.entries[pid] = [g, s - 1, self.clock, self.order]
+            elif (fence or s == 0) and not (
+                self.verifier is None or self.verifier(pid, g, cert, at) is None
+            ):
+                out.append((ref, Verdict.FORGED))
+            elif fence or s == 0:
+                out.append((ref, Verdict.FENCE if fence else Verdict.APPENDED))
+                self._land(ts, out)
+                self.entries[pid] = [g, s - 1 if fence else 0, self.clock, self.order]
                 self.order += 1
-                out.append((ref, Verdict.FENCE))
-            elif s == 0:
-                self.entries[pid] = [g, 0, self.clock, self.order]
-                self.order += 1
-                out.append((ref, Verdict.APPENDED))
             else:
                 out.append((ref, Verdict.UNKNOWN_PID))
             return out
+        moves = g == e[0] + 1
         if g < e[0]:
             out.append((ref, Verdict.FENCED))
         elif g > e[0] + 1:
             out.append((ref, Verdict.INVALID_GENERATION))
         elif fence:
+            if moves and not self._ok(pid, g, cert, ts):
+                out.append((ref, Verdict.FORGED))
+                return out
             e[0] = g
             out.append((ref, Verdict.FENCE))
+            self._land(ts, out)
         elif s <= e[1]:
-            e[0] = g
             out.append((ref, Verdict.DUPLICATE))
         elif s == e[1] + 1:
+            if moves and not self._ok(pid, g, cert, ts):
+                out.append((ref, Verdict.FORGED))
+                return out
             e[0], e[1] = g, s
             out.append((ref, Verdict.APPENDED))
             self._release(pid, e, out)
-        elif any(x["pid"] == pid and x["seq"] == s and x["gen"] == g for x in self.held):
-            out.append((ref, Verdict.DUPLICATE))
+            self._land(ts, out)
+        elif s - e[1] - 1 > self.window:
+            out.append((ref, Verdict.OUT_OF_ORDER))
         else:
+            same = [x for x in self.held if x["pid"] == pid and x["seq"] == s]
+            if same and g == same[0]["gen"]:
+                out.append((ref, Verdict.DUPLICATE))
+                return out
+            if same and g < same[0]["gen"]:
+                out.append((ref, Verdict.FENCED))
+                return out
+            if moves and not self._ok(pid, g, cert, ts):
+                out.append((ref, Verdict.FORGED))
+                return out
             # A successor's resend replaces a zombie's waiting copy of the same seq.
-            for x in [x for x in self.held if x["pid"] == pid and x["seq"] == s]:
+            for x in same:
                 self.held.remove(x)
                 out.append((x["ref"], Verdict.FENCED))
-            if s - e[1] - 1 <= self.window:
-                e[0] = g
-                self.held.append({"pid": pid, "seq": s, "gen": g, "ref": ref})
-                out.append((ref, Verdict.BUFFERED))
-            else:
-                out.append((ref, Verdict.OUT_OF_ORDER))
+            self.held.append({"pid": pid, "seq": s, "gen": g, "ref": ref})
+            out.append((ref, Verdict.BUFFERED))
+            self._land(ts, out)
         return out
 
     def _release(self, pid: int, e: list[int], out: list[tuple[Any, Verdict]]) -> None:
@@ -213,9 +258,7 @@ class ReferenceTable:
 
     def flush(self, ts: int) -> list[tuple[Any, Verdict]]:
         out: list[tuple[Any, Verdict]] = []
-        if ts > self.clock:
-            self.clock = ts
-            self._expire(out)
+        self._land(ts, out)
         out += [(h["ref"], Verdict.OUT_OF_ORDER) for h in self.held]
         self.held.clear()
         return out

@@ -87,12 +87,16 @@ def test_fence_with_entry_moves_generation_only(table: ProducerStateTable) -> No
     assert one(table, 1, 6, 2) is V.APPENDED
 
 
-def test_duplicate_sets_generation(table: ProducerStateTable) -> None:
+def test_duplicate_changes_nothing_even_under_the_next_generation(
+    table: ProducerStateTable,
+) -> None:
     one(table, 1, 5, 0)
-    one(table, 1, 5, 1)
-    assert one(table, 1, 5, 1) is V.DUPLICATE
-    assert one(table, 1, 6, 0) is V.DUPLICATE
-    assert table.get(1) == (6, 1, 0)
+    one(table, 1, 5, 1, ts=10)
+    before = table.state()
+    assert one(table, 1, 5, 1, ts=20) is V.DUPLICATE
+    assert one(table, 1, 6, 0, ts=30) is V.DUPLICATE
+    assert table.state() == before  # not gE, not the clock (DESIGN §4 amended)
+    assert one(table, 1, 5, 2) is V.APPENDED  # generation 5 was never fenced
 
 
 def test_next_sequence_is_appended_and_releases_held(table: ProducerStateTable) -> None:
@@ -151,7 +155,11 @@ def test_entries_expire_in_creation_order_from_the_ring() -> None:
     # The table is full again, and CAPACITY comes before UNKNOWN_PID in §4's order.
     assert one(table, 1, 0, 2, ts=111) is V.CAPACITY
     assert [pid for pid, _ in table.ring] == [2, 3]
-    assert one(table, 1, 0, 2, ts=160) is V.UNKNOWN_PID  # pid 2 expired at 50 + 110: room again
+    # Judged at ts 160 pid 2 has expired (50 + 110), so there is room and the pid is unknown;
+    # a rejected record moves nothing, so pid 2 leaves the ring only with a record that lands.
+    assert one(table, 1, 0, 2, ts=160) is V.UNKNOWN_PID
+    assert [pid for pid, _ in table.ring] == [2, 3]
+    assert one(table, 0, 0, 0, ts=160) is V.NON_IDEMPOTENT
     assert [pid for pid, _ in table.ring] == [3]
 
 
@@ -168,8 +176,8 @@ def test_expiry_drops_held_records_as_out_of_order() -> None:
     one(table, 1, 0, 0, ts=0)
     table.offer(1, 0, 2, 0, ref="held")
     assert verdicts(table.offer(2, 0, 0, 100, ref="x")) == [
-        ("held", V.OUT_OF_ORDER),
         ("x", V.APPENDED),
+        ("held", V.OUT_OF_ORDER),
     ]
 
 
@@ -226,7 +234,7 @@ def test_successor_resend_replaces_a_zombies_held_copy() -> None:
         ("zombie s2", V.FENCED),
         ("resend s2", V.BUFFERED),
     ]
-    assert table.get(1) == (1, 0, 0)
+    assert table.get(1) == (0, 0, 0)  # held, not appended: gE moves at release
     assert verdicts(table.offer(1, 1, 1, 0, ref="s1")) == [
         ("s1", V.APPENDED),
         ("resend s2", V.APPENDED),
@@ -238,7 +246,7 @@ def test_held_copy_of_an_older_generation_is_replaced_after_a_bump() -> None:
     table = ProducerStateTable(capacity=2, lifetime_ms=1000, reorder_window=3)
     one(table, 1, 0, 0)
     table.offer(1, 0, 3, 0, ref="zombie s3")
-    table.offer(1, 1, 0, 0, ref="bump via resend")  # DUPLICATE, moves gE to 1
+    table.offer(1, 1, 0, 0, ref="resend s0")  # DUPLICATE: changes nothing
     assert verdicts(table.offer(1, 1, 3, 0, ref="resend s3")) == [
         ("zombie s3", V.FENCED),
         ("resend s3", V.BUFFERED),
@@ -304,3 +312,19 @@ def test_numpy_integers_are_accepted_and_bad_timestamps_refused() -> None:
         table.offer_header(None, "7")
     assert table.state() == before
     table.snapshot()  # the clock stayed an exact int, so this serialises
+
+
+def test_no_record_within_kafkas_timestamp_bound_expires_a_live_lease() -> None:
+    # Lifetime 30 min, grace = Kafka's default log.message.timestamp.after.max.ms (1 h). A
+    # header-less record 40 min ahead lands (it is appended) and moves the clock, yet the live
+    # producer keeps appending; a rejected far-future record does not even move the clock.
+    minute = 60_000
+    table = ProducerStateTable(capacity=2, lifetime_ms=30 * minute, grace_ms=60 * minute)
+    assert one(table, 1, 0, 0, ts=0) is V.APPENDED
+    assert one(table, 2, 0, 5, ts=10 * 24 * 60 * minute) is V.UNKNOWN_PID
+    assert table.clock == 0
+    assert table.offer_header(None, 40 * minute)[0].verdict is V.NON_IDEMPOTENT
+    assert one(table, 1, 0, 1, ts=1 * minute) is V.APPENDED
+    assert one(table, 1, 0, 2, ts=29 * minute) is V.APPENDED
+    # Only past lifetime + grace of the first record does the entry end.
+    assert one(table, 1, 0, 3, ts=90 * minute) is V.UNKNOWN_PID

@@ -7,11 +7,12 @@ same code.
 from pidfence.broker_plugin.batch import BatchResult, DecodedHeaders, decode_headers, offer_batch
 from pidfence.broker_plugin.decision import CODE_OF, VERDICT_CODES, Decision
 from pidfence.broker_plugin.errors import CorruptSnapshot
-from pidfence.broker_plugin.rebuild import rebuild
-from pidfence.broker_plugin.table import ProducerStateTable
+from pidfence.broker_plugin.rebuild import REPLAYED_FORGERY, rebuild, replay_batch, replay_verifier
+from pidfence.broker_plugin.table import ProducerStateTable, Verifier
 
 __all__ = [
     "CODE_OF",
+    "REPLAYED_FORGERY",
     "VERDICT_CODES",
     # batch path
     "BatchResult",
@@ -23,5 +24,8 @@ __all__ = [
     "ProducerStateTable",
     "decode_headers",
     "offer_batch",
+    "Verifier",
     "rebuild",
+    "replay_batch",
+    "replay_verifier",
 ]

@@ -3,9 +3,13 @@
 Most records of a healthy stream are boring: a known producer's next sequence number, or an exact
 resend of one already appended. This module decides those with numpy, per producer, and sends every
 producer with anything unusual in the batch (a gap, a fence, a generation change, held records, an
-expiry or a capacity limit in reach) through the exact per-record rules in record order. Both paths
-write the same state, so the result is identical to ``offer_header`` record by record (a property
-test holds it to that).
+expiry or a capacity limit in reach, a new producer while certificates are verified) through the
+exact per-record rules in record order. Both paths write the same state, so the result is identical
+to ``offer_header`` record by record (a property test holds it to that).
+
+The clock moves only with records that land (DESIGN §4 amended): fast-path rows that are appended
+and header-less rows move it; for each exact-path row the clock is first brought up to the landed
+fast rows before it, then the row is decided exactly as ``offer`` would.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from pidfence.broker_plugin.decision import CODE_OF, VERDICT_CODES, Decision
-from pidfence.broker_plugin.table import Emit, ProducerStateTable
+from pidfence.broker_plugin.table import _NO_CLOCK, Emit, ProducerStateTable
 from pidfence.wire import GENERATION_LIMIT, MalformedHeader, Verdict, decode_pf
 
 I64 = npt.NDArray[np.int64]
@@ -169,11 +173,24 @@ def decode_headers(headers: Any) -> DecodedHeaders:
     return DecodedHeaders(present, malformed, pid, gen, seq, flags)
 
 
+def _cert_list(certs: Any, n: int) -> list[bytes | None]:
+    if certs is None:
+        return [None] * n
+    if isinstance(certs, pa.ChunkedArray | pa.Array):
+        values: list[bytes | None] = certs.to_pylist()
+    else:
+        values = list(certs)
+    if len(values) != n:
+        raise ValueError(f"certs has {len(values)} items for {n} headers")
+    return values
+
+
 def offer_batch(
     table: ProducerStateTable,
     headers: pa.Array | Sequence[bytes | None],
     ts_ms: Any,
     refs: Sequence[Any] | None = None,
+    certs: pa.Array | Sequence[bytes | None] | None = None,
 ) -> BatchResult:
     """Decide a batch of records in order; identical to ``offer_header`` row by row.
 
@@ -184,6 +201,8 @@ def offer_batch(
         ts_ms: each record's timestamp (int64 array-like), the table's only clock.
         refs: what to remember for records that stay held past this call (default: row index);
             must be msgpack-serialisable if the table is snapshotted while they are held.
+        certs: each record's ``pfc`` header value (``None`` when absent); read only for records
+            the table's verifier must check.
     """
     dec = decode_headers(headers)
     n = len(dec.pid)
@@ -196,12 +215,18 @@ def offer_batch(
     if n == 0:
         return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags,
                            np.empty(0, np.int64))  # fmt: skip
-    now = np.maximum.accumulate(np.maximum(ts, table.clock))
     verdict[~dec.present | (dec.present & ~dec.malformed & (dec.pid == 0))] = _NON_IDEMPOTENT
     verdict[dec.malformed] = _MALFORMED
     candidate = dec.present & ~dec.malformed & (dec.pid != 0)
-    fast_rows, fast_codes, final_states, creations, slow_rows = _plan(table, dec, candidate, now)
+    fast_rows, fast_codes, final_states, creations, slow_rows = _plan(table, dec, candidate, ts)
     verdict[fast_rows] = fast_codes
+    # The clock as the landed non-exact rows move it: appended fast rows and header-less rows.
+    landed = np.full(n, _NO_CLOCK, dtype=np.int64)
+    appended_fast = fast_rows[fast_codes == _APPENDED]
+    landed[appended_fast] = ts[appended_fast]
+    opt_out_rows = verdict == _NON_IDEMPOTENT
+    landed[opt_out_rows] = ts[opt_out_rows]
+    landed_clock = np.maximum.accumulate(landed)
 
     # Tokens of this call's rows are cleared before returning, so any constant tells them apart
     # from records held by earlier calls (whose token is None).
@@ -227,32 +252,39 @@ def offer_batch(
                     events_sub.append(sub)
                     events_idx.append(-len(released))
 
-    if len(slow_rows):
+    if len(slow_rows) or creations:
         pid_l, gen_l, seq_l = dec.pid.tolist(), dec.generation.tolist(), dec.seq.tolist()
-        flags_l, now_l = dec.flags.tolist(), now.tolist()
-    else:
-        pid_l = gen_l = seq_l = flags_l = []
-        now_l = now.tolist() if creations else []
+        flags_l, ts_l, clock_l = dec.flags.tolist(), ts.tolist(), landed_clock.tolist()
+        cert_l = _cert_list(certs, n) if len(slow_rows) else []
     ci = 0
     out: list[Emit] = []
-    for r in slow_rows.tolist():
-        while ci < len(creations) and creations[ci][0] < r:
+
+    def create_upto(row: int) -> None:
+        nonlocal ci
+        while ci < len(creations) and creations[ci][0] < row:
             c_row, c_pid, c_gen = creations[ci]
-            table.create(c_pid, c_gen, 0, now_l[c_row])
+            out.clear()
+            table.advance(clock_l[c_row], out)
+            table.create(c_pid, c_gen, 0, table.clock)
+            collect(out, c_row)
             ci += 1
+
+    for r in slow_rows.tolist():
+        create_upto(r)
         out.clear()
-        t = table.advance(now_l[r], out)
+        if r:
+            table.advance(clock_l[r - 1], out)
         ref = refs[r] if refs is not None else r
-        table.decide(pid_l[r], gen_l[r], seq_l[r], flags_l[r], t, ref, out, (call, r))
+        table.decide(pid_l[r], gen_l[r], seq_l[r], flags_l[r], ts_l[r], ref, out, (call, r),
+                     cert_l[r])  # fmt: skip
         collect(out, r)
-    for c_row, c_pid, c_gen in creations[ci:]:
-        table.create(c_pid, c_gen, 0, now_l[c_row])
+    create_upto(n)
     for pid, gen, high in final_states:
         entry = table.entries[pid]
         entry.generation = gen
         entry.highwater = high
     out.clear()
-    table.advance(int(now[-1]), out)
+    table.advance(int(landed_clock[-1]), out)
     collect(out, n)
     # Rows held by this call and still waiting keep their token; make it opaque to later calls.
     for by_seq in table.held.values():
@@ -260,7 +292,7 @@ def offer_batch(
             if h.token is not None and h.token[0] == call:
                 h.token = None
     # Header-less and pid-0 records are appended too (DESIGN §4), at their own position.
-    opt_out = np.flatnonzero(verdict == _NON_IDEMPOTENT)
+    opt_out = np.flatnonzero(opt_out_rows)
     log_order = _merge_log(fast_rows, fast_codes, opt_out, events_time, events_sub, events_idx)
     return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags, log_order, released)
 
@@ -286,7 +318,7 @@ def _merge_log(
 
 
 def _plan(
-    table: ProducerStateTable, dec: DecodedHeaders, candidate: BoolArr, now: I64
+    table: ProducerStateTable, dec: DecodedHeaders, candidate: BoolArr, ts: I64
 ) -> tuple[I64, U8, list[tuple[int, int, int]], list[tuple[int, int, int]], I64]:
     """Split candidate rows into vectorised producers and exact-path rows.
 
@@ -305,7 +337,10 @@ def _plan(
     gid = np.repeat(np.arange(len(starts)), sizes)
     upids = sp[starts].tolist()
     life = table.lifetime_ms + table.grace_ms
-    last_now = int(now[-1])
+    # Bounds of the clock during the batch: it never passes the largest timestamp, and an entry
+    # created here is created at or after its own record's timestamp.
+    last_now = max(table.clock, int(ts.max()))
+    first_now = max(table.clock, int(ts.min()))
     k = len(starts)
     base = np.empty(k, np.int64)
     cur_gen = np.empty(k, np.int64)
@@ -321,15 +356,17 @@ def _plan(
             # An entry that may expire during the batch changes its producer's verdicts mid-way.
             bad[i] = entry.first_seen + life <= last_now or pid in held
     n_new = int((~exists).sum())
-    first_now = int(now[rows[0]])
     if len(entries) + n_new > table.capacity or (n_new and life <= last_now - first_now):
         # CAPACITY or expiry of new entries within reach: decide everything exactly.
         return empty_i, np.empty(0, np.uint8), [], [], rows
     g_first = sg[starts]
     bad |= np.logical_or.reduceat((sg != g_first[gid]) | (sf != 0) | (ss >= _SEQ_FAST_LIMIT),
                                   starts)  # fmt: skip
-    bad |= exists & (g_first != cur_gen) & (g_first != cur_gen + 1)
+    # A generation move (and, with a verifier, a new entry) is decided record by record.
+    bad |= exists & (g_first != cur_gen)
     bad |= ~exists & (ss[starts] != 0)
+    if table.verifier is not None:
+        bad |= ~exists
     # Sequence shape: every record must be a resend (s <= max so far) or the next one.
     span = int(sizes.max()) + 2
     rel = np.clip(ss - base[gid], 0, span - 1)

@@ -1,28 +1,77 @@
-"""Re-deriving a partition's state from a snapshot and the log after it."""
+"""Re-deriving a partition's state from a snapshot and the committed records after it.
+
+State is a function of the committed output (DESIGN §4 amended): replaying every record a batch
+decided (appended, rejected and held), in Kafka-offset order and with the same batch cuts, from an
+older snapshot (or from nothing) gives exactly the live table. Certificates are not stored with the
+output; the replay takes the committed verdicts as their proof instead: a record committed as
+``FORGED`` fails verification again, every other record passes (it did when it was decided).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
 
 from pidfence.broker_plugin.table import ProducerStateTable
+from pidfence.wire import Verdict
+
+#: The certificate a replay hands the table for a record that was committed as ``FORGED``.
+REPLAYED_FORGERY: Final = b"\x00pidfence-replayed-forgery"
+
+
+def replay_verifier(pid: int, generation: int, cert: bytes | None, now_ms: int) -> str | None:
+    """The verifier of a replay: a committed ``FORGED`` record fails again, nothing else does."""
+    del pid, generation, now_ms
+    return "replayed" if cert == REPLAYED_FORGERY else None
+
+
+def replay_batch(
+    table: ProducerStateTable,
+    headers: Sequence[bytes | None],
+    ts_ms: Sequence[int],
+    verdicts: Sequence[str | Verdict],
+    refs: Sequence[Any] | None = None,
+    flush: bool = False,
+) -> None:
+    """Replay one committed batch of one partition (its records in Kafka-offset order).
+
+    Args:
+        table: the state before the batch (updated in place).
+        headers: each record's ``pf`` header value.
+        ts_ms: each record's timestamp.
+        verdicts: each record's committed final verdict (only ``FORGED`` matters).
+        refs: what the live run passed as refs (held records keep them).
+        flush: the live run closed the reorder window at the end of this batch.
+    """
+    certs = [REPLAYED_FORGERY if v == Verdict.FORGED else None for v in verdicts]
+    live, table.verifier = table.verifier, replay_verifier
+    try:
+        table.offer_batch(list(headers), list(ts_ms), list(refs) if refs is not None else None,
+                          certs)  # fmt: skip
+        if flush:
+            table.flush(table.clock)
+    finally:
+        table.verifier = live
+        table.forged.clear()
 
 
 def rebuild(
     snapshot: bytes | None,
-    records: Iterable[tuple[bytes | None, int]],
+    records: Iterable[tuple[Any, ...]],
     *,
     capacity: int | None = None,
     lifetime_ms: int | None = None,
     reorder_window: int | None = None,
     grace_ms: int | None = None,
 ) -> ProducerStateTable:
-    """State after replaying ``records`` (``(pf header bytes or None, ts_ms)``, log order).
+    """State after replaying ``records`` in order.
 
     Args:
         snapshot: bytes from :meth:`ProducerStateTable.snapshot`, or ``None`` to start empty
             (then ``capacity`` and ``lifetime_ms`` are required).
-        records: the log suffix after the snapshot: appended records and ``FENCE`` records, in the
-            order they were decided.
+        records: every record decided after the snapshot, in the order it was decided (Kafka
+            offset order): ``(pf header bytes or None, ts_ms)`` or ``(header, ts_ms, verdict)``
+            (a record committed as ``FORGED`` fails certificate verification again).
 
     Raises:
         CorruptSnapshot: the snapshot is damaged (fall back to an older one or a full replay).
@@ -44,6 +93,11 @@ def rebuild(
             reorder_window=reorder_window,
             grace_ms=grace_ms,
         )
-    for header, ts_ms in records:
-        table.offer_header(header, ts_ms)
+    table.verifier = replay_verifier
+    for i, record in enumerate(records):
+        header, ts_ms = record[0], record[1]
+        forged = len(record) > 2 and record[2] == Verdict.FORGED
+        table.offer_header(header, ts_ms, ref=i, cert=REPLAYED_FORGERY if forged else None)
+    table.verifier = None
+    table.forged.clear()
     return table

@@ -4,18 +4,27 @@ The table keeps ``pid -> (generation, highwater, first_seen_ms)`` for every live
 (topic, partition), in a fixed-size ring in creation order (the proposal's circular buffer), and
 decides each offered record with the cases of DESIGN §4, in the order the table lists them.
 
-Time is only ever the caller's ``ts_ms`` (the Kafka record timestamp): the table's clock is the
-largest timestamp seen so far, so a replay of the same records decides exactly as the first run did,
-and a timestamp that goes backwards (Kafka allows it) never moves the clock back. An entry is
+State is a function of the records that land (DESIGN §4 amended): a rejected record never changes
+anything, not even the clock. Only ``APPENDED`` and ``FENCE`` records create entries or move
+``generation``/``highwater``; records that land (appended, ``FENCE`` or held for reordering) move
+the clock to the largest timestamp seen among them. A record is judged at ``max(clock, its
+timestamp)`` (an entry whose life ended by then is unknown to it, a full ring whose oldest entry
+ended has room), but only a record that lands makes that time the clock and expires entries. An
+entry is
 created with ``first_seen_ms`` = the clock, so the ring stays ordered by expiry time, and expires
 once the clock reaches ``first_seen_ms + lifetime_ms + grace_ms``. An expired pid is unknown again:
 ``seq == 0`` starts a new entry, ``seq > 0`` is ``UNKNOWN_PID``.
+
+With a ``verifier`` (signed generations, DESIGN §3 amended), a record that would create an entry,
+move ``generation`` or be held under the next generation must carry a certificate the verifier
+accepts, else it is ``FORGED``; this happens once per (pid, generation), since afterwards the entry
+itself says the generation was proven.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,6 +44,9 @@ _NO_CLOCK: Final = -(2**63)
 
 #: Internal decision: (caller's ref, verdict, batch token of the record or None).
 Emit = tuple[Any, Verdict, "tuple[int, int] | None"]
+#: ``verifier(pid, generation, cert, now_ms)``: None when ``cert`` proves (pid, generation), else
+#: the reason it does not ("malformed", "wrong_length", "other_identity", "expired", ...).
+Verifier = Callable[[int, int, "bytes | None", int], "str | None"]
 
 APPENDED: Final = Verdict.APPENDED
 NON_IDEMPOTENT: Final = Verdict.NON_IDEMPOTENT
@@ -47,6 +59,7 @@ INVALID_GENERATION: Final = Verdict.INVALID_GENERATION
 DUPLICATE: Final = Verdict.DUPLICATE
 BUFFERED: Final = Verdict.BUFFERED
 OUT_OF_ORDER: Final = Verdict.OUT_OF_ORDER
+FORGED: Final = Verdict.FORGED
 
 
 class Entry:
@@ -84,11 +97,20 @@ class ProducerStateTable:
         lifetime_ms: how long an entry lives after its first record (the lease lifetime).
         reorder_window: how far past ``highwater + 1`` a record may be held for reordering
             (0 disables holding: such records are ``OUT_OF_ORDER`` at once).
-        grace_ms: extra life added to every entry (covers clock skew between producers).
+        grace_ms: extra life added to every entry: at least how far ahead of real time a record
+            timestamp may be (Kafka's ``log.message.timestamp.after.max.ms``, 1 h by default), so
+            no accepted record can expire a producer whose lease is live.
+        verifier: checks ``pfc`` certificates (see :data:`Verifier`); ``None`` accepts every
+            record (signing off). Not part of the state or of snapshots.
     """
 
     def __init__(
-        self, capacity: int, lifetime_ms: int, reorder_window: int = 5, grace_ms: int = 0
+        self,
+        capacity: int,
+        lifetime_ms: int,
+        reorder_window: int = 5,
+        grace_ms: int = 0,
+        verifier: Verifier | None = None,
     ) -> None:
         check_settings(
             capacity=capacity,
@@ -100,6 +122,9 @@ class ProducerStateTable:
         self.lifetime_ms = lifetime_ms
         self.reorder_window = reorder_window
         self.grace_ms = grace_ms
+        self.verifier = verifier
+        #: ``FORGED`` verdicts by reason since the caller last cleared it (not state).
+        self.forged: dict[str, int] = {}
         self.entries: dict[int, Entry] = {}
         self.ring = EntryRing(capacity)
         self.held: dict[int, dict[int, Held]] = {}
@@ -138,44 +163,47 @@ class ProducerStateTable:
         ts_ms: int,
         flags: int = 0,
         ref: Any = None,
+        cert: bytes | None = None,
     ) -> list[Decision]:
         """Decide one record (DESIGN §4).
 
-        Returns the decisions this call made, in log order: expiries of held records, this
-        record's verdict (``BUFFERED`` when held), then held records it released.
+        Returns the decisions this call made, in log order: this record's verdict (``BUFFERED``
+        when held), held records it released, then held records of entries its timestamp expired.
+        ``cert`` is the record's ``pfc`` header value (only read when a verifier is set).
         """
         if type(ts_ms) is not int:
             ts_ms = _timestamp(ts_ms)
         out: list[Emit] = []
-        now = self.advance(ts_ms, out)
         if not _valid(pid, generation, seq, flags):
             # numpy and other integral types are fine; anything else is MALFORMED.
             pid, generation, seq, flags = (_integral(v) for v in (pid, generation, seq, flags))
         if _valid(pid, generation, seq, flags):
-            self.decide(pid, generation, seq, flags, now, ref, out, None)
+            self.decide(pid, generation, seq, flags, ts_ms, ref, out, None, cert)
         else:
             out.append((ref, MALFORMED, None))
         return [Decision(r, v) for r, v, _ in out]
 
-    def offer_header(self, header: bytes | None, ts_ms: int, ref: Any = None) -> list[Decision]:
+    def offer_header(
+        self, header: bytes | None, ts_ms: int, ref: Any = None, cert: bytes | None = None
+    ) -> list[Decision]:
         """Decide one record from its raw ``pf`` header value (``None`` when absent)."""
-        verdict = NON_IDEMPOTENT
         if header is not None:
             try:
                 pf = decode_pf(header)
             except MalformedHeader:
-                verdict = MALFORMED
-            else:
-                return self.offer(pf.pid, pf.generation, pf.seq, ts_ms, pf.flags, ref)
+                return [Decision(ref, MALFORMED)]
+            return self.offer(pf.pid, pf.generation, pf.seq, ts_ms, pf.flags, ref, cert)
         if type(ts_ms) is not int:
             ts_ms = _timestamp(ts_ms)
-        out: list[Emit] = []
+        out: list[Emit] = [(ref, NON_IDEMPOTENT, None)]
         self.advance(ts_ms, out)
-        out.append((ref, verdict, None))
         return [Decision(r, v) for r, v, _ in out]
 
     def flush(self, ts_ms: int) -> list[Decision]:
-        """Close the reorder window: every held record becomes ``OUT_OF_ORDER``."""
+        """Close the reorder window: every held record becomes ``OUT_OF_ORDER``.
+
+        ``ts_ms`` moves the clock first (pass :attr:`clock` to close the window without it).
+        """
         if type(ts_ms) is not int:
             ts_ms = _timestamp(ts_ms)
         out: list[Emit] = []
@@ -192,14 +220,14 @@ class ProducerStateTable:
         self.touched.update(self.held)
         self.held.clear()
 
-    def offer_batch(self, headers: Any, ts_ms: Any, refs: Any = None) -> Any:
+    def offer_batch(self, headers: Any, ts_ms: Any, refs: Any = None, certs: Any = None) -> Any:
         """Decide many records at once; same decisions as :meth:`offer_header` one by one.
 
         See :func:`pidfence.broker_plugin.batch.offer_batch` for the arguments and result.
         """
         from pidfence.broker_plugin.batch import offer_batch
 
-        return offer_batch(self, headers, ts_ms, refs)
+        return offer_batch(self, headers, ts_ms, refs, certs)
 
     def snapshot(self) -> bytes:
         """Full state as bytes (msgpack, versioned, CRC-checked)."""
@@ -335,32 +363,70 @@ class ProducerStateTable:
         self.ring.append(pid, self.next_serial)
         self.next_serial += 1
 
+    def certified(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
+        """Whether (pid, g) is proven by ``cert`` (always, without a verifier); counts failures.
+
+        Expiry is judged at ``max(clock, ts)``: a record cannot make a stale certificate fresh
+        by carrying an old timestamp.
+        """
+        if self.verifier is None:
+            return True
+        reason = self.verifier(pid, g, cert, max(self.clock, ts))
+        if reason is None:
+            return True
+        self.forged[reason] = self.forged.get(reason, 0) + 1
+        return False
+
+    def proven(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
+        """Whether the next generation ``g`` of ``pid`` may move ``gE`` (or be held).
+
+        Held records of the next generation were proven when they were held (their release moves
+        ``gE``), so one of them proves its siblings: the ``pfc`` rides only on the first record
+        the producer sent under a generation, which need not be the first to arrive.
+        """
+        held = self.held.get(pid)
+        if held is not None and any(h.generation == g for h in held.values()):
+            return True
+        return self.certified(pid, g, cert, ts)
+
     def decide(
         self,
         pid: int,
         g: int,
         s: int,
         flags: int,
-        now: int,
+        ts: int,
         ref: Any,
         out: list[Emit],
         token: tuple[int, int] | None,
+        cert: bytes | None = None,
     ) -> None:
-        """Apply DESIGN §4 to one decoded record, in the table's order of cases."""
+        """Apply DESIGN §4 to one decoded record, in the table's order of cases.
+
+        The record is decided against the state as it is (the clock included); only if it lands
+        does its timestamp move the clock (DESIGN §4 amended).
+        """
         if pid == 0:
             out.append((ref, NON_IDEMPOTENT, token))
+            self.advance(ts, out)
             return
         fence = flags & FLAG_FENCE
         entry = self.entries.get(pid)
+        life = self.lifetime_ms + self.grace_ms
+        at = ts if ts > self.clock else self.clock
+        if entry is not None and entry.first_seen + life <= at:
+            # Expired at this record's time; it only leaves the ring if the record lands.
+            entry = None
         if entry is None:
-            if self.ring.full:
+            if self.ring.full and self.entries[self.ring.head()[0]].first_seen + life > at:
                 out.append((ref, CAPACITY, token))
-            elif fence:
-                self.create(pid, g, s - 1, now)
-                out.append((ref, FENCE, token))
-            elif s == 0:
-                self.create(pid, g, 0, now)
-                out.append((ref, APPENDED, token))
+            elif fence or s == 0:
+                if not self.certified(pid, g, cert, ts):
+                    out.append((ref, FORGED, token))
+                    return
+                out.append((ref, FENCE if fence else APPENDED, token))
+                self.advance(ts, out)
+                self.create(pid, g, s - 1 if fence else 0, self.clock)
             else:
                 out.append((ref, UNKNOWN_PID, token))
             return
@@ -371,47 +437,59 @@ class ProducerStateTable:
         if g > current + 1:
             out.append((ref, INVALID_GENERATION, token))
             return
-        self.touched.add(pid)
+        moves = g != current
         if fence:
+            if moves and not self.proven(pid, g, cert, ts):
+                out.append((ref, FORGED, token))
+                return
+            self.touched.add(pid)
             entry.generation = g
             out.append((ref, FENCE, token))
+            self.advance(ts, out)
             return
         high = entry.highwater
         if s <= high:
-            entry.generation = g
+            # Rejected: no state change, even under the next generation (Kafka's rule).
             out.append((ref, DUPLICATE, token))
             return
         if s == high + 1:
+            if moves and not self.proven(pid, g, cert, ts):
+                out.append((ref, FORGED, token))
+                return
+            self.touched.add(pid)
             entry.generation = g
             entry.highwater = s
             out.append((ref, APPENDED, token))
             if pid in self.held:
                 self.release(pid, entry, out)
+            self.advance(ts, out)
+            return
+        if s - high - 1 > self.reorder_window:
+            out.append((ref, OUT_OF_ORDER, token))
             return
         held = self.held.get(pid)
         waiting = held.get(s) if held is not None else None
+        if waiting is not None and g <= waiting.generation:
+            # The same record arrived twice while waiting, or an older generation's copy of a
+            # record a newer generation is already holding.
+            out.append((ref, DUPLICATE if g == waiting.generation else FENCED, token))
+            return
+        if moves and not self.proven(pid, g, cert, ts):
+            out.append((ref, FORGED, token))
+            return
+        self.touched.add(pid)
         if waiting is not None and held is not None:
-            if g == waiting.generation:
-                # The same record arrived twice while waiting for its predecessor.
-                out.append((ref, DUPLICATE, token))
-                return
             # A successor generation re-sent a record a zombie's copy of which is waiting: the
             # waiting copy could only be fenced at release, and calling the resend a DUPLICATE of
             # it would lose the record. Fence the zombie's copy now and hold the resend instead.
             del held[s]
-            if not held:
-                del self.held[pid]
-                held = None
             out.append((waiting.ref, FENCED, waiting.token))
-        if s - high - 1 <= self.reorder_window:
-            entry.generation = g
-            if held is None:
-                held = self.held[pid] = {}
-            held[s] = Held(s, g, flags, now, self.next_arrival, ref, token)
-            self.next_arrival += 1
-            out.append((ref, BUFFERED, token))
-            return
-        out.append((ref, OUT_OF_ORDER, token))
+        if held is None:
+            held = self.held[pid] = {}
+        held[s] = Held(s, g, flags, max(self.clock, ts), self.next_arrival, ref, token)
+        self.next_arrival += 1
+        out.append((ref, BUFFERED, token))
+        self.advance(ts, out)
 
     def release(self, pid: int, entry: Entry, out: list[Emit]) -> None:
         """Append held records that now follow the highwater, re-checking each one."""

@@ -23,6 +23,9 @@ class Verdict(StrEnum):
     DUPLICATE = "DUPLICATE"
     BUFFERED = "BUFFERED"
     OUT_OF_ORDER = "OUT_OF_ORDER"
+    #: Would create an entry or move the generation without a valid ``pfc`` certificate
+    #: (DESIGN §3 amended); appended last so the batch path's uint8 codes stay stable.
+    FORGED = "FORGED"
 
     @property
     def appended(self) -> bool:
