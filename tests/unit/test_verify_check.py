@@ -35,9 +35,9 @@ LOG_SCHEMA = pa.schema(
 REJECTS_SCHEMA = LOG_SCHEMA.append(pa.field("verdict", pa.string()))
 
 
-def value(seq: int, pid: int = PID) -> bytes:
-    """The value every test sends for (pid, seq), so digests line up."""
-    return b"v-%d-%d" % (pid, seq)
+def value(seq: int, pid: int = PID, partition: int = 0) -> bytes:
+    """The value every test sends for (pid, partition, seq), so digests line up."""
+    return b"v-%d-%d-%d" % (pid, partition, seq)
 
 
 def rec(
@@ -58,7 +58,7 @@ def rec(
         "generation": gen,
         "seq": seq,
         "key": b"k",
-        "value": value(seq, pid) if val is None else val,
+        "value": value(seq, pid, partition) if val is None else val,
         "kafka_offset": offset,
         "timestamp": 1_000 + offset,
     }
@@ -96,7 +96,7 @@ def sent(
     expire_ms: int = 0,
 ) -> LedgerEntry:
     """A ledger entry: Kafka acknowledged this record at ``offset``."""
-    data = b"" if fence else (value(seq, pid) if val is None else val)
+    data = b"" if fence else (value(seq, pid, partition) if val is None else val)
     return LedgerEntry(
         pid=pid,
         generation=gen,
@@ -132,25 +132,25 @@ def test_clean_history_passes() -> None:
     only(report)
     assert report.ok
     assert report.summary() == "ok"
-    assert report.totals == {"ledger": 5, "log": 5, "rejects": 0}
+    assert report.totals == {"ledger": 5, "log": 5, "rejects": 0, "events": 5}
 
 
 def test_empty_inputs_pass() -> None:
     report = check([], log_table([]), NO_REJECTS)
     assert report.ok
-    assert report.totals == {"ledger": 0, "log": 0, "rejects": 0}
+    assert report.totals == {"ledger": 0, "log": 0, "rejects": 0, "events": 0}
 
 
 def test_lost_record_missing_from_log_and_rejects() -> None:
     ledger, rows = clean_history()
     del rows[2]
     report = check(ledger, log_table(rows), NO_REJECTS)
-    only(report, lost=1)
+    only(report, lost=1, event_lost=1)
     assert not report.ok
     (example,) = report.findings["lost"].examples
     assert (example["pid"], example["seq"], example["kafka_offset"]) == (PID, 2, 2)
     assert example["verdicts"] == []
-    assert report.summary() == "lost=1"
+    assert report.summary() == "lost=1, event_lost=1"
 
 
 def test_lost_record_rejected_for_a_reason_that_is_no_excuse() -> None:
@@ -158,7 +158,7 @@ def test_lost_record_rejected_for_a_reason_that_is_no_excuse() -> None:
     dropped = rows.pop(3)
     rejects = rejects_table([{**dropped, "verdict": "INVALID_GENERATION"}])
     report = check(ledger, log_table(rows), rejects)
-    only(report, lost=1)
+    only(report, lost=1, event_lost=1)
     assert report.findings["lost"].examples[0]["verdicts"] == ["INVALID_GENERATION"]
 
 
@@ -179,7 +179,7 @@ def test_duplicate_in_log_order_only_is_not_reordered() -> None:
     ledger, rows = clean_history()
     rows.insert(2, rec(1, 20))  # 0 1 1 2 3 4
     report = check(ledger, log_table(rows), NO_REJECTS)
-    only(report, duplicate=1)
+    only(report, duplicate=1, event_duplicate=1)
     assert report.findings["duplicate"].examples[0]["log_offset"] == 2
 
 
@@ -262,7 +262,7 @@ def test_unexpected_value_differs_from_the_acknowledged_one() -> None:
     rows[4] = rec(4, 4, val=b"forged")
     report = check(ledger, log_table(rows), NO_REJECTS)
     # The acknowledged value is not in the log either.
-    only(report, unexpected=1, lost=1)
+    only(report, unexpected=1, lost=1, event_lost=1)
     assert report.findings["unexpected"].examples[0]["why"] == "digest differs from ledger"
     assert report.findings["lost"].examples[0]["seq"] == 4
 
@@ -295,7 +295,7 @@ def test_fenced_zombie_write_does_not_excuse_the_replacements_loss() -> None:
         {**rec(1, 2, gen=GEN + 2), "verdict": "INVALID_GENERATION"},
     ]
     report = check(ledger, log_table(rows), rejects_table(rejects))
-    only(report, lost=1)
+    only(report, lost=1, event_lost=1)
     (example,) = report.findings["lost"].examples
     assert (example["generation"], example["verdicts"]) == (GEN + 2, ["INVALID_GENERATION"])
 
@@ -313,7 +313,7 @@ def test_duplicate_reject_whose_original_is_missing_is_lost() -> None:
     del rows[3]
     rejects = [{**rec(3, 9), "verdict": "DUPLICATE"}]
     report = check([*ledger, sent(3, 9)], log_table(rows), rejects_table(rejects))
-    only(report, lost=1)
+    only(report, lost=1, event_lost=1)
     assert report.findings["lost"].examples[0]["verdicts"] == ["DUPLICATE"]
 
 
@@ -346,12 +346,19 @@ def test_expired_lease_write_is_informational() -> None:
     late = sent(5, 5, ts_ms=5_000, expire_ms=4_000)
     rejects = [{**rec(5, 5), "verdict": "UNKNOWN_PID"}]
     report = check([*ledger, late], log_table(rows), rejects_table(rejects))
+    only(report, expired=1, event_lost=1)
+    # The record-level count is informational, but the event never reached the log: unless
+    # another copy of it was appended, the event is lost (DESIGN §9).
+    assert not report.ok
+    resent = sent(0, 6, pid=PID + 1, val=value(5))
+    appended = rec(0, 6, pid=PID + 1, val=value(5))
+    report = check([*ledger, late, resent], log_table([*rows, appended]), rejects_table(rejects))
     only(report, expired=1)
     assert report.ok
     # The same rejection of a record sent inside its lease is a loss.
     inside = sent(5, 5, ts_ms=3_000, expire_ms=4_000)
     report = check([*ledger, inside], log_table(rows), rejects_table(rejects))
-    only(report, lost=1)
+    only(report, lost=1, event_lost=1)
 
 
 def test_examples_are_capped_but_counts_are_not() -> None:

@@ -126,13 +126,20 @@ def test_json_report_and_ledger_folder_and_several_ledgers(tmp_path: Path, outpu
     assert code == 0, text
     report = json.loads(text)
     assert report["ok"] is True
-    assert report["totals"] == {"ledger": len(entries), "log": 6, "rejects": 3}
+    assert report["totals"] == {
+        "ledger": len(entries),
+        "log": 6,
+        "rejects": 3,
+        "events": len({e.event_id for e in entries if not e.fence}),
+    }
     assert {name: f["count"] for name, f in report["findings"].items()} == {
         "lost": 0,
         "duplicate": 0,
         "reordered": 0,
         "zombie": 0,
         "unexpected": 0,
+        "event_duplicate": 0,
+        "event_lost": 0,
         "expired": 0,
         "unacknowledged": 0,
     }

@@ -6,12 +6,12 @@ import json
 import random
 from dataclasses import dataclass, field
 
+from pidfence.ledger import LedgerEntry, value_digest
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.sequencer import Sequencer
 from pidfence.sim.kafka import SimKafka
 from pidfence.sim.knobs import Knobs
 from pidfence.sim.lease import Lease, SimLeaseServer
-from pidfence.verify.ledger import LedgerEntry, value_digest
 from pidfence.wire import decode_pf
 
 TOPIC = "sim"

@@ -9,13 +9,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from pidfence.ledger import LedgerEntry
 from pidfence.sim.kafka import SimKafka
 from pidfence.sim.knobs import Knobs
 from pidfence.sim.lease import SimLeaseServer
 from pidfence.sim.producer import TOPIC, Network, Producers
 from pidfence.sim.sink import SimSink
 from pidfence.verify.check import CheckReport, check
-from pidfence.verify.ledger import LedgerEntry
 
 START_MS = 1_763_800_000_000
 MAX_STEPS = 100_000

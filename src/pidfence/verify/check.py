@@ -18,6 +18,14 @@ Anomalies (each must be 0 for a run to pass):
 * ``unexpected``: in the log with pid != 0 but never acknowledged: the pid is in no ledger, or the
   seq is at or below the highest acknowledged seq of its (pid, topic, partition) yet not in the
   ledger, or the ledger has it with another digest.
+* ``event_duplicate`` (DESIGN §9): one upstream event appended more than once, under any
+  identities (a zombie that re-sent its work under a fresh pid shows up here and nowhere else).
+* ``event_lost`` (DESIGN §9): an acknowledged event with no appended copy at all.
+
+Events: a ledger entry's ``event_id`` (the producer's ``event_id``, else the value digest). A log
+row carries the event of the ledger entry with its identity and digest; a row the ledger does
+not name (an acknowledgement a crash lost) carries the one event acknowledged with its digest,
+else the digest itself.
 
 Informational counts (never fail a run):
 
@@ -37,14 +45,22 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
-from pidfence.verify.ledger import LedgerEntry, value_digest
+from pidfence.ledger import LedgerEntry, value_digest
 from pidfence.wire import Verdict
 
 if TYPE_CHECKING:
     from rich.table import Table
 
 #: The anomalies that fail a run, in report order.
-ANOMALIES: Final = ("lost", "duplicate", "reordered", "zombie", "unexpected")
+ANOMALIES: Final = (
+    "lost",
+    "duplicate",
+    "reordered",
+    "zombie",
+    "unexpected",
+    "event_duplicate",
+    "event_lost",
+)
 #: Counts shown for information only.
 INFORMATIONAL: Final = ("expired", "unacknowledged")
 #: How many examples each anomaly keeps.
@@ -166,12 +182,14 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
     acked: dict[Identity, dict[tuple[int, str], LedgerEntry]] = defaultdict(dict)
     top_acked: dict[tuple[int, str, int], int] = {}
     ledger_pids: set[int] = set()
+    data: list[LedgerEntry] = []
     n_ledger = 0
     for entry in ledger:
         n_ledger += 1
         ledger_pids.add(entry.pid)
         if entry.fence:
             continue
+        data.append(entry)
         ident = (entry.pid, entry.topic, entry.partition, entry.seq)
         acked[ident].setdefault((entry.generation, entry.digest), entry)
         stream = ident[:3]
@@ -232,9 +250,76 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
 
     _check_order(log_rows, findings["reordered"])
     _check_zombies(log_rows, reject_rows, findings["zombie"])
+    events = _check_events(data, log_rows, findings["event_duplicate"], findings["event_lost"])
     return CheckReport(
-        findings, {"ledger": n_ledger, "log": len(log_rows), "rejects": len(reject_rows)}
+        findings,
+        {
+            "ledger": n_ledger,
+            "log": len(log_rows),
+            "rejects": len(reject_rows),
+            "events": events,
+        },
     )
+
+
+def _check_events(
+    data: list[LedgerEntry],
+    log_rows: list[dict[str, Any]],
+    duplicate: Finding,
+    lost: Finding,
+) -> int:
+    """DESIGN §9: every acknowledged event appended exactly once, whatever its identities.
+
+    Returns the number of distinct acknowledged events.
+    """
+    by_record: dict[tuple[Identity, str], str] = {}
+    by_digest: dict[str, set[str]] = defaultdict(set)
+    sends: dict[str, list[LedgerEntry]] = defaultdict(list)
+    for entry in data:
+        event = entry.event_id
+        by_record[((entry.pid, entry.topic, entry.partition, entry.seq), entry.digest)] = event
+        by_digest[entry.digest].add(event)
+        sends[event].append(entry)
+    appended: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in sorted(log_rows, key=lambda r: (r["topic"], r["partition"], r["log_offset"])):
+        if row["pid"] == 0:
+            continue
+        digest = value_digest(row["value"])
+        known = by_record.get((_identity(row), digest))
+        if known is not None:
+            event = known
+        else:
+            candidates = by_digest.get(digest, set())
+            event = next(iter(candidates)) if len(candidates) == 1 else digest
+        copies = appended[event]
+        copies.append(row)
+        if len(copies) == 2:
+            duplicate.add({"event": event, "copies": [_identity_text(r) for r in copies]})
+        elif len(copies) > 2:
+            duplicate.count += 1
+            if duplicate.examples and duplicate.examples[-1]["event"] == event:
+                duplicate.examples[-1]["copies"].append(_identity_text(row))
+    for event, entries in sends.items():
+        if event in appended:
+            continue
+        lost.add(
+            {
+                "event": event,
+                "sent_as": sorted({_entry_text(e) for e in entries})[:4],
+            }
+        )
+    return len(sends)
+
+
+def _identity_text(row: Mapping[str, Any]) -> str:
+    return (
+        f"pid={row['pid']} g={row['generation']} {row['topic']}[{row['partition']}] "
+        f"seq={row['seq']} log_offset={row['log_offset']}"
+    )
+
+
+def _entry_text(entry: LedgerEntry) -> str:
+    return f"pid={entry.pid} g={entry.generation} {entry.topic}[{entry.partition}] seq={entry.seq}"
 
 
 def _check_order(log_rows: list[dict[str, Any]], finding: Finding) -> None:
