@@ -35,14 +35,27 @@ def demo(
     produce_seconds: Annotated[
         float, typer.Option(help="Target producing time (sets the producers' rate).")
     ] = 26.0,
+    bootstrap: Annotated[
+        str | None,
+        typer.Option(help="Use this Kafka instead of starting one (topics get a unique suffix)."),
+    ] = None,
+    zk_hosts: Annotated[
+        str | None, typer.Option("--zk", help="Use this ZooKeeper instead of starting one.")
+    ] = None,
 ) -> None:
     """Run ZooKeeper, Kafka, lease servers, producers, a copier and the Spark sink with faults,
-    then check exactly-once. Exit 1 on any anomaly."""
+    then check exactly-once.
+
+    Exit 0 with zero anomalies, 1 on any anomaly, 2 for a bad option, 3 when a service does not
+    start or cannot be reached, 75 for a retriable failure. Spark's and the JVM's output goes to
+    OUT/logs/spark.log.
+    """
     from rich.console import Console
 
+    from pidfence.cli.exits import EXIT_USAGE, exit_cleanly, fail
     from pidfence.demo import BadDemoOption, DemoConfig, parse_faults, run_demo
 
-    console = Console()
+    console = Console(log_path=False)
     try:
         config = DemoConfig(
             records=records,
@@ -54,12 +67,20 @@ def demo(
             copier_records=copier_records,
             lease_lifetime_s=lease_lifetime,
             produce_seconds=produce_seconds,
+            bootstrap=bootstrap,
+            zk_hosts=zk_hosts,
         )
     except BadDemoOption as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        fail("demo", str(exc), EXIT_USAGE)
     try:
-        summary = run_demo(config, console)
+        with exit_cleanly("demo"):
+            from pidfence.cli import preflight
+
+            if bootstrap:
+                preflight.check_kafka(bootstrap, [])
+            if zk_hosts:
+                preflight.check_zookeeper(zk_hosts)
+            summary = run_demo(config, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process the demo started was stopped[/yellow]")
         raise typer.Exit(130) from None

@@ -32,6 +32,10 @@ class KafkaUnreachable(PreflightError):
     """No broker answered a metadata request in time."""
 
 
+class ZooKeeperUnreachable(PreflightError):
+    """No ZooKeeper server answered in time."""
+
+
 class TopicMissing(PreflightError):
     """A topic to read does not exist."""
 
@@ -114,6 +118,34 @@ def check_kafka(
         return report
     finally:
         consumer.close()
+
+
+def check_zookeeper(hosts: str, timeout_s: float = METADATA_TIMEOUT_S) -> None:
+    """Open and close a ZooKeeper session.
+
+    Raises:
+        ZooKeeperUnreachable: no session within ``timeout_s``.
+    """
+    import logging
+
+    from kazoo.client import KazooClient
+
+    quiet = logging.getLogger("pidfence.preflight.kazoo")
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        client = KazooClient(hosts=hosts, timeout=timeout_s, connection_retry=None, logger=quiet)
+    except ValueError as exc:
+        raise ZooKeeperUnreachable(f"bad ZooKeeper connect string {hosts!r}: {exc}") from exc
+    try:
+        client.start(timeout=timeout_s)
+    except Exception as exc:  # kazoo: timeouts and socket errors both mean "not reachable"
+        raise ZooKeeperUnreachable(
+            f"cannot reach ZooKeeper at {hosts}: no session within {timeout_s:g} s "
+            "(is it running? check --zk)"
+        ) from exc
+    finally:
+        client.stop()
+        client.close()
 
 
 class _Silent:

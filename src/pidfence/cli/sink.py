@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_USAGE, code_of, fail
+from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE, EXIT_USAGE, code_of, fail
 
 
 class StartingOffsets(StrEnum):
@@ -190,12 +190,16 @@ def _run(
     except PidfenceError as exc:
         fail("sink", f"{one_line(exc)}{where}", code_of(exc))
     except Exception as exc:  # noqa: BLE001 - a Spark/JVM failure: one line, the log has the rest
-        fail(
-            "sink",
-            f"the Spark query failed: {one_line(exc)}{where}; running the same command again "
-            "continues from the checkpoint",
-            EXIT_RETRIABLE,
-        )
+        from pyspark.errors import StreamingQueryException
+
+        if isinstance(exc, StreamingQueryException):  # it ran, then failed: a rerun continues
+            fail(
+                "sink",
+                f"the Spark query failed: {one_line(exc)}{where}; running the same command "
+                "again continues from the checkpoint",
+                EXIT_RETRIABLE,
+            )
+        fail("sink", f"the Spark query did not start: {one_line(exc)}{where}", EXIT_UNAVAILABLE)
     finally:
         bar.stop()
         spark.stop()

@@ -67,6 +67,7 @@ class KillAndResume(FaultScript):
                 return
             victim = self.role.current
             victim.kill()
+            victim.fate = "killed"
             self.note(f"SIGKILL {victim.name} after {self.role.acked()} acknowledged records")
             self._next()
         elif self._step == 1:
@@ -102,6 +103,8 @@ class Zombie(FaultScript):
         self.zombie: Worker | None = None
         self.replacement: Worker | None = None
         self._zombie_acked = 0
+        #: Records the zombie got acknowledged after SIGCONT (its fenced writes).
+        self.zombie_wrote = 0
 
     def poll(self) -> None:
         if self.done:
@@ -111,6 +114,7 @@ class Zombie(FaultScript):
                 return
             self.zombie = self.role.current
             self.zombie.pause()
+            self.zombie.fate = "replaced"
             self.note(f"SIGSTOP {self.zombie.name} after {self.role.acked()} acknowledged records")
             self._next()
         elif self._step == 1:
@@ -145,6 +149,8 @@ class Zombie(FaultScript):
             ):
                 return
             self.zombie.kill()
+            self.zombie_wrote = wrote
+            self.zombie.fate = "fenced" if wrote else "replaced"
             self.note(f"zombie {self.zombie.name} wrote {wrote} records after SIGCONT, then killed")
             self.done = True
 
@@ -187,6 +193,7 @@ class CopierCrash(FaultScript):
                 self.done = True
                 return
             current.kill()
+            current.fate = "killed"
             self.note(f"SIGKILL {current.name} after its checkpoint")
             self.instances.append(self.start())
             self.note(f"restarted as {self.instances[-1].name} from {self.state.name}")

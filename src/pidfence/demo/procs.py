@@ -51,6 +51,10 @@ class Worker:
         self.name = name
         self.ledger = ledger
         self.proc = ManagedProcess(name, argv, log_dir / f"{name}.log", env=env)
+        #: How a fault script ended this instance (``killed``, ``replaced``, ``fenced``), if it did.
+        self.fate: str | None = None
+        #: Event ids (the ledger's ``event``, else the value digest) this instance got acknowledged.
+        self.events: set[str] = set()
         self._read_at = 0
         self._acked = 0
         self._fences = 0
@@ -107,11 +111,17 @@ class Worker:
             handle.seek(self._read_at)
             chunk = handle.read()
         end = chunk.rfind(b"\n") + 1
-        lines = chunk[:end]
         self._read_at += end
-        fences = lines.count(b'"fence":true')
-        self._fences += fences
-        self._acked += lines.count(b"\n") - fences
+        for raw in chunk[:end].splitlines():
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if entry.get("fence"):
+                self._fences += 1
+                continue
+            self._acked += 1
+            self.events.add(str(entry.get("event") or entry.get("digest")))
 
     def acked(self) -> int:
         """Data records this instance's ledger holds so far (acknowledged by Kafka)."""
@@ -122,6 +132,18 @@ class Worker:
         """FENCE records this instance's ledger holds so far."""
         self._scan()
         return self._fences
+
+    def final_state(self) -> str:
+        """``running``, or how it ended: ``done``, a fault's ``killed``/``replaced``/``fenced``,
+        or ``failed (exit N)``."""
+        if self.fate is not None:
+            return self.fate
+        if self.running:
+            return "running"
+        code = self.exit_code()
+        if code is None:
+            return "not started"
+        return "done" if code == 0 else f"failed (exit {code})"
 
 
 @dataclass(frozen=True)
@@ -223,6 +245,11 @@ class ProducerRole:
     def fences(self) -> int:
         """FENCE records acknowledged over every instance."""
         return sum(w.fences() for w in self.instances)
+
+    def distinct(self) -> int:
+        """Distinct events acknowledged over every instance (a resent record counts once)."""
+        self.acked()
+        return len(set().union(*(w.events for w in self.instances)))
 
     def checkpointed(self) -> int:
         """Records the state file's checkpoint covers (0 before the first save with data)."""

@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pidfence.demo.config import DemoConfig, Fault
 from pidfence.demo.faults import CopierCrash, FaultScript, KillAndResume, Zombie, drive
@@ -36,6 +36,7 @@ from pidfence.demo.procs import (
     copier_argv,
     spawn_lease_server,
 )
+from pidfence.demo.progress import role_line
 from pidfence.demo.topic import create_topic
 
 UPSTREAM_PRODUCER = "upstream"
@@ -186,7 +187,7 @@ def run_demo(
                     create_topic(run.bootstrap, topic, config.partitions)
                 if spark is None:
                     # The Spark JVM starts while producers run; the sink needs it first.
-                    spark_future = pool.submit(_spark, config.sink_master)
+                    spark_future = pool.submit(_spark, config.sink_master, paths.logs / "spark.log")
                 else:
                     spark_future = Future[Any]()
                     spark_future.set_result(spark)
@@ -214,10 +215,11 @@ def run_demo(
         _cleanup(cleanups, spark_future if spark is None else None, pool, console)
 
 
-def _spark(master: str) -> Any:
+def _spark(master: str, log_file: Path) -> Any:
     from pidfence.services import spark_session
 
-    return spark_session(master=master, app_name="pidfence-demo")
+    # The JVM's output (Spark's log at WARN, JVM warnings) goes to out/logs, not the terminal.
+    return spark_session(master=master, app_name="pidfence-demo", log_file=log_file)
 
 
 def _start_lease_servers(run: DemoRun, cleanups: list[Callable[[], None]]) -> list[LeaseServerProc]:
@@ -268,14 +270,14 @@ def _produce(
     bars = Progress(
         TextColumn("{task.description:>12}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        TextColumn("{task.completed:>6,.0f}/{task.total:<6,.0f}"),
         TextColumn("{task.fields[note]}"),
         TimeElapsedColumn(),
         console=console,
         transient=False,
     )
     tasks = {
-        role.spec.name: bars.add_task(role.spec.name, total=config.records, note="")
+        role.spec.name: bars.add_task(role.spec.name, total=role.spec.count, note="")
         for role in run.roles
     }
     copier_task = (
@@ -283,21 +285,25 @@ def _produce(
         if run.copier_workers
         else None
     )
+    zombies = [s for s in scripts if isinstance(s, Zombie)]
     shown: dict[str, int] = {}
     sink_ran = False
 
+    def update_bars() -> None:
+        for role in run.roles:
+            wrote = sum(z.zombie_wrote for z in zombies if z.role is role)
+            line = role_line(role.instances, zombie_wrote=wrote)
+            bars.update(tasks[role.spec.name], completed=line.distinct, note=line.note())
+        if copier_task is not None:
+            line = role_line(run.copier_workers)
+            bars.update(copier_task, completed=line.distinct, note=line.note())
+
     def tick() -> None:
         nonlocal sink_ran
-        for role in run.roles:
-            note = "running" if role.running() else "done"
-            bars.update(tasks[role.spec.name], completed=role.acked(), note=note)
-        if copier_task is not None:
-            copied = sum(w.acked() for w in run.copier_workers)
-            note = "running" if any(w.running for w in run.copier_workers) else "done"
-            bars.update(copier_task, completed=copied, note=note)
+        update_bars()
         for script in scripts:
             for event in script.events[shown.get(script.name, 0) :]:
-                console.log(f"[yellow]fault {script.name}[/yellow]: {event}")
+                bars.console.log(f"[yellow]fault {script.name}[/yellow]: {event}")
             shown[script.name] = len(script.events)
         # First sink pass mid-run: shows the second pass continuing from the checkpoint.
         if not sink_ran and spark.done() and all(s.done for s in scripts) and _any_running(run):
@@ -313,17 +319,18 @@ def _produce(
             tick=tick,
             until=lambda: not _any_running(run),
         )
+        update_bars()  # every bar ends in its final state
     for script in scripts:
         run.fault_events[script.name] = script.events
-    failed = [
-        f"{w.name} exited with {w.exit_code()}:\n{w.tail(15)}"
-        for w in _all_workers(run)
-        if w.exit_code() not in (0, None, -9)
-    ]
+    failed = [w for w in _all_workers(run) if w.exit_code() not in (0, None, -9)]
     if failed:
         from pidfence.services.process import ServiceFailed
 
-        raise ServiceFailed("a producer failed:\n" + "\n".join(failed))
+        first = ", ".join(
+            f"{w.name} exited with {w.exit_code()} (log {w.proc.log_path})" for w in failed
+        )
+        tails = "\n".join(f"--- {w.name}\n{w.tail(15)}" for w in failed)
+        raise ServiceFailed(f"a demo process failed: {first}\n{tails}")
 
 
 def _start_copier(run: DemoRun, cleanups: list[Callable[[], None]]) -> CopierCrash:
@@ -381,21 +388,35 @@ def _any_running(run: DemoRun) -> bool:
 
 
 def _sink_pass(run: DemoRun, spark: Any, console: Console) -> None:
-    from pidfence.spark_sink import run_sink
+    """One available-now pass of the sink, with ``pidfence sink``'s per-batch lines."""
+    import threading
+
+    from pidfence.spark_sink import BatchLine, serve
 
     started = time.monotonic()
-    result = run_sink(
+    number = len(run.sink_passes) + 1
+
+    def on_batch(line: BatchLine) -> None:
+        console.log(f"sink pass {number}: {line.human()}")
+
+    result = serve(
         spark,
         run.bootstrap,
         run.raw_topic,
         str(run.paths.sink_output),
         str(run.paths.sink_checkpoint),
+        on_batch=on_batch,
+        stop=threading.Event(),
         available_now=True,
     )
-    record = {"pass": len(run.sink_passes) + 1, "seconds": round(time.monotonic() - started, 1)}
+    record: dict[str, Any] = {"pass": number, "seconds": round(time.monotonic() - started, 1)}
     record.update(_as_dict(result))
     run.sink_passes.append(record)
-    console.log(f"sink pass {record['pass']}: {record}")
+    dropped = sum(result.dropped.values())
+    console.log(
+        f"sink pass {number} done in {record['seconds']:.1f} s: {len(result.batches)} batch(es), "
+        f"{result.records_in:,} in → {result.appended:,} appended, {dropped:,} dropped"
+    )
 
 
 def _as_dict(result: Any) -> dict[str, Any]:

@@ -1,0 +1,169 @@
+"""``pidfence sink`` as a newcomer meets it, driven as a subprocess: each failure is one clear
+line and a documented exit code within 15 s, and a run's console carries no JVM line."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pidfence.cli.exits import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from pidfence.demo.procs import pidfence_argv
+from pidfence.services import free_port
+
+pytestmark = pytest.mark.timeout(300)
+
+#: What the JVM, Spark or py4j print when they reach the console.
+JVM_LINE = re.compile(
+    r"\b(WARN|INFO|ERROR|DEBUG)\b|log4j|WARNING: Using incubator|NativeCodeLoader|"
+    r"^\s+at [\w.$]+\(|Exception|py4j|SparkContext|Ivy|:: loading settings",
+    re.MULTILINE,
+)
+
+
+def run_sink(*args: str, timeout: float = 240.0) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``pidfence sink ARGS`` in a subprocess; (result, seconds it took)."""
+    started = time.monotonic()
+    result = subprocess.run(
+        pidfence_argv("sink", *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    return result, time.monotonic() - started
+
+
+def paths(tmp_path: Path) -> list[str]:
+    return ["--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ckpt")]
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code, result.stderr + result.stdout
+    assert len(lines) == 1, result.stderr
+    assert result.stdout.strip() == ""
+    for word in words:
+        assert word in lines[0]
+    assert not JVM_LINE.search(result.stderr), result.stderr
+
+
+def test_kafka_down_is_one_line_and_exit_3_within_15_s(tmp_path: Path) -> None:
+    dead = f"127.0.0.1:{free_port()}"  # a port nothing listens on
+    result, took = run_sink("--bootstrap", dead, "--topic", "raw", *paths(tmp_path),
+                            "--available-now")  # fmt: skip
+    assert_one_line(result, EXIT_UNAVAILABLE, "cannot reach Kafka", dead)
+    assert took < 15, f"took {took:.1f}s"
+
+
+def test_missing_topic_is_one_line_and_exit_3_within_15_s(kafka: Any, tmp_path: Path) -> None:
+    result, took = run_sink("--bootstrap", kafka.bootstrap, "--topic", "no-such-topic-here",
+                            *paths(tmp_path), "--available-now")  # fmt: skip
+    assert_one_line(result, EXIT_UNAVAILABLE, "'no-such-topic-here' does not exist")
+    assert took < 15, f"took {took:.1f}s"
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """A folder nobody (root included) can create files in: ``chattr +i`` as root, else 0555."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() == 0:
+        done = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"chattr +i unavailable here: {done.stderr!r}")
+        try:
+            yield folder
+        finally:
+            subprocess.run(["chattr", "-i", str(folder)], check=False)
+    else:
+        folder.chmod(0o555)
+        try:
+            yield folder
+        finally:
+            folder.chmod(0o755)
+
+
+def test_read_only_output_path_is_one_line_and_exit_3_within_15_s(
+    kafka: Any, new_topic: Any, read_only_dir: Path, tmp_path: Path
+) -> None:
+    topic = new_topic()
+    out = read_only_dir / "log"
+    result, took = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, "--output",
+                            str(out), "--checkpoint", str(tmp_path / "ckpt"),
+                            "--available-now")  # fmt: skip
+    assert_one_line(result, EXIT_UNAVAILABLE, f"output {out} is not writable")
+    assert took < 15, f"took {took:.1f}s"
+
+
+def test_output_path_that_is_a_file_is_one_line_and_exit_3(
+    kafka: Any, new_topic: Any, tmp_path: Path
+) -> None:
+    topic = new_topic()
+    (tmp_path / "file").write_text("x")
+    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, "--output",
+                         str(tmp_path / "file"), "--checkpoint", str(tmp_path / "ckpt"),
+                         "--available-now")  # fmt: skip
+    assert_one_line(result, EXIT_UNAVAILABLE, "is a file, not a folder")
+
+
+def test_bad_option_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result, took = run_sink("--bootstrap", "127.0.0.1:1", "--topic", "raw", *paths(tmp_path),
+                            "--lifetime", "soon")  # fmt: skip
+    assert_one_line(result, EXIT_USAGE, "lifetime 'soon'")
+    assert took < 15
+
+
+def test_plain_topic_runs_with_a_warning_human_batch_lines_and_no_jvm_line(
+    kafka: Any, new_topic: Any, tmp_path: Path
+) -> None:
+    from confluent_kafka import Producer
+
+    topic = new_topic(partitions=2)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(300):
+        producer.produce(topic, value=b"v%d" % i, key=b"k%d" % (i % 7))
+    assert producer.flush(30) == 0
+    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
+                         "--available-now", "--master", "local[2]")  # fmt: skip
+    assert result.returncode == EXIT_OK, result.stderr + result.stdout
+    warning = result.stderr.strip().splitlines()
+    assert len(warning) == 1 and "has a `pf` header" in warning[0], result.stderr
+    out = result.stdout
+    assert re.search(r"^batch 0: 300 in → 300 appended, 0 dropped, lag 0, [\d.]+ s$", out, re.M), (
+        out
+    )
+    assert "committed 1 batch(es): 300 in → 300 appended, 0 dropped" in out
+    assert not JVM_LINE.search(out + result.stderr), out + result.stderr
+    logs = list((tmp_path / "ckpt" / "logs").glob("spark-*.log"))
+    assert len(logs) == 1 and f"Spark and JVM log: {logs[0]}" in out
+    assert "WARN" in logs[0].read_text()  # Spark did log, to the file
+
+
+def test_spark_failure_is_one_line_with_the_log_path(
+    kafka: Any, new_topic: Any, tmp_path: Path
+) -> None:
+    topic = new_topic()
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    producer.produce(topic, value=b"v")
+    assert producer.flush(30) == 0
+    # A checkpoint that Spark cannot parse: the query fails inside the JVM.
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "metadata").write_text("not json\n")
+    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
+                         "--available-now", "--master", "local[1]")  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == EXIT_UNAVAILABLE, result.stderr  # it failed at the start
+    assert len(lines) == 2 and "has a `pf` header" in lines[0], result.stderr
+    assert lines[1].startswith("pidfence sink: "), lines
+    log = next((tmp_path / "ckpt" / "logs").glob("spark-*.log"))
+    assert f"(details in {log})" in lines[1]
