@@ -115,6 +115,7 @@ def run_bench(name: str, *, quick: bool, bench_dir: Path | None = None) -> Bench
     render(report, console)
     out = bench_dir / "results" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    previous = _previous_run(out)
     payload = {
         "bench": name,
         "command": f"pidfence bench {name}" + (" --quick" if quick else ""),
@@ -123,7 +124,21 @@ def run_bench(name: str, *, quick: bool, bench_dir: Path | None = None) -> Bench
         "elapsed_s": round(elapsed, 2),
         "machine": machine_facts(),
         **asdict(report),
+        # The run before this one, so every figure is read beside its previous value.
+        "previous": previous,
     }
     out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     console.print(f"wrote {out}")
     return report
+
+
+def _previous_run(path: Path) -> dict[str, Any] | None:
+    """The figures of the last recorded run of a bench (without its own history), if readable."""
+    try:
+        last = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(last, dict):
+        return None
+    keep = ("command", "finished_at", "elapsed_s", "rows", "notes", "params")
+    return {k: last[k] for k in keep if k in last}
