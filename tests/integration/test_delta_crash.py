@@ -1,0 +1,124 @@
+"""SIGKILL of a committing process at each step of a Delta batch commit, then the commit re-run.
+
+A child process plays both roles for one batch: it stages the batch's Parquet files (the
+executors' part), then commits them (the driver's part), and SIGKILLs itself at one point:
+
+* ``staged``    — the Parquet files are written, the commit has not started;
+* ``published`` — the files are moved into ``data/``, the Delta commit has not happened;
+* ``committed`` — the Delta commit is done, the staging area is not cleaned yet.
+
+The kill is the child's own ``os.kill(getpid(), SIGKILL)`` at that point, so where it dies is
+deterministic. Then the batch is re-run, either the driver's commit alone (with the commit
+messages the tasks had returned) or the whole batch (tasks and commit, as Spark does after a
+restart), and the table must hold every batch exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from pidfence.spark_sink.delta_commit import StagedFile, commit_batch, staging_dir
+from pidfence.spark_sink.delta_readers import read_delta_log
+from tests.unit.test_delta_commit import Q, expected, run_batch
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = """
+import json, os, signal, sys
+from pidfence.spark_sink.delta_commit import commit_batch
+from tests.unit.test_delta_commit import Q, stage
+
+path, batch, point, messages = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+files = stage(path, batch)
+with open(messages, "w") as out:
+    json.dump([f.to_dict() for f in files], out)
+
+def die(at):
+    if at == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+die("staged")
+commit_batch(path, "log", Q, batch, files, hook=die)
+"""
+
+POINTS = ("staged", "published", "committed")
+
+
+def _killed_run(path: Path, batch: int, point: str, messages: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), str(batch), point, str(messages)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def _added_files(path: Path) -> list[str]:
+    return sorted(pa.table(DeltaTable(str(path)).get_add_actions()).column("path").to_pylist())
+
+
+def _assert_exact(path: Path, batches: list[int]) -> None:
+    assert read_delta_log(str(path)).equals(expected(batches))
+    assert DeltaTable(str(path)).transaction_version(Q) == max(batches)
+    files = _added_files(path)
+    assert len(files) == len(set(files)) == 2 * len(batches)
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("rerun", ["commit", "batch"])
+def test_kill_at_each_commit_step_then_rerun(tmp_path: Path, point: str, rerun: str) -> None:
+    run_batch(str(tmp_path), 0)
+    messages = tmp_path.parent / f"{tmp_path.name}-messages.json"
+    _killed_run(tmp_path, 1, point, messages)
+
+    committed = point == "committed"
+    # What readers see right after the crash: batch 1 entirely or not at all.
+    _assert_exact(tmp_path, [0, 1] if committed else [0])
+    staged = list((tmp_path / staging_dir(Q, 1)).glob("*.parquet"))
+    assert bool(staged) == (point == "staged")
+
+    if rerun == "commit":
+        files = [StagedFile(**m) for m in json.loads(messages.read_text())]
+        assert commit_batch(str(tmp_path), "log", Q, 1, files) is not committed
+    else:
+        assert run_batch(str(tmp_path), 1) is not committed
+    _assert_exact(tmp_path, [0, 1])
+    assert not (tmp_path / staging_dir(Q, 1)).exists()
+    # A second re-run is a no-op, and the next batch continues normally.
+    assert not run_batch(str(tmp_path), 1)
+    assert run_batch(str(tmp_path), 2)
+    _assert_exact(tmp_path, [0, 1, 2])
+
+
+def test_kill_at_every_step_in_one_run(tmp_path: Path) -> None:
+    """Batches 1-3 each die at a different step and are re-run by a fresh process."""
+    run_batch(str(tmp_path), 0)
+    for batch, point in enumerate(POINTS, start=1):
+        _killed_run(tmp_path, batch, point, tmp_path.parent / f"{tmp_path.name}-{batch}.json")
+        _clean_run(tmp_path, batch, tmp_path.parent / f"{tmp_path.name}-r{batch}.json")
+    _assert_exact(tmp_path, [0, 1, 2, 3])
+
+
+def _clean_run(path: Path, batch: int, messages: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), str(batch), "never", str(messages)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"},
+        check=True,
+        timeout=120,
+    )
