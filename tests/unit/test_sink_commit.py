@@ -19,6 +19,7 @@ from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, 
 from tests.unit.test_sink_process import Record, kafka_rows, make_stream, reference
 
 SETTINGS = {"capacity": "64", "lifetime": "10000000", "reorderWindow": "3", "compactEvery": "2"}
+QUERY = "0f1e2d3c-query-a"
 
 
 def _writer(path: Path) -> PidfenceStreamWriter:
@@ -28,7 +29,7 @@ def _writer(path: Path) -> PidfenceStreamWriter:
 def _write(
     monkeypatch: pytest.MonkeyPatch, w: PidfenceStreamWriter, batch: int, table: pa.Table
 ) -> SinkCommitMessage:
-    monkeypatch.setattr(writer_mod, "_task_context", lambda: (batch, 0))
+    monkeypatch.setattr(writer_mod, "_task_context", lambda: (batch, 0, QUERY))
     return w.write(iter(table.to_batches(max_chunksize=17)))
 
 
@@ -90,9 +91,13 @@ def test_uncommitted_batch_is_invisible_and_cleaned(
     _write(monkeypatch, w, 1, kafka_rows(chunks[1]))  # written, never committed
     assert read_log(str(tmp_path)).equals(visible)
     store = Store.at(str(tmp_path))
-    assert cleanup_uncommitted(store, Store.at(str(tmp_path / "_rejects"))) == [1]
-    assert not (tmp_path / "data" / f"{1:020d}").exists()
-    assert 1 not in state_files(store, "t", 0)
+    rejects = Store.at(str(tmp_path / "_rejects"))
+    # The path has an owner: without its query id, cleanup touches nothing (it might be
+    # another query's in-flight batch); the owner's own cleanup removes its files.
+    assert cleanup_uncommitted(store, rejects) == []
+    assert any((tmp_path / "data" / f"{1:020d}").iterdir())
+    assert cleanup_uncommitted(store, rejects, QUERY) == [1]
+    assert not any((tmp_path / "data" / f"{1:020d}").iterdir())
 
 
 def test_abort_removes_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

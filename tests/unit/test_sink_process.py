@@ -151,3 +151,28 @@ def test_flush_held_decides_waiting_records_at_batch_end() -> None:
     out = process_partition(kafka_rows(records), "t", 0, st, flush_held=True)
     assert out.rejects.column("verdict").to_pylist() == ["OUT_OF_ORDER"]
     assert not st.held
+
+
+def test_a_pf_header_with_a_null_value_is_malformed_not_opt_out() -> None:
+    # Fix 5 of issue 11: a null-valued pf header was appended as NON_IDEMPOTENT.
+    headers = pa.array(
+        [[{"key": "pf", "value": None}], [], [{"key": "pf", "value": encode_pf(1, 0, 0)}]],
+        HEADERS_TYPE,
+    )
+    assert pf_headers(headers).to_pylist() == [b"", None, encode_pf(1, 0, 0)]
+    rows = kafka_rows([(0, None, 1), (1, None, 2), (2, encode_pf(1, 0, 0), 3)]).set_column(
+        6, "headers", headers
+    )
+    out = process_partition(rows, "t", 0, PartitionState(ProducerStateTable(8, 1000)))
+    assert out.log.column("kafka_offset").to_pylist() == [1, 2]
+    assert out.rejects.column("verdict").to_pylist() == ["MALFORMED"]
+    assert out.counts == {"MALFORMED": 1, "NON_IDEMPOTENT": 1, "APPENDED": 1}
+
+
+def test_held_records_are_part_of_the_batch_output() -> None:
+    records: list[Record] = [(0, encode_pf(7, 0, 0), 1), (1, encode_pf(7, 0, 2), 2)]
+    st = PartitionState(ProducerStateTable(8, 1000, reorder_window=3))
+    out = process_partition(kafka_rows(records), "t", 0, st)
+    assert out.held.column("kafka_offset").to_pylist() == [1]
+    assert out.held.column("pf").to_pylist() == [encode_pf(7, 0, 2)]
+    assert out.held.column("value").to_pylist() == [b"v1"]

@@ -29,3 +29,23 @@ class InjectedFault(SinkError):
     """A failure injected on purpose by ``PIDFENCE_SINK_FAIL_ATTEMPT0`` (a retry succeeds)."""
 
     retriable: ClassVar[bool] = True
+
+
+class OutputOwnedError(SinkError):
+    """Another streaming query owns the output path (one query per path: DESIGN §7).
+
+    Stop that query or write to another path; a restart of the same query (same checkpoint)
+    takes the path over.
+    """
+
+    retriable: ClassVar[bool] = False
+
+
+class CommittedBatchMismatch(SinkError):
+    """Spark re-ran a committed batch with other Kafka offsets than its manifest records.
+
+    A committed batch is immutable; this means the checkpoint and the output path disagree
+    (e.g. a checkpoint from another run). Nothing was written.
+    """
+
+    retriable: ClassVar[bool] = False

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink.errors import SinkOptionError
 
 _UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -14,14 +15,17 @@ DEFAULT_LIFETIME_MS: Final = 86_400_000
 DEFAULT_CAPACITY: Final = 100_000
 DEFAULT_REORDER_WINDOW: Final = 5
 DEFAULT_COMPACT_EVERY: Final = 16
+#: Kafka 4.x refuses CreateTime more than 1 h ahead (``log.message.timestamp.after.max.ms``).
+DEFAULT_TIMESTAMP_SKEW_MS: Final = 3_600_000
 
 
-def parse_duration_ms(text: str) -> int:
-    """``"3600000"``, ``"90s"``, ``"15m"``, ``"24h"`` or ``"7d"`` as milliseconds (> 0)."""
+def parse_duration_ms(text: str, name: str = "lifetime", low: int = 1) -> int:
+    """``"3600000"``, ``"90s"``, ``"15m"``, ``"24h"`` or ``"7d"`` as milliseconds (>= ``low``)."""
     match = _DURATION.match(text)
-    if match is None or int(match.group(1)) <= 0:
+    if match is None or int(match.group(1)) < low:
+        kind = "positive " if low > 0 else ""
         raise SinkOptionError(
-            f"lifetime {text!r} is not a positive duration; use milliseconds or e.g. 90s, 15m, 24h"
+            f"{name} {text!r} is not a {kind}duration; use milliseconds or e.g. 90s, 15m, 24h"
         )
     return int(match.group(1)) * _UNITS[match.group(2) or "ms"]
 
@@ -59,6 +63,12 @@ class SinkOptions:
         compact_every: a full state snapshot after this many incremental ones.
         flush_held: at the end of every batch, decide held records (``OUT_OF_ORDER``) instead of
             carrying them into the next batch.
+        grace_ms: extra life of every producer entry: how far ahead of real time a record's
+            timestamp may be (``timestampSkew``, default 1 h = Kafka's default bound), so no
+            accepted record can expire a producer whose lease is live.
+        lease_public_keys: PEM files of the lease servers' public keys (``leasePublicKey``,
+            comma-separated); when set, records that would create an entry or move a generation
+            need a valid ``pfc`` certificate, else they are ``FORGED``.
     """
 
     path: str
@@ -68,6 +78,8 @@ class SinkOptions:
     reorder_window: int = DEFAULT_REORDER_WINDOW
     compact_every: int = DEFAULT_COMPACT_EVERY
     flush_held: bool = False
+    grace_ms: int = DEFAULT_TIMESTAMP_SKEW_MS
+    lease_public_keys: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -88,4 +100,44 @@ class SinkOptions:
             reorder_window=_int(opts, "reorderwindow", DEFAULT_REORDER_WINDOW, 0),
             compact_every=_int(opts, "compactevery", DEFAULT_COMPACT_EVERY, 0),
             flush_held=_bool(opts, "flushheld"),
+            grace_ms=(
+                DEFAULT_TIMESTAMP_SKEW_MS
+                if opts.get("timestampskew") is None
+                else parse_duration_ms(opts["timestampskew"], "timestampSkew", low=0)
+            ),
+            lease_public_keys=_keys(opts.get("leasepublickey")),
         )
+
+    def verifier(self) -> Verifier | None:
+        """The certificate check for the broker rules (None when ``leasePublicKey`` is unset).
+
+        Raises:
+            SinkOptionError: a key file is missing or not an Ed25519 public key.
+        """
+        if not self.lease_public_keys:
+            return None
+        from pidfence.wire.cert import KeyFileError, load_public_keys, verify_cert
+
+        try:
+            keys = load_public_keys(self.lease_public_keys)
+        except KeyFileError as exc:
+            raise SinkOptionError(f"option leasePublicKey: {exc}") from None
+
+        def verify(pid: int, generation: int, cert: bytes | None, now_ms: int) -> str | None:
+            if cert is None:
+                return "missing"
+            check = verify_cert(cert, keys, pid, generation, now_ms)
+            return None if check.ok else check.reason
+
+        return verify
+
+
+def _keys(raw: str | None) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    paths = tuple(p.strip() for p in raw.split(",") if p.strip())
+    if not paths:
+        raise SinkOptionError(
+            "option leasePublicKey names no file; give PEM paths, comma-separated"
+        )
+    return paths

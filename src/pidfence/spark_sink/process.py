@@ -1,6 +1,9 @@
 """One partition's batch through the broker rules: Kafka rows in, log rows and rejects out.
 
-Pure computation on Arrow tables (no Spark, no I/O), so it is unit-tested directly.
+Pure computation on Arrow tables (no Spark, no I/O), so it is unit-tested directly. Besides the
+log and the rejects, a batch commits the records still held for reordering at its end (``held``),
+so the committed output alone determines the partition's state (DESIGN §4 amended). Rejects and
+held records keep their raw ``pf`` header in an extra ``pf`` column for exact replays.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ LOG_SCHEMA: Final = pa.schema(
     ]
 )
 REJECTS_SCHEMA: Final = LOG_SCHEMA.append(pa.field("verdict", pa.string()))
+#: What the rejects files hold: the public columns plus the raw ``pf`` header (for replays).
+REJECTS_FILE_SCHEMA: Final = REJECTS_SCHEMA.append(pa.field("pf", pa.binary()))
+#: Records held for reordering at the end of a batch: the log columns plus the raw ``pf``.
+HELD_SCHEMA: Final = LOG_SCHEMA.append(pa.field("pf", pa.binary()))
+CERT_HEADER_KEY: Final = "pfc"
 _APPENDED_CODES: Final = np.array(
     [CODE_OF[Verdict.APPENDED], CODE_OF[Verdict.NON_IDEMPOTENT]], dtype=np.uint8
 )
@@ -42,35 +50,58 @@ _NAMES: Final = np.array([v.name for v in VERDICT_CODES], dtype=object)
 
 @dataclass
 class PartitionOutput:
-    """What one batch of one partition produced."""
+    """What one batch of one partition produced.
+
+    ``held`` is every record still held for reordering at the end of the batch (committed with
+    it); ``forged`` counts ``FORGED`` verdicts by reason; ``flushed`` says the reorder window was
+    closed at the end of the batch (a replay does the same).
+    """
 
     log: pa.Table
     rejects: pa.Table
+    held: pa.Table
     rows_in: int
     counts: dict[str, int]
+    forged: dict[str, int]
+    flushed: bool
 
 
-def pf_headers(headers: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """The first ``pf`` header value per row of a Kafka ``headers`` column (null when absent)."""
+def header_values(
+    headers: pa.Array | pa.ChunkedArray, key: str = PF_HEADER_KEY, present_null: bytes | None = None
+) -> pa.Array:
+    """The first value of header ``key`` per row of a Kafka ``headers`` column (null if absent).
+
+    Args:
+        headers: the Kafka source's ``headers`` column.
+        key: the header key.
+        present_null: what a header that is present with a null value becomes (None keeps the
+            null). A ``pf`` header with a null value is not "no header": it is ``MALFORMED``.
+    """
     if isinstance(headers, pa.ChunkedArray):
         headers = headers.combine_chunks()
     n = len(headers)
     flat = pc.list_flatten(headers)
     parents = pc.list_parent_indices(headers).to_numpy(zero_copy_only=False)
     keys = flat.field("key")
-    hit = pc.fill_null(pc.equal(keys, PF_HEADER_KEY), False).to_numpy(zero_copy_only=False)
+    hit = pc.fill_null(pc.equal(keys, key), False).to_numpy(zero_copy_only=False)
     rows = parents[hit]
     positions = np.flatnonzero(hit)
     first_rows, first_at = np.unique(rows, return_index=True)
     index = np.full(n, -1, dtype=np.int64)
     index[first_rows] = positions[first_at]
     values = flat.field("value")
+    if present_null is not None and len(values) and values.null_count:
+        values = pc.fill_null(values, pa.scalar(present_null, pa.binary()))
     mask = index < 0
-    return (
-        pc.take(values, pa.array(np.where(mask, 0, index), mask=mask))
-        if len(values)
-        else (pa.nulls(n, pa.binary()))
-    )
+    if not len(values):
+        return pa.nulls(n, pa.binary())
+    taken = pc.take(values, pa.array(np.where(mask, 0, index), mask=mask))
+    return taken.cast(pa.binary()) if taken.type != pa.binary() else taken
+
+
+def pf_headers(headers: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The first ``pf`` header value per row (null when absent, ``b""`` when present but null)."""
+    return header_values(headers, PF_HEADER_KEY, present_null=b"")
 
 
 def _to_ts(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -84,15 +115,22 @@ def process_partition(
 ) -> PartitionOutput:
     """Apply the rules to one partition's rows (any order; sorted by Kafka offset here).
 
-    ``st`` is updated in place: table, held payloads and the next log offset.
+    ``st`` is updated in place: table, held payloads and the next log offset. With a verifier on
+    ``st.table``, the ``pfc`` header is handed to it.
     """
     rows = rows.sort_by("offset")
     n = rows.num_rows
     headers = pf_headers(rows.column("headers"))
+    certs = (
+        header_values(rows.column("headers"), CERT_HEADER_KEY)
+        if st.table.verifier is not None
+        else None
+    )
     ts = _to_ts(rows.column("timestamp"))
     ts_us = ts.cast(pa.int64()).to_numpy(zero_copy_only=False)
     offsets = rows.column("offset").to_numpy()
-    res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist())
+    st.table.forged.clear()
+    res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist(), certs)
     base = pa.table(
         {
             "topic": pa.array([topic] * n, pa.string()),
@@ -110,7 +148,7 @@ def process_partition(
     )
     # Records held by earlier batches that this one decided, from the payloads we kept.
     released_rows = [st.held.pop(int(d.ref)) for d in res.released]
-    released = _held_table(released_rows, topic, partition)
+    released = _held_table(released_rows, topic, partition).select(LOG_SCHEMA.names)
     source = pa.concat_tables([base, released]) if released_rows else base
     order = _with_non_idempotent(res.log_order, res.verdict)
     take = np.where(order >= 0, order, n + (-order - 1))
@@ -121,13 +159,15 @@ def process_partition(
 
     verdict = res.verdict
     buffered = np.flatnonzero(verdict == _BUFFERED)
+    with_pf = base.append_column("pf", headers)
     for i in buffered.tolist():
-        st.held[int(offsets[i])] = _held_row(base, i)
+        st.held[int(offsets[i])] = _held_row(with_pf, i)
     dropped = np.flatnonzero(~np.isin(verdict, _APPENDED_CODES) & (verdict != _BUFFERED))
     reject_parts = [
-        base.take(pa.array(dropped, pa.int64())).append_column(
-            "verdict", pa.array(_NAMES[verdict[dropped]].tolist(), pa.string())
-        )
+        with_pf.take(pa.array(dropped, pa.int64()))
+        .select(LOG_SCHEMA.names)
+        .append_column("verdict", pa.array(_NAMES[verdict[dropped]].tolist(), pa.string()))
+        .append_column("pf", headers.take(pa.array(dropped, pa.int64())))
     ]
     late = [
         (r, d.verdict)
@@ -136,14 +176,16 @@ def process_partition(
     ]
     flushed: list[Verdict] = []
     if flush_held and st.held:
-        max_ms = int(ts_us.max() // 1000) if n else st.table.clock
-        for d in st.table.flush(max_ms):
+        # The window closes at the table's own clock: flushing never moves time.
+        for d in st.table.flush(st.table.clock):
             late.append((st.held.pop(int(d.ref)), d.verdict))
             flushed.append(d.verdict)
     if late:
         held_rejects = _held_table([r for r, _ in late], topic, partition)
         reject_parts.append(
-            held_rejects.append_column("verdict", pa.array([v.name for _, v in late], pa.string()))
+            held_rejects.select(LOG_SCHEMA.names)
+            .append_column("verdict", pa.array([v.name for _, v in late], pa.string()))
+            .append_column("pf", held_rejects.column("pf"))
         )
     rejects = pa.concat_tables(reject_parts).sort_by("kafka_offset")
     counts: dict[str, int] = {}
@@ -152,7 +194,10 @@ def process_partition(
             counts[VERDICT_CODES[code].name] = counts.get(VERDICT_CODES[code].name, 0) + int(count)
     for row_verdict in [d.verdict for d in res.released] + flushed:
         counts[row_verdict.name] = counts.get(row_verdict.name, 0) + 1
-    return PartitionOutput(log, rejects, n, counts)
+    held = _held_table(sorted(st.held.values()), topic, partition)
+    return PartitionOutput(
+        log, rejects, held, n, counts, dict(sorted(st.table.forged.items())), flush_held
+    )
 
 
 def _with_non_idempotent(order: np.ndarray, verdict: np.ndarray) -> np.ndarray:
@@ -177,10 +222,11 @@ def _held_row(base: pa.Table, i: int) -> HeldRow:
     row = base.slice(i, 1).to_pylist()[0]
     ts_us = int(base.column("timestamp").slice(i, 1).cast(pa.int64())[0].as_py())
     return (row["kafka_offset"], row["key"], row["value"], ts_us, row["pid"],
-            row["generation"], row["seq"])  # fmt: skip
+            row["generation"], row["seq"], row["pf"])  # fmt: skip
 
 
 def _held_table(held: list[HeldRow], topic: str, partition: int) -> pa.Table:
+    """Held payloads as a table of :data:`HELD_SCHEMA`."""
     m = len(held)
     return pa.table(
         {
@@ -194,6 +240,7 @@ def _held_table(held: list[HeldRow], topic: str, partition: int) -> pa.Table:
             "value": pa.array([h[2] for h in held], pa.binary()),
             "kafka_offset": pa.array([h[0] for h in held], pa.int64()),
             "timestamp": pa.array([h[3] for h in held], pa.int64()).cast(TS_TYPE),
+            "pf": pa.array([h[7] for h in held], pa.binary()),
         },
-        schema=LOG_SCHEMA,
+        schema=HELD_SCHEMA,
     )

@@ -4,27 +4,23 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from pidfence.spark_sink.layout import part_file
 from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_SCHEMA
-from pidfence.spark_sink.storage import (
-    DATA,
-    Store,
-    batch_name,
-    manifest_ids,
-    part_name,
-    read_manifest,
-)
+from pidfence.spark_sink.storage import Store, manifest_ids, read_manifest
 
 
 def committed_files(store: Store, rejects: Store, table: str = "log") -> list[str]:
-    """Paths of the committed files of the log (``table="log"``) or of the rejects."""
+    """Paths of the committed files of the log (``table="log"``) or of the rejects.
+
+    Only files a manifest names: a re-run's or a failed attempt's files are never read.
+    """
     files: list[str] = []
+    root = rejects if table == "rejects" else store
     for bid in manifest_ids(store):
         for part in read_manifest(store, bid)["parts"]:
-            name = part_name(part["topic"], int(part["partition"])) + ".parquet"
-            if table == "log" and part["appended"]:
-                files.append(store.join(DATA, batch_name(bid), name))
-            elif table == "rejects" and part["rejected"]:
-                files.append(rejects.join(batch_name(bid), name))
+            rel = part_file(bid, part, table)
+            if rel is not None:
+                files.append(root.join(rel))
     return files
 
 

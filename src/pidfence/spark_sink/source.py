@@ -11,6 +11,7 @@ from pyspark.sql.types import StructType
 
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.owner import checkpoint_query_id
 from pidfence.spark_sink.readers import committed_files
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import KAFKA_COLUMNS, PidfenceStreamWriter
@@ -53,7 +54,11 @@ class PidfenceDataSource(DataSource):
                 "with spark.readStream.format('kafka').option('includeHeaders', 'true') and do "
                 "not drop columns"
             )
-        return PidfenceStreamWriter(SinkOptions.parse(dict(self.options)))
+        options = dict(self.options)
+        checkpoint = next((v for k, v in options.items() if k.lower() == "checkpointlocation"),
+                          None)  # fmt: skip
+        # Claims the path for this query (one query per path) before any batch runs.
+        return PidfenceStreamWriter(SinkOptions.parse(options), checkpoint_query_id(checkpoint))
 
     def reader(self, schema: StructType) -> PidfenceReader:
         """A batch reader of the committed log."""
@@ -87,6 +92,10 @@ class PidfenceReader(DataSourceReader):
         return [FilePartition(self._root(), f) for f in files]
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
-        """Stream one file's record batches."""
+        """Stream one file's record batches (the public columns only)."""
+        from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_SCHEMA
+
+        schema = REJECTS_SCHEMA if self.table == "rejects" else LOG_SCHEMA
         store = Store.at(partition.root)
-        yield from store.read_table(partition.path).to_batches()
+        table = store.read_table(partition.path).select(schema.names).cast(schema)
+        yield from table.to_batches()

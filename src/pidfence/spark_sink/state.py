@@ -1,43 +1,47 @@
 """A partition's sink state: the rules table, held payloads and the next log offset.
 
+The committed output (log, rejects and held records of every committed batch, named by the
+manifests) determines the state exactly (DESIGN §4 amended); state files are only a cache of it.
+A task loads the state as of the newest committed batch that read its partition; if that batch's
+state file is missing, damaged or from another attempt, it restores the newest intact older chain
+(or nothing) and replays the committed batches after it through the broker rules
+(:func:`pidfence.broker_plugin.replay_batch`), which gives the same table, held records included.
+
 A state file is ``b"PFS1" + crc32 (4 bytes, big endian) + msgpack`` of::
 
     {"kind": "full"|"delta", "prev": batch id the delta applies to (or None),
-     "table": ProducerStateTable snapshot bytes, "next_log": next log_offset,
-     "held": [[kafka_offset, key, value, timestamp_us, pid, generation, seq], ...]}
+     "prev_tag": that batch's attempt tag, "tag": this batch's attempt tag,
+     "table": ProducerStateTable snapshot bytes, "next_log": next log_offset}
 
-``held`` is always complete (it is bounded by reorder_window per producer) so only the table part
-is incremental.
+Held payloads are not in it: they are committed with the batch (its ``held`` file).
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgpack
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable, rebuild
-from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.storage import (
-    DATA,
-    STATE,
-    Store,
-    batch_name,
-    last_committed_before,
-    manifest_ids,
-    part_name,
-    read_manifest,
+from pidfence.broker_plugin import (
+    CorruptSnapshot,
+    ProducerStateTable,
+    Verifier,
+    replay_batch,
 )
-from pidfence.wire import FLAG_FENCE, Verdict, encode_pf
+from pidfence.spark_sink.layout import BatchLayout
+from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.storage import STATE, Store, batch_name, part_name
+from pidfence.wire import Verdict, encode_pf
 
 _MAGIC: Final = b"PFS1"
-HeldRow = tuple[int, bytes | None, bytes | None, int, int, int, int]
+#: (kafka_offset, key, value, timestamp_us, pid, generation, seq, raw pf header)
+HeldRow = tuple[int, bytes | None, bytes | None, int, int, int, int, bytes | None]
 
 
 @dataclass
@@ -49,8 +53,12 @@ class PartitionState:
     next_log: int = 0
     #: batch id of the state file this was loaded from (None: fresh or rebuilt).
     base_batch: int | None = None
+    #: attempt tag of that state file.
+    base_tag: str | None = None
     #: state files since the last full one, including base_batch's.
     chain_len: int = 0
+    #: the newest committed batch that read this partition (None: none yet).
+    last_batch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,9 +67,10 @@ class StateFile:
 
     kind: str
     prev: int | None
+    prev_tag: str | None
+    tag: str | None
     table: bytes
     next_log: int
-    held: list[HeldRow]
 
 
 def encode_state(sf: StateFile) -> bytes:
@@ -70,9 +79,10 @@ def encode_state(sf: StateFile) -> bytes:
         {
             "kind": sf.kind,
             "prev": sf.prev,
+            "prev_tag": sf.prev_tag,
+            "tag": sf.tag,
             "table": sf.table,
             "next_log": sf.next_log,
-            "held": [list(h) for h in sf.held],
         },
         use_bin_type=True,
     )
@@ -91,27 +101,15 @@ def decode_state(data: bytes) -> StateFile:
         return StateFile(
             kind=str(obj["kind"]),
             prev=None if obj["prev"] is None else int(obj["prev"]),
+            prev_tag=None if obj.get("prev_tag") is None else str(obj["prev_tag"]),
+            tag=None if obj.get("tag") is None else str(obj["tag"]),
             table=bytes(obj["table"]),
             next_log=int(obj["next_log"]),
-            held=[_held_row(h) for h in obj["held"]],
         )
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptSnapshot(
             f"sink state file is not readable ({exc}); it will be rebuilt"
         ) from exc
-
-
-def _held_row(raw: Any) -> HeldRow:
-    offset, key, value, ts_us, pid, generation, seq = raw
-    return (
-        int(offset),
-        None if key is None else bytes(key),
-        None if value is None else bytes(value),
-        int(ts_us),
-        int(pid),
-        int(generation),
-        int(seq),
-    )
 
 
 def state_dir(store: Store, topic: str, partition: int) -> str:
@@ -129,129 +127,233 @@ def state_files(store: Store, topic: str, partition: int) -> dict[int, str]:
     return out
 
 
-def _table_kwargs(opts: SinkOptions) -> dict[str, int]:
+def new_table(opts: SinkOptions, verifier: Verifier | None = None) -> ProducerStateTable:
+    """An empty table with the sink's settings."""
+    return ProducerStateTable(
+        opts.capacity, opts.lifetime_ms, opts.reorder_window, opts.grace_ms, verifier
+    )
+
+
+def _overrides(opts: SinkOptions) -> dict[str, int]:
     return {
         "capacity": opts.capacity,
         "lifetime_ms": opts.lifetime_ms,
         "reorder_window": opts.reorder_window,
+        "grace_ms": opts.grace_ms,
     }
 
 
 def _restore_chain(
-    store: Store, topic: str, partition: int, files: dict[int, str], top: int, opts: SinkOptions
-) -> PartitionState:
+    store: Store,
+    topic: str,
+    partition: int,
+    files: dict[int, str],
+    top: int,
+    tag: str | None,
+    opts: SinkOptions,
+) -> tuple[ProducerStateTable, StateFile, int]:
+    """The table of the chain ending at batch ``top`` whose file has attempt tag ``tag``."""
     chain: list[StateFile] = []
     bid: int | None = top
+    want = tag
     while bid is not None:
         if bid not in files:
             raise CorruptSnapshot(f"state chain of {topic}[{partition}] misses batch {bid}")
         sf = decode_state(store.read_bytes(f"{state_dir(store, topic, partition)}/{files[bid]}"))
+        if sf.tag != want:
+            # Written by an attempt whose batch was not the committed one.
+            raise CorruptSnapshot(f"state file of batch {bid} is from another attempt")
         chain.append(sf)
-        bid = sf.prev if sf.kind == "delta" else None
+        bid, want = (sf.prev, sf.prev_tag) if sf.kind == "delta" else (None, None)
     chain.reverse()
     if chain[0].kind != "full":
         raise CorruptSnapshot(f"state chain of {topic}[{partition}] does not start with a full")
     table = ProducerStateTable.restore_chain(
-        chain[0].table, [c.table for c in chain[1:]], **_table_kwargs(opts)
+        chain[0].table, [c.table for c in chain[1:]], **_overrides(opts)
     )
-    top_file = chain[-1]
-    return PartitionState(
-        table, {h[0]: h for h in top_file.held}, top_file.next_log, top, len(chain)
-    )
+    return table, chain[-1], len(chain)
 
 
 def load_state(
-    store: Store, topic: str, partition: int, batch_id: int, opts: SinkOptions
-) -> PartitionState:
-    """The partition's state as of the newest committed batch below ``batch_id``.
-
-    Uses the newest intact state chain at or below that batch; when the newest is missing or
-    corrupt, an older one is rolled forward with the committed log (appended records and FENCE
-    rejects, in Kafka offset order) through :func:`pidfence.broker_plugin.rebuild`.
-    """
-    last = last_committed_before(store, batch_id)
-    fresh = PartitionState(ProducerStateTable(**_table_kwargs(opts)))
-    if last is None:
-        return fresh
-    files = state_files(store, topic, partition)
-    base = fresh
-    for bid in sorted((b for b in files if b <= last), reverse=True):
-        try:
-            base = _restore_chain(store, topic, partition, files, bid, opts)
-        except (CorruptSnapshot, FileNotFoundError, OSError):
-            continue
-        break
-    if base.base_batch == last or (
-        base.base_batch is not None and not _touched_since(store, topic, partition, base, last)
-    ):
-        # Batches that did not read this partition change nothing: the chain continues as is.
-        return base
-    return _roll_forward(store, topic, partition, base, last, opts)
-
-
-def _touched_since(
-    store: Store, topic: str, partition: int, base: PartitionState, last: int
-) -> bool:
-    start = -1 if base.base_batch is None else base.base_batch
-    for bid in manifest_ids(store):
-        if start < bid <= last and any(
-            p["topic"] == topic and p["partition"] == partition
-            for p in read_manifest(store, bid)["parts"]
-        ):
-            return True
-    return False
-
-
-def _roll_forward(
+    layout: BatchLayout,
     store: Store,
     topic: str,
     partition: int,
-    base: PartitionState,
-    last: int,
+    batch_id: int,
     opts: SinkOptions,
+    verifier: Verifier | None = None,
 ) -> PartitionState:
-    start = -1 if base.base_batch is None else base.base_batch
+    """The partition's state as of the newest committed batch below ``batch_id``.
+
+    Steady state: one index lookup, the newest state chain and the held file. After a lost or
+    damaged state file: the newest intact older chain (or nothing) plus a replay of the committed
+    batches since (see the module docstring).
+    """
+    last = layout.last_committed_before(batch_id)
+    if last is None:
+        return PartitionState(new_table(opts, verifier))
     name = part_name(topic, partition)
-    pieces: list[pa.Table] = []
-    next_log = base.next_log
-    for bid in manifest_ids(store):
-        if not start < bid <= last:
+    pos = layout.positions(last).get(name)
+    if pos is None:
+        return PartitionState(new_table(opts, verifier))
+    top = int(pos["batch"])
+    files = state_files(store, topic, partition)
+    held = _held_payloads(layout, top, pos)
+    try:
+        table, sf, chain_len = _restore_chain(store, topic, partition, files, top,
+                                              pos.get("tag"), opts)  # fmt: skip
+    except (CorruptSnapshot, OSError):
+        pass
+    else:
+        table.verifier = verifier
+        return PartitionState(table, held, sf.next_log, top, sf.tag, chain_len, top)
+    table = _rebuild(layout, store, topic, partition, files, top, pos, opts)
+    table.verifier = verifier
+    refs = {h.ref for by_seq in table.held.values() for h in by_seq.values()}
+    if refs != set(held):
+        raise CorruptSnapshot(
+            f"{topic}[{partition}]: replaying the committed output holds {sorted(refs)} but "
+            f"batch {top} committed {sorted(held)} as held"
+        )
+    return PartitionState(table, held, int(pos["log_end"]), None, None, 0, top)
+
+
+def _held_payloads(layout: BatchLayout, batch_id: int, part: dict[str, Any]) -> dict[int, HeldRow]:
+    table = layout.read_part(batch_id, part, "held")
+    if table is None:
+        return {}
+    rows: dict[int, HeldRow] = {}
+    ts = table.column("timestamp").cast(pa.int64()).to_pylist()
+    for row, ts_us in zip(table.to_pylist(), ts, strict=True):
+        rows[int(row["kafka_offset"])] = (
+            int(row["kafka_offset"]), row["key"], row["value"], int(ts_us), int(row["pid"]),
+            int(row["generation"]), int(row["seq"]), row["pf"],
+        )  # fmt: skip
+    return rows
+
+
+def _rebuild(
+    layout: BatchLayout,
+    store: Store,
+    topic: str,
+    partition: int,
+    files: dict[int, str],
+    top: int,
+    pos: dict[str, Any],
+    opts: SinkOptions,
+) -> ProducerStateTable:
+    """Newest intact older chain on this partition's batch chain, plus a replay since then."""
+    # The batches that read this partition, newest first, linked by "prev".
+    history: list[tuple[int, dict[str, Any]]] = [(top, pos)]
+    while history[-1][1].get("prev") is not None:
+        prev = int(history[-1][1]["prev"])
+        manifest = layout.committed(prev)
+        part = _part_of(manifest, topic, partition) if manifest is not None else None
+        if part is None:
+            break
+        history.append((prev, part))
+    table: ProducerStateTable | None = None
+    start = len(history)
+    for i, (bid, part) in enumerate(history[1:], start=1):
+        if bid not in files:
             continue
-        for part in read_manifest(store, bid)["parts"]:
-            if part["topic"] != topic or part["partition"] != partition:
-                continue
-            next_log = int(part["log_end"])
-            cols = ["pid", "generation", "seq", "kafka_offset", "timestamp"]
-            if part["appended"]:
-                data = store.read_table(store.join(DATA, batch_name(bid), name + ".parquet"))
-                pieces.append(
-                    data.select(cols).append_column("fence", pa.array([False] * len(data)))
+        try:
+            table, _, _ = _restore_chain(store, topic, partition, files, bid,
+                                         part.get("tag"), opts)  # fmt: skip
+        except (CorruptSnapshot, OSError):
+            continue
+        start = i
+        break
+    if table is None:
+        table = new_table(opts)
+        if history[-1][1].get("prev") is not None:
+            raise CorruptSnapshot(
+                f"{topic}[{partition}]: the committed history before batch {history[-1][0]} "
+                "is missing; cannot rebuild the state"
+            )
+    replay = list(reversed(history[:start]))
+    after = int(history[start][1]["kafka_last"]) if start < len(history) else -1
+    _replay(layout, table, replay, top, pos, after)
+    return table
+
+
+def _part_of(manifest: dict[str, Any], topic: str, partition: int) -> dict[str, Any] | None:
+    for part in manifest["parts"]:
+        if part["topic"] == topic and int(part["partition"]) == partition:
+            return dict(part)
+    return None
+
+
+def _replay(
+    layout: BatchLayout,
+    table: ProducerStateTable,
+    batches: list[tuple[int, dict[str, Any]]],
+    top: int,
+    top_part: dict[str, Any],
+    after: int,
+) -> None:
+    """Replay every record of ``batches`` (Kafka offsets > ``after``) batch by batch."""
+    pieces: list[pa.Table] = []
+    for bid, part in batches:
+        log = layout.read_part(bid, part, "log")
+        if log is not None:
+            pieces.append(_replay_rows(log, None))
+        rejects = layout.read_part(bid, part, "rejects")
+        if rejects is not None:
+            pieces.append(_replay_rows(rejects, rejects.column("verdict")))
+    held = layout.read_part(top, top_part, "held")
+    if held is not None:
+        pieces.append(_replay_rows(held, pa.array([Verdict.BUFFERED.value] * held.num_rows)))
+    if not pieces:
+        return
+    rows = pa.concat_tables(pieces).sort_by("kafka_offset")
+    rows = rows.filter(pc.greater(rows["kafka_offset"], after))
+    offsets = rows.column("kafka_offset").to_numpy()
+    for _, part in batches:
+        lo, hi = int(part["kafka_first"]), int(part["kafka_last"])
+        a, b = np.searchsorted(offsets, [lo, hi + 1])
+        chunk = rows.slice(int(a), int(b - a))
+        replay_batch(
+            table,
+            chunk.column("pf").to_pylist(),
+            chunk.column("ts_ms").to_pylist(),
+            chunk.column("verdict").to_pylist(),
+            chunk.column("kafka_offset").to_pylist(),
+            flush=bool(part.get("flushed")),
+        )
+
+
+def _replay_rows(table: pa.Table, verdicts: Any) -> pa.Table:
+    """(kafka_offset, pf, ts_ms, verdict) of committed rows; log rows get their header back."""
+    n = table.num_rows
+    if "pf" in table.column_names:
+        pf = table.column("pf").combine_chunks()
+    else:
+        pf = pa.array(
+            [
+                encode_pf(p, g, s) if p else None
+                for p, g, s in zip(
+                    table.column("pid").to_pylist(),
+                    table.column("generation").to_pylist(),
+                    table.column("seq").to_pylist(),
+                    strict=True,
                 )
-            if part["counts"].get(Verdict.FENCE.name):
-                rejects = Store.at(opts.rejects_path)
-                rej = rejects.read_table(rejects.join(batch_name(bid), name + ".parquet"))
-                rej = rej.filter(pc.equal(rej["verdict"], Verdict.FENCE.name)).select(cols)
-                pieces.append(rej.append_column("fence", pa.array([True] * len(rej))))
-    records: list[tuple[bytes | None, int]] = []
-    if pieces:
-        rows = pa.concat_tables(pieces).sort_by("kafka_offset").to_pylist()
-        records = [_replay_record(r) for r in rows]
-    snapshot = base.table.snapshot() if base.base_batch is not None else None
-    table = rebuild(snapshot, records, **_table_kwargs(opts))
-    held = {ref: row for ref, row in base.held.items() if ref in _held_refs(table)}
-    return PartitionState(table, held, next_log, None, 0)
-
-
-def _replay_record(row: dict[str, Any]) -> tuple[bytes | None, int]:
-    ts_ms = int(row["timestamp"].timestamp() * 1000)
-    if not row["pid"]:
-        return None, ts_ms
-    flags = FLAG_FENCE if row["fence"] else 0
-    return encode_pf(row["pid"], row["generation"], row["seq"], flags), ts_ms
-
-
-def _held_refs(table: ProducerStateTable) -> set[Any]:
-    return {h.ref for by_seq in table.held.values() for h in by_seq.values()}
+            ],
+            pa.binary(),
+        )
+    ts_us = table.column("timestamp").cast(pa.int64()).to_numpy()
+    ts_ms = pa.array(ts_us // 1000, pa.int64())  # exactly as the live run derived it
+    verdict = verdicts if verdicts is not None else pa.array([Verdict.APPENDED.value] * n)
+    return pa.table(
+        {
+            "kafka_offset": table.column("kafka_offset").cast(pa.int64()),
+            "pf": pf.cast(pa.binary()),
+            "ts_ms": ts_ms,
+            "verdict": pa.array(verdict, pa.string())
+            if not isinstance(verdict, pa.ChunkedArray)
+            else verdict.cast(pa.string()),
+        }
+    )
 
 
 def save_state(
@@ -261,48 +363,61 @@ def save_state(
     batch_id: int,
     st: PartitionState,
     opts: SinkOptions,
+    tag: str,
 ) -> str:
     """Write the state as of ``batch_id``: a delta normally, a full one every ``compact_every``.
 
-    Returns the file name. Work is proportional to the producers this batch touched, except on
-    compaction.
+    Returns the file name. The file is replaced atomically; it carries the attempt ``tag`` so a
+    loader only trusts it when the committed manifest names the same attempt.
     """
     full = st.base_batch is None or st.chain_len >= opts.compact_every + 1
     blob = st.table.snapshot() if full else st.table.snapshot_delta()
     sf = StateFile(
         kind="full" if full else "delta",
         prev=None if full else st.base_batch,
+        prev_tag=None if full else st.base_tag,
+        tag=tag,
         table=blob,
         next_log=st.next_log,
-        held=sorted(st.held.values()),
     )
     name = f"{batch_name(batch_id)}.{sf.kind}"
     directory = state_dir(store, topic, partition)
     store.write_bytes(f"{directory}/{name}", encode_state(sf))
-    # A replay may have left the other kind for this batch id; only one may exist.
+    # A re-run may have left the other kind for this batch id; only one may exist.
     other = f"{batch_name(batch_id)}.{'delta' if full else 'full'}"
     store.delete_file(f"{directory}/{other}")
     if full:
-        _drop_old_chains(store, directory, batch_id)
+        drop_old_chains(store, directory, batch_id)
     return name
 
 
-def _drop_old_chains(store: Store, directory: str, batch_id: int) -> None:
-    """Keep the previous full chain (fallback when the newest is damaged); drop older files."""
-    fulls = [
-        int(n.partition(".")[0])
-        for n in store.listdir(directory)
-        if n.endswith(".full") and int(n.partition(".")[0]) < batch_id
-    ]
-    if not fulls:
+def drop_old_chains(store: Store, directory: str, batch_id: int) -> None:
+    """Keep the newest *intact* older full chain as a fallback; drop files older than it.
+
+    A damaged older full snapshot is no fallback, so the search goes on to the next older one
+    (otherwise the only intact chain could be deleted).
+    """
+    fulls = sorted(
+        (
+            int(n.partition(".")[0])
+            for n in store.listdir(directory)
+            if n.endswith(".full") and n.partition(".")[0].isdigit()
+        ),
+        reverse=True,
+    )
+    keep_from: int | None = None
+    for bid in fulls:
+        if bid >= batch_id:
+            continue
+        try:
+            decode_state(store.read_bytes(f"{directory}/{batch_name(bid)}.full"))
+        except (CorruptSnapshot, OSError):
+            continue
+        keep_from = bid
+        break
+    if keep_from is None:
         return
-    keep_from = max(fulls)
     for n in store.listdir(directory):
         stem = n.partition(".")[0]
         if stem.isdigit() and int(stem) < keep_from:
             store.delete_file(f"{directory}/{n}")
-
-
-def held_rows(rows: Iterable[HeldRow]) -> list[HeldRow]:
-    """Held payloads in Kafka offset order."""
-    return sorted(rows)

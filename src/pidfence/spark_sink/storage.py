@@ -1,13 +1,18 @@
 """File layout of the output log and file-system primitives (pyarrow.fs, so object stores work).
 
 Layout under the output path ``P`` (batch ids zero-padded to 20 digits; ``~`` cannot occur in a
-Kafka topic name, so ``TOPIC~PARTITION`` is unambiguous)::
+Kafka topic name, so ``TOPIC~PARTITION`` is unambiguous; ``TAG`` is unique per task attempt and
+starts with the query's id, see :mod:`pidfence.spark_sink.layout`)::
 
-    P/_manifests/BATCH.json          commit point of one batch (create-if-absent)
-    P/data/BATCH/TOPIC~PART.parquet  appended records of one batch and partition
-    R/BATCH/TOPIC~PART.parquet       rejects (R = rejectsPath, default P/_rejects)
-    P/_state/TOPIC~PART/BATCH.full   full state snapshot as of BATCH
-    P/_state/TOPIC~PART/BATCH.delta  changes since the previous state file
+    P/_owner.json                        the query that owns the path
+    P/_manifests/BATCH.json              commit point of one batch (create-if-absent)
+    P/_manifests/_index/BATCH.json       compacted positions of every partition as of BATCH
+    P/_manifests/_index/latest           the newest index (its batch id)
+    P/data/BATCH/TOPIC~PART.TAG.parquet  appended records of one batch and partition
+    P/_held/BATCH/TOPIC~PART.TAG.parquet records held for reordering at the end of the batch
+    R/BATCH/TOPIC~PART.TAG.parquet       rejects (R = rejectsPath, default P/_rejects)
+    P/_state/TOPIC~PART/BATCH.full       full state snapshot as of BATCH (a cache)
+    P/_state/TOPIC~PART/BATCH.delta      changes since the previous state file (a cache)
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 MANIFESTS = "_manifests"
+INDEX = "_manifests/_index"
 DATA = "data"
+HELD = "_held"
 STATE = "_state"
+OWNER = "_owner.json"
 
 
 def batch_name(batch_id: int) -> str:
@@ -83,10 +91,48 @@ class Store:
             return bytes(stream.read())
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        """Write or overwrite a file (a replay writes identical bytes)."""
-        self.fs.create_dir(path.rpartition("/")[0], recursive=True)
-        with self.fs.open_output_stream(path) as stream:
-            stream.write(data)
+        """Write or overwrite a file; readers see the old or the new bytes, never a mix.
+
+        Locally the bytes go to a temporary file that is fsynced and renamed into place, then the
+        directory is fsynced; an object store's put is atomic on its own.
+        """
+        parent = path.rpartition("/")[0]
+        self.fs.create_dir(parent, recursive=True)
+        if not self.local:
+            with self.fs.open_output_stream(path) as stream:
+                stream.write(data)
+            return
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self.sync_dir(parent)
+
+    def sync_file(self, path: str) -> None:
+        """Push a local file's bytes to the disk (no-op on object stores)."""
+        if not self.local:
+            return
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def sync_dir(self, path: str) -> None:
+        """Make a local directory's entries (new names) durable (no-op on object stores)."""
+        if not self.local:
+            return
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
         """Publish ``data`` at ``path`` unless a file is already there; True if this call did.
@@ -115,6 +161,7 @@ class Store:
             return False
         finally:
             os.unlink(tmp)
+        self.sync_dir(parent)
         return True
 
     def delete_file(self, path: str) -> None:
@@ -128,9 +175,13 @@ class Store:
             self.fs.delete_dir(path)
 
     def write_table(self, path: str, table: pa.Table) -> None:
-        """Write Parquet (deterministic for identical input, so a replay rewrites the same file)."""
+        """Write a Parquet file under a name nobody reads yet, and push it to the disk.
+
+        Callers give attempt-unique names; a manifest naming the file publishes it.
+        """
         self.fs.create_dir(path.rpartition("/")[0], recursive=True)
         pq.write_table(table, path, filesystem=self.fs, compression="zstd")
+        self.sync_file(path)
 
     def read_table(self, path: str) -> pa.Table:
         """Read one Parquet file."""
@@ -142,15 +193,32 @@ def manifest_ids(store: Store) -> list[int]:
     return [int(n[:-5]) for n in store.listdir(store.join(MANIFESTS)) if n.endswith(".json")]
 
 
+def manifest_path(store: Store, batch_id: int) -> str:
+    """Where a batch's manifest is."""
+    return store.join(MANIFESTS, batch_name(batch_id) + ".json")
+
+
 def read_manifest(store: Store, batch_id: int) -> dict[str, Any]:
     """One batch's manifest."""
-    data: dict[str, Any] = json.loads(
-        store.read_bytes(store.join(MANIFESTS, batch_name(batch_id) + ".json"))
-    )
+    data: dict[str, Any] = json.loads(store.read_bytes(manifest_path(store, batch_id)))
     return data
 
 
+def try_manifest(store: Store, batch_id: int) -> dict[str, Any] | None:
+    """One batch's manifest, or None when the batch is not committed."""
+    try:
+        return read_manifest(store, batch_id)
+    except FileNotFoundError:
+        return None
+
+
 def last_committed_before(store: Store, batch_id: int) -> int | None:
-    """The newest committed batch id strictly below ``batch_id``."""
+    """The newest committed batch id strictly below ``batch_id``.
+
+    Spark numbers batches consecutively, so this is one existence check in the steady state; it
+    lists the manifests only when ``batch_id - 1`` has none.
+    """
+    if batch_id > 0 and store.exists(manifest_path(store, batch_id - 1)):
+        return batch_id - 1
     ids = [b for b in manifest_ids(store) if b < batch_id]
     return ids[-1] if ids else None

@@ -1,36 +1,52 @@
-"""The streaming writer: ``write()`` on executors, ``commit()``/``abort()`` on the driver."""
+"""The streaming writer: ``write()`` on executors, ``commit()``/``abort()`` on the driver.
+
+The commit protocol (docs/sink.md, "Recovery model"): a task stages its partition's log, rejects
+and held records under attempt-unique names and writes the partition's state cache; the driver
+publishes one manifest per batch, create-if-absent, naming exactly the files of the attempts it
+commits. A committed batch is immutable: a re-run of it writes nothing and returns what its
+manifest says (and fails if its Kafka offsets differ). The storage steps go through a
+:class:`~pidfence.spark_sink.layout.BatchLayout`.
+"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from pidfence.spark_sink.errors import InjectedFault, SinkError, SplitPartitionError
+from pidfence.broker_plugin import Verifier
+from pidfence.spark_sink import owner
+from pidfence.spark_sink.errors import (
+    CommittedBatchMismatch,
+    InjectedFault,
+    SinkError,
+    SplitPartitionError,
+)
 from pidfence.spark_sink.faults import crash_point, fail_first_attempt
+from pidfence.spark_sink.layout import (
+    INDEX_EVERY,
+    MANIFEST_VERSION,
+    QUERY_PREFIX,
+    ParquetLayout,
+    new_tag,
+)
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.process import process_partition
-from pidfence.spark_sink.state import load_state, save_state, state_dir, state_files
-from pidfence.spark_sink.storage import (
-    DATA,
-    MANIFESTS,
-    Store,
-    batch_name,
-    manifest_ids,
-    parse_part_name,
-    part_name,
-)
+from pidfence.spark_sink.state import load_state, save_state
+from pidfence.spark_sink.storage import DATA, HELD, Store, manifest_ids, part_name
 
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
+#: Query id used when Spark gives none (only outside structured streaming, i.e. in unit tests).
+NO_QUERY = "noquery0"
 
 
 @dataclass(frozen=True)
 class PartCommit:
-    """What one task wrote for one (topic, partition) of a batch."""
+    """What one task wrote for one (topic, partition) of a batch (one manifest part)."""
 
     topic: str
     partition: int
@@ -43,6 +59,12 @@ class PartCommit:
     kafka_last: int
     counts: dict[str, int]
     state_file: str
+    tag: str = ""
+    files: dict[str, str | None] = field(default_factory=dict)
+    held: int = 0
+    flushed: bool = False
+    forged: dict[str, int] = field(default_factory=dict)
+    prev: int | None = None
 
     def manifest_entry(self) -> dict[str, Any]:
         """This part as stored in the manifest."""
@@ -52,24 +74,60 @@ class PartCommit:
             "rows_in": self.rows_in,
             "appended": self.appended,
             "rejected": self.rejected,
+            "held": self.held,
             "log_start": self.log_start,
             "log_end": self.log_end,
             "kafka_first": self.kafka_first,
             "kafka_last": self.kafka_last,
             "counts": dict(sorted(self.counts.items())),
+            "forged": dict(sorted(self.forged.items())),
+            "flushed": self.flushed,
             "state": self.state_file,
+            "tag": self.tag,
+            "files": self.files,
+            "prev": self.prev,
         }
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> PartCommit:
+        """A manifest part back as a :class:`PartCommit`."""
+        return cls(
+            topic=str(entry["topic"]),
+            partition=int(entry["partition"]),
+            rows_in=int(entry["rows_in"]),
+            appended=int(entry["appended"]),
+            rejected=int(entry["rejected"]),
+            log_start=int(entry["log_start"]),
+            log_end=int(entry["log_end"]),
+            kafka_first=int(entry["kafka_first"]),
+            kafka_last=int(entry["kafka_last"]),
+            counts=dict(entry["counts"]),
+            state_file=str(entry.get("state", "")),
+            tag=str(entry.get("tag", "")),
+            files=dict(entry.get("files") or {}),
+            held=int(entry.get("held", 0)),
+            flushed=bool(entry.get("flushed", False)),
+            forged=dict(entry.get("forged") or {}),
+            prev=entry.get("prev"),
+        )
 
 
 @dataclass
 class SinkCommitMessage(WriterCommitMessage):
-    """A task's commit message: its batch id and the partitions it wrote."""
+    """A task's commit message: its batch id, query, attempt tag and the partitions it wrote.
+
+    ``committed`` is set when the batch already had a manifest (a re-run wrote nothing).
+    """
 
     batch_id: int
     parts: list[PartCommit] = field(default_factory=list)
+    query: str = NO_QUERY
+    tag: str | None = None
+    committed: bool = False
 
 
-def _task_context() -> tuple[int, int]:
+def _task_context() -> tuple[int, int, str]:
+    """(batch id, attempt number, query id) of the running Spark task."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -80,62 +138,84 @@ def _task_context() -> tuple[int, int]:
         raise SinkError(
             "no streaming.sql.batchId in the task; use format('pidfence') only with writeStream"
         )
-    return int(raw), ctx.attemptNumber()
+    query = ctx.getLocalProperty("sql.streaming.queryId") or NO_QUERY
+    return int(raw), ctx.attemptNumber(), query
 
 
 class PidfenceStreamWriter(DataSourceStreamArrowWriter):
-    """Applies the broker rules per Kafka partition and publishes one manifest per batch."""
+    """Applies the broker rules per Kafka partition and publishes one manifest per batch.
 
-    def __init__(self, options: SinkOptions) -> None:
+    Args:
+        options: the sink's options.
+        query_id: the streaming query's id when known at start (read from the checkpoint); the
+            path is claimed for it and its own unfinished batch is cleaned before any task runs.
+    """
+
+    def __init__(self, options: SinkOptions, query_id: str | None = None) -> None:
         self.options = options
+        if query_id is not None:
+            layout = self.layout()
+            owner.claim(layout.store, query_id)
+            committed = manifest_ids(layout.store)
+            next_batch = (committed[-1] + 1) if committed else 0
+            # Leftovers of this query's previous run: only its in-flight batch can have any.
+            layout.discard(next_batch, _prefix(query_id), keep=set())
+
+    def layout(self) -> ParquetLayout:
+        """The storage layout of this sink."""
+        return ParquetLayout(self.options.path, self.options.rejects_path)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        """Process this task's rows (one Kafka partition) and write data, rejects and state."""
-        batch_id, attempt = _task_context()
+        """Process this task's rows (one Kafka partition) and stage data, rejects and state."""
+        batch_id, attempt, query = _task_context()
         if fail_first_attempt(attempt):
             raise InjectedFault(f"injected failure of batch {batch_id} attempt 0 (retry passes)")
         batches = list(iterator)
-        message = SinkCommitMessage(batch_id)
-        if not batches or sum(b.num_rows for b in batches) == 0:
+        message = SinkCommitMessage(batch_id, query=query)
+        layout = self.layout()
+        owner.claim(layout.store, query)
+        rows = pa.Table.from_batches(batches).select(list(KAFKA_COLUMNS)) if batches else None
+        manifest = layout.committed(batch_id)
+        if manifest is not None:
+            return _committed_message(manifest, rows, batch_id, query)
+        if rows is None or rows.num_rows == 0:
             return message
-        rows = pa.Table.from_batches(batches).select(list(KAFKA_COLUMNS))
-        store = Store.at(self.options.path)
-        rejects_store = Store.at(self.options.rejects_path)
+        verifier = self.options.verifier()
+        message.tag = new_tag(query)
         keys = rows.group_by(["topic", "partition"]).aggregate([]).to_pylist()
         for key in sorted(keys, key=lambda k: (k["topic"], k["partition"])):
             topic, partition = str(key["topic"]), int(key["partition"])
-            import pyarrow.compute as pc
-
             mine = rows.filter(
                 pc.and_(pc.equal(rows["topic"], topic), pc.equal(rows["partition"], partition))
             )
             message.parts.append(
-                self._write_partition(store, rejects_store, batch_id, topic, partition, mine)
+                self._write_partition(
+                    layout, batch_id, message.tag, topic, partition, mine, verifier
+                )
             )
         crash_point("after_write")
         return message
 
     def _write_partition(
         self,
-        store: Store,
-        rejects_store: Store,
+        layout: ParquetLayout,
         batch_id: int,
+        tag: str,
         topic: str,
         partition: int,
         rows: pa.Table,
+        verifier: Verifier | None,
     ) -> PartCommit:
-        st = load_state(store, topic, partition, batch_id, self.options)
+        store = layout.store
+        st = load_state(layout, store, topic, partition, batch_id, self.options, verifier)
         log_start = st.next_log
         out = process_partition(rows, topic, partition, st, self.options.flush_held)
-        name = part_name(topic, partition) + ".parquet"
-        if out.log.num_rows:
-            store.write_table(store.join(DATA, batch_name(batch_id), name), out.log)
-        if out.rejects.num_rows:
-            rejects_store.write_table(rejects_store.join(batch_name(batch_id), name), out.rejects)
-        state_file = save_state(store, topic, partition, batch_id, st, self.options)
+        files = layout.stage_part(
+            batch_id, tag, topic, partition,
+            {"log": out.log, "rejects": out.rejects, "held": out.held},
+        )  # fmt: skip
+        state_file = save_state(store, topic, partition, batch_id, st, self.options, tag)
         offsets = rows.column("offset")
-        import pyarrow.compute as pc
-
         return PartCommit(
             topic=topic,
             partition=partition,
@@ -148,16 +228,24 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             kafka_last=int(pc.max(offsets).as_py()),
             counts=out.counts,
             state_file=state_file,
+            tag=tag,
+            files=files.as_dict(),
+            held=out.held.num_rows,
+            flushed=out.flushed,
+            forged=out.forged,
+            prev=st.last_batch,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Publish the batch's manifest (create-if-absent); a repeat changes nothing."""
         parts: dict[tuple[str, int], PartCommit] = {}
+        ours: list[SinkCommitMessage] = []
         for message in messages:
             if message is None:
                 continue
             if not isinstance(message, SinkCommitMessage):
                 raise SinkError(f"batch {batchId}: unexpected commit message {message!r}")
+            ours.append(message)
             for part in message.parts:
                 key = (part.topic, part.partition)
                 if key in parts:
@@ -167,52 +255,92 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
                         "minPartitions or maxRecordsPerPartition with the pidfence sink."
                     )
                 parts[key] = part
-        manifest = {
-            "version": 1,
-            "batch": batchId,
-            "parts": [parts[k].manifest_entry() for k in sorted(parts)],
-        }
-        store = Store.at(self.options.path)
+        layout = self.layout()
+        query = next((m.query for m in ours), NO_QUERY)
+        manifest = layout.committed(batchId)
         crash_point("before_manifest")
-        body = json.dumps(manifest, sort_keys=True, indent=1).encode()
-        store.create_if_absent(store.join(MANIFESTS, batch_name(batchId) + ".json"), body)
+        if manifest is None:
+            manifest = {
+                "version": MANIFEST_VERSION,
+                "batch": batchId,
+                "query": query,
+                "parts": [parts[k].manifest_entry() for k in sorted(parts)],
+            }
+            if not layout.publish(batchId, manifest):
+                manifest = layout.committed(batchId) or manifest
         crash_point("after_manifest")
-        cleanup_uncommitted(store, Store.at(self.options.rejects_path))
+        if batchId and batchId % INDEX_EVERY == 0:
+            layout.write_index(batchId)
+        keep = {f for p in manifest["parts"] for f in (p.get("files") or {}).values() if f}
+        for prefix in {_prefix(m.query) for m in ours}:
+            layout.discard(batchId, prefix, keep)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Remove whatever the batch's tasks wrote; nothing of it was ever visible."""
-        del messages
-        store = Store.at(self.options.path)
-        if batchId in manifest_ids(store):
+        """Remove the files this batch's attempts staged; nothing of it was ever visible."""
+        layout = self.layout()
+        if layout.committed(batchId) is not None:
             return
-        _remove_batch(store, Store.at(self.options.rejects_path), batchId)
+        for message in messages:
+            if isinstance(message, SinkCommitMessage) and message.tag:
+                layout.discard(batchId, message.tag, keep=set())
 
 
-def _remove_batch(store: Store, rejects: Store, batch_id: int) -> None:
-    store.delete_dir(store.join(DATA, batch_name(batch_id)))
-    rejects.delete_dir(rejects.join(batch_name(batch_id)))
-    for part in store.listdir(store.join("_state")):
-        topic, partition = parse_part_name(part)
-        name = state_files(store, topic, partition).get(batch_id)
-        if name is not None:
-            store.delete_file(f"{state_dir(store, topic, partition)}/{name}")
+def _prefix(query_id: str) -> str:
+    return new_tag(query_id)[:QUERY_PREFIX]
 
 
-def cleanup_uncommitted(store: Store, rejects: Store) -> list[int]:
-    """Delete the files of every batch that has no manifest; returns their batch ids.
+def _committed_message(
+    manifest: dict[str, Any], rows: pa.Table | None, batch_id: int, query: str
+) -> SinkCommitMessage:
+    """A re-run of a committed batch: check its offsets, write nothing, return the manifest's."""
+    by_key = {(p["topic"], int(p["partition"])): p for p in manifest["parts"]}
+    message = SinkCommitMessage(batch_id, query=query, committed=True)
+    if rows is None or rows.num_rows == 0:
+        return message
+    keys = rows.group_by(["topic", "partition"]).aggregate(
+        [("offset", "min"), ("offset", "max"), ("offset", "count")]
+    )
+    for row in keys.to_pylist():
+        key = (str(row["topic"]), int(row["partition"]))
+        part = by_key.get(key)
+        seen = (int(row["offset_min"]), int(row["offset_max"]), int(row["offset_count"]))
+        want = None if part is None else (
+            int(part["kafka_first"]), int(part["kafka_last"]), int(part["rows_in"])
+        )  # fmt: skip
+        if seen != want:
+            raise CommittedBatchMismatch(
+                f"batch {batch_id} is committed, but Spark re-ran it for {key[0]}[{key[1]}] with "
+                f"Kafka offsets {seen[0]}..{seen[1]} ({seen[2]} records) where its manifest has "
+                f"{'nothing' if want is None else f'{want[0]}..{want[1]} ({want[2]} records)'}; "
+                "the checkpoint does not belong to this output path. Nothing was written."
+            )
+        message.parts.append(PartCommit.from_entry(part))  # type: ignore[arg-type]
+    return message
 
-    Safe after a commit and before a query starts: Spark runs one micro-batch at a time, and a
-    batch that lost its files is simply re-run from the checkpoint. One query per output path.
+
+def cleanup_uncommitted(store: Store, rejects: Store, query_id: str | None = None) -> list[int]:
+    """Delete the files of batches that have no manifest; returns their batch ids.
+
+    Only files that cannot belong to another query's in-flight batch are touched: with
+    ``query_id``, that query's own files; without it, everything uncommitted only when no query
+    owns the path (a path with an owner is cleaned by its owner at start and after each commit).
     """
+    current = owner.owner_of(store)
+    if query_id is None and current is not None:
+        return []
+    prefix = _prefix(query_id) if query_id is not None else ""
     committed = set(manifest_ids(store))
+    layout = ParquetLayout.of(store, rejects)
     seen: set[int] = set()
-    for name in store.listdir(store.join(DATA)) + rejects.listdir(rejects.root):
-        if name.isdigit():
-            seen.add(int(name))
-    for part in store.listdir(store.join("_state")):
-        topic, partition = parse_part_name(part)
-        seen.update(state_files(store, topic, partition))
-    stale = sorted(seen - committed)
-    for b in stale:
-        _remove_batch(store, rejects, b)
-    return stale
+    for root, folder in ((store, DATA), (store, HELD), (rejects, "")):
+        for name in root.listdir(root.join(folder) if folder else root.root):
+            if name.isdigit() and int(name) not in committed:
+                seen.add(int(name))
+    for b in sorted(seen):
+        layout.discard(b, prefix, keep=set())
+    return sorted(seen)
+
+
+def part_key(part: dict[str, Any]) -> str:
+    """``TOPIC~PART`` of a manifest part."""
+    return part_name(part["topic"], int(part["partition"]))

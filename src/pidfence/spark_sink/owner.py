@@ -1,0 +1,57 @@
+"""One query per output path, enforced with an owner record (``P/_owner.json``).
+
+The first query to start on a path claims it (create-if-absent); any other query id is refused
+with :class:`OutputOwnedError` before it writes or deletes anything; a restart of the same query
+(same checkpoint, hence same query id) simply continues as the owner.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from pidfence.spark_sink.errors import OutputOwnedError
+from pidfence.spark_sink.storage import OWNER, Store
+
+
+def owner_of(store: Store) -> str | None:
+    """The query id that owns the output path, or None."""
+    try:
+        data = json.loads(store.read_bytes(store.join(OWNER)))
+    except FileNotFoundError:
+        return None
+    owner = data.get("query") if isinstance(data, dict) else None
+    return str(owner) if owner is not None else None
+
+
+def claim(store: Store, query_id: str) -> None:
+    """Make ``query_id`` the owner of the path, or raise if another query owns it.
+
+    Raises:
+        OutputOwnedError: the path belongs to another query.
+    """
+    body = json.dumps({"query": query_id}, sort_keys=True).encode()
+    if store.create_if_absent(store.join(OWNER), body):
+        return
+    owner = owner_of(store)
+    if owner != query_id:
+        raise OutputOwnedError(
+            f"output path {store.root} belongs to streaming query {owner}; this is query "
+            f"{query_id}. Run one query per output path: stop the other one or choose another "
+            f"path (a restart of the same query, from its checkpoint, takes over)"
+        )
+
+
+def checkpoint_query_id(checkpoint: str | None) -> str | None:
+    """The query id Spark keeps in ``<checkpoint>/metadata``, if it can be read."""
+    if not checkpoint:
+        return None
+    try:
+        store = Store.at(checkpoint)
+        text = store.read_bytes(store.join("metadata")).decode()
+        # The file holds one JSON object per line; the first is {"id": ...}.
+        value = json.loads(text.splitlines()[0])["id"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError, pa.ArrowException):
+        return None
+    return str(value)
