@@ -12,8 +12,8 @@ from pidfence.pid_allocator import (
     LeaseServerUnreachable,
     LeaseServiceUnavailable,
     MemoryCoordinator,
+    NotOwner,
     StaleGeneration,
-    UnknownPid,
 )
 from pidfence.services.ports import free_port
 
@@ -34,8 +34,11 @@ def test_lease_bump_ping_round_trip(server: LeaseServerThread) -> None:
         lease = client.lease([("orders", 0), ("orders", 1)])
         assert lease.pid >= 1
         assert lease.sequence == 0
-        bumped = client.bump(lease.pid, lease.generation)
+        assert len(lease.secret) == 24
+        assert "secret" not in repr(lease)
+        bumped = client.bump(lease.pid, lease.generation, lease.secret)
         assert (bumped.pid, bumped.generation) == (lease.pid, lease.generation + 1)
+        assert bumped.secret == lease.secret
         info = client.ping()
         assert info["server"].startswith("lease-")
         assert isinstance(info["now_ms"], int)
@@ -45,13 +48,14 @@ def test_error_replies_raise_their_classes(server: LeaseServerThread) -> None:
     sleeps: list[float] = []
     with LeaseClient(server.address, sleep=sleeps.append) as client:
         lease = client.lease()
-        client.bump(lease.pid, lease.generation)
+        client.bump(lease.pid, lease.generation, lease.secret)
         with pytest.raises(StaleGeneration) as stale:
-            client.bump(lease.pid, lease.generation)
+            client.bump(lease.pid, lease.generation, lease.secret)
         assert stale.value.code == "STALE_GENERATION"
+        assert stale.value.successor is None
         assert not stale.value.retriable
-        with pytest.raises(UnknownPid):
-            client.bump(10**12, 0)
+        with pytest.raises(NotOwner):
+            client.bump(10**12, 0, lease.secret)
     assert sleeps == []  # non-retriable errors are not retried
 
 
@@ -84,11 +88,12 @@ def test_unavailable_is_retried_then_raised(
         lease = client.lease()
         store.up = False
         with pytest.raises(LeaseServiceUnavailable) as caught:
-            client.bump(lease.pid, lease.generation)
+            client.bump(lease.pid, lease.generation, lease.secret)
         assert caught.value.retriable
         assert len(sleeps) == 2
         store.up = True
-        assert client.bump(lease.pid, lease.generation).generation == lease.generation + 1
+        bumped = client.bump(lease.pid, lease.generation, lease.secret)
+        assert bumped.generation == lease.generation + 1
 
 
 @pytest.mark.parametrize("servers", ["", "localhost", "h:notaport", "h:0", ":80", []])

@@ -11,9 +11,11 @@ from pidfence.pid_allocator import MalformedRequest, UnknownOp, UnsupportedVersi
 from pidfence.pid_allocator.protocol import (
     LENGTH,
     BumpRequest,
+    HelloRequest,
     LeaseRequest,
     PingRequest,
     RequestRejected,
+    RollRequest,
     encode_frame,
     parse_request,
 )
@@ -28,7 +30,13 @@ def test_valid_requests_parse() -> None:
     lease = parse_request(_pack({"v": 1, "op": "lease", "id": 7, "partitions": [["t", 3]]}))
     assert lease == LeaseRequest(7, (("t", 3),))
     bump = parse_request(_pack({"v": 1, "op": "bump", "id": "a", "pid": 5, "generation": 9}))
-    assert bump == BumpRequest("a", 5, 9, None)
+    assert bump == BumpRequest("a", 5, 9, b"", None)  # no secret: answered NOT_OWNER later
+    roll = parse_request(
+        _pack({"v": 1, "op": "roll", "id": 2, "pid": 5, "generation": 9, "secret": b"s" * 24})
+    )
+    assert roll == RollRequest(2, 5, 9, b"s" * 24, None)
+    hello = parse_request(_pack({"v": 1, "op": "hello", "id": 3, "token": "abc"}))
+    assert hello == HelloRequest(3, "abc")
     assert parse_request(_pack({"v": 1, "op": "ping", "id": 1})) == PingRequest(1)
     assert parse_request(_pack({"v": 1, "op": "lease"})) == LeaseRequest(None, ())
 
@@ -54,6 +62,18 @@ def test_valid_requests_parse() -> None:
             MalformedRequest,
             4,
         ),
+        (
+            {"v": 1, "op": "roll", "id": 4, "pid": 1, "generation": 1, "secret": "text"},
+            MalformedRequest,
+            4,
+        ),
+        (
+            {"v": 1, "op": "bump", "id": 4, "pid": 1, "generation": 1, "secret": b"x" * 65},
+            MalformedRequest,
+            4,
+        ),
+        ({"v": 1, "op": "hello", "id": 4}, MalformedRequest, 4),
+        ({"v": 1, "op": "hello", "id": 4, "token": ""}, MalformedRequest, 4),
         ({"v": 1, "op": "lease", "id": 4, "partitions": "t"}, MalformedRequest, 4),
         ({"v": 1, "op": "lease", "id": 4, "partitions": [["t"]]}, MalformedRequest, 4),
         ({"v": 1, "op": "lease", "id": 4, "partitions": [["", 0]]}, MalformedRequest, 4),

@@ -6,16 +6,18 @@ import asyncio
 import random
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 from pidfence.pid_allocator import (
     LeaseCapacityExhausted,
+    LeaseServerSettings,
     LeaseService,
     LeaseServiceUnavailable,
     MemoryCoordinator,
-    ServiceConfig,
+    NotOwner,
     StaleGeneration,
     UnknownPid,
 )
@@ -49,7 +51,7 @@ def make(
     clock: FakeClock,
     **config: Any,
 ) -> LeaseService:
-    cfg = ServiceConfig(**{"block_size": 10, "lifetime_ms": 1000, **config})
+    cfg = LeaseServerSettings(**{"block_size": 10, "lifetime_ms": 1000, **config})
     return LeaseService(coordinator, executor, cfg, clock=clock, rng=random.Random(7))
 
 
@@ -91,12 +93,13 @@ def test_bump_moves_one_generation_and_fences_the_old_one(executor: ThreadPoolEx
 
     async def scenario() -> None:
         lease = await service.lease()
-        bumped = await service.bump(lease.pid, lease.generation)
+        bumped = await service.bump(lease.pid, lease.generation, lease.secret)
         assert bumped.generation == lease.generation + 1
         assert bumped.expire_ms == lease.expire_ms
+        assert bumped.secret == lease.secret
         with pytest.raises(StaleGeneration, match="fenced"):
-            await service.bump(lease.pid, lease.generation)
-        again = await service.bump(lease.pid, bumped.generation)
+            await service.bump(lease.pid, lease.generation, lease.secret)
+        again = await service.bump(lease.pid, bumped.generation, lease.secret)
         assert again.generation == lease.generation + 2
 
     run(scenario())
@@ -111,11 +114,11 @@ def test_bump_retry_with_the_same_token_gets_the_same_answer(
     async def scenario() -> None:
         lease = await service.lease()
         once, other = "bump-1", "bump-2"
-        first = await service.bump(lease.pid, lease.generation, token=once)
-        retry = await service.bump(lease.pid, lease.generation, token=once)
+        first = await service.bump(lease.pid, lease.generation, lease.secret, token=once)
+        retry = await service.bump(lease.pid, lease.generation, lease.secret, token=once)
         assert retry == first
         with pytest.raises(StaleGeneration):
-            await service.bump(lease.pid, lease.generation, token=other)
+            await service.bump(lease.pid, lease.generation, lease.secret, token=other)
 
     run(scenario())
 
@@ -126,13 +129,14 @@ def test_bump_at_a_server_that_did_not_issue_the_pid(executor: ThreadPoolExecuto
 
     async def scenario() -> None:
         lease = await issuer.lease()
-        bumped = await other.bump(lease.pid, lease.generation)
+        bumped = await other.bump(lease.pid, lease.generation, lease.secret)
         assert bumped.generation == lease.generation + 1
         assert bumped.expire_ms <= lease.expire_ms  # the earliest possible end, never later
+        assert bumped.secret == lease.secret
         with pytest.raises(StaleGeneration):
-            await issuer.bump(lease.pid, lease.generation)
+            await issuer.bump(lease.pid, lease.generation, lease.secret)
         with pytest.raises(StaleGeneration):
-            await other.bump(lease.pid, lease.generation + 7)
+            await other.bump(lease.pid, lease.generation + 7, lease.secret)
 
     run(scenario())
 
@@ -143,17 +147,17 @@ def test_unknown_and_expired_pids(executor: ThreadPoolExecutor) -> None:
     other = make(coord, executor, clock, lifetime_ms=1000, block_ttl_ms=100)
 
     async def scenario() -> None:
-        with pytest.raises(UnknownPid, match="never issued"):
-            await service.bump(424242, 1)
         lease = await service.lease()
-        with pytest.raises(UnknownPid):  # claimed in our block but not handed out
-            await service.bump(lease.pid + 1, 0)
+        with pytest.raises(NotOwner):
+            await service.bump(424242, 1, lease.secret)
+        with pytest.raises(NotOwner):  # claimed in our block but not handed out
+            await service.bump(lease.pid + 1, 0, lease.secret)
         clock.now += 1000
-        with pytest.raises(UnknownPid, match="expired"):
-            await service.bump(lease.pid, lease.generation)
+        with pytest.raises(UnknownPid, match="ended"):
+            await service.bump(lease.pid, lease.generation, lease.secret)
         clock.now += 100
-        with pytest.raises(UnknownPid, match="expired"):
-            await other.bump(lease.pid, lease.generation)
+        with pytest.raises(UnknownPid, match="ended"):
+            await other.bump(lease.pid, lease.generation, lease.secret)
 
     run(scenario())
 
@@ -164,17 +168,17 @@ def test_bumped_pid_expires_at_its_lease_end(executor: ThreadPoolExecutor) -> No
 
     async def scenario() -> None:
         lease = await service.lease()
-        bumped = await service.bump(lease.pid, lease.generation)
+        bumped = await service.bump(lease.pid, lease.generation, lease.secret)
         clock.now = lease.expire_ms
-        with pytest.raises(UnknownPid, match="expired"):
-            await service.bump(lease.pid, bumped.generation)
+        with pytest.raises(UnknownPid, match="ended"):
+            await service.bump(lease.pid, bumped.generation, lease.secret)
 
     run(scenario())
 
 
 def test_capacity_refuses_until_leases_expire(executor: ThreadPoolExecutor) -> None:
     coord, clock = MemoryCoordinator(), FakeClock()
-    service = make(coord, executor, clock, capacity=2, lifetime_ms=500)
+    service = make(coord, executor, clock, capacity=2, client_share=1.0, lifetime_ms=500)
 
     async def scenario() -> None:
         first = await service.lease()
@@ -200,7 +204,7 @@ def test_store_down_serves_leases_from_the_claimed_block_only(
             await asyncio.sleep(0.01)
         coord.up = False
         with pytest.raises(LeaseServiceUnavailable):
-            await service.bump(leases[0].pid, leases[0].generation)
+            await service.bump(leases[0].pid, leases[0].generation, leases[0].secret)
         served = [await service.lease() for _ in range(14)]  # 4 left in block 1, 10 in block 2
         assert len({g.pid for g in served}) == 14
         with pytest.raises(LeaseServiceUnavailable):
@@ -219,7 +223,7 @@ def test_block_is_abandoned_after_its_issue_window(executor: ThreadPoolExecutor)
         first = await service.lease()
         clock.now += 50
         second = await service.lease()
-        block = coord.find_block(second.pid)
+        block = coord.block_at(second.pid)
         assert block is not None
         assert first.pid not in block
         assert block.claimed_ms == clock.now
@@ -229,6 +233,10 @@ def test_block_is_abandoned_after_its_issue_window(executor: ThreadPoolExecutor)
 
 def test_config_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="block_size"):
-        ServiceConfig(block_size=0)
+        LeaseServerSettings(block_size=0)
     with pytest.raises(ValueError, match="lifetime_ms"):
-        ServiceConfig(lifetime_ms=0)
+        LeaseServerSettings(lifetime_ms=0)
+    with pytest.raises(ValueError, match="tls"):
+        LeaseServerSettings(tls_client_ca=Path("ca.pem"))
+    with pytest.raises(TypeError, match="capacity"):
+        LeaseServerSettings().with_overrides(capasity=3)

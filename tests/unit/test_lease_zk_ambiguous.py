@@ -10,7 +10,10 @@ import pytest
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
 
 from pidfence.pid_allocator import StaleGeneration, ZkCoordinator
+from pidfence.pid_allocator.capability import make_secret
 from pidfence.pid_allocator.coordinator import BlockRequest
+from pidfence.pid_allocator.generations import initial_generation
+from pidfence.pid_allocator.lineage import Lineage, Outcome
 
 
 @dataclass
@@ -189,25 +192,61 @@ def test_claim_that_loses_the_race_reads_again(zk: tuple[ZkCoordinator, FakeKazo
     assert coordinator.writes == 2
 
 
-def test_find_block_from_records(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
+def test_block_at_reads_one_record_and_never_lists(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
     coordinator, fake = zk
     coordinator.claim_block(_request("a"))
+    fake.get_children_async = None  # type: ignore[assignment,method-assign]  # listing forbidden
     other = ZkCoordinator("fake:2181", client=fake).start()  # a second server, cold cache
-    found = other.find_block(5)
+    found = other.block_at(1)
     assert found is not None
     assert (found.start, found.token) == (1, "a")
-    assert other.find_block(11) is None
-    assert other.find_block(0) is None
+    assert other.block_at(11) is None
+    assert other.block_at(5) is None
+
+
+SALT = b"s" * 16
+
+
+def _lineage(zk: tuple[ZkCoordinator, FakeKazoo]) -> Lineage:
+    coordinator, _ = zk
+    coordinator.claim_block(_request("a"))  # pids 1..10, salt SALT, claimed at 1000
+    return Lineage(coordinator, retention_ms=10_000)
 
 
 @pytest.mark.parametrize("fault", ["lost-after", "lost-before"])
 def test_ambiguous_bump_is_settled_by_its_token(
     zk: tuple[ZkCoordinator, FakeKazoo], fault: str
 ) -> None:
-    coordinator, fake = zk
+    lineage, (_, fake) = _lineage(zk), zk
+    secret, g0 = make_secret(1, SALT, 5), initial_generation(SALT, 5)
     fake.faults = [fault]
-    assert coordinator.bump_generation(5, 100, 100, 10_000, "tok", 0) == (101, 10_000)
+    assert lineage.bump(5, g0, secret, "tok", 1000).generation == g0 + 1
     fake.faults = [fault]
-    assert coordinator.bump_generation(5, 101, 100, 10_000, "tok2", 0) == (102, 10_000)
+    assert lineage.bump(5, g0 + 1, secret, "tok2", 1000).generation == g0 + 2
     with pytest.raises(StaleGeneration):
-        coordinator.bump_generation(5, 101, 100, 10_000, "other", 0)
+        lineage.bump(5, g0 + 1, secret, "other", 1000)
+
+
+@pytest.mark.parametrize("fault", ["lost-after", "lost-before"])
+def test_ambiguous_roll_is_re_read_never_guessed(
+    zk: tuple[ZkCoordinator, FakeKazoo], fault: str
+) -> None:
+    lineage, (coordinator, fake) = _lineage(zk), zk
+    block = coordinator.block_at(1)
+    assert block is not None
+    secret, g0 = make_secret(1, SALT, 5), initial_generation(SALT, 5)
+    successor = Outcome(7, initial_generation(SALT, 7), 9000, block)
+    fake.faults = [fault]
+    assert lineage.roll(5, g0, secret, "roll-1", 1000, successor) == successor
+    found = coordinator.read_lineage(5)
+    assert found is not None
+    assert (found[0].successor, found[0].generation) == (7, g0)
+    child = coordinator.read_lineage(7)
+    assert child is not None
+    assert child[0].predecessor == 5
+    # A second roll of the same generation (a zombie) is refused and told the successor.
+    other = Outcome(8, initial_generation(SALT, 8), 9000, block)
+    with pytest.raises(StaleGeneration) as stale:
+        lineage.roll(5, g0, secret, "roll-2", 1000, other)
+    assert stale.value.successor == 7
+    assert coordinator.read_lineage(8) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from pidfence.cli import bench, copy, demo, lease, produce, services, sink, verify
+from pidfence.cli import bench, copy, demo, keys, lease, produce, services, sink, verify
 
 app = typer.Typer(
     name="pidfence",
@@ -20,7 +20,7 @@ def _root() -> None:
     """Exactly-once Kafka pipelines: PID leases, idempotent producers, a deduplicating sink."""
 
 
-for _module in (services, lease, produce, copy, sink, verify, demo, bench):
+for _module in (services, lease, keys, produce, copy, sink, verify, demo, bench):
     _module.register(app)
 
 

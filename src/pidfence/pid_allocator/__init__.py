@@ -1,33 +1,42 @@
 """The PID lease server, its ZooKeeper block allocator, the lease ring and ``LeaseClient``."""
 
 from pidfence.pid_allocator.client import Lease, LeaseClient
-from pidfence.pid_allocator.coordinator import Block, Coordinator
+from pidfence.pid_allocator.clock import SteadyClock
+from pidfence.pid_allocator.coordinator import Block, Coordinator, LineageRecord
 from pidfence.pid_allocator.errors import (
     LeaseCapacityExhausted,
     LeaseError,
     LeaseServerUnreachable,
     LeaseServiceUnavailable,
     MalformedRequest,
+    NotOwner,
+    RateLimited,
     StaleGeneration,
+    Unauthenticated,
     UnknownOp,
     UnknownPid,
     UnsupportedVersion,
 )
 from pidfence.pid_allocator.memory import MemoryCoordinator
 from pidfence.pid_allocator.ring import LeaseRing
-from pidfence.pid_allocator.runtime import (
-    LeaseServerThread,
-    SpawnedLeaseServer,
-    spawn_lease_server,
+from pidfence.pid_allocator.runtime import LeaseServerThread, RunningServer, start_server
+from pidfence.pid_allocator.security import (
+    SecretFileError,
+    client_tls_context,
+    load_token_file,
+    server_tls_context,
 )
-from pidfence.pid_allocator.server import LeaseServer, ServerLimits
-from pidfence.pid_allocator.service import LeaseService, ServiceConfig
+from pidfence.pid_allocator.server import LeaseServer
+from pidfence.pid_allocator.service import Grant, LeaseService
+from pidfence.pid_allocator.settings import LeaseServerSettings
 from pidfence.pid_allocator.zk_blocks import ZkCoordinator
 
 __all__ = [
     # client
     "Lease",
     "LeaseClient",
+    "client_tls_context",
+    "load_token_file",
     # errors
     "LeaseError",
     "MalformedRequest",
@@ -35,21 +44,28 @@ __all__ = [
     "UnknownOp",
     "UnknownPid",
     "StaleGeneration",
+    "NotOwner",
+    "RateLimited",
+    "Unauthenticated",
     "LeaseCapacityExhausted",
     "LeaseServiceUnavailable",
     "LeaseServerUnreachable",
+    "SecretFileError",
     # servers
+    "LeaseServerSettings",
     "LeaseServerThread",
-    "SpawnedLeaseServer",
-    "spawn_lease_server",
+    "RunningServer",
+    "start_server",
     "LeaseServer",
-    "ServerLimits",
     "LeaseService",
-    "ServiceConfig",
+    "Grant",
+    "server_tls_context",
     # state
     "Block",
     "Coordinator",
+    "LineageRecord",
     "LeaseRing",
     "MemoryCoordinator",
+    "SteadyClock",
     "ZkCoordinator",
 ]

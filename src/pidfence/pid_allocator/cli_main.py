@@ -8,35 +8,21 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
 from pidfence.pid_allocator.metrics import ServerMetrics
 from pidfence.pid_allocator.runtime import start_server
-from pidfence.pid_allocator.server import ServerLimits
-from pidfence.pid_allocator.service import ServiceConfig
+from pidfence.pid_allocator.settings import LeaseServerSettings
+from pidfence.wire import PidfenceError
 
 log = logging.getLogger("pidfence.lease_server")
 
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """Everything ``pidfence lease-server`` was given."""
-
-    zk_hosts: str
-    host: str = "127.0.0.1"
-    port: int = 7070
-    block_size: int = 100
-    lifetime_ms: int = 24 * 3_600_000
-    block_ttl_ms: int = 600_000
-    capacity: int = 1_000_000
-    max_connections: int = 1024
-    idle_timeout_s: float = 300.0
-    metrics_port: int | None = None
-    log_format: str = "text"
-    ready_file: Path | None = None
+#: Exit codes: 0 clean stop, 2 bad configuration (a file), 3 ZooKeeper unreachable at start.
+EXIT_CONFIG = 2
+EXIT_ZOOKEEPER = 3
 
 
 class JsonFormatter(logging.Formatter):
@@ -71,49 +57,64 @@ def configure_logging(log_format: str) -> None:
     logging.getLogger("kazoo").setLevel(logging.WARNING)
 
 
-def serve_forever(options: ServeOptions) -> int:
-    """Run until SIGTERM/SIGINT; return the exit code (0 clean, 3 ZooKeeper unreachable)."""
-    configure_logging(options.log_format)
-    config = ServiceConfig(
-        block_size=options.block_size,
-        lifetime_ms=options.lifetime_ms,
-        capacity=options.capacity,
-        block_ttl_ms=options.block_ttl_ms,
-    )
-    limits = ServerLimits(
-        max_connections=options.max_connections, idle_timeout_s=options.idle_timeout_s
-    )
+def write_ready_file(path: Path, address: str) -> None:
+    """Write ``address`` to ``path`` atomically; no temporary file is left behind on failure.
+
+    Raises:
+        OSError: the directory cannot be written (the caller reports it).
+    """
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
+    tmp = Path(tmp_name)
     try:
-        return asyncio.run(_serve(options, config, limits))
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(address)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def serve_forever(zk_hosts: str, settings: LeaseServerSettings) -> int:
+    """Run until SIGTERM/SIGINT; return the exit code (0 clean, 2 bad file, 3 ZooKeeper)."""
+    configure_logging(settings.log_format)
+    try:
+        return asyncio.run(_serve(zk_hosts, settings))
     except LeaseServiceUnavailable as exc:
         log.error("startup failed: %s", exc)
-        return 3
+        return EXIT_ZOOKEEPER
+    except PidfenceError as exc:
+        log.error("startup failed: %s", exc)
+        return EXIT_CONFIG
 
 
-async def _serve(options: ServeOptions, config: ServiceConfig, limits: ServerLimits) -> int:
+async def _serve(zk_hosts: str, settings: LeaseServerSettings) -> int:
     metrics = ServerMetrics()
-    if options.metrics_port is not None:
+    if settings.metrics_port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(options.metrics_port, addr=options.host, registry=metrics.registry)
-    running = await start_server(
-        options.zk_hosts,
-        host=options.host,
-        port=options.port,
-        config=config,
-        limits=limits,
-        metrics=metrics,
-    )
+        start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
+    running = await start_server(zk_hosts, settings, metrics=metrics)
     address = f"{running.host}:{running.port}"
     log.info(
         "listening on %s",
         address,
-        extra={"address": address, "server_id": running.server.service.server_id},
+        extra={
+            "address": address,
+            "server_id": running.service.server_id,
+            "auth": settings.auth_tokens_file is not None,
+            "tls": settings.tls_cert is not None,
+            "mutual_tls": settings.tls_client_ca is not None,
+            "signing": settings.signing_key is not None,
+            "zk_acl": settings.zk_auth_file is not None,
+        },
     )
-    if options.ready_file is not None:
-        tmp = options.ready_file.with_suffix(".tmp")
-        tmp.write_text(address)
-        os.replace(tmp, options.ready_file)
+    if settings.ready_file is not None:
+        try:
+            write_ready_file(settings.ready_file, address)
+        except OSError as exc:
+            log.error("cannot write ready file %s: %s", settings.ready_file, exc)
+            await running.close()
+            return EXIT_CONFIG
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -121,12 +122,13 @@ async def _serve(options: ServeOptions, config: ServiceConfig, limits: ServerLim
     await stop.wait()
     started = time.monotonic()
     await running.close()
-    service = running.server.service
+    service = running.service
     log.info(
         "stopped",
         extra={
             "leases": service.leases,
             "bumps": service.bumps,
+            "rolls": service.rolls,
             "blocks_claimed": service.blocks_claimed,
             "shutdown_s": round(time.monotonic() - started, 3),
         },

@@ -1,13 +1,14 @@
-"""``LeaseClient``: the synchronous client producers use to lease pids and bump generations."""
+"""``LeaseClient``: the synchronous client producers use to lease, bump and roll pids."""
 
 from __future__ import annotations
 
 import itertools
 import socket
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -16,6 +17,7 @@ import msgpack
 from pidfence.pid_allocator.errors import (
     LeaseServerUnreachable,
     LeaseServiceUnavailable,
+    Unauthenticated,
     error_from_reply,
 )
 from pidfence.pid_allocator.protocol import LENGTH, MAX_FRAME_BYTES, PROTOCOL_VERSION, encode_frame
@@ -23,19 +25,25 @@ from pidfence.pid_allocator.protocol import LENGTH, MAX_FRAME_BYTES, PROTOCOL_VE
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A pid lease (or a bumped one).
+    """A pid lease (or a bumped or rolled one).
 
     Attributes:
         pid: producer id, never reused.
         generation: fencing token; unique per (pid, generation) across all callers.
         sequence: first sequence number to use (0).
         expire_ms: lease end, epoch milliseconds.
+        secret: the pid's capability: ``bump`` and ``roll`` require it. Store it like a
+            password (checkpoints: mode 0600); never printed in ``repr``.
+        cert: the lease server's signature over (pid, generation, expire_ms) when it signs
+            (``pidfence.wire.cert``), else None.
     """
 
     pid: int
     generation: int
     sequence: int
     expire_ms: int
+    secret: bytes = field(default=b"", repr=False)
+    cert: bytes | None = field(default=None, repr=False)
 
 
 def _parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -66,6 +74,10 @@ class LeaseClient:
         backoff_s: first backoff; doubles per retry (capped at 2 s).
         sleep: sleep function (injected in tests).
         clock: monotonic seconds (injected in tests).
+        token: auth token sent in ``hello`` on every new connection (servers with
+            ``--auth-tokens``). Read it from a file or the environment, never a command line.
+        tls: client-side TLS context (``ssl.create_default_context(cafile=...)``; load a
+            client certificate into it for mutual TLS).
     """
 
     def __init__(
@@ -77,6 +89,9 @@ class LeaseClient:
         backoff_s: float = 0.1,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        token: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
@@ -90,6 +105,8 @@ class LeaseClient:
         self._index = 0
         self._sock: socket.socket | None = None
         self._ids = itertools.count(1)
+        self._token = token
+        self._tls = tls
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -99,23 +116,53 @@ class LeaseClient:
         Raises:
             LeaseCapacityExhausted, LeaseServiceUnavailable, LeaseServerUnreachable, LeaseError.
         """
-        reply = self._call("lease", partitions=[[t, p] for t, p in partitions])
-        return Lease(
-            reply["pid"], reply["generation"], reply.get("sequence", 0), reply["expire_ms"]
-        )
+        return _lease(self._call("lease", partitions=[[t, p] for t, p in partitions]))
 
-    def bump(self, pid: int, generation: int) -> Lease:
+    def bump(self, pid: int, generation: int, secret: bytes, *, token: str | None = None) -> Lease:
         """Move ``pid`` from ``generation`` (the caller's current one) to a new generation.
 
-        Retries reuse one token, so a bump whose reply was lost is answered, not refused.
+        Retries reuse one token (``token``, or a fresh one), so a bump whose reply was lost is
+        answered, not refused.
+
+        Args:
+            pid: the pid.
+            generation: the caller's current generation of it.
+            secret: the pid's secret, or that of the pid rolled into it (lineage authority).
+            token: idempotency token; pass the same one to repeat a bump whose outcome is
+                unknown.
 
         Raises:
-            StaleGeneration: another caller bumped first (this caller is fenced).
-            UnknownPid: the pid expired or was never issued.
+            StaleGeneration: another caller moved the pid on, or it was retired by a roll
+                (``successor`` says into which pid): this caller is fenced.
+            NotOwner: wrong secret, or no such pid (indistinguishable on purpose).
+            UnknownPid: the pid's lease ended (roll it to continue its lineage).
+            RateLimited, LeaseServiceUnavailable, LeaseServerUnreachable: retriable.
         """
-        token = uuid.uuid4().hex
-        reply = self._call("bump", pid=pid, generation=generation, token=token)
-        return Lease(reply["pid"], reply["generation"], 0, reply["expire_ms"])
+        reply = self._call(
+            "bump", pid=pid, generation=generation, secret=bytes(secret),
+            token=token or uuid.uuid4().hex,
+        )  # fmt: skip
+        return _lease(reply)
+
+    def roll(self, pid: int, generation: int, secret: bytes) -> Lease:
+        """Retire ``pid`` at ``generation`` (its current one) and lease its successor.
+
+        Compare-and-set on the pid's generation: of two callers rolling (or bumping) from one
+        generation only one succeeds. Retries reuse one token, so a roll whose reply was lost
+        is answered with the same successor.
+
+        Returns:
+            The successor's lease (a new pid with its own secret and cert).
+
+        Raises:
+            StaleGeneration: the pid moved on or was already rolled (``successor`` set).
+            NotOwner: wrong secret, or no such pid.
+            RateLimited, LeaseServiceUnavailable, LeaseServerUnreachable: retriable.
+        """
+        reply = self._call(
+            "roll", pid=pid, generation=generation, secret=bytes(secret), token=uuid.uuid4().hex
+        )
+        return _lease(reply)
 
     def ping(self) -> dict[str, Any]:
         """The server's ``server`` id, ``now_ms`` and status."""
@@ -157,7 +204,7 @@ class LeaseClient:
             code = reply.get("error")
             if code is None:
                 return reply
-            error = error_from_reply(str(code), str(reply.get("message", "")))
+            error = error_from_reply(str(code), str(reply.get("message", "")), reply)
             if not error.retriable:
                 raise error
             last = error
@@ -180,14 +227,40 @@ class LeaseClient:
             host, port = self.servers[self._index]
             try:
                 sock = socket.create_connection((host, port), timeout=self.connect_timeout_s)
-            except OSError as exc:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._tls is not None:
+                    name = host if self._tls.check_hostname else None
+                    sock = self._tls.wrap_socket(sock, server_hostname=name)
+            except (OSError, ssl.SSLError) as exc:
                 raise _Broken(f"connect to {host}:{port} failed: {exc}") from exc
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock = sock
+            if self._token is not None:
+                self._hello(sock)
         return self._sock
 
+    def _hello(self, sock: socket.socket) -> None:
+        request_id = next(self._ids)
+        frame = encode_frame(
+            {"v": PROTOCOL_VERSION, "op": "hello", "id": request_id, "token": self._token}
+        )
+        reply = self._exchange_on(sock, frame, request_id)
+        code = reply.get("error")
+        if code is not None:
+            self.close()
+            if code == Unauthenticated.code:
+                raise Unauthenticated(
+                    f"lease server refused the auth token: {reply.get('message', '')}; "
+                    "check --lease-token-file"
+                )
+            error = error_from_reply(str(code), str(reply.get("message", "")), reply)
+            if error.retriable:
+                raise _Broken(str(error))  # e.g. connection limit: try the next server
+            raise error
+
     def _exchange(self, frame: bytes, request_id: int) -> dict[str, Any]:
-        sock = self._connect()
+        return self._exchange_on(self._connect(), frame, request_id)
+
+    def _exchange_on(self, sock: socket.socket, frame: bytes, request_id: int) -> dict[str, Any]:
         deadline = self._clock() + self.request_timeout_s
         try:
             sock.settimeout(self.request_timeout_s)
@@ -226,3 +299,16 @@ class LeaseClient:
                 raise _Broken("connection closed by the server")
             chunks += chunk
         return bytes(chunks)
+
+
+def _lease(reply: dict[str, Any]) -> Lease:
+    secret = reply.get("secret")
+    cert = reply.get("cert")
+    return Lease(
+        reply["pid"],
+        reply["generation"],
+        reply.get("sequence", 0),
+        reply["expire_ms"],
+        secret if isinstance(secret, bytes) else b"",
+        cert if isinstance(cert, bytes) else None,
+    )

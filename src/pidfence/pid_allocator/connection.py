@@ -1,11 +1,19 @@
 """One client connection of a lease server, as an asyncio protocol.
 
 A protocol (not streams) because a lease is answered straight from ``data_received`` with no
-coroutine switch, which is most of a request's cost in Python. Requests that must wait (bumps,
-a lease while a block claim is in flight) run as tasks; at most ``max_in_flight`` of them, after
-which reading pauses. A connection idle for ``idle_timeout_s`` or holding a partial frame for
-``frame_timeout_s`` is closed; a frame over 1 MiB gets MALFORMED_REQUEST, then the connection is
-closed because the stream cannot be resynchronised.
+coroutine switch, which is most of a request's cost in Python.
+
+Bounded and fair: at most ``max_in_flight`` requests of a connection wait (bumps, rolls, a lease
+waiting for a block) at once, and at most ``FRAMES_PER_TURN`` frames are answered per event-loop
+turn. Past either bound the connection stops parsing and stops reading from its socket
+(backpressure onto the client's TCP window) until a request finishes or the next turn, so one
+client pipelining thousands of frames never starves the others. A client that does not read its
+replies stops being read too.
+
+Timeouts: idle ``idle_timeout_s``; a started frame must finish within ``frame_timeout_s``; with
+auth tokens, ``hello`` must come within ``hello_timeout_s``. A frame over 1 MiB gets
+MALFORMED_REQUEST, then the connection is closed (the stream cannot be resynchronised), and so
+does any UNAUTHENTICATED reply.
 """
 
 from __future__ import annotations
@@ -14,10 +22,19 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable, MalformedRequest
-from pidfence.pid_allocator.protocol import LENGTH, MAX_FRAME_BYTES, encode_frame, error_reply
+from pidfence.pid_allocator.protocol import (
+    LENGTH,
+    MAX_FRAME_BYTES,
+    Request,
+    encode_frame,
+    error_reply,
+)
 
 if TYPE_CHECKING:
     from pidfence.pid_allocator.server import LeaseServer
+
+#: Frames answered per event-loop turn before yielding to other connections.
+FRAMES_PER_TURN = 64
 
 
 class LeaseConnection(asyncio.Protocol):
@@ -27,72 +44,55 @@ class LeaseConnection(asyncio.Protocol):
         self.server = server
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
+        self.address = "?"
+        self.client = "addr:?"
+        self.authenticated = not server.auth_required
         self._buffer = bytearray()
+        self._offset = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._reading_paused = False
         self._writing_paused = False
-        self._last_activity = self.loop.time()
+        self._turn_scheduled = False
+        self._opened = self.loop.time()
+        self._last_activity = self._opened
         self._partial_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
 
+    @property
+    def in_flight(self) -> int:
+        """Requests of this connection being answered now."""
+        return len(self._tasks)
+
+    def authenticate(self, name: str) -> None:
+        """``hello`` succeeded: the connection acts as client ``name`` from now on."""
+        self.authenticated = True
+        self.client = f"token:{name}"
+
     # -- asyncio callbacks ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Register, or refuse with a retriable error when the server is full."""
+        """Register, or refuse with a retriable error when the server or this address is full."""
         assert isinstance(transport, asyncio.Transport)  # noqa: S101 - TCP only
         self.transport = transport
-        if not self.server.register(self):
-            transport.write(
-                encode_frame(
-                    error_reply(
-                        None,
-                        LeaseServiceUnavailable.code,
-                        "connection limit reached; try another lease server",
-                    )
-                )
-            )
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        self.client = f"addr:{self.address}"
+        refused = self.server.register(self)
+        if refused is not None:
+            transport.write(encode_frame(error_reply(None, LeaseServiceUnavailable.code, refused)))
             self._closed = True
             transport.close()
             return
-        self._arm_timer(self.server.limits.idle_timeout_s)
+        self._arm_timer(self._next_check())
 
     def data_received(self, data: bytes) -> None:
-        """Parse every complete frame; answer what can be answered now."""
+        """Buffer, then answer what the bounds allow now."""
         if self._closed:
             return
         self._last_activity = self.loop.time()
-        buffer = self._buffer
-        buffer += data
-        offset = 0
-        while len(buffer) - offset >= 4:
-            (length,) = LENGTH.unpack_from(buffer, offset)
-            if length > MAX_FRAME_BYTES:
-                error = MalformedRequest(
-                    f"frame of {length} bytes exceeds the {MAX_FRAME_BYTES} limit"
-                )
-                self._write(self.server.error_reply(None, error))
-                self.close()
-                return
-            end = offset + 4 + length
-            if len(buffer) < end:
-                break
-            body = bytes(buffer[offset + 4 : end])
-            offset = end
-            reply = self.server.handle_now(body)
-            if reply is not None:
-                self._write(reply)
-            else:
-                self._spawn(body)
-        if offset:
-            del buffer[:offset]
-        if not buffer:
-            self._partial_since = None
-        elif self._partial_since is None or offset:
-            self._partial_since = self._last_activity  # a new frame started: its clock starts
-            if self._timer is not None:
-                self._timer.cancel()
-            self._arm_timer(self.server.limits.frame_timeout_s)
+        self._buffer += data
+        self._turn()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection and cancel its waiting requests."""
@@ -104,14 +104,96 @@ class LeaseConnection(asyncio.Protocol):
         self.server.unregister(self)
 
     def pause_writing(self) -> None:
-        """The client is not reading its replies: stop reading its requests."""
+        """The client is not reading its replies: stop answering (and reading) its requests."""
         self._writing_paused = True
         self._update_reading()
 
     def resume_writing(self) -> None:
         """The client caught up."""
         self._writing_paused = False
+        self._schedule_turn()
+
+    # -- frames ---------------------------------------------------------------------------------
+
+    def _blocked(self) -> bool:
+        return self._writing_paused or len(self._tasks) >= self.server.settings.max_in_flight
+
+    def _next_frame(self) -> bytes | None:
+        """The next complete frame body, or None. Closes on an oversized length prefix."""
+        buffer, offset = self._buffer, self._offset
+        if len(buffer) - offset < 4:
+            return None
+        (length,) = LENGTH.unpack_from(buffer, offset)
+        if length > MAX_FRAME_BYTES:
+            error = MalformedRequest(f"frame of {length} bytes exceeds the {MAX_FRAME_BYTES} limit")
+            self._write(self.server.error_reply(None, error))
+            self.close()
+            return None
+        end = offset + 4 + length
+        if len(buffer) < end:
+            return None
+        self._offset = end
+        return bytes(buffer[offset + 4 : end])
+
+    def _has_frame(self) -> bool:
+        remaining = len(self._buffer) - self._offset
+        if remaining < 4:
+            return False
+        length = int(LENGTH.unpack_from(self._buffer, self._offset)[0])
+        return length > MAX_FRAME_BYTES or remaining >= 4 + length
+
+    def _turn(self) -> None:
+        """Answer up to ``FRAMES_PER_TURN`` frames; leave the rest for later turns."""
+        self._turn_scheduled = False
+        answered = 0
+        while not self._closed and not self._blocked():
+            if answered >= FRAMES_PER_TURN:
+                self._schedule_turn()
+                break
+            body = self._next_frame()
+            if body is None:
+                break
+            answered += 1
+            result = self.server.handle_now(self, body)
+            if isinstance(result, dict):
+                self._write(result)
+                if result.get("error") == "UNAUTHENTICATED":
+                    self.close()
+            else:
+                self._spawn(result)
+        if self._closed:
+            return
+        if self._offset:
+            del self._buffer[: self._offset]
+            self._offset = 0
+        self._track_partial()
         self._update_reading()
+
+    def _schedule_turn(self) -> None:
+        if not self._turn_scheduled and not self._closed:
+            self._turn_scheduled = True
+            self.loop.call_soon(self._turn)
+
+    def _track_partial(self) -> None:
+        if not self._buffer or self._has_frame():
+            self._partial_since = None
+        elif self._partial_since is None:
+            self._partial_since = self._last_activity  # a new frame started: its clock starts
+            if self._timer is not None:
+                self._timer.cancel()
+            self._arm_timer(self._next_check())
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self._closed:
+            return
+        # Stop reading while anything parsed waits: the kernel buffers, then TCP pushes back.
+        busy = self._blocked() or self._has_frame() or len(self._buffer) > MAX_FRAME_BYTES + 4
+        if busy and not self._reading_paused:
+            self.transport.pause_reading()
+            self._reading_paused = True
+        elif not busy and self._reading_paused:
+            self.transport.resume_reading()
+            self._reading_paused = False
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -125,44 +207,46 @@ class LeaseConnection(asyncio.Protocol):
         if not self._closed and self.transport is not None:
             self.transport.write(encode_frame(reply))
 
-    def _spawn(self, body: bytes) -> None:
-        task = self.loop.create_task(self._answer(body))
+    def _spawn(self, request: Request) -> None:
+        task = self.loop.create_task(self._answer(request))
         self._tasks.add(task)
-        self._update_reading()
 
-    async def _answer(self, body: bytes) -> None:
+    async def _answer(self, request: Request) -> None:
         try:
-            self._write(await self.server.handle(body))
+            self._write(await self.server.handle(self, request))
         finally:
             self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
-            self._update_reading()
-
-    def _update_reading(self) -> None:
-        if self.transport is None or self._closed:
-            return
-        busy = len(self._tasks) >= self.server.limits.max_in_flight or self._writing_paused
-        if busy and not self._reading_paused:
-            self.transport.pause_reading()
-            self._reading_paused = True
-        elif not busy and self._reading_paused:
-            self.transport.resume_reading()
-            self._reading_paused = False
+            self._schedule_turn()
 
     def _arm_timer(self, delay: float) -> None:
         self._timer = self.loop.call_later(max(delay, 0.01), self._check_timeouts)
 
+    def _next_check(self) -> float:
+        settings = self.server.settings
+        now = self.loop.time()
+        delay = settings.idle_timeout_s - (now - self._last_activity)
+        if self._partial_since is not None:
+            delay = min(delay, settings.frame_timeout_s - (now - self._partial_since))
+        if not self.authenticated:
+            delay = min(delay, settings.hello_timeout_s - (now - self._opened))
+        return delay
+
     def _check_timeouts(self) -> None:
         if self._closed:
             return
+        settings = self.server.settings
         now = self.loop.time()
-        limits = self.server.limits
-        if self._partial_since is not None and now - self._partial_since >= limits.frame_timeout_s:
+        if not self.authenticated and now - self._opened >= settings.hello_timeout_s:
+            self.close()  # never said hello: do not hold a slot
+            return
+        if (
+            self._partial_since is not None
+            and now - self._partial_since >= settings.frame_timeout_s
+        ):
             self.close()  # a frame started and never finished: a slow or broken sender
             return
-        if not self._tasks and now - self._last_activity >= limits.idle_timeout_s:
+        if not self._tasks and now - self._last_activity >= settings.idle_timeout_s:
             self.close()
             return
-        next_check = limits.idle_timeout_s - (now - self._last_activity)
-        if self._partial_since is not None:
-            next_check = min(next_check, limits.frame_timeout_s - (now - self._partial_since))
-        self._arm_timer(next_check if next_check > 0 else limits.idle_timeout_s)
+        delay = self._next_check()
+        self._arm_timer(delay if delay > 0 else settings.idle_timeout_s)

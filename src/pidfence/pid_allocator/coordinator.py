@@ -90,8 +90,79 @@ class BlockRequest:
     salt: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class LineageRecord:
+    """A pid's shared state once it was bumped or rolled (ZooKeeper ``generations/<pid>``).
+
+    Attributes:
+        generation: the pid's current generation (a retired pid keeps the one it retired at).
+        expire_ms: its lease end (epoch ms); the record is kept ``retention`` past it.
+        token: the token of the write that made this version (settles ambiguous writes and
+            makes client retries idempotent).
+        block: start of the block that issued the pid (its secret is computed from that block).
+        successor: the pid it was rolled into; set means retired.
+        successor_generation: the successor's starting generation.
+        predecessor: the pid that was rolled into this one (lineage authority, one step).
+    """
+
+    generation: int
+    expire_ms: int
+    token: str
+    block: int = 0
+    successor: int | None = None
+    successor_generation: int | None = None
+    predecessor: int | None = None
+
+    @property
+    def retired(self) -> bool:
+        """Rolled into a successor: no bump or roll of it succeeds any more."""
+        return self.successor is not None
+
+    def encode(self) -> bytes:
+        """The znode data."""
+        fields: dict[str, Any] = {"g": self.generation, "e": self.expire_ms, "t": self.token}
+        if self.block:
+            fields["b"] = self.block
+        if self.successor is not None:
+            fields["s"] = self.successor
+            fields["sg"] = self.successor_generation
+        if self.predecessor is not None:
+            fields["p"] = self.predecessor
+        data: bytes = msgpack.packb(fields, use_bin_type=True)
+        return data
+
+    @classmethod
+    def decode(cls, data: bytes) -> LineageRecord:
+        """Parse znode data (also the round-1 ``{g, e, t}`` records)."""
+        m: dict[str, Any] = msgpack.unpackb(data, raw=False)
+        successor = m.get("s")
+        predecessor = m.get("p")
+        return cls(
+            int(m["g"]),
+            int(m["e"]),
+            str(m["t"]),
+            int(m.get("b", 0)),
+            None if successor is None else int(successor),
+            None if successor is None else int(m["sg"]),
+            None if predecessor is None else int(predecessor),
+        )
+
+
+class Conflict(Exception):
+    """A compare-and-set lost to another writer: re-read and decide again."""
+
+
+class Ambiguous(Exception):
+    """A write's outcome is unknown (connection lost around it); the store is connected again
+    and the caller must re-read, never guess."""
+
+
 class Coordinator(Protocol):
-    """Shared state of every lease server."""
+    """Shared state of every lease server: pid blocks and lineage records.
+
+    Writes are compare-and-set on a version read before; the lineage rules themselves live in
+    ``lineage.py`` so ZooKeeper and the in-memory store cannot disagree on them.
+    """
 
     @property
     def connected(self) -> bool:
@@ -111,43 +182,44 @@ class Coordinator(Protocol):
         """
         ...
 
-    def find_block(self, pid: int) -> Block | None:
-        """The claimed block holding ``pid``, or None if no server ever claimed it."""
+    def block_at(self, start: int) -> Block | None:
+        """The block record starting at ``start`` (one read, cached), or None. Never lists."""
         ...
 
-    def bump_generation(
-        self, pid: int, generation: int, initial: int, expire_ms: int, token: str, now_ms: int
-    ) -> tuple[int, int]:
-        """Move ``pid`` from ``generation`` to ``generation + 1`` by compare-and-set.
+    def read_lineage(self, pid: int) -> tuple[LineageRecord, int] | None:
+        """(record, version) of ``pid``, or None when it was never bumped or rolled."""
+        ...
 
-        Args:
-            pid: the pid.
-            generation: the caller's current generation.
-            initial: the pid's starting generation (used when it was never bumped).
-            expire_ms: the lease end to record when it was never bumped.
-            token: unique per logical bump; a retry with the same token gets the same answer.
-            now_ms: current time, to refuse expired pids.
-
-        Returns:
-            (new generation, expire_ms).
+    def write_lineage(self, pid: int, record: LineageRecord, version: int | None) -> None:
+        """Create (``version`` None) or compare-and-set the record of ``pid``.
 
         Raises:
-            StaleGeneration, UnknownPid, LeaseCapacityExhausted, LeaseServiceUnavailable.
+            Conflict: another writer got there first.
+            Ambiguous: the outcome is unknown; re-read.
+            LeaseServiceUnavailable: the store is unreachable.
         """
+        ...
+
+    def write_roll(
+        self,
+        pid: int,
+        record: LineageRecord,
+        version: int | None,
+        successor: int,
+        successor_record: LineageRecord,
+    ) -> None:
+        """Atomically retire ``pid`` (as ``write_lineage``) and create its successor's record.
+
+        Raises:
+            Conflict, Ambiguous, LeaseServiceUnavailable: as ``write_lineage``.
+        """
+        ...
+
+    def collect_garbage(self, now_ms: int, retention_ms: int) -> int:
+        """Delete block and lineage records whose leases ended more than ``retention_ms`` ago;
+        return how many were deleted."""
         ...
 
     def close(self) -> None:
         """Release the connection."""
         ...
-
-
-def encode_generation(generation: int, expire_ms: int, token: str) -> bytes:
-    """A generation znode's data."""
-    data: bytes = msgpack.packb({"g": generation, "e": expire_ms, "t": token}, use_bin_type=True)
-    return data
-
-
-def decode_generation(data: bytes) -> tuple[int, int, str]:
-    """(generation, expire_ms, token) of a generation znode."""
-    m: dict[str, Any] = msgpack.unpackb(data, raw=False)
-    return int(m["g"]), int(m["e"]), str(m["t"])

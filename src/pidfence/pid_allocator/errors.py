@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from pidfence.wire import PidfenceError
 
@@ -40,15 +41,59 @@ class UnknownOp(LeaseError):
 
 
 class UnknownPid(LeaseError):
-    """A bump of a pid that was never issued or whose lease expired: lease a new pid."""
+    """A bump of the caller's own pid whose lease ended: ``roll`` it (lineage) or lease anew.
+
+    Only a caller holding the pid's secret gets this; anyone else gets ``NotOwner``.
+    """
 
     code = "UNKNOWN_PID"
 
 
 class StaleGeneration(LeaseError):
-    """A bump from a generation that is not the pid's latest: another caller bumped it (fenced)."""
+    """A bump or roll from a generation that is not the pid's latest, or of a retired pid.
+
+    Another caller moved the pid on: this caller is fenced. Only a caller holding the pid's
+    secret gets this reply.
+
+    Attributes:
+        successor: the pid this one was rolled into, when it was retired by a roll, else None.
+        successor_generation: the successor's starting generation (what a resumer holding this
+            pid's checkpoint bumps or rolls the successor from), else None.
+    """
 
     code = "STALE_GENERATION"
+
+    def __init__(
+        self,
+        message: str,
+        successor: int | None = None,
+        successor_generation: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.successor = successor
+        self.successor_generation = successor_generation
+
+
+class NotOwner(LeaseError):
+    """The request does not carry the pid's secret, or the server knows no such pid.
+
+    Both cases get the identical reply, which reveals nothing about the pid.
+    """
+
+    code = "NOT_OWNER"
+
+
+class RateLimited(LeaseError):
+    """The server's ZooKeeper queue (or this client's share of it) is full; retry after a pause."""
+
+    code = "RATE_LIMITED"
+    retriable = True
+
+
+class Unauthenticated(LeaseError):
+    """The server requires ``hello`` with a listed token first (``--auth-tokens``)."""
+
+    code = "UNAUTHENTICATED"
 
 
 class LeaseCapacityExhausted(LeaseError):
@@ -81,14 +126,28 @@ ERRORS_BY_CODE: dict[str, type[LeaseError]] = {
         StaleGeneration,
         LeaseCapacityExhausted,
         LeaseServiceUnavailable,
+        NotOwner,
+        RateLimited,
+        Unauthenticated,
     )
 }
 
 
-def error_from_reply(code: str, message: str) -> LeaseError:
+def _optional_int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def error_from_reply(code: str, message: str, reply: Mapping[str, Any] | None = None) -> LeaseError:
     """The exception for an error reply; an unknown code becomes a plain ``LeaseError``."""
     cls = ERRORS_BY_CODE.get(code)
     if cls is None:
         error = LeaseError(f"lease server answered unknown error code {code!r}: {message}")
         return error
+    if cls is StaleGeneration:
+        fields = reply or {}
+        return StaleGeneration(
+            message,
+            _optional_int(fields.get("successor")),
+            _optional_int(fields.get("successor_generation")),
+        )
     return cls(message)

@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
-import bisect
 import threading
-from dataclasses import replace
 
-from pidfence.pid_allocator.bumps import next_generation
-from pidfence.pid_allocator.coordinator import Block, BlockRequest
-from pidfence.pid_allocator.errors import LeaseServiceUnavailable, StaleGeneration
+from pidfence.pid_allocator.coordinator import (
+    Ambiguous,
+    Block,
+    BlockRequest,
+    Conflict,
+    LineageRecord,
+)
+from pidfence.pid_allocator.errors import LeaseServiceUnavailable
 
 
 class MemoryCoordinator:
     """Thread-safe stand-in for ``ZkCoordinator``; share one between servers to model a cluster.
 
-    ``connected`` can be flipped by tests to model a SUSPENDED ZooKeeper.
+    Fault hooks for tests: ``up = False`` models an unreachable ZooKeeper (every call answers
+    UNAVAILABLE); ``lose_after_write(n)`` makes the next ``n`` writes land and then report an
+    ambiguous outcome, as a connection lost right after the commit does; ``lose_before_write(n)``
+    makes them report it without landing.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._next = 1
-        self._starts: list[int] = []
         self._blocks: dict[int, Block] = {}
-        self._gens: dict[int, tuple[int, int, str]] = {}
+        self._records: dict[int, tuple[LineageRecord, int]] = {}
         self._writes = 0
+        self._lost_after = 0
+        self._lost_before = 0
+        self.block_reads = 0
         self.up = True
 
     @property
@@ -35,6 +43,14 @@ class MemoryCoordinator:
     def writes(self) -> int:
         """Write transactions so far."""
         return self._writes
+
+    def lose_after_write(self, count: int = 1) -> None:
+        """The next ``count`` writes land, then report an ambiguous outcome."""
+        self._lost_after = count
+
+    def lose_before_write(self, count: int = 1) -> None:
+        """The next ``count`` writes report an ambiguous outcome without landing."""
+        self._lost_before = count
 
     def _check_up(self) -> None:
         if not self.up:
@@ -56,37 +72,89 @@ class MemoryCoordinator:
                 request.salt,
             )
             self._next = block.end
-            self._starts.append(start)
             self._blocks[start] = block
             self._writes += 1
-            return replace(block)
+            return block
 
-    def find_block(self, pid: int) -> Block | None:
-        """The block holding ``pid``."""
+    def block_at(self, start: int) -> Block | None:
+        """The block starting at ``start``."""
         with self._lock:
             self._check_up()
-            i = bisect.bisect_right(self._starts, pid) - 1
-            if i < 0:
-                return None
-            block = self._blocks[self._starts[i]]
-            return block if pid in block else None
+            self.block_reads += 1
+            return self._blocks.get(start)
 
-    def bump_generation(
-        self, pid: int, generation: int, initial: int, expire_ms: int, token: str, now_ms: int
-    ) -> tuple[int, int]:
-        """Compare-and-set the generation of ``pid``."""
+    def read_lineage(self, pid: int) -> tuple[LineageRecord, int] | None:
+        """(record, version) of ``pid``."""
         with self._lock:
             self._check_up()
-            current, expire, stored_token = self._gens.get(pid, (initial, expire_ms, ""))
-            try:
-                new = next_generation(pid, generation, current, expire, now_ms)
-            except StaleGeneration:
-                if stored_token == token and current == generation + 1:
-                    return current, expire
-                raise
-            self._gens[pid] = (new, expire, token)
+            return self._records.get(pid)
+
+    def _fault(self) -> bool:
+        """True: land the write, then report Ambiguous. Raises Ambiguous for a lost write."""
+        if self._lost_before:
+            self._lost_before -= 1
+            raise Ambiguous("write lost before it landed (test hook)")
+        if self._lost_after:
+            self._lost_after -= 1
+            return True
+        return False
+
+    def _check_version(self, pid: int, version: int | None) -> int:
+        held = self._records.get(pid)
+        if version is None:
+            if held is not None:
+                raise Conflict(f"record of pid {pid} exists")
+            return 0
+        if held is None or held[1] != version:
+            raise Conflict(f"record of pid {pid} changed")
+        return version + 1
+
+    def write_lineage(self, pid: int, record: LineageRecord, version: int | None) -> None:
+        """Create or compare-and-set the record of ``pid``."""
+        with self._lock:
+            self._check_up()
+            ambiguous = self._fault()
+            new_version = self._check_version(pid, version)
+            self._records[pid] = (record, new_version)
             self._writes += 1
-            return new, expire
+        if ambiguous:
+            raise Ambiguous("write landed; reply lost (test hook)")
+
+    def write_roll(
+        self,
+        pid: int,
+        record: LineageRecord,
+        version: int | None,
+        successor: int,
+        successor_record: LineageRecord,
+    ) -> None:
+        """Retire ``pid`` and create its successor's record, both or neither."""
+        with self._lock:
+            self._check_up()
+            ambiguous = self._fault()
+            new_version = self._check_version(pid, version)
+            self._check_version(successor, None)
+            self._records[pid] = (record, new_version)
+            self._records[successor] = (successor_record, 0)
+            self._writes += 1
+        if ambiguous:
+            raise Ambiguous("roll landed; reply lost (test hook)")
+
+    def collect_garbage(self, now_ms: int, retention_ms: int) -> int:
+        """Drop records whose leases ended more than ``retention_ms`` ago."""
+        with self._lock:
+            self._check_up()
+            old_blocks = [
+                s for s, b in self._blocks.items() if b.last_expiry_ms + retention_ms <= now_ms
+            ]
+            old_records = [
+                p for p, (r, _) in self._records.items() if r.expire_ms + retention_ms <= now_ms
+            ]
+            for start in old_blocks:
+                del self._blocks[start]
+            for pid in old_records:
+                del self._records[pid]
+            return len(old_blocks) + len(old_records)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -13,6 +13,9 @@ class ServerMetrics:
         r = self.registry
         self.leases = Counter("pidfence_leases", "Leases issued", registry=r)
         self.bumps = Counter("pidfence_bumps", "Generation bumps granted", registry=r)
+        self.rolls = Counter(
+            "pidfence_rolls", "Rolls granted (pid retired, successor issued)", registry=r
+        )
         self.blocks = Counter("pidfence_blocks_claimed", "Pid blocks claimed", registry=r)
         self.zk_errors = Counter(
             "pidfence_zookeeper_errors", "ZooKeeper calls failed or timed out", registry=r

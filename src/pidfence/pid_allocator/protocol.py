@@ -24,7 +24,9 @@ MAX_PARTITIONS = 100_000
 MAX_TOPIC_CHARS = 249
 MAX_ID_CHARS = 128
 MAX_TOKEN_CHARS = 64
-OPS = ("lease", "bump", "ping")
+MAX_SECRET_BYTES = 64
+MAX_AUTH_TOKEN_CHARS = 256
+OPS = ("hello", "lease", "bump", "roll", "ping")
 
 RequestId = int | str | None
 
@@ -39,12 +41,33 @@ class LeaseRequest:
 
 @dataclass(frozen=True, slots=True)
 class BumpRequest:
-    """``op=bump``: the caller's pid and current generation; ``token`` makes a retry idempotent."""
+    """``op=bump``: the caller's pid, current generation and the pid's secret; ``token`` makes
+    a retry idempotent. A missing secret is ``b""`` (answered NOT_OWNER, never MALFORMED)."""
 
     id: RequestId
     pid: int
     generation: int
+    secret: bytes
     token: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RollRequest:
+    """``op=roll``: retire ``pid`` at ``generation`` and issue its successor."""
+
+    id: RequestId
+    pid: int
+    generation: int
+    secret: bytes
+    token: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HelloRequest:
+    """``op=hello``: authenticate the connection with an auth token."""
+
+    id: RequestId
+    token: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +77,7 @@ class PingRequest:
     id: RequestId
 
 
-Request = LeaseRequest | BumpRequest | PingRequest
+Request = LeaseRequest | BumpRequest | RollRequest | PingRequest | HelloRequest
 
 
 class RequestRejected(Exception):
@@ -112,7 +135,9 @@ def parse_request(body: bytes) -> Request:
         RequestRejected: wrapping ``MalformedRequest``, ``UnsupportedVersion`` or ``UnknownOp``.
     """
     try:
-        message = msgpack.unpackb(body, raw=False, strict_map_key=False, max_bin_len=0)
+        message = msgpack.unpackb(
+            body, raw=False, strict_map_key=False, max_bin_len=MAX_FRAME_BYTES
+        )
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad bytes
         raise RequestRejected(None, MalformedRequest(f"frame is not msgpack: {exc}")) from None
     if not isinstance(message, dict):
@@ -135,21 +160,35 @@ def _parse_fields(message: dict[Any, Any], request_id: RequestId) -> Request:
         raise UnsupportedVersion(f"protocol version {version} unsupported; this server speaks 1")
     op = message.get("op")
     if not isinstance(op, str):
-        raise MalformedRequest("op must be a string: lease, bump or ping")
+        raise MalformedRequest("op must be a string: hello, lease, bump, roll or ping")
     if op == "lease":
         return LeaseRequest(request_id, _partitions(message.get("partitions")))
-    if op == "bump":
+    if op in ("bump", "roll"):
         token = message.get("token")
         if token is not None and (not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS):
             raise MalformedRequest(f"token must be a string of <= {MAX_TOKEN_CHARS} characters")
-        return BumpRequest(
+        secret = message.get("secret", b"")
+        if secret is None:
+            secret = b""
+        if not isinstance(secret, bytes) or len(secret) > MAX_SECRET_BYTES:
+            raise MalformedRequest(f"secret must be msgpack bin of <= {MAX_SECRET_BYTES} bytes")
+        cls = BumpRequest if op == "bump" else RollRequest
+        return cls(
             request_id,
             _int(message.get("pid"), "pid", 1, PID_LIMIT),
             _int(message.get("generation"), "generation", 0, GENERATION_LIMIT),
+            secret,
             token,
         )
     if op == "ping":
         return PingRequest(request_id)
+    if op == "hello":
+        auth = message.get("token")
+        if not isinstance(auth, str) or not 0 < len(auth) <= MAX_AUTH_TOKEN_CHARS:
+            raise MalformedRequest(
+                f"hello needs token: a string of 1..{MAX_AUTH_TOKEN_CHARS} characters"
+            )
+        return HelloRequest(request_id, auth)
     raise UnknownOp(f"unknown op {op[:40]!r}; expected one of {', '.join(OPS)}")
 
 

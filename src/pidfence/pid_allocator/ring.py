@@ -3,6 +3,10 @@
 Every lease has the same lifetime, so issue order is expiry order: expired leases leave from the
 head, new ones join at the tail, and because one server issues pids in increasing order a lookup is
 a binary search on pid. A live lease is never dropped; a full ring refuses new leases.
+
+Times are the server's steady clock (``clock.SteadyClock``), so a wall-clock step never drops a
+live lease. Each entry remembers the client it was issued to (token name, or address without
+auth); one client holds at most ``share`` slots, so it cannot lock everyone else out.
 """
 
 from __future__ import annotations
@@ -26,17 +30,25 @@ class LeaseRing:
 
     Args:
         capacity: how many live leases it holds at most (>= 1).
+        share: how many live leases one client may hold at most (default: all).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, share: int | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
+        self.share = capacity if share is None else max(1, min(share, capacity))
         self._pids = [0] * capacity
         self._gens = [0] * capacity
         self._expires = [0] * capacity
+        self._clients: list[str] = [""] * capacity
+        self._held: dict[str, int] = {}
         self._head = 0
         self._size = 0
+
+    def held_by(self, client: str) -> int:
+        """Live leases (as of the last expiry) issued to ``client``."""
+        return self._held.get(client, 0)
 
     def __len__(self) -> int:
         return self._size
@@ -45,34 +57,50 @@ class LeaseRing:
         """Drop leases that ended at or before ``now_ms`` from the head; return how many."""
         dropped = 0
         while self._size and self._expires[self._head] <= now_ms:
+            client = self._clients[self._head]
+            left = self._held[client] - 1
+            if left:
+                self._held[client] = left
+            else:
+                del self._held[client]
             self._head = (self._head + 1) % self.capacity
             self._size -= 1
             dropped += 1
         return dropped
 
-    def ensure_room(self, now_ms: int) -> None:
-        """Expire the head, then raise ``LeaseCapacityExhausted`` if no slot is free."""
+    def ensure_room(self, now_ms: int, client: str = "") -> None:
+        """Expire the head, then raise ``LeaseCapacityExhausted`` if no slot is free for
+        ``client``."""
         self.expire(now_ms)
         if self._size == self.capacity:
             raise LeaseCapacityExhausted(
                 f"lease ring full: {self.capacity} live leases; start more lease servers or "
                 "raise --capacity"
             )
+        if self._held.get(client, 0) >= self.share:
+            raise LeaseCapacityExhausted(
+                f"this client holds its whole share of the lease ring ({self.share} live "
+                "leases); reuse pids, or raise --client-share"
+            )
 
-    def append(self, pid: int, generation: int, expire_ms: int, now_ms: int) -> None:
+    def append(
+        self, pid: int, generation: int, expire_ms: int, now_ms: int, client: str = ""
+    ) -> None:
         """Add a lease at the tail.
 
         Raises:
-            LeaseCapacityExhausted: every slot holds a live lease.
+            LeaseCapacityExhausted: every slot holds a live lease, or ``client`` holds its share.
             ValueError: ``pid`` is not above the newest pid (pids are monotonic per server).
         """
-        self.ensure_room(now_ms)
+        self.ensure_room(now_ms, client)
         if self._size and pid <= self._pids[(self._head + self._size - 1) % self.capacity]:
             raise ValueError(f"pid {pid} is not above the newest pid in the ring")
         tail = (self._head + self._size) % self.capacity
         self._pids[tail] = pid
         self._gens[tail] = generation
         self._expires[tail] = expire_ms
+        self._clients[tail] = client
+        self._held[client] = self._held.get(client, 0) + 1
         self._size += 1
 
     def find(self, pid: int, now_ms: int) -> RingEntry | None:

@@ -1,34 +1,37 @@
-"""Running a lease server: in a thread (tests, demo) or as a subprocess (chaos tests)."""
+"""Running a lease server in-process: ``start_server`` (any event loop) and
+``LeaseServerThread`` (its own loop thread, for tests and the demo).
+
+A lease server as a separate process is started with ``pidfence lease-server`` (``cli_main``);
+tests and the demo spawn it through ``pidfence.services.spawn_lease_server``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import subprocess
-import sys
-import tempfile
+import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
 from pidfence.pid_allocator.coordinator import Coordinator
 from pidfence.pid_allocator.errors import LeaseServerUnreachable
 from pidfence.pid_allocator.metrics import ServerMetrics
-from pidfence.pid_allocator.server import LeaseServer, ServerLimits
-from pidfence.pid_allocator.service import (
-    DEFAULT_BLOCK_TTL_MS,
-    DEFAULT_LIFETIME_MS,
-    LeaseService,
-    ServiceConfig,
-    wall_clock_ms,
+from pidfence.pid_allocator.security import (
+    load_auth_tokens,
+    load_zk_auth,
+    server_tls_context,
 )
+from pidfence.pid_allocator.server import LeaseServer
+from pidfence.pid_allocator.service import LeaseService
+from pidfence.pid_allocator.settings import LeaseServerSettings
 from pidfence.pid_allocator.zk_blocks import ZkCoordinator
+from pidfence.wire.cert import load_private_key
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,54 +40,102 @@ class RunningServer:
 
     server: LeaseServer
     coordinator: Coordinator
-    executor: ThreadPoolExecutor
+    executors: list[ThreadPoolExecutor]
     host: str
     port: int
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def service(self) -> LeaseService:
+        """The lease logic."""
+        return self.server.service
 
     async def close(self) -> None:
-        """Stop serving, then release ZooKeeper and the executor."""
+        """Stop serving, then release ZooKeeper and the executors."""
+        for task in self.tasks:
+            task.cancel()
         await self.server.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        for executor in self.executors:
+            executor.shutdown(wait=False, cancel_futures=True)
         self.coordinator.close()
+
+
+async def _collect_garbage(service: LeaseService, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            deleted = await service.collect_garbage()
+        except Exception as exc:  # noqa: BLE001 - GC retries next round; serving goes on
+            log.warning("garbage collection failed: %s", exc)
+            continue
+        if deleted:
+            log.info("garbage collection deleted %d records", deleted, extra={"deleted": deleted})
 
 
 async def start_server(
     zk_hosts: str | None,
+    settings: LeaseServerSettings | None = None,
     *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    config: ServiceConfig | None = None,
-    limits: ServerLimits | None = None,
     metrics: ServerMetrics | None = None,
-    clock: Callable[[], int] = wall_clock_ms,
+    clock: Callable[[], int] | None = None,
     coordinator: Coordinator | None = None,
-    zk_root: str = "/pidfence",
-    zk_session_timeout_s: float = 10.0,
 ) -> RunningServer:
-    """Connect to ZooKeeper (off the loop) and start listening.
+    """Load the secrets ``settings`` name, connect to ZooKeeper (off the loop), listen.
 
     Raises:
         LeaseServiceUnavailable: ZooKeeper cannot be reached.
+        SecretFileError, KeyFileError: a token, key or certificate file is bad.
     """
+    settings = settings or LeaseServerSettings()
     if coordinator is None and not zk_hosts:
         raise ValueError("give zk_hosts (ZooKeeper connect string) or a coordinator")
-    executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lease-zk")
+    tokens = (
+        None if settings.auth_tokens_file is None else load_auth_tokens(settings.auth_tokens_file)
+    )
+    tls = (
+        None
+        if settings.tls_cert is None or settings.tls_key is None
+        else server_tls_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    )
+    signing_key = None if settings.signing_key is None else load_private_key(settings.signing_key)
+    zk_auth = None if settings.zk_auth_file is None else load_zk_auth(settings.zk_auth_file)
+    executor = ThreadPoolExecutor(max_workers=settings.zk_workers, thread_name_prefix="lease-zk")
+    claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-claim")
     owned: Coordinator | None = None
     try:
         if coordinator is None:
-            zk = ZkCoordinator(str(zk_hosts), root=zk_root, session_timeout_s=zk_session_timeout_s)
-            coordinator = owned = await asyncio.get_running_loop().run_in_executor(
-                executor, zk.start
+            zk = ZkCoordinator(
+                str(zk_hosts),
+                root=settings.zk_root,
+                session_timeout_s=settings.zk_session_timeout_s,
+                op_timeout_s=settings.zk_op_timeout_s,
+                auth=zk_auth,
             )
-        service = LeaseService(coordinator, executor, config, clock=clock)
-        server = LeaseServer(service, metrics, limits)
-        bound_host, bound_port = await server.start(host, port)
+            coordinator = owned = await asyncio.get_running_loop().run_in_executor(claims, zk.start)
+        service = LeaseService(
+            coordinator,
+            executor,
+            settings,
+            clock=clock,
+            signing_key=signing_key,
+            claim_executor=claims,
+        )
+        server = LeaseServer(service, metrics, tokens, tls)
+        bound_host, bound_port = await server.start(settings.host, settings.port)
     except BaseException:
         executor.shutdown(wait=False, cancel_futures=True)
+        claims.shutdown(wait=False, cancel_futures=True)
         if owned is not None:
             owned.close()
         raise
-    return RunningServer(server, coordinator, executor, bound_host, bound_port)
+    running = RunningServer(server, coordinator, [executor, claims], bound_host, bound_port)
+    if settings.gc_interval_s > 0:
+        running.tasks.append(
+            asyncio.get_running_loop().create_task(
+                _collect_garbage(service, settings.gc_interval_s)
+            )
+        )
+    return running
 
 
 class LeaseServerThread:
@@ -92,45 +143,24 @@ class LeaseServerThread:
 
     Args:
         zk_hosts: ZooKeeper connect string (may include a chroot); None with ``coordinator``.
-        host: listen address.
-        port: listen port (0 = any free port).
-        block_size: pids per ZooKeeper claim.
-        lifetime_ms: lease lifetime.
-        capacity: lease ring size.
-        clock: epoch-ms clock.
-        block_ttl_ms: how long a claimed block is issued from.
-        limits: connection limits.
+        settings: the server's settings (default: ``LeaseServerSettings(port=0)``).
+        clock: epoch-ms clock (default: a steady clock).
         coordinator: a ready coordinator instead of ZooKeeper (e.g. ``MemoryCoordinator``).
-        zk_session_timeout_s: ZooKeeper session timeout (short in fault tests).
+        **overrides: settings fields to change, e.g. ``block_size=20, lifetime_ms=60_000``.
     """
 
     def __init__(
         self,
         zk_hosts: str | None,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        block_size: int = 100,
-        lifetime_ms: int = DEFAULT_LIFETIME_MS,
-        capacity: int = 100_000,
-        clock: Callable[[], int] = wall_clock_ms,
+        settings: LeaseServerSettings | None = None,
         *,
-        block_ttl_ms: int = DEFAULT_BLOCK_TTL_MS,
-        limits: ServerLimits | None = None,
+        clock: Callable[[], int] | None = None,
         coordinator: Coordinator | None = None,
-        zk_session_timeout_s: float = 10.0,
+        **overrides: Any,
     ) -> None:
         self.zk_hosts = zk_hosts
-        self._zk_session_timeout_s = zk_session_timeout_s
-        self._host = host
-        self._port = port
-        self.config = ServiceConfig(
-            block_size=block_size,
-            lifetime_ms=lifetime_ms,
-            capacity=capacity,
-            block_ttl_ms=block_ttl_ms,
-        )
+        self.settings = (settings or LeaseServerSettings(port=0)).with_overrides(**overrides)
         self._clock = clock
-        self._limits = limits
         self._coordinator = coordinator
         self.metrics = ServerMetrics()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -153,6 +183,13 @@ class LeaseServerThread:
         if self._running is None:
             raise RuntimeError("server not started")
         return self._running
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The server's event loop (to run checks on it with ``call_soon_threadsafe``)."""
+        if self._loop is None:
+            raise RuntimeError("server not started")
+        return self._loop
 
     def start(self, timeout_s: float = 30.0) -> LeaseServerThread:
         """Start and return once listening; re-raise a startup error."""
@@ -178,14 +215,10 @@ class LeaseServerThread:
         try:
             self._running = await start_server(
                 self.zk_hosts,
-                host=self._host,
-                port=self._port,
-                config=self.config,
-                limits=self._limits,
+                self.settings,
                 metrics=self.metrics,
                 clock=self._clock,
                 coordinator=self._coordinator,
-                zk_session_timeout_s=self._zk_session_timeout_s,
             )
         except Exception as exc:  # noqa: BLE001 - handed to start()'s caller
             self._error = exc
@@ -210,88 +243,3 @@ class LeaseServerThread:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
-
-class SpawnedLeaseServer:
-    """A ``pidfence lease-server`` subprocess."""
-
-    def __init__(self, process: subprocess.Popen[bytes], address: str, log_path: Path) -> None:
-        self.process = process
-        self.address = address
-        self.log_path = log_path
-
-    @property
-    def pid(self) -> int:
-        """Process id."""
-        return self.process.pid
-
-    def stop(self, timeout_s: float = 15.0) -> int:
-        """SIGTERM, wait, SIGKILL if needed; return the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return int(self.process.returncode)
-
-    def kill(self) -> None:
-        """SIGKILL and reap."""
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The end of the server's log."""
-        try:
-            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def spawn_lease_server(
-    zk_hosts: str,
-    *,
-    block_size: int = 100,
-    lifetime: str = "24h",
-    capacity: int = 100_000,
-    metrics_port: int | None = None,
-    run_dir: Path | None = None,
-    timeout_s: float = 60.0,
-) -> SpawnedLeaseServer:
-    """Start ``pidfence lease-server`` on a free port; return once it listens.
-
-    Raises:
-        LeaseServerUnreachable: it exited or did not listen within ``timeout_s`` (log included).
-    """
-    run_dir = Path(run_dir or tempfile.mkdtemp(prefix="pidfence-lease-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix="ready-", dir=run_dir)
-    os.close(fd)
-    ready = Path(name)
-    ready.unlink()
-    log_path = ready.with_name(ready.name.replace("ready-", "log-") + ".log")
-    cmd = [
-        sys.executable, "-c", "from pidfence.cli import main; main()", "lease-server",
-        "--zk", zk_hosts, "--listen", "127.0.0.1:0", "--block-size", str(block_size),
-        "--lifetime", lifetime, "--capacity", str(capacity), "--ready-file", str(ready),
-        "--log-format", "json",
-    ]  # fmt: skip
-    if metrics_port is not None:
-        cmd += ["--metrics-port", str(metrics_port)]
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
-    handle = SpawnedLeaseServer(process, "", log_path)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if ready.exists() and ready.read_text().strip():
-            handle.address = ready.read_text().strip()
-            return handle
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    handle.kill()
-    raise LeaseServerUnreachable(
-        f"pidfence lease-server did not start (exit {process.returncode}):\n{handle.log_tail()}"
-    )

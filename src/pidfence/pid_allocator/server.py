@@ -1,78 +1,103 @@
-"""The asyncio TCP front of a lease server: limits and dispatch (DESIGN.md §5).
+"""The asyncio TCP front of a lease server: authentication, limits and dispatch (DESIGN.md §5).
 
 Connections (``connection.py``) hand each frame body to ``handle_now``, which answers whatever
-needs no waiting (bad frames, pings, leases from a held block) synchronously; the rest goes to
-``handle`` as a task. Every bad frame gets an error reply and never an exception.
+needs no waiting (bad frames, pings, hello, leases from a held block) synchronously; the rest
+(bumps, rolls, a lease waiting for a block claim) goes to ``handle`` as a task. Every bad frame
+gets an error reply and never an exception.
+
+With auth tokens, a connection's first request must be ``hello`` with a listed token; before
+it only ``ping`` is answered (``now_ms`` alone) and anything else gets UNAUTHENTICATED, after
+which the connection closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import ssl
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from pidfence.pid_allocator.connection import LeaseConnection
-from pidfence.pid_allocator.errors import LeaseError, LeaseServiceUnavailable
+from pidfence.pid_allocator.errors import (
+    LeaseError,
+    LeaseServiceUnavailable,
+    StaleGeneration,
+    Unauthenticated,
+)
 from pidfence.pid_allocator.metrics import ServerMetrics
 from pidfence.pid_allocator.protocol import (
     BumpRequest,
+    HelloRequest,
     LeaseRequest,
     PingRequest,
+    Request,
     RequestId,
     RequestRejected,
+    RollRequest,
     error_reply,
     ok_reply,
     parse_request,
 )
 from pidfence.pid_allocator.service import Grant, LeaseService
 
+if TYPE_CHECKING:
+    from pidfence.pid_allocator.settings import LeaseServerSettings
+
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class ServerLimits:
-    """Per-server protection against slow or abusive clients."""
-
-    max_connections: int = 1024
-    max_in_flight: int = 32
-    idle_timeout_s: float = 300.0
-    frame_timeout_s: float = 10.0
+_UNAUTHENTICATED = "say hello with a valid auth token first (the server runs with --auth-tokens)"
 
 
 class LeaseServer:
-    """Serves one ``LeaseService`` over TCP.
+    """Serves one ``LeaseService`` over TCP (optionally TLS).
 
     Args:
-        service: the lease logic.
+        service: the lease logic (its ``settings`` hold the connection limits too).
         metrics: where counters go.
-        limits: connection limits.
+        tokens: auth token -> client name; None serves without authentication.
+        tls: server-side TLS context; None serves plain TCP.
     """
 
     def __init__(
         self,
         service: LeaseService,
         metrics: ServerMetrics | None = None,
-        limits: ServerLimits | None = None,
+        tokens: Mapping[str, str] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.service = service
         self.metrics = metrics or ServerMetrics()
-        self.limits = limits or ServerLimits()
+        self.tokens = dict(tokens) if tokens is not None else None
+        self.tls = tls
         self._server: asyncio.Server | None = None
         self._connections: set[LeaseConnection] = set()
+        self._per_address: dict[str, int] = {}
         self._zk_errors_seen = 0
         self._blocks_seen = 0
         self._zk_writes_seen = 0
         self._latency = {
-            op: self.metrics.latency.labels(op) for op in ("lease", "bump", "ping", "invalid")
+            op: self.metrics.latency.labels(op)
+            for op in ("hello", "lease", "bump", "roll", "ping", "invalid")
         }
+
+    @property
+    def settings(self) -> LeaseServerSettings:
+        """The service's settings (limits included)."""
+        return self.service.settings
+
+    @property
+    def auth_required(self) -> bool:
+        """Whether connections must ``hello`` first."""
+        return self.tokens is not None
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
         """Listen; return the bound (host, port)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: LeaseConnection(self), host, port, backlog=512
+            lambda: LeaseConnection(self), host, port, backlog=512, ssl=self.tls
         )
         sockname = self._server.sockets[0].getsockname()
         return str(sockname[0]), int(sockname[1])
@@ -91,52 +116,94 @@ class LeaseServer:
         """Open connections."""
         return len(self._connections)
 
-    def register(self, connection: LeaseConnection) -> bool:
-        """Admit a new connection unless ``max_connections`` are open."""
-        if len(self._connections) >= self.limits.max_connections:
+    def register(self, connection: LeaseConnection) -> str | None:
+        """Admit a new connection; None, or why it is refused."""
+        if len(self._connections) >= self.settings.max_connections:
             self.metrics.refused.inc()
-            return False
+            return "connection limit reached; try another lease server"
+        held = self._per_address.get(connection.address, 0)
+        if held >= self.settings.max_connections_per_address:
+            self.metrics.refused.inc()
+            return (
+                f"{held} connections from this address already; close idle ones "
+                "(--max-connections-per-address)"
+            )
+        self._per_address[connection.address] = held + 1
         self._connections.add(connection)
         self.metrics.connections.inc()
-        return True
+        return None
 
     def unregister(self, connection: LeaseConnection) -> None:
         """A connection closed."""
         if connection in self._connections:
             self._connections.discard(connection)
+            left = self._per_address[connection.address] - 1
+            if left:
+                self._per_address[connection.address] = left
+            else:
+                del self._per_address[connection.address]
             self.metrics.connections.dec()
 
-    def handle_now(self, body: bytes) -> dict[str, Any] | None:
-        """The reply when it needs no waiting (bad frames, pings, leases from a held block).
+    # -- dispatch -------------------------------------------------------------------------------
 
-        None means: answer with ``handle`` (a bump, or a lease that waits for a block claim).
-        """
+    def _client_name(self, token: str) -> str | None:
+        assert self.tokens is not None  # noqa: S101 - only called with auth on
+        found = None
+        for known, name in self.tokens.items():
+            # Every token is compared (constant time each): timing shows neither which one
+            # matched nor how much of a wrong one did.
+            if hmac.compare_digest(known.encode(), token.encode()):
+                found = name
+        return found
+
+    def handle_now(self, connection: LeaseConnection, body: bytes) -> dict[str, Any] | Request:
+        """The reply when it needs no waiting, else the parsed request for :meth:`handle`."""
         started = time.perf_counter()
+        op = "invalid"
         try:
             request = parse_request(body)
         except RequestRejected as exc:
-            reply = self.error_reply(exc.request_id, exc.error)
-            op = "invalid"
+            if not connection.authenticated:
+                reply = self.error_reply(None, Unauthenticated(_UNAUTHENTICATED))
+            else:
+                reply = self.error_reply(exc.request_id, exc.error)
         else:
-            if isinstance(request, BumpRequest):
-                return None
-            op = "ping" if isinstance(request, PingRequest) else "lease"
             try:
                 if isinstance(request, PingRequest):
-                    reply = self._ping_reply(request.id)
-                else:
-                    grant = self.service.lease_now()
+                    op = "ping"
+                    reply = self._ping_reply(request.id, full=connection.authenticated)
+                elif isinstance(request, HelloRequest):
+                    op = "hello"
+                    reply = self._hello(connection, request)
+                elif not connection.authenticated:
+                    reply = self.error_reply(request.id, Unauthenticated(_UNAUTHENTICATED))
+                elif isinstance(request, LeaseRequest):
+                    op = "lease"
+                    grant = self.service.lease_now(connection.client)
                     if grant is None:
-                        return None
+                        return request
                     self.metrics.leases.inc()
                     reply = _grant_reply(request.id, grant, sequence=0)
+                else:
+                    return request
             except LeaseError as exc:
                 reply = self.error_reply(request.id, exc)
         self._sync_counters()
         self._latency[op].observe(time.perf_counter() - started)
         return reply
 
-    def _ping_reply(self, request_id: RequestId) -> dict[str, Any]:
+    def _hello(self, connection: LeaseConnection, request: HelloRequest) -> dict[str, Any]:
+        if self.tokens is None:
+            return ok_reply(request.id, client=connection.client)
+        name = self._client_name(request.token)
+        if name is None:
+            return self.error_reply(request.id, Unauthenticated("unknown auth token"))
+        connection.authenticate(name)
+        return ok_reply(request.id, client=name)
+
+    def _ping_reply(self, request_id: RequestId, *, full: bool) -> dict[str, Any]:
+        if not full:
+            return ok_reply(request_id, now_ms=self.service.clock())
         return ok_reply(
             request_id,
             server=self.service.server_id,
@@ -145,45 +212,53 @@ class LeaseServer:
             leases=len(self.service.ring),
         )
 
-    async def handle(self, body: bytes) -> dict[str, Any]:
-        """The reply map for one request frame body (never raises for bad input)."""
+    async def handle(self, connection: LeaseConnection, request: Request) -> dict[str, Any]:
+        """The reply to a request that may wait (never raises for bad input)."""
         started = time.perf_counter()
-        request_id: RequestId = None
         op = "invalid"
+        client = connection.client
         try:
-            request = parse_request(body)
-            request_id = request.id
             if isinstance(request, LeaseRequest):
                 op = "lease"
-                grant = await self.service.lease(request.partitions)
+                grant = await self.service.lease(request.partitions, client)
                 self.metrics.leases.inc()
-                reply = _grant_reply(request_id, grant, sequence=0)
+                reply = _grant_reply(request.id, grant, sequence=0)
             elif isinstance(request, BumpRequest):
                 op = "bump"
-                grant = await self.service.bump(request.pid, request.generation, request.token)
+                grant = await self.service.bump(
+                    request.pid, request.generation, request.secret, request.token, client
+                )
                 self.metrics.bumps.inc()
-                reply = _grant_reply(request_id, grant)
+                reply = _grant_reply(request.id, grant)
+            elif isinstance(request, RollRequest):
+                op = "roll"
+                grant = await self.service.roll(
+                    request.pid, request.generation, request.secret, request.token, client
+                )
+                self.metrics.rolls.inc()
+                reply = _grant_reply(request.id, grant, sequence=0)
             else:
-                op = "ping"
-                reply = self._ping_reply(request_id)
-        except RequestRejected as exc:
-            reply = self.error_reply(exc.request_id, exc.error)
+                raise TypeError(f"{type(request).__name__} is answered by handle_now")
         except LeaseError as exc:
-            reply = self.error_reply(request_id, exc)
+            reply = self.error_reply(request.id, exc)
         except Exception as exc:  # a bug must not kill the server; the client may retry
             log.exception("request failed")
             reply = self.error_reply(
-                request_id, LeaseServiceUnavailable(f"internal error ({type(exc).__name__})")
+                request.id, LeaseServiceUnavailable(f"internal error ({type(exc).__name__})")
             )
         self._sync_counters()
         self._latency[op].observe(time.perf_counter() - started)
         return reply
 
     def error_reply(self, request_id: RequestId, error: Exception) -> dict[str, Any]:
-        """An error reply, counted by code."""
+        """An error reply, counted by code (a stale owner also learns the successor)."""
         code = getattr(error, "code", "MALFORMED_REQUEST")
         self.metrics.errors.labels(code).inc()
-        return error_reply(request_id, code, str(error))
+        reply = error_reply(request_id, code, str(error))
+        if isinstance(error, StaleGeneration) and error.successor is not None:
+            reply["successor"] = error.successor
+            reply["successor_generation"] = error.successor_generation
+        return reply
 
     def _sync_counters(self) -> None:
         blocks = self.service.blocks_claimed
@@ -201,6 +276,12 @@ class LeaseServer:
 
 
 def _grant_reply(request_id: RequestId, grant: Grant, **extra: Any) -> dict[str, Any]:
-    return ok_reply(
-        request_id, pid=grant.pid, generation=grant.generation, expire_ms=grant.expire_ms, **extra
-    )
+    fields: dict[str, Any] = {
+        "pid": grant.pid,
+        "generation": grant.generation,
+        "expire_ms": grant.expire_ms,
+        "secret": grant.secret,
+    }
+    if grant.cert is not None:
+        fields["cert"] = grant.cert
+    return ok_reply(request_id, **fields, **extra)

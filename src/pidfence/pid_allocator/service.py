@@ -1,8 +1,9 @@
-"""The lease logic of one server: pids from claimed blocks, the lease ring, generation bumps.
+"""The lease logic of one server: pids from claimed blocks, the lease ring, bumps and rolls.
 
-Runs on the server's event loop; every coordinator call goes to an executor so ZooKeeper latency
-never blocks the loop. While ZooKeeper is SUSPENDED, leases keep coming from blocks already
-claimed; bumps answer UNAVAILABLE. A new block is claimed only when connected again.
+Runs on the server's event loop. Block claims run on their own one-thread executor; bumps and
+rolls go through the bounded :class:`ZkQueue`, so ZooKeeper latency never blocks the loop and a
+flood cannot queue without bound. While ZooKeeper is SUSPENDED, leases keep coming from blocks
+already claimed; bumps and rolls answer UNAVAILABLE. A new block is claimed only when connected.
 """
 
 from __future__ import annotations
@@ -10,104 +11,83 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from pidfence.pid_allocator.capability import make_secret
+from pidfence.pid_allocator.clock import SteadyClock
 from pidfence.pid_allocator.coordinator import Block, BlockRequest, Coordinator
-from pidfence.pid_allocator.errors import LeaseServiceUnavailable, UnknownPid
+from pidfence.pid_allocator.errors import LeaseServiceUnavailable
 from pidfence.pid_allocator.generations import initial_generation
+from pidfence.pid_allocator.lineage import Lineage, LocalLease, Outcome
 from pidfence.pid_allocator.ring import LeaseRing
+from pidfence.pid_allocator.settings import LeaseServerSettings
+from pidfence.pid_allocator.zk_queue import ZkQueue
+from pidfence.wire.cert import encode_cert
 
 log = logging.getLogger(__name__)
-
-DEFAULT_LIFETIME_MS = 24 * 3600 * 1000
-DEFAULT_BLOCK_TTL_MS = 10 * 60 * 1000
-
-
-def wall_clock_ms() -> int:
-    """Epoch milliseconds."""
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """A lease or bump answer."""
+    """A lease, bump or roll answer: the pid's identity, its secret and (when signing) cert."""
 
     pid: int
     generation: int
     expire_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceConfig:
-    """Tunables of one lease server.
-
-    Attributes:
-        block_size: pids per ZooKeeper claim (one write per block).
-        lifetime_ms: lease lifetime from issue.
-        capacity: live leases held in the ring.
-        block_ttl_ms: a block is issued from only this long after its claim, which bounds the
-            expiry of its pids for servers that did not issue them.
-        claim_timeout_s: how long a lease waits for a block claim before UNAVAILABLE.
-    """
-
-    block_size: int = 100
-    lifetime_ms: int = DEFAULT_LIFETIME_MS
-    capacity: int = 1_000_000
-    block_ttl_ms: int = DEFAULT_BLOCK_TTL_MS
-    claim_timeout_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.block_size <= 1_000_000:
-            raise ValueError(f"block_size must be 1..1000000, got {self.block_size}")
-        if self.lifetime_ms < 1:
-            raise ValueError(f"lifetime_ms must be >= 1, got {self.lifetime_ms}")
-        if self.capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
-        if self.block_ttl_ms < 1:
-            raise ValueError(f"block_ttl_ms must be >= 1, got {self.block_ttl_ms}")
+    secret: bytes
+    cert: bytes | None = None
 
 
 class LeaseService:
-    """Lease and bump logic over a coordinator.
+    """Lease, bump and roll logic over a coordinator.
 
     Args:
         coordinator: ZooKeeper (or memory) state shared by all servers.
-        executor: where blocking coordinator calls run.
-        config: tunables.
+        executor: where bumps and rolls run (behind the bounded queue).
+        settings: tunables.
         server_id: this server's id, stored in its block records.
-        clock: epoch-ms clock.
-        rng: random source for block salts and tokens.
+        clock: epoch-ms clock; default a :class:`SteadyClock` (immune to wall-clock steps).
+        rng: random source for block salts and tokens (default: the OS's).
+        signing_key: when given, every grant carries a signed ``cert``.
+        claim_executor: where block claims run (default: ``executor``).
     """
 
     def __init__(
         self,
         coordinator: Coordinator,
         executor: Executor,
-        config: ServiceConfig | None = None,
+        settings: LeaseServerSettings | None = None,
         *,
         server_id: str | None = None,
-        clock: Callable[[], int] = wall_clock_ms,
+        clock: Callable[[], int] | None = None,
         rng: random.Random | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
+        claim_executor: Executor | None = None,
     ) -> None:
         self.coordinator = coordinator
-        self.config = config or ServiceConfig()
+        self.settings = settings or LeaseServerSettings()
         self.server_id = server_id or f"lease-{uuid.uuid4().hex[:12]}"
-        self.clock = clock
-        self._executor = executor
-        self._rng = rng or random.Random()  # noqa: S311 - salts need uniqueness, not secrecy
-        self.ring = LeaseRing(self.config.capacity)
+        self.clock: Callable[[], int] = clock or SteadyClock()
+        # Salts key the pid secrets: they must be unpredictable.
+        self._rng = rng or random.SystemRandom()
+        self._claim_executor = claim_executor or executor
+        self.signing_key = signing_key
+        self.ring = LeaseRing(self.settings.capacity, self.settings.ring_share)
+        self.zk = ZkQueue(executor, self.settings.zk_queue, self.settings.zk_share)
+        self.lineage = Lineage(coordinator, self.settings.retention)
         self._blocks: deque[Block] = deque()
-        self._own: deque[Block] = deque()
         self._next_pid = 0
         self._claim: asyncio.Future[Block] | None = None
         self.blocks_claimed = 0
         self.leases = 0
         self.bumps = 0
+        self.rolls = 0
 
     @property
     def claiming(self) -> bool:
@@ -135,21 +115,27 @@ class LeaseService:
         if self._claim is None:
             now = self.clock()
             request = BlockRequest(
-                self.config.block_size,
+                self.settings.block_size,
                 self.server_id,
                 uuid.UUID(int=self._rng.getrandbits(128)).hex,
                 now,
-                self.config.lifetime_ms,
-                self.config.block_ttl_ms,
+                self.settings.lifetime_ms,
+                self.settings.block_ttl_ms,
                 self._rng.getrandbits(128).to_bytes(16, "big"),
             )
             loop = asyncio.get_running_loop()
-            claim = loop.run_in_executor(self._executor, self.coordinator.claim_block, request)
-            claim.add_done_callback(self._claimed)
+            claim = loop.run_in_executor(
+                self._claim_executor, self.coordinator.claim_block, request
+            )
+            claim.add_done_callback(self._absorb)
             self._claim = claim
         return self._claim
 
-    def _claimed(self, claim: asyncio.Future[Block]) -> None:
+    def _absorb(self, claim: asyncio.Future[Block]) -> None:
+        """Take a finished claim's block. Idempotent: the done callback and a waiter that saw
+        the claim finish first may both call it."""
+        if self._claim is not claim:
+            return
         self._claim = None
         if claim.cancelled():
             return
@@ -162,14 +148,10 @@ class LeaseService:
         if not self._blocks:
             self._next_pid = block.start
         self._blocks.append(block)
-        self._own.append(block)
-        horizon = self.clock() - self.config.block_ttl_ms - self.config.lifetime_ms
-        while self._own and self._own[0].claimed_ms < horizon:
-            self._own.popleft()
 
     def _pid_now(self) -> tuple[int, Block] | None:
         self._drop_used(self.clock())
-        if self._remaining() <= self.config.block_size // 2 and self.coordinator.connected:
+        if self._remaining() <= self.settings.block_size // 2 and self.coordinator.connected:
             self._start_claim()  # prefetch before the current block runs out
         if not self._blocks:
             return None
@@ -179,79 +161,156 @@ class LeaseService:
 
     async def _take_pid(self) -> tuple[int, Block]:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.claim_timeout_s
+        deadline = loop.time() + self.settings.claim_timeout_s
         while True:
             taken = self._pid_now()
             if taken is not None:
                 return taken
             claim = self._start_claim()
+            if claim.done():
+                # Finished, but its done callback has not run yet: absorb it here. Waiting on
+                # a finished future does not yield, so without this the loop spins forever.
+                self._absorb(claim)
+                if claim.cancelled() or claim.exception() is not None:
+                    raise LeaseServiceUnavailable("no pid block available; retry shortly")
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise LeaseServiceUnavailable("no pid block available in time; retry shortly")
             try:
-                await asyncio.wait_for(asyncio.shield(claim), deadline - loop.time())
+                await asyncio.wait_for(asyncio.shield(claim), remaining)
             except LeaseServiceUnavailable:
                 raise
             except Exception as exc:
                 raise LeaseServiceUnavailable(
-                    f"no pid block available ({exc!r}); retry shortly"
+                    f"no pid block available ({type(exc).__name__}); retry shortly"
                 ) from exc
 
-    # -- ops ------------------------------------------------------------------------------------
+    # -- grants ---------------------------------------------------------------------------------
 
-    def _grant(self, pid: int, block: Block) -> Grant:
+    def _sign(self, pid: int, generation: int, expire_ms: int) -> bytes | None:
+        if self.signing_key is None:
+            return None
+        return encode_cert(self.signing_key, pid, generation, expire_ms)
+
+    def _grant(self, outcome: Outcome) -> Grant:
+        block = outcome.block
+        return Grant(
+            outcome.pid,
+            outcome.generation,
+            outcome.expire_ms,
+            make_secret(block.start, block.salt, outcome.pid),
+            self._sign(outcome.pid, outcome.generation, outcome.expire_ms),
+        )
+
+    def _issue(self, pid: int, block: Block, client: str) -> Outcome:
         now = self.clock()
-        grant = Grant(pid, initial_generation(block.salt, pid), now + self.config.lifetime_ms)
-        self.ring.append(pid, grant.generation, grant.expire_ms, now)
-        self.leases += 1
-        return grant
+        generation = initial_generation(block.salt, pid)
+        expire_ms = now + self.settings.lifetime_ms
+        self.ring.append(pid, generation, expire_ms, now, client)
+        return Outcome(pid, generation, expire_ms, block)
 
-    def lease_now(self) -> Grant | None:
+    def lease_now(self, client: str = "") -> Grant | None:
         """Issue a lease without waiting, or None when a block claim must be awaited first.
 
         Raises:
-            LeaseCapacityExhausted: the ring is full of live leases.
+            LeaseCapacityExhausted: the ring is full of live leases, or ``client`` holds its
+                share of it.
         """
-        self.ring.ensure_room(self.clock())
+        self.ring.ensure_room(self.clock(), client)
         taken = self._pid_now()
-        return None if taken is None else self._grant(*taken)
+        if taken is None:
+            return None
+        self.leases += 1
+        return self._grant(self._issue(*taken, client))
 
-    async def lease(self, partitions: tuple[tuple[str, int], ...] = ()) -> Grant:
+    async def lease(self, partitions: tuple[tuple[str, int], ...] = (), client: str = "") -> Grant:
         """Issue a new pid at a random starting generation."""
         del partitions  # informational in protocol v1
-        self.ring.ensure_room(self.clock())
-        return self._grant(*await self._take_pid())
+        self.ring.ensure_room(self.clock(), client)
+        pid, block = await self._take_pid()
+        self.leases += 1
+        return self._grant(self._issue(pid, block, client))
 
-    def _owns(self, pid: int) -> bool:
-        return any(pid in b for b in self._own)
+    def _local(self, pid: int, now_ms: int) -> LocalLease | None:
+        entry = self.ring.find(pid, now_ms)
+        return None if entry is None else LocalLease(entry.generation, entry.expire_ms)
 
-    async def bump(self, pid: int, generation: int, token: str | None = None) -> Grant:
-        """Hand out ``generation + 1`` for ``pid`` if ``generation`` is its latest."""
+    def _require_store(self, what: str) -> None:
         if not self.coordinator.connected:
-            raise LeaseServiceUnavailable("ZooKeeper unreachable; bumps need it, retry shortly")
+            raise LeaseServiceUnavailable(f"ZooKeeper unreachable; {what} need it, retry shortly")
+
+    def _token(self, token: str | None) -> str:
+        return token or uuid.UUID(int=self._rng.getrandbits(128)).hex
+
+    async def bump(
+        self,
+        pid: int,
+        generation: int,
+        secret: bytes,
+        token: str | None = None,
+        client: str = "",
+    ) -> Grant:
+        """Hand out ``generation + 1`` for ``pid`` if ``generation`` is its latest.
+
+        Raises:
+            NotOwner, StaleGeneration, UnknownPid, RateLimited, LeaseServiceUnavailable.
+        """
+        self._require_store("bumps")
         now = self.clock()
-        loop = asyncio.get_running_loop()
-        entry = self.ring.find(pid, now)
-        if entry is not None:
-            initial, expire_ms = entry.generation, entry.expire_ms
-        elif self._owns(pid):
-            raise UnknownPid(f"pid {pid} expired or was never issued; lease a new pid")
-        else:
-            block = await loop.run_in_executor(self._executor, self.coordinator.find_block, pid)
-            if block is None:
-                raise UnknownPid(f"pid {pid} was never issued; lease a new pid")
-            if now >= block.last_expiry_ms:
-                raise UnknownPid(f"pid {pid} expired; lease a new pid")
-            # Another server issued it; its exact issue time is unknown, so report the earliest
-            # possible end: the producer renews early rather than writing past its lease.
-            initial = initial_generation(block.salt, pid)
-            expire_ms = block.claimed_ms + block.lifetime_ms
-        new, expire = await loop.run_in_executor(
-            self._executor,
-            self.coordinator.bump_generation,
+        outcome = await self.zk.run(
+            client,
+            self.lineage.bump,
             pid,
             generation,
-            initial,
-            expire_ms,
-            token or uuid.UUID(int=self._rng.getrandbits(128)).hex,
+            secret,
+            self._token(token),
             now,
+            self._local(pid, now),
         )
         self.bumps += 1
-        return Grant(pid, new, expire)
+        return self._grant(outcome)
+
+    async def roll(
+        self,
+        pid: int,
+        generation: int,
+        secret: bytes,
+        token: str | None = None,
+        client: str = "",
+    ) -> Grant:
+        """Retire ``pid`` at ``generation`` (its latest) and issue its successor.
+
+        Raises:
+            NotOwner, StaleGeneration, RateLimited, LeaseCapacityExhausted,
+            LeaseServiceUnavailable.
+        """
+        self._require_store("rolls")
+        token = self._token(token)
+        now = self.clock()
+        local = self._local(pid, now)
+        earlier = await self.zk.run(
+            client, self.lineage.check_roll, pid, generation, secret, token, now, local
+        )
+        if earlier is not None:
+            return self._grant(earlier)  # a retried roll that already landed
+        # Only a checked owner gets here, so only owners spend pids and ring slots.
+        self.ring.ensure_room(self.clock(), client)
+        successor = self._issue(*await self._take_pid(), client)
+        outcome = await self.zk.run(
+            client, self.lineage.roll, pid, generation, secret, token, now, successor, local
+        )
+        self.rolls += 1
+        return self._grant(outcome)
+
+    # -- housekeeping ---------------------------------------------------------------------------
+
+    async def collect_garbage(self) -> int:
+        """Delete records past retention (runs on the claim executor, off the request queue)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._claim_executor,
+            self.coordinator.collect_garbage,
+            self.clock(),
+            self.settings.retention,
+        )

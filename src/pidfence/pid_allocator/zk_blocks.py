@@ -8,14 +8,19 @@ Layout under ``root`` (default ``/pidfence``, inside whatever chroot the hosts s
   window and generation salt. An ambiguous claim (connection lost around the commit) is settled
   by re-reading ``blocks/<start>``: our token there means it landed; anything else means it did
   not.
-* ``generations/<pid>``: created on the pid's first bump (leases write nothing per pid), then
-  moved by versioned set. Data ``{"g": generation, "e": expire_ms, "t": token}``; the token settles
-  ambiguous bumps and makes client retries idempotent.
+* ``generations/<pid>``: the pid's lineage record (``LineageRecord``), created on its first bump
+  or by the roll that made it, then moved by versioned set. A roll is ONE multi transaction:
+  versioned set (or create) of the retired pid's record plus the creation of its successor's.
+  The token in each record settles ambiguous writes and makes client retries idempotent.
+
+Lookups read one znode by name (``blocks/<start>`` with the start carried in the pid's secret,
+``generations/<pid>``) and never list a directory; only garbage collection lists. With
+``auth=(user, password)`` every znode is created with a digest ACL for that identity alone, so
+only lease servers can read block salts or change any record.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import threading
@@ -23,14 +28,14 @@ from typing import Any
 
 import msgpack
 
-from pidfence.pid_allocator.bumps import next_generation
 from pidfence.pid_allocator.coordinator import (
+    Ambiguous,
     Block,
     BlockRequest,
-    decode_generation,
-    encode_generation,
+    Conflict,
+    LineageRecord,
 )
-from pidfence.pid_allocator.errors import LeaseServiceUnavailable, StaleGeneration
+from pidfence.pid_allocator.errors import LeaseServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,7 @@ class ZkCoordinator:
         session_timeout_s: ZooKeeper session timeout.
         op_timeout_s: longest wait for one ZooKeeper answer before reporting UNAVAILABLE.
         client: an already built ``KazooClient`` (tests); started here if not yet.
+        auth: ``(user, password)`` for ZooKeeper digest auth; znodes get an ACL for it alone.
     """
 
     def __init__(
@@ -56,9 +62,11 @@ class ZkCoordinator:
         session_timeout_s: float = 10.0,
         op_timeout_s: float = 5.0,
         client: Any = None,
+        auth: tuple[str, str] | None = None,
     ) -> None:
         from kazoo.client import KazooClient
         from kazoo.retry import KazooRetry
+        from kazoo.security import make_digest_acl
 
         self.hosts = hosts
         self.root = root.rstrip("/")
@@ -71,13 +79,20 @@ class ZkCoordinator:
         self._connected = threading.Event()
         self._state = "LOST"
         self._closing = False
-        self._starts: list[int] = []
         self._cache: dict[int, Block] = {}
         self._cache_lock = threading.Lock()
+        secured: dict[str, Any] = {}
+        if auth is not None:
+            user, password = auth
+            secured = {
+                "auth_data": [("digest", f"{user}:{password}")],
+                "default_acl": [make_digest_acl(user, password, all=True)],
+            }
         self._zk = client or KazooClient(
             hosts=hosts,
             timeout=session_timeout_s,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=1.0),
+            **secured,
         )
         self._zk.add_listener(self._on_state)
 
@@ -219,85 +234,138 @@ class ZkCoordinator:
 
     def _remember(self, block: Block) -> None:
         with self._cache_lock:
-            if block.start not in self._cache:
-                bisect.insort(self._starts, block.start)
             self._cache[block.start] = block
 
-    def find_block(self, pid: int) -> Block | None:
-        """The block record holding ``pid`` (cached; block records never change)."""
+    def _forget(self, start: int) -> None:
+        with self._cache_lock:
+            self._cache.pop(start, None)
+
+    def block_at(self, start: int) -> Block | None:
+        """The block record starting at ``start`` (cached; block records never change)."""
         from kazoo.exceptions import NoNodeError
 
-        found = self._cached_start(pid)
-        if found is None:
-            try:
-                children = self._wait(self._zk.get_children_async(self._blocks_path))
-            except Exception as exc:
-                raise self._unavailable("block lookup", exc) from exc
-            starts = sorted(int(c) for c in children if c.isdigit())
-            i = bisect.bisect_right(starts, pid) - 1
-            if i < 0:
-                return None
-            found = starts[i]
         with self._cache_lock:
-            block = self._cache.get(found)
-        if block is None:
-            try:
-                data, _ = self._wait(self._zk.get_async(self._record_path(found)))
-            except NoNodeError:
-                return None
-            except Exception as exc:
-                raise self._unavailable("block lookup", exc) from exc
-            block = Block.decode(data)
-            self._remember(block)
-        return block if pid in block else None
+            block = self._cache.get(start)
+        if block is not None:
+            return block
+        try:
+            data, _ = self._wait(self._zk.get_async(self._record_path(start)))
+        except NoNodeError:
+            return None
+        except Exception as exc:
+            raise self._unavailable("block lookup", exc) from exc
+        block = Block.decode(data)
+        self._remember(block)
+        return block
 
-    def _cached_start(self, pid: int) -> int | None:
-        with self._cache_lock:
-            i = bisect.bisect_right(self._starts, pid) - 1
-            if i < 0:
-                return None
-            block = self._cache[self._starts[i]]
-            return block.start if pid in block else None
+    # -- lineage records ------------------------------------------------------------------------
 
-    # -- generations ----------------------------------------------------------------------------
+    def _lineage_path(self, pid: int) -> str:
+        return f"{self._gens_path}/{pid}"
 
-    def bump_generation(
-        self, pid: int, generation: int, initial: int, expire_ms: int, token: str, now_ms: int
-    ) -> tuple[int, int]:
-        """Compare-and-set ``generations/<pid>`` from ``generation`` to ``generation + 1``."""
-        from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+    def read_lineage(self, pid: int) -> tuple[LineageRecord, int] | None:
+        """(record, version) of ``generations/<pid>``."""
+        from kazoo.exceptions import NoNodeError
 
         if not self.connected:
-            raise LeaseServiceUnavailable(f"ZooKeeper {self._state}; bumps need it, retry")
-        path = f"{self._gens_path}/{pid}"
-        for _ in range(_CAS_ATTEMPTS):
+            raise LeaseServiceUnavailable(f"ZooKeeper {self._state}; bumps and rolls need it")
+        try:
+            data, stat = self._wait(self._zk.get_async(self._lineage_path(pid)))
+        except NoNodeError:
+            return None
+        except Exception as exc:
+            raise self._unavailable("lineage read", exc) from exc
+        return LineageRecord.decode(data), int(stat.version)
+
+    def _ambiguous(self, what: str, exc: BaseException) -> Ambiguous:
+        self._errors += 1
+        log.warning("ambiguous %s (%r); re-reading", what, exc)
+        self._await_connection(what)
+        return Ambiguous(what)
+
+    def write_lineage(self, pid: int, record: LineageRecord, version: int | None) -> None:
+        """Create or compare-and-set ``generations/<pid>``."""
+        from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+        path = self._lineage_path(pid)
+        self._writes += 1
+        try:
+            if version is None:
+                self._wait(self._zk.create_async(path, record.encode()))
+            else:
+                self._wait(self._zk.set_async(path, record.encode(), version=version))
+        except (BadVersionError, NodeExistsError, NoNodeError) as exc:
+            raise Conflict(str(exc)) from exc
+        except Exception as exc:
+            raise self._ambiguous(f"write of pid {pid}", exc) from exc
+
+    def write_roll(
+        self,
+        pid: int,
+        record: LineageRecord,
+        version: int | None,
+        successor: int,
+        successor_record: LineageRecord,
+    ) -> None:
+        """One multi: retire ``pid`` (versioned) and create its successor's record."""
+        txn = self._zk.transaction()
+        if version is None:
+            txn.create(self._lineage_path(pid), record.encode())
+        else:
+            txn.set_data(self._lineage_path(pid), record.encode(), version=version)
+        txn.create(self._lineage_path(successor), successor_record.encode())
+        self._writes += 1
+        try:
+            results = self._wait(txn.commit_async())
+        except Exception as exc:
+            raise self._ambiguous(f"roll of pid {pid}", exc) from exc
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:
+            raise Conflict(f"roll of pid {pid} lost a race: {failures[0]!r}")
+
+    # -- garbage collection ---------------------------------------------------------------------
+
+    def collect_garbage(self, now_ms: int, retention_ms: int) -> int:
+        """Delete block records and lineage records past their lease end plus retention.
+
+        A lineage record is deleted at the version read, so a record written meanwhile stays.
+        """
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        if not self.connected:
+            return 0
+        deleted = 0
+        for folder, kind in ((self._blocks_path, "block"), (self._gens_path, "lineage")):
             try:
-                data, stat = self._wait(self._zk.get_async(path))
-                current, expire, stored_token = decode_generation(data)
-                version: int | None = stat.version
-            except NoNodeError:
-                current, expire, stored_token, version = initial, expire_ms, "", None
+                children = self._wait(self._zk.get_children_async(folder))
             except Exception as exc:
-                raise self._unavailable("generation read", exc) from exc
-            try:
-                new = next_generation(pid, generation, current, expire, now_ms)
-            except StaleGeneration:
-                if stored_token == token and current == generation + 1:
-                    return current, expire  # our earlier (ambiguous or retried) bump landed
-                raise
-            payload = encode_generation(new, expire, token)
-            self._writes += 1
-            try:
-                if version is None:
-                    self._wait(self._zk.create_async(path, payload))
-                else:
-                    self._wait(self._zk.set_async(path, payload, version=version))
-            except (BadVersionError, NodeExistsError):
-                continue  # lost the race; the re-read decides (normally STALE_GENERATION)
-            except Exception as exc:  # noqa: BLE001 - ambiguous: re-read, the token tells
-                self._errors += 1
-                log.warning("ambiguous bump of pid %d (%r); re-reading", pid, exc)
-                self._await_connection("a generation bump")
-                continue
-            return new, expire
-        raise LeaseServiceUnavailable(f"generation contention on pid {pid}; retry")
+                raise self._unavailable("garbage collection", exc) from exc
+            for child in children:
+                path = f"{folder}/{child}"
+                try:
+                    data, stat = self._wait(self._zk.get_async(path))
+                    if kind == "block":
+                        block = Block.decode(data)
+                        ended = block.last_expiry_ms
+                    else:
+                        ended = LineageRecord.decode(data).expire_ms
+                except NoNodeError:
+                    continue
+                except (KeyError, ValueError, TypeError):
+                    log.warning("garbage collection skips unreadable %s", path)
+                    continue
+                except Exception as exc:
+                    raise self._unavailable("garbage collection", exc) from exc
+                if ended + retention_ms > now_ms:
+                    continue
+                try:
+                    self._wait(self._zk.delete_async(path, version=stat.version))
+                except (NoNodeError, BadVersionError):
+                    continue
+                except Exception as exc:
+                    raise self._unavailable("garbage collection", exc) from exc
+                if kind == "block":
+                    self._forget(block.start)
+                self._writes += 1
+                deleted += 1
+        return deleted

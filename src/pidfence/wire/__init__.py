@@ -1,5 +1,15 @@
 """The ``pf`` header codec, the shared value types and the exception root. No I/O."""
 
+from pidfence.wire.cert import (
+    CERT_HEADER_KEY,
+    CertCheck,
+    KeyFileError,
+    encode_cert,
+    generate_keypair,
+    load_private_key,
+    load_public_keys,
+    verify_cert,
+)
 from pidfence.wire.errors import MalformedHeader, PidfenceError
 from pidfence.wire.header import (
     FLAG_FENCE,
@@ -16,6 +26,15 @@ from pidfence.wire.header import (
 from pidfence.wire.verdict import Verdict
 
 __all__ = [
+    # lease certificates (pfc)
+    "CERT_HEADER_KEY",
+    "CertCheck",
+    "KeyFileError",
+    "encode_cert",
+    "generate_keypair",
+    "load_private_key",
+    "load_public_keys",
+    "verify_cert",
     # codec
     "FLAG_FENCE",
     "GENERATION_LIMIT",

@@ -1,0 +1,272 @@
+"""The owner-only bump and roll rules over any coordinator (DESIGN.md §5 amended, §9).
+
+Blocking code: the lease service runs it on its ZooKeeper executor. Every write is a
+compare-and-set on the version just read; a lost race or an ambiguous write (connection lost
+around it) is settled by re-reading, and the token stored with each write tells whether our own
+earlier attempt landed. Nothing is guessed.
+
+Who may act on pid P: a caller holding P's secret, or (lineage authority, one step) the secret of
+the pid that was rolled into P. Anyone else, or a pid the store does not know (never issued, or
+collected after its retention), gets ``NotOwner`` with one fixed message, before any state of P
+is looked at in a way that shows in the reply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pidfence.pid_allocator.capability import block_hint, secret_matches
+from pidfence.pid_allocator.coordinator import (
+    Ambiguous,
+    Block,
+    Conflict,
+    Coordinator,
+    LineageRecord,
+)
+from pidfence.pid_allocator.errors import (
+    LeaseCapacityExhausted,
+    LeaseServiceUnavailable,
+    NotOwner,
+    StaleGeneration,
+    UnknownPid,
+)
+from pidfence.pid_allocator.generations import GENERATION_LIMIT, initial_generation
+
+#: The only text a non-owner ever gets back: identical for unknown pids and wrong secrets.
+NOT_OWNER_MESSAGE = "not the owner of this pid (or no such pid): send the secret from its lease"
+
+_ATTEMPTS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class LocalLease:
+    """What the issuing server's ring knows of a live pid it handed out."""
+
+    generation: int
+    expire_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A granted bump or roll: the pid (the successor for a roll), its generation and lease end,
+    and the block it came from (its secret is computed from that)."""
+
+    pid: int
+    generation: int
+    expire_ms: int
+    block: Block
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    record: LineageRecord | None
+    version: int | None
+    generation: int
+    expire_ms: int
+    block: Block
+
+
+class Lineage:
+    """Bump and roll by compare-and-set, with owner checks and retention.
+
+    Args:
+        store: the coordinator (ZooKeeper or memory).
+        retention_ms: retired and expired pids stay known this long past their lease end.
+    """
+
+    def __init__(self, store: Coordinator, retention_ms: int) -> None:
+        self.store = store
+        self.retention_ms = retention_ms
+
+    # -- ownership ------------------------------------------------------------------------------
+
+    def _state(self, pid: int, secret: bytes, now_ms: int, local: LocalLease | None) -> _State:
+        hint = block_hint(secret)
+        given = self.store.block_at(hint) if hint is not None else None
+        found = self.store.read_lineage(pid)
+        record, version = found if found is not None else (None, None)
+        if (
+            given is not None
+            and pid in given
+            and secret_matches(secret, given.start, given.salt, pid)
+        ):
+            block: Block | None = given
+        elif (
+            record is not None
+            and record.predecessor is not None
+            and given is not None
+            and record.predecessor in given
+            and secret_matches(secret, given.start, given.salt, record.predecessor)
+        ):
+            block = self.store.block_at(record.block) if record.block else None
+        else:
+            block = None
+        if block is None:
+            raise NotOwner(NOT_OWNER_MESSAGE)
+        if record is not None:
+            if now_ms >= record.expire_ms + self.retention_ms:
+                raise NotOwner(NOT_OWNER_MESSAGE)  # past retention: as if collected already
+            return _State(record, version, record.generation, record.expire_ms, block)
+        if now_ms >= block.last_expiry_ms + self.retention_ms:
+            raise NotOwner(NOT_OWNER_MESSAGE)
+        if local is not None:
+            return _State(None, None, local.generation, local.expire_ms, block)
+        # Another server issued it; its exact issue time is unknown, so take the earliest
+        # possible end: the producer renews early rather than writing past its lease.
+        expire_ms = min(block.claimed_ms + block.lifetime_ms, block.last_expiry_ms)
+        return _State(None, None, initial_generation(block.salt, pid), expire_ms, block)
+
+    @staticmethod
+    def _stale(pid: int, generation: int, record: LineageRecord | None) -> StaleGeneration:
+        if record is not None and record.retired:
+            return StaleGeneration(
+                f"pid {pid} was retired by a roll into pid {record.successor}: this producer is "
+                "fenced; a resumer follows the successor",
+                record.successor,
+                record.successor_generation,
+            )
+        return StaleGeneration(
+            f"pid {pid} is not at generation {generation}: another producer took it over "
+            "(this one is fenced); stop writing with this pid"
+        )
+
+    # -- bump -----------------------------------------------------------------------------------
+
+    def bump(
+        self,
+        pid: int,
+        generation: int,
+        secret: bytes,
+        token: str,
+        now_ms: int,
+        local: LocalLease | None = None,
+    ) -> Outcome:
+        """Move ``pid`` from ``generation`` (its current one) to ``generation + 1``.
+
+        Raises:
+            NotOwner, StaleGeneration, UnknownPid (expired: roll it), LeaseCapacityExhausted,
+            LeaseServiceUnavailable.
+        """
+        for _ in range(_ATTEMPTS):
+            state = self._state(pid, secret, now_ms, local)
+            record = state.record
+            if record is not None and record.retired:
+                raise self._stale(pid, generation, record)
+            if generation != state.generation:
+                if (
+                    record is not None
+                    and record.token == token
+                    and state.generation == generation + 1
+                ):
+                    return Outcome(pid, record.generation, record.expire_ms, state.block)
+                raise self._stale(pid, generation, record)
+            if state.expire_ms <= now_ms:
+                raise UnknownPid(
+                    f"the lease of pid {pid} ended at {state.expire_ms}: roll it to continue its "
+                    "lineage, or lease a new pid"
+                )
+            if generation + 1 >= GENERATION_LIMIT:
+                raise LeaseCapacityExhausted(f"pid {pid} used every generation; roll it")
+            new = LineageRecord(
+                generation + 1,
+                state.expire_ms,
+                token,
+                state.block.start,
+                predecessor=None if record is None else record.predecessor,
+            )
+            try:
+                self.store.write_lineage(pid, new, state.version)
+            except (Conflict, Ambiguous):
+                continue  # the re-read decides (our token there means it landed)
+            return Outcome(pid, new.generation, new.expire_ms, state.block)
+        raise LeaseServiceUnavailable(f"generation contention on pid {pid}; retry")
+
+    # -- roll -----------------------------------------------------------------------------------
+
+    def check_roll(
+        self,
+        pid: int,
+        generation: int,
+        secret: bytes,
+        token: str,
+        now_ms: int,
+        local: LocalLease | None = None,
+    ) -> Outcome | None:
+        """Refuse a roll that cannot succeed before a successor pid is taken for it.
+
+        Returns:
+            The earlier outcome when a roll with this ``token`` already landed, else None.
+
+        Raises:
+            NotOwner, StaleGeneration, LeaseServiceUnavailable.
+        """
+        state = self._state(pid, secret, now_ms, local)
+        record = state.record
+        if record is not None and record.retired:
+            if record.token == token:
+                return self._landed_roll(record)
+            raise self._stale(pid, generation, record)
+        if generation != state.generation:
+            raise self._stale(pid, generation, record)
+        return None
+
+    def _landed_roll(self, record: LineageRecord) -> Outcome:
+        assert record.successor is not None and record.successor_generation is not None  # noqa: S101
+        found = self.store.read_lineage(record.successor)
+        block = None if found is None else self.store.block_at(found[0].block)
+        if found is None or block is None:
+            raise LeaseServiceUnavailable("the successor's record is gone; lease a new pid")
+        return Outcome(record.successor, record.successor_generation, found[0].expire_ms, block)
+
+    def roll(
+        self,
+        pid: int,
+        generation: int,
+        secret: bytes,
+        token: str,
+        now_ms: int,
+        successor: Outcome,
+        local: LocalLease | None = None,
+    ) -> Outcome:
+        """Retire ``pid`` at ``generation`` (its current one) and record ``successor``.
+
+        A pid whose lease ended may still be rolled during its retention: that is how a resumer
+        of an expired checkpoint continues its lineage (and fences a zombie's later roll).
+
+        Returns:
+            The successor (or, for a retried token that already landed, the earlier successor).
+
+        Raises:
+            NotOwner, StaleGeneration, LeaseServiceUnavailable.
+        """
+        for _ in range(_ATTEMPTS):
+            state = self._state(pid, secret, now_ms, local)
+            record = state.record
+            if record is not None and record.retired:
+                if record.token == token:
+                    return self._landed_roll(record)
+                raise self._stale(pid, generation, record)
+            if generation != state.generation:
+                raise self._stale(pid, generation, record)
+            retired = LineageRecord(
+                state.generation,
+                state.expire_ms,
+                token,
+                state.block.start,
+                successor.pid,
+                successor.generation,
+                None if record is None else record.predecessor,
+            )
+            created = LineageRecord(
+                successor.generation,
+                successor.expire_ms,
+                token,
+                successor.block.start,
+                predecessor=pid,
+            )
+            try:
+                self.store.write_roll(pid, retired, state.version, successor.pid, created)
+            except (Conflict, Ambiguous):
+                continue
+            return successor
+        raise LeaseServiceUnavailable(f"generation contention on pid {pid}; retry")
