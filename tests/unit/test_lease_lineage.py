@@ -53,7 +53,8 @@ def make(
     store: MemoryCoordinator, executor: ThreadPoolExecutor, clock: FakeClock, **kw: Any
 ) -> LeaseService:
     settings_ = LeaseServerSettings(**{"block_size": 10, "lifetime_ms": 1000, **kw})
-    return LeaseService(store, executor, settings_, clock=clock, rng=random.Random(3))
+    # Each server its own random source: equal seeds would give equal idempotency tokens.
+    return LeaseService(store, executor, settings_, clock=clock, rng=random.Random())
 
 
 def test_roll_retires_the_pid_and_issues_a_successor(executor: ThreadPoolExecutor) -> None:

@@ -52,7 +52,7 @@ def make(
     **config: Any,
 ) -> LeaseService:
     cfg = LeaseServerSettings(**{"block_size": 10, "lifetime_ms": 1000, **config})
-    return LeaseService(coordinator, executor, cfg, clock=clock, rng=random.Random(7))
+    return LeaseService(coordinator, executor, cfg, clock=clock, rng=random.Random())
 
 
 def test_leases_are_unique_increasing_and_write_once_per_block(
