@@ -202,22 +202,35 @@ def check_writable(path: str, what: str) -> None:
 
 
 def check_owner(output: str, checkpoint: str) -> None:
-    """Refuse an output path that another query owns (the sink's owner record, when present).
+    """Refuse an output path that another query owns (the sink's ``_owner.json`` record).
+
+    The owner is a streaming query id; the checkpoint names the query this run continues (a new
+    checkpoint is a new query). Without the sink's owner record (older sinks), nothing is checked.
 
     Raises:
-        PathUnusable: the output path belongs to a query with another checkpoint.
+        PathUnusable: the output path belongs to another query.
     """
+    import importlib
+
     try:
-        from pidfence.spark_sink import owner as owner_mod  # type: ignore[attr-defined]
+        owner_mod = importlib.import_module("pidfence.spark_sink.owner")
     except ImportError:
-        return  # the sink has no owner record in this version: writability is all we check
-    check = getattr(owner_mod, "check_owner", None)
-    if check is None:
         return
+    from pidfence.spark_sink.storage import Store
+
     try:
-        check(output, checkpoint)
-    except PidfenceError as exc:
-        raise PathUnusable(str(exc)) from exc
+        owner = owner_mod.owner_of(Store.at(output))
+    except (OSError, ValueError):
+        return  # unreadable record: the sink's own claim decides
+    if owner is None:
+        return
+    query = owner_mod.checkpoint_query_id(checkpoint)
+    if owner != query:
+        this = f"query {query}" if query else "a new query"
+        raise PathUnusable(
+            f"output {output} belongs to streaming query {owner}, and checkpoint {checkpoint} is "
+            f"{this}: stop the other query and use its checkpoint, or choose another --output"
+        )
 
 
 def start_offsets(

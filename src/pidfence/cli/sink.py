@@ -76,6 +76,14 @@ def register(app: typer.Typer) -> None:
         reorder_window: Annotated[
             int | None, typer.Option(min=0, help="How far ahead of highwater+1 a record may wait")
         ] = None,
+        lease_public_key: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--lease-public-key",
+                help="PEM public key(s) of the lease servers (FILE[,FILE], repeatable): records "
+                "must carry a valid lease certificate, else FORGED",
+            ),
+        ] = None,
         verbose: Annotated[
             bool, typer.Option("--verbose", help="Show Spark's and the JVM's log on the console")
         ] = False,
@@ -102,6 +110,12 @@ def register(app: typer.Typer) -> None:
             sink_options["capacity"] = str(capacity)
         if reorder_window is not None:
             sink_options["reorderWindow"] = str(reorder_window)
+        if lease_public_key:
+            keys = [k.strip() for item in lease_public_key for k in item.split(",") if k.strip()]
+            for key in keys:
+                if not Path(key).is_file():
+                    fail("sink", f"--lease-public-key {key}: no such file", EXIT_USAGE)
+            sink_options["leasePublicKey"] = ",".join(keys)
         try:
             SinkOptions.parse({"path": output, **sink_options})
         except SinkOptionError as exc:

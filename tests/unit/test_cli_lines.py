@@ -1,0 +1,136 @@
+"""What the CLI prints and decides without servers: batch lines, demo bars, preflight arithmetic,
+exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE, code_of
+from pidfence.cli.preflight import (
+    PathUnusable,
+    TopicReport,
+    check_writable,
+    records_to_read,
+    start_offsets,
+)
+from pidfence.demo.procs import Worker
+from pidfence.demo.progress import role_line
+from pidfence.spark_sink import BatchLine
+from pidfence.wire import PidfenceError
+
+
+def test_batch_line_is_human() -> None:
+    line = BatchLine(12, 98_012, 97_500, {"FENCED": 12, "DUPLICATE": 500}, 3_400, 1.94)
+    assert line.human() == (
+        "batch 12: 98,012 in → 97,500 appended, 512 dropped (DUPLICATE 500, FENCED 12), "
+        "lag 3,400, 1.9 s"
+    )
+
+
+def test_batch_line_without_drops_lag_or_time() -> None:
+    assert BatchLine(0, 10, 10, {}, None).human() == "batch 0: 10 in → 10 appended, 0 dropped"
+    assert BatchLine(1, 3, 2, {"FENCE": 1, "DUPLICATE": 0}, 0, None).human() == (
+        "batch 1: 3 in → 2 appended, 1 dropped (FENCE 1), lag 0"
+    )
+
+
+def _ledger(path: Path, events: list[str], fences: int = 0) -> Path:
+    lines = [json.dumps({"fence": False, "digest": e, "event": e}) for e in events]
+    lines += [json.dumps({"fence": True, "digest": "f"}) for _ in range(fences)]
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def _worker(tmp_path: Path, name: str, events: list[str], fate: str | None = None) -> Worker:
+    worker = Worker(name, ["true"], tmp_path, ledger=_ledger(tmp_path / f"{name}.jsonl", events))
+    worker.fate = fate
+    return worker
+
+
+def test_role_line_counts_distinct_events_and_shows_extras(tmp_path: Path) -> None:
+    first = _worker(tmp_path, "p0", [f"e{i}" for i in range(60)], fate="killed")
+    # The restart re-sends e50..e59 (after the checkpoint), then writes the rest.
+    second = _worker(tmp_path, "p0.r1", [f"e{i}" for i in range(50, 100)], fate=None)
+    second.exit_code = lambda: 0  # type: ignore[method-assign]
+    line = role_line([first, second])
+    assert (line.distinct, line.resent, line.zombie) == (100, 10, 0)
+    assert line.note() == "+ 10 resent · p0 killed → p0.r1 done"
+    assert not line.running
+
+
+def test_role_line_separates_zombie_writes(tmp_path: Path) -> None:
+    zombie = _worker(tmp_path, "p1", [f"e{i}" for i in range(80)], fate="fenced")
+    replacement = _worker(tmp_path, "p1.r1", [f"e{i}" for i in range(40, 100)])
+    replacement.exit_code = lambda: 0  # type: ignore[method-assign]
+    line = role_line([zombie, replacement], zombie_wrote=30)
+    assert (line.distinct, line.resent, line.zombie) == (100, 10, 30)
+    assert line.note() == "+ 10 resent, + 30 zombie · p1 fenced → p1.r1 done"
+
+
+def test_one_instance_role_shows_its_state_alone(tmp_path: Path) -> None:
+    worker = _worker(tmp_path, "p2", ["a", "b", "a"])
+    worker.exit_code = lambda: 0  # type: ignore[method-assign]
+    assert role_line([worker]).note() == "+ 1 resent · done"
+    assert _worker(tmp_path, "p3", []).final_state() == "not started"
+
+
+def test_no_pf_warning_only_for_a_non_empty_sample_without_any_header() -> None:
+    assert TopicReport(sampled=0, with_pf=0).no_pf_warning is None
+    assert TopicReport(sampled=10, with_pf=1).no_pf_warning is None
+    warning = TopicReport(sampled=10, with_pf=0).no_pf_warning
+    assert warning is not None and "NON_IDEMPOTENT" in warning
+
+
+def test_start_offsets_follow_the_last_committed_batch(tmp_path: Path) -> None:
+    marks = {("t", 0): (5, 100), ("t", 1): (0, 50)}
+    assert start_offsets(str(tmp_path), marks, "earliest") == {("t", 0): 5, ("t", 1): 0}
+    assert start_offsets(str(tmp_path), marks, "latest") == {("t", 0): 100, ("t", 1): 50}
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    meta = '{"batchWatermarkMs":0}'
+    (tmp_path / "offsets" / "0").write_text(f'v1\n{meta}\n{{"t":{{"0":40,"1":20}}}}\n')
+    (tmp_path / "offsets" / "1").write_text(f'v1\n{meta}\n{{"t":{{"0":90,"1":45}}}}\n')
+    (tmp_path / "commits" / "0").write_text("v1\n{}\n")  # batch 1 planned, not committed
+    starts = start_offsets(str(tmp_path), marks, "earliest")
+    assert starts == {("t", 0): 40, ("t", 1): 20}
+    assert records_to_read(marks, starts) == 60 + 30
+
+
+@given(
+    st.dictionaries(
+        st.integers(0, 5),
+        st.tuples(st.integers(0, 1000), st.integers(0, 1000), st.integers(0, 2000)),
+        max_size=6,
+    )
+)
+def test_records_to_read_is_never_negative_nor_above_the_topic(
+    parts: dict[int, tuple[int, int, int]],
+) -> None:
+    marks = {("t", p): (min(a, b), max(a, b)) for p, (a, b, _) in parts.items()}
+    starts = {("t", p): s for p, (_, _, s) in parts.items()}
+    total = records_to_read(marks, starts)
+    assert 0 <= total <= sum(high - low for low, high in marks.values())
+
+
+def test_check_writable_refuses_a_file_and_creates_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(PathUnusable, match="is a file"):
+        check_writable(str(tmp_path / "f"), "output")
+    check_writable(str(tmp_path / "new" / "deep"), "checkpoint")
+    assert (tmp_path / "new" / "deep").is_dir()
+    assert list((tmp_path / "new" / "deep").iterdir()) == []  # the probe file is gone
+    with pytest.raises(PathUnusable, match="not writable"):
+        check_writable(str(tmp_path / "f" / "below"), "output")
+
+
+def test_exit_code_of_an_error_follows_its_retriable_flag() -> None:
+    class Soon(PidfenceError):
+        retriable = True
+
+    assert code_of(Soon()) == EXIT_RETRIABLE
+    assert code_of(PidfenceError()) == EXIT_UNAVAILABLE
