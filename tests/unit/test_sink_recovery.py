@@ -1,0 +1,318 @@
+"""Issue 11: the sink's state is a function of its committed output (no Spark; the writer's
+``write``/``commit`` are driven directly, as Spark's driver and tasks would).
+
+Lost or damaged state files, re-runs of committed batches, skewed clocks and a second query on the
+same path change nothing of what the sink commits.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pidfence.broker_plugin import ProducerStateTable
+from pidfence.spark_sink import read_log, read_rejects
+from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.errors import CommittedBatchMismatch, OutputOwnedError
+from pidfence.spark_sink.layout import ParquetLayout
+from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.state import (
+    decode_state,
+    drop_old_chains,
+    encode_state,
+    load_state,
+    state_dir,
+)
+from pidfence.spark_sink.storage import Store
+from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
+from pidfence.wire import FLAG_FENCE, encode_pf
+from tests.unit.broker_streams import StreamKnobs, make_stream
+from tests.unit.test_sink_process import Record, kafka_rows
+
+QUERY_A = "aaaaaaaa-0000-query-a"
+QUERY_B = "bbbbbbbb-1111-query-b"
+MINUTE = 60_000
+
+
+def options(path: Path, **extra: str) -> SinkOptions:
+    return SinkOptions.parse({"path": str(path), "compactEvery": "2", **extra})
+
+
+@contextmanager
+def task(batch: int, query: str = QUERY_A) -> Iterator[None]:
+    with mock.patch.object(writer_mod, "_task_context", lambda: (batch, 0, query)):
+        yield
+
+
+def write(w: PidfenceStreamWriter, batch: int, rows: pa.Table, query: str = QUERY_A
+          ) -> SinkCommitMessage:  # fmt: skip
+    with task(batch, query):
+        return w.write(iter(rows.to_batches(max_chunksize=13)))
+
+
+def run_batch(w: PidfenceStreamWriter, batch: int, records: list[Record]) -> None:
+    w.commit([write(w, batch, kafka_rows(records))], batch)
+
+
+def output(path: Path) -> tuple[pa.Table, pa.Table]:
+    return read_log(str(path)), read_rejects(str(path))
+
+
+def live_state(path: Path, opts: SinkOptions, batch: int) -> ProducerStateTable:
+    layout = ParquetLayout(opts.path, opts.rejects_path)
+    return load_state(layout, layout.store, "t", 0, batch, opts).table
+
+
+def damage(path: Path, mode: str, rng: random.Random) -> None:
+    """Lose or break the newest state files of partition t~0."""
+    folder = path / "_state" / "t~0"
+    files = sorted(folder.iterdir()) if folder.exists() else []
+    if not files:
+        return
+    if mode == "all":
+        for f in files:
+            f.unlink()
+    elif mode == "newest":
+        for f in files[-rng.randrange(1, len(files) + 1) :]:
+            f.unlink()
+    else:
+        f = files[-1]
+        f.write_bytes(f.read_bytes()[:-5] + b"xxxxx")
+
+
+def records_of(stream: list[tuple[bytes | None, int]]) -> list[Record]:
+    return [(i, header, ts) for i, (header, ts) in enumerate(stream)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(0, 2**32),
+    st.lists(st.integers(1, 70), min_size=2, max_size=7),
+    st.integers(0, 6),
+    st.sampled_from(["all", "newest", "corrupt"]),
+    st.booleans(),
+    st.integers(200, 3000),
+)
+def test_lost_state_files_change_nothing(
+    seed: int, cuts: list[int], at: int, mode: str, flush: bool, lifetime: int
+) -> None:
+    """Two outputs read the same stream; one loses state files between two batches. Logs,
+    rejects and the state after every later batch are identical (DESIGN §4 amended)."""
+    knobs = StreamKnobs(pids=5, records=sum(cuts) + 40, dup_rate=0.15, swap_rate=0.1,
+                        bump_rate=0.05, zombie_rate=0.05, fence_rate=0.04, odd_rate=0.1,
+                        ts_step_max=40, ts_back_rate=0.1, resend_rate=0.05, skew_rate=0.05,
+                        skew_ms=2000)  # fmt: skip
+    rng = random.Random(seed)
+    recs = records_of(make_stream(rng, knobs))
+    extra = {"lifetime": str(lifetime), "timestampSkew": "0", "reorderWindow": "3",
+             "capacity": "4", "flushHeld": str(flush).lower()}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = Path(tmp) / "a", Path(tmp) / "b"
+        wa, wb = (
+            PidfenceStreamWriter(options(a, **extra)),
+            PidfenceStreamWriter(options(b, **extra)),
+        )
+        start = 0
+        bounds = [*cuts, len(recs)]
+        for batch, size in enumerate(bounds):
+            chunk = recs[start : start + size]
+            start += size
+            if batch == at:
+                damage(b, mode, rng)
+            run_batch(wa, batch, chunk)
+            run_batch(wb, batch, chunk)
+            assert live_state(b, wb.options, batch + 1) == live_state(a, wa.options, batch + 1)
+            if start >= len(recs):
+                break
+        log_a, rej_a = output(a)
+        log_b, rej_b = output(b)
+        assert log_b.equals(log_a)
+        assert rej_b.equals(rej_a)
+
+
+def test_a_record_held_across_the_cut_survives_losing_every_state_file(tmp_path: Path) -> None:
+    opts = {"reorderWindow": "3", "lifetime": "1000000"}
+    a, b = tmp_path / "a", tmp_path / "b"
+    wa, wb = PidfenceStreamWriter(options(a, **opts)), PidfenceStreamWriter(options(b, **opts))
+    first: list[Record] = [(0, encode_pf(1, 0, 0), 1), (1, encode_pf(1, 0, 2), 2)]
+    second: list[Record] = [(2, encode_pf(1, 0, 1), 3)]
+    for w in (wa, wb):
+        run_batch(w, 0, first)
+    damage(b, "all", random.Random(0))
+    for w in (wa, wb):
+        run_batch(w, 1, second)
+    assert read_log(str(b))["kafka_offset"].to_pylist() == [0, 2, 1]
+    assert output(b)[0].equals(output(a)[0])
+
+
+def test_a_skewed_header_less_record_does_not_expire_the_live_producer(tmp_path: Path) -> None:
+    # Issue 11 finding 3: lifetime 30 min, a header-less record 40 min ahead (Kafka accepts up to
+    # 1 h by default), then the live producer's next records: all appended.
+    w = PidfenceStreamWriter(options(tmp_path, lifetime="30m"))
+    t0 = 1_700_000_000_000
+    run_batch(w, 0, [(0, encode_pf(9, 1, 0), t0), (1, None, t0 + 40 * MINUTE)])
+    run_batch(
+        w, 1, [(2, encode_pf(9, 1, 1), t0 + MINUTE), (3, encode_pf(9, 1, 2), t0 + 2 * MINUTE)]
+    )
+    assert read_log(str(tmp_path))["kafka_offset"].to_pylist() == [0, 1, 2, 3]
+    assert read_rejects(str(tmp_path)).num_rows == 0
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_a_committed_batch_re_run_with_other_options_writes_nothing(tmp_path: Path) -> None:
+    recs = records_of(make_stream(random.Random(5), StreamKnobs(pids=6, records=120)))
+    w = PidfenceStreamWriter(options(tmp_path, capacity="6"))
+    run_batch(w, 0, recs[:60])
+    run_batch(w, 1, recs[60:])
+    before = _files(tmp_path)
+    # Spark re-runs batch 1 (driver died after the manifest) with capacity lowered to 1.
+    rerun = PidfenceStreamWriter(options(tmp_path, capacity="1"))
+    message = write(rerun, 1, kafka_rows(recs[60:]))
+    assert message.committed and {p.rows_in for p in message.parts} == {60}
+    rerun.commit([message], 1)
+    assert _files(tmp_path) == before
+    # The same batch id with other Kafka offsets fails loudly and writes nothing.
+    with pytest.raises(CommittedBatchMismatch, match="re-ran it"):
+        write(rerun, 1, kafka_rows(recs[61:]))
+    assert _files(tmp_path) == before
+
+
+def test_a_crashed_attempt_is_never_visible_and_its_files_are_cleaned(tmp_path: Path) -> None:
+    recs = records_of(make_stream(random.Random(6), StreamKnobs(pids=3, records=80)))
+    w = PidfenceStreamWriter(options(tmp_path))
+    run_batch(w, 0, recs[:40])
+    visible = output(tmp_path)
+    dead = write(w, 1, kafka_rows(recs[40:]))  # attempt dies before the manifest
+    assert output(tmp_path)[0].equals(visible[0])
+    run_batch(w, 1, recs[40:])  # the re-run commits under its own file names
+    names = {p.name for p in (tmp_path / "data" / f"{1:020d}").iterdir()}
+    assert len(names) == 1 and dead.tag is not None and dead.tag not in next(iter(names))
+
+
+def test_drop_old_chains_keeps_the_newest_intact_chain(tmp_path: Path) -> None:
+    # Issue 11 finding 4: the previous full snapshot is corrupt; the older intact chain stays.
+    store = Store.at(str(tmp_path))
+    directory = state_dir(store, "t", 0)
+    table = ProducerStateTable(4, 1000)
+    from pidfence.spark_sink.state import StateFile
+
+    def put(batch: int, kind: str) -> None:
+        blob = table.snapshot()
+        data = encode_state(StateFile(kind, None, None, "tag", blob, 0))
+        store.write_bytes(f"{directory}/{batch:020d}.{kind}", data)
+
+    put(0, "full")
+    put(3, "full")
+    corrupt = tmp_path / "_state" / "t~0" / f"{3:020d}.full"
+    corrupt.write_bytes(corrupt.read_bytes()[:-3] + b"bad")
+    put(6, "full")
+    drop_old_chains(store, directory, 6)
+    assert (tmp_path / "_state" / "t~0" / f"{0:020d}.full").exists()
+    decode_state((tmp_path / "_state" / "t~0" / f"{0:020d}.full").read_bytes())
+
+
+def test_a_second_query_on_the_path_fails_at_start_and_deletes_nothing(tmp_path: Path) -> None:
+    # Issue 11 finding 6: the second query's start-up cleanup deleted the first one's batch.
+    recs = records_of(make_stream(random.Random(7), StreamKnobs(pids=3, records=60)))
+    a = PidfenceStreamWriter(options(tmp_path), query_id=QUERY_A)
+    run_batch(a, 0, recs[:30])
+    in_flight = write(a, 1, kafka_rows(recs[30:]))  # A's batch 1 is being written
+    staged = _files(tmp_path)
+    store, rejects = Store.at(str(tmp_path)), Store.at(str(tmp_path / "_rejects"))
+    assert cleanup_uncommitted(store, rejects) == []  # what `start_sink` runs first
+    with pytest.raises(OutputOwnedError, match="belongs to streaming query"):
+        PidfenceStreamWriter(options(tmp_path), query_id=QUERY_B)
+    with pytest.raises(OutputOwnedError):
+        write(a, 2, kafka_rows(recs[30:]), query=QUERY_B)  # its tasks are refused too
+    assert _files(tmp_path) == staged
+    a.commit([in_flight], 1)
+    assert read_log(str(tmp_path)).num_rows > 0
+    # A restart of the same query takes over and cleans only its own unfinished batch.
+    PidfenceStreamWriter(options(tmp_path), query_id=QUERY_A)
+
+
+def test_manifest_index_gives_the_same_positions_as_the_manifests(tmp_path: Path) -> None:
+    from pidfence.spark_sink.layout import INDEX_EVERY
+
+    recs = records_of(make_stream(random.Random(8), StreamKnobs(pids=3, records=400)))
+    w = PidfenceStreamWriter(options(tmp_path))
+    two = [(o, h, t) for o, h, t in recs]
+    for batch in range(INDEX_EVERY + 5):
+        chunk = two[batch * 3 : batch * 3 + 3]
+        if batch % 7 == 3:
+            w.commit([write(w, batch, kafka_rows(chunk, "t", 1))], batch)  # t~0 idle
+        else:
+            run_batch(w, batch, chunk)
+    layout = ParquetLayout(str(tmp_path), str(tmp_path / "_rejects"))
+    assert (tmp_path / "_manifests" / "_index" / "latest").read_text() == str(INDEX_EVERY)
+    indexed = layout.positions(INDEX_EVERY + 4)
+    (tmp_path / "_manifests" / "_index" / "latest").unlink()
+    assert layout.positions(INDEX_EVERY + 4) == indexed
+
+
+def test_signed_generations_through_the_sink(tmp_path: Path) -> None:
+    """Issue 13: an attacker's FENCE for a live pid (no pfc, pfc of another key) and fresh pids
+    (same two ways) are FORGED; every record of the legit producer is appended in order."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from pidfence.wire.cert import encode_cert, generate_keypair, load_private_key
+
+    old_priv, old_pub = generate_keypair(tmp_path / "keys-old")
+    priv, pub = generate_keypair(tmp_path / "keys")
+    key = load_private_key(priv)
+    rogue = Ed25519PrivateKey.generate()
+    t0 = 1_700_000_000_000
+    expire = t0 + 3_600_000
+    live = [encode_pf(5, 2, s) for s in range(6)]
+    recs: list[tuple[int, bytes | None, int, bytes | None]] = [
+        (0, live[0], t0, encode_cert(key, 5, 2, expire)),
+        (1, live[1], t0 + 1, None),
+        (2, encode_pf(5, 3, 2, FLAG_FENCE), t0 + 2, None),  # forged FENCE, no pfc
+        (3, live[2], t0 + 3, None),
+        (4, encode_pf(5, 3, 3, FLAG_FENCE), t0 + 4, encode_cert(rogue, 5, 3, expire)),
+        (5, live[3], t0 + 5, None),
+        (6, encode_pf(77, 0, 0), t0 + 6, None),  # fresh pid, no pfc
+        (7, encode_pf(78, 0, 0), t0 + 7, encode_cert(rogue, 78, 0, expire)),
+        (8, live[4], t0 + 8, None),
+        (9, encode_pf(5, 3, 4, FLAG_FENCE), t0 + 9, encode_cert(key, 5, 2, expire)),  # replayed
+        (10, live[5], t0 + 10, None),
+    ]
+    rows = kafka_rows([(o, h, t) for o, h, t, _ in recs])
+    headers = [
+        [{"key": "pf", "value": h}] + ([{"key": "pfc", "value": c}] if c is not None else [])
+        for _, h, _, c in recs
+    ]
+    rows = rows.set_column(6, "headers", pa.array(headers, rows.schema.field("headers").type))
+    w = PidfenceStreamWriter(options(tmp_path, leasePublicKey=f"{old_pub},{pub}"))
+    w.commit([write(w, 0, rows.slice(0, 5))], 0)
+    w.commit([write(w, 1, rows.slice(5))], 1)
+    log = read_log(str(tmp_path))
+    assert log["kafka_offset"].to_pylist() == [0, 1, 3, 5, 8, 10]
+    assert log["seq"].to_pylist() == list(range(6))
+    rej = read_rejects(str(tmp_path))
+    assert rej["kafka_offset"].to_pylist() == [2, 4, 6, 7, 9]
+    assert set(rej["verdict"].to_pylist()) == {"FORGED"}
+    manifests = [ParquetLayout(str(tmp_path), str(tmp_path / "_rejects")).committed(b)
+                 for b in (0, 1)]  # fmt: skip
+    forged: dict[str, Any] = {}
+    for m in manifests:
+        assert m is not None
+        for reason, n in m["parts"][0]["forged"].items():
+            forged[reason] = forged.get(reason, 0) + n
+    assert forged == {"missing": 2, "unknown_key": 2, "other_identity": 1}
+    del old_priv
