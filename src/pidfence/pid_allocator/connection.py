@@ -210,13 +210,20 @@ class LeaseConnection(asyncio.Protocol):
     def _spawn(self, request: Request) -> None:
         task = self.loop.create_task(self._answer(request))
         self._tasks.add(task)
+        task.add_done_callback(self._answered)
 
     async def _answer(self, request: Request) -> None:
-        try:
-            self._write(await self.server.handle(self, request))
-        finally:
-            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
-            self._schedule_turn()
+        self._write(await self.server.handle(self, request))
+
+    def _answered(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.close()  # handle() never raises; if it did, this stream is not trustworthy
+        self._schedule_turn()
+
+    def pending_tasks(self) -> set[asyncio.Task[None]]:
+        """Requests still being answered (the server awaits them when it closes)."""
+        return set(self._tasks)
 
     def _arm_timer(self, delay: float) -> None:
         self._timer = self.loop.call_later(max(delay, 0.01), self._check_timeouts)

@@ -106,8 +106,14 @@ class LeaseServer:
         """Stop listening and close every connection."""
         if self._server is not None:
             self._server.close()
+        pending: set[asyncio.Task[None]] = set()
         for connection in list(self._connections):
+            pending |= connection.pending_tasks()
             connection.close()
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 

@@ -166,14 +166,20 @@ def java() -> str:
 def wait_until(
     check: object, timeout: float, what: str, interval: float = 0.2, tail: str = ""
 ) -> None:
-    """Call ``check()`` until it returns truthy; :class:`ServiceFailed` after ``timeout``."""
+    """Call ``check()`` until it returns truthy; :class:`ServiceFailed` after ``timeout``.
+
+    A ``ServiceFailed`` raised by ``check`` itself (e.g. "the process exited") ends the wait at
+    once: a dead server never becomes ready.
+    """
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             if check():  # type: ignore[operator]
                 return
-        except Exception as exc:  # noqa: BLE001 - any failure of a probe means "not ready yet"
+        except ServiceFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any other probe failure means "not ready yet"
             last = exc
         time.sleep(interval)
     detail = f" (last error: {last})" if last else ""
