@@ -1,4 +1,8 @@
-"""`pidfence demo` end to end with small numbers, on the session's Kafka, ZooKeeper and Spark."""
+"""`pidfence demo` end to end with small numbers, on the session's Kafka, ZooKeeper and Spark.
+
+Every fault is forced by a fact, not a duration (see ``pidfence.demo.faults``), and the test
+asserts that each one really happened, so it cannot pass because a victim finished early.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from rich.console import Console
 from pidfence.demo import DemoConfig, Fault, run_demo
 from pidfence.services.process import started_pids
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = pytest.mark.timeout(600)
 
 
 def test_demo_with_all_faults_reports_zero_anomalies(
@@ -21,7 +25,7 @@ def test_demo_with_all_faults_reports_zero_anomalies(
     before = started_pids()
     config = DemoConfig(
         records=400,
-        producers=3,
+        producers=4,
         partitions=2,
         faults=frozenset(Fault),
         out=tmp_path / "out",
@@ -33,14 +37,25 @@ def test_demo_with_all_faults_reports_zero_anomalies(
     )
     summary = run_demo(config, Console(record=True, width=120), spark=spark)
 
-    shown = ("anomalies", "examples", "downstream")
+    shown = ("anomalies", "examples", "downstream", "faults", "instances")
     assert summary["ok"], json.dumps({k: summary[k] for k in shown})
     assert (tmp_path / "out" / "report.html").stat().st_size > 10_000
     written = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert written["counts"] == summary["counts"]
-    # The faults really happened.
-    assert summary["faults"]["kill"] and summary["faults"]["zombie"]
+    # Every fault really happened.
+    assert summary["faults_happened"] == {
+        "kill": True, "zombie": True, "lease-zombie": True, "copier": True,
+    }, summary["faults"]  # fmt: skip
     assert summary["verdicts"].get("FENCE", 0) >= 1
-    assert summary["counts"]["pids_used"] > 3  # restarts/rollovers leased more pids
+    # The zombie inside its lease wrote under its fenced generation, and the sink refused it.
+    assert summary["zombie_writes"]["zombie"] >= 1
+    assert summary["verdicts"].get("FENCED", 0) >= summary["zombie_writes"]["zombie"]
+    # The zombie that outlived its lease stopped itself: its roll was refused.
+    assert summary["instances"]["p2"] == "fenced", summary["faults"]["lease-zombie"]
+    assert summary["zombie_writes"]["lease-zombie"] == 0
+    # Judged per event, not only per identity.
+    assert summary["anomalies"]["event_duplicate"] == 0
+    assert summary["anomalies"]["event_lost"] == 0
+    assert summary["counts"]["pids_used"] > 4  # restarts/rollovers leased more pids
     # Every process the demo started is gone (the session's services are not ours).
     assert started_pids() <= before

@@ -18,7 +18,10 @@ def demo(
     producers: Annotated[int, typer.Option(help="Producer processes on the raw topic.")] = 4,
     partitions: Annotated[int, typer.Option(help="Partitions of the raw topic.")] = 4,
     faults: Annotated[
-        str, typer.Option(help="all, none, or a list of kill,zombie,resend,rollover,copier.")
+        str,
+        typer.Option(
+            help="all, none, or a list of kill,zombie,resend,rollover,copier,lease-zombie."
+        ),
     ] = "all",
     out: Annotated[Path, typer.Option(help="Report, ledgers, logs and output log go here.")] = Path(
         "out"

@@ -2,7 +2,14 @@
 tests share with it."""
 
 from pidfence.demo.config import BadDemoOption, DemoConfig, Fault, parse_faults
-from pidfence.demo.faults import CopierCrash, FaultScript, KillAndResume, Zombie, drive
+from pidfence.demo.faults import (
+    CopierCrash,
+    FaultScript,
+    KillAndResume,
+    LeaseZombie,
+    Zombie,
+    drive,
+)
 from pidfence.demo.procs import (
     LeaseServerProc,
     ProducerRole,
@@ -28,6 +35,7 @@ __all__ = [
     "FaultScript",
     "KillAndResume",
     "Zombie",
+    "LeaseZombie",
     "CopierCrash",
     "drive",
 ]

@@ -17,6 +17,7 @@ class Fault(StrEnum):
     RESEND = "resend"  # (c) transport resends of acknowledged records
     ROLLOVER = "rollover"  # (d) short lease lifetime: producers roll to a new pid mid-run
     COPIER = "copier"  # (e) the copier SIGKILLed and restarted
+    LEASE_ZOMBIE = "lease-zombie"  # (f) a producer SIGSTOPped until its lease has ended
 
 
 class BadDemoOption(PidfenceError):
@@ -82,7 +83,9 @@ class DemoConfig:
             raise BadDemoOption(f"--producers must be 1..16, got {self.producers}")
         if not 1 <= self.partitions <= 64:
             raise BadDemoOption(f"--partitions must be 1..64, got {self.partitions}")
-        needed = sum(f in self.faults for f in (Fault.KILL, Fault.ZOMBIE, Fault.RESEND))
+        needed = sum(
+            f in self.faults for f in (Fault.KILL, Fault.ZOMBIE, Fault.RESEND, Fault.LEASE_ZOMBIE)
+        )
         if self.producers < needed:
             raise BadDemoOption(
                 f"{needed} producer faults need --producers >= {needed}, got {self.producers}"
@@ -91,11 +94,16 @@ class DemoConfig:
     @property
     def rate(self) -> float:
         """Records per second per producer (0 = unthrottled when no rollover is wanted)."""
-        if Fault.ROLLOVER not in self.faults and not self.faults & {Fault.KILL, Fault.ZOMBIE}:
+        if Fault.ROLLOVER not in self.faults and not self.faults & {
+            Fault.KILL,
+            Fault.ZOMBIE,
+            Fault.LEASE_ZOMBIE,
+        }:
             return 0.0
         return self.records / self.produce_seconds
 
     @property
     def lifetime(self) -> str:
         """The lease servers' ``--lifetime``."""
-        return f"{self.lease_lifetime_s:g}s" if Fault.ROLLOVER in self.faults else "24h"
+        short = self.faults & {Fault.ROLLOVER, Fault.LEASE_ZOMBIE}
+        return f"{self.lease_lifetime_s:g}s" if short else "24h"

@@ -23,6 +23,9 @@ class FaultScript:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.done = False
+        #: True once the fault's action really happened (a test asserts it, so a run where the
+        #: victim finished first cannot pass by luck).
+        self.happened = False
         self.events: list[str] = []
         self._step = 0
         self._since = clock()
@@ -68,6 +71,7 @@ class KillAndResume(FaultScript):
             victim = self.role.current
             victim.kill()
             victim.fate = "killed"
+            self.happened = True
             self.note(f"SIGKILL {victim.name} after {self.role.acked()} acknowledged records")
             self._next()
         elif self._step == 1:
@@ -92,14 +96,18 @@ class Zombie(FaultScript):
         role: ProducerRole,
         at: int,
         zombie_records: int = 50,
-        zombie_s: float = 8.0,
+        zombie_s: float | None = None,
+        lease_left_ms: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         super().__init__(clock)
         self.role = role
         self.at = at
         self.zombie_records = zombie_records
         self.zombie_s = zombie_s
+        self.lease_left_ms = lease_left_ms
+        self.wall_ms = wall_ms
         self.zombie: Worker | None = None
         self.replacement: Worker | None = None
         self._zombie_acked = 0
@@ -111,6 +119,11 @@ class Zombie(FaultScript):
             return
         if self._step == 0:
             if self.role.acked() < self.at or self.role.checkpointed() == 0:
+                return
+            # Pause only under a lease with room left, so the woken zombie writes under its
+            # fenced generation before its rollover point (a fact read from the ledger).
+            left = lease_end_ms(self.role.current) - self.wall_ms()
+            if self.lease_left_ms and left < self.lease_left_ms:
                 return
             self.zombie = self.role.current
             self.zombie.pause()
@@ -127,12 +140,14 @@ class Zombie(FaultScript):
             if self.replacement.fences() == 0 or self.replacement.acked() == 0:
                 if not self.replacement.running and self.replacement.fences() == 0:
                     raise ServiceFailed(
-                        f"replacement {self.replacement.name} exited before fencing:\n"
-                        + self.replacement.tail()
+                        f"replacement {self.replacement.name} exited with "
+                        f"{self.replacement.exit_code()} before fencing (log "
+                        f"{self.replacement.proc.log_path})\n{self.replacement.tail()}"
                     )
                 return
             self._zombie_acked = self.zombie.acked()
             self.zombie.resume()
+            self.happened = True
             self.note(
                 f"SIGCONT {self.zombie.name}: replacement fenced "
                 f"{self.replacement.fences()} partition(s) and wrote {self.replacement.acked()}"
@@ -142,11 +157,8 @@ class Zombie(FaultScript):
             if self.zombie is None:
                 raise RuntimeError("zombie script lost its process")
             wrote = self.zombie.acked() - self._zombie_acked
-            if (
-                wrote < self.zombie_records
-                and self._waited() < self.zombie_s
-                and self.zombie.running
-            ):
+            timed_out = self.zombie_s is not None and self._waited() >= self.zombie_s
+            if wrote < self.zombie_records and not timed_out and self.zombie.running:
                 return
             self.zombie.kill()
             self.zombie_wrote = wrote
@@ -155,8 +167,112 @@ class Zombie(FaultScript):
             self.done = True
 
 
+def lease_end_ms(worker: Worker) -> int:
+    """The latest lease end (``expire_ms``) among the records ``worker`` got acknowledged."""
+    worker.acked()
+    return worker.lease_end_ms
+
+
+class LeaseZombie(FaultScript):
+    """(f) A zombie that outlives its lease: SIGSTOP a producer, keep it stopped until the wall
+    clock is past the end of every lease it wrote under, start its replacement from a copy of its
+    checkpoint (the replacement follows the pid's lineage), wait until the replacement's FENCE
+    records are acknowledged, then SIGCONT the old instance and let it run on its own.
+
+    Every step waits for a fact (acknowledged records, the lease end read from the ledger, the
+    replacement's FENCEs), never for a duration. The woken zombie must stop by itself: its lease
+    is over and its roll is refused (``ProducerFenced``). A zombie that instead leases a fresh pid
+    and re-sends its events is what the event-level checker reports as ``event_duplicate``.
+    """
+
+    name = "lease-zombie"
+
+    def __init__(
+        self,
+        role: ProducerRole,
+        at: int,
+        margin_ms: int = 1000,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        super().__init__(clock)
+        self.role = role
+        self.at = at
+        self.margin_ms = margin_ms
+        self.wall_ms = wall_ms
+        self.zombie: Worker | None = None
+        self.replacement: Worker | None = None
+        self.lease_end = 0
+        self._zombie_acked = 0
+        #: Records the zombie got acknowledged after SIGCONT (none, when fencing works).
+        self.zombie_wrote = 0
+
+    def poll(self) -> None:
+        if self.done:
+            return
+        if self._step == 0:
+            if self.role.acked() < self.at or self.role.checkpointed() == 0:
+                return
+            self.zombie = self.role.current
+            self.zombie.pause()
+            self.zombie.fate = "replaced"
+            self.lease_end = lease_end_ms(self.zombie)
+            self.note(
+                f"SIGSTOP {self.zombie.name} after {self.role.acked()} acknowledged records; "
+                "its lease ends in "
+                f"{max(0, self.lease_end - self.wall_ms()) / 1000:.1f} s"
+            )
+            self._next()
+        elif self._step == 1:
+            if self.lease_end <= 0:
+                raise ServiceFailed("lease-zombie: the ledger carries no lease end (expire_ms)")
+            if self.wall_ms() < self.lease_end + self.margin_ms:
+                return
+            self.replacement = self.role.spawn_replacement()
+            self.note(
+                f"{self.zombie.name if self.zombie else '?'}'s lease has ended; replacement "
+                f"{self.replacement.name} resumes from a copy of the checkpoint"
+            )
+            self._next()
+        elif self._step == 2:
+            if self.replacement is None or self.zombie is None:
+                raise RuntimeError("lease-zombie script lost its processes")
+            if self.replacement.fences() == 0 or self.replacement.acked() == 0:
+                if not self.replacement.running and self.replacement.fences() == 0:
+                    raise ServiceFailed(
+                        f"replacement {self.replacement.name} exited with "
+                        f"{self.replacement.exit_code()} before fencing (log "
+                        f"{self.replacement.proc.log_path})\n{self.replacement.tail()}"
+                    )
+                return
+            self._zombie_acked = self.zombie.acked()
+            self.zombie.resume()
+            self.note(
+                f"SIGCONT {self.zombie.name} {(self.wall_ms() - self.lease_end) / 1000:.1f} s "
+                f"after its lease ended; replacement fenced {self.replacement.fences()} "
+                "partition(s)"
+            )
+            self._next()
+        elif self._step == 3:
+            if self.zombie is None:
+                raise RuntimeError("lease-zombie script lost its process")
+            if self.zombie.running:
+                return
+            self.zombie_wrote = self.zombie.acked() - self._zombie_acked
+            self.happened = True
+            code = self.zombie.exit_code()
+            fenced = "ProducerFenced" in self.zombie.tail(20)
+            self.zombie.fate = "fenced" if fenced else f"exited {code}"
+            self.note(
+                f"zombie {self.zombie.name} "
+                + ("stopped itself: its roll was refused" if fenced else f"exited with {code}")
+                + f" after writing {self.zombie_wrote} record(s) past its lease"
+            )
+            self.done = True
+
+
 class CopierCrash(FaultScript):
-    """(e) SIGKILL the copier once it has stored a checkpoint and run ``after_s`` seconds more;
+    """(e) SIGKILL the copier once it has stored a checkpoint and got ``at`` records acknowledged;
     restart it: it resumes (bump + FENCE) and seeks upstream to the stored offsets."""
 
     name = "copier"
@@ -165,39 +281,31 @@ class CopierCrash(FaultScript):
         self,
         start: Callable[[], Worker],
         state: Path,
-        after_s: float = 3.0,
+        at: int = 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(clock)
         self.start = start
         self.state = state
-        self.after_s = after_s
+        self.at = at
         self.instances: list[Worker] = [start()]
 
     def poll(self) -> None:
         if self.done:
             return
         current = self.instances[-1]
-        if self._step == 0:
-            if not self.state.exists():
-                if not current.running:
-                    self.note("copier finished before its first checkpoint: nothing to kill")
-                    self.done = True
-                return
-            self._next()
-        elif self._step == 1:
-            if self._waited() < self.after_s:
-                return
+        if not self.state.exists() or current.acked() < self.at:
             if not current.running:
-                self.note("copier finished before the kill point: nothing to kill")
+                self.note("copier finished before the kill point: nothing killed")
                 self.done = True
-                return
-            current.kill()
-            current.fate = "killed"
-            self.note(f"SIGKILL {current.name} after its checkpoint")
-            self.instances.append(self.start())
-            self.note(f"restarted as {self.instances[-1].name} from {self.state.name}")
-            self.done = True
+            return
+        current.kill()
+        current.fate = "killed"
+        self.happened = True
+        self.note(f"SIGKILL {current.name} after {current.acked()} records, past its checkpoint")
+        self.instances.append(self.start())
+        self.note(f"restarted as {self.instances[-1].name} from {self.state.name}")
+        self.done = True
 
 
 class Bounce(FaultScript):
@@ -230,6 +338,7 @@ class Bounce(FaultScript):
             if not self.when():
                 return
             self.kill()
+            self.happened = True
             self.note(f"killed {self.name}")
             self._next()
         elif self._step == 1 and self._waited() >= self.down_s:

@@ -55,6 +55,8 @@ class Worker:
         self.fate: str | None = None
         #: Event ids (the ledger's ``event``, else the value digest) this instance got acknowledged.
         self.events: set[str] = set()
+        #: The latest ``expire_ms`` (lease end) among its acknowledged records.
+        self.lease_end_ms = 0
         self._read_at = 0
         self._acked = 0
         self._fences = 0
@@ -117,6 +119,7 @@ class Worker:
                 entry = json.loads(raw)
             except ValueError:
                 continue
+            self.lease_end_ms = max(self.lease_end_ms, int(entry.get("expire_ms") or 0))
             if entry.get("fence"):
                 self._fences += 1
                 continue

@@ -27,7 +27,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pidfence.demo.config import DemoConfig, Fault
-from pidfence.demo.faults import CopierCrash, FaultScript, KillAndResume, Zombie, drive
+from pidfence.demo.faults import (
+    CopierCrash,
+    FaultScript,
+    KillAndResume,
+    LeaseZombie,
+    Zombie,
+    drive,
+)
 from pidfence.demo.procs import (
     LeaseServerProc,
     ProducerRole,
@@ -102,6 +109,8 @@ class DemoRun:
     lease_servers: str = ""
     phases: dict[str, float] = field(default_factory=dict)
     fault_events: dict[str, list[str]] = field(default_factory=dict)
+    faults_happened: dict[str, bool] = field(default_factory=dict)
+    zombie_writes: dict[str, int] = field(default_factory=dict)
     sink_passes: list[dict[str, Any]] = field(default_factory=list)
     roles: list[ProducerRole] = field(default_factory=list)
     copier: CopierCrash | None = None
@@ -258,7 +267,12 @@ def _produce(
     if Fault.KILL in faults:
         scripts.append(KillAndResume(next(assign), at=config.records * 3 // 10))
     if Fault.ZOMBIE in faults:
-        scripts.append(Zombie(next(assign), at=config.records * 4 // 10))
+        lifetime_ms = int(config.lease_lifetime_s * 1000) if Fault.ROLLOVER in faults else 0
+        scripts.append(
+            Zombie(next(assign), at=config.records * 4 // 10, lease_left_ms=lifetime_ms // 2)
+        )
+    if Fault.LEASE_ZOMBIE in faults:
+        scripts.append(LeaseZombie(next(assign), at=config.records * 5 // 10))
     if Fault.RESEND in faults:
         role = next(assign)
         role.spec = replace(role.spec, resend_every=max(50, config.records // 20))
@@ -285,7 +299,7 @@ def _produce(
         if run.copier_workers
         else None
     )
-    zombies = [s for s in scripts if isinstance(s, Zombie)]
+    zombies = [s for s in scripts if isinstance(s, Zombie | LeaseZombie)]
     shown: dict[str, int] = {}
     sink_ran = False
 
@@ -322,7 +336,13 @@ def _produce(
         update_bars()  # every bar ends in its final state
     for script in scripts:
         run.fault_events[script.name] = script.events
-    failed = [w for w in _all_workers(run) if w.exit_code() not in (0, None, -9)]
+        run.faults_happened[script.name] = script.happened
+        if isinstance(script, Zombie | LeaseZombie):
+            run.zombie_writes[script.name] = script.zombie_wrote
+    # A zombie that stopped itself because it was fenced did what it should.
+    failed = [
+        w for w in _all_workers(run) if w.exit_code() not in (0, None, -9) and w.fate != "fenced"
+    ]
     if failed:
         from pidfence.services.process import ServiceFailed
 
@@ -372,7 +392,7 @@ def _start_copier(run: DemoRun, cleanups: list[Callable[[], None]]) -> CopierCra
         cleanups.append(worker.stop)
         return worker
 
-    script = CopierCrash(start, state, after_s=2.0)
+    script = CopierCrash(start, state, at=max(1, run.config.copier_records // 3))
     if Fault.COPIER not in run.config.faults:
         script.done = True
     run.copier = script

@@ -192,6 +192,12 @@ def collect(run: DemoRun) -> dict[str, Any]:
         "examples": anomaly_examples(report),
         "copier": copier,
         "faults": run.fault_events,
+        "faults_happened": run.faults_happened,
+        "zombie_writes": run.zombie_writes,
+        "instances": {
+            w.name: w.final_state()
+            for w in [*(w for role in run.roles for w in role.instances), *run.copier_workers]
+        },
         "phases_s": run.phases,
         "sink_passes": run.sink_passes,
         "exit_codes": exit_codes,
