@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from pidfence.pid_allocator import LeaseClient, LeaseServerThread, ServerLimits
+from pidfence.pid_allocator import LeaseClient, LeaseServerThread
 
 SEED = 20261122
 
@@ -62,8 +62,12 @@ def _pack(message: Any) -> bytes:
 
 @pytest.fixture
 def fuzz_server(lease_server_factory: Callable[..., LeaseServerThread]) -> LeaseServerThread:
-    limits = ServerLimits(max_connections=600, idle_timeout_s=30.0, frame_timeout_s=1.0)
-    return lease_server_factory(limits=limits)
+    return lease_server_factory(
+        max_connections=600,
+        max_connections_per_address=600,
+        idle_timeout_s=30.0,
+        frame_timeout_s=1.0,
+    )
 
 
 @pytest.fixture
@@ -129,7 +133,15 @@ def test_garbage_frames_get_malformed_and_connection_survives(
         ({"v": 1, "op": "bump", "id": 4, "pid": 7, "generation": 2**40}, "MALFORMED_REQUEST"),
         ({"v": 1, "op": "lease", "id": 5, "partitions": [["t", "0"]]}, "MALFORMED_REQUEST"),
         ({"v": 1, "op": "lease", "id": 6, "partitions": {"t": 0}}, "MALFORMED_REQUEST"),
-        ({"v": 1, "op": "bump", "id": 7, "pid": 10**15, "generation": 0}, "UNKNOWN_PID"),
+        ({"v": 1, "op": "bump", "id": 7, "pid": 10**15, "generation": 0}, "NOT_OWNER"),
+        (
+            {"v": 1, "op": "roll", "id": 8, "pid": 10**15, "generation": 0, "secret": b"x"},
+            "NOT_OWNER",
+        ),
+        (
+            {"v": 1, "op": "roll", "id": 9, "pid": 1, "generation": 0, "secret": 5},
+            "MALFORMED_REQUEST",
+        ),
     ],
 )
 def test_wrong_types_and_ops_get_their_code_with_id_echoed(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -12,11 +13,12 @@ from pidfence.pid_allocator import (
     Lease,
     LeaseClient,
     LeaseServerThread,
-    SpawnedLeaseServer,
+    NotOwner,
     StaleGeneration,
-    UnknownPid,
-    spawn_lease_server,
 )
+from pidfence.services import started_pids
+from pidfence.services.lease_server import LeaseServerProcess, spawn_lease_server
+from pidfence.services.process import ServiceFailed
 
 
 def test_lease_bump_and_foreign_bump(
@@ -25,14 +27,16 @@ def test_lease_bump_and_foreign_bump(
     other = lease_server_factory()
     with LeaseClient(lease_server.address) as a, LeaseClient(other.address) as b:
         lease = a.lease([("t", 0)])
-        bumped = b.bump(lease.pid, lease.generation)  # a server that did not issue the pid
+        # A server that did not issue the pid.
+        bumped = b.bump(lease.pid, lease.generation, lease.secret)
         assert bumped.generation == lease.generation + 1
         assert bumped.expire_ms <= lease.expire_ms
         with pytest.raises(StaleGeneration):
-            a.bump(lease.pid, lease.generation)
-        assert a.bump(lease.pid, bumped.generation).generation == lease.generation + 2
-        with pytest.raises(UnknownPid):
-            b.bump(lease.pid + 10**9, 0)
+            a.bump(lease.pid, lease.generation, lease.secret)
+        again = a.bump(lease.pid, bumped.generation, lease.secret)
+        assert again.generation == lease.generation + 2
+        with pytest.raises(NotOwner):
+            b.bump(lease.pid + 10**9, 0, lease.secret)
 
 
 def test_zookeeper_writes_stay_per_block(
@@ -72,7 +76,7 @@ def _hammer(
                 generation = target.generation
                 for _ in range(3):
                     try:
-                        new = client.bump(target.pid, generation)
+                        new = client.bump(target.pid, generation, target.secret)
                     except StaleGeneration:
                         return
                     with lock:
@@ -94,20 +98,32 @@ def _assert_unique(leases: list[Lease], granted: list[tuple[int, int]]) -> None:
 
 
 @pytest.fixture
-def two_processes(zk_chroot: str) -> Iterator[list[SpawnedLeaseServer]]:
-    handles: list[SpawnedLeaseServer] = []
+def two_processes(zk_chroot: str, tmp_path: Path) -> Iterator[list[LeaseServerProcess]]:
+    handles: list[LeaseServerProcess] = []
     try:
-        handles = [spawn_lease_server(zk_chroot, block_size=10) for _ in range(2)]
+        for i in range(2):
+            handles.append(spawn_lease_server(zk_chroot, tmp_path, f"lease-{i}", block_size=10))
         yield handles
     finally:
         for handle in handles:
             handle.stop()
 
 
-def test_two_server_processes_never_duplicate(two_processes: list[SpawnedLeaseServer]) -> None:
+def test_two_server_processes_never_duplicate(two_processes: list[LeaseServerProcess]) -> None:
     leases, granted = _hammer([h.address for h in two_processes], clients=8, leases_each=100)
     _assert_unique(leases, granted)
-    assert all(h.stop() == 0 for h in two_processes)  # SIGTERM is a clean shutdown
+    for handle in two_processes:
+        handle.stop()
+        assert handle.proc.exit_code() == 0  # SIGTERM is a clean shutdown
+    assert not {h.pid for h in two_processes} & started_pids()
+
+
+def test_a_server_that_dies_at_start_fails_fast_with_its_log(tmp_path: Path) -> None:
+    """``wait_until`` used to swallow the ServiceFailed of a dead process and wait 60 s."""
+    bad_key = tmp_path / "no-such.key"
+    with pytest.raises(ServiceFailed, match="exited with 2") as caught:
+        spawn_lease_server("127.0.0.1:1", tmp_path, "dies", signing_key=bad_key, timeout=600)
+    assert "no-such.key" in str(caught.value)
 
 
 def test_three_servers_never_duplicate(

@@ -53,13 +53,13 @@ def test_paused_zookeeper_leases_from_claimed_block_and_refuses_bumps(
             _wait_for(lambda: not zk.connected, "the server to see ZooKeeper SUSPENDED")
             during = [client.lease() for _ in range(20)]  # from the block claimed before
             with pytest.raises(LeaseServiceUnavailable):
-                client.bump(first.pid, first.generation)
+                client.bump(first.pid, first.generation, first.secret)
         finally:
             for i in range(3):
                 zk_ensemble3.resume(i)
         _wait_for(lambda: zk.connected, "the server to reconnect to ZooKeeper")
     with LeaseClient(server.address, retries=20, backoff_s=0.1) as client:
-        bumped = client.bump(first.pid, first.generation)
+        bumped = client.bump(first.pid, first.generation, first.secret)
         assert bumped.generation == first.generation + 1
         after = [client.lease() for _ in range(60)]  # needs a new block: claimed after reconnect
     pids = [lease.pid for lease in [first, *during, *after]]
