@@ -222,6 +222,8 @@ def test_rejects_table_commits_the_same_way(tmp_path: Path) -> None:
     assert commit_batch(path, "rejects", Q, 0, [staged])
     assert not commit_batch(path, "rejects", Q, 0, [staged])
     assert read_delta_rejects(path).equals(rows)
+    stored = DeltaTable(path).to_pyarrow_table()
+    assert stored["batch"].to_pylist() == [0, 0, 0]
 
 
 # Operations of the property test: ("run", b) stages and commits batch b; ("replay", b) re-runs

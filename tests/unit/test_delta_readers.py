@@ -17,7 +17,7 @@ from pidfence.spark_sink.delta_readers import (
     read_delta_rejects,
     rejects_from,
 )
-from pidfence.spark_sink.delta_table import DELTA_LOG_SCHEMA, DELTA_REJECTS_SCHEMA, open_table
+from pidfence.spark_sink.delta_table import DELTA_LOG_SCHEMA, REJECTS_PUBLIC_SCHEMA, open_table
 from tests.unit.test_delta_commit import Q, expected, run_batch, stage
 from tests.unit.test_delta_table import reject_rows
 
@@ -90,9 +90,11 @@ def test_rejects_reads(tmp_path: Path) -> None:
     )
     commit_batch(path, "rejects", Q, 0, [stage_file(path, "rejects", Q, 0, "t", 0, rows)])
     table = read_delta_rejects(path)
-    assert table.schema.equals(DELTA_REJECTS_SCHEMA)
+    assert table.schema.equals(REJECTS_PUBLIC_SCHEMA)
     assert table.equals(rows)
     fences = rejects_from(path, "t", 0, 11, ["FENCE"])
+    assert fences["batch"].to_pylist() == [0, 0]
+    assert fences["pf"].null_count == 2
     assert fences["kafka_offset"].to_pylist() == [12, 14]
     assert (
         rejects_from(path, "t", 0, -1)["verdict"].to_pylist() == ["FENCE"] * 3 + ["DUPLICATE"] * 2

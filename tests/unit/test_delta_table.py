@@ -12,6 +12,7 @@ from deltalake.exceptions import TableNotFoundError
 from pidfence.spark_sink.delta_table import (
     DELTA_LOG_SCHEMA,
     DELTA_REJECTS_SCHEMA,
+    REJECTS_PUBLIC_SCHEMA,
     FORMAT_KEY,
     TABLE_KEY,
     TS_TYPE,
@@ -21,7 +22,7 @@ from pidfence.spark_sink.delta_table import (
     StagedFileMissing,
     open_table,
 )
-from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_SCHEMA
+from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_FILE_SCHEMA, REJECTS_SCHEMA
 from pidfence.wire import PidfenceError
 
 
@@ -56,7 +57,10 @@ def reject_rows(topic: str, partition: int, start: int, n: int, verdict: str) ->
 def test_schema_is_the_sinks_output_schema() -> None:
     # The Delta tables hold exactly the columns and types of read_log / read_rejects.
     assert DELTA_LOG_SCHEMA.equals(LOG_SCHEMA)
-    assert DELTA_REJECTS_SCHEMA.equals(REJECTS_SCHEMA)
+    assert REJECTS_PUBLIC_SCHEMA.equals(REJECTS_SCHEMA)
+    # The rejects table keeps what the sink's rejects files keep (pf), plus the batch id.
+    assert DELTA_REJECTS_SCHEMA.names == [*REJECTS_FILE_SCHEMA.names, "batch"]
+    assert DELTA_REJECTS_SCHEMA.field("pf").type == REJECTS_FILE_SCHEMA.field("pf").type
 
 
 def test_create_then_reopen(tmp_path: Path) -> None:
@@ -68,7 +72,7 @@ def test_create_then_reopen(tmp_path: Path) -> None:
     again = open_table(path, "log")
     assert again.version() == 0
     rejects = open_table(str(tmp_path / "out" / "_rejects"), "rejects")
-    assert pa.schema(rejects.schema().to_arrow()).names[-1] == "verdict"
+    assert pa.schema(rejects.schema().to_arrow()).names[-3:] == ["verdict", "pf", "batch"]
     # A Delta reader sees an empty table of the right schema.
     assert DeltaTable(path).to_pyarrow_table().num_rows == 0
 
@@ -132,6 +136,10 @@ def test_refuses_manifest_layout_and_stray_files(tmp_path: Path) -> None:
     (tmp_path / "s" / "part-0.parquet").write_bytes(b"x")
     with pytest.raises(NotPidfenceTable, match="not empty and not a Delta table"):
         open_table(str(tmp_path / "s"), "log")
+    # pidfence's own hidden directories (state, staging, a nested rejects table) are fine.
+    (tmp_path / "h" / "_state" / "t~0").mkdir(parents=True)
+    (tmp_path / "h" / "_pidfence").mkdir()
+    assert open_table(str(tmp_path / "h"), "log").version() == 0
     assert not (tmp_path / "m" / "_delta_log").exists()
     assert not (tmp_path / "s" / "_delta_log").exists()
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime, timedelta
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -44,6 +45,7 @@ from pidfence.spark_sink.delta_table import (
     DeltaCommitConflict,
     ForeignCommit,
     Location,
+    TS_TYPE,
     StagedFileMissing,
     TableKind,
     open_table,
@@ -54,6 +56,7 @@ from pidfence.spark_sink.delta_table import (
 CARE_OPERATIONS: Final = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
 #: Columns without min/max statistics (Delta keeps none for binary columns).
 NO_STATS: Final = frozenset({"key", "value"})
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 #: Commit attempts over concurrent table care before giving up with a conflict.
 MAX_ATTEMPTS: Final = 8
 
@@ -103,7 +106,7 @@ def _stat(value: pa.Scalar, bound: str) -> Any:
         # Delta keeps timestamp statistics in milliseconds: round outwards so they still bound.
         micros = int(value.cast(pa.int64()).as_py())
         millis = micros // 1000 if bound == "min" else -(-micros // 1000)
-        stamp = pa.scalar(millis * 1000, pa.int64()).cast(pa.timestamp("us", tz="UTC")).as_py()
+        stamp = pa.scalar(millis * 1000, pa.int64()).cast(TS_TYPE).as_py()
         return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z"
     return value.as_py()
 
@@ -133,6 +136,68 @@ def file_stats(table: pa.Table) -> str:
     )
 
 
+def _bound(value: Any, bound: str) -> Any:
+    if isinstance(value, datetime):
+        micros = (value - _EPOCH) // timedelta(microseconds=1)
+        return _stat(pa.scalar(micros, pa.int64()).cast(TS_TYPE), bound)
+    return value
+
+
+def footer_stats(loc: Location, rel: str) -> str:
+    """Delta ``stats`` JSON of a Parquet file from its footer (no data read).
+
+    Falls back to reading the file's non-binary columns when a row group has no statistics for
+    one of them (a missing bound would hide the file from filtered reads, see
+    :func:`file_stats`).
+    """
+    meta = pq.read_metadata(loc.join(rel), filesystem=loc.fs)
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in NO_STATS:
+            continue
+        count = 0
+        for g in range(meta.num_row_groups):
+            st = meta.row_group(g).column(i).statistics
+            if st is None or not st.has_null_count:
+                table = pq.read_table(
+                    loc.join(rel),
+                    filesystem=loc.fs,
+                    columns=[n for n in names if n not in NO_STATS],
+                )
+                return file_stats(table)
+            count += st.null_count
+            if st.has_min_max:
+                lo, hi = _bound(st.min, "min"), _bound(st.max, "max")
+                mins[name] = lo if name not in mins else min(mins[name], lo)
+                maxs[name] = hi if name not in maxs else max(maxs[name], hi)
+            elif st.null_count < meta.row_group(g).num_rows:
+                table = pq.read_table(
+                    loc.join(rel),
+                    filesystem=loc.fs,
+                    columns=[n for n in names if n not in NO_STATS],
+                )
+                return file_stats(table)
+        nulls[name] = count
+    return json.dumps(
+        {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
+        sort_keys=True,
+    )
+
+
+def with_private_columns(rows: pa.Table, kind: TableKind, batch_id: int) -> pa.Table:
+    """``rows`` in the table's column order and types; a rejects table gets ``batch`` (and a
+    null ``pf`` when the rows have none)."""
+    if kind == "rejects":
+        if "pf" not in rows.column_names:
+            rows = rows.append_column("pf", pa.nulls(rows.num_rows, pa.binary()))
+        if "batch" not in rows.column_names:
+            rows = rows.append_column("batch", pa.array([batch_id] * rows.num_rows, pa.int64()))
+    return rows.select(schema_of(kind).names).cast(schema_of(kind))
+
+
 def stage_file(
     path: str,
     kind: TableKind,
@@ -151,7 +216,7 @@ def stage_file(
         rows: the rows, in the table's column order and types (cast here otherwise).
     """
     loc = Location.at(path, storage_options)
-    table = rows.select(schema_of(kind).names).cast(schema_of(kind))
+    table = with_private_columns(rows, kind, batch_id)
     name = file_name(topic, partition)
     directory = loc.join(staging_dir(query_id, batch_id))
     loc.fs.create_dir(directory, recursive=True)
@@ -161,22 +226,34 @@ def stage_file(
     return StagedFile(name, table.num_rows, int(size), file_stats(table))
 
 
-def _publish(loc: Location, query_id: str, batch_id: int, staged: StagedFile) -> AddAction:
-    """Move a staged file into ``data/`` (a re-run moves identical bytes over it)."""
-    rel = f"{data_dir(query_id, batch_id)}/{staged.name}"
-    src = loc.join(staging_dir(query_id, batch_id), staged.name)
-    dst = loc.join(rel)
+@dataclass(frozen=True)
+class Move:
+    """A staged file to add: where it was staged and where it goes (relative to the root).
+
+    ``stats`` is the Delta statistics JSON when the stager computed it; otherwise the commit
+    reads it from the file's Parquet footer.
+    """
+
+    src: str
+    dst: str
+    stats: str | None = None
+
+
+def _publish(loc: Location, query_id: str, batch_id: int, move: Move) -> AddAction:
+    """Move a staged file into place (a re-run moves identical rows over it) and describe it."""
+    src, dst = loc.join(move.src), loc.join(move.dst)
     if loc.fs.get_file_info(src).type == pafs.FileType.File:
         loc.fs.create_dir(dst.rpartition("/")[0], recursive=True)
         loc.fs.move(src, dst)
     info = loc.fs.get_file_info(dst)
     if info.type != pafs.FileType.File:
         raise StagedFileMissing(
-            f"batch {batch_id} of query {query_id}: {staged.name} is neither staged nor in "
-            "place (removed by a cleanup?); nothing was committed. Re-run the batch."
+            f"batch {batch_id} of query {query_id}: {move.src} is neither staged nor in place "
+            f"at {move.dst} (removed by a cleanup?); nothing was committed. Re-run the batch."
         )
     mtime_ms = int(info.mtime_ns // 1_000_000) if info.mtime_ns is not None else 0
-    return AddAction(rel, int(info.size), {}, mtime_ms, True, staged.stats)
+    stats = move.stats if move.stats is not None else footer_stats(loc, move.dst)
+    return AddAction(move.dst, int(info.size), {}, mtime_ms, True, stats)
 
 
 def committed_version(dt: DeltaTable, query_id: str) -> int | None:
@@ -242,7 +319,42 @@ def commit_batch(
     info: dict[str, Any] | None = None,
     hook: Hook | None = None,
 ) -> bool:
-    """Driver side: add the batch's staged files to the table in one Delta commit.
+    """Driver side: add the files :func:`stage_file` staged for a batch, in one Delta commit.
+
+    See :func:`commit_moves` (this names the moves ``staging → data/QUERY/BATCH/``).
+    """
+    moves = [
+        Move(
+            f"{staging_dir(query_id, batch_id)}/{f.name}",
+            f"{data_dir(query_id, batch_id)}/{f.name}",
+            f.stats,
+        )
+        for f in files
+    ]
+    return commit_moves(
+        path,
+        kind,
+        query_id,
+        batch_id,
+        moves,
+        storage_options=storage_options,
+        info=info,
+        hook=hook,
+    )
+
+
+def commit_moves(
+    path: str,
+    kind: TableKind,
+    query_id: str,
+    batch_id: int,
+    moves: Sequence[Move],
+    *,
+    storage_options: dict[str, str] | None = None,
+    info: dict[str, Any] | None = None,
+    hook: Hook | None = None,
+) -> bool:
+    """Driver side: move the batch's staged files into place and add them in one Delta commit.
 
     The commit carries ``Transaction(query_id, batch_id)``. Returns True if this call committed
     the batch, False if it was already committed (then nothing changes, and leftover staged
@@ -270,7 +382,7 @@ def commit_batch(
             _drop_staging(loc, query_id, batch_id)
             return False
         check_no_foreign_commits(dt, loc.uri)
-        adds = [_publish(loc, query_id, batch_id, f) for f in files]
+        adds = [_publish(loc, query_id, batch_id, m) for m in moves]
         if hook is not None:
             hook("published")
         props = CommitProperties(

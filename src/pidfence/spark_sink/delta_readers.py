@@ -13,7 +13,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from deltalake import DeltaTable
 
-from pidfence.spark_sink.delta_table import TableKind, open_table, schema_of
+from pidfence.spark_sink.delta_table import (
+    REJECTS_PUBLIC_SCHEMA,
+    TableKind,
+    open_table,
+    schema_of,
+)
 
 _LOG_ORDER = [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "ascending")]
 _REJECT_ORDER = [("topic", "ascending"), ("partition", "ascending"), ("kafka_offset", "ascending")]
@@ -48,7 +53,8 @@ def read_delta_rejects(path: str, *, storage_options: dict[str, str] | None = No
     Args:
         path: the rejects table's root (the sink's ``rejectsPath``, default ``<path>/_rejects``).
     """
-    return _read(path, "rejects", None, None, storage_options).sort_by(_REJECT_ORDER)
+    names = REJECTS_PUBLIC_SCHEMA.names
+    return _read(path, "rejects", None, names, storage_options).sort_by(_REJECT_ORDER)
 
 
 def _partition(topic: str, partition: int) -> pc.Expression:
@@ -81,10 +87,8 @@ def rejects_from(
     *,
     storage_options: dict[str, str] | None = None,
 ) -> pa.Table:
-    """One partition's committed rejects after ``after_kafka_offset`` (optionally of some verdicts).
-
-    The roll-forward needs the ``FENCE`` rejects newer than the snapshot's last Kafka offset.
-    """
+    """One partition's committed rejects after ``after_kafka_offset`` (optionally of some verdicts),
+    with every column of the rejects table (``pf`` and ``batch`` too)."""
     where = _partition(topic, partition) & (pc.field("kafka_offset") > after_kafka_offset)
     if verdicts is not None:
         where = where & pc.field("verdict").isin(verdicts)

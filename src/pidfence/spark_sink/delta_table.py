@@ -43,8 +43,13 @@ DELTA_LOG_SCHEMA: Final = pa.schema(
         ("timestamp", TS_TYPE),
     ]
 )
-#: The rejects log: the log's columns plus the verdict.
-DELTA_REJECTS_SCHEMA: Final = DELTA_LOG_SCHEMA.append(pa.field("verdict", pa.string()))
+#: What ``read_rejects`` returns: the log's columns plus the verdict.
+REJECTS_PUBLIC_SCHEMA: Final = DELTA_LOG_SCHEMA.append(pa.field("verdict", pa.string()))
+#: The rejects table also keeps the raw ``pf`` header (state replays re-check it) and the batch
+#: that committed each reject (a committed part's rejects are found by it after compaction).
+DELTA_REJECTS_SCHEMA: Final = REJECTS_PUBLIC_SCHEMA.append(pa.field("pf", pa.binary())).append(
+    pa.field("batch", pa.int64())
+)
 
 FORMAT_VERSION: Final = "1"
 TABLE_KEY: Final = "pidfence.table"
@@ -188,15 +193,18 @@ def check_table(dt: DeltaTable, kind: TableKind, where: str) -> None:
 
 
 def _refuse_non_delta(loc: Location, kind: TableKind) -> None:
-    entries = [e for e in loc.entries() if e not in (OWN_DIR, "_rejects")]
+    entries = loc.entries()
     if "_manifests" in entries:
         raise NotPidfenceTable(
             f"{loc.uri} holds pidfence's manifest layout (_manifests/); the Delta layout needs "
             "a new path (or keep tableFormat=manifest for this one)"
         )
-    if entries:
+    # Names starting with "_" or "." are invisible to Delta (pidfence's own _pidfence/, _state/,
+    # a nested _rejects table); anything else would become an orphan that VACUUM deletes.
+    visible = [e for e in entries if not e.startswith(("_", "."))]
+    if visible:
         raise NotPidfenceTable(
-            f"{loc.uri} is not empty and not a Delta table ({', '.join(entries[:5])}); "
+            f"{loc.uri} is not empty and not a Delta table ({', '.join(visible[:5])}); "
             f"refusing to create the pidfence {kind} table over other files"
         )
 
