@@ -12,8 +12,8 @@ from deltalake.exceptions import TableNotFoundError
 from pidfence.spark_sink.delta_table import (
     DELTA_LOG_SCHEMA,
     DELTA_REJECTS_SCHEMA,
-    REJECTS_PUBLIC_SCHEMA,
     FORMAT_KEY,
+    REJECTS_PUBLIC_SCHEMA,
     TABLE_KEY,
     TS_TYPE,
     DeltaCommitConflict,

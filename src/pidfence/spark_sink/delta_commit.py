@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime, timedelta
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import pyarrow as pa
@@ -40,12 +40,12 @@ from deltalake.transaction import AddAction, PostCommitHookProperties
 from pidfence.spark_sink.delta_table import (
     DATA_DIR,
     STAGING_DIR,
+    TS_TYPE,
     WRITER,
     WRITER_KEY,
     DeltaCommitConflict,
     ForeignCommit,
     Location,
-    TS_TYPE,
     StagedFileMissing,
     TableKind,
     open_table,
