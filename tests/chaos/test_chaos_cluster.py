@@ -40,7 +40,7 @@ def test_kafka_broker_killed_and_restarted_loses_nothing(
     bounce = Bounce(
         "kafka broker 1",
         when=lambda: role.acked() >= RECORDS // 4,
-        kill=lambda: kafka_cluster3.kill(1),
+        kill=kafka_cluster3[1].kill,  # the fault hooks live on the node
         restart=lambda: kafka_cluster3.restart(1),
         down_s=3.0,
     )
@@ -70,8 +70,8 @@ def test_zookeeper_node_killed_while_producer_resumes(
         bounce = Bounce(
             "zookeeper node 0",
             when=lambda: role.acked() >= 400,
-            kill=lambda: zk_ensemble3.kill(0),
-            restart=lambda: zk_ensemble3.restart(0),
+            kill=zk_ensemble3[0].kill,
+            restart=zk_ensemble3[0].restart,
             down_s=5.0,
         )
         # The crash comes while node 0 is down: resume's bump is a ZooKeeper compare-and-set.
