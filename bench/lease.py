@@ -21,6 +21,7 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -31,7 +32,7 @@ import msgpack
 from rich.progress import Progress
 
 from pidfence.benchkit import BenchReport
-from pidfence.pid_allocator import spawn_lease_server
+from pidfence.services.lease_server import spawn_lease_server
 from pidfence.services.ports import free_port
 from pidfence.services.zookeeper import ZooKeeperEnsemble
 
@@ -128,7 +129,11 @@ def _contender(
 ) -> dict[str, Any]:
     chroot = _chroot(zk_hosts)
     ports = [free_port() for _ in range(servers)]
-    handles = [spawn_lease_server(chroot, block_size=block_size, metrics_port=p) for p in ports]
+    logs = Path(tempfile.mkdtemp(prefix="pidfence-bench-lease-"))
+    handles = [
+        spawn_lease_server(chroot, logs, f"lease-{i}", block_size=block_size, metrics_port=p)
+        for i, p in enumerate(ports)
+    ]
     try:
         addresses = [h.address for h in handles]
         _drive(addresses, CLIENTS * 20)  # warm-up: connections, first claims

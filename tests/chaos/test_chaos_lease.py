@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from pidfence.demo.faults import KillAndResume, drive
-from pidfence.demo.procs import spawn_lease_server
 from pidfence.demo.topic import create_topic
+from pidfence.services.lease_server import spawn_lease_server
 from tests.chaos.conftest import ChaosKit
 
 pytestmark = pytest.mark.timeout(240)
@@ -18,7 +18,9 @@ pytestmark = pytest.mark.timeout(240)
 def test_one_of_two_lease_servers_killed_producer_fails_over(
     chaos: ChaosKit, kafka: Any, new_topic: Any, zk_chroot: str, spark: Any, stop_all: Any
 ) -> None:
-    servers = [spawn_lease_server(zk_chroot, chaos.logs, name=f"lease-{i}") for i in range(2)]
+    servers = [
+        spawn_lease_server(zk_chroot, chaos.logs, name=f"lease-{i}", wait=False) for i in range(2)
+    ]
     try:
         for server in servers:
             server.wait_listening()
@@ -56,7 +58,9 @@ def test_lease_expiry_while_paused_rejects_late_records(
         config={"message.timestamp.type": "LogAppendTime"},
     )
     lifetime_s = 6
-    server = spawn_lease_server(zk_chroot, chaos.logs, name="lease", lifetime=f"{lifetime_s}s")
+    server = spawn_lease_server(
+        zk_chroot, chaos.logs, name="lease", lifetime_ms=lifetime_s * 1000, wait=False
+    )
     try:
         server.wait_listening()
         # A steady rate and no checkpoint flushes: librdkafka always holds lingering records,
