@@ -148,18 +148,15 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
     Args:
         options: the sink's options.
         query_id: the streaming query's id when known at start (read from the checkpoint); the
-            path is claimed for it and its own unfinished batch is cleaned before any task runs.
+            path is claimed for it before any task runs.
     """
 
     def __init__(self, options: SinkOptions, query_id: str | None = None) -> None:
         self.options = options
         if query_id is not None:
-            layout = self.layout()
-            owner.claim(layout.store, query_id)
-            committed = manifest_ids(layout.store)
-            next_batch = (committed[-1] + 1) if committed else 0
-            # Leftovers of this query's previous run: only its in-flight batch can have any.
-            layout.discard(next_batch, _prefix(query_id), keep=set())
+            # Spark builds a writer at start and again in the process that runs commit(), so
+            # this only claims; leftovers of a dead attempt go when its batch commits.
+            owner.claim(self.layout().store, query_id)
 
     def layout(self) -> ParquetLayout:
         """The storage layout of this sink."""
