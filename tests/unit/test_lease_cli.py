@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from pidfence.cli import app
 from pidfence.cli.lease import parse_duration_ms, parse_listen
+from pidfence.pid_allocator import LeaseServerThread, MemoryCoordinator
 
 
 @pytest.mark.parametrize(
@@ -35,4 +39,38 @@ def test_bad_options_exit_with_usage_error() -> None:
     assert result.exit_code == 2
     assert "duration" in result.output
     result = CliRunner().invoke(app, ["lease-server", "--zk", "h:1", "--log-format", "xml"])
+    assert result.exit_code == 2
+
+
+def test_keys_generate(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["keys", "generate", str(tmp_path / "k")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "k" / "lease-signing.key").stat().st_mode & 0o077 == 0
+    again = CliRunner().invoke(app, ["keys", "generate", str(tmp_path / "k")])
+    assert again.exit_code == 1
+    assert "never overwritten" in again.output
+
+
+def test_health_exits_zero_only_on_a_ping_reply() -> None:
+    with LeaseServerThread(None, coordinator=MemoryCoordinator()) as server:
+        ok = CliRunner().invoke(app, ["lease-server", "--health", server.address])
+        assert ok.exit_code == 0, ok.output
+        assert "now_ms=" in ok.output
+    with socket.socket() as silent:  # accepts TCP connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(5)
+        host, port = silent.getsockname()
+        result = CliRunner().invoke(
+            app, ["lease-server", "--health", f"{host}:{port}", "--timeout", "0.5"]
+        )
+    assert result.exit_code == 1
+
+
+def test_unreadable_auth_tokens_exit_2(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("producer short\n")
+    tokens.chmod(0o600)
+    result = CliRunner().invoke(
+        app, ["lease-server", "--zk", "127.0.0.1:1", "--auth-tokens", str(tokens)]
+    )
     assert result.exit_code == 2

@@ -1,0 +1,110 @@
+"""``pidfence.wire.cert``: lease certificates, every bad-input reason, key files, key rotation."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import msgpack
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pidfence.wire import (
+    KeyFileError,
+    encode_cert,
+    generate_keypair,
+    load_private_key,
+    load_public_keys,
+    verify_cert,
+)
+
+KEY = Ed25519PrivateKey.generate()
+OTHER = Ed25519PrivateKey.generate()
+PUBLIC = [KEY.public_key()]
+
+
+def test_valid_cert_verifies_and_reports_its_expiry() -> None:
+    cert = encode_cert(KEY, 7, 100, 5_000)
+    check = verify_cert(cert, PUBLIC, 7, 100, 4_999)
+    assert (check.ok, check.reason, check.expire_ms) == (True, "ok", 5_000)
+    assert len(cert) < 100
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (None, "malformed"),
+        (b"", "malformed"),
+        (b"\xc1", "malformed"),
+        (msgpack.packb({"v": 1}), "malformed"),
+        (msgpack.packb([1, 7, 100, 5_000]), "wrong_length"),
+        (msgpack.packb([1, 7, 100, 5_000, b"s" * 64, 0]), "wrong_length"),
+        (msgpack.packb([1, 7, 100, 5_000, b"s" * 63]), "wrong_length"),
+        (msgpack.packb([2, 7, 100, 5_000, b"s" * 64]), "malformed"),
+        (msgpack.packb([1, "7", 100, 5_000, b"s" * 64]), "malformed"),
+        (msgpack.packb([1, 7, 100, 5_000, "s" * 64]), "malformed"),
+        (b"\x00" * 300, "malformed"),
+        (encode_cert(KEY, 8, 100, 5_000), "other_identity"),
+        (encode_cert(KEY, 7, 101, 5_000), "other_identity"),
+        (encode_cert(KEY, 7, 100, 4_000), "expired"),
+        (encode_cert(OTHER, 7, 100, 5_000), "unknown_key"),
+    ],
+)
+def test_every_bad_cert_has_its_reason(data: bytes | None, reason: str) -> None:
+    check = verify_cert(data, PUBLIC, 7, 100, 4_500)
+    assert (check.ok, check.reason) == (False, reason)
+
+
+def test_a_tampered_expiry_is_an_unknown_key() -> None:
+    fields = msgpack.unpackb(encode_cert(KEY, 7, 100, 5_000))
+    fields[3] = 10**12  # extend the lease without the key
+    assert verify_cert(msgpack.packb(fields), PUBLIC, 7, 100, 0).reason == "unknown_key"
+
+
+def test_rotation_accepts_any_listed_key() -> None:
+    both = [OTHER.public_key(), KEY.public_key()]
+    assert verify_cert(encode_cert(KEY, 7, 1, 9), both, 7, 1, 0).ok
+    assert verify_cert(encode_cert(OTHER, 7, 1, 9), both, 7, 1, 0).ok
+
+
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_raise_and_never_verify(data: bytes) -> None:
+    check = verify_cert(data, PUBLIC, 7, 100, 0)
+    assert not check.ok
+
+
+@given(
+    st.integers(1, 2**63 - 1),
+    st.integers(0, 2**31 - 1),
+    st.integers(1, 2**62),
+    st.integers(0, 2**62),
+)
+def test_signed_identity_round_trips(pid: int, generation: int, expire: int, now: int) -> None:
+    check = verify_cert(encode_cert(KEY, pid, generation, expire), PUBLIC, pid, generation, now)
+    assert check.ok == (now < expire)
+    assert check.reason == ("ok" if now < expire else "expired")
+
+
+def test_generate_writes_a_private_key_only_its_owner_reads(tmp_path: Path) -> None:
+    private, public = generate_keypair(tmp_path / "keys")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    key = load_private_key(private)
+    [pub] = load_public_keys([public])
+    assert verify_cert(encode_cert(key, 1, 2, 3), [pub], 1, 2, 0).ok
+    with pytest.raises(KeyFileError, match="never overwritten"):
+        generate_keypair(tmp_path / "keys")
+
+
+def test_bad_key_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(KeyFileError, match="cannot read"):
+        load_private_key(tmp_path / "missing.key")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a key")
+    with pytest.raises(KeyFileError, match="not an unencrypted PEM"):
+        load_private_key(junk)
+    with pytest.raises(KeyFileError, match="not a PEM public key"):
+        load_public_keys([junk])
+    with pytest.raises(KeyFileError, match="no public key"):
+        load_public_keys([])
