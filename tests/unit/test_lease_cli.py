@@ -74,3 +74,19 @@ def test_unreadable_auth_tokens_exit_2(tmp_path: Path) -> None:
         app, ["lease-server", "--zk", "127.0.0.1:1", "--auth-tokens", str(tokens)]
     )
     assert result.exit_code == 2
+
+
+def test_ready_file_write_leaves_nothing_behind_on_failure(tmp_path: Path) -> None:
+    from pidfence.pid_allocator.cli_main import write_ready_file
+
+    target = tmp_path / "ready"
+    write_ready_file(target, "127.0.0.1:7070")
+    assert target.read_text() == "127.0.0.1:7070"
+    with pytest.raises(OSError):
+        write_ready_file(tmp_path / "missing-dir" / "ready", "x")
+    target.chmod(0o600)
+    blocked = tmp_path / "a-dir"
+    blocked.mkdir()
+    with pytest.raises(OSError):  # replacing a directory fails after the temp file exists
+        write_ready_file(blocked, "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir", "ready"]
