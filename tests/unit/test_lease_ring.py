@@ -77,3 +77,30 @@ def test_ring_matches_a_plain_model(capacity: int, steps: list[tuple[int, int]])
         for p in range(max(0, pid - 40), pid + 2):
             live = any(mp == p for mp, _ in model)
             assert (ring.find(p, now) is not None) == live
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 30)), min_size=1, max_size=80),
+    st.integers(1, 8),
+)
+def test_no_client_ever_holds_more_than_its_share(steps: list[tuple[str, int]], share: int) -> None:
+    """Per-client counts always equal the live entries of that client, never above the share,
+    and a refusal for one client's share never refuses another client with room."""
+    ring = LeaseRing(12, share=share)
+    now, pid, lifetime = 0, 0, 50
+    live: list[tuple[str, int]] = []  # (client, expire)
+    for client, advance in steps:
+        now += advance
+        pid += 1
+        live = [(c, e) for c, e in live if e > now]
+        try:
+            ring.append(pid, 0, now + lifetime, now, client)
+        except LeaseCapacityExhausted:
+            held = sum(1 for c, _ in live if c == client)
+            assert held >= share or len(live) == 12
+            continue
+        live.append((client, now + lifetime))
+        for name in "abc":
+            count = sum(1 for c, _ in live if c == name)
+            assert ring.held_by(name) == count <= share
+        assert len(ring) == len(live)
