@@ -15,10 +15,13 @@ from pidfence.pid_allocator import (
     LeaseServerThread,
     NotOwner,
     StaleGeneration,
+    client_tls_context,
+    load_token_file,
 )
 from pidfence.services import started_pids
-from pidfence.services.lease_server import LeaseServerProcess, spawn_lease_server
+from pidfence.services.lease_server import LeasePki, LeaseServerProcess, spawn_lease_server
 from pidfence.services.process import ServiceFailed
+from pidfence.wire import load_public_keys, verify_cert
 
 
 def test_lease_bump_and_foreign_bump(
@@ -132,3 +135,32 @@ def test_three_servers_never_duplicate(
     servers = [lease_server_factory(block_size=7) for _ in range(3)]
     leases, granted = _hammer([s.address for s in servers], clients=6, leases_each=100)
     _assert_unique(leases, granted)
+
+
+def test_spawned_server_with_every_defence_on(
+    zk_chroot: str, tmp_path: Path, lease_pki: LeasePki
+) -> None:
+    """The process the demo and compose run: tokens, TLS, ZooKeeper ACLs and signing; ready means
+    a ping over TLS was answered."""
+    handle = spawn_lease_server(
+        zk_chroot,
+        tmp_path,
+        "secured",
+        auth_tokens_file=lease_pki.tokens_file,
+        tls_cert=lease_pki.server_cert,
+        tls_key=lease_pki.server_key,
+        zk_auth_file=lease_pki.zk_auth_file,
+        signing_key=lease_pki.signing_key,
+        tls_ca=lease_pki.ca,
+    )
+    try:
+        token = load_token_file(lease_pki.token_files["producer"])
+        tls = client_tls_context(lease_pki.ca)
+        with LeaseClient(handle.address, token=token, tls=tls) as client:
+            lease = client.lease()
+            successor = client.roll(lease.pid, lease.generation, lease.secret)
+        keys = load_public_keys([lease_pki.public_key])
+        assert verify_cert(successor.cert, keys, successor.pid, successor.generation, 0).ok
+    finally:
+        handle.stop()
+    assert handle.proc.exit_code() == 0

@@ -27,4 +27,27 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"private key: {private_path} (give it to: pidfence lease-server --signing-key)")
         typer.echo(f"public key:  {public_path} (give it to: pidfence sink --lease-public-key)")
 
+    @keys.command("pki")
+    def pki(
+        directory: Annotated[Path, typer.Argument(help="Where to write everything")],
+        host: Annotated[
+            list[str] | None, typer.Option(help="DNS name for the server certificate (repeat)")
+        ] = None,
+        client: Annotated[
+            list[str] | None, typer.Option(help="Token name to make (repeat)")
+        ] = None,
+    ) -> None:
+        """A throw-away CA, lease-server and client certificates, auth tokens, a ZooKeeper
+        password and a signing key pair (demo, compose, tests; not for production)."""
+        from pidfence.services.lease_server import make_lease_pki
+
+        made = make_lease_pki(
+            directory,
+            clients=tuple(client or ("producer", "sink", "other")),
+            hosts=tuple(host or ("localhost",)),
+        )
+        typer.echo(f"ca: {made.ca}\nauth tokens: {made.tokens_file}\nzk auth: {made.zk_auth_file}")
+        for name, path in made.token_files.items():
+            typer.echo(f"token of {name}: {path}")
+
     app.add_typer(keys, name="keys")

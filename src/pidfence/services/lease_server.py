@@ -243,9 +243,18 @@ def _write_private(path: Path, data: bytes) -> Path:
     return path
 
 
-def make_lease_pki(directory: Path, clients: tuple[str, ...] = ("producer", "other")) -> LeasePki:
+def make_lease_pki(
+    directory: Path,
+    clients: tuple[str, ...] = ("producer", "other"),
+    hosts: tuple[str, ...] = ("localhost",),
+) -> LeasePki:
     """Make a throw-away CA, server and client certificates, auth tokens, a ZooKeeper password
     and a signing key pair in ``directory`` (for tests, the demo and compose). Secrets are 0600.
+
+    Args:
+        directory: where the files go (created).
+        clients: token names to make.
+        hosts: DNS names in the server certificate (127.0.0.1 is always in it).
     """
     import datetime
     import ipaddress
@@ -292,7 +301,7 @@ def make_lease_pki(directory: Path, clients: tuple[str, ...] = ("producer", "oth
             builder = builder.add_extension(
                 x509.SubjectAlternativeName(
                     [
-                        x509.DNSName("localhost"),
+                        *(x509.DNSName(host) for host in hosts),
                         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
                     ]
                 ),
