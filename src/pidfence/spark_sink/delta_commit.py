@@ -55,7 +55,7 @@ from pidfence.spark_sink.delta_table import (
 #: Operations that change no rows; a sink commit may land after them.
 CARE_OPERATIONS: Final = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
 #: Columns without min/max statistics (Delta keeps none for binary columns).
-NO_STATS: Final = frozenset({"key", "value"})
+NO_STATS: Final = frozenset({"key", "value", "pf"})
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 #: Commit attempts over concurrent table care before giving up with a conflict.
 MAX_ATTEMPTS: Final = 8

@@ -248,3 +248,19 @@ def open_table(
                 raise exc from None
     check_table(dt, kind, loc.uri)
     return dt
+
+
+def check_path(path: str, kind: TableKind, storage_options: dict[str, str] | None = None) -> bool:
+    """Whether ``path`` holds a pidfence table of ``kind`` (True) or may get one (False).
+
+    Writes nothing. Raises :class:`NotPidfenceTable` like :func:`open_table` would, so a caller
+    can check every table of a sink before creating any of them.
+    """
+    loc = Location.at(path, storage_options)
+    try:
+        dt = DeltaTable(loc.uri, storage_options=storage_options)
+    except TableNotFoundError:
+        _refuse_non_delta(loc, kind)
+        return False
+    check_table(dt, kind, loc.uri)
+    return True

@@ -1,0 +1,237 @@
+"""The sink's real writer (write() and commit(), no Spark) on the Delta layout.
+
+Each test swaps the writer's layout for :class:`DeltaLayout` and checks the Delta tables with
+Delta readers alone: the log equals the per-record rules' reference, replays and crashes between
+the commit steps change nothing, and the state rebuilt from the committed Delta output (after
+compaction, with every state file lost) continues the log exactly.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from pidfence.spark_sink import delta_layout as layout_mod
+from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.delta_care import compact
+from pidfence.spark_sink.delta_layout import DeltaLayout, open_layout
+from pidfence.spark_sink.delta_readers import read_delta_log, read_delta_rejects
+from pidfence.spark_sink.delta_table import NotPidfenceTable
+from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
+from tests.unit.test_sink_process import Record, kafka_rows, make_stream, reference
+
+SETTINGS = {"capacity": "64", "lifetime": "10000000", "reorderWindow": "3", "compactEvery": "2"}
+RULES = {"capacity": 64, "lifetime_ms": 10_000_000, "reorder_window": 3}
+QUERY = "0f1e2d3c-delta-query"
+
+
+@pytest.fixture
+def writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PidfenceStreamWriter]:
+    """The sink's writer with the Delta layout, its tables opened as the driver would."""
+    options = SinkOptions.parse({"path": str(tmp_path), **SETTINGS})
+    open_layout(options.path, options.rejects_path, QUERY)
+    monkeypatch.setattr(
+        PidfenceStreamWriter,
+        "layout",
+        lambda self: DeltaLayout(self.options.path, self.options.rejects_path, QUERY),
+    )
+    yield PidfenceStreamWriter(options)
+
+
+def _write(
+    monkeypatch: pytest.MonkeyPatch,
+    w: PidfenceStreamWriter,
+    batch: int,
+    records: list[Record],
+    attempt: int = 0,
+) -> SinkCommitMessage:
+    monkeypatch.setattr(writer_mod, "_task_context", lambda: (batch, attempt, QUERY))
+    return w.write(iter(kafka_rows(records).to_batches(max_chunksize=17)))
+
+
+def _chunks(records: list[Record], size: int = 50) -> list[list[Record]]:
+    return [records[i : i + size] for i in range(0, len(records), size)]
+
+
+def _check(path: Path, records: list[Record]) -> None:
+    """The Delta tables, read by deltalake alone, hold exactly the reference output."""
+    expected, dropped = reference(records, **RULES)
+    log = DeltaTable(str(path)).to_pyarrow_table().sort_by("log_offset")
+    assert log["kafka_offset"].to_pylist() == expected
+    assert log["log_offset"].to_pylist() == list(range(len(expected)))
+    rejects = DeltaTable(str(path / "_rejects")).to_pyarrow_table()
+    got = dict(
+        zip(rejects["kafka_offset"].to_pylist(), rejects["verdict"].to_pylist(), strict=True)
+    )
+    assert len(got) == rejects.num_rows  # no reject twice
+    assert got == {k: v for k, v in dropped.items() if k <= max(o for o, _, _ in records)}
+
+
+def test_log_equals_reference_in_every_reader(
+    tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(11, 500)
+    for b, chunk in enumerate(_chunks(records)):
+        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+    _check(tmp_path, records)
+    dt = DeltaTable(str(tmp_path))
+    assert dt.transaction_version(QUERY) == len(_chunks(records)) - 1
+    assert pl.read_delta(str(tmp_path)).height == dt.to_pyarrow_table().num_rows
+    assert read_delta_log(str(tmp_path)).num_rows == dt.to_pyarrow_table().num_rows
+    # Only Delta's own files and pidfence's hidden directory under the table root.
+    visible = {p.name for p in tmp_path.iterdir() if not p.name.startswith("_")}
+    assert visible == {"data"}
+
+
+def test_replayed_and_recommitted_batches_change_nothing(
+    tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(3, 200)
+    chunks = _chunks(records)
+    for b, chunk in enumerate(chunks):
+        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+    versions = (
+        DeltaTable(str(tmp_path)).version(),
+        DeltaTable(str(tmp_path / "_rejects")).version(),
+    )
+    last = len(chunks) - 1
+    msg = _write(monkeypatch, writer, last, chunks[last], attempt=1)  # Spark re-runs the batch
+    assert msg.committed
+    writer.commit([msg], last)
+    writer.commit([msg], last)
+    assert (
+        DeltaTable(str(tmp_path)).version(),
+        DeltaTable(str(tmp_path / "_rejects")).version(),
+    ) == versions
+    _check(tmp_path, records)
+
+
+class Crash(Exception):
+    """The driver dies here."""
+
+
+def test_crash_between_the_rejects_and_the_log_commit(
+    tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(5, 300)
+    chunks = _chunks(records)
+    real = layout_mod.commit_moves
+
+    def die_before_log(path: str, kind: str, *args: Any, **kwargs: Any) -> bool:
+        if kind == "log":
+            raise Crash(kind)
+        return real(path, kind, *args, **kwargs)  # type: ignore[arg-type]
+
+    for b, chunk in enumerate(chunks):
+        msg = _write(monkeypatch, writer, b, chunk)
+        if b == 2:
+            monkeypatch.setattr(layout_mod, "commit_moves", die_before_log)
+            with pytest.raises(Crash):
+                writer.commit([msg], b)
+            monkeypatch.setattr(layout_mod, "commit_moves", real)
+            # Not committed: the log has batch 1 as its newest; the re-run writes a new attempt.
+            assert DeltaTable(str(tmp_path)).transaction_version(QUERY) == 1
+            assert DeltaTable(str(tmp_path / "_rejects")).transaction_version(QUERY) == 2
+            msg = _write(monkeypatch, writer, b, chunk, attempt=1)
+            assert not msg.committed
+        writer.commit([msg], b)
+    _check(tmp_path, records)
+
+
+def test_crash_after_staging_then_rerun(
+    tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(7, 300)
+    chunks = _chunks(records)
+    for b, chunk in enumerate(chunks):
+        msg = _write(monkeypatch, writer, b, chunk)
+        if b == 3:
+            # The driver died before commit(): Spark re-runs the whole batch after a restart.
+            msg = _write(monkeypatch, writer, b, chunk, attempt=1)
+        writer.commit([msg], b)
+    _check(tmp_path, records)
+    staged = list((tmp_path / "_pidfence" / "data").rglob("*.parquet"))
+    assert staged == []  # the dead attempt's files were discarded with the commit
+
+
+def test_state_rebuilt_from_the_delta_output_after_compaction(
+    tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(13, 600)
+    chunks = _chunks(records, 40)
+    half = len(chunks) // 2
+    for b, chunk in enumerate(chunks[:half]):
+        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+    compact(str(tmp_path))
+    compact(str(tmp_path / "_rejects"), "rejects")
+    # Every state file is lost: the next batch rebuilds the state from the committed output
+    # (the compacted Delta rows plus the committed held records).
+    shutil.rmtree(tmp_path / "_pidfence" / "_state")
+    for b, chunk in enumerate(chunks[half:], start=half):
+        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+    _check(tmp_path, records)
+
+
+def test_read_part_finds_compacted_rows(
+    tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(17, 200)
+    for b, chunk in enumerate(_chunks(records)):
+        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+    layout = DeltaLayout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
+    before = {
+        (b, kind): layout.read_part(b, part, kind)
+        for b in range(4)
+        for part in layout.committed(b)["parts"]  # type: ignore[index]
+        for kind in ("log", "rejects", "held")
+    }
+    compact(str(tmp_path))
+    compact(str(tmp_path / "_rejects"), "rejects")
+    assert len(DeltaTable(str(tmp_path)).file_uris()) == 1
+    layout = DeltaLayout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
+    for (b, kind), table in before.items():
+        part = layout.committed(b)["parts"][0]  # type: ignore[index]
+        again = layout.read_part(b, part, kind)
+        assert (again is None) == (table is None)
+        if table is not None and again is not None:
+            assert again.equals(table)
+
+
+def test_uncommitted_manifest_is_not_a_committed_batch(
+    tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_stream(19, 150)
+    chunks = _chunks(records)
+    writer.commit([_write(monkeypatch, writer, 0, chunks[0])], 0)
+    msg = _write(monkeypatch, writer, 1, chunks[1])
+    real = layout_mod.commit_moves
+
+    def die(*args: Any, **kwargs: Any) -> bool:
+        raise Crash("before any Delta commit")
+
+    monkeypatch.setattr(layout_mod, "commit_moves", die)
+    with pytest.raises(Crash):
+        writer.commit([msg], 1)
+    monkeypatch.setattr(layout_mod, "commit_moves", real)
+    layout = DeltaLayout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
+    assert (tmp_path / "_pidfence" / "_manifests" / f"{1:020d}.json").exists()
+    assert layout.committed(1) is None
+    assert layout.last_committed_before(5) == 0
+    assert read_delta_rejects(str(tmp_path / "_rejects")).num_rows == len(
+        [k for k in reference(chunks[0], **RULES)[1]]
+    )
+
+
+def test_open_refuses_a_foreign_table(tmp_path: Path) -> None:
+    write_deltalake(str(tmp_path), pa.table({"x": [1]}))
+    with pytest.raises(NotPidfenceTable):
+        open_layout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
+    assert not (tmp_path / "_rejects").exists()
