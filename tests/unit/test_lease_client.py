@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,9 @@ from pidfence.pid_allocator import (
     LeaseServiceUnavailable,
     MemoryCoordinator,
     NotOwner,
+    SecretFileError,
     StaleGeneration,
+    lease_client_options,
 )
 from pidfence.services.ports import free_port
 
@@ -100,3 +103,20 @@ def test_unavailable_is_retried_then_raised(
 def test_bad_server_lists_are_refused(servers: str | list[str]) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         LeaseClient(servers)
+
+
+def test_client_options_from_files_and_environment(tmp_path: Path) -> None:
+    token_file = tmp_path / "t"
+    value = "token-123456-abcdef"
+    token_file.write_text(f"{value}\n")
+    token_file.chmod(0o600)
+    assert lease_client_options(token_file, env={})["token"] == value
+    env = {"PIDFENCE_LEASE_TOKEN_FILE": str(token_file)}
+    assert lease_client_options(env=env)["token"] == value
+    assert lease_client_options(env={"PIDFENCE_LEASE_TOKEN": "abc"}) == {
+        "token": "abc",
+        "tls": None,
+    }
+    token_file.chmod(0o644)
+    with pytest.raises(SecretFileError, match="chmod 600"):
+        lease_client_options(token_file, env={})

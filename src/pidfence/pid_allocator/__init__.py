@@ -23,6 +23,7 @@ from pidfence.pid_allocator.runtime import LeaseServerThread, RunningServer, sta
 from pidfence.pid_allocator.security import (
     SecretFileError,
     client_tls_context,
+    lease_client_options,
     load_token_file,
     server_tls_context,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "Lease",
     "LeaseClient",
     "client_tls_context",
+    "lease_client_options",
     "load_token_file",
     # errors
     "LeaseError",

@@ -10,10 +10,13 @@ File formats (each file should be mode 0600; a group- or world-readable one is r
 
 from __future__ import annotations
 
+import os
 import re
 import ssl
 import stat
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pidfence.wire import PidfenceError
 
@@ -125,3 +128,40 @@ def client_tls_context(
     except (OSError, ssl.SSLError) as exc:
         raise SecretFileError(f"TLS setup failed ({ca}, {cert}): {exc}") from None
     return context
+
+
+#: Environment variables ``lease_client_options`` reads when no file is given.
+TOKEN_ENV = "PIDFENCE_LEASE_TOKEN"  # noqa: S105 - a variable name
+TOKEN_FILE_ENV = "PIDFENCE_LEASE_TOKEN_FILE"  # noqa: S105 - a variable name
+TLS_CA_ENV = "PIDFENCE_LEASE_TLS_CA"
+
+
+def lease_client_options(
+    token_file: Path | None = None,
+    tls_ca: Path | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """``token=`` and ``tls=`` for ``LeaseClient`` from CLI options, else the environment.
+
+    The token comes from ``token_file``, else ``$PIDFENCE_LEASE_TOKEN_FILE``, else
+    ``$PIDFENCE_LEASE_TOKEN`` (never from a command-line value: it would show in ``ps``). TLS is
+    on when ``tls_ca`` (or ``$PIDFENCE_LEASE_TLS_CA``) names a CA; ``tls_cert``/``tls_key`` add a
+    client certificate for mutual TLS.
+
+    Raises:
+        SecretFileError: a named file is missing, unsafe or malformed.
+    """
+    environ = os.environ if env is None else env
+    token: str | None = None
+    file = token_file or (Path(environ[TOKEN_FILE_ENV]) if environ.get(TOKEN_FILE_ENV) else None)
+    if file is not None:
+        token = load_token_file(file)
+    elif environ.get(TOKEN_ENV):
+        token = environ[TOKEN_ENV].strip()
+    ca = tls_ca or (Path(environ[TLS_CA_ENV]) if environ.get(TLS_CA_ENV) else None)
+    if ca is None and tls_cert is not None:
+        raise SecretFileError("a client certificate needs --lease-tls-ca (the server's CA) too")
+    tls = None if ca is None else client_tls_context(ca, tls_cert, tls_key)
+    return {"token": token, "tls": tls}
