@@ -237,11 +237,13 @@ class LeaseZombie(FaultScript):
         elif self._step == 2:
             if self.replacement is None or self.zombie is None:
                 raise RuntimeError("lease-zombie script lost its processes")
-            if self.replacement.fences() == 0 or self.replacement.acked() == 0:
-                if not self.replacement.running and self.replacement.fences() == 0:
+            # The replacement has taken over once Kafka acknowledged something it wrote: a
+            # FENCE when it continues the old pid's lineage, data under the successor pid.
+            if self.replacement.fences() + self.replacement.acked() == 0:
+                if not self.replacement.running:
                     raise ServiceFailed(
                         f"replacement {self.replacement.name} exited with "
-                        f"{self.replacement.exit_code()} before fencing (log "
+                        f"{self.replacement.exit_code()} before writing anything (log "
                         f"{self.replacement.proc.log_path})\n{self.replacement.tail()}"
                     )
                 return
@@ -249,8 +251,8 @@ class LeaseZombie(FaultScript):
             self.zombie.resume()
             self.note(
                 f"SIGCONT {self.zombie.name} {(self.wall_ms() - self.lease_end) / 1000:.1f} s "
-                f"after its lease ended; replacement fenced {self.replacement.fences()} "
-                "partition(s)"
+                f"after its lease ended; the replacement wrote {self.replacement.fences()} "
+                f"FENCE(s) and {self.replacement.acked()} record(s)"
             )
             self._next()
         elif self._step == 3:
