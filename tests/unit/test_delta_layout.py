@@ -91,6 +91,10 @@ def test_log_equals_reference_in_every_reader(
     assert visible == {"data"}
 
 
+def _versions(path: Path) -> tuple[int, int]:
+    return DeltaTable(str(path)).version(), DeltaTable(str(path / "_rejects")).version()
+
+
 def test_replayed_and_recommitted_batches_change_nothing(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
