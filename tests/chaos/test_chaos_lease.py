@@ -87,3 +87,28 @@ def test_lease_expiry_while_paused_rejects_late_records(
 
     expired = informational_counts(outcome.report).get("expired", 0)
     assert outcome.verdicts["UNKNOWN_PID"] >= 1 and expired >= 1, (outcome.verdicts, expired)
+
+
+def test_health_check_fails_on_a_frozen_server_that_still_accepts_connections(
+    zk_chroot: str, tmp_path: Any
+) -> None:
+    """Finding 2's symptom: a frozen server still completes TCP connects (the kernel accepts
+    them), so a connect-based healthcheck passed. ``--health`` pings, so it fails."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    from pidfence.cli import app
+
+    server = spawn_lease_server(zk_chroot, tmp_path, name="frozen")
+    try:
+        health = ["lease-server", "--health", server.address, "--timeout", "1"]
+        assert CliRunner().invoke(app, health).exit_code == 0
+        server.pause()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5):
+            pass  # the listen backlog still accepts
+        assert CliRunner().invoke(app, health).exit_code == 1
+        server.resume()
+        assert CliRunner().invoke(app, health).exit_code == 0
+    finally:
+        server.stop()
