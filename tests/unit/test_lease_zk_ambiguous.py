@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
 
-from pidfence.pid_allocator import StaleGeneration, ZkCoordinator
+from pidfence.pid_allocator import NotOwner, StaleGeneration, ZkCoordinator
 from pidfence.pid_allocator.capability import make_secret
 from pidfence.pid_allocator.coordinator import BlockRequest
 from pidfence.pid_allocator.generations import initial_generation
@@ -250,3 +250,18 @@ def test_ambiguous_roll_is_re_read_never_guessed(
         lineage.roll(5, g0, secret, "roll-2", 1000, other)
     assert stale.value.successor == 7
     assert coordinator.read_lineage(8) is None
+
+
+def test_bumps_and_rolls_of_unknown_pids_never_list_a_directory(
+    zk: tuple[ZkCoordinator, FakeKazoo],
+) -> None:
+    """Finding 7: a bump of a never-issued pid listed every child of ``blocks``."""
+    lineage, (coordinator, fake) = _lineage(zk), zk
+    fake.get_children_async = None  # type: ignore[assignment,method-assign]  # listing forbidden
+    block = coordinator.block_at(1)
+    assert block is not None
+    for pid, secret in [(10**12, b""), (10**12, make_secret(1, SALT, 5)), (5, b"\x00" * 24)]:
+        with pytest.raises(NotOwner):
+            lineage.bump(pid, 0, secret, "t", 1000)
+        with pytest.raises(NotOwner):
+            lineage.roll(pid, 0, secret, "t", 1000, Outcome(7, 0, 9000, block))
