@@ -122,3 +122,95 @@ def _clean_run(path: Path, batch: int, messages: Path) -> None:
         check=True,
         timeout=120,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# The sink's real writer on the Delta layout, SIGKILLed at each step of a batch.
+
+SINK_CHILD = """
+import os, signal, sys
+from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.delta_layout import DeltaLayout, open_layout
+from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.writer import PidfenceStreamWriter
+from tests.integration.test_delta_crash import SINK_QUERY, sink_chunks
+from tests.unit.test_delta_layout import SETTINGS
+from tests.unit.test_sink_process import kafka_rows
+
+path, start, kill_batch, point = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+options = SinkOptions.parse({"path": path, **SETTINGS})
+open_layout(options.path, options.rejects_path, SINK_QUERY)
+PidfenceStreamWriter.layout = lambda self: DeltaLayout(
+    self.options.path, self.options.rejects_path, SINK_QUERY
+)
+
+def die(at):
+    if at == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+w = PidfenceStreamWriter(options, SINK_QUERY)
+for batch, chunk in enumerate(sink_chunks()):
+    if batch < start:
+        continue
+    armed = batch == kill_batch
+    DeltaLayout.hook = die if armed else None
+    writer_mod._task_context = lambda: (batch, 0, SINK_QUERY)
+    message = w.write(iter(kafka_rows(chunk).to_batches(max_chunksize=17)))
+    if armed:
+        die("after_write")
+    w.commit([message], batch)
+    if armed:
+        die("after_commit")
+"""
+
+SINK_QUERY = "5b6c7d8e-delta-sink"
+
+
+def sink_chunks() -> list[list[tuple[int, bytes | None, int]]]:
+    """The stream the sink children process, cut into batches the same way every run."""
+    from tests.unit.test_sink_process import make_stream
+
+    records = make_stream(23, 480)
+    return [records[i : i + 40] for i in range(0, len(records), 40)]
+
+
+def _sink_child(path: Path, start: int, kill_batch: int, point: str) -> int:
+    proc = subprocess.run(
+        [sys.executable, "-c", SINK_CHILD, str(path), str(start), str(kill_batch), point],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode in (0, -signal.SIGKILL), proc.stderr[-3000:]
+    return proc.returncode
+
+
+def test_sink_on_delta_killed_at_each_step_restarts_exact(tmp_path: Path) -> None:
+    """Kill after write() (before commit), between the rejects and the log commit, after the
+    commit (before Spark's commit log): each restart re-runs the batch it died in, as Spark does
+    from its checkpoint. The Delta tables, read by deltalake alone, are exactly the rules'."""
+    from tests.unit.test_delta_layout import RULES
+    from tests.unit.test_sink_process import reference
+
+    plan = [(0, 2, "after_write"), (2, 5, "rejects_committed"), (5, 8, "after_commit")]
+    for start, kill_batch, point in plan:
+        assert _sink_child(tmp_path, start, kill_batch, point) == -signal.SIGKILL
+        log = DeltaTable(str(tmp_path))
+        committed = log.transaction_version(SINK_QUERY)
+        # Died before the commit point: the batch is not in the log; after it: it is.
+        assert committed == (kill_batch if point == "after_commit" else kill_batch - 1)
+    assert _sink_child(tmp_path, 8, -1, "never") == 0
+
+    records = [r for chunk in sink_chunks() for r in chunk]
+    expected, dropped = reference(records, **RULES)
+    log_rows = DeltaTable(str(tmp_path)).to_pyarrow_table().sort_by("log_offset")
+    assert log_rows["kafka_offset"].to_pylist() == expected
+    assert log_rows["log_offset"].to_pylist() == list(range(len(expected)))
+    rejects = DeltaTable(str(tmp_path / "_rejects")).to_pyarrow_table()
+    offsets = rejects["kafka_offset"].to_pylist()
+    assert len(offsets) == len(set(offsets))
+    assert dict(zip(offsets, rejects["verdict"].to_pylist(), strict=True)) == dropped
+    assert DeltaTable(str(tmp_path)).transaction_version(SINK_QUERY) == len(sink_chunks()) - 1

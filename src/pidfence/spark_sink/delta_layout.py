@@ -29,7 +29,8 @@ the batch id.
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, ClassVar, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -68,6 +69,10 @@ class DeltaLayout(ParquetLayout):
         query_id: the streaming query's id: the Delta transaction ids' app id.
         storage_options: deltalake storage options for object stores (credentials, endpoint).
     """
+
+    #: Called with ``"rejects_committed"`` between the two Delta commits (crash tests kill the
+    #: process there); None in production.
+    hook: ClassVar[Callable[[str], None] | None] = None
 
     def __init__(
         self,
@@ -182,6 +187,8 @@ class DeltaLayout(ParquetLayout):
                 info=info,
             )
             self._tables.pop(kind, None)
+            if kind == "rejects" and DeltaLayout.hook is not None:
+                DeltaLayout.hook("rejects_committed")
         self._version = None
         return done
 
