@@ -48,6 +48,7 @@ from pidfence.spark_sink.delta_table import (
     Location,
     StagedFileMissing,
     TableKind,
+    cached_table,
     open_table,
     schema_of,
 )
@@ -373,7 +374,7 @@ def commit_moves(
         NotPidfenceTable: the path holds something else.
     """
     loc = Location.at(path, storage_options)
-    dt = open_table(path, kind, storage_options=storage_options)
+    dt = cached_table(path, kind, storage_options=storage_options)
     schema = schema_of(kind)
     extra = {f"pidfence.{k}": v for k, v in (info or {}).items()}
     for _attempt in range(MAX_ATTEMPTS):

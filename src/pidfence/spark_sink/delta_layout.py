@@ -43,8 +43,8 @@ from pidfence.spark_sink.delta_table import (
     OWN_DIR,
     DeltaTableError,
     TableKind,
+    cached_table,
     check_path,
-    open_table,
     schema_of,
 )
 from pidfence.spark_sink.layout import ParquetLayout, PartFiles, part_file
@@ -102,7 +102,7 @@ class DeltaLayout(ParquetLayout):
     def _table(self, kind: TableKind, create: bool = True) -> DeltaTable:
         if kind not in self._tables:
             path = self.rejects_path if kind == "rejects" else self.path
-            self._tables[kind] = open_table(
+            self._tables[kind] = cached_table(
                 path, kind, create=create, storage_options=self.storage_options
             )
         return self._tables[kind]
