@@ -3,7 +3,7 @@
 Most records of a healthy stream are boring: a known producer's next sequence number, or an exact
 resend of one already appended. This module decides those with numpy, per producer, and sends every
 producer with anything unusual in the batch (a gap, a fence, a generation change, held records, an
-expiry or a capacity limit in reach, a new producer while certificates are verified) through the
+expiry or a capacity limit in reach, a new producer whose certificate does not verify) through the
 exact per-record rules in record order. Both paths write the same state, so the result is identical
 to ``offer_header`` record by record (a property test holds it to that).
 
@@ -218,7 +218,8 @@ def offer_batch(
     verdict[~dec.present | (dec.present & ~dec.malformed & (dec.pid == 0))] = _NON_IDEMPOTENT
     verdict[dec.malformed] = _MALFORMED
     candidate = dec.present & ~dec.malformed & (dec.pid != 0)
-    fast_rows, fast_codes, final_states, creations, slow_rows = _plan(table, dec, candidate, ts)
+    plan = _plan(table, dec, candidate, ts, certs)
+    fast_rows, fast_codes, final_states, creations, slow_rows = plan
     verdict[fast_rows] = fast_codes
     # The clock as the landed non-exact rows move it: appended fast rows and header-less rows.
     landed = np.full(n, _NO_CLOCK, dtype=np.int64)
@@ -317,8 +318,22 @@ def _merge_log(
     return all_idx[order].astype(np.int64)
 
 
+def _cert_at(certs: Any, row: int) -> bytes | None:
+    if certs is None:
+        return None
+    if isinstance(certs, pa.ChunkedArray | pa.Array):
+        value: bytes | None = certs[row].as_py()
+        return value
+    item: bytes | None = certs[row]
+    return item
+
+
 def _plan(
-    table: ProducerStateTable, dec: DecodedHeaders, candidate: BoolArr, ts: I64
+    table: ProducerStateTable,
+    dec: DecodedHeaders,
+    candidate: BoolArr,
+    ts: I64,
+    certs: Any = None,
 ) -> tuple[I64, U8, list[tuple[int, int, int]], list[tuple[int, int, int]], I64]:
     """Split candidate rows into vectorised producers and exact-path rows.
 
@@ -365,8 +380,7 @@ def _plan(
     # A generation move (and, with a verifier, a new entry) is decided record by record.
     bad |= exists & (g_first != cur_gen)
     bad |= ~exists & (ss[starts] != 0)
-    if table.verifier is not None:
-        bad |= ~exists
+
     # Sequence shape: every record must be a resend (s <= max so far) or the next one.
     span = int(sizes.max()) + 2
     rel = np.clip(ss - base[gid], 0, span - 1)
@@ -379,6 +393,15 @@ def _plan(
     is_next = rel == prev_rel + 1
     is_dup = rel <= prev_rel
     bad |= np.logical_or.reduceat(~(is_next | is_dup), starts)
+    if table.verifier is not None:
+        # A new producer's first record must prove its generation. Checked at the latest clock
+        # the batch can reach (a certificate valid then is valid earlier); a failure, or one
+        # that might be a timing question, goes to the exact path, which decides and counts it.
+        for i in np.flatnonzero(~exists & ~bad).tolist():
+            row = int(sr[starts[i]])
+            cert = _cert_at(certs, row)
+            if table.verifier(upids[i], int(g_first[i]), cert, last_now) is not None:
+                bad[i] = True
     row_bad = bad[gid]
     fast_sel = ~row_bad
     fast_rows = sr[fast_sel]
