@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from pidfence.spark_sink.delta_commit import commit_batch, stage_file
+from pidfence.spark_sink.delta_commit import commit_batch, footer_stats, stage_file, staging_dir
 from pidfence.spark_sink.delta_readers import (
     log_heads,
     log_rows_from,
@@ -17,7 +22,13 @@ from pidfence.spark_sink.delta_readers import (
     read_delta_rejects,
     rejects_from,
 )
-from pidfence.spark_sink.delta_table import DELTA_LOG_SCHEMA, REJECTS_PUBLIC_SCHEMA, open_table
+from pidfence.spark_sink.delta_table import (
+    DELTA_LOG_SCHEMA,
+    REJECTS_PUBLIC_SCHEMA,
+    TS_TYPE,
+    Location,
+    open_table,
+)
 from tests.unit.test_delta_commit import Q, expected, run_batch, stage
 from tests.unit.test_delta_table import reject_rows
 
@@ -105,3 +116,69 @@ def test_empty_log_reads(tmp_path: Path) -> None:
     open_table(str(tmp_path), "log")
     assert read_delta_log(str(tmp_path)).equals(DELTA_LOG_SCHEMA.empty_table())
     assert log_heads(str(tmp_path)) == {}
+
+
+_rows = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b.c", "t-1", "x" * 40]),
+        st.integers(0, 3),
+        st.integers(-(2**40), 2**40),
+        st.one_of(st.none(), st.integers(0, 2**20)),
+        st.integers(0, 2**50),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(rows=_rows, probe=st.integers(-(2**40), 2**40))
+def test_property_statistics_bound_every_row_and_never_hide_one(
+    tmp_path_factory: pytest.TempPathFactory,
+    rows: list[tuple[str, int, int, int | None, int]],
+    probe: int,
+) -> None:
+    """The statistics a commit writes bound every value (timestamps rounded outwards to ms);
+    footer and in-memory statistics agree; a filtered read through deltalake's dataset (which
+    prunes files by them) returns exactly the rows a full read filtered afterwards returns."""
+    table = pa.table(
+        {
+            "topic": pa.array([r[0] for r in rows], pa.string()),
+            "partition": pa.array([r[1] for r in rows], pa.int32()),
+            "log_offset": pa.array([r[2] for r in rows], pa.int64()),
+            "pid": pa.array([r[3] for r in rows], pa.int64()),
+            "generation": pa.array([0] * len(rows), pa.int64()),
+            "seq": pa.array([0] * len(rows), pa.int64()),
+            "key": pa.array([None] * len(rows), pa.binary()),
+            "value": pa.array([b"v"] * len(rows), pa.binary()),
+            "kafka_offset": pa.array([r[2] for r in rows], pa.int64()),
+            "timestamp": pa.array([r[4] for r in rows], pa.int64()).cast(TS_TYPE),
+        }
+    )
+    path = str(tmp_path_factory.mktemp("stats"))
+    staged = stage_file(path, "log", Q, 0, "t", 0, table)
+    stats = json.loads(staged.stats)
+    assert stats["numRecords"] == len(rows)
+    for name in ("partition", "log_offset", "kafka_offset"):
+        values = table[name].to_pylist()
+        assert stats["minValues"][name] == min(values)
+        assert stats["maxValues"][name] == max(values)
+    assert stats["nullCount"]["pid"] == sum(r[3] is None for r in rows)
+    lo = datetime.fromisoformat(stats["minValues"]["timestamp"])
+    hi = datetime.fromisoformat(stats["maxValues"]["timestamp"])
+    assert all(lo <= t <= hi for t in table["timestamp"].to_pylist())
+    rel = f"{staging_dir(Q, 0)}/{staged.name}"
+    assert json.loads(footer_stats(Location.at(path), rel)) == stats
+    commit_batch(path, "log", Q, 0, [staged])
+    full = read_delta_log(path)
+    for where in (
+        pc.field("log_offset") >= probe,
+        pc.field("topic") == rows[0][0],
+        (pc.field("partition") == rows[-1][1]) & (pc.field("kafka_offset") < probe),
+        pc.field("pid").is_null(),
+        pc.field("timestamp") >= pa.scalar(rows[0][4], pa.int64()).cast(TS_TYPE),
+    ):
+        pruned = DeltaTable(path).to_pyarrow_dataset().to_table(filter=where)
+        assert pruned.num_rows == full.filter(where).num_rows
