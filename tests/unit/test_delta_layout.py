@@ -239,3 +239,20 @@ def test_open_refuses_a_foreign_table(tmp_path: Path) -> None:
     with pytest.raises(NotPidfenceTable):
         open_layout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
     assert not (tmp_path / "_rejects").exists()
+
+
+def test_file_uri_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same layout through a URI (as on object stores): deltalake and pyarrow.fs agree.
+    uri = f"file://{tmp_path}"
+    options = SinkOptions.parse({"path": uri, **SETTINGS})
+    open_layout(options.path, options.rejects_path, QUERY)
+    monkeypatch.setattr(
+        PidfenceStreamWriter,
+        "layout",
+        lambda self: DeltaLayout(self.options.path, self.options.rejects_path, QUERY),
+    )
+    w = PidfenceStreamWriter(options)
+    records = make_stream(29, 150)
+    for b, chunk in enumerate(_chunks(records)):
+        w.commit([_write(monkeypatch, w, b, chunk)], b)
+    _check(tmp_path, records)
