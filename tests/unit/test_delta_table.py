@@ -20,6 +20,7 @@ from pidfence.spark_sink.delta_table import (
     ForeignCommit,
     NotPidfenceTable,
     StagedFileMissing,
+    holds_delta,
     open_table,
 )
 from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_FILE_SCHEMA, REJECTS_SCHEMA
@@ -75,6 +76,13 @@ def test_create_then_reopen(tmp_path: Path) -> None:
     assert pa.schema(rejects.schema().to_arrow()).names[-3:] == ["verdict", "pf", "batch"]
     # A Delta reader sees an empty table of the right schema.
     assert DeltaTable(path).to_pyarrow_table().num_rows == 0
+
+
+def test_holds_delta(tmp_path: Path) -> None:
+    assert not holds_delta(str(tmp_path))
+    open_table(str(tmp_path), "log")
+    assert holds_delta(str(tmp_path))
+    assert holds_delta(f"file://{tmp_path}")
 
 
 def test_open_without_create_fails_on_missing_table(tmp_path: Path) -> None:

@@ -299,3 +299,9 @@ def cached_table(
     with _CACHE_LOCK:
         _CACHE[key] = dt
     return dt
+
+
+def holds_delta(path: str, storage_options: dict[str, str] | None = None) -> bool:
+    """Whether ``path`` holds a Delta table (readers dispatch on it: Delta or manifest layout)."""
+    loc = Location.at(path, storage_options)
+    return bool(DeltaTable.is_deltatable(loc.uri, storage_options))
