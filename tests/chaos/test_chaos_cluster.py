@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from pidfence.demo.faults import Bounce, KillAndResume, drive
-from pidfence.demo.procs import spawn_lease_server
 from pidfence.demo.topic import create_topic
+from pidfence.services.lease_server import spawn_lease_server
 from tests.chaos.conftest import ChaosKit
 
 pytestmark = pytest.mark.timeout(420)
@@ -60,7 +60,7 @@ def test_kafka_broker_killed_and_restarted_loses_nothing(
 def test_zookeeper_node_killed_while_producer_resumes(
     chaos: ChaosKit, kafka: Any, new_topic: Any, zk_ensemble3: Any, spark: Any, stop_all: Any
 ) -> None:
-    server = spawn_lease_server(zk_ensemble3.hosts, chaos.logs, name="lease")
+    server = spawn_lease_server(zk_ensemble3.hosts, chaos.logs, name="lease", wait=False)
     try:
         server.wait_listening()
         topic = new_topic(partitions=2)
