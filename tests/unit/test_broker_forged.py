@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -126,8 +127,16 @@ def test_real_ed25519_certificates() -> None:
     assert decide(t, 7, 2, 0, encode_cert(key, 7, 2, 4), FLAG_FENCE)[0][1] is V.FORGED
     assert decide(t, 7, 2, 0, encode_cert(key, 8, 2, 10_000), FLAG_FENCE)[0][1] is V.FORGED
     assert decide(t, 7, 2, 0, b"\xc1", FLAG_FENCE)[0][1] is V.FORGED
+    short = msgpack.packb([1, 7, 2, 10_000])
+    assert decide(t, 7, 2, 0, short, FLAG_FENCE)[0][1] is V.FORGED
     assert decide(t, 7, 2, 0, encode_cert(other, 7, 2, 10_000), FLAG_FENCE)[0][1] is V.FENCE
-    assert t.forged == {"unknown_key": 1, "expired": 1, "other_identity": 1, "malformed": 1}
+    assert t.forged == {
+        "unknown_key": 1,
+        "expired": 1,
+        "other_identity": 1,
+        "malformed": 1,
+        "wrong_length": 1,
+    }
 
 
 def with_certs(rng: random.Random, stream: list[tuple[bytes | None, int]], forge: float

@@ -162,8 +162,12 @@ class ParquetLayout:
             names[kind] = rel
         for kind, staged in names.items():
             if staged is not None:
+                # The file's directory, and the directory holding that (the batch's folder
+                # may be new), so the names survive a power loss before the manifest.
                 root = self._root(kind)
-                root.sync_dir(root.join(staged).rpartition("/")[0])
+                folder = root.join(staged).rpartition("/")[0]
+                root.sync_dir(folder)
+                root.sync_dir(folder.rpartition("/")[0])
         return PartFiles(names["log"], names["rejects"], names["held"])
 
     def publish(self, batch_id: int, manifest: dict[str, Any]) -> bool:
