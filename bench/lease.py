@@ -1,15 +1,18 @@
-"""``pidfence bench lease``: lease throughput, latency and ZooKeeper writes.
+"""``pidfence bench lease``: lease throughput, latency, server CPU and ZooKeeper writes.
 
-Starts its own one-node ZooKeeper, then for each contender starts ``pidfence lease-server``
-processes and drives them with 8 concurrent closed-loop clients (asyncio, one request in flight
-per client) spread over two load processes. Contenders, side by side in one run:
+Starts its own one-node ZooKeeper, then for each contender starts lease server processes pinned
+to core 0 (``taskset -c 0``) and drives them from load processes pinned to core 1, so the server
+has a core of its own (as far as this machine's other work allows). 8 closed-loop clients (one
+request in flight each) in 2 load processes. Contenders, side by side in one run:
 
-* 1 server, blocks of 100 pids (the design);
-* 2 servers on the same ZooKeeper, blocks of 100 (clients split between them);
+* 1 server, plain TCP, on asyncio's own loop and on uvloop (when installed);
+* 1 server with auth tokens (``hello``) and TLS, on both loops;
+* 2 servers on the same ZooKeeper, both on core 0 (clients split between them);
 * baseline: 1 server with blocks of 1 pid, i.e. one ZooKeeper compare-and-set per lease.
 
-ZooKeeper writes come from each server's ``pidfence_zookeeper_writes_total`` metric (a claim is one
-multi transaction: the versioned set of ``pid_block`` plus the block record).
+Server CPU per lease is read from ``/proc/PID/stat`` of the server processes (user + system), which
+other load on the machine does not inflate the way it does wall-clock throughput. ZooKeeper writes
+come from each server's ``pidfence_zookeeper_writes_total`` metric.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import asyncio
 import json
 import logging
 import os
+import shutil
+import signal
+import ssl
 import struct
 import subprocess
 import sys
@@ -25,70 +31,223 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 from rich.progress import Progress
 
 from pidfence.benchkit import BenchReport
-from pidfence.services.lease_server import spawn_lease_server
 from pidfence.services.ports import free_port
 from pidfence.services.zookeeper import ZooKeeperEnsemble
 
 CLIENTS = 8
 LOAD_PROCESSES = 2
+SERVER_CORE = 0
+CLIENT_CORE = 1
+_LENGTH = struct.Struct(">I")
+_LEASE = msgpack.packb({"v": 1, "op": "lease", "id": 1, "partitions": []})
+_LEASE_FRAME = _LENGTH.pack(len(_LEASE)) + _LEASE
 
 
-async def _client(address: str, count: int, latencies: list[float]) -> None:
-    host, port = address.rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    try:
-        for i in range(count):
-            body = msgpack.packb({"v": 1, "op": "lease", "id": i, "partitions": []})
-            started = time.perf_counter()
-            writer.write(struct.pack(">I", len(body)) + body)
-            (length,) = struct.unpack(">I", await reader.readexactly(4))
-            reply = msgpack.unpackb(await reader.readexactly(length))
-            latencies.append(time.perf_counter() - started)
+# -- load processes ----------------------------------------------------------------------------
+
+
+class _LoadClient(asyncio.Protocol):
+    """One closed-loop client: ``hello`` when given a token, then ``count`` leases back to back."""
+
+    def __init__(self, count: int, token: str | None, latencies: list[float]) -> None:
+        self.left = count
+        self.token = token
+        self.latencies = latencies
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self.buffer = b""
+        self.started = 0.0
+        self.greeting = token is not None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if self.token is not None:
+            hello = msgpack.packb({"v": 1, "op": "hello", "id": 0, "token": self.token})
+            self.transport.write(_LENGTH.pack(len(hello)) + hello)
+        else:
+            self._next()
+
+    def _next(self) -> None:
+        assert self.transport is not None
+        if self.left == 0:
+            self.done.set_result(None)
+            self.transport.close()
+            return
+        self.left -= 1
+        self.started = time.perf_counter()
+        self.transport.write(_LEASE_FRAME)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while len(self.buffer) >= 4:
+            (length,) = _LENGTH.unpack_from(self.buffer)
+            if len(self.buffer) < 4 + length:
+                return
+            reply = msgpack.unpackb(self.buffer[4 : 4 + length])
+            self.buffer = self.buffer[4 + length :]
             if reply["error"] is not None:
-                raise RuntimeError(f"lease failed: {reply}")
-    finally:
-        writer.close()
-        await writer.wait_closed()
+                self.done.set_exception(RuntimeError(f"request failed: {reply}"))
+                return
+            if self.greeting:
+                self.greeting = False
+            else:
+                self.latencies.append(time.perf_counter() - self.started)
+            self._next()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(ConnectionError(f"connection lost: {exc}"))
 
 
-async def _clients(addresses: list[str], clients: int, per_client: int) -> list[float]:
+async def _clients(
+    addresses: list[str], clients: int, per_client: int, token: str | None, ca: str | None
+) -> list[float]:
+    loop = asyncio.get_running_loop()
+    tls = None if ca is None else ssl.create_default_context(cafile=ca)
     latencies: list[float] = []
-    await asyncio.gather(
-        *(_client(addresses[i % len(addresses)], per_client, latencies) for i in range(clients))
-    )
+    protocols = []
+    for i in range(clients):
+        host, port = addresses[i % len(addresses)].rsplit(":", 1)
+        _, protocol = await loop.create_connection(
+            lambda: _LoadClient(per_client, token, latencies), host, int(port), ssl=tls
+        )
+        protocols.append(protocol)
+    await asyncio.gather(*(p.done for p in protocols))
     return latencies
 
 
 def client_process_main() -> None:
-    """Entry of one load process: ``ADDRS CLIENTS PER_CLIENT`` in, latencies (JSON) out."""
-    addresses, clients, per_client = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
+    """Entry of one load process: a JSON job on argv, latencies (JSON) to the job's file."""
+    job = json.loads(sys.argv[1])
+    token = None
+    if job["token_file"]:
+        token = Path(job["token_file"]).read_text().strip()
+    try:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:
+        factory = asyncio.new_event_loop
     started = time.time()
-    latencies = asyncio.run(_clients(addresses, clients, per_client))
-    sys.stdout.write(json.dumps({"start": started, "end": time.time(), "latencies": latencies}))
+    with asyncio.Runner(loop_factory=factory) as runner:
+        latencies = runner.run(
+            _clients(job["addresses"], job["clients"], job["per_client"], token, job["ca"])
+        )
+    # A file, not stdout: an event loop may leave stdout non-blocking and cut a long write.
+    Path(job["out"]).write_text(
+        json.dumps({"start": started, "end": time.time(), "latencies": latencies})
+    )
 
 
-def _drive(addresses: list[str], leases: int) -> tuple[float, list[float]]:
-    """8 clients in LOAD_PROCESSES processes, so the load generator is not the bottleneck."""
+def _pinned(core: int) -> list[str]:
+    """``taskset -c CORE`` when the machine has the core and the tool, else nothing."""
+    if shutil.which("taskset") is None or (os.cpu_count() or 1) <= max(SERVER_CORE, CLIENT_CORE):
+        return []
+    return ["taskset", "-c", str(core)]
+
+
+@dataclass(frozen=True)
+class Security:
+    """What a secured contender's clients need."""
+
+    token_file: str
+    ca: str
+
+
+def _drive(
+    addresses: list[str], leases: int, security: Security | None
+) -> tuple[float, list[float]]:
+    """CLIENTS clients in LOAD_PROCESSES processes on the client core."""
     per_client = leases // CLIENTS
     per_process = CLIENTS // LOAD_PROCESSES
     code = f"import runpy; runpy.run_path({__file__!r})['client_process_main']()"
     procs = []
+    outs = []
+    scratch = Path(tempfile.mkdtemp(prefix="pidfence-bench-load-"))
     for i in range(LOAD_PROCESSES):
         rotated = addresses[i % len(addresses) :] + addresses[: i % len(addresses)]
-        argv = [sys.executable, "-c", code, ",".join(rotated), str(per_process), str(per_client)]
-        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE))
-    results = [json.loads(p.communicate()[0] or b"null") for p in procs]
-    if any(p.returncode for p in procs):
+        job = {
+            "addresses": rotated,
+            "clients": per_process,
+            "per_client": per_client,
+            "token_file": security.token_file if security else None,
+            "ca": security.ca if security else None,
+            "out": str(scratch / f"load-{i}.json"),
+        }
+        outs.append(Path(job["out"]))
+        argv = [*_pinned(CLIENT_CORE), sys.executable, "-c", code, json.dumps(job)]
+        procs.append(subprocess.Popen(argv))
+    if any(p.wait() for p in procs):
         raise RuntimeError("a load process failed")
+    results = [json.loads(out.read_text()) for out in outs]
+    shutil.rmtree(scratch, ignore_errors=True)
     elapsed = max(r["end"] for r in results) - min(r["start"] for r in results)
     return elapsed, [x for r in results for x in r["latencies"]]
+
+
+# -- servers -----------------------------------------------------------------------------------
+
+_SERVER_CODE = """
+import json, sys
+from pathlib import Path
+from pidfence.pid_allocator.cli_main import serve_forever
+from pidfence.pid_allocator.settings import LeaseServerSettings
+zk, raw = sys.argv[1], json.loads(sys.argv[2])
+paths = {"auth_tokens_file", "tls_cert", "tls_key", "ready_file"}
+settings = LeaseServerSettings(**{k: Path(v) if k in paths else v for k, v in raw.items()})
+sys.exit(serve_forever(zk, settings))
+"""
+
+
+@dataclass
+class _Server:
+    proc: subprocess.Popen[bytes]
+    address: str
+    metrics_port: int
+
+
+def _start_server(zk: str, logs: Path, name: str, settings: dict[str, Any]) -> _Server:
+    """``serve_forever`` (what ``pidfence lease-server`` runs) pinned to the server core."""
+    port, metrics_port = free_port(), free_port()
+    ready = logs / f"{name}.ready"
+    full = {
+        **settings,
+        "host": "127.0.0.1",
+        "port": port,
+        "metrics_port": metrics_port,
+        "ready_file": str(ready),
+    }
+    argv = [*_pinned(SERVER_CORE), sys.executable, "-c", _SERVER_CODE, zk, json.dumps(full)]
+    with (logs / f"{name}.log").open("ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(
+                f"lease server {name} did not start:\n{(logs / f'{name}.log').read_text()}"
+            )
+        time.sleep(0.05)
+    return _Server(proc, ready.read_text().strip(), metrics_port)
+
+
+def _stop(server: _Server) -> None:
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
 
 
 def _zk_writes(metrics_port: int) -> float:
@@ -102,7 +261,7 @@ def _zk_writes(metrics_port: int) -> float:
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
+    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -124,36 +283,55 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _contender(
-    name: str, zk_hosts: str, servers: int, block_size: int, leases: int
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Contender:
+    """One row of the table."""
+
+    name: str
+    servers: int
+    block_size: int
+    loop: str
+    secure: bool
+    leases: int
+
+
+def _contender(c: Contender, zk_hosts: str, pki: Any) -> dict[str, Any]:
     chroot = _chroot(zk_hosts)
-    ports = [free_port() for _ in range(servers)]
     logs = Path(tempfile.mkdtemp(prefix="pidfence-bench-lease-"))
-    handles = [
-        spawn_lease_server(chroot, logs, f"lease-{i}", block_size=block_size, metrics_port=p)
-        for i, p in enumerate(ports)
-    ]
+    settings: dict[str, Any] = {"block_size": c.block_size, "event_loop": c.loop}
+    security = None
+    if c.secure:
+        settings |= {
+            "auth_tokens_file": str(pki.tokens_file),
+            "tls_cert": str(pki.server_cert),
+            "tls_key": str(pki.server_key),
+        }
+        security = Security(str(pki.token_files["producer"]), str(pki.ca))
+    servers: list[_Server] = []
     try:
-        addresses = [h.address for h in handles]
-        _drive(addresses, CLIENTS * 20)  # warm-up: connections, first claims
-        before = sum(_zk_writes(p) for p in ports)
-        cpu_before = sum(_cpu_s(h.pid) for h in handles)
-        elapsed, latencies = _drive(addresses, leases)
-        cpu = sum(_cpu_s(h.pid) for h in handles) - cpu_before
-        writes = sum(_zk_writes(p) for p in ports) - before
+        for i in range(c.servers):
+            servers.append(_start_server(chroot, logs, f"lease-{i}", settings))
+        addresses = [s.address for s in servers]
+        _drive(addresses, CLIENTS * 50, security)  # warm-up: connections, first claims
+        before = sum(_zk_writes(s.metrics_port) for s in servers)
+        cpu_before = sum(_cpu_s(s.proc.pid) for s in servers)
+        elapsed, latencies = _drive(addresses, c.leases, security)
+        cpu = sum(_cpu_s(s.proc.pid) for s in servers) - cpu_before
+        writes = sum(_zk_writes(s.metrics_port) for s in servers) - before
     finally:
-        for handle in handles:
-            handle.stop()
+        for server in servers:
+            _stop(server)
     done = len(latencies)
     return {
-        "contender": name,
-        "servers": servers,
+        "contender": c.name,
+        "loop": c.loop,
+        "security": "auth+TLS" if c.secure else "plain",
+        "servers": c.servers,
         "clients": CLIENTS,
-        "block_size": block_size,
+        "block_size": c.block_size,
         "leases": done,
         "leases_per_s": done / elapsed,
-        "leases_per_s_per_server": done / elapsed / servers,
+        "leases_per_s_per_server": done / elapsed / c.servers,
         "p50_ms": _percentile(latencies, 0.50) * 1000,
         "p99_ms": _percentile(latencies, 0.99) * 1000,
         "zk_writes_per_1000": writes * 1000 / done,
@@ -161,28 +339,66 @@ def _contender(
     }
 
 
+def _plan(quick: bool) -> list[Contender]:
+    from pidfence.pid_allocator.loops import uvloop_installed
+
+    leases = 8_000 if quick else 80_000
+    baseline = 800 if quick else 4_000
+    loops = ["asyncio", "uvloop"] if uvloop_installed() else ["asyncio"]
+    best = loops[-1]
+    plan = [Contender(f"1 server, plain, {loop}", 1, 100, loop, False, leases) for loop in loops]
+    plan += [Contender(f"1 server, auth+TLS, {loop}", 1, 100, loop, True, leases) for loop in loops]
+    plan.append(Contender(f"2 servers, plain, {best}", 2, 100, best, False, leases))
+    plan.append(Contender(f"baseline: CAS per lease, {best}", 1, 1, best, False, baseline))
+    return plan
+
+
+def _ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """auth+TLS over plain, per loop: throughput and CPU per lease."""
+    out: dict[str, float] = {}
+    for loop in ("asyncio", "uvloop"):
+        plain = [
+            r
+            for r in rows
+            if r["loop"] == loop
+            and r["servers"] == 1
+            and r["block_size"] == 100
+            and r["security"] == "plain"
+        ]
+        secure = [r for r in rows if r["loop"] == loop and r["security"] == "auth+TLS"]
+        if plain and secure:
+            out[f"{loop}_secure_throughput_ratio"] = (
+                secure[0]["leases_per_s"] / plain[0]["leases_per_s"]
+            )
+            out[f"{loop}_secure_capacity_ratio"] = (
+                plain[0]["server_cpu_us_per_lease"] / secure[0]["server_cpu_us_per_lease"]
+            )
+    return out
+
+
 def run(quick: bool, progress: Progress) -> BenchReport:
     """Measure the contenders; ``quick`` uses fewer leases."""
-    leases = 8_000 if quick else 80_000
-    baseline_leases = 800 if quick else 4_000
-    plan = [
-        ("blocks of 100, 1 server", 1, 100, leases),
-        ("blocks of 100, 2 servers", 2, 100, leases),
-        ("baseline: CAS per lease, 1 server", 1, 1, baseline_leases),
-    ]
+    from pidfence.pid_allocator.loops import uvloop_installed
+    from pidfence.services.lease_server import make_lease_pki
+
+    plan = _plan(quick)
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # readiness probes log refusals
     task = progress.add_task("lease bench", total=len(plan))
     rows = []
+    pki = make_lease_pki(Path(tempfile.mkdtemp(prefix="pidfence-bench-pki-")))
+    load_before = os.getloadavg()
     with ZooKeeperEnsemble(1) as zk:
-        for name, servers, block_size, count in plan:
-            progress.update(task, description=name)
-            rows.append(_contender(name, zk.hosts, servers, block_size, count))
+        for contender in plan:
+            progress.update(task, description=contender.name)
+            rows.append(_contender(contender, zk.hosts, pki))
             progress.advance(task)
+    load_after = os.getloadavg()
+    ratios = _ratios(rows)
+    pinned = bool(_pinned(SERVER_CORE))
     return BenchReport(
-        title="PID lease server: 8 concurrent clients",
+        title="PID lease server on its own core: 8 closed-loop clients on the other core",
         columns=[
             "contender",
-            "servers",
             "leases",
             "leases_per_s",
             "leases_per_s_per_server",
@@ -193,15 +409,34 @@ def run(quick: bool, progress: Progress) -> BenchReport:
         ],
         rows=rows,
         notes=[
-            "Targets: >= 10,000 leases/s per server, p99 < 5 ms, <= 10 ZooKeeper writes per "
-            "1000 leases (block size 100).",
-            "Clients: 2 load processes x 4 asyncio clients, one request in flight each; servers "
-            "are separate `pidfence lease-server` processes; all share the machine's 2 cores "
-            "with ZooKeeper.",
-            "server_cpu_us_per_lease: CPU the server process spent per lease; 1e6 / it is what "
-            "one core could serve if clients were elsewhere.",
+            "Targets: >= 10,000 leases/s per server, p99 < 5 ms, auth+TLS >= 0.8x of plain, "
+            "<= 10 ZooKeeper writes per 1000 leases (block size 100).",
+            (
+                f"Servers pinned to core {SERVER_CORE}, the 2 load processes (4 protocol clients "
+                f"each, uvloop when installed) to core {CLIENT_CORE} with taskset."
+                if pinned
+                else "taskset or a second core missing: nothing pinned."
+            ),
+            "server_cpu_us_per_lease: user+system CPU of the server processes (/proc) per lease; "
+            "1e6 / it is what one free core serves. Throughput depends on what else the machine "
+            "runs; this figure much less.",
+            f"Load average (1 min) before the run {load_before[0]:.2f}, after {load_after[0]:.2f} "
+            f"on {os.cpu_count()} cores.",
+            "auth+TLS / plain: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
+            + " (capacity ratio = plain CPU per lease / secured CPU per lease).",
             "A ZooKeeper write here is one transaction (a claim's multi: versioned set of "
             "pid_block + create of the block record).",
         ],
-        params={"clients": CLIENTS, "leases": leases, "baseline_leases": baseline_leases},
+        params={
+            "clients": CLIENTS,
+            "load_processes": LOAD_PROCESSES,
+            "leases": plan[0].leases,
+            "baseline_leases": plan[-1].leases,
+            "uvloop_installed": uvloop_installed(),
+            "pinned": pinned,
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+            **ratios,
+        },
     )

@@ -23,6 +23,20 @@ def _mac(salt: bytes, pid: int) -> bytes:
     ).digest()
 
 
+def secret_hasher(salt: bytes) -> hashlib.blake2b:
+    """The keyed hash state of a block's secrets, to ``copy()`` per pid (see
+    :func:`secret_from`): keying blake2b costs as much as hashing, so a server keys it once per
+    block."""
+    return hashlib.blake2b(key=salt, digest_size=_MAC_BYTES, person=_PERSON)
+
+
+def secret_from(block_start: int, hasher: hashlib.blake2b, pid: int) -> bytes:
+    """``make_secret(block_start, salt, pid)`` from ``secret_hasher(salt)``."""
+    h = hasher.copy()
+    h.update(pid.to_bytes(8, "big"))
+    return block_start.to_bytes(8, "big") + h.digest()
+
+
 def make_secret(block_start: int, salt: bytes, pid: int) -> bytes:
     """The secret of ``pid`` issued from the block starting at ``block_start`` with ``salt``."""
     return block_start.to_bytes(8, "big") + _mac(salt, pid)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
+from pidfence.pid_allocator.loops import loop_factory
 from pidfence.pid_allocator.metrics import ServerMetrics
 from pidfence.pid_allocator.runtime import start_server
 from pidfence.pid_allocator.settings import LeaseServerSettings
@@ -78,7 +79,9 @@ def serve_forever(zk_hosts: str, settings: LeaseServerSettings) -> int:
     """Run until SIGTERM/SIGINT; return the exit code (0 clean, 2 bad file, 3 ZooKeeper)."""
     configure_logging(settings.log_format)
     try:
-        return asyncio.run(_serve(zk_hosts, settings))
+        factory, loop_name = loop_factory(settings.event_loop)
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(_serve(zk_hosts, settings, loop_name))
     except LeaseServiceUnavailable as exc:
         log.error("startup failed: %s", exc)
         return EXIT_ZOOKEEPER
@@ -87,7 +90,7 @@ def serve_forever(zk_hosts: str, settings: LeaseServerSettings) -> int:
         return EXIT_CONFIG
 
 
-async def _serve(zk_hosts: str, settings: LeaseServerSettings) -> int:
+async def _serve(zk_hosts: str, settings: LeaseServerSettings, loop_name: str) -> int:
     metrics = ServerMetrics()
     if settings.metrics_port is not None:
         from prometheus_client import start_http_server
@@ -106,6 +109,7 @@ async def _serve(zk_hosts: str, settings: LeaseServerSettings) -> int:
             "mutual_tls": settings.tls_client_ca is not None,
             "signing": settings.signing_key is not None,
             "zk_acl": settings.zk_auth_file is not None,
+            "loop": loop_name,
         },
     )
     if settings.ready_file is not None:

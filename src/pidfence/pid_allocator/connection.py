@@ -1,7 +1,8 @@
 """One client connection of a lease server, as an asyncio protocol.
 
 A protocol (not streams) because a lease is answered straight from ``data_received`` with no
-coroutine switch, which is most of a request's cost in Python.
+coroutine switch, which is most of a request's cost in Python. The replies answered in one turn
+go out in one ``transport.write`` (one send, one TLS record, for a client that pipelines).
 
 Bounded and fair: at most ``max_in_flight`` requests of a connection wait (bumps, rolls, a lease
 waiting for a block) at once, and at most ``FRAMES_PER_TURN`` frames are answered per event-loop
@@ -19,7 +20,7 @@ does any UNAUTHENTICATED reply.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable, MalformedRequest
 from pidfence.pid_allocator.protocol import (
@@ -58,6 +59,8 @@ class LeaseConnection(asyncio.Protocol):
         self._partial_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
+        #: Set by the server when a reply must be the last one (UNAUTHENTICATED).
+        self.close_after_reply = False
 
     @property
     def in_flight(self) -> int:
@@ -73,8 +76,8 @@ class LeaseConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Register, or refuse with a retriable error when the server or this address is full."""
-        assert isinstance(transport, asyncio.Transport)  # noqa: S101 - TCP only
-        self.transport = transport
+        # TCP only; uvloop's transports do not subclass asyncio.Transport, hence no isinstance.
+        self.transport = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         self.client = f"addr:{self.address}"
@@ -118,23 +121,6 @@ class LeaseConnection(asyncio.Protocol):
     def _blocked(self) -> bool:
         return self._writing_paused or len(self._tasks) >= self.server.settings.max_in_flight
 
-    def _next_frame(self) -> bytes | None:
-        """The next complete frame body, or None. Closes on an oversized length prefix."""
-        buffer, offset = self._buffer, self._offset
-        if len(buffer) - offset < 4:
-            return None
-        (length,) = LENGTH.unpack_from(buffer, offset)
-        if length > MAX_FRAME_BYTES:
-            error = MalformedRequest(f"frame of {length} bytes exceeds the {MAX_FRAME_BYTES} limit")
-            self._write(self.server.error_reply(None, error))
-            self.close()
-            return None
-        end = offset + 4 + length
-        if len(buffer) < end:
-            return None
-        self._offset = end
-        return bytes(buffer[offset + 4 : end])
-
     def _has_frame(self) -> bool:
         remaining = len(self._buffer) - self._offset
         if remaining < 4:
@@ -145,37 +131,66 @@ class LeaseConnection(asyncio.Protocol):
     def _turn(self) -> None:
         """Answer up to ``FRAMES_PER_TURN`` frames; leave the rest for later turns."""
         self._turn_scheduled = False
+        if self._closed:
+            return
+        buffer = self._buffer
+        offset = self._offset
+        handle_now = self.server.handle_now
+        max_in_flight = self.server.settings.max_in_flight
+        replies: list[bytes] = []
         answered = 0
-        while not self._closed and not self._blocked():
+        while not self._writing_paused and len(self._tasks) < max_in_flight:
             if answered >= FRAMES_PER_TURN:
                 self._schedule_turn()
                 break
-            body = self._next_frame()
-            if body is None:
+            if len(buffer) - offset < 4:
                 break
+            (length,) = LENGTH.unpack_from(buffer, offset)
+            if length > MAX_FRAME_BYTES:
+                error = MalformedRequest(
+                    f"frame of {length} bytes exceeds the {MAX_FRAME_BYTES} limit"
+                )
+                replies.append(self.server.encode(self.server.error_reply(None, error)))
+                self._flush(replies)
+                self.close()
+                return
+            end = offset + 4 + length
+            if len(buffer) < end:
+                break
+            body = bytes(buffer[offset + 4 : end])
+            offset = end
             answered += 1
-            result = self.server.handle_now(self, body)
-            if isinstance(result, dict):
-                self._write(result)
-                if result.get("error") == "UNAUTHENTICATED":
+            result = handle_now(self, body)
+            if type(result) is bytes:
+                replies.append(result)
+                if self.close_after_reply:
+                    self._flush(replies)
                     self.close()
+                    return
             else:
-                self._spawn(result)
+                self._spawn(result)  # type: ignore[arg-type]
+        if replies:
+            self._flush(replies)
+        if offset:
+            del buffer[:offset]
+        self._offset = 0
         if self._closed:
             return
-        if self._offset:
-            del self._buffer[: self._offset]
-            self._offset = 0
-        self._track_partial()
-        self._update_reading()
+        has_frame = self._has_frame()
+        self._track_partial(has_frame)
+        self._update_reading(has_frame)
+
+    def _flush(self, replies: list[bytes]) -> None:
+        if not self._closed and self.transport is not None:
+            self.transport.write(replies[0] if len(replies) == 1 else b"".join(replies))
 
     def _schedule_turn(self) -> None:
         if not self._turn_scheduled and not self._closed:
             self._turn_scheduled = True
             self.loop.call_soon(self._turn)
 
-    def _track_partial(self) -> None:
-        if not self._buffer or self._has_frame():
+    def _track_partial(self, has_frame: bool) -> None:
+        if not self._buffer or has_frame:
             self._partial_since = None
         elif self._partial_since is None:
             self._partial_since = self._last_activity  # a new frame started: its clock starts
@@ -183,11 +198,13 @@ class LeaseConnection(asyncio.Protocol):
                 self._timer.cancel()
             self._arm_timer(self._next_check())
 
-    def _update_reading(self) -> None:
+    def _update_reading(self, has_frame: bool | None = None) -> None:
         if self.transport is None or self._closed:
             return
+        if has_frame is None:
+            has_frame = self._has_frame()
         # Stop reading while anything parsed waits: the kernel buffers, then TCP pushes back.
-        busy = self._blocked() or self._has_frame() or len(self._buffer) > MAX_FRAME_BYTES + 4
+        busy = self._blocked() or has_frame or len(self._buffer) > MAX_FRAME_BYTES + 4
         if busy and not self._reading_paused:
             self.transport.pause_reading()
             self._reading_paused = True
@@ -205,7 +222,7 @@ class LeaseConnection(asyncio.Protocol):
 
     def _write(self, reply: dict[str, Any]) -> None:
         if not self._closed and self.transport is not None:
-            self.transport.write(encode_frame(reply))
+            self.transport.write(self.server.encode(reply))
 
     def _spawn(self, request: Request) -> None:
         task = self.loop.create_task(self._answer(request))

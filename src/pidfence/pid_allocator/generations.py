@@ -18,3 +18,15 @@ def initial_generation(salt: bytes, pid: int) -> int:
     """The starting generation of ``pid`` issued from a block with ``salt``."""
     digest = hashlib.blake2b(pid.to_bytes(8, "big"), key=salt, digest_size=8).digest()
     return int.from_bytes(digest, "big") % GENERATION_START_LIMIT
+
+
+def generation_hasher(salt: bytes) -> hashlib.blake2b:
+    """The keyed hash state of a block's starting generations, to ``copy()`` per pid."""
+    return hashlib.blake2b(key=salt, digest_size=8)
+
+
+def generation_from(hasher: hashlib.blake2b, pid: int) -> int:
+    """``initial_generation(salt, pid)`` from ``generation_hasher(salt)``."""
+    h = hasher.copy()
+    h.update(pid.to_bytes(8, "big"))
+    return int.from_bytes(h.digest(), "big") % GENERATION_START_LIMIT

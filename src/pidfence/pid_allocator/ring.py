@@ -93,7 +93,20 @@ class LeaseRing:
             ValueError: ``pid`` is not above the newest pid (pids are monotonic per server).
         """
         self.ensure_room(now_ms, client)
-        if self._size and pid <= self._pids[(self._head + self._size - 1) % self.capacity]:
+        self.add_checked(pid, generation, expire_ms, client)
+
+    def add_checked(self, pid: int, generation: int, expire_ms: int, client: str = "") -> None:
+        """:meth:`append` right after ``ensure_room(now_ms, client)`` passed for the same lease
+        (the lease path checks room first and must not expire the head twice).
+
+        Raises:
+            LeaseCapacityExhausted: called without room (a caller bug, never a silent drop).
+            ValueError: ``pid`` is not above the newest pid.
+        """
+        size = self._size
+        if size == self.capacity or self._held.get(client, 0) >= self.share:
+            raise LeaseCapacityExhausted("lease ring full (add_checked without ensure_room)")
+        if size and pid <= self._pids[(self._head + size - 1) % self.capacity]:
             raise ValueError(f"pid {pid} is not above the newest pid in the ring")
         tail = (self._head + self._size) % self.capacity
         self._pids[tail] = pid

@@ -19,6 +19,7 @@ from typing import Any
 
 from pidfence.pid_allocator.coordinator import Coordinator
 from pidfence.pid_allocator.errors import LeaseServerUnreachable
+from pidfence.pid_allocator.loops import loop_factory
 from pidfence.pid_allocator.metrics import ServerMetrics
 from pidfence.pid_allocator.security import (
     load_auth_tokens,
@@ -203,7 +204,13 @@ class LeaseServerThread:
         return self
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
+        try:
+            factory, _ = loop_factory(self.settings.event_loop)
+        except Exception as exc:  # noqa: BLE001 - handed to start()'s caller
+            self._error = exc
+            self._ready.set()
+            return
+        loop = factory()
         self._loop = loop
         try:
             loop.run_until_complete(self._main())

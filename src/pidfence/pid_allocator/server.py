@@ -1,9 +1,13 @@
 """The asyncio TCP front of a lease server: authentication, limits and dispatch (DESIGN.md §5).
 
 Connections (``connection.py``) hand each frame body to ``handle_now``, which answers whatever
-needs no waiting (bad frames, pings, hello, leases from a held block) synchronously; the rest
-(bumps, rolls, a lease waiting for a block claim) goes to ``handle`` as a task. Every bad frame
-gets an error reply and never an exception.
+needs no waiting (bad frames, pings, hello, leases from a held block) synchronously, as an encoded
+frame; the rest (bumps, rolls, a lease waiting for a block claim) goes to ``handle`` as a task.
+Every bad frame gets an error reply and never an exception.
+
+The lease reply is the hot path: it is built as one dict literal and packed by one reused
+msgpack ``Packer`` (the event loop is the only thread that encodes), and its metrics are plain
+numbers (``metrics.py``).
 
 With auth tokens, a connection's first request must be ``hello`` with a listed token; before
 it only ``ping`` is answered (``now_ms`` alone) and anything else gets UNAUTHENTICATED, after
@@ -20,6 +24,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import msgpack
+
 from pidfence.pid_allocator.connection import LeaseConnection
 from pidfence.pid_allocator.errors import (
     LeaseError,
@@ -29,6 +35,8 @@ from pidfence.pid_allocator.errors import (
 )
 from pidfence.pid_allocator.metrics import ServerMetrics
 from pidfence.pid_allocator.protocol import (
+    LENGTH,
+    PROTOCOL_VERSION,
     BumpRequest,
     HelloRequest,
     LeaseRequest,
@@ -75,13 +83,10 @@ class LeaseServer:
         self._server: asyncio.Server | None = None
         self._connections: set[LeaseConnection] = set()
         self._per_address: dict[str, int] = {}
-        self._zk_errors_seen = 0
-        self._blocks_seen = 0
-        self._zk_writes_seen = 0
-        self._latency = {
-            op: self.metrics.latency.labels(op)
-            for op in ("hello", "lease", "bump", "roll", "ping", "invalid")
-        }
+        self._latency = self.metrics.latency
+        self._lease_latency = self._latency["lease"]
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        self.metrics.service_counts = self._service_counts
 
     @property
     def settings(self) -> LeaseServerSettings:
@@ -162,41 +167,66 @@ class LeaseServer:
                 found = name
         return found
 
-    def handle_now(self, connection: LeaseConnection, body: bytes) -> dict[str, Any] | Request:
-        """The reply when it needs no waiting, else the parsed request for :meth:`handle`."""
+    def encode(self, reply: dict[str, Any]) -> bytes:
+        """One reply as a length-prefixed frame (event loop thread only: the packer is reused)."""
+        body: bytes = self._pack(reply)
+        return LENGTH.pack(len(body)) + body
+
+    def handle_now(self, connection: LeaseConnection, body: bytes) -> bytes | Request:
+        """The reply frame when it needs no waiting, else the parsed request for :meth:`handle`.
+
+        After an UNAUTHENTICATED reply the connection is marked to close once it is written.
+        """
         started = time.perf_counter()
-        op = "invalid"
         try:
             request = parse_request(body)
         except RequestRejected as exc:
             if not connection.authenticated:
+                connection.close_after_reply = True
                 reply = self.error_reply(None, Unauthenticated(_UNAUTHENTICATED))
             else:
                 reply = self.error_reply(exc.request_id, exc.error)
-        else:
+            self._latency["invalid"].observe(time.perf_counter() - started)
+            return self.encode(reply)
+        if type(request) is LeaseRequest and connection.authenticated:
             try:
-                if isinstance(request, PingRequest):
-                    op = "ping"
-                    reply = self._ping_reply(request.id, full=connection.authenticated)
-                elif isinstance(request, HelloRequest):
-                    op = "hello"
-                    reply = self._hello(connection, request)
-                elif not connection.authenticated:
-                    reply = self.error_reply(request.id, Unauthenticated(_UNAUTHENTICATED))
-                elif isinstance(request, LeaseRequest):
-                    op = "lease"
-                    grant = self.service.lease_now(connection.client)
-                    if grant is None:
-                        return request
-                    self.metrics.leases.inc()
-                    reply = _grant_reply(request.id, grant, sequence=0)
-                else:
-                    return request
+                fields = self.service.lease_fields_now(connection.client)
             except LeaseError as exc:
                 reply = self.error_reply(request.id, exc)
-        self._sync_counters()
+            else:
+                if fields is None:
+                    return request  # waits for a block claim
+                pid, generation, expire_ms, secret, cert = fields
+                self.metrics.leases_issued += 1
+                reply = {
+                    "v": PROTOCOL_VERSION,
+                    "id": request.id,
+                    "error": None,
+                    "pid": pid,
+                    "generation": generation,
+                    "expire_ms": expire_ms,
+                    "secret": secret,
+                    "sequence": 0,
+                }
+                if cert is not None:
+                    reply["cert"] = cert
+            frame = self.encode(reply)
+            self._lease_latency.observe(time.perf_counter() - started)
+            return frame
+        if isinstance(request, PingRequest):
+            op = "ping"
+            reply = self._ping_reply(request.id, full=connection.authenticated)
+        elif isinstance(request, HelloRequest):
+            op = "hello"
+            reply = self._hello(connection, request)
+        elif not connection.authenticated:
+            op = "invalid"
+            connection.close_after_reply = True
+            reply = self.error_reply(request.id, Unauthenticated(_UNAUTHENTICATED))
+        else:
+            return request
         self._latency[op].observe(time.perf_counter() - started)
-        return reply
+        return self.encode(reply)
 
     def _hello(self, connection: LeaseConnection, request: HelloRequest) -> dict[str, Any]:
         if self.tokens is None:
@@ -227,7 +257,7 @@ class LeaseServer:
             if isinstance(request, LeaseRequest):
                 op = "lease"
                 grant = await self.service.lease(request.partitions, client)
-                self.metrics.leases.inc()
+                self.metrics.leases_issued += 1
                 reply = _grant_reply(request.id, grant, sequence=0)
             elif isinstance(request, BumpRequest):
                 op = "bump"
@@ -252,7 +282,6 @@ class LeaseServer:
             reply = self.error_reply(
                 request.id, LeaseServiceUnavailable(f"internal error ({type(exc).__name__})")
             )
-        self._sync_counters()
         self._latency[op].observe(time.perf_counter() - started)
         return reply
 
@@ -266,19 +295,14 @@ class LeaseServer:
             reply["successor_generation"] = error.successor_generation
         return reply
 
-    def _sync_counters(self) -> None:
-        blocks = self.service.blocks_claimed
-        if blocks > self._blocks_seen:
-            self.metrics.blocks.inc(blocks - self._blocks_seen)
-            self._blocks_seen = blocks
-        writes = self.service.coordinator.writes
-        if writes > self._zk_writes_seen:
-            self.metrics.zk_writes.inc(writes - self._zk_writes_seen)
-            self._zk_writes_seen = writes
-        errors = int(getattr(self.service.coordinator, "errors", 0))
-        if errors > self._zk_errors_seen:
-            self.metrics.zk_errors.inc(errors - self._zk_errors_seen)
-            self._zk_errors_seen = errors
+    def _service_counts(self) -> tuple[int, int, int]:
+        """Blocks claimed, ZooKeeper writes and ZooKeeper errors, read when metrics are scraped."""
+        coordinator = self.service.coordinator
+        return (
+            self.service.blocks_claimed,
+            coordinator.writes,
+            int(getattr(coordinator, "errors", 0)),
+        )
 
 
 def _grant_reply(request_id: RequestId, grant: Grant, **extra: Any) -> dict[str, Any]:

@@ -16,14 +16,19 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pidfence.pid_allocator.capability import make_secret
+from pidfence.pid_allocator.capability import make_secret, secret_from, secret_hasher
 from pidfence.pid_allocator.clock import SteadyClock
 from pidfence.pid_allocator.coordinator import Block, BlockRequest, Coordinator
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
-from pidfence.pid_allocator.generations import initial_generation
+from pidfence.pid_allocator.generations import (
+    generation_from,
+    generation_hasher,
+    initial_generation,
+)
 from pidfence.pid_allocator.lineage import Lineage, LocalLease, Outcome
 from pidfence.pid_allocator.ring import LeaseRing
 from pidfence.pid_allocator.settings import LeaseServerSettings
@@ -42,6 +47,10 @@ class Grant:
     expire_ms: int
     secret: bytes
     cert: bytes | None = None
+
+
+#: A lease as the server sends it: (pid, generation, expire_ms, secret, cert or None).
+LeaseFields = tuple[int, int, int, bytes, bytes | None]
 
 
 class LeaseService:
@@ -82,6 +91,8 @@ class LeaseService:
         self.zk = ZkQueue(executor, self.settings.zk_queue, self.settings.zk_share)
         self.lineage = Lineage(coordinator, self.settings.retention)
         self._blocks: deque[Block] = deque()
+        # Keyed hash states of the first held block (generation, secret), copied per pid.
+        self._keyed: tuple[int, Any, Any] = (-1, None, None)
         self._next_pid = 0
         self._claim: asyncio.Future[Block] | None = None
         self.blocks_claimed = 0
@@ -97,10 +108,13 @@ class LeaseService:
     # -- blocks ---------------------------------------------------------------------------------
 
     def _remaining(self) -> int:
-        if not self._blocks:
+        blocks = self._blocks
+        if not blocks:
             return 0
-        first, *rest = self._blocks
-        return first.end - self._next_pid + sum(b.end - b.start for b in rest)
+        left = blocks[0].end - self._next_pid
+        if len(blocks) > 1:
+            left += sum(b.end - b.start for b in blocks) - (blocks[0].end - blocks[0].start)
+        return left
 
     def _drop_used(self, now_ms: int) -> None:
         while self._blocks and (
@@ -149,9 +163,13 @@ class LeaseService:
             self._next_pid = block.start
         self._blocks.append(block)
 
-    def _pid_now(self) -> tuple[int, Block] | None:
-        self._drop_used(self.clock())
-        if self._remaining() <= self.settings.block_size // 2 and self.coordinator.connected:
+    def _pid_now(self, now_ms: int | None = None) -> tuple[int, Block] | None:
+        self._drop_used(self.clock() if now_ms is None else now_ms)
+        if (
+            self._claim is None
+            and self._remaining() <= self.settings.block_size // 2
+            and self.coordinator.connected
+        ):
             self._start_claim()  # prefetch before the current block runs out
         if not self._blocks:
             return None
@@ -217,12 +235,35 @@ class LeaseService:
             LeaseCapacityExhausted: the ring is full of live leases, or ``client`` holds its
                 share of it.
         """
-        self.ring.ensure_room(self.clock(), client)
-        taken = self._pid_now()
+        fields = self.lease_fields_now(client)
+        return None if fields is None else Grant(*fields)
+
+    def lease_fields_now(self, client: str = "") -> LeaseFields | None:
+        """:meth:`lease_now` as a plain tuple: the server's hot path (one clock read, no
+        intermediate objects, the block's keyed hashes prepared once per block).
+
+        Raises:
+            LeaseCapacityExhausted: as :meth:`lease_now`.
+        """
+        now = self.clock()
+        ring = self.ring
+        ring.ensure_room(now, client)
+        taken = self._pid_now(now)
         if taken is None:
             return None
+        pid, block = taken
+        start = block.start
+        keyed_start, generations, secrets = self._keyed
+        if keyed_start != start:
+            generations, secrets = generation_hasher(block.salt), secret_hasher(block.salt)
+            self._keyed = (start, generations, secrets)
+        generation = generation_from(generations, pid)
+        expire_ms = now + self.settings.lifetime_ms
+        ring.add_checked(pid, generation, expire_ms, client)
         self.leases += 1
-        return self._grant(self._issue(*taken, client))
+        signing_key = self.signing_key
+        cert = None if signing_key is None else encode_cert(signing_key, pid, generation, expire_ms)
+        return pid, generation, expire_ms, secret_from(start, secrets, pid), cert
 
     async def lease(self, partitions: tuple[tuple[str, int], ...] = (), client: str = "") -> Grant:
         """Issue a new pid at a random starting generation."""

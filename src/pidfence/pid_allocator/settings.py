@@ -54,6 +54,8 @@ class LeaseServerSettings:
         metrics_port: Prometheus endpoint port (None: off).
         log_format: ``text`` or ``json``.
         ready_file: written with ``HOST:PORT`` once listening.
+        event_loop: ``auto`` (uvloop when installed, else asyncio's own), ``asyncio`` or
+            ``uvloop`` (``--loop``).
     """
 
     host: str = "127.0.0.1"
@@ -87,6 +89,7 @@ class LeaseServerSettings:
     metrics_port: int | None = None
     log_format: str = "text"
     ready_file: Path | None = None
+    event_loop: str = "auto"
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -113,6 +116,10 @@ class LeaseServerSettings:
             (self.zk_workers >= 1, "zk_workers must be >= 1"),
             (0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}"),
             (self.log_format in ("text", "json"), "log_format must be text or json"),
+            (
+                self.event_loop in ("auto", "asyncio", "uvloop"),
+                f"event_loop must be auto, asyncio or uvloop, got {self.event_loop!r}",
+            ),
             (
                 (self.tls_cert is None) == (self.tls_key is None),
                 "give --tls-cert and --tls-key together",
