@@ -104,12 +104,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="10,10000")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    for size in (int(s) for s in args.sizes.split(",")):
-        got = measure(size, args.repeat)
+    measure(10, 1)  # warm-up: imports, numpy and Parquet code paths
+    sizes = [int(x) for x in args.sizes.split(",")]
+    got: dict[int, list[dict[str, float]]] = {size: [] for size in sizes}
+    # Interleaved rounds: the machine is shared, so one size must not get all the quiet time.
+    for _ in range(args.rounds):
+        for size in sizes:
+            got[size].append(measure(size, args.repeat))
+    for size in sizes:
+        first = statistics.median(g["first_ms"] for g in got[size])
+        steady = statistics.median(g["steady_ms"] for g in got[size])
         print(
-            f"batch {size:>6,}: idle partition's first batch {got['first_ms']:7.1f} ms, "
-            f"steady state {got['steady_ms']:7.1f} ms per batch ({RECORDS:,} records)"
+            f"batch {size:>6,}: idle partition's first batch {first:7.1f} ms, "
+            f"steady state {steady:7.1f} ms per batch ({RECORDS:,} records; median of "
+            f"{args.rounds} rounds)"
         )
 
 
