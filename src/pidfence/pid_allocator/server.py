@@ -233,6 +233,7 @@ class LeaseServer:
             return ok_reply(request.id, client=connection.client)
         name = self._client_name(request.token)
         if name is None:
+            connection.close_after_reply = True
             return self.error_reply(request.id, Unauthenticated("unknown auth token"))
         connection.authenticate(name)
         return ok_reply(request.id, client=name)
