@@ -1,0 +1,131 @@
+"""``pidfence bench soak``: the pipeline for 30 minutes (``--quick``: 3) with the demo's faults
+repeated, memory, batch times and state sampled every minute, zero anomalies required.
+
+ZooKeeper, Kafka and two lease servers are started for the run; four ``pidfence produce``
+processes (100 records/s each, 20 s leases, so they roll to a new pid every ~19 s) write a
+4-partition raw topic; a pidfence streaming query (processing-time trigger every 2 s, its own
+Spark driver process, ``local[2]``) reads it. Every 5 minutes (1 in runs under 10 minutes) one
+round of faults: p0 SIGKILLed and resumed, p1 paused, replaced and woken as a zombie, p2 paused
+until its lease has ended (it must stop by itself); p3 re-sends an acknowledged record every 100
+throughout. Halfway between rounds the sink is restarted, alternately with SIGTERM and by a crash
+(SIGKILL of the driver, its JVM and its Python workers). ``PIDFENCE_SOAK_MINUTES`` overrides the
+duration, ``PIDFENCE_SOAK_OUT`` keeps the run's files (default: a temporary folder).
+
+The figures: per process tree (found from the pids started here, never by name) its RSS over time,
+the per-batch time from the query progress, the bytes under the output's ``_state``; each as
+first/last/min/max and the least-squares slope per 10 minutes over the run and over its second
+half. The plot goes to ``bench/results/soak.png`` (``soak-quick.png`` for ``--quick``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+
+from pidfence.benchkit import BenchReport
+from pidfence.demo.soak import SoakResult, run_soak
+from pidfence.demo.soak_config import SoakConfig, config_from_env
+from pidfence.demo.soak_figures import batch_time_stats, figure_rows
+from pidfence.demo.soak_plot import write_plot
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: RSS and state lines are judged after this many seconds (JVM heaps grow at first).
+WARMUP_S = 120.0
+
+
+def run(quick: bool, progress: Progress) -> BenchReport:
+    """Run the soak (starts and stops its own ZooKeeper, Kafka, lease servers and Spark)."""
+    plot = RESULTS / ("soak-quick.png" if quick else "soak.png")
+    return soak_bench(config_from_env(quick, plot), progress)
+
+
+def soak_bench(config: SoakConfig, progress: Progress) -> BenchReport:
+    """Run ``config`` and turn the result into the bench's report (and the plot)."""
+    task = progress.add_task(f"soak: {config.minutes:g} min", total=None)
+
+    def log(line: str) -> None:
+        progress.console.log(line)
+        progress.update(task, description=f"soak: {line[:100]}")
+
+    result = run_soak(config, log=log)
+    warmup = min(WARMUP_S, config.seconds / 4)
+    rows = figure_rows(result.samples, warmup_s=warmup)
+    stats = batch_time_stats(result.batches)
+    if config.plot is not None:
+        write_plot(
+            result.samples,
+            result.batches,
+            result.faults,
+            config.plot,
+            wall_start=result.wall_started,
+            title=f"pidfence soak: {config.minutes:g} min, {config.producers} producers x "
+            f"{config.rate:g}/s, trigger {config.trigger_s:g} s, faults every "
+            f"{config.fault_every_s / 60:g} min",
+        )
+    return BenchReport(
+        title=(
+            f"soak: {config.minutes:g} min, {config.producers} producers at {config.rate:g}/s, "
+            f"{config.partitions} partitions, trigger {config.trigger_s:g} s, faults every "
+            f"{config.fault_every_s:g} s"
+        ),
+        columns=list(rows[0]) if rows else ["series"],
+        rows=rows,
+        params={
+            "ok": result.ok,
+            "minutes": config.minutes,
+            "producers": config.producers,
+            "rate_per_producer": config.rate,
+            "partitions": config.partitions,
+            "lease_lifetime_s": config.lease_lifetime_s,
+            "fault_every_s": config.fault_every_s,
+            "sample_s": config.sample_s,
+            "trigger_s": config.trigger_s,
+            "master": config.master,
+            "slopes_after_s": warmup,
+            "anomalies": result.anomalies,
+            "informational": result.informational,
+            "examples": result.examples,
+            "counts": result.counts,
+            "verdicts": result.verdicts,
+            "faults_happened": dict(result.faults_happened),
+            "failures": result.failures,
+            "batch_time": stats,
+            "phases_s": result.phases_s,
+            "plot": str(config.plot) if config.plot else None,
+            "out": str(config.out),
+            "samples": result.samples,
+            "faults": result.faults,
+        },
+        notes=_notes(result, rows, stats, warmup),
+    )
+
+
+def _notes(
+    result: SoakResult, rows: list[dict[str, Any]], stats: dict[str, float], warmup: float
+) -> list[str]:
+    bad = {k: v for k, v in result.anomalies.items() if v}
+    notes = [
+        f"anomalies: {bad or 'none'} (event_duplicate "
+        f"{result.anomalies.get('event_duplicate')}, event_lost "
+        f"{result.anomalies.get('event_lost')}); informational {result.informational}",
+        f"faults that happened: {dict(result.faults_happened)}; unexpected exits: "
+        f"{result.failures or 'none'}",
+        f"verdicts: {result.verdicts}",
+        f"streaming batches: {stats or 'none'}",
+        f"slopes are least-squares per 10 minutes, from {warmup:g} s on; '2nd half' uses the "
+        "samples of the run's second half only",
+    ]
+    rising = [
+        f"{r['series']} {r['slope/10min 2nd half']:+,} {r['unit']}/10 min"
+        for r in rows
+        if r.get("slope/10min 2nd half") is not None
+        and r["max"]
+        and abs(r["slope/10min 2nd half"]) > 0.05 * r["max"]
+    ]
+    notes.append(
+        "not flat in the second half (|slope| > 5% of max per 10 min): "
+        + (", ".join(rising) if rising else "none")
+    )
+    return notes

@@ -1,0 +1,94 @@
+"""The soak's PNG: RSS per process, per-batch time and state bytes over time, faults marked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pidfence.demo.soak_figures import MB
+
+
+def write_plot(
+    samples: Sequence[dict[str, Any]],
+    batches: Sequence[dict[str, Any]],
+    faults: Sequence[dict[str, Any]],
+    path: Path,
+    wall_start: float,
+    title: str,
+) -> None:
+    """Three panels sharing the time axis (minutes since the producers started).
+
+    Args:
+        samples: the soak's samples (``t_s``, ``rss``, ``state_bytes``, ``batch_s_median``).
+        batches: every batch line (wall ``t``, ``seconds``, ``streaming``).
+        faults: fault events (``t_s``, ``fault``); one marker per fault start.
+        path: the PNG to write.
+        wall_start: wall time of the producers' start (batch lines carry wall time).
+        title: the figure's title.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_rss, ax_batch, ax_state) = plt.subplots(3, 1, figsize=(11, 11), sharex=True)
+    names: list[str] = []
+    for sample in samples:
+        names.extend(n for n in sample["rss"] if n not in names)
+    for name in names:
+        points = [(s["t_s"] / 60, s["rss"][name] / MB) for s in samples if s["rss"].get(name)]
+        if points:
+            px, py = zip(*points, strict=True)
+            ax_rss.plot(px, py, marker=".", label=name)
+    ax_rss.set_ylabel("RSS (MB)")
+    ax_rss.set_yscale("log")
+    ax_rss.legend(fontsize="x-small", ncol=3, loc="upper left")
+    ax_rss.set_title("resident memory per process tree")
+
+    streaming = [b for b in batches if b.get("streaming") and b.get("seconds") is not None]
+    if streaming:
+        ax_batch.scatter(
+            [(b["t"] - wall_start) / 60 for b in streaming],
+            [b["seconds"] for b in streaming],
+            s=4,
+            alpha=0.4,
+            label="each batch",
+        )
+    medians = [(s["t_s"] / 60, s["batch_s_median"]) for s in samples if s.get("batch_s_median")]
+    if medians:
+        mx, my = zip(*medians, strict=True)
+        ax_batch.plot(mx, my, color="black", marker="o", label="median since previous sample")
+    ax_batch.set_ylabel("batch time (s)")
+    ax_batch.set_title("per-batch time (query progress: triggerExecution)")
+    ax_batch.legend(fontsize="x-small", loc="upper left")
+
+    xs: list[float] = [s["t_s"] / 60 for s in samples]
+    ax_state.plot(xs, [s["state_bytes"] / 1024 for s in samples], marker="o", label="state KB")
+    ax_state.set_ylabel("bytes under _state (KB)")
+    ax_state.set_xlabel("minutes since the producers started")
+    ax_state.set_title("sink state on disk")
+    twin = ax_state.twinx()
+    twin.plot(xs, [s["records_in"] for s in samples], color="grey", ls="--", label="records in")
+    twin.set_ylabel("records read (cumulative)")
+
+    colours = {"kill": "red", "zombie": "orange", "lease-zombie": "purple",
+               "sink-restart": "green", "sink-crash": "brown"}  # fmt: skip
+    starts: dict[str, float] = {}
+    for event in faults:
+        name = event["fault"]
+        if name in colours and str(event["event"]).startswith("round"):
+            if starts.get(name) == event["t_s"]:
+                continue
+            starts[name] = event["t_s"]
+            for ax in (ax_rss, ax_batch, ax_state):
+                ax.axvline(event["t_s"] / 60, color=colours[name], alpha=0.25, lw=1)
+    legend = (
+        "vertical lines: faults (red kill, orange zombie, purple lease-zombie, "
+        "green sink SIGTERM restart, brown sink crash)"
+    )
+    fig.suptitle(f"{title}\n{legend}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,81 @@
+"""`pidfence bench soak` on tiny sizes: one minute of producing, every fault once, zero anomalies.
+
+The bench starts its own ZooKeeper, Kafka, lease servers and sink process, like a real run. The
+test asserts what happened (faults, samples, the checker's verdict), never how fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.progress import Progress
+
+from pidfence.benchkit import load_bench
+from pidfence.demo.config import BadDemoOption
+from pidfence.demo.procstat import parse_stat_ppid
+from pidfence.demo.soak_config import MINUTES_ENV, SoakConfig, config_from_env
+from pidfence.demo.soak_figures import slope_per_10min
+from pidfence.services.process import started_pids
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_soak_bench_runs_every_fault_and_finds_no_anomaly(tmp_path: Path) -> None:
+    before = started_pids()
+    bench = load_bench("soak", BENCH_DIR)
+    config = SoakConfig(
+        minutes=1.0,
+        out=tmp_path / "soak",
+        plot=tmp_path / "soak.png",
+        lease_lifetime_s=12.0,
+        fault_every_s=30.0,
+        sample_s=15.0,
+    )
+    with Progress(disable=True) as progress:
+        report = bench.soak_bench(config, progress)
+
+    params = report.params
+    assert params["ok"], json.dumps({k: params[k] for k in ("anomalies", "examples", "failures")})
+    assert params["anomalies"]["event_duplicate"] == 0
+    assert params["anomalies"]["event_lost"] == 0
+    assert not any(params["anomalies"].values()), params["examples"]
+    # Every fault really happened at least once (a run where none fired cannot pass).
+    happened = params["faults_happened"]
+    for fault in ("kill", "zombie", "lease-zombie", "sink-restart"):
+        assert happened.get(fault, 0) >= 1, (fault, params["faults"])
+    assert params["verdicts"].get("FENCED", 0) >= 1
+    assert params["verdicts"].get("DUPLICATE", 0) >= 1
+    # The samples are written as they are taken, with the RSS of every process tree.
+    lines = (tmp_path / "soak" / "samples.jsonl").read_text().splitlines()
+    samples = [json.loads(line) for line in lines]
+    assert len(samples) >= 4
+    expected = {"zookeeper", "kafka", "lease-0", "lease-1", "p0", "p1", "p2", "p3", "harness"}
+    assert expected <= set(samples[-1]["rss"])
+    assert any(s["rss"].get("spark JVM", 0) > 0 for s in samples)
+    assert samples[-1]["records_in"] > 0
+    assert {row["series"] for row in report.rows} >= {"RSS kafka", "state bytes"}
+    assert (tmp_path / "soak.png").stat().st_size > 10_000
+    # Everything the bench started was stopped.
+    assert started_pids() <= before
+
+
+def test_soak_minutes_come_from_the_environment(tmp_path: Path) -> None:
+    env = {MINUTES_ENV: "7.5", "PIDFENCE_SOAK_OUT": str(tmp_path)}
+    assert config_from_env(False, None, env).minutes == 7.5
+    assert config_from_env(True, None, {"PIDFENCE_SOAK_OUT": str(tmp_path)}).minutes == 3.0
+    full = config_from_env(False, None, {"PIDFENCE_SOAK_OUT": str(tmp_path)})
+    assert (full.minutes, full.fault_every_s, full.sample_s) == (30.0, 300.0, 60.0)
+    with pytest.raises(BadDemoOption, match=MINUTES_ENV):
+        config_from_env(False, None, {MINUTES_ENV: "half an hour"})
+
+
+def test_parent_pid_parsing_survives_odd_command_names() -> None:
+    assert parse_stat_ppid("42 (a) b (c)) S 7 42 42 0 -1") == 7
+
+
+def test_slope_is_per_ten_minutes() -> None:
+    assert slope_per_10min([(0.0, 100.0), (600.0, 100.0)]) == 0.0
+    assert slope_per_10min([(0.0, 0.0), (60.0, 1.0), (120.0, 2.0)]) == pytest.approx(10.0)
+    assert slope_per_10min([(5.0, 1.0)]) is None
