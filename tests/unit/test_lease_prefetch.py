@@ -1,0 +1,101 @@
+"""Block prefetch: a busy server claims its next block early enough that leases never wait.
+
+A claim is held open (a gated coordinator) while leases are issued, so "how many pids did the
+claim's wait consume" is decided by the test, not by timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pidfence.pid_allocator import LeaseServerSettings, LeaseService, MemoryCoordinator
+from pidfence.pid_allocator.coordinator import Block, BlockRequest
+from pidfence.pid_allocator.service import MAX_RESERVE_BLOCKS
+
+BLOCK = 10
+
+
+class GatedCoordinator(MemoryCoordinator):
+    """Claims wait for ``gate`` (set: claims pass at once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.claims = 0
+
+    def claim_block(self, request: BlockRequest) -> Block:
+        self.claims += 1
+        if not self.gate.wait(10):
+            raise TimeoutError("test never opened the gate")
+        return super().claim_block(request)
+
+
+def _service(coordinator: MemoryCoordinator, executor: ThreadPoolExecutor) -> LeaseService:
+    settings = LeaseServerSettings(block_size=BLOCK, lifetime_ms=60_000)
+    return LeaseService(coordinator, executor, settings, rng=random.Random(1))
+
+
+async def _settle(service: LeaseService) -> None:
+    while service.claiming:
+        await asyncio.sleep(0.001)
+
+
+@given(st.integers(0, 10 * BLOCK))
+def test_reserve_stays_between_half_a_block_and_the_cap(used: int) -> None:
+    with ThreadPoolExecutor(1) as executor:
+        service = _service(MemoryCoordinator(), executor)
+        service._adapt_reserve(used)
+        assert BLOCK // 2 <= service._reserve <= MAX_RESERVE_BLOCKS * BLOCK
+        assert service._reserve == min(max(BLOCK // 2, 2 * used), MAX_RESERVE_BLOCKS * BLOCK)
+
+
+def test_a_slow_claim_makes_the_next_one_start_earlier() -> None:
+    async def scenario() -> None:
+        coordinator = GatedCoordinator()
+        with ThreadPoolExecutor(1) as executor:
+            service = _service(coordinator, executor)
+            await service.lease()  # first block
+            await _settle(service)
+            # Issue down to half a block: the prefetch claim starts and is held open.
+            coordinator.gate.clear()
+            while not service.claiming:
+                assert service.lease_now() is not None
+            issued_before = service.leases
+            for _ in range(3):  # leases issued while the claim waits
+                assert service.lease_now() is not None
+            used = service.leases - issued_before
+            coordinator.gate.set()
+            await _settle(service)
+            assert service._reserve == max(BLOCK // 2, 2 * (used + 1))
+            # The next claim starts as soon as the held pids drop to the new reserve.
+            while service._remaining() > service._reserve:
+                assert service.lease_now() is not None
+                assert not service.claiming
+            assert service.lease_now() is not None
+            assert service.claiming
+            await _settle(service)
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_server_keeps_the_half_block_rule() -> None:
+    async def scenario() -> None:
+        coordinator = GatedCoordinator()
+        with ThreadPoolExecutor(1) as executor:
+            service = _service(coordinator, executor)
+            await service.lease()
+            await _settle(service)
+            for _ in range(BLOCK):
+                await service.lease()
+                await _settle(service)
+            assert service._reserve == BLOCK // 2
+            assert coordinator.writes == coordinator.claims  # one write per claim
+
+    asyncio.run(scenario())
