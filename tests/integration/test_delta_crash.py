@@ -140,9 +140,6 @@ from tests.unit.test_sink_process import kafka_rows
 path, start, kill_batch, point = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 options = SinkOptions.parse({"path": path, **SETTINGS})
 open_layout(options.path, options.rejects_path, SINK_QUERY)
-PidfenceStreamWriter.layout = lambda self: DeltaLayout(
-    self.options.path, self.options.rejects_path, SINK_QUERY
-)
 
 def die(at):
     if at == point:

@@ -28,7 +28,13 @@ from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from tests.unit.test_sink_process import Record, kafka_rows, make_stream, reference
 
-SETTINGS = {"capacity": "64", "lifetime": "10000000", "reorderWindow": "3", "compactEvery": "2"}
+SETTINGS = {
+    "capacity": "64",
+    "lifetime": "10000000",
+    "reorderWindow": "3",
+    "compactEvery": "2",
+    "tableFormat": "delta",
+}
 RULES = {"capacity": 64, "lifetime_ms": 10_000_000, "reorder_window": 3}
 QUERY = "0f1e2d3c-delta-query"
 
@@ -38,11 +44,6 @@ def writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pidfence
     """The sink's writer with the Delta layout, its tables opened as the driver would."""
     options = SinkOptions.parse({"path": str(tmp_path), **SETTINGS})
     open_layout(options.path, options.rejects_path, QUERY)
-    monkeypatch.setattr(
-        PidfenceStreamWriter,
-        "layout",
-        lambda self: DeltaLayout(self.options.path, self.options.rejects_path, QUERY),
-    )
     yield PidfenceStreamWriter(options)
 
 
@@ -246,11 +247,6 @@ def test_file_uri_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     uri = f"file://{tmp_path}"
     options = SinkOptions.parse({"path": uri, **SETTINGS})
     open_layout(options.path, options.rejects_path, QUERY)
-    monkeypatch.setattr(
-        PidfenceStreamWriter,
-        "layout",
-        lambda self: DeltaLayout(self.options.path, self.options.rejects_path, QUERY),
-    )
     w = PidfenceStreamWriter(options)
     records = make_stream(29, 150)
     for b, chunk in enumerate(_chunks(records)):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pidfence.spark_sink import delta_layout as layout_mod
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta_care import compact
-from pidfence.spark_sink.delta_layout import DeltaLayout, open_layout
+from pidfence.spark_sink.delta_layout import open_layout
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from tests.unit.test_delta_layout import QUERY, RULES, SETTINGS
@@ -47,11 +47,6 @@ def _run(
     options = SinkOptions.parse({"path": str(root), **SETTINGS})
     open_layout(options.path, options.rejects_path, QUERY)
     mp = pytest.MonkeyPatch()
-    mp.setattr(
-        PidfenceStreamWriter,
-        "layout",
-        lambda self: DeltaLayout(self.options.path, self.options.rejects_path, QUERY),
-    )
     real = layout_mod.commit_moves
 
     def die_on_log(path: str, kind: str, *args: Any, **kwargs: Any) -> bool:

@@ -139,6 +139,14 @@ class DeltaLayout(ParquetLayout):
         ids = [b for b in manifest_ids(self.store) if b <= top]
         return ids[-1] if ids else None
 
+    def committed_ids(self) -> list[int]:
+        """Every batch this query committed to the log table, ascending (re-reads the table's
+        transaction version: a manifest above it belongs to an attempt that never committed)."""
+        self._version = None
+        self._tables.pop("log", None)
+        top = self.committed_version()
+        return [b for b in manifest_ids(self.store) if b <= top]
+
     # ----------------------------------------------------------------------------- writing
 
     def stage_part(

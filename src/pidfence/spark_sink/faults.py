@@ -1,12 +1,15 @@
 """Fault injection for the exactly-once tests (off unless the environment asks for it).
 
-``PIDFENCE_SINK_CRASH_AT=after_write|before_manifest|after_manifest`` SIGKILLs the whole process
-group of the sink at that point: the driver, its JVM and the Python workers die together, like a
-lost machine. It only fires when ``PIDFENCE_SINK_CRASH_PGID`` names the current process group or
-session (PySpark's workers have a process group of their own inside the driver's session), so
-run the sink as a session leader (``subprocess.Popen(..., start_new_session=True)``) and set that
-variable to the child's pid, or to ``self`` (``pidfence sink`` then substitutes its own pid);
-restart without the variables (so it fires once).
+``PIDFENCE_SINK_CRASH_AT=after_write|before_manifest|rejects_committed|after_manifest`` SIGKILLs
+the whole process group of the sink at that point (``before_manifest``: the batch's files are
+written, nothing is committed; ``rejects_committed``: the Delta layout committed the rejects table,
+not yet the log table; ``after_manifest``: the batch is committed, Spark's commit log not yet):
+the driver, its JVM and the Python workers die together, like a lost machine. It only fires when
+``PIDFENCE_SINK_CRASH_PGID`` names the current process group or session (PySpark's workers have a
+process group of their own inside the driver's session), so run the sink as a session leader
+(``subprocess.Popen(..., start_new_session=True)``) and set that variable to the child's pid, or
+to ``self`` (``pidfence sink`` then substitutes its own pid); restart without the variables (so
+it fires once).
 
 ``PIDFENCE_SINK_FAIL_ATTEMPT0=1`` makes ``write()`` raise on every task's first attempt (use a
 master such as ``local[2,3]`` so Spark retries tasks).
@@ -21,7 +24,7 @@ from typing import Final
 CRASH_AT: Final = "PIDFENCE_SINK_CRASH_AT"
 CRASH_PGID: Final = "PIDFENCE_SINK_CRASH_PGID"
 FAIL_ATTEMPT0: Final = "PIDFENCE_SINK_FAIL_ATTEMPT0"
-POINTS: Final = ("after_write", "before_manifest", "after_manifest")
+POINTS: Final = ("after_write", "before_manifest", "rejects_committed", "after_manifest")
 
 
 def resolve_self_pgid() -> None:

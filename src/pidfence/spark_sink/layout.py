@@ -29,6 +29,7 @@ from pidfence.spark_sink.storage import (
     Store,
     batch_name,
     last_committed_before,
+    manifest_ids,
     manifest_path,
     part_name,
     try_manifest,
@@ -70,6 +71,9 @@ class BatchLayout(Protocol):
 
     def last_committed_before(self, batch_id: int) -> int | None:
         """The newest committed batch below ``batch_id``."""
+
+    def committed_ids(self) -> list[int]:
+        """Every committed batch id, ascending (read afresh on each call)."""
 
     def stage_part(
         self,
@@ -128,6 +132,10 @@ class ParquetLayout:
     def last_committed_before(self, batch_id: int) -> int | None:
         """The newest committed batch below ``batch_id``."""
         return last_committed_before(self.store, batch_id)
+
+    def committed_ids(self) -> list[int]:
+        """Every batch with a manifest, ascending."""
+        return manifest_ids(self.store)
 
     def _root(self, kind: str) -> Store:
         return self.rejects if kind == "rejects" else self.store

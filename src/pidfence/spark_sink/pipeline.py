@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pidfence.spark_sink.errors import SinkOptionError
-from pidfence.spark_sink.storage import Store, manifest_ids, read_manifest
+from pidfence.spark_sink.output import committed_ids, is_delta, reading_layout
 
 #: Spark settings for a session that runs the sink: bigger Arrow batches to the Python writer
 #: than Spark's default 10k rows, fewer round trips per task (see bench/sink.py).
@@ -27,6 +27,8 @@ class SinkRunSummary:
     records_in: int = 0
     appended: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    #: ``FORGED`` records by reason (``missing``, ``unknown_key`` …).
+    forged: dict[str, int] = field(default_factory=dict)
 
     def add_manifest(self, manifest: Mapping[str, Any]) -> None:
         """Account one committed batch."""
@@ -37,15 +39,19 @@ class SinkRunSummary:
             for verdict, n in part["counts"].items():
                 if verdict not in ("APPENDED", "NON_IDEMPOTENT"):
                     self.dropped[verdict] = self.dropped.get(verdict, 0) + int(n)
+            for reason, n in (part.get("forged") or {}).items():
+                self.forged[reason] = self.forged.get(reason, 0) + int(n)
 
 
 def summarise(output: str, after: int = -1) -> SinkRunSummary:
-    """Summary of the batches committed with id > ``after``."""
-    store = Store.at(output)
+    """Summary of the batches committed with id > ``after`` (either table format)."""
+    layout = reading_layout(output)
     summary = SinkRunSummary()
-    for bid in manifest_ids(store):
+    for bid in layout.committed_ids():
         if bid > after:
-            summary.add_manifest(read_manifest(store, bid))
+            manifest = layout.committed(bid)
+            if manifest is not None:
+                summary.add_manifest(manifest)
     return summary
 
 
@@ -122,7 +128,18 @@ def start_sink(spark: Any, bootstrap: str, topic: str, output: str, checkpoint: 
     from pidfence.spark_sink.writer import cleanup_uncommitted
 
     opts = SinkOptions.parse({"path": output, **(kwargs.get("sink_options") or {})})
-    cleanup_uncommitted(Store.at(opts.path), Store.at(opts.rejects_path))
+    if opts.delta:
+        from pidfence.spark_sink.delta_layout import open_layout
+        from pidfence.spark_sink.output import NO_OWNER
+
+        # Refuses another writer's table (NotPidfenceTable) before Spark starts the query.
+        open_layout(opts.path, opts.rejects_path, NO_OWNER)
+    elif is_delta(opts.path):
+        raise SinkOptionError(
+            f"{opts.path} holds a Delta table; use tableFormat=delta for it (or another path)"
+        )
+    layout = reading_layout(opts.path, opts.rejects_path)
+    cleanup_uncommitted(layout.store, layout.rejects, committed_ids=layout.committed_ids())
     return build_query(spark, bootstrap, topic, output, checkpoint, **kwargs).start()
 
 
@@ -136,7 +153,7 @@ def run_sink(
     **kwargs: Any,
 ) -> SinkRunSummary:
     """Run the sink to completion (``available_now``) and summarise what it committed."""
-    before = max(manifest_ids(Store.at(output)), default=-1)
+    before = max(committed_ids(output), default=-1)
     query = start_sink(
         spark, bootstrap, topic, output, checkpoint, available_now=available_now, **kwargs
     )
@@ -155,6 +172,7 @@ class BatchLine:
         dropped: records dropped, by verdict name.
         lag: the Kafka source's ``maxOffsetsBehindLatest`` after the batch (None if unknown).
         seconds: the batch's wall time (Spark's ``triggerExecution``; None if unknown).
+        forged: ``FORGED`` records by reason (their total is ``dropped["FORGED"]``).
     """
 
     batch: int
@@ -163,14 +181,17 @@ class BatchLine:
     dropped: dict[str, int]
     lag: int | None
     seconds: float | None = None
+    forged: dict[str, int] = field(default_factory=dict)
 
     def human(self) -> str:
-        """``batch 12: 98,012 in → 97,500 appended, 512 dropped (DUPLICATE 500, FENCED 12),
-        lag 3,400, 1.9 s``."""
+        """``batch 12: 98,012 in → 97,500 appended, 518 dropped (DUPLICATE 500, FENCED 12,
+        FORGED 6 (missing 2, unknown_key 4)), lag 3,400, 1.9 s``."""
         total = sum(self.dropped.values())
         parts = [f"batch {self.batch}: {self.records_in:,} in → {self.appended:,} appended"]
         by_verdict = ", ".join(
-            f"{name} {n:,}" for name, n in sorted(self.dropped.items(), key=lambda kv: -kv[1]) if n
+            f"{name} {n:,}{self._reasons() if name == 'FORGED' else ''}"
+            for name, n in sorted(self.dropped.items(), key=lambda kv: (-kv[1], kv[0]))
+            if n
         )
         parts.append(f"{total:,} dropped" + (f" ({by_verdict})" if by_verdict else ""))
         if self.lag is not None:
@@ -178,6 +199,10 @@ class BatchLine:
         if self.seconds is not None:
             parts.append(f"{self.seconds:.1f} s")
         return ", ".join(parts)
+
+    def _reasons(self) -> str:
+        reasons = ", ".join(f"{r} {n:,}" for r, n in sorted(self.forged.items()) if n)
+        return f" ({reasons})" if reasons else ""
 
 
 @dataclass(frozen=True)
@@ -213,7 +238,7 @@ class BatchWatcher:
     """
 
     def __init__(self, output: str, after: int = -1) -> None:
-        self.store = Store.at(output)
+        self.output = output
         self.last = after
 
     def poll(self, query: Any, final: bool = False) -> list[BatchLine]:
@@ -222,7 +247,9 @@ class BatchWatcher:
         A batch whose progress event (its lag) has not arrived yet waits for the next call,
         unless a later batch is already committed or ``final`` is set.
         """
-        new = [b for b in manifest_ids(self.store) if b > self.last]
+        # Opened afresh: the output's format is known once the query created its tables.
+        layout = reading_layout(self.output)
+        new = [b for b in layout.committed_ids() if b > self.last]
         if not new:
             return []
         progress = _progress_by_batch(query)
@@ -230,12 +257,18 @@ class BatchWatcher:
         for bid in new:
             if bid not in progress and bid == new[-1] and not final:
                 break
+            manifest = layout.committed(bid)
+            if manifest is None:
+                break
             one = SinkRunSummary()
-            one.add_manifest(read_manifest(self.store, bid))
+            one.add_manifest(manifest)
             seen = progress.get(bid, _Progress(None, None))
             lines.append(
-                BatchLine(bid, one.records_in, one.appended, one.dropped, seen.lag, seen.seconds)
-            )
+                BatchLine(
+                    bid, one.records_in, one.appended, one.dropped, seen.lag, seen.seconds,
+                    one.forged,
+                )
+            )  # fmt: skip
             self.last = bid
         return lines
 
@@ -271,7 +304,7 @@ def serve(
     Raises:
         pyspark.errors.StreamingQueryException: the query failed.
     """
-    before = max(manifest_ids(Store.at(output)), default=-1)
+    before = max(committed_ids(output), default=-1)
     watcher = BatchWatcher(output, after=before)
     query = start_sink(spark, bootstrap, topic, output, checkpoint, **kwargs)
     try:

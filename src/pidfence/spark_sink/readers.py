@@ -1,10 +1,15 @@
-"""Readers of the committed output log and rejects log (pyarrow)."""
+"""Readers of the committed output log and rejects log (pyarrow), whichever table format.
+
+A Delta table at the output path is read through its Delta log (:mod:`delta_readers`); otherwise
+the manifests name the committed files.
+"""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
 from pidfence.spark_sink.layout import part_file
+from pidfence.spark_sink.output import is_delta
 from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_SCHEMA
 from pidfence.spark_sink.storage import Store, manifest_ids, read_manifest
 
@@ -25,6 +30,8 @@ def committed_files(store: Store, rejects: Store, table: str = "log") -> list[st
 
 
 def _read(path: str, rejects_path: str | None, table: str) -> pa.Table:
+    if is_delta(path):
+        return _read_delta(path, rejects_path, table)
     store = Store.at(path)
     rejects = Store.at(rejects_path or f"{path.rstrip('/')}/_rejects")
     owner = rejects if table == "rejects" else store
@@ -33,6 +40,20 @@ def _read(path: str, rejects_path: str | None, table: str) -> pa.Table:
     if not pieces:
         return schema.empty_table()
     return pa.concat_tables([p.select(schema.names).cast(schema) for p in pieces])
+
+
+def _read_delta(path: str, rejects_path: str | None, table: str) -> pa.Table:
+    from deltalake.exceptions import TableNotFoundError
+
+    from pidfence.spark_sink.delta_readers import read_delta_log, read_delta_rejects
+
+    if table != "rejects":
+        return read_delta_log(path).cast(LOG_SCHEMA)
+    try:
+        rows = read_delta_rejects(rejects_path or f"{path.rstrip('/')}/_rejects")
+    except TableNotFoundError:
+        return REJECTS_SCHEMA.empty_table()
+    return rows.cast(REJECTS_SCHEMA)
 
 
 def read_log(path: str) -> pa.Table:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from pidfence.spark_sink.delta_table import TableKind
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.output import is_delta
 from pidfence.spark_sink.owner import checkpoint_query_id
 from pidfence.spark_sink.readers import committed_files
 from pidfence.spark_sink.storage import Store
@@ -86,16 +89,42 @@ class PidfenceReader(DataSourceReader):
         return self.options.rejects_path if self.table == "rejects" else self.options.path
 
     def partitions(self) -> list[FilePartition]:
-        """The committed files of the log (or rejects)."""
+        """The committed files of the log (or rejects): the manifests' or the Delta log's."""
+        if is_delta(self.options.path):
+            return self._delta_partitions()
         store = Store.at(self.options.path)
         files = committed_files(store, Store.at(self.options.rejects_path), self.table)
         return [FilePartition(self._root(), f) for f in files]
+
+    def _delta_partitions(self) -> list[FilePartition]:
+        from deltalake.exceptions import TableNotFoundError
+
+        from pidfence.spark_sink.delta_table import Location, open_table
+
+        kind: TableKind = "rejects" if self.table == "rejects" else "log"
+        root = self._root()
+        try:
+            dt = open_table(root, kind, create=False)
+        except TableNotFoundError:
+            return []
+        loc = Location.at(root)
+        # Paths relative to the table root (percent-decoded), as the Delta log adds them.
+        return [FilePartition(root, loc.join(unquote(a["path"]))) for a in _adds(dt)]
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         """Stream one file's record batches (the public columns only)."""
         from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_SCHEMA
 
         schema = REJECTS_SCHEMA if self.table == "rejects" else LOG_SCHEMA
-        store = Store.at(partition.root)
+        if "://" in partition.root and not partition.root.startswith("file://"):
+            store = Store.at(partition.root)
+        else:
+            store = Store.at(partition.root.removeprefix("file://"))
         table = store.read_table(partition.path).select(schema.names).cast(schema)
         yield from table.to_batches()
+
+
+def _adds(dt: Any) -> list[dict[str, Any]]:
+    """The ``add`` actions of the table's current version."""
+    actions: list[dict[str, Any]] = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    return [a for a in actions if a.get("path")]

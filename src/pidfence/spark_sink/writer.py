@@ -20,6 +20,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink import owner
+from pidfence.spark_sink.delta_layout import DeltaLayout, open_layout
 from pidfence.spark_sink.errors import (
     CommittedBatchMismatch,
     InjectedFault,
@@ -153,13 +154,24 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, options: SinkOptions, query_id: str | None = None) -> None:
         self.options = options
+        self.query_id = query_id
+        if options.delta:
+            # Refuses another writer's table (or the manifest layout) before anything is
+            # written, and creates both tables, so the first batch's tasks find them.
+            open_layout(options.path, options.rejects_path, query_id or NO_QUERY)
         if query_id is not None:
             # Spark builds a writer at start and again in the process that runs commit(), so
             # this only claims; leftovers of a dead attempt go when its batch commits.
-            owner.claim(self.layout().store, query_id)
+            owner.claim(self.layout(query_id).store, query_id)
 
-    def layout(self) -> ParquetLayout:
-        """The storage layout of this sink."""
+    def layout(self, query: str = NO_QUERY) -> ParquetLayout:
+        """The storage layout of this sink (the Delta layout commits as ``query``)."""
+        if self.options.delta:
+            if DeltaLayout.hook is None:
+                # The crash tests' point between the rejects and the log commit (a no-op
+                # unless PIDFENCE_SINK_CRASH_AT asks for it).
+                DeltaLayout.hook = crash_point
+            return DeltaLayout(self.options.path, self.options.rejects_path, query)
         return ParquetLayout(self.options.path, self.options.rejects_path)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
@@ -169,7 +181,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             raise InjectedFault(f"injected failure of batch {batch_id} attempt 0 (retry passes)")
         batches = list(iterator)
         message = SinkCommitMessage(batch_id, query=query)
-        layout = self.layout()
+        layout = self.layout(query)
         owner.claim(layout.store, query)
         rows = pa.Table.from_batches(batches).select(list(KAFKA_COLUMNS)) if batches else None
         manifest = layout.committed(batch_id)
@@ -252,8 +264,8 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
                         "minPartitions or maxRecordsPerPartition with the pidfence sink."
                     )
                 parts[key] = part
-        layout = self.layout()
-        query = next((m.query for m in ours), NO_QUERY)
+        query = next((m.query for m in ours), self.query_id or NO_QUERY)
+        layout = self.layout(query)
         manifest = layout.committed(batchId)
         crash_point("before_manifest")
         if manifest is None:
@@ -274,7 +286,8 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Remove the files this batch's attempts staged; nothing of it was ever visible."""
-        layout = self.layout()
+        query = next((m.query for m in messages if isinstance(m, SinkCommitMessage)), NO_QUERY)
+        layout = self.layout(query)
         if layout.committed(batchId) is not None:
             return
         for message in messages:
@@ -315,18 +328,30 @@ def _committed_message(
     return message
 
 
-def cleanup_uncommitted(store: Store, rejects: Store, query_id: str | None = None) -> list[int]:
-    """Delete the files of batches that have no manifest; returns their batch ids.
+def cleanup_uncommitted(
+    store: Store,
+    rejects: Store,
+    query_id: str | None = None,
+    committed_ids: list[int] | None = None,
+) -> list[int]:
+    """Delete the files of batches that are not committed; returns their batch ids.
 
     Only files that cannot belong to another query's in-flight batch are touched: with
     ``query_id``, that query's own files; without it, everything uncommitted only when no query
     owns the path (a path with an owner is cleaned by its owner at start and after each commit).
+
+    Args:
+        store: the layout's own root (``P``; ``P/_pidfence`` for the Delta layout).
+        rejects: the rejects' own root (``R``; ``R/_pidfence`` for the Delta layout).
+        query_id: clean only this query's files.
+        committed_ids: the committed batches (default: every batch with a manifest, which is
+            the manifest layout's rule; the Delta layout passes its transaction-id view).
     """
     current = owner.owner_of(store)
     if query_id is None and current is not None:
         return []
     prefix = _prefix(query_id) if query_id is not None else ""
-    committed = set(manifest_ids(store))
+    committed = set(manifest_ids(store) if committed_ids is None else committed_ids)
     layout = ParquetLayout.of(store, rejects)
     seen: set[int] = set()
     for root, folder in ((store, DATA), (store, HELD), (rejects, "")):
