@@ -13,11 +13,25 @@ import time
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE, EXIT_USAGE, code_of, fail
+from pidfence.cli.exits import (
+    EXIT_RETRIABLE,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    code_of,
+    exit_cleanly,
+    fail,
+)
+
+#: ``pidfence.spark_sink.options.DEFAULT_TABLE_FORMAT``, spelled out so that ``pidfence --help``
+#: does not import the sink (a unit test keeps them equal).
+DEFAULT_TABLE_FORMAT = "manifest"
+
+if TYPE_CHECKING:
+    from pidfence.spark_sink.options import SinkOptions
 
 
 class StartingOffsets(StrEnum):
@@ -45,15 +59,40 @@ def one_line(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``sink`` to the ``pidfence`` app."""
+class TableFormat(StrEnum):
+    """How the output log is stored."""
 
-    @app.command("sink")
+    manifest = "manifest"
+    delta = "delta"
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``sink`` (run the sink; ``sink compact``/``sink vacuum``: Delta table care)."""
+    group = typer.Typer(
+        name="sink",
+        invoke_without_command=True,
+        add_completion=False,
+        help="Run the deduplicating sink (no subcommand), or take care of its Delta tables.",
+    )
+    app.add_typer(group)
+    _register_care(group)
+
+    @group.callback()
     def sink(
-        bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap servers HOST:PORT[,...]")],
-        topic: Annotated[str, typer.Option(help="The raw topic to read (or TOPIC,TOPIC...)")],
-        output: Annotated[str, typer.Option(help="Output log path (local or a pyarrow.fs URI)")],
-        checkpoint: Annotated[str, typer.Option(help="Spark checkpoint location")],
+        ctx: typer.Context,
+        bootstrap: Annotated[
+            str | None, typer.Option(help="Kafka bootstrap servers HOST:PORT[,...] (required)")
+        ] = None,
+        topic: Annotated[
+            str | None, typer.Option(help="The raw topic to read (or TOPIC,TOPIC...) (required)")
+        ] = None,
+        output: Annotated[
+            str | None,
+            typer.Option(help="Output log path (local or a pyarrow.fs URI) (required)"),
+        ] = None,
+        checkpoint: Annotated[
+            str | None, typer.Option(help="Spark checkpoint location (required)")
+        ] = None,
         master: Annotated[
             str, typer.Option(help="Spark master: local[*], local[N,F] or spark://HOST:PORT")
         ] = "local[*]",
@@ -84,6 +123,14 @@ def register(app: typer.Typer) -> None:
                 "must carry a valid lease certificate, else FORGED",
             ),
         ] = None,
+        table_format: Annotated[
+            TableFormat | None,
+            typer.Option(
+                help="Store the output as pidfence's manifest layout or as Delta Lake tables "
+                "(default: what OUTPUT already holds, else "
+                f"{DEFAULT_TABLE_FORMAT})",
+            ),
+        ] = None,
         verbose: Annotated[
             bool, typer.Option("--verbose", help="Show Spark's and the JVM's log on the console")
         ] = False,
@@ -91,9 +138,17 @@ def register(app: typer.Typer) -> None:
         """Deduplicate TOPIC into the exactly-once output log at OUTPUT (and its rejects log).
 
         Exit 0 when done (or stopped by SIGINT/SIGTERM after a batch), 2 for a bad option,
-        3 when Kafka cannot be reached, the topic does not exist or a path is not usable,
-        75 when the query failed (running it again continues from the checkpoint).
+        3 when Kafka cannot be reached, the topic does not exist or a path is not usable
+        (another writer's Delta table included), 75 when the query failed (running it again
+        continues from the checkpoint).
         """
+        if ctx.invoked_subcommand is not None:
+            return
+        if bootstrap is None or topic is None or output is None or checkpoint is None:
+            given = {"bootstrap": bootstrap, "topic": topic, "output": output,
+                     "checkpoint": checkpoint}  # fmt: skip
+            missing = ", ".join(f"--{name}" for name, value in given.items() if value is None)
+            fail("sink", f"missing option {missing} (see pidfence sink --help)", EXIT_USAGE)
         from rich.console import Console
 
         from pidfence.cli import preflight
@@ -116,8 +171,10 @@ def register(app: typer.Typer) -> None:
                 if not Path(key).is_file():
                     fail("sink", f"--lease-public-key {key}: no such file", EXIT_USAGE)
             sink_options["leasePublicKey"] = ",".join(keys)
+        if table_format is not None:
+            sink_options["tableFormat"] = table_format.value
         try:
-            SinkOptions.parse({"path": output, **sink_options})
+            options = SinkOptions.parse({"path": output, **sink_options})
         except SinkOptionError as exc:
             fail("sink", str(exc), EXIT_USAGE)
 
@@ -126,7 +183,7 @@ def register(app: typer.Typer) -> None:
             found = preflight.check_kafka(bootstrap, topics)
             preflight.check_writable(output, "output")
             preflight.check_writable(checkpoint, "checkpoint")
-            preflight.check_owner(output, checkpoint)
+            _check_table_format(options, checkpoint)
         except PidfenceError as exc:
             fail("sink", str(exc), code_of(exc))
         if warning := found.no_pf_warning:
@@ -150,6 +207,120 @@ def register(app: typer.Typer) -> None:
             f"committed {len(summary.batches)} batch(es): {summary.records_in:,} in → "
             f"{summary.appended:,} appended, {dropped:,} dropped"
         )
+
+
+def _check_table_format(options: SinkOptions, checkpoint: str) -> None:
+    """Refuse, before a JVM starts, an output that the chosen table format cannot write: another
+    writer's Delta table, the other layout, or a path another query owns.
+
+    Raises:
+        PidfenceError: ``NotPidfenceTable``, ``PathUnusable`` (not retriable: exit 3).
+    """
+    from pidfence.cli import preflight
+    from pidfence.cli.preflight import PathUnusable
+    from pidfence.spark_sink.delta_table import OWN_DIR, check_path
+    from pidfence.spark_sink.output import is_delta
+
+    if options.delta:
+        check_path(options.path, "log")
+        check_path(options.rejects_path, "rejects")
+        preflight.check_owner(f"{options.path}/{OWN_DIR}", checkpoint)
+        return
+    if is_delta(options.path):
+        raise PathUnusable(
+            f"output {options.path} holds a Delta table; run with --table-format delta (or "
+            "choose another --output)"
+        )
+    preflight.check_owner(options.path, checkpoint)
+
+
+def _register_care(group: typer.Typer) -> None:
+    """``sink compact`` and ``sink vacuum``: table care of a Delta output (log and rejects)."""
+
+    @group.command("compact")
+    def compact(
+        path: Annotated[str, typer.Argument(help="The sink's output path (a Delta layout)")],
+        rejects_path: Annotated[
+            str | None, typer.Option(help="The rejects table (default PATH/_rejects)")
+        ] = None,
+        target_size: Annotated[
+            int | None, typer.Option(min=1, help="Target file size in bytes (default ~100 MB)")
+        ] = None,
+    ) -> None:
+        """Rewrite the small files of committed batches into big ones (log and rejects tables).
+
+        Readers see the same rows; files of uncommitted batches are never touched; the
+        replaced files stay until a vacuum after the retention period. Safe while the sink runs.
+        Exit 3 when PATH is not a pidfence Delta output.
+        """
+        from pidfence.spark_sink import delta_care
+
+        with exit_cleanly("sink compact"):
+            for kind, where in _tables(path, rejects_path):
+                metrics = delta_care.compact(where, kind, target_size=target_size)
+                typer.echo(
+                    f"{kind} {where}: {metrics.get('numFilesRemoved', 0)} files → "
+                    f"{metrics.get('numFilesAdded', 0)}"
+                )
+
+    @group.command("vacuum")
+    def vacuum(
+        path: Annotated[str, typer.Argument(help="The sink's output path (a Delta layout)")],
+        rejects_path: Annotated[
+            str | None, typer.Option(help="The rejects table (default PATH/_rejects)")
+        ] = None,
+        retention_hours: Annotated[
+            int | None,
+            typer.Option(min=0, help="Keep removed files this long (default: 7 days)"),
+        ] = None,
+        full: Annotated[
+            bool,
+            typer.Option(
+                "--full", help="Also delete files no commit added (except uncommitted batches')"
+            ),
+        ] = False,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list")] = False,
+    ) -> None:
+        """Delete files the log and rejects tables no longer need (after compaction).
+
+        Never deletes a file of a batch that is not committed yet. A retention below the
+        table's (7 days) breaks readers of older versions and is refused. Exit 3 when PATH is
+        not a pidfence Delta output.
+        """
+        from deltalake.exceptions import DeltaError
+
+        from pidfence.spark_sink import delta_care
+
+        with exit_cleanly("sink vacuum"):
+            for kind, where in _tables(path, rejects_path):
+                try:
+                    gone = delta_care.vacuum(
+                        where, kind, retention_hours=retention_hours, full=full, dry_run=dry_run
+                    )
+                except DeltaError as exc:  # e.g. a retention below the table's minimum
+                    fail("sink vacuum", f"{kind} {where}: {one_line(exc)}", EXIT_USAGE)
+                verb = "would delete" if dry_run else "deleted"
+                typer.echo(f"{kind} {where}: {verb} {len(gone)} files")
+                for rel in gone if dry_run else []:
+                    typer.echo(f"  {rel}")
+
+
+def _tables(path: str, rejects_path: str | None) -> list[tuple[Any, str]]:
+    """(kind, root) of the output's two Delta tables; refuses a path without them."""
+    from pidfence.spark_sink.delta_table import NotPidfenceTable
+    from pidfence.spark_sink.output import is_delta
+
+    path = path.rstrip("/")
+    rejects = (rejects_path or f"{path}/_rejects").rstrip("/")
+    if not is_delta(path):
+        raise NotPidfenceTable(
+            f"{path} holds no Delta table: table care is for outputs written with "
+            "--table-format delta"
+        )
+    tables: list[tuple[Any, str]] = [("log", path)]
+    if is_delta(rejects):
+        tables.append(("rejects", rejects))
+    return tables
 
 
 def _run(

@@ -1,0 +1,240 @@
+"""``tableFormat=delta`` wired through the sink: options, writer, readers, report, cleanup, CLI.
+
+The writer runs without Spark (``write()`` and ``commit()`` called directly, as in
+``test_delta_layout``); the checks read the output with the sink's own readers and with
+``deltalake`` alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from typer.testing import CliRunner
+
+from pidfence.cli import app
+from pidfence.cli import sink as cli_sink
+from pidfence.spark_sink import delta_layout as layout_mod
+from pidfence.spark_sink import read_log, read_rejects
+from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.delta_readers import read_delta_log, read_delta_rejects
+from pidfence.spark_sink.delta_table import OWN_DIR, NotPidfenceTable
+from pidfence.spark_sink.errors import SinkOptionError
+from pidfence.spark_sink.options import DEFAULT_TABLE_FORMAT, SinkOptions
+from pidfence.spark_sink.output import committed_ids, is_delta, reading_layout
+from pidfence.spark_sink.pipeline import BatchLine, BatchWatcher, SinkRunSummary, summarise
+from pidfence.spark_sink.storage import Store
+from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
+from tests.unit.test_sink_process import Record, kafka_rows, make_stream
+
+QUERY = "5a5a5a5a-wiring-query"
+DELTA = {"tableFormat": "delta", "compactEvery": "2"}
+
+
+def _write(
+    monkeypatch: pytest.MonkeyPatch,
+    w: PidfenceStreamWriter,
+    batch: int,
+    records: list[Record],
+    attempt: int = 0,
+) -> SinkCommitMessage:
+    monkeypatch.setattr(writer_mod, "_task_context", lambda: (batch, attempt, QUERY))
+    return w.write(iter(kafka_rows(records).to_batches(max_chunksize=17)))
+
+
+def _chunks(records: list[Record], size: int = 60) -> list[list[Record]]:
+    return [records[i : i + size] for i in range(0, len(records), size)]
+
+
+class Crash(Exception):
+    """The driver dies here."""
+
+
+# ------------------------------------------------------------------------------ options
+
+
+def test_table_format_option_default_explicit_detected_and_bad(tmp_path: Path) -> None:
+    assert SinkOptions.parse({"path": str(tmp_path / "new")}).table_format == DEFAULT_TABLE_FORMAT
+    assert SinkOptions.parse({"path": "x", "tableFormat": "Delta"}).delta
+    assert not SinkOptions.parse({"path": "x", "TABLEFORMAT": "manifest"}).delta
+    with pytest.raises(SinkOptionError, match="tableFormat='iceberg'"):
+        SinkOptions.parse({"path": "x", "tableFormat": "iceberg"})
+    # An existing output keeps its format when the option is not given.
+    (tmp_path / "m" / "_manifests").mkdir(parents=True)
+    assert SinkOptions.parse({"path": str(tmp_path / "m")}).table_format == "manifest"
+    (tmp_path / "d" / "_delta_log").mkdir(parents=True)
+    assert SinkOptions.parse({"path": str(tmp_path / "d")}).table_format == "delta"
+
+
+def test_cli_spells_the_sink_default_format() -> None:
+    assert cli_sink.DEFAULT_TABLE_FORMAT == DEFAULT_TABLE_FORMAT
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def test_batch_line_counts_forged_records_by_reason() -> None:
+    manifest = {
+        "batch": 4,
+        "parts": [
+            {
+                "rows_in": 20,
+                "appended": 10,
+                "counts": {"APPENDED": 10, "DUPLICATE": 4, "FORGED": 4},
+                "forged": {"unknown_key": 3, "missing": 1},
+            },
+            {
+                "rows_in": 5,
+                "appended": 2,
+                "counts": {"APPENDED": 1, "NON_IDEMPOTENT": 1, "FORGED": 2},
+                "forged": {"missing": 1, "unknown_key": 1},
+            },
+            {"rows_in": 1, "appended": 1, "counts": {"APPENDED": 1}},  # an older manifest
+        ],
+    }
+    summary = SinkRunSummary()
+    summary.add_manifest(manifest)
+    assert summary.forged == {"missing": 2, "unknown_key": 4}
+    assert summary.dropped == {"DUPLICATE": 4, "FORGED": 6}
+    line = BatchLine(4, 26, 13, summary.dropped, 7, 1.25, summary.forged)
+    assert line.human() == (
+        "batch 4: 26 in → 13 appended, 10 dropped "
+        "(FORGED 6 (missing 2, unknown_key 4), DUPLICATE 4), lag 7, 1.2 s"
+    )
+    # Without FORGED records the line is what it always was.
+    plain = BatchLine(1, 3, 2, {"DUPLICATE": 1}, None)
+    assert plain.human() == "batch 1: 3 in → 2 appended, 1 dropped (DUPLICATE 1)"
+
+
+# ------------------------------------------------------------------------------ writer
+
+
+def test_writer_on_delta_refuses_another_writers_table_before_writing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_deltalake(str(out), pa.table({"a": [1, 2]}))
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    options = SinkOptions.parse({"path": str(out), **DELTA})
+    with pytest.raises(NotPidfenceTable, match="did not create") as err:
+        PidfenceStreamWriter(options, QUERY)
+    assert not err.value.retriable
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    # The manifest layout's output is refused the same way.
+    manifest_out = tmp_path / "manifest"
+    (manifest_out / "_manifests").mkdir(parents=True)
+    with pytest.raises(NotPidfenceTable, match="manifest layout"):
+        PidfenceStreamWriter(SinkOptions.parse({"path": str(manifest_out), **DELTA}), QUERY)
+
+
+def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    options = SinkOptions.parse({"path": str(out), **DELTA})
+    w = PidfenceStreamWriter(options, QUERY)
+    assert is_delta(str(out)) and (out / OWN_DIR / "_owner.json").is_file()
+    records = make_stream(21, 300)
+    chunks = _chunks(records)
+    real = layout_mod.commit_moves
+
+    def die_before_log(path: str, kind: str, *args: Any, **kwargs: Any) -> bool:
+        if kind == "log":
+            raise Crash(kind)
+        return real(path, kind, *args, **kwargs)  # type: ignore[arg-type]
+
+    watcher = BatchWatcher(str(out))
+
+    class NoProgress:
+        recentProgress: list[Any] = []
+
+    for b, chunk in enumerate(chunks[:-1]):
+        w.commit([_write(monkeypatch, w, b, chunk)], b)
+    last = len(chunks) - 1
+    # The last batch's manifest and rejects are written, its log commit never lands.
+    msg = _write(monkeypatch, w, last, chunks[last])
+    monkeypatch.setattr(layout_mod, "commit_moves", die_before_log)
+    with pytest.raises(Crash):
+        w.commit([msg], last)
+    monkeypatch.setattr(layout_mod, "commit_moves", real)
+    assert (out / OWN_DIR / "_manifests" / f"{last:020d}.json").is_file()
+    assert committed_ids(str(out)) == list(range(last))
+    lines = watcher.poll(NoProgress(), final=True)
+    assert [line.batch for line in lines] == list(range(last))
+    assert summarise(str(out)).batches == list(range(last))
+    before = read_log(str(out))
+    assert before.num_rows == DeltaTable(str(out)).to_pyarrow_table().num_rows
+
+    # Start-up cleanup through the Delta layout's view: the dead attempt's staged files go.
+    layout = reading_layout(str(out))
+    staged = list((out / OWN_DIR / "data" / f"{last:020d}").glob("*.parquet"))
+    assert staged
+    gone = cleanup_uncommitted(layout.store, layout.rejects, QUERY, layout.committed_ids())
+    assert gone == [last]
+    assert not any(p.exists() for p in staged)
+
+    # The re-run of the batch commits it; the watcher reports it once.
+    w.commit([_write(monkeypatch, w, last, chunks[last], attempt=1)], last)
+    assert [line.batch for line in watcher.poll(NoProgress(), final=True)] == [last]
+    assert watcher.poll(NoProgress(), final=True) == []
+    log, rejects = read_log(str(out)), read_rejects(str(out))
+    assert log == read_delta_log(str(out))
+    assert rejects == read_delta_rejects(str(out / "_rejects"))
+    assert log.num_rows + rejects.num_rows <= len(records)
+    assert log["log_offset"].to_pylist() == list(range(log.num_rows))
+    by_deltalake = DeltaTable(str(out)).to_pyarrow_table().sort_by("log_offset")
+    assert by_deltalake["kafka_offset"] == log["kafka_offset"]
+    assert summarise(str(out)).appended == log.num_rows
+
+
+def test_manifest_output_is_unchanged_by_the_wiring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    w = PidfenceStreamWriter(SinkOptions.parse({"path": str(out)}), QUERY)
+    records = make_stream(4, 120)
+    for b, chunk in enumerate(_chunks(records)):
+        w.commit([_write(monkeypatch, w, b, chunk)], b)
+    assert not is_delta(str(out)) and (out / "_manifests").is_dir() and (out / "_owner.json")
+    assert committed_ids(str(out)) == [0, 1]
+    assert read_log(str(out)).num_rows == summarise(str(out)).appended
+    store = Store.at(str(out))
+    assert cleanup_uncommitted(store, Store.at(str(out / "_rejects")), QUERY) == []
+
+
+# ------------------------------------------------------------------------------ CLI care
+
+
+def test_cli_compact_and_vacuum_keep_the_rows_and_refuse_other_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    w = PidfenceStreamWriter(SinkOptions.parse({"path": str(out), **DELTA}), QUERY)
+    records = make_stream(8, 400)
+    for b, chunk in enumerate(_chunks(records, 40)):
+        w.commit([_write(monkeypatch, w, b, chunk)], b)
+    log, rejects = read_log(str(out)), read_rejects(str(out))
+    files = len(DeltaTable(str(out)).file_uris())
+    runner = CliRunner()
+    result = runner.invoke(app, ["sink", "compact", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"log {out}: {files} files → 1" in result.output
+    assert "rejects " in result.output
+    assert len(DeltaTable(str(out)).file_uris()) == 1
+    assert read_log(str(out)) == log and read_rejects(str(out)) == rejects
+    result = runner.invoke(app, ["sink", "vacuum", str(out), "--dry-run", "--full"])
+    assert result.exit_code == 0, result.output
+    assert "would delete 0 files" in result.output  # replaced files are within retention
+    result = runner.invoke(
+        app, ["sink", "vacuum", str(out), "--retention-hours", "0"], catch_exceptions=False
+    )
+    assert result.exit_code == 2, result.output  # below the table's retention: refused
+    assert "minimum retention" in result.output
+    assert read_log(str(out)) == log
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    result = runner.invoke(app, ["sink", "compact", str(plain)])
+    assert result.exit_code == 3
+    assert "holds no Delta table" in result.output
