@@ -21,10 +21,13 @@ import pytest
 from confluent_kafka import Producer
 
 from pidfence.spark_sink import read_log, read_rejects, run_sink
+from pidfence.spark_sink.delta_table import OWN_DIR
 from pidfence.spark_sink.storage import STATE, Store, part_name
 from pidfence.wire import FLAG_FENCE, encode_pf
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+#: Every sink test runs on both table formats (``tableFormat``).
+ON_EVERY_FORMAT = pytest.mark.parametrize("table_format", ["manifest", "delta"])
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), ON_EVERY_FORMAT]
 
 MALFORMED = b"\x95\x01\xc1junk"
 
@@ -203,38 +206,70 @@ def assert_output(
     rej = read_rejects(str(output))
     assert dict(zip(labels(rej), rej.column("verdict").to_pylist(), strict=True)) == rejects
     assert rej.to_pylist() == expected_rejects(topic, sent, rejects)
+    if (output / "_delta_log").is_dir():
+        assert_delta_alone(output, expected_log(topic, sent, logs),
+                           expected_rejects(topic, sent, rejects))  # fmt: skip
+
+
+def assert_delta_alone(
+    output: Path, log: list[dict[str, Any]], rejects: list[dict[str, Any]]
+) -> None:
+    """``deltalake`` alone (and Polars, and pyarrow through deltalake's dataset) read exactly the
+    expected rows from the Delta tables: no pidfence code in the read path."""
+    import polars as pl
+    from deltalake import DeltaTable
+
+    order = [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "ascending")]
+    got = DeltaTable(str(output)).to_pyarrow_table().sort_by(order)
+    assert got.to_pylist() == log
+    dataset = DeltaTable(str(output)).to_pyarrow_dataset().to_table().sort_by(order)
+    assert dataset.to_pylist() == log
+    frame = pl.read_delta(str(output)).sort(["topic", "partition", "log_offset"])
+    assert frame["value"].to_list() == [r["value"] for r in log]
+    assert frame["kafka_offset"].to_list() == [r["kafka_offset"] for r in log]
+    names = [*log[0].keys(), "verdict"] if log else None
+    rej = DeltaTable(str(output / "_rejects")).to_pyarrow_table(columns=names)
+    rej = rej.sort_by([("partition", "ascending"), ("kafka_offset", "ascending")])
+    assert rej.to_pylist() == rejects
+
+
+def own_root(output: Path) -> Path:
+    """Where the sink keeps its own files (state, manifests, owner): the output path, or its
+    ``_pidfence/`` for the Delta layout."""
+    return output / OWN_DIR if (output / "_delta_log").is_dir() else output
 
 
 def state_file_names(output: Path, topic: str, partition: int) -> list[str]:
     """The partition's state files, oldest first."""
-    store = Store.at(str(output))
+    store = Store.at(str(own_root(output)))
     return store.listdir(store.join(STATE, part_name(topic, partition)))
 
 
 def test_crafted_topic_becomes_the_expected_log_run_after_run(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path
+    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
 ) -> None:
+    fmt = {"tableFormat": table_format}
     topic = new_topic(partitions=2)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
 
     sent = produce(kafka.bootstrap, topic, RUN1)
-    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
     assert summary.records_in == len(RUN1)
     assert summary.appended == sum(len(v) for v in LOG1.values())
     assert_output(out, topic, sent, [LOG1], REJECTS1)
 
     produce(kafka.bootstrap, topic, RUN2, sent)
-    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
     assert summary.records_in == len(RUN2)
     # c6 is neither appended nor rejected yet: it waits for c5 in the partition's state.
     assert_output(out, topic, sent, [LOG1, LOG2], REJECTS1 | REJECTS2)
 
     produce(kafka.bootstrap, topic, RUN3, sent)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
     assert_output(out, topic, sent, [LOG1, LOG2, LOG3], REJECTS1 | REJECTS2 | REJECTS3)
 
     # Nothing new in the topic: a run commits nothing and changes nothing.
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
     assert_output(out, topic, sent, [LOG1, LOG2, LOG3], REJECTS1 | REJECTS2 | REJECTS3)
 
     # Spark's reader returns the same committed rows.
@@ -256,16 +291,17 @@ def test_crafted_topic_becomes_the_expected_log_run_after_run(
 
 
 def test_lost_or_corrupt_newest_state_is_rebuilt_from_older_state_and_the_log(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path
+    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
 ) -> None:
+    fmt = {"tableFormat": table_format}
     topic = new_topic(partitions=2)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     sent = produce(kafka.bootstrap, topic, RUN1)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
     # RUN2 without the held record: no payload waits in the state we are about to damage.
     run2 = [r for r in RUN2 if r.label != "c6-held"]
     produce(kafka.bootstrap, topic, run2, sent)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
 
     store = Store.at(str(out))
     p0 = state_file_names(out, topic, 0)
@@ -288,7 +324,7 @@ def test_lost_or_corrupt_newest_state_is_rebuilt_from_older_state_and_the_log(
         Rec("p1-d3", 1, (4, 0, 3)),
     ]
     produce(kafka.bootstrap, topic, run3, sent)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
     log2 = {0: ["c4", "a3"], 1: ["p1-d2"]}
     log3 = {0: ["c5", "a4"], 1: ["p1-d3"]}
     rejects = REJECTS1 | {
@@ -303,6 +339,8 @@ def test_lost_or_corrupt_newest_state_is_rebuilt_from_older_state_and_the_log(
 
     # A sink over the same topic from scratch (one batch, no damage) writes the same rows.
     ref_out = tmp_path / "ref"
-    run_sink(spark, kafka.bootstrap, topic, str(ref_out), str(tmp_path / "ref-ckpt"))
+    run_sink(
+        spark, kafka.bootstrap, topic, str(ref_out), str(tmp_path / "ref-ckpt"), sink_options=fmt
+    )
     assert read_log(str(ref_out)) == read_log(str(out))
     assert read_rejects(str(ref_out)) == read_rejects(str(out))

@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 
 from pidfence.demo.procs import sink_argv
-from pidfence.spark_sink import read_log
+from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.faults import CRASH_AT, CRASH_PGID, FAIL_ATTEMPT0
-from pidfence.spark_sink.storage import MANIFESTS, Store, batch_name, manifest_ids
+from pidfence.spark_sink.output import committed_ids
 from tests.integration.test_sink import (
     LOG1,
     LOG2,
     LOG3,
+    ON_EVERY_FORMAT,
     REJECTS1,
     REJECTS2,
     REJECTS3,
@@ -31,6 +32,8 @@ from tests.integration.test_sink import (
     RUN2,
     RUN3,
     assert_output,
+    expected_log,
+    expected_rejects,
     produce,
 )
 
@@ -88,17 +91,21 @@ def run_cli(
 
 
 def committed(output: Path, batch: int) -> bool:
-    """Whether the sink published the batch's manifest."""
-    store = Store.at(str(output))
-    return store.exists(store.join(MANIFESTS, batch_name(batch) + ".json"))
+    """Whether the sink committed the batch (its manifest; for Delta, the log table's
+    transaction id)."""
+    return batch in committed_ids(str(output))
 
 
+@ON_EVERY_FORMAT
 def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
-    kafka: Any, new_topic: Any, tmp_path: Path
+    kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
 ) -> None:
     topic = new_topic(partitions=2)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    argv = sink_argv(kafka.bootstrap, topic, out, ckpt, ["--master", "local[2,3]"])
+    argv = sink_argv(
+        kafka.bootstrap, topic, out, ckpt,
+        ["--master", "local[2,3]", "--table-format", table_format],
+    )  # fmt: skip
 
     # Every task's first attempt fails; Spark retries it and the log is still exact.
     sent = produce(kafka.bootstrap, topic, RUN1)
@@ -109,8 +116,10 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
     assert "injected failure of batch 0 attempt 0" in text + spark_logs
     assert "batch 0: 21 in → 12 appended" in text
     assert_output(out, topic, sent, [LOG1], REJECTS1)
+    assert (out / "_delta_log").is_dir() == (table_format == "delta")
 
-    # Batch 1, SIGKILLed after write(), then between data files and manifest: never visible.
+    # Batch 1, SIGKILLed after write(), then between the data files and the commit (the
+    # manifest; for Delta, the two Delta commits): never visible.
     produce(kafka.bootstrap, topic, RUN2, sent)
     for point in ("after_write", "before_manifest"):
         code, text = run_cli(tmp_path, point, argv, {CRASH_AT: point, CRASH_PGID: "self"})
@@ -118,7 +127,22 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
         assert not committed(out, 1)
         assert_output(out, topic, sent, [LOG1], REJECTS1)
 
-    # After the manifest, before Spark's commit log: batch 1 is committed for the sink only.
+    if table_format == "delta":
+        # Between the rejects table's commit and the log table's (the commit point): the log
+        # has nothing of batch 1; its rejects are committed already (the re-run's rejects
+        # commit is a no-op under the same transaction id).
+        code, text = run_cli(
+            tmp_path, "rejects_committed", argv,
+            {CRASH_AT: "rejects_committed", CRASH_PGID: "self"},
+        )  # fmt: skip
+        assert code == -signal.SIGKILL, text
+        assert not committed(out, 1)
+        assert read_log(str(out)).to_pylist() == expected_log(topic, sent, [LOG1])
+        assert read_rejects(str(out)).to_pylist() == expected_rejects(
+            topic, sent, REJECTS1 | REJECTS2
+        )
+
+    # After the commit point, before Spark's commit log: committed for the sink only.
     code, text = run_cli(
         tmp_path, "after_manifest", argv, {CRASH_AT: "after_manifest", CRASH_PGID: "self"}
     )
@@ -132,6 +156,13 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
     assert code == 0, text
     assert (ckpt / "commits" / "1").exists()
     assert_output(out, topic, sent, [LOG1, LOG2, LOG3], REJECTS1 | REJECTS2 | REJECTS3)
+    if table_format == "delta":
+        # One Delta commit per batch in each table, whatever died on the way.
+        from deltalake import DeltaTable
+
+        log_ops = [h["operation"] for h in DeltaTable(str(out)).history()]
+        assert log_ops.count("WRITE") == len(committed_ids(str(out)))
+        assert not list((out / "_pidfence" / "data").rglob("*.parquet"))  # no staged leftovers
 
 
 def test_cli_on_standalone_cluster_runs_until_sigterm(
@@ -148,7 +179,7 @@ def test_cli_on_standalone_cluster_runs_until_sigterm(
         produce(kafka.bootstrap, topic, RUN2, sent)
         _wait_for(proc, lambda: read_log(str(out)).num_rows == 15)
         # RUN2 may span batches; wait until the newest committed one is printed.
-        last = max(manifest_ids(Store.at(str(out))))
+        last = max(committed_ids(str(out)))
         _wait_for(proc, lambda: f"batch {last}: " in proc.text())
         proc.proc.send_signal(signal.SIGTERM)
         code = proc.wait()

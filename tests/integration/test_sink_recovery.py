@@ -22,9 +22,9 @@ from confluent_kafka import Producer
 from pidfence.spark_sink import read_log, read_rejects, run_sink
 from pidfence.spark_sink.storage import STATE, Store, part_name
 from pidfence.wire import FLAG_FENCE, encode_pf
-from tests.integration.test_sink import Rec, labels, produce
+from tests.integration.test_sink import ON_EVERY_FORMAT, Rec, labels, own_root, produce
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900), ON_EVERY_FORMAT]
 
 F = FLAG_FENCE
 
@@ -66,7 +66,7 @@ REJECTS = {
 
 def lose_newest_state_files(output: Path, topic: str) -> list[str]:
     """Delete the newest state file of every partition; returns what was deleted."""
-    store = Store.at(str(output))
+    store = Store.at(str(own_root(output)))
     gone = []
     for partition in (0, 1):
         folder = store.join(STATE, part_name(topic, partition))
@@ -85,20 +85,21 @@ def by_partition(table: Any) -> dict[int, list[str]]:
 
 
 def test_two_outputs_one_losing_its_newest_state_files_commit_identical_output(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path
+    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
 ) -> None:
+    fmt = {"tableFormat": table_format}
     topic = new_topic(partitions=2)
     a, b = tmp_path / "a", tmp_path / "b"
     sent = produce(kafka.bootstrap, topic, CUT1)
     for out in (a, b):
-        run_sink(spark, kafka.bootstrap, topic, str(out), str(out) + "-ckpt")
+        run_sink(spark, kafka.bootstrap, topic, str(out), str(out) + "-ckpt", sink_options=fmt)
     # x3 is held across the cut: neither in the log nor in the rejects yet.
     assert "x3-held" not in labels(read_log(str(a))) + labels(read_rejects(str(a)))
     lose_newest_state_files(b, topic)
 
     produce(kafka.bootstrap, topic, CUT2, sent)
     for out in (a, b):
-        run_sink(spark, kafka.bootstrap, topic, str(out), str(out) + "-ckpt")
+        run_sink(spark, kafka.bootstrap, topic, str(out), str(out) + "-ckpt", sink_options=fmt)
 
     log_a, log_b = read_log(str(a)), read_log(str(b))
     rej_a, rej_b = read_rejects(str(a)), read_rejects(str(b))
@@ -109,7 +110,7 @@ def test_two_outputs_one_losing_its_newest_state_files_commit_identical_output(
     assert log_a.column("log_offset").to_pylist() == [*range(8), *range(3)]
     # And the output after the loss equals a third output that read everything in one batch.
     c = tmp_path / "c"
-    run_sink(spark, kafka.bootstrap, topic, str(c), str(c) + "-ckpt")
+    run_sink(spark, kafka.bootstrap, topic, str(c), str(c) + "-ckpt", sink_options=fmt)
     assert read_log(str(c)).equals(log_a)
     assert read_rejects(str(c)).equals(rej_a)
 
@@ -131,8 +132,9 @@ def produce_at(bootstrap: str, topic: str, recs: list[tuple[str, bytes | None, i
 
 
 def test_a_header_less_record_40_minutes_ahead_expires_nobody(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path
+    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
 ) -> None:
+    fmt = {"tableFormat": table_format}
     topic = new_topic(partitions=1)
     now = int(time.time() * 1000)
     minute = 60_000
@@ -146,10 +148,10 @@ def test_a_header_less_record_40_minutes_ahead_expires_nobody(
     out = tmp_path / "out"
     options = {"lifetime": "30m"}
     run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt"),
-             sink_options=options)  # fmt: skip
+             sink_options={**fmt, **options})  # fmt: skip
     produce_at(kafka.bootstrap, topic, recs[2:])
     run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt"),
-             sink_options=options)  # fmt: skip
+             sink_options={**fmt, **options})  # fmt: skip
     assert labels(read_log(str(out))) == ["p0", "ahead", "p1", "p2"]
     assert read_rejects(str(out)).num_rows == 0
 
@@ -160,14 +162,15 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def test_a_committed_batch_re_run_with_other_options_changes_no_byte(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path
+    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
 ) -> None:
+    fmt = {"tableFormat": table_format}
     topic = new_topic(partitions=2)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     sent = produce(kafka.bootstrap, topic, CUT1)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
     produce(kafka.bootstrap, topic, CUT2, sent)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
     last = max(int(p.name) for p in (ckpt / "commits").iterdir() if p.name.isdigit())
     before = _files(out)
     # The driver "died" after the manifest of the last batch and before Spark's commit log.
@@ -176,23 +179,26 @@ def test_a_committed_batch_re_run_with_other_options_changes_no_byte(
     # The re-run has options that would decide differently (one producer per partition, no
     # reordering); the batch is committed, so it writes nothing.
     run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt),
-             sink_options={"capacity": "1", "reorderWindow": "0"})  # fmt: skip
+             sink_options={**fmt, "capacity": "1", "reorderWindow": "0"})  # fmt: skip
     assert (ckpt / "commits" / str(last)).exists()
     assert _files(out) == before
 
 
 def test_a_second_query_on_the_output_fails_at_start_and_deletes_nothing(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path
+    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
 ) -> None:
+    fmt = {"tableFormat": table_format}
     topic = new_topic(partitions=2)
     out = tmp_path / "out"
     produce(kafka.bootstrap, topic, CUT1)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt-1"))
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt-1"), sink_options=fmt)
     before = _files(out)
     with pytest.raises(Exception, match="belongs to streaming query") as info:
-        run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt-2"))
+        run_sink(
+            spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt-2"), sink_options=fmt
+        )
     assert "OutputOwnedError" in str(info.value) or "belongs to" in str(info.value)
     assert _files(out) == before
     # The owner restarted from its own checkpoint takes over as usual.
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt-1"))
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt-1"), sink_options=fmt)
     assert _files(out) == before

@@ -177,6 +177,9 @@ def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch
     # The re-run of the batch commits it; the watcher reports it once.
     w.commit([_write(monkeypatch, w, last, chunks[last], attempt=1)], last)
     assert [line.batch for line in watcher.poll(NoProgress(), final=True)] == [last]
+    # Its rejects were committed before the crash; the re-run's staged copies are gone.
+    assert not list((out / "_rejects" / OWN_DIR).rglob("*.parquet"))
+    assert not list((out / OWN_DIR / "data").rglob("*.parquet"))
     assert watcher.poll(NoProgress(), final=True) == []
     log, rejects = read_log(str(out)), read_rejects(str(out))
     assert log == read_delta_log(str(out))

@@ -28,6 +28,7 @@ the batch id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
@@ -42,6 +43,7 @@ from pidfence.spark_sink.delta_table import (
     DELTA_LOG_SCHEMA,
     OWN_DIR,
     DeltaTableError,
+    Location,
     TableKind,
     cached_table,
     check_path,
@@ -195,10 +197,20 @@ class DeltaLayout(ParquetLayout):
                 info=info,
             )
             self._tables.pop(kind, None)
+            if not done:
+                # Committed by an earlier attempt (a crash between the two commits): this
+                # attempt's identical staged files are never needed.
+                self._drop_sources(path, moves)
             if kind == "rejects" and DeltaLayout.hook is not None:
                 DeltaLayout.hook("rejects_committed")
         self._version = None
         return done
+
+    def _drop_sources(self, path: str, moves: list[Move]) -> None:
+        loc = Location.at(path, self.storage_options)
+        for move in moves:
+            with contextlib.suppress(FileNotFoundError):
+                loc.fs.delete_file(loc.join(move.src))
 
     def _move(self, kind: str, batch_id: int, rel: str) -> Move:
         name = rel.rpartition("/")[2].replace("~", _SEPARATOR)
