@@ -43,6 +43,12 @@ from pidfence.services.ports import free_port
 from pidfence.services.zookeeper import ZooKeeperEnsemble
 
 CLIENTS = 8
+#: Leases per row: full run, ``--quick``, and the CAS baseline of each (a smoke test shrinks them).
+LEASES = 80_000
+QUICK_LEASES = 8_000
+BASELINE_LEASES = 4_000
+QUICK_BASELINE_LEASES = 800
+WARMUP_LEASES = CLIENTS * 50
 LOAD_PROCESSES = 2
 SERVER_CORE = 0
 CLIENT_CORE = 1
@@ -324,7 +330,7 @@ def _contender(c: Contender, zk_hosts: str, pki: Any) -> dict[str, Any]:
         for i in range(c.servers):
             servers.append(_start_server(chroot, logs, f"lease-{i}", settings))
         addresses = [s.address for s in servers]
-        _drive(addresses, CLIENTS * 50, security)  # warm-up: connections, first claims
+        _drive(addresses, WARMUP_LEASES, security)  # warm-up: connections, first claims
         before = sum(_zk_writes(s.metrics_port) for s in servers)
         cpu_before = sum(_cpu_s(s.proc.pid) for s in servers)
         elapsed, latencies = _drive(addresses, c.leases, security)
@@ -354,8 +360,8 @@ def _contender(c: Contender, zk_hosts: str, pki: Any) -> dict[str, Any]:
 def _plan(quick: bool) -> list[Contender]:
     from pidfence.pid_allocator.loops import uvloop_installed
 
-    leases = 8_000 if quick else 80_000
-    baseline = 800 if quick else 4_000
+    leases = QUICK_LEASES if quick else LEASES
+    baseline = QUICK_BASELINE_LEASES if quick else BASELINE_LEASES
     loops = ["asyncio", "uvloop"] if uvloop_installed() else ["asyncio"]
     best = loops[-1]
     plan = [Contender(f"1 server, plain, {loop}", 1, 100, loop, False, leases) for loop in loops]

@@ -1,0 +1,31 @@
+"""Smoke test: ``bench/lease.py`` runs every contender on tiny sizes (figures are not asserted:
+speed is measured by the bench, never by tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.progress import Progress
+
+from pidfence.benchkit import load_bench
+from pidfence.pid_allocator.loops import uvloop_installed
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_lease_bench_runs_every_contender() -> None:
+    bench = load_bench("lease", BENCH_DIR)
+    bench.QUICK_LEASES = bench.CLIENTS * 10
+    bench.QUICK_BASELINE_LEASES = bench.CLIENTS * 2
+    bench.WARMUP_LEASES = bench.CLIENTS * 2
+    with Progress(disable=True) as progress:
+        report = bench.run(quick=True, progress=progress)
+    loops = 2 if uvloop_installed() else 1
+    assert len(report.rows) == 2 * loops + 2
+    assert {row["security"] for row in report.rows} == {"plain", "auth+TLS"}
+    for row in report.rows:
+        assert row["leases"] == (
+            bench.QUICK_BASELINE_LEASES if row["block_size"] == 1 else bench.QUICK_LEASES
+        )
+        assert row["server_cpu_us_per_lease"] >= 0
+        assert row["p99_ms"] >= row["p50_ms"] > 0
