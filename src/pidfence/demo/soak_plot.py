@@ -36,11 +36,13 @@ def write_plot(
     names: list[str] = []
     for sample in samples:
         names.extend(n for n in sample["rss"] if n not in names)
-    for name in names:
+    palette = plt.get_cmap("tab20").colors
+    for k, name in enumerate(names):
         points = [(s["t_s"] / 60, s["rss"][name] / MB) for s in samples if s["rss"].get(name)]
         if points:
             px, py = zip(*points, strict=True)
-            ax_rss.plot(px, py, marker=".", label=name)
+            ax_rss.plot(px, py, marker=".", label=name, color=palette[(2 * k) % 20 + k // 10],
+                        ls=("-", "--", ":")[k % 3])  # fmt: skip
     ax_rss.set_ylabel("RSS (MB)")
     ax_rss.set_yscale("log")
     ax_rss.legend(fontsize="x-small", ncol=3, loc="upper left")
@@ -72,23 +74,27 @@ def write_plot(
     twin.plot(xs, [s["records_in"] for s in samples], color="grey", ls="--", label="records in")
     twin.set_ylabel("records read (cumulative)")
 
-    colours = {"kill": "red", "zombie": "orange", "lease-zombie": "purple",
-               "sink-restart": "green", "sink-crash": "brown"}  # fmt: skip
-    starts: dict[str, float] = {}
+    # Producer rounds start kill, zombie and lease-zombie together: one line per round.
+    colours = {"kill": "red", "sink-restart": "green", "sink-crash": "brown"}
     for event in faults:
         name = event["fault"]
         if name in colours and str(event["event"]).startswith("round"):
-            if starts.get(name) == event["t_s"]:
-                continue
-            starts[name] = event["t_s"]
             for ax in (ax_rss, ax_batch, ax_state):
-                ax.axvline(event["t_s"] / 60, color=colours[name], alpha=0.25, lw=1)
+                ax.axvline(event["t_s"] / 60, color=colours[name], alpha=0.3, lw=1)
     legend = (
-        "vertical lines: faults (red kill, orange zombie, purple lease-zombie, "
-        "green sink SIGTERM restart, brown sink crash)"
+        "vertical lines: red = a round of producer faults (kill + resume, zombie, lease-zombie), "
+        "green = sink SIGTERM restart, brown = sink crash (SIGKILL)"
     )
-    fig.suptitle(f"{title}\n{legend}", fontsize=10)
+    fig.suptitle(f"{title}\n{legend}", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def replot(soak_json: Path, path: Path, title: str) -> None:
+    """Draw the plot again from a run's ``out/soak.json``."""
+    import json
+
+    data = json.loads(soak_json.read_text())
+    write_plot(data["samples"], data["batches"], data["faults"], path, data["wall_started"], title)
