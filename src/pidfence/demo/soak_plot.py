@@ -36,7 +36,7 @@ def write_plot(
     names: list[str] = []
     for sample in samples:
         names.extend(n for n in sample["rss"] if n not in names)
-    palette = plt.get_cmap("tab20").colors
+    palette = [plt.get_cmap("tab20")(i) for i in range(20)]
     for k, name in enumerate(names):
         points = [(s["t_s"] / 60, s["rss"][name] / MB) for s in samples if s["rss"].get(name)]
         if points:
