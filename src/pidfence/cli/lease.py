@@ -103,6 +103,12 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option(help="Serve Prometheus metrics on this port")
         ] = None,
         log_format: Annotated[str, typer.Option(help="json or text")] = "text",
+        event_loop: Annotated[
+            str,
+            typer.Option(
+                "--loop", help="Event loop: auto (uvloop when installed), asyncio or uvloop"
+            ),
+        ] = "auto",
         ready_file: Annotated[
             Path | None, typer.Option(help="Write HOST:PORT here once listening")
         ] = None,
@@ -149,6 +155,7 @@ def register(app: typer.Typer) -> None:
                 metrics_port=metrics_port,
                 log_format=log_format,
                 ready_file=ready_file,
+                event_loop=event_loop,
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc

@@ -39,6 +39,7 @@ _FLAGS: dict[str, str] = {
     "signing_key": "--signing-key",
     "metrics_port": "--metrics-port",
     "log_format": "--log-format",
+    "event_loop": "--loop",
 }
 
 
