@@ -167,3 +167,39 @@ def test_spark_failure_is_one_line_with_the_log_path(
     assert lines[1].startswith("pidfence sink: "), lines
     log = next((tmp_path / "ckpt" / "logs").glob("spark-*.log"))
     assert f"(details in {log})" in lines[1]
+
+
+def test_another_writers_delta_table_is_refused_at_start_with_exit_3_and_left_alone(
+    kafka: Any, new_topic: Any, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    topic = new_topic()
+    out = tmp_path / "out"
+    write_deltalake(str(out), pa.table({"topic": ["x"], "value": [b"v"]}))
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
+                         "--available-now", "--table-format", "delta")  # fmt: skip
+    assert_one_line(
+        result, EXIT_UNAVAILABLE, f"{out} is a Delta table that pidfence did not create"
+    )
+    # The manifest layout refuses the Delta table too (it would hide it from Delta readers).
+    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
+                         "--available-now", "--table-format", "manifest")  # fmt: skip
+    assert_one_line(result, EXIT_UNAVAILABLE, "holds a Delta table")
+    # Without the option, the path's own format (Delta) is checked the same way.
+    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
+                         "--available-now")  # fmt: skip
+    assert_one_line(result, EXIT_UNAVAILABLE, "pidfence did not create")
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert DeltaTable(str(out)).version() == 0
+
+
+def test_missing_options_and_a_bad_table_format_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    result, _ = run_sink("--topic", "raw", *paths(tmp_path))
+    assert_one_line(result, EXIT_USAGE, "missing option --bootstrap")
+    result, _ = run_sink("--bootstrap", "127.0.0.1:1", "--topic", "raw", *paths(tmp_path),
+                         "--table-format", "iceberg")  # fmt: skip
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert "iceberg" in result.stderr

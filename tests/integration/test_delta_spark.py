@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,22 @@ finally:
 """
 
 
+def spark_reads_delta(path: str, jars: list[str]) -> dict[str, Any]:
+    """``spark.read.format("delta").load(path)`` in a child Spark with the delta jars: its
+    schema and ``[topic, partition, log_offset, value, kafka_offset]`` rows in log order."""
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, path, ",".join(jars)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=500,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
 def test_spark_reads_exactly_the_committed_rows(tmp_path: Path) -> None:
     jars = _delta_jars()
     if not jars:
@@ -89,16 +106,7 @@ def test_spark_reads_exactly_the_committed_rows(tmp_path: Path) -> None:
     with pytest.raises(Crash):
         run_batch(path, 4, hook=crash)  # moved into data/, never committed: Spark must not see it
 
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, path, ",".join(jars)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=500,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = spark_reads_delta(path, jars)
     assert out["schema"] == (
         "struct<topic:string,partition:int,log_offset:bigint,pid:bigint,generation:bigint,"
         "seq:bigint,key:binary,value:binary,kafka_offset:bigint,timestamp:timestamp>"
