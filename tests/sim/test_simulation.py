@@ -38,6 +38,9 @@ KNOBS = st.fixed_dictionaries(
         "reorder": st.integers(1, 6),
         "crash_p": st.sampled_from([0.0, 0.02, 0.1, 0.3]),
         "zombie_p": st.sampled_from([0.0, 0.5, 1.0]),
+        "pause_p": st.sampled_from([0.0, 0.3, 1.0]),
+        "down_p": st.sampled_from([0.0, 0.1, 0.5]),
+        "double_p": st.sampled_from([0.0, 0.1, 0.5]),
         "restart_p": st.sampled_from([0.0, 0.1, 0.5]),
         "plain_p": st.sampled_from([0.0, 0.05]),
         "step_ms": st.integers(1, 20),
@@ -128,6 +131,14 @@ def test_busy_schedules_are_clean(busy: list[SimResult]) -> None:
         "restarts",  # sink rebuilt state from a snapshot plus the Kafka suffix
         "snapshots_delta",  # ... from a chain of incremental snapshots
         "rollovers",  # lease rollover under the fake clock
+        "paused_zombies",  # a zombie was SIGSTOPped ...
+        "zombie_rolls_refused",  # ... woke past its rollover point and the lineage refused it
+        "zombies_expired",  # ... or woke past its lease end and sent nothing more
+        "resumes_rolled",  # an expired checkpoint was rolled into its successor
+        "resumes_followed",  # a retired pid's checkpoint followed the lineage one step
+        "second_resumers",  # two resumers of one checkpoint
+        "lease_refused",  # ... and the lease server refused the loser
+        "skipped",  # the recovery scan found records in Kafka that were not sent again
         "expired_entries",  # the rules expired the old pids' entries
         "drops",  # network lost a send (retried)
         "duplicates",  # network wrote a record twice (ack lost)
@@ -153,6 +164,7 @@ def test_fault_happens(busy: list[SimResult], stat: str) -> None:
     ],
 )
 def test_broken_rule_is_caught(mutation: str, anomaly: str) -> None:
+    """Mutated broker rules are caught by the record-level anomalies."""
     knobs = {**BUSY, "events": 120, "crash_p": 0.1, "zombie_p": 1.0, "mutation": mutation}
     results = [run(seed, **knobs) for seed in range(10)]
     caught = [r for r in results if r.report.findings[anomaly].count > 0]
@@ -162,6 +174,25 @@ def test_broken_rule_is_caught(mutation: str, anomaly: str) -> None:
     again = run(caught[0].seed, **caught[0].knobs.to_dict())
     assert again.report.counts() == caught[0].report.counts()
     assert f"pidfence.sim.run({caught[0].seed}, " in caught[0].replay_hint()
+
+
+def test_fresh_pid_rollover_without_lineage_is_caught() -> None:
+    """The rollover before DESIGN §9 (a fresh pid, no lineage) duplicates events, per event only.
+
+    A zombie that wakes past its rollover point leases an unrelated pid and re-sends its work:
+    every record has a clean identity, so only ``event_duplicate`` can see it.
+    """
+    knobs = {**BUSY, "events": 200, "crash_p": 0.1, "zombie_p": 1.0, "pause_p": 1.0}
+    mutated = [run(seed, **knobs, mutation="fresh_rollover") for seed in range(10)]
+    caught = [r for r in mutated if r.report.findings["event_duplicate"].count > 0]
+    assert caught, [r.report.summary() for r in mutated]
+    assert all(not r.ok for r in caught)
+    # The identity-level anomalies alone would have passed these schedules.
+    identity = ("lost", "duplicate", "reordered", "zombie", "unexpected")
+    assert any(all(r.report.findings[n].count == 0 for n in identity) for r in caught)
+    # The real lineage refuses the same zombies: the same schedules are clean.
+    for seed in (r.seed for r in caught):
+        assert_clean(run(seed, **knobs))
 
 
 def test_a_failing_schedule_prints_its_replay() -> None:

@@ -11,7 +11,13 @@ from typing import Any
 import confluent_kafka
 import pytest
 
-from pidfence.pid_allocator.errors import LeaseServerUnreachable, StaleGeneration, UnknownPid
+from pidfence.ledger import read_ledger, value_digest
+from pidfence.pid_allocator.errors import (
+    LeaseServerUnreachable,
+    NotOwner,
+    StaleGeneration,
+    UnknownPid,
+)
 from pidfence.producer import (
     BrokerUnavailable,
     DeliveryFailed,
@@ -28,7 +34,7 @@ from pidfence.producer import (
     ValueTooLarge,
     key_partition,
 )
-from pidfence.verify.ledger import read_ledger, value_digest
+from pidfence.producer.recovery import ScanState
 from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf
 
 LIFETIME = 24_000
@@ -40,38 +46,71 @@ class FakeLease:
     generation: int
     sequence: int
     expire_ms: int
+    secret: bytes = b""
+    cert: bytes | None = None
 
 
 class FakeLeaseClient:
-    """Same methods as LeaseClient; generations bump only from the latest."""
+    """The lease protocol's owner-only and lineage rules (DESIGN §5 amended, §9), in memory."""
 
     def __init__(self, clock: Any) -> None:
         self.clock = clock
         self.next_pid = 100
         self.latest: dict[int, int] = {}
         self.expire: dict[int, int] = {}
+        self.secret: dict[int, bytes] = {}
+        self.parent: dict[int, int] = {}  # successor -> the pid rolled into it
+        self.successor: dict[int, tuple[int, int]] = {}  # retired pid -> (successor, start gen)
         self.down = False
+        self.sign = False
         self.calls: list[str] = []
+
+    def _issue(self) -> FakeLease:
+        pid, self.next_pid = self.next_pid, self.next_pid + 1
+        self.latest[pid] = 40
+        self.expire[pid] = self.clock() + LIFETIME
+        self.secret[pid] = b"s%d" % pid
+        return self._reply(pid)
+
+    def _reply(self, pid: int) -> FakeLease:
+        gen, expire = self.latest[pid], self.expire[pid]
+        cert = b"cert-%d-%d" % (pid, gen) if self.sign else None
+        return FakeLease(pid, gen, 0, expire, self.secret[pid], cert)
+
+    def _check(self, pid: int, generation: int, secret: bytes) -> None:
+        if self.down:
+            raise LeaseServerUnreachable("no lease server answered")
+        parent = self.parent.get(pid)
+        allowed = {self.secret.get(pid), self.secret.get(parent) if parent else None}
+        if pid not in self.latest or secret not in allowed - {None}:
+            raise NotOwner("not the owner")
+        if pid in self.successor:
+            succ, start = self.successor[pid]
+            raise StaleGeneration(f"pid {pid} was rolled into {succ}", succ, start)
+        if self.latest[pid] != generation:
+            raise StaleGeneration(f"pid {pid} is at {self.latest[pid]}")
 
     def lease(self, partitions: Sequence[tuple[str, int]] = ()) -> FakeLease:
         self.calls.append("lease")
         if self.down:
             raise LeaseServerUnreachable("no lease server answered")
-        pid, self.next_pid = self.next_pid, self.next_pid + 1
-        self.latest[pid] = 40
-        self.expire[pid] = self.clock() + LIFETIME
-        return FakeLease(pid, 40, 0, self.expire[pid])
+        return self._issue()
 
-    def bump(self, pid: int, generation: int) -> FakeLease:
+    def bump(self, pid: int, generation: int, secret: bytes) -> FakeLease:
         self.calls.append(f"bump {pid} {generation}")
-        if self.down:
-            raise LeaseServerUnreachable("no lease server answered")
-        if pid not in self.latest:
-            raise UnknownPid(f"pid {pid} unknown")
-        if self.latest[pid] != generation:
-            raise StaleGeneration(f"pid {pid} is at {self.latest[pid]}")
+        self._check(pid, generation, secret)
+        if self.expire[pid] <= self.clock():
+            raise UnknownPid(f"pid {pid} expired")
         self.latest[pid] = generation + 1
-        return FakeLease(pid, generation + 1, 0, self.expire[pid])
+        return self._reply(pid)
+
+    def roll(self, pid: int, generation: int, secret: bytes) -> FakeLease:
+        self.calls.append(f"roll {pid} {generation}")
+        self._check(pid, generation, secret)
+        successor = self._issue()
+        self.successor[pid] = (successor.pid, successor.generation)
+        self.parent[successor.pid] = pid
+        return successor
 
 
 class FakeMsg:
@@ -124,6 +163,7 @@ class FakeKafka:
         self.fail: Any = None
         self.full_once = False
         self.broker_down = False
+        self.stuck = False
 
     def produce(
         self,
@@ -154,6 +194,8 @@ class FakeKafka:
         return len(served)
 
     def flush(self, timeout: float = -1) -> int:
+        if self.stuck:
+            return len(self.pending)
         self.poll()
         return 0
 
@@ -193,9 +235,19 @@ class Rig:
         )
 
     def resume(self, cp: ProducerCheckpoint, **kwargs: Any) -> IdempotentProducer:
+        kwargs.setdefault("scanner", self.scan)
         return IdempotentProducer.resume(
             cp, self.lease, self.config, clock=self.clock, producer_factory=self.factory, **kwargs
         )
+
+    def scan(self, state: ScanState, partitions: Any, since_ms: int, until: dict[Any, int]) -> None:
+        """The recovery scan over the fake Kafka log (what ``KafkaScanner`` reads)."""
+        wanted = set(partitions)
+        for msg in self.kafka.log if self.kafka is not None else []:
+            tp = (msg.topic(), msg.partition())
+            if tp not in wanted or msg.offset() >= until.get(tp, 1 << 62):
+                continue
+            state.note(tp, msg.headers())
 
     def headers(self) -> list[Any]:
         assert self.kafka is not None
@@ -327,14 +379,30 @@ def test_resume_bumps_and_fences_every_partition_before_data(rig: Rig, tmp_path:
     assert second.fences_acked == len(cp.next_seq) and not second.resumed_from_expired
 
 
-def test_resume_of_expired_checkpoint_leases_a_new_pid(rig: Rig) -> None:
-    cp = ProducerCheckpoint(7, 40, rig.now - 1, {("t", 0): 5})
+def test_resume_of_expired_checkpoint_rolls_it_into_its_successor(rig: Rig) -> None:
+    first = rig.producer()
+    first.produce("t", b"a", partition=0)
+    first.flush()
+    cp = first.checkpoint()
+    rig.now = cp.expire_ms
     producer = rig.resume(cp)
-    assert producer.resumed_from_expired and "bump 7 40" not in rig.lease.calls
-    assert producer.sequencer.pid == 100 and producer.sequencer.peek("t", 0) == 0
-    assert rig.kafka is not None and rig.kafka.log == []
-    unknown = rig.resume(ProducerCheckpoint(999, 1, rig.now + 10, {("t", 0): 5}))
-    assert unknown.resumed_from_expired and rig.lease.calls[-2:] == ["bump 999 1", "lease"]
+    assert producer.resumed_how == "rolled" and producer.resumed_from_expired
+    assert rig.lease.calls[-1] == "roll 100 40" and "bump 100 40" not in rig.lease.calls
+    assert producer.sequencer.pid == 101 and producer.sequencer.peek("t", 0) == 0
+    assert rig.kafka is not None and rig.kafka.log == []  # a new pid needs no FENCE
+    # The server no longer knows the pid (past the lineage retention): a fresh pid, said so.
+    gone = rig.resume(ProducerCheckpoint(999, 1, rig.now - 1, {("t", 0): 5}, secret=b"x"))
+    assert gone.resumed_how == "fresh" and rig.lease.calls[-2:] == ["roll 999 1", "lease"]
+
+
+def test_resume_with_a_wrong_secret_is_refused_and_changes_nothing(rig: Rig) -> None:
+    first = rig.producer()
+    first.flush()
+    cp = first.checkpoint()
+    forged = ProducerCheckpoint(cp.pid, cp.generation, cp.expire_ms, {}, secret=b"guess")
+    with pytest.raises(ProducerFenced, match="secret"):
+        rig.resume(forged)
+    assert rig.lease.latest[cp.pid] == cp.generation
 
 
 def test_resume_after_a_crash_between_bump_and_save_probes_forward(rig: Rig) -> None:
@@ -382,15 +450,17 @@ def test_resume_past_a_bump_that_wrote_no_fence_walks_each_partition_up(rig: Rig
     assert verdicts.count(Verdict.FENCE) == 6 and len(verdicts) == 11
 
 
-def test_rollover_leases_new_pid_and_old_records_complete(rig: Rig, tmp_path: Path) -> None:
+def test_rollover_drains_then_rolls_to_the_successor(rig: Rig, tmp_path: Path) -> None:
     ledger = tmp_path / "l.jsonl"
     producer = rig.producer(ledger=ledger)
-    producer.produce("t", b"old", partition=0)  # in flight across the rollover
+    producer.produce("t", b"old", partition=0)  # in flight when the rollover is due
     rig.now += LIFETIME * 23 // 24
     producer.produce("t", b"new", partition=0)
+    assert rig.kafka is not None and [m.value() for m in rig.kafka.log] == [b"old"]
     producer.close()
     assert [(pf.pid, pf.seq) for pf in rig.headers()] == [(100, 0), (101, 0)]
-    assert producer.rollovers == 1
+    assert producer.rollovers == 1 and rig.lease.calls == ["lease", "roll 100 40"]
+    assert rig.lease.successor[100] == (101, 40)
     assert [(e.pid, e.expire_ms) for e in read_ledger([ledger])] == [
         (100, 1_000_000 + LIFETIME),
         (101, rig.now + LIFETIME),
@@ -408,9 +478,12 @@ def test_rollover_failure_keeps_old_lease_until_it_expires(rig: Rig) -> None:
         producer.produce("t", b"b", partition=0)
     assert info.value.retriable
     rig.lease.down = False
+    # Nothing is in flight, so the ended pid still rolls through its lineage (never sending
+    # under it again).
     producer.produce("t", b"c", partition=0)
     producer.flush()
     assert [(pf.pid, pf.seq) for pf in rig.headers()] == [(100, 0), (101, 0)]
+    assert rig.lease.successor[100][0] == 101
 
 
 def test_resend_acknowledged_repeats_original_headers(rig: Rig, tmp_path: Path) -> None:

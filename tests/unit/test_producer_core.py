@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pidfence.producer import (
     BadCheckpoint,
@@ -150,10 +154,40 @@ def test_state_machine_checks_transitions() -> None:
     assert machine.state is LeaseState.UNLEASED
     with pytest.raises(InvalidTransition):
         machine.move(LeaseState.ROLLING)
-    for to in (LeaseState.LEASED, LeaseState.ROLLING, LeaseState.LEASED, LeaseState.CLOSED):
+    path = (LeaseState.LEASED, LeaseState.DRAINING, LeaseState.ROLLING, LeaseState.LEASED)
+    for to in path:
         machine.move(to)
+    with pytest.raises(InvalidTransition):
+        machine.move(LeaseState.ROLLING)  # a roll always drains first
+    for to in (LeaseState.DRAINING, LeaseState.LEASED, LeaseState.FENCED):
+        machine.move(to)
+    with pytest.raises(InvalidTransition):
+        machine.move(LeaseState.LEASED)  # fenced never sends again
+    machine.move(LeaseState.CLOSED)
     with pytest.raises(InvalidTransition, match="terminal"):
         machine.move(LeaseState.LEASED)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(list(LeaseState)), max_size=20))
+def test_state_machine_sends_only_after_a_drain_and_never_after_fenced(
+    moves: list[LeaseState],
+) -> None:
+    """Property: ROLLING is entered only from DRAINING; nothing leaves FENCED but CLOSED."""
+    machine = LeaseStateMachine()
+    history = [machine.state]
+    for to in moves:
+        try:
+            machine.move(to)
+        except InvalidTransition:
+            continue
+        history.append(to)
+    for before, after in itertools.pairwise(history):
+        if after is LeaseState.ROLLING:
+            assert before is LeaseState.DRAINING
+        if before is LeaseState.FENCED:
+            assert after is LeaseState.CLOSED
+        assert before is not LeaseState.CLOSED
 
 
 def test_config_refuses_weak_acks_and_exports_librdkafka_keys() -> None:

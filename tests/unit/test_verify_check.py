@@ -248,13 +248,29 @@ def test_unexpected_pid_in_no_ledger() -> None:
     assert (example["pid"], example["why"]) == (99, "pid in no ledger")
 
 
-def test_unexpected_seq_below_the_acknowledged_top_yet_never_acknowledged() -> None:
+def test_record_below_the_acknowledged_top_without_an_ack_is_unacknowledged() -> None:
+    # A process killed before its ack was recorded; its resumer found the record in Kafka
+    # (recovery scan) and did not re-send it, so later seqs are acknowledged and this one is not.
     ledger, rows = clean_history()
     del ledger[2]
     report = check(ledger, log_table(rows), NO_REJECTS)
-    only(report, unexpected=1)
-    (example,) = report.findings["unexpected"].examples
-    assert (example["seq"], example["why"]) == (2, "seq never acknowledged")
+    only(report, unacknowledged=1)
+    (example,) = report.findings["unacknowledged"].examples
+    assert (example["seq"], example["below_acknowledged"]) == (2, True)
+
+
+def test_dropped_record_whose_event_a_resume_appended_elsewhere_is_superseded() -> None:
+    ledger, rows = clean_history(3)
+    late = sent(3, 3)  # acknowledged, dropped OUT_OF_ORDER behind a gap nobody filled
+    rejects = rejects_table([{**rec(3, 3), "verdict": "OUT_OF_ORDER"}])
+    again = sent(0, 4, pid=PID + 1, val=value(3))  # the resumer's successor re-sent its event
+    rows.append(rec(0, 4, pid=PID + 1, val=value(3)))
+    report = check([*ledger, late, again], log_table(rows), rejects)
+    only(report, superseded=1)
+    assert report.ok
+    # Without the re-send, it is lost (per record and per event).
+    report = check([*ledger, late], log_table(rows[:3]), rejects)
+    only(report, lost=1, event_lost=1)
 
 
 def test_unexpected_value_differs_from_the_acknowledged_one() -> None:

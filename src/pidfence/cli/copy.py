@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         """Copy FROM_TOPIC to TO_TOPIC; killed and restarted, the deduplicated output is exact."""
         from rich.progress import Progress, SpinnerColumn, TextColumn
 
-        from pidfence.pid_allocator import LeaseClient
+        from pidfence.pid_allocator import LeaseClient, lease_client_options
         from pidfence.producer import ProducerConfig
         from pidfence.producer.cliutil import fail_cleanly
         from pidfence.producer.copier import Copier, CopySpec
@@ -54,7 +54,8 @@ def register(app: typer.Typer) -> None:
                 checkpoint_every=checkpoint_every,
             )
             config = ProducerConfig(bootstrap)
-            with LeaseClient(lease_server) as client:
+            # Token and TLS from $PIDFENCE_LEASE_TOKEN_FILE / _TOKEN / _TLS_CA (never argv).
+            with LeaseClient(lease_server, **lease_client_options()) as client:
                 copier = Copier(spec, open_producer_factory(config, client, ledger=ledger), state)
                 with Progress(
                     SpinnerColumn(), TextColumn(f"{from_topic} -> {to_topic}: {{task.completed}}")

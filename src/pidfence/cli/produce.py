@@ -38,6 +38,13 @@ def register(app: typer.Typer) -> None:
             int, typer.Option(min=1, help="Flush and save --state every N records")
         ] = 500,
         name: Annotated[str, typer.Option(help="Producer name written into every value")] = "p",
+        stop_after_checkpoint: Annotated[
+            int,
+            typer.Option(
+                min=0,
+                help="Fault hook: SIGSTOP this process right after its N-th state save (0: never)",
+            ),
+        ] = 0,
         librdkafka_idempotence: Annotated[
             bool,
             typer.Option(help="librdkafka's own idempotence (in-order on the wire per session)"),
@@ -46,7 +53,7 @@ def register(app: typer.Typer) -> None:
         """Send COUNT deterministic records with pf headers; resumable after SIGKILL via --state."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-        from pidfence.pid_allocator import LeaseClient
+        from pidfence.pid_allocator import LeaseClient, lease_client_options
         from pidfence.producer import ProducerConfig
         from pidfence.producer.cliutil import fail_cleanly
         from pidfence.producer.loadgen import LoadGenerator, LoadSpec, open_producer_factory
@@ -61,6 +68,7 @@ def register(app: typer.Typer) -> None:
                 rate=rate,
                 resend_every=resend_every,
                 checkpoint_every=checkpoint_every,
+                stop_after_checkpoint=stop_after_checkpoint,
             )
             config = ProducerConfig(
                 bootstrap,
@@ -68,7 +76,8 @@ def register(app: typer.Typer) -> None:
                 rollover_fraction=lifetime_rollover,
                 resend_buffer=16 if resend_every else 0,
             )
-            with LeaseClient(lease_server) as client:
+            # Token and TLS from $PIDFENCE_LEASE_TOKEN_FILE / _TOKEN / _TLS_CA (never argv).
+            with LeaseClient(lease_server, **lease_client_options()) as client:
                 generator = LoadGenerator(
                     spec, open_producer_factory(config, client, ledger=ledger), state
                 )

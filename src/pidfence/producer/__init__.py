@@ -11,6 +11,7 @@ from pidfence.producer.errors import (
     BadCheckpoint,
     BrokerUnavailable,
     DeliveryFailed,
+    DrainFailed,
     InvalidTransition,
     LeaseExpired,
     LeaseServerDown,
@@ -19,10 +20,13 @@ from pidfence.producer.errors import (
     ProducerError,
     ProducerFenced,
     ReservedHeader,
+    StateFileRefused,
+    StateStorageFailed,
     UnknownTopic,
     ValueTooLarge,
 )
-from pidfence.producer.idempotent import IdempotentProducer, wall_clock_ms
+from pidfence.producer.idempotent import IdempotentProducer, SaveCheckpoint, wall_clock_ms
+from pidfence.producer.lease import LeaseKeeper, Resumed
 from pidfence.producer.murmur2 import key_partition, murmur2
 from pidfence.producer.sequencer import Sequencer
 from pidfence.producer.state import LeaseState, LeaseStateMachine
@@ -31,9 +35,11 @@ __all__ = [
     "BadCheckpoint",
     "BrokerUnavailable",
     "DeliveryFailed",
+    "DrainFailed",
     "IdempotentProducer",
     "InvalidTransition",
     "LeaseExpired",
+    "LeaseKeeper",
     "LeaseServerDown",
     "LeaseState",
     "LeaseStateMachine",
@@ -44,7 +50,11 @@ __all__ = [
     "ProducerError",
     "ProducerFenced",
     "ReservedHeader",
+    "Resumed",
+    "SaveCheckpoint",
     "Sequencer",
+    "StateFileRefused",
+    "StateStorageFailed",
     "TopicPartition",
     "UnknownTopic",
     "ValueTooLarge",

@@ -26,6 +26,8 @@ class ProducerCheckpoint:
         expire_ms: the lease end (epoch ms); a checkpoint past it is resumed under a new pid.
         next_seq: next seq per (topic, partition) the producer has written to.
         lifetime_ms: the lease lifetime when known (0: unknown), to time the rollover on resume.
+        secret: the pid's capability from the lease server; ``bump`` and ``roll`` require it
+            (stored as hex; the file holding a checkpoint is written with mode 0600).
     """
 
     pid: int
@@ -33,6 +35,10 @@ class ProducerCheckpoint:
     expire_ms: int
     next_seq: Mapping[TopicPartition, int] = field(default_factory=dict)
     lifetime_ms: int = 0
+    secret: bytes = field(default=b"", repr=False)
+    skip: Mapping[TopicPartition, int] = field(default_factory=dict)
+    taken_ms: int = 0
+    ahead: Mapping[TopicPartition, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``next_seq`` as ``[[topic, partition, seq], ...]``, sorted)."""
@@ -43,6 +49,10 @@ class ProducerCheckpoint:
             "expire_ms": self.expire_ms,
             "lifetime_ms": self.lifetime_ms,
             "next_seq": [[t, p, s] for (t, p), s in sorted(self.next_seq.items())],
+            "secret": self.secret.hex(),
+            "skip": [[t, p, n] for (t, p), n in sorted(self.skip.items()) if n],
+            "taken_ms": self.taken_ms,
+            "ahead": [[t, p, n] for (t, p), n in sorted(self.ahead.items())],
         }
 
     def to_json(self) -> str:
@@ -59,26 +69,37 @@ class ProducerCheckpoint:
         try:
             if data["v"] != CHECKPOINT_VERSION:
                 raise BadCheckpoint(f"checkpoint version {data['v']!r} is not {CHECKPOINT_VERSION}")
-            next_seq: dict[TopicPartition, int] = {}
-            for topic, partition, seq in data["next_seq"]:
-                if not isinstance(topic, str) or type(partition) is not int or type(seq) is not int:
-                    raise BadCheckpoint(f"bad next_seq entry {[topic, partition, seq]!r}")
-                if partition < 0 or seq < 0:
-                    raise BadCheckpoint(f"negative partition or seq in {[topic, partition, seq]!r}")
-                next_seq[(topic, partition)] = seq
+            next_seq = _per_partition(data["next_seq"], "next_seq")
+            skip = _per_partition(data.get("skip", []), "skip")
+            ahead = _per_partition(data.get("ahead", []), "ahead")
+            taken_ms = data.get("taken_ms", 0)
+            if type(taken_ms) is not int:
+                raise BadCheckpoint(f"taken_ms must be an int, got {taken_ms!r}")
             fields = {k: data[k] for k in ("pid", "generation", "expire_ms")}
             if any(type(v) is not int or v < 0 for v in fields.values()):
                 raise BadCheckpoint(f"pid, generation and expire_ms must be ints >= 0: {fields}")
             lifetime = data.get("lifetime_ms", 0)
             if type(lifetime) is not int:
                 raise BadCheckpoint(f"lifetime_ms must be an int, got {lifetime!r}")
+            secret_hex = data.get("secret", "")
+            if not isinstance(secret_hex, str):
+                raise BadCheckpoint("secret must be a hex string")
+            secret = bytes.fromhex(secret_hex)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadCheckpoint):
                 raise
             raise BadCheckpoint(
                 f"not a producer checkpoint ({exc!r}); restore a good copy"
             ) from exc
-        return cls(next_seq=next_seq, lifetime_ms=lifetime, **fields)
+        return cls(
+            next_seq=next_seq,
+            lifetime_ms=lifetime,
+            secret=secret,
+            skip=skip,
+            taken_ms=taken_ms,
+            ahead=ahead,
+            **fields,
+        )
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ProducerCheckpoint:
@@ -92,3 +113,14 @@ class ProducerCheckpoint:
         except ValueError as exc:
             raise BadCheckpoint(f"checkpoint is not JSON ({exc}); restore a good copy") from exc
         return cls.from_dict(data)
+
+
+def _per_partition(items: Any, name: str) -> dict[TopicPartition, int]:
+    out: dict[TopicPartition, int] = {}
+    for topic, partition, n in items:
+        if not isinstance(topic, str) or type(partition) is not int or type(n) is not int:
+            raise BadCheckpoint(f"bad {name} entry {[topic, partition, n]!r}")
+        if partition < 0 or n < 0:
+            raise BadCheckpoint(f"negative partition or count in {name} {[topic, partition, n]!r}")
+        out[(topic, partition)] = n
+    return out

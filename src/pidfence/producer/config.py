@@ -16,6 +16,7 @@ _OWNED = {
     "message.max.bytes",
     "linger.ms",
     "delivery.report.only.error",
+    "message.timeout.ms",
 }
 
 
@@ -43,6 +44,10 @@ class ProducerConfig:
             move round-robin to the next (Kafka's sticky partitioner, counted in records).
         resend_buffer: acknowledged records kept per partition for ``resend_acknowledged`` (a
             fault hook for demos and tests; 0, the default, keeps none).
+        message_timeout_ms: librdkafka ``message.timeout.ms``: a record not delivered this long
+            after ``produce`` fails instead of being sent. Keep it below the rollover margin
+            (``(1 - rollover_fraction)`` of the lease lifetime; the producer warns otherwise), so
+            a process paused with records in flight never delivers them after its lease ended.
         success_reports: deliver a report for every acknowledged record (needed by the send
             ledger, the resend buffer and per-record ``on_delivery`` callbacks). ``False`` sets
             librdkafka's ``delivery.report.only.error``: failures are still reported (and
@@ -62,6 +67,7 @@ class ProducerConfig:
     sticky_records: int = 100
     resend_buffer: int = 0
     success_reports: bool = True
+    message_timeout_ms: int = 300_000
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,6 +106,7 @@ class ProducerConfig:
             "enable.idempotence": self.enable_idempotence,
             "linger.ms": self.linger_ms,
             "message.max.bytes": max(self.message_max_bytes + 4096, 1000),
+            "message.timeout.ms": self.message_timeout_ms,
         }
         if not self.success_reports:
             conf["delivery.report.only.error"] = True

@@ -10,6 +10,7 @@ the producer checkpoint in one state file (tmp + fsync + rename). No Kafka offse
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -24,10 +25,13 @@ from pidfence.producer.errors import BadCheckpoint, BrokerUnavailable, ProducerE
 from pidfence.producer.idempotent import IdempotentProducer
 from pidfence.producer.statefile import load_state, save_state
 from pidfence.wire import PF_HEADER_KEY
+from pidfence.wire.cert import CERT_HEADER_KEY
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+#: Input headers the copier drops: it stamps its own.
+_OWN_HEADERS = (PF_HEADER_KEY, CERT_HEADER_KEY)
 
 OpenProducer = Callable[[ProducerCheckpoint | None], IdempotentProducer]
 
@@ -125,6 +129,9 @@ class Copier:
     def _save(self, producer: IdempotentProducer, offsets: dict[int, int], copied: int) -> None:
         while producer.flush(60.0):
             pass
+        self._store(producer.checkpoint(), offsets, copied)
+
+    def _store(self, checkpoint: ProducerCheckpoint, offsets: dict[int, int], copied: int) -> None:
         save_state(
             self.state_path,
             {
@@ -133,7 +140,7 @@ class Copier:
                 "to": self.spec.to_topic,
                 "offsets": {str(p): o for p, o in sorted(offsets.items())},
                 "copied": copied,
-                "checkpoint": producer.checkpoint().to_dict(),
+                "checkpoint": checkpoint.to_dict(),
             },
         )
 
@@ -217,18 +224,17 @@ class Copier:
                 raise BrokerUnavailable(f"consuming {spec.from_topic} failed: {msg.error()}")
             last_record = self._clock()
             if producer.rollover_due:
-                # A checkpoint on each side of the rollover: no record under the new pid is sent
-                # before a checkpoint names it.
-                self._save(producer, offsets, copied)
-                producer.roll()
-                self._save(producer, offsets, copied)
-            headers = [(k, v) for k, v in (msg.headers() or []) if k != PF_HEADER_KEY]
+                # roll() drains, rolls through the lease server and stores the offsets with the
+                # successor's checkpoint: its seqs start here (docs/producer.md, "Lease rollover").
+                producer.roll(functools.partial(self._store, offsets=offsets, copied=copied))
+            headers = [(k, v) for k, v in (msg.headers() or []) if k not in _OWN_HEADERS]
             producer.produce(
                 spec.to_topic,
                 msg.value(),
                 key=msg.key(),
                 partition=msg.partition(),
                 headers=headers or None,
+                event_id=f"{msg.topic()}:{msg.partition()}:{msg.offset()}",
             )
             offsets[msg.partition()] = msg.offset() + 1
             this_run += 1

@@ -75,3 +75,26 @@ class BadCheckpoint(ProducerError, ValueError):
 
 class NotFlushed(ProducerError):
     """``checkpoint()`` while records are in flight: call ``flush()`` first, then checkpoint."""
+
+
+class DrainFailed(ProducerError):
+    """Records under the old pid were still unacknowledged when a rollover had to happen.
+
+    Nothing was sent under a new pid. Resume from the last checkpoint (the records after it are
+    re-sent under the checkpoint's lineage and deduplicated).
+    """
+
+    retriable = True
+
+
+class StateStorageFailed(ProducerError):
+    """A state file could not be read or written for a transient reason (disk full, I/O error).
+
+    Nothing was replaced: the previous state file is intact. Free space, then retry.
+    """
+
+    retriable = True
+
+
+class StateFileRefused(ProducerError):
+    """The state file path cannot be used (a folder, no permission): give another ``--state``."""

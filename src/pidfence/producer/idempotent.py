@@ -1,9 +1,10 @@
 """``IdempotentProducer``: confluent-kafka plus a leased pid, per-partition seqs and ``pf`` headers.
 
-The producer picks each record's partition itself (so it knows which counter to advance), stamps
-the ``pf`` header from its :class:`~pidfence.producer.sequencer.Sequencer`, and hands the record to
-``confluent_kafka.Producer``. Delivery callbacks store the first error (raised by :meth:`flush`),
-write the send ledger and keep the last acknowledged records for :meth:`resend_acknowledged`.
+The API object. Its concerns live in their own modules: the lease lifecycle and lineage in
+:mod:`~pidfence.producer.lease` (with the state machine of :mod:`~pidfence.producer.state`),
+partition choice in :mod:`~pidfence.producer.partitioner`, seqs and headers in
+:mod:`~pidfence.producer.sequencer`, acknowledgements and the send ledger in
+:mod:`~pidfence.producer.delivery`.
 """
 
 from __future__ import annotations
@@ -11,24 +12,19 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import confluent_kafka
 
-from pidfence.pid_allocator.errors import (
-    LeaseServerUnreachable,
-    LeaseServiceUnavailable,
-    StaleGeneration,
-    UnknownPid,
-)
-from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
+from pidfence.ledger import LedgerError, LedgerWriter
+from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.config import ProducerConfig
+from pidfence.producer.delivery import DeliveryCallback, DeliveryTracker
 from pidfence.producer.errors import (
     BrokerUnavailable,
-    DeliveryFailed,
+    DrainFailed,
     LeaseExpired,
     LeaseServerDown,
     NotFlushed,
@@ -36,29 +32,32 @@ from pidfence.producer.errors import (
     ProducerError,
     ProducerFenced,
     ReservedHeader,
-    UnknownTopic,
     ValueTooLarge,
 )
-from pidfence.producer.murmur2 import key_partition
+from pidfence.producer.lease import LeaseClientLike, LeaseKeeper
+from pidfence.producer.partitioner import Partitioner
+from pidfence.producer.recovery import (
+    SKEW_MS,
+    KafkaScanner,
+    Scanner,
+    apply_scan,
+    consumer_conf,
+    scan_state,
+)
 from pidfence.producer.sequencer import Sequencer
 from pidfence.producer.state import LeaseState, LeaseStateMachine
-from pidfence.verify.ledger import LedgerEntry, LedgerWriter, value_digest
-from pidfence.wire import PF_HEADER_KEY, decode_pf
+from pidfence.wire import PF_HEADER_KEY
+from pidfence.wire.cert import CERT_HEADER_KEY
 
 log = logging.getLogger(__name__)
 
-DeliveryCallback = Callable[[Any, Any], None]
 Headers = Sequence[tuple[str, bytes | str | None]]
+#: Stores a checkpoint together with the caller's current upstream position (see ``roll``).
+SaveCheckpoint = Callable[[ProducerCheckpoint], None]
 
+_RESERVED = (PF_HEADER_KEY, CERT_HEADER_KEY)
 
-class LeaseClientLike(Protocol):
-    """What the producer needs from :class:`pidfence.pid_allocator.LeaseClient`."""
-
-    def lease(self, partitions: Sequence[tuple[str, int]] = ()) -> Any:
-        """Lease a new pid (returns pid, generation, sequence, expire_ms)."""
-
-    def bump(self, pid: int, generation: int) -> Any:
-        """Bump ``pid`` from ``generation`` (returns pid, generation, expire_ms)."""
+__all__ = ["IdempotentProducer", "LeaseClientLike", "SaveCheckpoint", "wall_clock_ms"]
 
 
 def wall_clock_ms() -> int:
@@ -74,9 +73,13 @@ class IdempotentProducer:
     Args:
         config: the producer settings.
         lease_client: a :class:`pidfence.pid_allocator.LeaseClient` (or a fake in tests).
-        ledger: path or :class:`LedgerWriter` for the send ledger (None: no ledger).
+        ledger: path or :class:`~pidfence.ledger.LedgerWriter` for the send ledger (None: none).
         clock: epoch milliseconds, injectable so rollover tests run in ms.
         producer_factory: builds the Kafka client from a librdkafka dict (a fake in unit tests).
+        on_roll: called with the successor's checkpoint right after each rollover that
+            ``produce`` starts by itself (before the record that triggered it is sent); store it
+            with the caller's upstream position (see :meth:`roll`). None: the caller rolls
+            itself when :attr:`rollover_due`, or does not checkpoint at all.
 
     Raises:
         ProducerConfigError: a setting that breaks exactly-once (e.g. ``acks=1``).
@@ -91,53 +94,51 @@ class IdempotentProducer:
         ledger: str | Path | LedgerWriter | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         producer_factory: Callable[[dict[str, Any]], Any] = confluent_kafka.Producer,
+        on_roll: SaveCheckpoint | None = None,
         _lease_now: bool = True,
     ) -> None:
         self.config = config
-        self._lease_client = lease_client
         self._clock = clock
-        conf = config.to_librdkafka()
-        conf.setdefault("allow.auto.create.topics", False)
-        conf.setdefault("logger", logging.getLogger("pidfence.producer.librdkafka"))
-        # The default delivery callback: a record needs its own only when it is tracked or the
-        # caller passed one (a per-record callback costs a Python object per record).
-        conf["on_delivery"] = self._on_delivery
-        self._producer = producer_factory(conf)
-        self._kafka_produce = self._producer.produce
-        self._owns_ledger = ledger is not None and not isinstance(ledger, LedgerWriter)
-        self._ledger: LedgerWriter | None = (
-            LedgerWriter(ledger) if isinstance(ledger, str | Path) else ledger
-        )
-        self._machine = LeaseStateMachine()
-        # The sequencer while LEASED, else None: produce() checks one attribute, not the state.
-        self._live: Sequencer | None = None
-        self._partition_counts: dict[str, int] = {}
-        self._sticky: dict[str, list[int]] = {}  # topic -> [partition, records left]
-        self._acked_buffer: dict[TopicPartition, deque[tuple[Any, Any, bytes]]] = {}
-        self._expire_by_pid: dict[int, int] = {}
-        self._error: ProducerError | None = None
-        self._seq: Sequencer | None = None
-        self._rollover_at = 0
-        self._rollover_ns = 0
-        # With the default clock, produce() compares time.time_ns() directly (no Python call).
-        self._wall_clock = clock is wall_clock_ms
-        self.acked = 0
-        self.fences_acked = 0
-        self.resent = 0
-        self.rollovers = 0
-        self.resumed_from_expired = False
-        self._max_value = config.message_max_bytes
-        self._keep = config.resend_buffer
-        self._track = self._ledger is not None or self._keep > 0
-        if self._ledger is not None and not config.success_reports:
+        self._keeper = LeaseKeeper(lease_client, clock)
+        self.on_roll = on_roll
+        if ledger is not None and not config.success_reports:
             raise ProducerConfigError(
                 "the send ledger is written from success reports: use success_reports=True "
                 "(the default) with a ledger"
             )
+        self._owns_ledger = isinstance(ledger, str | Path)
+        writer = LedgerWriter(ledger) if isinstance(ledger, str | Path) else ledger
+        self._delivery = DeliveryTracker(writer, config.resend_buffer)
+        conf = config.to_librdkafka()
+        conf.setdefault("allow.auto.create.topics", False)
+        conf.setdefault("logger", logging.getLogger("pidfence.producer.librdkafka"))
+        conf["on_delivery"] = self._delivery.on_delivery
+        self._producer = producer_factory(conf)
+        self._kafka_produce = self._producer.produce
+        self._partitioner = Partitioner(
+            self._producer.list_topics,
+            config.bootstrap_servers,
+            config.metadata_timeout_s,
+            config.sticky_records,
+        )
+        self._machine = LeaseStateMachine()
+        self._seq: Sequencer | None = None
+        # The sequencer while LEASED, else None: produce() checks one attribute, not the state.
+        self._live: Sequencer | None = None
+        self._rollover_at = 0
+        self._rollover_ns = 0
+        self._wall_clock = clock is wall_clock_ms
+        self._max_value = config.message_max_bytes
+        self.resent = 0
+        self.rollovers = 0
+        #: Records not sent because the recovery scan found them in Kafka already.
+        self.skipped = 0
+        #: How :meth:`resume` continued: ``bumped``, ``rolled``, ``followed`` or ``fresh``.
+        self.resumed_how = ""
         if _lease_now:
-            self._install(self._lease_new(), from_state=LeaseState.UNLEASED)
+            self._install(self._keeper.lease_new())
 
-    # ---- lease handling -------------------------------------------------------------------
+    # ---- lease lifecycle ------------------------------------------------------------------
 
     @classmethod
     def resume(
@@ -149,22 +150,33 @@ class IdempotentProducer:
         ledger: str | Path | LedgerWriter | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         producer_factory: Callable[[dict[str, Any]], Any] = confluent_kafka.Producer,
+        on_roll: SaveCheckpoint | None = None,
         fence_timeout_s: float = 60.0,
         stale_probe: int = 8,
+        scanner: Scanner | None = None,
     ) -> IdempotentProducer:
-        """Continue ``checkpoint``: bump its generation, FENCE every partition, go on from its seqs.
+        """Continue ``checkpoint`` through its lineage (DESIGN §9), then FENCE, then go on.
 
-        The FENCE records (empty value, seq = the partition's next seq) are flushed before this
-        returns, so a zombie still holding the old generation is fenced on every partition at
-        once. A checkpoint whose lease expired (or that the server no longer knows) continues
-        under a fresh pid with seqs from 0; ``resumed_from_expired`` is then True.
+        A live pid is bumped (its seqs continue); an expired one is rolled into its successor
+        (seqs from 0); a pid already rolled (by its owner right after this checkpoint, or by
+        another resumer of it) is followed one step: its successor is bumped with this
+        checkpoint's secret, which fences whoever holds the successor. The FENCE records are
+        flushed before this returns, so the instance that held the checkpoint before is fenced on
+        every partition of the checkpoint's topics at once. ``resumed_how`` says which way it
+        went; ``resumed_from_expired`` is True when the pid changed. Store a checkpoint right
+        after this returns (it names the new generation or pid).
 
         ``stale_probe``: a process killed between its bump and saving the next checkpoint leaves
-        the server one generation ahead of the stored one; the bump is retried from the next
-        ``stale_probe`` generations (the first that is the latest wins, fencing every older one).
+        the server ahead of the stored generation; that many next generations are tried.
+
+        Then a recovery scan (:mod:`~pidfence.producer.recovery`; ``scanner``, default a Kafka
+        consumer) reads what the previous instance got into Kafka after the checkpoint, so the
+        records it re-sends are never appended a second time under another pid: below that
+        point they are re-sent under the same pid (deduplicated) or, after a rollover, skipped.
 
         Raises:
-            ProducerFenced: no probed generation is the latest (another owner keeps bumping).
+            ProducerFenced: another owner holds the lineage, or the checkpoint is stale (its pid
+                was rolled over after it was taken).
             LeaseServerDown: no lease server answered.
             DeliveryFailed / BrokerUnavailable / UnknownTopic: the FENCE records could not be sent.
         """
@@ -174,74 +186,78 @@ class IdempotentProducer:
             ledger=ledger,
             clock=clock,
             producer_factory=producer_factory,
+            on_roll=on_roll,
             _lease_now=False,
         )
-        lease = None
-        if checkpoint.expire_ms > clock():
-            lease = self._bump(checkpoint, stale_probe)
-        if lease is None:
-            log.warning(
-                "checkpoint of pid %d expired at %d (or is unknown to the lease server): "
-                "continuing under a new pid with seqs from 0; records re-sent after the "
-                "checkpoint cannot be deduplicated against the old pid",
-                checkpoint.pid,
-                checkpoint.expire_ms,
-            )
-            self.resumed_from_expired = True
-            self._install(self._lease_new(), from_state=LeaseState.UNLEASED)
-            return self
-        lifetime = checkpoint.lifetime_ms or config.default_lifetime_ms
-        sequencer = Sequencer.resumed(checkpoint, lease.generation, lease.expire_ms)
-        sequencer.lifetime_ms = lifetime
-        self._install(sequencer, from_state=LeaseState.UNLEASED)
-        self._write_fences(fence_timeout_s, from_generation=checkpoint.generation + 1)
+        try:
+            resumed = self._keeper.resume(checkpoint, stale_probe)
+        except ProducerFenced:
+            self._move(LeaseState.FENCED)
+            raise
+        self.resumed_how = resumed.how
+        sequencer = resumed.sequencer
+        if resumed.how == "bumped":
+            sequencer.lifetime_ms = checkpoint.lifetime_ms or config.default_lifetime_ms
+        self._install(sequencer)
+        topics = sorted({topic for topic, _ in checkpoint.next_seq})
+        if resumed.walk_from is not None:
+            self._write_fences(fence_timeout_s, resumed.walk_from, topics)
+        self._recover(checkpoint, topics, scanner)
         log.info(
-            "resumed pid %d at generation %d on %d partitions",
+            "resumed the checkpoint of pid %d (%s): pid %d at generation %d",
+            checkpoint.pid,
+            resumed.how,
             sequencer.pid,
             sequencer.generation,
-            len(sequencer.partitions()),
         )
         return self
 
-    def _bump(self, checkpoint: ProducerCheckpoint, stale_probe: int) -> Any:
-        last: StaleGeneration | None = None
-        for step in range(stale_probe + 1):
-            generation = checkpoint.generation + step
-            try:
-                return self._lease_call(
-                    functools.partial(self._lease_client.bump, checkpoint.pid, generation)
-                )
-            except UnknownPid:
-                return None
-            except StaleGeneration as exc:
-                last = exc
-        self._move(LeaseState.FENCED)
-        raise ProducerFenced(
-            f"pid {checkpoint.pid}: none of generations {checkpoint.generation}.."
-            f"{checkpoint.generation + stale_probe} is the latest, so another producer owns this "
-            f"checkpoint; stop this instance (or resume from the newer checkpoint)"
-        ) from last
+    def _recover(
+        self, checkpoint: ProducerCheckpoint, topics: list[str], scanner: Scanner | None
+    ) -> None:
+        seq = self._sequencer()
+        if not checkpoint.taken_ms:
+            log.warning(
+                "checkpoint of pid %d has no taken_ms (written by an older pidfence): no "
+                "recovery scan; records its owner sent after it may be appended twice if this "
+                "instance rolls over before re-sending them",
+                checkpoint.pid,
+            )
+            if seq.pid != checkpoint.pid:
+                seq.with_skip(checkpoint.skip)
+            return
+        if scanner is None:
+            scanner = KafkaScanner(consumer_conf(self.config.to_librdkafka()))
+        parts = [(t, p) for t in topics for p in range(self.partition_count(t))]
+        state = scan_state(checkpoint, seq.pid)
+        scanner(state, parts, checkpoint.taken_ms - SKEW_MS, dict(self._delivery.fence_ends))
+        apply_scan(seq, checkpoint, state.highs)
+        if seq.ahead or seq.skip:
+            log.info(
+                "recovery scan: pid %d re-sends up to %s; skips %s (already in Kafka)",
+                seq.pid,
+                seq.ahead,
+                seq.skip,
+            )
 
-    def _lease_call(self, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except (LeaseServerUnreachable, LeaseServiceUnavailable) as exc:
-            raise LeaseServerDown(
-                f"no lease server could lease or bump a pid ({exc}); start a lease server "
-                "(`pidfence lease-server`) or fix --lease-server, then retry"
-            ) from exc
+    @property
+    def resumed_from_expired(self) -> bool:
+        """True when :meth:`resume` continued under another pid than the checkpoint's."""
+        return self.resumed_how in ("rolled", "followed", "fresh")
 
-    def _lease_new(self) -> Sequencer:
-        lease = self._lease_call(lambda: self._lease_client.lease(()))
-        lifetime = max(lease.expire_ms - self._clock(), 1)
-        return Sequencer(lease.pid, lease.generation, lease.expire_ms, lifetime_ms=lifetime)
-
-    def _install(self, sequencer: Sequencer, from_state: LeaseState) -> None:
-        del from_state
+    def _install(self, sequencer: Sequencer) -> None:
         self._seq = sequencer
-        self._expire_by_pid[sequencer.pid] = sequencer.expire_ms
+        self._delivery.expire_by_pid[sequencer.pid] = sequencer.expire_ms
         lifetime = sequencer.lifetime_ms or self.config.default_lifetime_ms
         margin = round(lifetime * (1 - self.config.rollover_fraction))
+        if margin <= self.config.message_timeout_ms:
+            log.warning(
+                "the rollover margin (%d ms) is not above message_timeout_ms (%d ms): a process "
+                "paused with records in flight could deliver them after its lease ended; lower "
+                "message_timeout_ms or rollover_fraction",
+                margin,
+                self.config.message_timeout_ms,
+            )
         self._set_rollover(sequencer.expire_ms - margin)
         self._move(LeaseState.LEASED)
 
@@ -254,57 +270,97 @@ class IdempotentProducer:
         self._rollover_ns = at_ms * 1_000_000
 
     @property
-    def rollover_due(self) -> bool:
-        """True once the clock passed the rollover point (the next ``produce`` rolls over).
+    def state(self) -> LeaseState:
+        """The lease state."""
+        return self._machine.state
 
-        A caller that checkpoints can ``flush()``, :meth:`roll` and save a checkpoint first, so
-        no record under the new pid is ever sent before a checkpoint names the new pid.
-        """
+    @property
+    def rollover_due(self) -> bool:
+        """True once the clock passed the rollover point (the next ``produce`` rolls over)."""
         return self._clock() >= self._rollover_at
 
-    def roll(self) -> None:
-        """Lease the next pid now (seqs from 0); in-flight records under the old pid finish.
+    def roll(self, save: SaveCheckpoint | None = None) -> ProducerCheckpoint:
+        """Roll over to the pid's successor now; returns the successor's checkpoint.
+
+        In order: drain (every record under the old pid acknowledged, within the old lease),
+        ``roll`` through the lease server (a compare-and-set on the current generation), then
+        ``save(successor's checkpoint)``. ``save`` (default: the ``on_roll`` given at
+        construction) must store the checkpoint atomically with the caller's upstream position,
+        which does not move during the call: the successor's seqs start at that position. A
+        crash between the roll and the save is safe: resuming the older checkpoint follows the
+        lineage to the successor and skips what the old pid got into Kafka after it.
 
         Raises:
-            LeaseExpired: the old lease ended and no new pid could be leased.
+            DrainFailed: records under the old pid were not acknowledged before its lease ended
+                (or a delivery failed); nothing was sent under a new pid.
+            ProducerFenced: the roll was refused (another owner bumped or rolled this pid); the
+                producer is ``FENCED`` and sends nothing more.
+            LeaseServerDown: no lease server answered; the old lease is kept (retriable).
+            LeaseExpired: as LeaseServerDown, but the old lease has ended: nothing can be sent.
         """
-        self._roll()
-
-    def _roll(self) -> Sequencer:
-        """Lease the next pid before this one expires; in-flight records finish normally."""
+        save = save if save is not None else self.on_roll
         current = self._sequencer()
+        self._move(LeaseState.DRAINING)
+        try:
+            self._drain(current)
+        except BaseException:
+            self._move(LeaseState.LEASED)
+            raise
         self._move(LeaseState.ROLLING)
         try:
-            fresh = self._lease_new()
+            fresh = self._keeper.roll(current)
+        except ProducerFenced:
+            self._move(LeaseState.FENCED)
+            raise
         except LeaseServerDown as exc:
             self._move(LeaseState.LEASED)
             now = self._clock()
             if now >= current.expire_ms:
                 raise LeaseExpired(
-                    f"the lease of pid {current.pid} ended at {current.expire_ms} and no new pid "
-                    f"could be leased ({exc}); retry once a lease server answers"
+                    f"the lease of pid {current.pid} ended at {current.expire_ms} and it could "
+                    f"not be rolled over ({exc}); resume from the last checkpoint once a lease "
+                    "server answers"
                 ) from exc
             # Try again a little later, still inside the old lease.
             self._set_rollover(now + max((current.expire_ms - now) // 4, 1))
-            log.warning("rollover of pid %d failed (%s); retrying later", current.pid, exc)
-            return current
-        self._install(fresh, from_state=LeaseState.ROLLING)
+            raise
+        fresh.with_skip(current.handover())
+        self._install(fresh)
         self.rollovers += 1
         log.info("rolled pid %d over to pid %d", current.pid, fresh.pid)
-        return fresh
+        checkpoint = fresh.checkpoint(self._clock())
+        if save is not None:
+            save(checkpoint)
+        return checkpoint
+
+    def _drain(self, current: Sequencer) -> None:
+        # Drain inside the old lease: a record of the old pid acknowledged after its end would be
+        # judged against an expired entry. The rollover point leaves 1/24 of the lifetime for it.
+        budget_s = max((current.expire_ms - self._clock()) / 1000.0, 0.0)
+        left = self.flush(budget_s)
+        if left:
+            raise DrainFailed(
+                f"{left} records under pid {current.pid} were not acknowledged before its lease "
+                f"ended; nothing was sent under a new pid. Resume from the last checkpoint"
+            )
+
+    def _auto_roll(self) -> None:
+        seq = self._sequencer()
+        try:
+            self.roll()
+        except LeaseServerDown as exc:
+            # roll() raised LeaseExpired instead if the lease had ended; here it is still live.
+            log.warning("rollover of pid %d failed (%s); retrying later", seq.pid, exc)
 
     def _sequencer(self) -> Sequencer:
         state = self._machine.state
+        if state is LeaseState.FENCED:
+            raise ProducerFenced(
+                "the producer is FENCED: another owner moved its pid on; stop this instance"
+            )
         if state is not LeaseState.LEASED or self._seq is None:
             raise ProducerError(f"the producer is {state}: it cannot send")
         return self._seq
-
-    # ---- sending --------------------------------------------------------------------------
-
-    @property
-    def state(self) -> LeaseState:
-        """The lease state."""
-        return self._machine.state
 
     @property
     def sequencer(self) -> Sequencer:
@@ -317,6 +373,8 @@ class IdempotentProducer:
             raise ProducerError(f"the producer is {self._machine.state}: it holds no pid")
         return self._seq
 
+    # ---- sending --------------------------------------------------------------------------
+
     def partition_count(self, topic: str) -> int:
         """Partitions of ``topic`` from cached metadata (fetched on first use).
 
@@ -324,36 +382,7 @@ class IdempotentProducer:
             UnknownTopic: the topic does not exist.
             BrokerUnavailable: no broker answered within ``metadata_timeout_s``.
         """
-        count = self._partition_counts.get(topic)
-        if count is not None:
-            return count
-        try:
-            meta = self._producer.list_topics(topic, timeout=self.config.metadata_timeout_s)
-        except confluent_kafka.KafkaException as exc:
-            raise BrokerUnavailable(
-                f"no Kafka broker at {self.config.bootstrap_servers} answered a metadata request "
-                f"({exc}); check --bootstrap and that Kafka runs, then retry"
-            ) from exc
-        info = meta.topics.get(topic)
-        if info is None or info.error is not None or not info.partitions:
-            raise UnknownTopic(topic)
-        self._partition_counts[topic] = count = len(info.partitions)
-        return count
-
-    def _pick(self, topic: str, key: bytes | None) -> int:
-        count = self.partition_count(topic)
-        if key is not None:
-            return key_partition(key, count)
-        sticky = self._sticky.get(topic)
-        if sticky is None:
-            # Start at pid % count so many producers of one topic do not all begin on partition 0.
-            start = self._seq.pid % count if self._seq is not None else 0
-            sticky = self._sticky[topic] = [start, self.config.sticky_records]
-        elif sticky[1] <= 0:
-            sticky[0] = (sticky[0] + 1) % count
-            sticky[1] = self.config.sticky_records
-        sticky[1] -= 1
-        return sticky[0]
+        return self._partitioner.count(topic)
 
     def produce(
         self,
@@ -363,6 +392,7 @@ class IdempotentProducer:
         partition: int | None = None,
         headers: Headers | None = None,
         on_delivery: DeliveryCallback | None = None,
+        event_id: str | None = None,
     ) -> int:
         """Send one record; returns the partition it goes to.
 
@@ -371,24 +401,33 @@ class IdempotentProducer:
             value: the record value.
             key: keyed records go to Kafka's default murmur2 partition.
             partition: an explicit partition (overrides the key).
-            headers: extra headers; the name ``pf`` is reserved.
+            headers: extra headers; the names ``pf`` and ``pfc`` are reserved.
             on_delivery: ``callback(err, msg)`` called after the producer's own bookkeeping.
+            event_id: the upstream event this record carries, for the send ledger and the
+                event-level checker (default: the value digest). Give the same id to a re-send.
 
         Raises:
-            ReservedHeader: a header named ``pf``.
+            ReservedHeader: a header named ``pf`` or ``pfc``.
             ValueTooLarge: value larger than ``message_max_bytes``.
             UnknownTopic / BrokerUnavailable: from the first metadata lookup of ``topic``.
-            LeaseExpired: the lease ended and no new pid could be leased.
+            DrainFailed / ProducerFenced / LeaseExpired: from a rollover due now (see
+                :meth:`roll`); LeaseExpired also when the lease ended and no successor exists.
         """
         if (
             time.time_ns() >= self._rollover_ns
             if self._wall_clock
             else self._clock() >= self._rollover_at
         ):
-            self._roll()
+            self._auto_roll()
         seq = self._live
         if seq is None:
             seq = self._sequencer()  # raises: not leased
+        if self._clock() >= seq.expire_ms:
+            # Never send under an ended lease (the rollover could not happen in time).
+            raise LeaseExpired(
+                f"the lease of pid {seq.pid} ended at {seq.expire_ms} before it could be rolled "
+                "over; resume from the last checkpoint once a lease server answers"
+            )
         value_b = value.encode() if isinstance(value, str) else value
         if value_b is not None and len(value_b) > self._max_value:
             raise ValueTooLarge(
@@ -397,37 +436,40 @@ class IdempotentProducer:
             )
         key_b = key.encode() if isinstance(key, str) else key
         if partition is None:
-            partition = self._pick(topic, key_b)
+            partition = self._partitioner.pick(topic, key_b, seq.pid)
         else:
-            count = self._partition_counts.get(topic)
-            if count is None:
-                count = self.partition_count(topic)
-            if not 0 <= partition < count:
-                raise ValueError(
-                    f"partition {partition} does not exist in {topic!r} ({count} partitions)"
-                )
-        pf = seq.stamp(topic, partition)
-        wire_headers: list[tuple[str, Any]] = [(PF_HEADER_KEY, pf)]
+            self._partitioner.check(topic, partition)
+        if seq.skip and seq.take_skip(topic, partition):
+            # Already in Kafka under the predecessor pid (recovery scan): not sent again.
+            self.skipped += 1
+            return partition
         if headers:
-            for name, data in headers:
-                if name == PF_HEADER_KEY:
-                    seq.rewind(topic, partition)
+            for name, _ in headers:
+                if name in _RESERVED:
                     raise ReservedHeader(
-                        "the header name 'pf' is reserved for the producer's own header; "
+                        f"the header name {name!r} is reserved for the producer's own headers; "
                         "rename your header"
                     )
-                wire_headers.append((name, data))
+        pf = seq.stamp(topic, partition)
+        wire_headers: list[tuple[str, Any]] = [(PF_HEADER_KEY, pf)]
+        certified = False
+        if seq.cert is not None and (topic, partition) not in seq.certified:
+            wire_headers.append((CERT_HEADER_KEY, seq.cert))
+            seq.certified.add((topic, partition))
+            certified = True
+        if headers:
+            wire_headers.extend(headers)
+        delivery = self._delivery
         callback: DeliveryCallback | None = None
-        if self._track:
-            # Delivery reports carry no headers, so a tracked record's callback is bound to its pf.
-            callback = functools.partial(self._on_tracked, pf)
+        if delivery.tracking:
+            callback = functools.partial(delivery.on_tracked, pf, event_id)
         if on_delivery is not None:
             if not self.config.success_reports:
-                seq.rewind(topic, partition)
+                self._unstamp(seq, topic, partition, certified)
                 raise ProducerConfigError(
                     "on_delivery needs a report per record: use success_reports=True"
                 )
-            callback = self._chain(callback or self._on_delivery, on_delivery)
+            callback = _chain(callback or delivery.on_delivery, on_delivery)
         try:
             if callback is None:
                 self._kafka_produce(
@@ -439,12 +481,21 @@ class IdempotentProducer:
                     on_delivery=callback,
                 )  # fmt: skip
         except BufferError:
-            callback = callback or self._on_delivery
-            self._send(topic, value_b, key_b, partition, wire_headers, callback, seq)
+            try:
+                self._send(topic, value_b, key_b, partition, wire_headers, callback)
+            except BaseException:
+                self._unstamp(seq, topic, partition, certified)
+                raise
         except BaseException:
-            seq.rewind(topic, partition)
+            self._unstamp(seq, topic, partition, certified)
             raise
         return partition
+
+    @staticmethod
+    def _unstamp(seq: Sequencer, topic: str, partition: int, certified: bool) -> None:
+        seq.rewind(topic, partition)
+        if certified:
+            seq.certified.discard((topic, partition))
 
     def _send(
         self,
@@ -453,9 +504,9 @@ class IdempotentProducer:
         key: bytes | None,
         partition: int,
         headers: list[tuple[str, Any]],
-        callback: DeliveryCallback,
-        seq: Sequencer | None,
+        callback: DeliveryCallback | None,
     ) -> None:
+        callback = callback or self._delivery.on_delivery
         while True:
             try:
                 self._producer.produce(
@@ -465,82 +516,18 @@ class IdempotentProducer:
             except BufferError:
                 # librdkafka's queue is full: serve callbacks until it drains, then retry.
                 self._producer.poll(0.1)
-            except Exception:
-                if seq is not None:
-                    seq.rewind(topic, partition)
-                raise
 
-    @staticmethod
-    def _chain(own: DeliveryCallback, user: DeliveryCallback) -> DeliveryCallback:
-        def both(err: Any, msg: Any) -> None:
-            own(err, msg)
-            user(err, msg)
-
-        return both
-
-    def _fail(self, err: Any, msg: Any) -> None:
-        if self._error is None:
-            self._error = DeliveryFailed(
-                f"Kafka did not acknowledge a record to {msg.topic()}[{msg.partition()}]: {err}; "
-                "resume from the last checkpoint (records after it are re-sent and deduplicated)",
-                code=str(err.name()) if hasattr(err, "name") else str(err),
-            )
-
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self._fail(err, msg)
-            return
-        self.acked += 1
-
-    def _on_tracked(self, header: bytes, err: Any, msg: Any) -> None:
-        if err is not None:
-            self._fail(err, msg)
-            return
-        self.acked += 1
-        if self._keep:
-            tp = (msg.topic(), msg.partition())
-            buffer = self._acked_buffer.get(tp)
-            if buffer is None:
-                buffer = self._acked_buffer[tp] = deque(maxlen=self._keep)
-            buffer.append((msg.key(), msg.value(), header))
-        if self._ledger is not None:
-            self._write_ledger(msg, header, fence=False)
-
-    def _on_other_delivery(self, header: bytes, fence: bool, err: Any, msg: Any) -> None:
-        if err is not None:
-            self._fail(err, msg)
-            return
-        if fence:
-            self.fences_acked += 1
-        if self._ledger is not None:
-            self._write_ledger(msg, header, fence=fence)
-
-    def _write_ledger(self, msg: Any, header: bytes, fence: bool) -> None:
-        if self._ledger is None:
-            return
-        pf = decode_pf(header)
-        self._ledger.write(
-            LedgerEntry(
-                pid=pf.pid,
-                generation=pf.generation,
-                topic=msg.topic(),
-                partition=msg.partition(),
-                seq=pf.seq,
-                digest=value_digest(msg.value()),
-                offset=msg.offset(),
-                ts_ms=msg.timestamp()[1],
-                fence=fence,
-                expire_ms=self._expire_by_pid.get(pf.pid, 0),
-            )
-        )
-
-    def _write_fences(self, timeout_s: float, from_generation: int) -> None:
+    def _write_fences(self, timeout_s: float, from_generation: int, topics: list[str]) -> None:
         seq = self._sequencer()
-        topics = sorted({topic for topic, _ in seq.partitions()})
+        topics = sorted(set(topics) | {topic for topic, _ in seq.partitions()})
         counts = {topic: self.partition_count(topic) for topic in topics}
         for topic, partition, header in seq.fences(from_generation, counts):
-            on_fence = functools.partial(self._on_other_delivery, header, True)
-            self._send(topic, b"", None, partition, [(PF_HEADER_KEY, header)], on_fence, None)
+            headers: list[tuple[str, Any]] = [(PF_HEADER_KEY, header)]
+            if seq.cert is not None and header == seq.fence_header(topic, partition):
+                # Only the current generation has a cert; the walk's lower FENCEs cannot carry one.
+                headers.append((CERT_HEADER_KEY, seq.cert))
+            on_fence = functools.partial(self._delivery.on_other, header, True, None)
+            self._send(topic, b"", None, partition, headers, on_fence)
         left = self.flush(timeout_s)
         if left:
             raise BrokerUnavailable(
@@ -555,15 +542,26 @@ class IdempotentProducer:
         acknowledgement would; the broker rules must drop them as ``DUPLICATE``. Seq counters do
         not move. Returns the number of records re-sent.
         """
-
         sent = 0
-        for (topic, partition), buffer in sorted(self._acked_buffer.items()):
-            for key, value, header in list(buffer)[-n:] if n > 0 else []:
-                on_resend = functools.partial(self._on_other_delivery, header, False)
-                self._send(topic, value, key, partition, [(PF_HEADER_KEY, header)], on_resend, None)
+        for (topic, partition), buffer in sorted(self._delivery.kept.items()):
+            for key, value, header, event in list(buffer)[-n:] if n > 0 else []:
+                on_resend = functools.partial(self._delivery.on_other, header, False, event)
+                self._send(topic, value, key, partition, [(PF_HEADER_KEY, header)], on_resend)
                 sent += 1
         self.resent += sent
         return sent
+
+    # ---- acknowledgements -----------------------------------------------------------------
+
+    @property
+    def acked(self) -> int:
+        """Data records acknowledged so far."""
+        return self._delivery.acked
+
+    @property
+    def fences_acked(self) -> int:
+        """FENCE records acknowledged so far."""
+        return self._delivery.fences_acked
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery callbacks; returns how many were served."""
@@ -578,12 +576,18 @@ class IdempotentProducer:
 
         Raises:
             DeliveryFailed: the first delivery error since the last flush (then cleared).
+            LedgerWriteFailed / LedgerRefused: the ledger could not be written.
         """
         left: int = self._producer.flush(-1 if timeout is None else timeout)
-        if self._ledger is not None:
-            self._ledger.flush()
-        if self._error is not None:
-            error, self._error = self._error, None
+        ledger = self._delivery.ledger
+        if ledger is not None:
+            try:
+                ledger.flush()
+            except LedgerError as exc:
+                if self._delivery.error is None:
+                    self._delivery.error = exc
+        error = self._delivery.take_error()
+        if error is not None:
             raise error
         return left
 
@@ -596,12 +600,12 @@ class IdempotentProducer:
         Raises:
             NotFlushed: records are still in flight; ``flush()`` first.
         """
-        if len(self._producer) or self._error is not None:
+        if len(self._producer) or self._delivery.error is not None:
             raise NotFlushed(
                 "records are in flight (or a delivery error is pending): call flush() and "
                 "take the checkpoint only when it returns 0 without raising"
             )
-        return self._sequencer().checkpoint()
+        return self._sequencer().checkpoint(self._clock())
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush what is in flight (errors are raised), close the ledger; idempotent."""
@@ -611,14 +615,23 @@ class IdempotentProducer:
             self.flush(timeout)
         finally:
             self._move(LeaseState.CLOSED)
-            if self._ledger is not None:
+            ledger = self._delivery.ledger
+            if ledger is not None:
                 if self._owns_ledger:
-                    self._ledger.close()
+                    ledger.close()
                 else:
-                    self._ledger.flush()
+                    ledger.flush()
 
     def __enter__(self) -> IdempotentProducer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _chain(own: DeliveryCallback, user: DeliveryCallback) -> DeliveryCallback:
+    def both(err: Any, msg: Any) -> None:
+        own(err, msg)
+        user(err, msg)
+
+    return both

@@ -8,8 +8,11 @@ the ones that had already landed as ``DUPLICATE``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +46,9 @@ class LoadSpec:
         resend_every: every N records re-send the last acknowledged record of each partition
             with its original header (a simulated lost acknowledgement; 0: never).
         checkpoint_every: flush and save the state file every N records.
+        stop_after_checkpoint: fault hook for chaos tests: right after saving the state file
+            for the N-th time in this run, the process stops itself with SIGSTOP (a zombie
+            frozen at a checkpoint; the test sends SIGCONT). 0: never.
     """
 
     name: str
@@ -53,6 +59,7 @@ class LoadSpec:
     rate: float = 0.0
     resend_every: int = 0
     checkpoint_every: int = 500
+    stop_after_checkpoint: int = 0
 
     def __post_init__(self) -> None:
         if self.count < 0 or self.keys < 0 or self.value_size < 0 or self.rate < 0:
@@ -111,6 +118,7 @@ class LoadGenerator:
         self._clock = clock
         self._sleep = sleep
         self._wall_ms = wall_ms
+        self._saves = 0
 
     def _load(self) -> tuple[int, int, ProducerCheckpoint | None]:
         data = load_state(self.state_path) if self.state_path is not None else None
@@ -132,9 +140,11 @@ class LoadGenerator:
         return next_i, start_ms, cp
 
     def _save(self, producer: IdempotentProducer, next_i: int, start_ms: int) -> None:
+        self._store(producer.checkpoint(), next_i, start_ms)
+
+    def _store(self, checkpoint: ProducerCheckpoint, next_i: int, start_ms: int) -> None:
         if self.state_path is None:
             return
-        checkpoint = producer.checkpoint()
         save_state(
             self.state_path,
             {
@@ -146,6 +156,10 @@ class LoadGenerator:
                 "checkpoint": checkpoint.to_dict(),
             },
         )
+        self._saves += 1
+        if self._saves == self.spec.stop_after_checkpoint:
+            log.warning("fault hook: stopping this process (SIGSTOP) after save %d", self._saves)
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def _checkpoint(self, producer: IdempotentProducer, next_i: int, start_ms: int) -> None:
         left = producer.flush(60.0)
@@ -177,17 +191,21 @@ class LoadGenerator:
                     if delay > 0:
                         self._sleep(delay)
                 if producer.rollover_due:
-                    # Checkpoint before and right after the rollover, so no record under the new
-                    # pid is sent before a checkpoint names it.
-                    self._checkpoint(producer, i, start_ms)
-                    producer.roll()
-                    self._checkpoint(producer, i, start_ms)
+                    # roll() drains, rolls, and stores next_i with the successor's checkpoint:
+                    # its seqs start at record i (docs/producer.md, "Lease rollover").
+                    producer.roll(functools.partial(self._store, next_i=i, start_ms=start_ms))
                 ts = start_ms + (int(i * interval * 1000) if interval else i)
                 value = make_value(spec.name, i, ts, spec.value_size)
+                event = f"{spec.name}:{i}"
                 if key_count:
-                    producer.produce(topic, value, key=f"k{i % key_count}".encode())
+                    producer.produce(topic, value, key=f"k{i % key_count}".encode(), event_id=event)
                 else:
-                    producer.produce(topic, value, partition=i % producer.partition_count(topic))
+                    producer.produce(
+                        topic,
+                        value,
+                        partition=i % producer.partition_count(topic),
+                        event_id=event,
+                    )
                 done = i + 1
                 if spec.resend_every and done % spec.resend_every == 0:
                     producer.poll(0)

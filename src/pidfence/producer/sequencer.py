@@ -35,9 +35,26 @@ class Sequencer:
         expire_ms: lease end, epoch milliseconds.
         next_seq: next seq per (topic, partition) to continue from (a checkpoint's), else empty.
         lifetime_ms: the lease lifetime if known (0: unknown), carried into checkpoints.
+        secret: the pid's capability (carried into checkpoints).
+        cert: the lease server's signed cert of (pid, generation, expire_ms), or None; stamped
+            as ``pfc`` on FENCE records and on the first record per partition (``certified``
+            holds the partitions that already carried it).
     """
 
-    __slots__ = ("_next", "_packer", "_prefix", "expire_ms", "generation", "lifetime_ms", "pid")
+    __slots__ = (
+        "_next",
+        "_packer",
+        "_prefix",
+        "ahead",
+        "cert",
+        "certified",
+        "expire_ms",
+        "generation",
+        "lifetime_ms",
+        "pid",
+        "secret",
+        "skip",
+    )
 
     def __init__(
         self,
@@ -46,6 +63,8 @@ class Sequencer:
         expire_ms: int,
         next_seq: Mapping[TopicPartition, int] | None = None,
         lifetime_ms: int = 0,
+        secret: bytes = b"",
+        cert: bytes | None = None,
     ) -> None:
         if type(pid) is not int or not 1 <= pid < PID_LIMIT:
             raise ValueError(f"pid must be an int in [1, 2**63), got {pid!r}")
@@ -55,6 +74,14 @@ class Sequencer:
         self.generation = generation
         self.expire_ms = expire_ms
         self.lifetime_ms = lifetime_ms
+        self.secret = secret
+        self.cert = cert
+        self.certified: set[TopicPartition] = set()
+        #: Records per partition not to send: already in Kafka under the predecessor pid.
+        self.skip: dict[TopicPartition, int] = {}
+        #: Per partition, the next seq after the highest one an earlier instance of this pid got
+        #: into Kafka (recovery scan): below it, re-sent records are DUPLICATEs.
+        self.ahead: dict[TopicPartition, int] = {}
         self._next: dict[TopicPartition, int] = dict(next_seq or {})
         self._packer = msgpack.Packer()
         # [version, pid, generation, seq, flags] as msgpack: everything before seq is fixed for
@@ -62,11 +89,55 @@ class Sequencer:
         self._prefix = b"\x95" + b"".join(map(self._packer.pack, (PF_VERSION, pid, generation)))
 
     @classmethod
-    def resumed(cls, checkpoint: ProducerCheckpoint, generation: int, expire_ms: int) -> Sequencer:
+    def resumed(
+        cls,
+        checkpoint: ProducerCheckpoint,
+        generation: int,
+        expire_ms: int,
+        secret: bytes | None = None,
+        cert: bytes | None = None,
+    ) -> Sequencer:
         """A sequencer continuing ``checkpoint`` under the bumped ``generation``."""
-        return cls(
-            checkpoint.pid, generation, expire_ms, checkpoint.next_seq, checkpoint.lifetime_ms
-        )
+        seq = cls(
+            checkpoint.pid,
+            generation,
+            expire_ms,
+            checkpoint.next_seq,
+            checkpoint.lifetime_ms,
+            checkpoint.secret if secret is None else secret,
+            cert,
+        ).with_skip(checkpoint.skip)
+        seq.ahead = dict(checkpoint.ahead)
+        return seq
+
+    def with_skip(self, skip: Mapping[TopicPartition, int]) -> Sequencer:
+        """This sequencer with ``skip`` added to its skip counts (returns self)."""
+        for tp, n in skip.items():
+            if n > 0:
+                self.skip[tp] = self.skip.get(tp, 0) + n
+        return self
+
+    def take_skip(self, topic: str, partition: int) -> bool:
+        """True (and one fewer to skip) when the next record of (topic, partition) is skipped."""
+        tp = (topic, partition)
+        n = self.skip.get(tp, 0)
+        if n <= 0:
+            return False
+        if n == 1:
+            del self.skip[tp]
+        else:
+            self.skip[tp] = n - 1
+        return True
+
+    def handover(self) -> dict[TopicPartition, int]:
+        """What the successor of a rollover must skip: this pid's unsent skips, plus the records
+        an earlier instance of this pid got into Kafka that this one has not re-sent yet."""
+        out = dict(self.skip)
+        for tp, target in self.ahead.items():
+            behind = target - self._next.get(tp, 0)
+            if behind > 0:
+                out[tp] = out.get(tp, 0) + behind
+        return out
 
     def stamp(self, topic: str, partition: int) -> bytes:
         """The ``pf`` header for the next data record on (topic, partition); advances its seq."""
@@ -129,8 +200,16 @@ class Sequencer:
         """Every (topic, partition) with a counter, sorted."""
         return sorted(self._next)
 
-    def checkpoint(self) -> ProducerCheckpoint:
+    def checkpoint(self, taken_ms: int = 0) -> ProducerCheckpoint:
         """The current identity and next seqs (store it once everything sent is acknowledged)."""
         return ProducerCheckpoint(
-            self.pid, self.generation, self.expire_ms, dict(self._next), self.lifetime_ms
+            self.pid,
+            self.generation,
+            self.expire_ms,
+            dict(self._next),
+            self.lifetime_ms,
+            self.secret,
+            skip=dict(self.skip),
+            taken_ms=taken_ms,
+            ahead={tp: n for tp, n in self.ahead.items() if n > self._next.get(tp, 0)},
         )

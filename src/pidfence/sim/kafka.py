@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 
@@ -21,6 +22,13 @@ class SimKafka:
 
     def __init__(self, partitions: int) -> None:
         self.partitions: list[list[KafkaRecord]] = [[] for _ in range(partitions)]
+        # Kafka's time index: the largest timestamp up to each offset (non-decreasing).
+        self._max_ts: list[list[int]] = [[] for _ in range(partitions)]
+
+    def offset_for_time(self, partition: int, ts_ms: int) -> int:
+        """The first offset whose record (or an earlier one) has a timestamp >= ``ts_ms``, as
+        Kafka's ``offsets_for_times`` finds it: every record before it is older."""
+        return bisect.bisect_left(self._max_ts[partition], ts_ms)
 
     def append(
         self, partition: int, header: bytes | None, key: bytes, value: bytes, ts_ms: int
@@ -28,4 +36,6 @@ class SimKafka:
         """Append one record; returns its offset."""
         log = self.partitions[partition]
         log.append(KafkaRecord(len(log), header, key, value, ts_ms))
+        times = self._max_ts[partition]
+        times.append(max(times[-1], ts_ms) if times else ts_ms)
         return len(log) - 1

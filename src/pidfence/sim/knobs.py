@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 #: Deliberately broken broker rules, to prove the simulation finds what they break.
-Mutation = Literal["accept_stale_generation", "accept_old_seq", "drop_fence"]
+Mutation = Literal["accept_stale_generation", "accept_old_seq", "drop_fence", "fresh_rollover"]
 #: Every value of :data:`Mutation`.
 MUTATIONS: tuple[str, ...] = get_args(Mutation)
 
@@ -26,6 +26,12 @@ class Knobs:
         crash_p: per step, the active producer instance crashes and is resumed from its
             checkpoint (generation bump + FENCE on every partition in the checkpoint).
         zombie_p: a crashed instance keeps running for a few sends (a zombie).
+        pause_p: a zombie is first paused (SIGSTOP) for up to two lifetimes, so it may wake past
+            its rollover point or its lease end (its in-flight records wait with it).
+        down_p: a crashed chain restarts only up to two lifetimes later, so its checkpoint may
+            have expired (resume rolls it through the lineage).
+        double_p: a second resumer of the same checkpoint starts later (two resumers of one
+            checkpoint: the later one fences the first through the lineage, or is refused).
         restart_p: per sink batch, the sink restarts and rebuilds its state from an older
             snapshot plus the Kafka suffix after it.
         plain_p: per step, a non-idempotent (no ``pf`` header) record is written.
@@ -41,7 +47,8 @@ class Knobs:
         cold_reorder: let records overtake a pid's first record on a partition (exposes the
             ``UNKNOWN_PID`` hole of DESIGN §4; off by default, as librdkafka's idempotence and
             the producer keep that order).
-        mutation: a broken broker rule, or None for the real rules.
+        mutation: a broken broker rule (or ``fresh_rollover``: the lease server's ``roll``
+            leases an unrelated pid, the rollover before DESIGN §9), or None.
     """
 
     events: int = 60
@@ -52,6 +59,9 @@ class Knobs:
     reorder: int = 3
     crash_p: float = 0.03
     zombie_p: float = 0.5
+    pause_p: float = 0.3
+    down_p: float = 0.1
+    double_p: float = 0.1
     restart_p: float = 0.1
     plain_p: float = 0.02
     lifetime_ms: int = 2400
@@ -67,7 +77,17 @@ class Knobs:
             raise ValueError(f"reorder must be in 1..6 (broker window 5 + 1), got {self.reorder}")
         if self.lifetime_ms < 24 * self.step_ms * 4:
             raise ValueError("lifetime_ms must be at least 96 steps so a rollover margin exists")
-        for name in ("drop_p", "dup_p", "crash_p", "zombie_p", "restart_p", "plain_p"):
+        for name in (
+            "drop_p",
+            "dup_p",
+            "crash_p",
+            "zombie_p",
+            "pause_p",
+            "down_p",
+            "double_p",
+            "restart_p",
+            "plain_p",
+        ):
             value = getattr(self, name)
             if not 0.0 <= value <= (0.9 if name == "drop_p" else 1.0):
                 raise ValueError(f"{name} must be a probability (drop_p <= 0.9), got {value}")

@@ -1,63 +1,116 @@
-"""An in-memory lease server with DESIGN §5 semantics, for the simulation."""
+"""An in-memory lease server with the DESIGN §5 (amended) and §9 semantics, for the simulation.
+
+It answers like :class:`pidfence.pid_allocator.LeaseClient` (same methods, same errors), so the
+simulation drives the producer's real lineage logic (:class:`pidfence.producer.LeaseKeeper`):
+owner-only ``bump``/``roll`` with a secret, ``roll`` as a compare-and-set on the current
+generation that retires the pid and names its successor, lineage authority one step (the
+successor accepts its parent's secret), and lineage records kept for a retention period after
+the lease ends. Time is the runner's fake clock (:attr:`now`).
+"""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
-from pidfence.wire import PidfenceError
-
-
-class SimLeaseError(PidfenceError):
-    """A bump the real lease server would refuse (``UNKNOWN_PID`` or ``STALE_GENERATION``).
-
-    In the simulation this is a bug in the simulated producer: fix the schedule logic.
-    """
+from pidfence.pid_allocator.errors import NotOwner, StaleGeneration, UnknownPid
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """One lease: the pid, its generation and when it ends (epoch ms)."""
+    """One lease: pid, generation, lease end (epoch ms) and the pid's secret."""
 
     pid: int
     generation: int
     expire_ms: int
+    secret: bytes = b""
+    sequence: int = 0
+    cert: bytes | None = None
+
+
+@dataclass(slots=True)
+class _Record:
+    generation: int
+    expire_ms: int
+    secret: bytes
+    parent: int | None = None
+    successor: tuple[int, int] | None = None
 
 
 class SimLeaseServer:
-    """Unique pids, unique generations per pid, fixed lifetime, no renewal (DESIGN §5).
+    """Unique pids, unique generations per pid, fixed lifetime, lineage (DESIGN §5, §9).
 
     Args:
         rng: randomness (a new pid starts at a random generation, as the real server does).
-        lifetime_ms: lease lifetime.
+        lifetime_ms: lease lifetime; lineage records are kept one more lifetime after it.
+        fresh_rollover: the mutation ``fresh_rollover``: ``roll`` leases an unrelated pid and
+            retires nothing (the rollover before DESIGN §9), so tests can prove it is caught.
     """
 
-    def __init__(self, rng: random.Random, lifetime_ms: int) -> None:
+    def __init__(self, rng: random.Random, lifetime_ms: int, fresh_rollover: bool = False) -> None:
         self._rng = rng
         self.lifetime_ms = lifetime_ms
+        self.fresh_rollover = fresh_rollover
+        self.now = 0
         self._next_pid = rng.randrange(1, 1 << 40)
-        self._latest: dict[int, Lease] = {}
+        self._pids: dict[int, _Record] = {}
+        self.counts = {"rolls": 0, "follows": 0, "refused": 0}
 
-    def lease(self, now_ms: int) -> Lease:
-        """A new pid, never issued before."""
-        lease = Lease(self._next_pid, self._rng.randrange(0, 1 << 20), now_ms + self.lifetime_ms)
+    def _issue(self, parent: int | None = None) -> Lease:
+        pid = self._next_pid
         self._next_pid += 1
-        self._latest[lease.pid] = lease
-        return lease
+        record = _Record(
+            self._rng.randrange(0, 1 << 20),
+            self.now + self.lifetime_ms,
+            self._rng.randbytes(8),
+            parent,
+        )
+        self._pids[pid] = record
+        return self._lease(pid)
 
-    def bump(self, pid: int, generation: int, now_ms: int) -> Lease:
-        """The next generation of a live pid whose latest generation is ``generation``.
+    def _lease(self, pid: int) -> Lease:
+        r = self._pids[pid]
+        return Lease(pid, r.generation, r.expire_ms, r.secret)
 
-        Raises:
-            SimLeaseError: the pid is unknown or expired, or ``generation`` is not its latest.
-        """
-        current = self._latest.get(pid)
-        if current is None or current.expire_ms <= now_ms:
-            raise SimLeaseError(f"UNKNOWN_PID: pid {pid} not issued or expired at {now_ms}")
-        if current.generation != generation:
-            raise SimLeaseError(
-                f"STALE_GENERATION: pid {pid} is at {current.generation}, not {generation}"
-            )
-        bumped = Lease(pid, generation + 1, current.expire_ms)
-        self._latest[pid] = bumped
-        return bumped
+    def _owned(self, pid: int, generation: int, secret: bytes) -> _Record:
+        record = self._pids.get(pid)
+        retained = record is not None and self.now < record.expire_ms + self.lifetime_ms
+        if record is None or not retained:
+            self.counts["refused"] += 1
+            raise NotOwner("not the owner")
+        parent = self._pids.get(record.parent) if record.parent is not None else None
+        if secret not in (record.secret, parent.secret if parent else None):
+            self.counts["refused"] += 1
+            raise NotOwner("not the owner")
+        if record.successor is not None:
+            self.counts["refused"] += 1
+            raise StaleGeneration(f"pid {pid} was rolled", *record.successor)
+        if record.generation != generation:
+            self.counts["refused"] += 1
+            raise StaleGeneration(f"pid {pid} is at {record.generation}, not {generation}")
+        return record
+
+    def lease(self, partitions: Any = ()) -> Lease:
+        """A new pid, never issued before."""
+        return self._issue()
+
+    def bump(self, pid: int, generation: int, secret: bytes) -> Lease:
+        """The next generation of a live pid whose latest generation is ``generation``."""
+        record = self._owned(pid, generation, secret)
+        if record.expire_ms <= self.now:
+            raise UnknownPid(f"pid {pid}'s lease ended")
+        if record.parent is not None and secret != record.secret:
+            self.counts["follows"] += 1
+        record.generation = generation + 1
+        return self._lease(pid)
+
+    def roll(self, pid: int, generation: int, secret: bytes) -> Lease:
+        """Retire ``pid`` at ``generation`` and return its successor (compare-and-set)."""
+        if self.fresh_rollover:
+            return self._issue()
+        record = self._owned(pid, generation, secret)
+        successor = self._issue(parent=pid)
+        record.successor = (successor.pid, successor.generation)
+        self.counts["rolls"] += 1
+        return successor

@@ -91,7 +91,7 @@ def run(seed: int, **knobs: Any) -> SimResult:
     k = Knobs(**knobs)
     rng = random.Random(seed)
     kafka = SimKafka(k.partitions)
-    lease = SimLeaseServer(rng, k.lifetime_ms)
+    lease = SimLeaseServer(rng, k.lifetime_ms, fresh_rollover=k.mutation == "fresh_rollover")
     net = Network(rng, k, kafka)
     producers = Producers(rng, k, lease, net)
     sink = SimSink(rng, k, kafka, TOPIC)
@@ -126,6 +126,7 @@ def run(seed: int, **knobs: Any) -> SimResult:
         "snapshots_delta": sink.snapshot_counts["delta"],
         "expired_entries": sink.expired_entries(),
         **producers.counts,
+        **{f"lease_{name}": n for name, n in lease.counts.items()},
         **net.counts,
         **{f"verdict_{name}": n for name, n in sorted(sink.verdicts.items())},
     }

@@ -15,9 +15,8 @@ Anomalies (each must be 0 for a run to pass):
   the one before it (equal seqs are reported as ``duplicate`` only).
 * ``zombie``: a record of generation g appended after a record or ``FENCE`` of the same pid with a
   generation > g reached that partition (``kafka_offset`` order of log + rejects).
-* ``unexpected``: in the log with pid != 0 but never acknowledged: the pid is in no ledger, or the
-  seq is at or below the highest acknowledged seq of its (pid, topic, partition) yet not in the
-  ledger, or the ledger has it with another digest.
+* ``unexpected``: in the log with pid != 0 but never sent: the pid is in no ledger, or the
+  ledger has the identity with another digest.
 * ``event_duplicate`` (DESIGN §9): one upstream event appended more than once, under any
   identities (a zombie that re-sent its work under a fresh pid shows up here and nowhere else).
 * ``event_lost`` (DESIGN §9): an acknowledged event with no appended copy at all.
@@ -32,8 +31,12 @@ Informational counts (never fail a run):
 * ``expired``: acknowledged records the broker refused because their lease had ended (ledger
   ``ts_ms > expire_ms > 0`` and verdict ``UNKNOWN_PID`` or ``OUT_OF_ORDER``): the proposal says a
   client never uses an expired pid, so these are the producer's own late writes.
-* ``unacknowledged``: in the log above the highest acknowledged seq of its (pid, topic, partition):
-  a producer killed after Kafka wrote the record but before the ledger recorded the ack.
+* ``unacknowledged``: in the log with a pid some ledger names, but not acknowledged: a producer
+  killed after Kafka wrote the record but before the ledger recorded the ack (a resumer that
+  finds it in Kafka does not re-send it, so its seq may be below acknowledged ones).
+* ``superseded``: an acknowledged record the rules dropped (say ``OUT_OF_ORDER`` behind a gap its
+  dead predecessor never filled) whose event reached the log under another identity: a resume
+  re-sent it; per event nothing is lost.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ ANOMALIES: Final = (
     "event_lost",
 )
 #: Counts shown for information only.
-INFORMATIONAL: Final = ("expired", "unacknowledged")
+INFORMATIONAL: Final = ("expired", "unacknowledged", "superseded")
 #: How many examples each anomaly keeps.
 MAX_EXAMPLES: Final = 10
 
@@ -214,10 +217,11 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
                 findings["unexpected"].add({**_example(row), "why": "digest differs from ledger"})
         elif row["pid"] not in ledger_pids:
             findings["unexpected"].add({**_example(row), "why": "pid in no ledger"})
-        elif row["seq"] <= top_acked.get(ident[:3], -1):
-            findings["unexpected"].add({**_example(row), "why": "seq never acknowledged"})
         else:
-            findings["unacknowledged"].add(_example(row))
+            # A record whose acknowledgement nobody recorded (a process killed between Kafka's
+            # write and its ledger line); a resumer that found it in Kafka does not re-send it.
+            below = row["seq"] <= top_acked.get(ident[:3], -1)
+            findings["unacknowledged"].add({**_example(row), "below_acknowledged": below})
 
     # (verdict, generation, digest) per identity: a FENCED reject excuses only the very record
     # that was fenced, not a replacement's send of the same seq under a newer generation.
@@ -227,6 +231,7 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
             (str(row["verdict"]), int(row["generation"]), value_digest(row["value"]))
         )
 
+    events_in_log = _events_in_log(data, log_rows)
     for ident, sends in acked.items():
         logged = in_log.get(ident)
         drops = rejected.get(ident, set())
@@ -245,6 +250,10 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
             }
             if 0 < entry.expire_ms < entry.ts_ms and verdicts & _EXPIRY_VERDICTS:
                 findings["expired"].add(example)
+            elif verdicts and entry.event_id in events_in_log:
+                # The rules dropped it (a gap its predecessor never filled, ...) and a resume
+                # re-sent its event under another identity: per event, nothing is lost.
+                findings["superseded"].add({**example, "event": entry.event_id})
             else:
                 findings["lost"].add(example)
 
@@ -262,25 +271,17 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
     )
 
 
-def _check_events(
-    data: list[LedgerEntry],
-    log_rows: list[dict[str, Any]],
-    duplicate: Finding,
-    lost: Finding,
-) -> int:
-    """DESIGN §9: every acknowledged event appended exactly once, whatever its identities.
-
-    Returns the number of distinct acknowledged events.
-    """
+def _row_events(
+    data: list[LedgerEntry], log_rows: list[dict[str, Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(event, row)`` per appended idempotent row, in (topic, partition, log_offset) order."""
     by_record: dict[tuple[Identity, str], str] = {}
     by_digest: dict[str, set[str]] = defaultdict(set)
-    sends: dict[str, list[LedgerEntry]] = defaultdict(list)
     for entry in data:
         event = entry.event_id
         by_record[((entry.pid, entry.topic, entry.partition, entry.seq), entry.digest)] = event
         by_digest[entry.digest].add(event)
-        sends[event].append(entry)
-    appended: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    out = []
     for row in sorted(log_rows, key=lambda r: (r["topic"], r["partition"], r["log_offset"])):
         if row["pid"] == 0:
             continue
@@ -291,6 +292,29 @@ def _check_events(
         else:
             candidates = by_digest.get(digest, set())
             event = next(iter(candidates)) if len(candidates) == 1 else digest
+        out.append((event, row))
+    return out
+
+
+def _events_in_log(data: list[LedgerEntry], log_rows: list[dict[str, Any]]) -> set[str]:
+    return {event for event, _ in _row_events(data, log_rows)}
+
+
+def _check_events(
+    data: list[LedgerEntry],
+    log_rows: list[dict[str, Any]],
+    duplicate: Finding,
+    lost: Finding,
+) -> int:
+    """DESIGN §9: every acknowledged event appended exactly once, whatever its identities.
+
+    Returns the number of distinct acknowledged events.
+    """
+    sends: dict[str, list[LedgerEntry]] = defaultdict(list)
+    for entry in data:
+        sends[entry.event_id].append(entry)
+    appended: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for event, row in _row_events(data, log_rows):
         copies = appended[event]
         copies.append(row)
         if len(copies) == 2:

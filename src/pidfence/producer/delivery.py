@@ -1,0 +1,122 @@
+"""Delivery tracking: the first delivery error, acknowledgement counts, the send ledger.
+
+Delivery reports carry no headers, so a tracked record's callback is bound to its ``pf`` header
+and event id when it is produced. Errors raised while recording an acknowledgement (a full disk
+under the ledger) are kept like delivery errors and raised by the next ``flush()``, never lost
+inside librdkafka's callback.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from pidfence.ledger import LedgerEntry, LedgerError, LedgerWriter, value_digest
+from pidfence.producer.checkpoint import TopicPartition
+from pidfence.producer.errors import DeliveryFailed
+from pidfence.wire import PidfenceError, decode_pf
+
+DeliveryCallback = Callable[[Any, Any], None]
+
+#: One acknowledged record kept for ``resend_acknowledged``: key, value, pf header, event id.
+Kept = tuple[Any, Any, bytes, "str | None"]
+
+
+class DeliveryTracker:
+    """Counts acknowledgements, keeps the first error, writes the ledger, keeps resend copies.
+
+    Args:
+        ledger: the send ledger writer, or None.
+        keep: acknowledged records kept per partition for resends (0: none).
+    """
+
+    def __init__(self, ledger: LedgerWriter | None, keep: int) -> None:
+        self.ledger = ledger
+        self.keep = keep
+        self.acked = 0
+        self.fences_acked = 0
+        self.error: PidfenceError | None = None
+        self.expire_by_pid: dict[int, int] = {}
+        self.kept: dict[TopicPartition, deque[Kept]] = {}
+        #: Offset after the last acknowledged FENCE per partition (a resume's scan ends there).
+        self.fence_ends: dict[TopicPartition, int] = {}
+
+    @property
+    def tracking(self) -> bool:
+        """True when each record needs its own callback (ledger or resend buffer)."""
+        return self.ledger is not None or self.keep > 0
+
+    def take_error(self) -> PidfenceError | None:
+        """The pending error (cleared)."""
+        error, self.error = self.error, None
+        return error
+
+    def _fail(self, err: Any, msg: Any) -> None:
+        if self.error is None:
+            self.error = DeliveryFailed(
+                f"Kafka did not acknowledge a record to {msg.topic()}[{msg.partition()}]: {err}; "
+                "resume from the last checkpoint (records after it are re-sent and deduplicated)",
+                code=str(err.name()) if hasattr(err, "name") else str(err),
+            )
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        """Callback of an untracked record."""
+        if err is not None:
+            self._fail(err, msg)
+            return
+        self.acked += 1
+
+    def on_tracked(self, header: bytes, event: str | None, err: Any, msg: Any) -> None:
+        """Callback of a tracked data record (bound to its header and event id)."""
+        if err is not None:
+            self._fail(err, msg)
+            return
+        self.acked += 1
+        if self.keep:
+            tp = (msg.topic(), msg.partition())
+            buffer = self.kept.get(tp)
+            if buffer is None:
+                buffer = self.kept[tp] = deque(maxlen=self.keep)
+            buffer.append((msg.key(), msg.value(), header, event))
+        if self.ledger is not None:
+            self.write(msg, header, False, event)
+
+    def on_other(self, header: bytes, fence: bool, event: str | None, err: Any, msg: Any) -> None:
+        """Callback of a FENCE record or a resent copy."""
+        if err is not None:
+            self._fail(err, msg)
+            return
+        if fence:
+            self.fences_acked += 1
+            tp = (msg.topic(), msg.partition())
+            self.fence_ends[tp] = max(self.fence_ends.get(tp, 0), msg.offset() + 1)
+        if self.ledger is not None:
+            self.write(msg, header, fence, event)
+
+    def write(self, msg: Any, header: bytes, fence: bool, event: str | None) -> None:
+        """Append the ledger line of one acknowledged record."""
+        if self.ledger is None:
+            return
+        pf = decode_pf(header)
+        value = msg.value()
+        digest = value_digest(value)
+        try:
+            self.ledger.write(
+                LedgerEntry(
+                    pid=pf.pid,
+                    generation=pf.generation,
+                    topic=msg.topic(),
+                    partition=msg.partition(),
+                    seq=pf.seq,
+                    digest=digest,
+                    offset=msg.offset(),
+                    ts_ms=msg.timestamp()[1],
+                    fence=fence,
+                    expire_ms=self.expire_by_pid.get(pf.pid, 0),
+                    event="" if fence else (event or digest),
+                )
+            )
+        except LedgerError as exc:
+            if self.error is None:
+                self.error = exc

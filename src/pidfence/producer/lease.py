@@ -1,0 +1,239 @@
+"""The producer's side of the lease protocol: lease, resume through the lineage, roll over.
+
+DESIGN §9: a pid's successor is issued only by ``roll``, a compare-and-set on the pid's current
+generation, so every continuation of a checkpoint goes through one chain of (pid, generation)
+that the lease server serialises. :class:`LeaseKeeper` turns lease-server replies into
+:class:`~pidfence.producer.sequencer.Sequencer` objects and decides, for ``resume``, which of
+the four ways a checkpoint continues:
+
+* ``bumped``: the pid is live; bump it (fences the old owner), keep the checkpoint's seqs.
+* ``rolled``: the pid's lease ended; roll it into its successor (seqs from 0).
+* ``followed``: the pid was already rolled (by its owner after this checkpoint, or by another
+  resumer of it); bump the successor with this pid's secret (lineage authority), which fences
+  whoever holds it, and continue the successor from seq 0. The recovery scan
+  (:mod:`~pidfence.producer.recovery`) then skips what the pid got into Kafka after the
+  checkpoint, so the successor's seqs line up with what its earlier holder sent.
+* ``fresh``: the server no longer knows the pid (past the lineage retention): a new pid.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from pidfence.pid_allocator.errors import (
+    LeaseServerUnreachable,
+    LeaseServiceUnavailable,
+    NotOwner,
+    RateLimited,
+    StaleGeneration,
+    UnknownPid,
+)
+from pidfence.producer.checkpoint import ProducerCheckpoint
+from pidfence.producer.errors import LeaseServerDown, ProducerFenced
+from pidfence.producer.sequencer import Sequencer
+
+log = logging.getLogger(__name__)
+
+How = Literal["bumped", "rolled", "followed", "fresh"]
+
+
+class LeaseClientLike(Protocol):
+    """What the producer needs from :class:`pidfence.pid_allocator.LeaseClient`."""
+
+    def lease(self, partitions: Sequence[tuple[str, int]] = ()) -> Any:
+        """Lease a new pid (pid, generation, sequence, expire_ms, secret, cert)."""
+
+    def bump(self, pid: int, generation: int, secret: bytes) -> Any:
+        """Bump ``pid`` from ``generation``."""
+
+    def roll(self, pid: int, generation: int, secret: bytes) -> Any:
+        """Retire ``pid`` at ``generation`` and return its successor's lease."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """How a checkpoint continues: the sequencer to send with and the FENCE walk to write.
+
+    Attributes:
+        sequencer: pid, generation, secret, cert and the seqs to continue from.
+        walk_from: FENCE every partition from this generation up to the sequencer's (None: no
+            FENCE is needed, the pid is new).
+        how: ``bumped``, ``rolled``, ``followed`` or ``fresh`` (see the module docstring).
+    """
+
+    sequencer: Sequencer
+    walk_from: int | None
+    how: How
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    outcome: Literal["ok", "retired", "ended", "not_owner", "stale"]
+    lease: Any = None
+    error: Exception | None = None
+
+
+class LeaseKeeper:
+    """Calls the lease server for the producer and maps its errors to producer errors.
+
+    Args:
+        client: a :class:`pidfence.pid_allocator.LeaseClient` (or a fake).
+        clock: epoch milliseconds.
+    """
+
+    def __init__(self, client: LeaseClientLike, clock: Callable[[], int]) -> None:
+        self._client = client
+        self._clock = clock
+
+    def _call(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except (LeaseServerUnreachable, LeaseServiceUnavailable, RateLimited) as exc:
+            raise LeaseServerDown(
+                f"no lease server could answer ({exc}); start a lease server "
+                "(`pidfence lease-server`) or fix --lease-server, then retry"
+            ) from exc
+
+    def _sequencer(self, lease: Any, next_seq: Any = None, lifetime_ms: int = 0) -> Sequencer:
+        lifetime = lifetime_ms or max(lease.expire_ms - self._clock(), 1)
+        return Sequencer(
+            lease.pid,
+            lease.generation,
+            lease.expire_ms,
+            next_seq,
+            lifetime,
+            getattr(lease, "secret", b"") or b"",
+            getattr(lease, "cert", None),
+        )
+
+    def lease_new(self) -> Sequencer:
+        """A fresh pid.
+
+        Raises:
+            LeaseServerDown: no lease server answered (retriable).
+        """
+        return self._sequencer(self._call(lambda: self._client.lease(())))
+
+    def roll(self, current: Sequencer) -> Sequencer:
+        """Roll ``current`` into its successor (compare-and-set on its generation).
+
+        Raises:
+            ProducerFenced: the pid was bumped or rolled by another owner (or its reply was
+                lost and the retry found it retired: the safe side; resume from the checkpoint).
+            LeaseServerDown: no lease server answered (retriable; nothing changed, or a lost
+                reply, which the next attempt reports as fenced).
+        """
+        try:
+            lease = self._call(
+                lambda: self._client.roll(current.pid, current.generation, current.secret)
+            )
+        except (StaleGeneration, NotOwner, UnknownPid) as exc:
+            raise ProducerFenced(
+                f"pid {current.pid} generation {current.generation} could not roll over "
+                f"({type(exc).__name__}: {exc}): another owner moved it on; stop this instance"
+            ) from exc
+        return self._sequencer(lease, lifetime_ms=current.lifetime_ms)
+
+    def _probe(
+        self,
+        op: Callable[[int, int, bytes], Any],
+        pid: int,
+        generation: int,
+        secret: bytes,
+        probe: int,
+    ) -> _Probe:
+        last: Exception | None = None
+        for step in range(probe + 1):
+            try:
+                lease = self._call(functools.partial(op, pid, generation + step, secret))
+                return _Probe("ok", lease)
+            except StaleGeneration as exc:
+                if exc.successor is not None:
+                    return _Probe("retired", error=exc)
+                last = exc
+            except UnknownPid as exc:
+                return _Probe("ended", error=exc)
+            except NotOwner as exc:
+                return _Probe("not_owner", error=exc)
+        return _Probe("stale", error=last)
+
+    def resume(self, cp: ProducerCheckpoint, probe: int) -> Resumed:
+        """Continue ``cp`` through the lineage (see the module docstring).
+
+        ``probe``: a process killed between its bump and saving the next checkpoint leaves the
+        server ahead of the stored generation; the next ``probe`` generations are tried.
+
+        Raises:
+            ProducerFenced: another owner holds the checkpoint's lineage (or the checkpoint is
+                stale: its pid was rolled over after it was taken).
+            LeaseServerDown: no lease server answered (retriable).
+        """
+        expired = cp.expire_ms <= self._clock()
+        result = _Probe("ended")
+        if not expired:
+            result = self._probe(self._client.bump, cp.pid, cp.generation, cp.secret, probe)
+            if result.outcome == "ok":
+                lease = result.lease
+                seq = Sequencer.resumed(
+                    cp,
+                    lease.generation,
+                    lease.expire_ms,
+                    getattr(lease, "secret", b"") or cp.secret,
+                    getattr(lease, "cert", None),
+                )
+                return Resumed(seq, cp.generation + 1, "bumped")
+        if result.outcome == "ended":
+            expired = True
+            result = self._probe(self._client.roll, cp.pid, cp.generation, cp.secret, probe)
+            if result.outcome == "ok":
+                return Resumed(
+                    self._sequencer(result.lease, lifetime_ms=cp.lifetime_ms), None, "rolled"
+                )
+        if result.outcome == "retired" and isinstance(result.error, StaleGeneration):
+            return self._follow(cp, result.error, probe)
+        if result.outcome in ("not_owner", "ended") and expired:
+            log.warning(
+                "checkpoint of pid %d expired at %d and the lease server no longer knows it "
+                "(past the lineage retention): continuing under a new pid with seqs from 0; "
+                "records re-sent after the checkpoint cannot be deduplicated",
+                cp.pid,
+                cp.expire_ms,
+            )
+            return Resumed(self.lease_new(), None, "fresh")
+        raise self._fenced(cp, result)
+
+    def _follow(self, cp: ProducerCheckpoint, stale: StaleGeneration, probe: int) -> Resumed:
+        successor, start = stale.successor, stale.successor_generation
+        if successor is None or start is None:
+            raise ProducerFenced(f"pid {cp.pid} was retired without a usable successor ({stale})")
+        result = self._probe(self._client.bump, successor, start, cp.secret, probe)
+        if result.outcome == "ok":
+            seq = self._sequencer(result.lease, lifetime_ms=cp.lifetime_ms)
+            log.info("checkpoint of pid %d continues its successor pid %d", cp.pid, successor)
+            return Resumed(seq, start + 1, "followed")
+        if result.outcome == "ended":
+            result = self._probe(self._client.roll, successor, start, cp.secret, probe)
+            if result.outcome == "ok":
+                seq = self._sequencer(result.lease, lifetime_ms=cp.lifetime_ms)
+                return Resumed(seq, None, "rolled")
+        raise self._fenced(cp, result)
+
+    @staticmethod
+    def _fenced(cp: ProducerCheckpoint, result: _Probe) -> ProducerFenced:
+        reason = {
+            "stale": "none of the probed generations is the latest, so another producer owns it",
+            "retired": "its lineage moved on more than one roll",
+            "not_owner": "the lease server does not accept this checkpoint's secret",
+            "ended": "its lease ended",
+            "ok": "",
+        }[result.outcome]
+        error = ProducerFenced(
+            f"checkpoint of pid {cp.pid} generation {cp.generation} cannot continue: {reason}; "
+            "stop this instance (or resume from the newer checkpoint)"
+        )
+        error.__cause__ = result.error
+        return error

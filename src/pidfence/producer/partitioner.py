@@ -1,0 +1,91 @@
+"""Partition choice: cached partition counts, Kafka's murmur2 for keys, sticky unkeyed records.
+
+The producer picks each record's partition itself, because it must know which seq counter to
+advance before the record is handed to librdkafka.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import confluent_kafka
+
+from pidfence.producer.errors import BrokerUnavailable, UnknownTopic
+from pidfence.producer.murmur2 import key_partition
+
+
+class Partitioner:
+    """Partition counts from metadata (fetched once per topic) and the partition of a record.
+
+    Args:
+        list_topics: ``confluent_kafka.Producer.list_topics``.
+        bootstrap: for error messages.
+        timeout_s: metadata wait at the first use of a topic.
+        sticky_records: unkeyed records per partition before moving on round-robin.
+    """
+
+    def __init__(
+        self,
+        list_topics: Callable[..., Any],
+        bootstrap: str,
+        timeout_s: float,
+        sticky_records: int,
+    ) -> None:
+        self._list_topics = list_topics
+        self._bootstrap = bootstrap
+        self._timeout_s = timeout_s
+        self._sticky_records = sticky_records
+        self.counts: dict[str, int] = {}
+        self._sticky: dict[str, list[int]] = {}  # topic -> [partition, records left]
+
+    def count(self, topic: str) -> int:
+        """Partitions of ``topic`` (cached after the first call).
+
+        Raises:
+            UnknownTopic: the topic does not exist.
+            BrokerUnavailable: no broker answered within the timeout.
+        """
+        count = self.counts.get(topic)
+        if count is not None:
+            return count
+        try:
+            meta = self._list_topics(topic, timeout=self._timeout_s)
+        except confluent_kafka.KafkaException as exc:
+            raise BrokerUnavailable(
+                f"no Kafka broker at {self._bootstrap} answered a metadata request "
+                f"({exc}); check --bootstrap and that Kafka runs, then retry"
+            ) from exc
+        info = meta.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            raise UnknownTopic(topic)
+        self.counts[topic] = count = len(info.partitions)
+        return count
+
+    def pick(self, topic: str, key: bytes | None, pid: int) -> int:
+        """The partition of a record without an explicit one (murmur2 of the key, else sticky).
+
+        Unkeyed records start at ``pid % partitions`` so many producers of one topic do not all
+        begin on partition 0.
+        """
+        count = self.count(topic)
+        if key is not None:
+            return key_partition(key, count)
+        sticky = self._sticky.get(topic)
+        if sticky is None:
+            sticky = self._sticky[topic] = [pid % count, self._sticky_records]
+        elif sticky[1] <= 0:
+            sticky[0] = (sticky[0] + 1) % count
+            sticky[1] = self._sticky_records
+        sticky[1] -= 1
+        return sticky[0]
+
+    def check(self, topic: str, partition: int) -> None:
+        """Raise ``ValueError`` unless ``partition`` exists in ``topic``."""
+        count = self.counts.get(topic)
+        if count is None:
+            count = self.count(topic)
+        if not 0 <= partition < count:
+            raise ValueError(
+                f"partition {partition} does not exist in {topic!r} ({count} partitions)"
+            )

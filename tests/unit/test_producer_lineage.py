@@ -1,0 +1,234 @@
+"""Rollover and resume through the lineage (DESIGN §9), judged per event by the broker rules.
+
+One fake Kafka log is shared by every producer instance, and the log is replayed through the
+real broker rules (``ProducerStateTable``) per partition: each scenario must end with every
+event appended exactly once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from pidfence.broker_plugin import ProducerStateTable
+from pidfence.producer import (
+    DrainFailed,
+    IdempotentProducer,
+    LeaseState,
+    ProducerCheckpoint,
+    ProducerFenced,
+)
+from pidfence.wire import FLAG_FENCE, decode_pf
+from pidfence.wire.cert import CERT_HEADER_KEY
+from tests.unit.test_producer_client import LIFETIME, FakeKafka, Rig
+
+ROLL_AT = LIFETIME * 23 // 24
+
+
+class SharedRig(Rig):
+    """Every producer writes to one Kafka log (as real instances of one pipeline do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[Any] = []
+        self.offsets: dict[tuple[str, int], int] = {}
+
+    def factory(self, conf: dict[str, Any]) -> FakeKafka:
+        kafka = super().factory(conf)
+        kafka.log, kafka.offsets = self.log, self.offsets
+        return kafka
+
+    def appended(self) -> Counter[bytes]:
+        """Values the broker rules append, replaying the shared log per partition."""
+        tables: dict[tuple[str, int], ProducerStateTable] = {}
+        out: Counter[bytes] = Counter()
+        for msg in self.log:
+            tp = (msg.topic(), msg.partition())
+            table = tables.setdefault(tp, ProducerStateTable(64, LIFETIME * 2))
+            pf = decode_pf(dict(msg.headers())["pf"])
+            refs = table.offer(pf.pid, pf.generation, pf.seq, 1, flags=pf.flags, ref=msg)
+            out.update(d.ref.value() for d in refs if d.verdict.appended)
+        return out
+
+
+@pytest.fixture
+def rig() -> SharedRig:
+    return SharedRig()
+
+
+def z(i: int) -> bytes:
+    return b"z%d" % i
+
+
+def send(producer: IdempotentProducer, first: int, last: int) -> None:
+    for i in range(first, last):
+        producer.produce("t", z(i), partition=i % 3, event_id=f"z{i}")
+    producer.flush()
+
+
+def exactly_once(rig: SharedRig, n: int) -> None:
+    assert rig.appended() == Counter(z(i) for i in range(n))
+
+
+def test_scenario_1_zombie_past_its_rollover_is_fenced(rig: SharedRig) -> None:
+    a = rig.producer()
+    send(a, 0, 10)
+    cp = a.checkpoint()
+    b = rig.resume(cp)  # bump + FENCE while A is paused
+    send(b, 10, 20)
+    rig.now += ROLL_AT  # A wakes after its rollover point and would re-send z10..z19
+    with pytest.raises(ProducerFenced, match="could not roll over"):
+        a.produce("t", z(10), partition=1)
+    assert a.state is LeaseState.FENCED
+    with pytest.raises(ProducerFenced, match="FENCED"):
+        a.produce("t", z(11), partition=2)
+    exactly_once(rig, 20)
+
+
+def test_scenario_2_zombie_past_its_expiry_is_fenced(rig: SharedRig) -> None:
+    a = rig.producer()
+    send(a, 0, 10)
+    cp = a.checkpoint()
+    rig.now = cp.expire_ms + 1  # A's lease ended before B resumes
+    b = rig.resume(cp)
+    assert b.resumed_how == "rolled" and b.sequencer.pid != cp.pid
+    send(b, 10, 20)
+    with pytest.raises(ProducerFenced):
+        a.produce("t", z(10), partition=1)
+    with pytest.raises(ProducerFenced):
+        a.roll()  # the state machine refuses before the lease server is asked
+    exactly_once(rig, 20)
+
+
+def test_two_resumers_of_one_expired_checkpoint_cannot_both_continue(rig: SharedRig) -> None:
+    a = rig.producer()
+    send(a, 0, 6)
+    cp = a.checkpoint()
+    rig.now = cp.expire_ms + 1
+    b = rig.resume(cp)
+    send(b, 6, 9)
+    c = rig.resume(cp)  # follows the lineage: bumps B's pid with the checkpoint's secret
+    assert c.resumed_how == "followed" and c.sequencer.pid == b.sequencer.pid
+    assert c.sequencer.generation == b.sequencer.generation + 1
+    send(c, 6, 12)  # re-sends z6..z8 under the same (pid, partition, seq): deduplicated
+    send(b, 9, 12)  # B does not know yet: its records are fenced
+    rig.now += ROLL_AT
+    with pytest.raises(ProducerFenced):
+        b.roll()
+    exactly_once(rig, 12)
+
+
+def test_crash_between_roll_and_save_resumes_at_the_roll_point(rig: SharedRig) -> None:
+    saved: list[ProducerCheckpoint] = []
+    a = rig.producer(on_roll=saved.append)
+    send(a, 0, 5)
+    rig.now += ROLL_AT
+    cp = a.checkpoint()
+    send(a, 5, 8)  # rolls before z5 (drained), then saves the successor's checkpoint
+    assert [c.pid for c in saved] == [101] and dict(saved[0].next_seq) == {}
+    # Killed after the roll but before the save: the store holds the checkpoint at z5.
+    heir = rig.resume(cp)
+    assert heir.resumed_how == "followed" and heir.sequencer.pid == 101
+    send(heir, 5, 10)
+    exactly_once(rig, 10)
+
+
+def test_older_checkpoint_after_the_owner_rolled_lines_up_with_the_successor(
+    rig: SharedRig,
+) -> None:
+    # A resumer of an older checkpoint (z3) while the owner went on and rolled at z6: it follows
+    # the lineage, skips z3..z5 (in Kafka under the old pid), re-sends z6.. under the successor's
+    # seqs (deduplicated) and fences the owner.
+    a = rig.producer()
+    send(a, 0, 3)
+    old = a.checkpoint()
+    send(a, 3, 6)
+    rig.now += ROLL_AT
+    a.roll()
+    send(a, 6, 9)
+    b = rig.resume(old)
+    assert b.resumed_how == "followed" and sum(b.sequencer.skip.values()) == 3
+    send(b, 3, 12)
+    send(a, 9, 12)  # fenced
+    exactly_once(rig, 12)
+
+
+def test_failed_drain_raises_and_sends_nothing_under_a_new_pid(rig: SharedRig) -> None:
+    a = rig.producer()
+    a.produce("t", z(0), partition=0)
+    assert rig.kafka is not None
+    rig.kafka.stuck = True
+    rig.now += ROLL_AT
+    with pytest.raises(DrainFailed) as info:
+        a.produce("t", z(1), partition=0)
+    assert info.value.retriable
+    assert a.state is LeaseState.LEASED and "roll 100 40" not in rig.lease.calls
+    assert {decode_pf(dict(m.headers())["pf"]).pid for m, _ in rig.kafka.pending} == {100}
+
+
+def test_cert_is_stamped_on_fences_and_first_record_per_partition_and_after_a_roll(
+    rig: SharedRig,
+) -> None:
+    rig.lease.sign = True
+    a = rig.producer()
+    send(a, 0, 6)
+    cp = a.checkpoint()
+    b = rig.resume(cp)
+    send(b, 6, 9)
+    rig.now += ROLL_AT
+    b.roll()
+    send(b, 9, 12)
+
+    def certs(msg: Any) -> list[bytes]:
+        return [v for k, v in msg.headers() if k == CERT_HEADER_KEY]
+
+    stamped = [(decode_pf(dict(m.headers())["pf"]), certs(m)) for m in rig.log]
+    for pf, cert in stamped:
+        if pf.flags & FLAG_FENCE:
+            assert cert == [b"cert-%d-%d" % (pf.pid, pf.generation)]
+    firsts: dict[tuple[int, int, int], int] = Counter()
+    for msg, (pf, cert) in zip(rig.log, stamped, strict=True):
+        if pf.flags & FLAG_FENCE:
+            continue
+        key = (pf.pid, pf.generation, msg.partition())
+        firsts[key] += 1
+        assert cert == ([b"cert-%d-%d" % (pf.pid, pf.generation)] if firsts[key] == 1 else [])
+    # Three (pid, generation)s wrote data on three partitions each.
+    assert len(firsts) == 9
+
+
+def test_resumer_past_the_rollover_point_skips_what_its_predecessor_got_in(
+    rig: SharedRig,
+) -> None:
+    # A checkpoints at z5, gets z5..z9 acknowledged, dies. B resumes after the rollover point:
+    # it rolls at once, so z5..z9 would go out under the successor, where nothing deduplicates
+    # them. The recovery scan finds them in Kafka under A's pid: B skips them.
+    a = rig.producer()
+    send(a, 0, 5)
+    cp = a.checkpoint()
+    send(a, 5, 10)
+    rig.now += ROLL_AT
+    b = rig.resume(cp)
+    # z5..z9 went to partitions 2, 0, 1, 2, 0: the next seqs after them under A's pid.
+    assert b.sequencer.ahead == {("t", 0): 4, ("t", 1): 3, ("t", 2): 3}
+    send(b, 5, 14)
+    assert b.rollovers == 1 and b.skipped == 5
+    exactly_once(rig, 14)
+
+
+def test_skips_survive_a_crash_after_the_roll(rig: SharedRig) -> None:
+    saved: list[ProducerCheckpoint] = []
+    a = rig.producer()
+    send(a, 0, 5)
+    cp = a.checkpoint()
+    send(a, 5, 10)
+    rig.now += ROLL_AT
+    b = rig.resume(cp, on_roll=saved.append)
+    b.produce("t", z(5), partition=5 % 3, event_id="z5")  # rolls, then skips z5
+    after_roll = saved[-1]  # stored with the position before z5
+    assert after_roll.pid == 101 and sum(after_roll.skip.values()) == 5
+    c = rig.resume(after_roll)  # B died right after the roll
+    send(c, 5, 12)
+    exactly_once(rig, 12)
