@@ -1,49 +1,129 @@
-"""``pidfence bench sink``: records/s from one pre-filled raw Kafka topic into three Spark sinks.
+"""``pidfence bench sink``: records/s from one pre-filled raw Kafka topic into Spark sinks.
 
-One raw topic (``--quick``: 2M records, full: 10M; 1k producers; 5% resends; 4 partitions) is
-filled once with pre-encoded ``pf`` headers, then read from the start by three streaming queries
-on the same SparkSession, in interleaved rounds (after a warm-up query on a small topic; best
-round kept), with the same trigger (available-now, the same ``maxOffsetsPerTrigger``):
+One raw topic (``--quick``: 2M records, full: 10M; 1k producers; 5% resends) is filled once with
+pre-encoded ``pf`` headers, and a signed ``pfc`` certificate on the first record of each (pid,
+generation) in its partition (what ``IdempotentProducer`` stamps with signing on). Then every
+contender reads it from the start with the same trigger (available-now, the same
+``maxOffsetsPerTrigger``) on one SparkSession, in interleaved rounds whose order rotates (after a
+warm-up query on a small topic; best round kept):
 
 (a) Spark's plain Parquet file sink, no deduplication;
+(n) a no-op ``DataSourceStreamArrowWriter``: a Python data source whose writer only consumes the
+    Arrow batches (the ceiling of any Python streaming writer: JVM -> Arrow -> Python worker);
 (b) ``withWatermark`` + ``dropDuplicatesWithinWatermark`` on a message id (the record key,
     ``pid:seq``), into the Parquet sink;
-(c) the pidfence sink (the broker rules, output log + rejects).
+(c) the pidfence sink (the broker rules, output log + rejects), certificates not checked;
+(v) the pidfence sink with ``leasePublicKey``: every record that creates a producer entry is
+    verified (once per pid, generation and partition);
+(d) the pidfence sink with ``tableFormat=delta`` (when the sink has that option);
+(s) Spark's own Delta sink without deduplication (when the delta-spark jars are present).
+
+Modes: ``local`` (``pidfence bench sink``: 4 partitions, ``local[2]``) and ``standalone64``
+(``pidfence bench sink_standalone64``: 64 partitions, a Spark standalone cluster of one master and
+two one-core workers started by the bench). ``PIDFENCE_BENCH_RECORDS`` overrides the record count
+and ``PIDFENCE_BENCH_ROUNDS`` the rounds (the smoke test runs tiny sizes this way).
 
 State bytes are taken after the batch whose cumulative count is nearest to 1M and at the end:
-for (b) the state store's ``memoryUsedBytes`` from the query progress, for (c) the bytes of the
-state files a task reads to restore every partition (the newest full snapshot plus its deltas).
+for (b) the state store's ``memoryUsedBytes`` from the query progress, for the pidfence sinks the
+bytes of the state files a task reads to restore every partition (newest full snapshot + deltas).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from rich.progress import Progress
 
 from pidfence.benchkit import BenchReport
 from pidfence.wire import encode_pf
 
+RECORDS_ENV = "PIDFENCE_BENCH_RECORDS"
+ROUNDS_ENV = "PIDFENCE_BENCH_ROUNDS"
 PIDS = 1_000
+GENERATION = 7
 DUP_RATE = 0.05
-PARTITIONS = 4
 PER_TRIGGER = 500_000
 WARMUP = 200_000
 ARROW_BATCH = 100_000
 ROUNDS = 2
 VALUE = b"x" * 64
+#: The certificates outlive the run by far: the bench measures verification, not expiry.
+CERT_LIFETIME_MS = 7 * 86_400_000
 
 
-def fill_topic(bootstrap: str, topic: str, n: int, seed: int = 1) -> dict[str, int]:
-    """Produce ``n`` raw records; returns what was sent (fresh, resent)."""
+@dataclass(frozen=True)
+class Mode:
+    """Where the contenders run: partitions of the raw topic and the Spark master."""
+
+    name: str
+    partitions: int
+    standalone_workers: int = 0
+    #: dropDuplicatesWithinWatermark keeps ~280 bytes per message id on the heap (HDFS-backed
+    #: state store, two versions retained): 10M records need a few GB where the state lives.
+    driver_memory: str = "6g"
+    worker_memory: str = "4g"
+    executor_memory: str = "3500m"
+
+    @property
+    def standalone(self) -> bool:
+        """Whether the bench starts a Spark standalone cluster."""
+        return self.standalone_workers > 0
+
+
+LOCAL = Mode("local", partitions=4)
+STANDALONE64 = Mode("standalone64", partitions=64, standalone_workers=2)
+MODES = {m.name: m for m in (LOCAL, STANDALONE64)}
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw.replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} must be a positive integer") from None
+    if value < 1:
+        raise ValueError(f"{name}={raw!r} must be a positive integer")
+    return value
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages, for the notes (the machine is shared)."""
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+# --- the raw topic -------------------------------------------------------------------------
+
+
+def fill_topic(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    partitions: int,
+    seed: int = 1,
+    sign: Callable[[int, int], bytes] | None = None,
+) -> dict[str, int]:
+    """Produce ``n`` raw records; returns what was sent (fresh, resent, certified).
+
+    Every pid writes to partition ``pid % partitions``; with ``sign``, its first record carries
+    ``pfc`` = ``sign(pid, GENERATION)``, as ``IdempotentProducer`` does with signing on.
+    """
     from confluent_kafka import Producer
 
     rng = random.Random(seed)
@@ -61,7 +141,7 @@ def fill_topic(bootstrap: str, topic: str, n: int, seed: int = 1) -> dict[str, i
             "acks": "1",
         }
     )
-    resent = 0
+    resent = certified = 0
     produce = producer.produce
     for pid in pids:
         if next_seq[pid] and rng.random() < DUP_RATE:
@@ -71,26 +151,109 @@ def fill_topic(bootstrap: str, topic: str, n: int, seed: int = 1) -> dict[str, i
             seq = next_seq[pid]
             next_seq[pid] += 1
         key = b"%d:%d" % (pid, seq)
-        headers: list[tuple[str, str | bytes | None]] = [("pf", encode_pf(pid, 7, seq))]
+        headers: list[tuple[str, str | bytes | None]] = [("pf", encode_pf(pid, GENERATION, seq))]
+        if sign is not None and seq == 0 and next_seq[pid] == 1:
+            headers.append(("pfc", sign(pid, GENERATION)))
+            certified += 1
         while True:
             try:
-                produce(topic, VALUE, key, partition=pid % PARTITIONS, headers=headers)
+                produce(topic, VALUE, key, partition=pid % partitions, headers=headers)
                 break
             except BufferError:
                 producer.poll(0.05)
     if producer.flush(300):
         raise RuntimeError("the raw topic was not fully written")
-    return {"fresh": n - resent, "resent": resent}
+    return {"fresh": n - resent, "resent": resent, "certified": certified}
 
 
-def _kafka_df(spark: Any, bootstrap: str, topic: str) -> Any:
+def _signer(key_dir: Path) -> tuple[Path, Callable[[int, int], bytes]]:
+    """A fresh lease signing key pair; returns the public key file and a cert maker."""
+    from pidfence.wire.cert import encode_cert, generate_keypair, load_private_key
+
+    private_path, public_path = generate_keypair(key_dir)
+    private_key = load_private_key(private_path)
+    expire_ms = int(time.time() * 1000) + CERT_LIFETIME_MS
+
+    def sign(pid: int, generation: int) -> bytes:
+        return encode_cert(private_key, pid, generation, expire_ms)
+
+    return public_path, sign
+
+
+# --- the no-op Python writer (the ceiling) -------------------------------------------------
+
+
+@dataclass
+class NoopCommit(WriterCommitMessage):
+    """Rows one task consumed."""
+
+    rows: int
+
+
+class NoopArrowWriter(DataSourceStreamArrowWriter):
+    """Consumes every Arrow batch and writes nothing but a per-batch row count (for the check)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> NoopCommit:
+        """Count the rows of this task's Arrow batches."""
+        rows = 0
+        for batch in iterator:
+            rows += batch.num_rows
+        return NoopCommit(rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Record the batch's row count (one small file per batch)."""
+        rows = sum(m.rows for m in messages if isinstance(m, NoopCommit))
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        (Path(self.path) / f"{batchId}.rows").write_text(str(rows))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing was written."""
+        del messages, batchId
+
+
+class NoopArrowSink(DataSource):
+    """``format("pidfence_bench_noop")``: the Python streaming writer that does nothing."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name."""
+        return "pidfence_bench_noop"
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> NoopArrowWriter:
+        """The no-op writer."""
+        del schema, overwrite
+        return NoopArrowWriter(str(self.options["path"]))
+
+
+def _register_noop(spark: Any) -> None:
+    # The runner imports this file under a name Python workers cannot import: ship the classes
+    # by value instead of by reference.
+    from pyspark import cloudpickle
+
+    module = sys.modules[__name__]
+    if __name__ != "__main__":
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+    spark.dataSource.register(NoopArrowSink)
+
+
+def _noop_rows(path: Path) -> int:
+    return sum(int(p.read_text()) for p in path.glob("*.rows"))
+
+
+# --- queries -------------------------------------------------------------------------------
+
+
+def _kafka_df(spark: Any, bootstrap: str, topic: str, per_trigger: int) -> Any:
     return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("includeHeaders", "true")
-        .option("maxOffsetsPerTrigger", str(PER_TRIGGER))
+        .option("maxOffsetsPerTrigger", str(per_trigger))
         .load()
     )
 
@@ -118,12 +281,12 @@ def _at_million(progress: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
     return best[1], best[2]
 
 
-def _chain_bytes(output: str, batch: int) -> tuple[int, int]:
-    """(bytes, files) of every partition's state chain as of ``batch``."""
+def _chain_bytes(root: str, batch: int) -> tuple[int, int]:
+    """(bytes, files) of every partition's state chain as of ``batch`` under ``root``."""
     from pidfence.spark_sink.state import decode_state, state_dir, state_files
     from pidfence.spark_sink.storage import STATE, Store, parse_part_name
 
-    store = Store.at(output)
+    store = Store.at(root)
     size = files = 0
     for part in store.listdir(store.join(STATE)):
         topic, partition = parse_part_name(part)
@@ -139,165 +302,451 @@ def _chain_bytes(output: str, batch: int) -> tuple[int, int]:
     return size, files
 
 
-def run(quick: bool, progress: Progress) -> BenchReport:
-    """Run the sink benchmark (starts and stops its own Kafka)."""
-    from pidfence.services import KafkaCluster, create_topic, spark_session
-    from pidfence.spark_sink import register
-    from pidfence.spark_sink.pipeline import summarise
+def _store_bytes(p: dict[str, Any]) -> int:
+    return sum(int(op.get("memoryUsedBytes", 0)) for op in p.get("stateOperators", []))
 
-    n = 2_000_000 if quick else 10_000_000
-    task = progress.add_task("starting Kafka", total=2 + ROUNDS)
+
+def _store_rows(p: dict[str, Any]) -> int:
+    return sum(int(op.get("numRowsTotal", 0)) for op in p.get("stateOperators", []))
+
+
+@dataclass
+class Outcome:
+    """What one run of one contender left: rows out, state and (pidfence) verdict counts."""
+
+    rows_out: int
+    state_at_1m: int = 0
+    state_at_end: int = 0
+    sampled_at: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Contender:
+    """One row of the table: how to build its query and how to read what it wrote."""
+
+    key: str
+    label: str
+    build: Callable[[Any, str, str], Any]
+    outcome: Callable[[str, list[dict[str, Any]]], Outcome]
+    times: list[float] = field(default_factory=list)
+    last: Outcome | None = None
+    #: An optional contender (work in progress elsewhere) that fails is reported, not fatal.
+    optional: bool = False
+    failed: str | None = None
+
+
+def _parquet_rows(out: str, progress: list[dict[str, Any]]) -> Outcome:
+    del progress
+    return Outcome(ds.dataset(out, format="parquet").count_rows())
+
+
+def _dedup_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
+    at, mid = _at_million(progress)
+    return Outcome(
+        ds.dataset(out, format="parquet").count_rows(),
+        _store_bytes(mid),
+        _store_bytes(progress[-1]),
+        at,
+        {
+            "rows_in_state_at_1M": _store_rows(mid),
+            "rows_in_state_at_end": _store_rows(progress[-1]),
+        },
+    )
+
+
+def _pidfence_outcome(state_under: str) -> Callable[[str, list[dict[str, Any]]], Outcome]:
+    def outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
+        from pidfence.spark_sink.pipeline import summarise
+
+        summary = summarise(out)
+        at, mid = _at_million(progress)
+        root = f"{out}/{state_under}" if state_under else out
+        mid_bytes, mid_files = _chain_bytes(root, int(mid["batchId"]))
+        end_bytes, end_files = _chain_bytes(root, int(progress[-1]["batchId"]))
+        return Outcome(
+            summary.appended,
+            mid_bytes,
+            end_bytes,
+            at,
+            {
+                "dropped": dict(summary.dropped),
+                "forged_reasons": dict(summary.forged),
+                "state_files_at_1M": mid_files,
+                "state_files_at_end": end_files,
+                "batches": len(summary.batches),
+            },
+        )
+
+    return outcome
+
+
+def _noop_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
+    del progress
+    return Outcome(_noop_rows(Path(out)))
+
+
+def _sink_has_table_format() -> bool:
+    from pidfence.spark_sink import options
+
+    return hasattr(options, "TABLE_FORMATS") and "delta" in options.TABLE_FORMATS
+
+
+def _delta_spark_jars() -> list[Path]:
+    """delta-spark jars in the jar cache, if any helper put them there (none is resolved here)."""
+    cache = Path(__file__).resolve().parents[1] / ".cache" / "jars"
+    return sorted(cache.glob("delta*/*.jar")) if cache.is_dir() else []
+
+
+def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -> list[Contender]:
+    """The contenders of this run, in their first-round order."""
+    source: Callable[[Any], Any] = lambda spark: _kafka_df(spark, bootstrap, topic, per_trigger)  # noqa: E731
+    with_format = _sink_has_table_format()
+
+    def parquet(spark: Any, out: str, ckpt: str) -> Any:
+        return (
+            source(spark)
+            .writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", ckpt)
+        )
+
+    def noop(spark: Any, out: str, ckpt: str) -> Any:
+        return (
+            source(spark)
+            .writeStream.format("pidfence_bench_noop")
+            .option("path", out)
+            .option("checkpointLocation", ckpt)
+        )
+
+    def dedup(spark: Any, out: str, ckpt: str) -> Any:
+        return (
+            source(spark)
+            .withWatermark("timestamp", "10 minutes")
+            .dropDuplicatesWithinWatermark(["key"])
+            .writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", ckpt)
+        )
+
+    def pidfence(extra: dict[str, str]) -> Callable[[Any, str, str], Any]:
+        def build(spark: Any, out: str, ckpt: str) -> Any:
+            writer = (
+                source(spark)
+                .writeStream.format("pidfence")
+                .option("path", out)
+                .option("checkpointLocation", ckpt)
+            )
+            for k, v in extra.items():
+                writer = writer.option(k, v)
+            return writer
+
+        return build
+
+    manifest = {"tableFormat": "manifest"} if with_format else {}
+    rows = [
+        Contender("plain", "(a) Parquet sink, no dedup", parquet, _parquet_rows),
+        Contender("noop", "(n) no-op Python Arrow writer", noop, _noop_outcome),
+        Contender("dedup", "(b) dropDuplicatesWithinWatermark", dedup, _dedup_outcome),
+        Contender("pidfence", "(c) pidfence sink", pidfence(manifest), _pidfence_outcome("")),
+        Contender(
+            "verify",
+            "(v) pidfence, leasePublicKey on",
+            pidfence({**manifest, "leasePublicKey": str(public_key)}),
+            _pidfence_outcome(""),
+        ),
+    ]
+    if with_format:
+        from pidfence.spark_sink.delta_table import OWN_DIR
+
+        rows.append(
+            Contender(
+                "delta",
+                "(d) pidfence, tableFormat=delta",
+                pidfence({"tableFormat": "delta"}),
+                _pidfence_outcome(OWN_DIR),
+                optional=True,
+            )
+        )
+    if _delta_spark_jars():
+
+        def spark_delta(spark: Any, out: str, ckpt: str) -> Any:
+            return (
+                source(spark)
+                .writeStream.format("delta")
+                .option("path", out)
+                .option("checkpointLocation", ckpt)
+            )
+
+        def delta_rows(out: str, progress: list[dict[str, Any]]) -> Outcome:
+            del progress
+            from deltalake import DeltaTable
+
+            return Outcome(int(DeltaTable(out).to_pyarrow_dataset().count_rows()))
+
+        rows.append(
+            Contender("sparkdelta", "(s) Spark Delta sink, no dedup", spark_delta, delta_rows)
+        )
+    return rows
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+def _start_spark(mode: Mode, cluster: Any) -> Any:
+    from pidfence.services import spark_session
+
+    conf = {"spark.driver.memory": mode.driver_memory}
+    jars = _delta_spark_jars()
+    if jars:
+        from pidfence.services.spark import connector_jars
+
+        conf["spark.jars"] = ",".join([connector_jars(), *(str(j) for j in jars)])
+        conf["spark.sql.extensions"] = "io.delta.sql.DeltaSparkSessionExtension"
+        conf["spark.sql.catalog.spark_catalog"] = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+    if cluster is None:
+        return spark_session(master="local[2]", app_name="pidfence-bench-sink", conf=conf)
+    conf.update(
+        {
+            "spark.executor.memory": mode.executor_memory,
+            "spark.executor.cores": "1",
+            "spark.cores.max": str(mode.standalone_workers),
+            # The driver runs here; the executors find it on 127.0.0.1 like the workers.
+            "spark.driver.memory": "1g",
+        }
+    )
+    return spark_session(master=cluster.master_url, app_name="pidfence-bench-sink", conf=conf)
+
+
+def _measure(c: Contender, spark: Any, out: str) -> None:
+    seconds, query_progress = _run(c.build(spark, out, f"{out}-ckpt"))
+    outcome = c.outcome(out, query_progress)
+    c.times.append(seconds)
+    c.last = outcome
+
+
+def _warm(c: Contender, spark: Any, out: str) -> None:
+    _run(c.build(spark, out, f"{out}-ckpt"))
+
+
+def _attempt(c: Contender, step: Callable[..., None], *args: Any) -> None:
+    """``step(*args)`` for ``c``; an optional contender's failure is recorded, ending its runs."""
+    try:
+        step(*args)
+    except Exception as exc:
+        if not c.optional:
+            raise
+        c.failed = " ".join(str(exc).split())[:400]
+
+
+def run(quick: bool, progress: Progress) -> BenchReport:
+    """Run the sink benchmark in the local mode (starts and stops its own Kafka)."""
+    return run_mode(LOCAL, quick, progress)
+
+
+def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
+    """Run the sink benchmark in ``mode`` (starts and stops its own Kafka and Spark cluster)."""
+    from pidfence.services import KafkaCluster, SparkStandaloneCluster, create_topic
+    from pidfence.spark_sink import register
+
+    n = _env_int(RECORDS_ENV, 2_000_000 if quick else 10_000_000)
+    rounds = _env_int(ROUNDS_ENV, ROUNDS)
+    per_trigger = min(PER_TRIGGER, max(1_000, n // 4))
+    warmup = min(WARMUP, max(1_000, n // 10))
+    load_start = load_average()
+    task = progress.add_task("starting Kafka", total=2 + rounds)
     work = Path(tempfile.mkdtemp(prefix="pidfence-bench-sink-"))
     kafka = KafkaCluster(1, heap="768m").start()
+    cluster: Any = None
+    load_rounds: list[str] = []
     try:
-        topic = create_topic(kafka.bootstrap, "bench-raw", PARTITIONS)
+        public_key, sign = _signer(work / "keys")
+        topic = create_topic(kafka.bootstrap, "bench-raw", mode.partitions)
         progress.update(task, description=f"filling the raw topic with {n:,} records")
         t0 = time.perf_counter()
-        sent = fill_topic(kafka.bootstrap, topic, n)
+        sent = fill_topic(kafka.bootstrap, topic, n, mode.partitions, sign=sign)
         fill_s = time.perf_counter() - t0
         progress.advance(task)
 
-        warm = create_topic(kafka.bootstrap, "bench-warmup", PARTITIONS)
-        fill_topic(kafka.bootstrap, warm, WARMUP, seed=2)
+        warm = create_topic(kafka.bootstrap, "bench-warmup", mode.partitions)
+        fill_topic(kafka.bootstrap, warm, warmup, mode.partitions, seed=2, sign=sign)
         progress.advance(task)
 
+        if mode.standalone:
+            progress.update(task, description="starting the Spark standalone cluster")
+            cluster = SparkStandaloneCluster(
+                workers=mode.standalone_workers,
+                run_dir=work / "spark",
+                worker_memory=mode.worker_memory,
+            ).start()
         progress.update(task, description="starting Spark, warming up")
-        spark = spark_session(master="local[2]", app_name="pidfence-bench-sink")
+        spark = _start_spark(mode, cluster)
         register(spark)
+        _register_noop(spark)
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
+        field_contenders = contenders(kafka.bootstrap, topic, per_trigger, public_key)
         try:
-            # The first query in a JVM pays class loading and JIT; no contender should.
-            _run(
-                _kafka_df(spark, kafka.bootstrap, warm)
-                .writeStream.format("parquet")
-                .option("path", str(work / "warmup"))
-                .option("checkpointLocation", str(work / "warmup-ckpt"))
-            )
-            spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
-            times: dict[str, list[float]] = {"plain": [], "dedup": [], "pidfence": []}
-            for r in range(ROUNDS):
-                # Interleaved rounds, best time kept: this machine is shared and noisy.
-                progress.update(task, description=f"round {r + 1}: (a) plain Parquet sink")
-                plain_s, _ = _run(
-                    _kafka_df(spark, kafka.bootstrap, topic)
-                    .writeStream.format("parquet")
-                    .option("path", str(work / f"plain{r}"))
-                    .option("checkpointLocation", str(work / f"plain{r}-ckpt"))
-                )
-                times["plain"].append(plain_s)
-                progress.update(
-                    task, description=f"round {r + 1}: (b) dropDuplicatesWithinWatermark"
-                )
-                dedup_s, dedup_progress = _run(
-                    _kafka_df(spark, kafka.bootstrap, topic)
-                    .withWatermark("timestamp", "10 minutes")
-                    .dropDuplicatesWithinWatermark(["key"])
-                    .writeStream.format("parquet")
-                    .option("path", str(work / f"dedup{r}"))
-                    .option("checkpointLocation", str(work / f"dedup{r}-ckpt"))
-                )
-                times["dedup"].append(dedup_s)
-                progress.update(task, description=f"round {r + 1}: (c) pidfence sink")
-                out = str(work / f"pidfence{r}")
-                pf_s, pf_progress = _run(
-                    _kafka_df(spark, kafka.bootstrap, topic)
-                    .writeStream.format("pidfence")
-                    .option("path", out)
-                    .option("checkpointLocation", str(work / f"pidfence{r}-ckpt"))
-                )
-                times["pidfence"].append(pf_s)
+            # The first queries in a JVM (and its Python workers) pay class loading, JIT and
+            # imports; no contender should. Each kind of query runs once on the small topic.
+            warmers = contenders(kafka.bootstrap, warm, per_trigger, public_key)
+            for w, c in zip(warmers, field_contenders, strict=True):
+                out = str(work / f"warm-{c.key}")
+                _attempt(c, _warm, w, spark, out)
+            for r in range(rounds):
+                # Interleaved rounds, best time kept, order rotated: this machine is shared
+                # and noisy, and a trend (another helper's job) should not favour one slot.
+                k = r % len(field_contenders)
+                order = field_contenders[k:] + field_contenders[:k]
+                for c in order:
+                    if c.failed is not None:
+                        continue
+                    progress.update(task, description=f"round {r + 1}: {c.label}")
+                    out = str(work / f"{c.key}{r}")
+                    _attempt(c, _measure, c, spark, out)
+                    shutil.rmtree(out, ignore_errors=True)
+                    shutil.rmtree(f"{out}-ckpt", ignore_errors=True)
+                load_rounds.append(load_average())
                 progress.advance(task)
-            plain_s, dedup_s, pf_s = (min(times[k]) for k in ("plain", "dedup", "pidfence"))
         finally:
             spark.stop()
-        summary = summarise(out)
-        dedup_out = ds.dataset(str(work / "dedup0"), format="parquet").count_rows()
-        plain_out = ds.dataset(str(work / "plain0"), format="parquet").count_rows()
     finally:
+        if cluster is not None:
+            cluster.stop()
         kafka.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    load_end = load_average()
+    return _report(mode, n, rounds, per_trigger, warmup, fill_s, sent, field_contenders,
+                   (load_start, load_rounds, load_end))  # fmt: skip
 
-    def store_bytes(p: dict[str, Any]) -> int:
-        return sum(int(op.get("memoryUsedBytes", 0)) for op in p.get("stateOperators", []))
 
-    def store_rows(p: dict[str, Any]) -> int:
-        return sum(int(op.get("numRowsTotal", 0)) for op in p.get("stateOperators", []))
-
-    d_at, d_mid = _at_million(dedup_progress)
-    p_at, p_mid = _at_million(pf_progress)
-    pf_mid_bytes, pf_mid_files = _chain_bytes(out, int(p_mid["batchId"]))
-    pf_end_bytes, pf_end_files = _chain_bytes(out, int(pf_progress[-1]["batchId"]))
-    shutil.rmtree(work, ignore_errors=True)
-    rows = [
-        {
-            "contender": "(a) Parquet sink, no dedup",
-            "records": n,
-            "seconds": plain_s,
-            "records/s": n / plain_s,
-            "vs (a)": 1.0,
-            "rows out": plain_out,
-            "state bytes @1M": 0,
-            "state bytes @end": 0,
-        },
-        {
-            "contender": "(b) dropDuplicatesWithinWatermark",
-            "records": n,
-            "seconds": dedup_s,
-            "records/s": n / dedup_s,
-            "vs (a)": plain_s / dedup_s,
-            "rows out": dedup_out,
-            "state bytes @1M": store_bytes(d_mid),
-            "state bytes @end": store_bytes(dedup_progress[-1]),
-        },
-        {
-            "contender": "(c) pidfence sink",
-            "records": n,
-            "seconds": pf_s,
-            "records/s": n / pf_s,
-            "vs (a)": plain_s / pf_s,
-            "rows out": summary.appended,
-            "state bytes @1M": pf_mid_bytes,
-            "state bytes @end": pf_end_bytes,
-        },
+def _report(
+    mode: Mode,
+    n: int,
+    rounds: int,
+    per_trigger: int,
+    warmup: int,
+    fill_s: float,
+    sent: dict[str, int],
+    entries: list[Contender],
+    loads: tuple[str, list[str], str],
+) -> BenchReport:
+    failed = [c for c in entries if c.failed is not None]
+    entries = [c for c in entries if c.failed is None]
+    best = {c.key: min(c.times) for c in entries}
+    by_key = {c.key: c for c in entries}
+    plain_s, noop_s = best["plain"], best["noop"]
+    rows: list[dict[str, Any]] = []
+    for c in entries:
+        assert c.last is not None
+        s = best[c.key]
+        rows.append(
+            {
+                "contender": c.label,
+                "records": n,
+                "seconds": s,
+                "records/s": n / s,
+                "vs (a)": plain_s / s,
+                "vs (n)": noop_s / s,
+                "rows out": c.last.rows_out,
+                "state bytes @1M": c.last.state_at_1m,
+                "state bytes @end": c.last.state_at_end,
+            }
+        )
+    pf = by_key["pidfence"].last
+    vf = by_key["verify"].last
+    assert pf is not None and vf is not None
+    if vf.rows_out != pf.rows_out:
+        # Verification must refuse nothing here: every producer's first record is signed.
+        raise RuntimeError(
+            f"verification on appended {vf.rows_out:,}, off {pf.rows_out:,}: {vf.extra}"
+        )
+    ratios = {
+        "pidfence_vs_plain": plain_s / best["pidfence"],
+        "verify_on_vs_off": best["pidfence"] / best["verify"],
+        "pidfence_share_of_noop_writer": noop_s / best["pidfence"],
+        "noop_writer_vs_plain": plain_s / noop_s,
+        "dedup_vs_plain": plain_s / best["dedup"],
+    }
+    if "delta" in best:
+        ratios["delta_vs_manifest_layout"] = best["pidfence"] / best["delta"]
+    dedup = by_key["dedup"].last
+    assert dedup is not None
+    master = "local[2]" if not mode.standalone else (
+        f"standalone: 1 master, {mode.standalone_workers} workers x 1 core, "
+        f"executors {mode.executor_memory}"
+    )  # fmt: skip
+    load_start, load_rounds, load_end = loads
+    skipped = [f"{c.label} failed, left out of the table: {c.failed}" for c in failed]
+    if "delta" not in by_key and not failed:
+        skipped.append("(d) skipped: the sink has no tableFormat option in this checkout")
+    if "sparkdelta" not in by_key:
+        skipped.append(
+            "(s) skipped: no delta-spark jars in .cache/jars/delta*/ (none is resolved for "
+            "Spark 4.2 here), so Spark's own Delta sink cannot run"
+        )
+    notes = [
+        f"load average (1/5/15 min) at start {load_start}, after each round "
+        f"{' | '.join(load_rounds)}, at end {load_end} (2 cores shared with other jobs)",
+        f"ratios from this one run: pidfence/plain {ratios['pidfence_vs_plain']:.3f} (target "
+        f">= 0.8), verification on/off {ratios['verify_on_vs_off']:.3f} (target >= 0.95), "
+        f"pidfence's share of the no-op Python writer {ratios['pidfence_share_of_noop_writer']:.3f}"
+        + (
+            f", Delta layout/manifest layout {ratios['delta_vs_manifest_layout']:.3f} "
+            "(target >= 0.9)"
+            if "delta_vs_manifest_layout" in ratios
+            else ""
+        ),
+        f"raw topic filled in {fill_s:.1f}s ({n / fill_s:,.0f} records/s, confluent-kafka); "
+        f"{sent['certified']:,} records carry a pfc certificate (first record of each producer "
+        "in its partition)",
+        "each query reads the topic from the start: same source, trigger and batch sizes; each "
+        f"kind of query first runs once over a {warmup:,}-record topic (JVM and Python workers "
+        f"warm); {rounds} interleaved rounds, order rotated each round, best time shown "
+        "(per-round times in the JSON)",
+        f"spark.sql.execution.arrow.maxRecordsPerBatch={ARROW_BATCH:,} (the Arrow batches the "
+        "Python writers receive; only Arrow paths use it)",
+        "(n) is the ceiling of any Python streaming writer on this Spark: the JVM converts the "
+        "Kafka rows to Arrow and ships them to a Python worker, which only counts them; "
+        "'vs (n)' is each contender's share of it",
+        "(b) state: state store memoryUsedBytes from the query progress; it keeps every "
+        "message id for the 10-minute watermark delay, so it grows with the record count",
+        "pidfence state: bytes of the state files a task reads to restore all partitions (full "
+        "snapshot + deltas); it grows with producers and batches, not records",
+        f"(c) dropped {pf.extra['dropped']} of {n:,}; appended {pf.rows_out:,} (fresh records "
+        f"sent: {sent['fresh']:,}); (v) dropped {vf.extra['dropped']}, forged reasons "
+        f"{vf.extra['forged_reasons'] or 'none'}",
+        *skipped,
     ]
     return BenchReport(
         title=(
             f"sinks: {n:,} raw records, {PIDS:,} producers, {DUP_RATE:.0%} resends, "
-            f"{PARTITIONS} partitions, local[2]"
+            f"{mode.partitions} partitions, {master}"
         ),
         columns=list(rows[0]),
         rows=rows,
         params={
+            "mode": mode.name,
             "records": n,
             "pids": PIDS,
             "dup_rate": DUP_RATE,
-            "partitions": PARTITIONS,
-            "max_offsets_per_trigger": PER_TRIGGER,
-            "master": "local[2]",
+            "partitions": mode.partitions,
+            "max_offsets_per_trigger": per_trigger,
+            "master": master,
+            "driver_memory": mode.driver_memory if not mode.standalone else "1g",
             "fill_seconds": round(fill_s, 2),
-            "rounds": ROUNDS,
-            "seconds_per_round": {k: [round(t, 2) for t in v] for k, v in times.items()},
+            "rounds": rounds,
+            "warmup_records": warmup,
+            "seconds_per_round": {c.key: [round(t, 2) for t in c.times] for c in entries},
             "arrow_max_records_per_batch": ARROW_BATCH,
             "sent": sent,
-            "dedup_rows_in_state_at_1M": store_rows(d_mid),
-            "dedup_rows_in_state_at_end": store_rows(dedup_progress[-1]),
-            "dedup_state_sampled_at_records": d_at,
-            "pidfence_state_sampled_at_records": p_at,
-            "pidfence_state_files_at_1M": pf_mid_files,
-            "pidfence_state_files_at_end": pf_end_files,
-            "pidfence_dropped": summary.dropped,
-            "pidfence_batches": len(summary.batches),
+            "ratios": {k: round(v, 4) for k, v in ratios.items()},
+            "load_average": {"start": load_start, "rounds": load_rounds, "end": load_end},
+            "dedup": {**dedup.extra, "state_sampled_at_records": dedup.sampled_at},
+            **{
+                c.key: {**c.last.extra, "state_sampled_at_records": c.last.sampled_at}
+                for c in entries
+                if c.last is not None and c.key in ("pidfence", "verify", "delta")
+            },
         },
-        notes=[
-            f"raw topic filled in {fill_s:.1f}s ({n / fill_s:,.0f} records/s, confluent-kafka)",
-            "each query reads the topic from the start: same source, trigger and batch sizes; "
-            f"a plain query over a {WARMUP:,}-record topic warms the JVM first; {ROUNDS} "
-            "interleaved rounds, best time shown (per-round times in the JSON)",
-            f"spark.sql.execution.arrow.maxRecordsPerBatch={ARROW_BATCH:,} (the Arrow batches "
-            "the pidfence writer receives; only Arrow paths use it)",
-            "(b) state: state store memoryUsedBytes from the query progress; it keeps every "
-            "message id for the 10-minute watermark delay, so it grows with the record count",
-            "(c) state: bytes of the state files a task reads to restore all partitions (full "
-            "snapshot + deltas); it grows with producers and batches, not records",
-            f"(c) dropped {summary.dropped} of {n:,}; appended {summary.appended:,} "
-            f"(fresh records sent: {sent['fresh']:,})",
-        ],
+        notes=notes,
     )

@@ -1,0 +1,66 @@
+"""`pidfence bench sink` on tiny sizes: every contender runs and the figures are written.
+
+The bench runs as ``pidfence bench sink --quick --bench-dir COPY`` in a subprocess, like a real
+run: it starts its own Kafka and its own Spark JVM (an in-process run would stop the test
+session's SparkSession when it finishes). Asserts only that it completes and what it wrote (rows
+out, state, ratios present), never how fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pidfence.demo.procs import pidfence_argv
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+RECORDS = 20_000
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def test_sink_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> None:
+    # A copy of the bench folder, so the smoke run never overwrites the recorded figures.
+    bench_dir = tmp_path / "bench"
+    bench_dir.mkdir()
+    shutil.copy(BENCH_DIR / "sink.py", bench_dir / "sink.py")
+    env = {
+        **os.environ,
+        "PIDFENCE_BENCH_RECORDS": str(RECORDS),
+        "PIDFENCE_BENCH_ROUNDS": "1",
+        "COLUMNS": "200",
+    }
+    result = subprocess.run(
+        pidfence_argv("bench", "sink", "--quick", "--bench-dir", str(bench_dir)),
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    written = json.loads((bench_dir / "results" / "sink.json").read_text())
+    rows = {row["contender"][:3]: row for row in written["rows"]}
+    assert {"(a)", "(n)", "(b)", "(c)", "(v)"} <= set(rows)
+    assert all(row["records"] == RECORDS for row in rows.values())
+    # Every record reaches the plain sinks; the deduplicating ones keep exactly the fresh ones.
+    sent = written["params"]["sent"]
+    assert rows["(a)"]["rows out"] == RECORDS
+    assert rows["(n)"]["rows out"] == RECORDS
+    for dedup in ("(b)", "(c)", "(v)"):
+        assert rows[dedup]["rows out"] == sent["fresh"], dedup
+    # Verification refused nothing: every producer's first record carries its certificate.
+    assert written["params"]["verify"]["forged_reasons"] == {}
+    assert sent["certified"] >= 1
+    assert rows["(c)"]["state bytes @end"] > 0
+    assert rows["(b)"]["state bytes @end"] > 0
+    ratios = written["params"]["ratios"]
+    assert {"pidfence_vs_plain", "verify_on_vs_off", "pidfence_share_of_noop_writer"} <= set(ratios)
+    assert any(note.startswith("load average") for note in written["notes"])
