@@ -14,24 +14,36 @@ pytestmark = pytest.mark.timeout(300)
 RECORDS = 3000
 
 
+@pytest.mark.parametrize(
+    ("table_format", "point"),
+    [("manifest", "before_manifest"), ("delta", "before_manifest"), ("delta", "rejects_committed")],
+)
 def test_sink_driver_sigkill_mid_batch_then_restart_is_exactly_once(
-    chaos: ChaosKit, kafka: Any, new_topic: Any, lease_server: Any, stop_all: Any
+    chaos: ChaosKit,
+    kafka: Any,
+    new_topic: Any,
+    lease_server: Any,
+    stop_all: Any,
+    table_format: str,
+    point: str,
 ) -> None:
     topic = new_topic(partitions=2)
     role = chaos.role("p", kafka.bootstrap, lease_server.address, topic, RECORDS)
     stop_all(role)
     assert role.spawn().wait(120) == 0, role.current.tail()
 
-    argv = sink_argv(kafka.bootstrap, topic, chaos.tmp / "output", chaos.tmp / "checkpoint")
+    argv = sink_argv(
+        kafka.bootstrap, topic, chaos.tmp / "output", chaos.tmp / "checkpoint",
+        ["--table-format", table_format],
+    )  # fmt: skip
     # The crash hook fires only in the process group it names: the child's own pid, known to
     # a shell that then execs the sink (a session leader, so its pid is its group id).
     crash_argv = ["sh", "-c", 'PIDFENCE_SINK_CRASH_PGID=$$ exec "$@"', "sh", *argv]
-    crashed = Worker(
-        "sink-crash", crash_argv, chaos.logs, env={"PIDFENCE_SINK_CRASH_AT": "before_manifest"}
-    )
+    crashed = Worker("sink-crash", crash_argv, chaos.logs, env={"PIDFENCE_SINK_CRASH_AT": point})
     stop_all(crashed)
     code = crashed.start().wait(240)
-    # The driver killed itself with SIGKILL between the data files and the manifest.
+    # The driver killed itself with SIGKILL between the data files and the manifest (Delta:
+    # before either Delta commit, or between the rejects table's and the log table's).
     assert code == -9, crashed.tail()
 
     restarted = Worker("sink", argv, chaos.logs)

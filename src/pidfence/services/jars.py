@@ -1,9 +1,10 @@
 """The JVM jars pidfence's embedded services run on, resolved from Maven Central once.
 
-``infra/jvm/pom.xml`` pins Kafka, ZooKeeper and the Spark Kafka connector; ``fetch()`` runs Maven
-once into a git-ignored cache (``.cache/jars`` or ``$PIDFENCE_JAR_CACHE``) and skips the step when
-the cache matches the poms. Connector jars that the pyspark wheel already ships are removed, so
-Spark never sees two versions of one library.
+``infra/jvm/pom.xml`` pins Kafka, ZooKeeper, the Spark Kafka connector and Delta Lake for Spark
+(``delta``: ``delta-spark`` and ``delta-storage`` only, for ``spark.read.format("delta")``);
+``fetch()`` runs Maven once into a git-ignored cache (``.cache/jars`` or ``$PIDFENCE_JAR_CACHE``)
+and skips the step when the cache matches the poms. Connector jars that the pyspark wheel already
+ships are removed, so Spark never sees two versions of one library.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from pidfence.wire import PidfenceError
 
-COMPONENTS = ("kafka", "zookeeper", "spark-kafka")
+COMPONENTS = ("kafka", "zookeeper", "spark-kafka", "delta")
 _STAMP = ".complete"
 _VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
 
@@ -112,7 +113,7 @@ def _drop_jars_pyspark_ships(folder: Path) -> None:
 
 
 def jars(component: str) -> list[Path]:
-    """The jars of one component (``kafka``, ``zookeeper`` or ``spark-kafka``)."""
+    """The jars of one component (``kafka``, ``zookeeper``, ``spark-kafka`` or ``delta``)."""
     if component not in COMPONENTS:
         raise ValueError(f"unknown component {component!r}; expected one of {COMPONENTS}")
     if not is_fresh():
