@@ -18,7 +18,14 @@ from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
 from tests.unit.test_sink_process import Record, kafka_rows, make_stream, reference
 
-SETTINGS = {"capacity": "64", "lifetime": "10000000", "reorderWindow": "3", "compactEvery": "2"}
+#: These tests look at the manifest layout's files: the format is pinned, whatever the default.
+SETTINGS = {
+    "capacity": "64",
+    "lifetime": "10000000",
+    "reorderWindow": "3",
+    "compactEvery": "2",
+    "tableFormat": "manifest",
+}
 QUERY = "0f1e2d3c-query-a"
 
 

@@ -195,7 +195,8 @@ def test_manifest_output_is_unchanged_by_the_wiring(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "out"
-    w = PidfenceStreamWriter(SinkOptions.parse({"path": str(out)}), QUERY)
+    options = SinkOptions.parse({"path": str(out), "tableFormat": "manifest"})
+    w = PidfenceStreamWriter(options, QUERY)
     records = make_stream(4, 120)
     for b, chunk in enumerate(_chunks(records)):
         w.commit([_write(monkeypatch, w, b, chunk)], b)

@@ -45,7 +45,10 @@ MINUTE = 60_000
 
 
 def options(path: Path, **extra: str) -> SinkOptions:
-    return SinkOptions.parse({"path": str(path), "compactEvery": "2", **extra})
+    # The manifest layout's files are inspected: the format is pinned, whatever the default.
+    return SinkOptions.parse(
+        {"path": str(path), "compactEvery": "2", "tableFormat": "manifest", **extra}
+    )
 
 
 @contextmanager
