@@ -138,7 +138,11 @@ def fill_topic(
             "queue.buffering.max.messages": 1_000_000,
             "queue.buffering.max.kbytes": 1_048_576,
             "compression.type": "lz4",
-            "acks": "1",
+            # In order per partition, as IdempotentProducer writes: without idempotence a retried
+            # request (e.g. while a new topic's leaders settle) lands after later ones, and the
+            # raw topic holds seq gaps and pids whose first record comes late.
+            "enable.idempotence": True,
+            "acks": "all",
         }
     )
     resent = certified = 0
