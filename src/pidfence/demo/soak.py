@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pidfence.demo.faults import FaultScript, KillAndResume, LeaseZombie, Zombie
+from pidfence.demo.faults import FaultScript, LeaseZombie, Zombie
 from pidfence.demo.procs import LeaseServerProc, ProducerRole, ProducerSpec, spawn_lease_server
 from pidfence.demo.procstat import (
     children_map,
@@ -40,6 +40,8 @@ from pidfence.demo.soak_faults import (
     SelfStoppedLeaseZombie,
     SinkProc,
     SinkRestart,
+    SoakKill,
+    SoakZombie,
     adopt_replacement,
     soak_sink_argv,
     stop_after,
@@ -303,10 +305,10 @@ class SoakRun:
     def _fault_for(self, kind: str, role: ProducerRole) -> FaultScript | None:
         at = role.acked() + int(self.config.rate * 2)
         if kind == "kill":
-            return KillAndResume(role, at=at)
+            return SoakKill(role, at=at)
         if kind == "zombie":
             lease_left_ms = int(self.config.lease_lifetime_s * 1000) // 2
-            return Zombie(role, at=at, lease_left_ms=lease_left_ms)
+            return SoakZombie(role, at=at, lease_left_ms=lease_left_ms)
         if kind == "lease-zombie":
             return SelfStoppedLeaseZombie(role, at=at)
         return None

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pidfence.demo.faults import FaultScript, LeaseZombie, lease_end_ms
+from pidfence.demo.faults import FaultScript, KillAndResume, LeaseZombie, Zombie, lease_end_ms
 from pidfence.demo.procs import ProducerRole, Worker
 from pidfence.demo.procstat import children_map, descendants, is_stopped, parent_map
 from pidfence.services.process import ManagedProcess, ServiceFailed
@@ -259,6 +259,15 @@ class SelfStoppedLeaseZombie(LeaseZombie):
             )
         if not is_stopped(worker.pid):
             return
+        if not checkpoint_has_partitions(self.role):
+            # Its stop came right after a rollover's save: this round cannot use it.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGCONT)
+            self.note(
+                f"{worker.name} stopped on a checkpoint that names no partition: round skipped"
+            )
+            self.done = True
+            return
         worker.proc.paused = True  # so stop() and resume() send SIGCONT
         self.zombie = worker
         worker.fate = "replaced"
@@ -269,3 +278,51 @@ class SelfStoppedLeaseZombie(LeaseZombie):
             f"{max(0, self.lease_end - self.wall_ms()) / 1000:.1f} s"
         )
         self._next()
+
+
+def checkpoint_has_partitions(role: ProducerRole) -> bool:
+    """True when the role's state file names at least one partition (``next_seq``).
+
+    A checkpoint saved by ``roll()`` right after a rollover names none yet; resuming it fails
+    (the recovery scan asks Kafka for the offsets of no partition: ``_INVALID_ARG``, exit 75, the
+    same on every retry), so the soak's faults take their copy or kill only from a checkpoint
+    that names partitions, checked while the victim is stopped (the file cannot change then).
+    """
+    try:
+        state = json.loads(role.spec.state.read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(state.get("checkpoint", {}).get("next_seq"))
+
+
+class SoakKill(KillAndResume):
+    """(a) with the victim stopped first: SIGKILL only when its checkpoint names partitions."""
+
+    def poll(self) -> None:
+        if self.done or self._step != 0:
+            super().poll()
+            return
+        if self.role.acked() < self.at or self.role.checkpointed() == 0:
+            return
+        victim = self.role.current
+        victim.pause()
+        if checkpoint_has_partitions(self.role):
+            super().poll()
+            return
+        victim.resume()
+        self.note(f"{victim.name}'s checkpoint names no partition yet (just rolled): later")
+
+
+class SoakZombie(Zombie):
+    """(b) that wakes its victim and waits again when the paused victim's checkpoint names no
+    partition (saved right after a rollover)."""
+
+    def poll(self) -> None:
+        if self._step == 1 and self.zombie is not None and not checkpoint_has_partitions(self.role):
+            self.zombie.resume()
+            self.zombie.fate = None
+            self.note(f"{self.zombie.name}'s checkpoint names no partition yet: woken, later")
+            self.zombie = None
+            self._step = 0
+            return
+        super().poll()
