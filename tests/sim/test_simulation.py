@@ -133,7 +133,7 @@ def test_busy_schedules_are_clean(busy: list[SimResult]) -> None:
         "rollovers",  # lease rollover under the fake clock
         "paused_zombies",  # a zombie was SIGSTOPped ...
         "zombie_rolls_refused",  # ... woke past its rollover point and the lineage refused it
-        "zombies_expired",  # ... or woke past its lease end and sent nothing more
+        "zombies_expired",  # ... (some past their lease end: they tried to roll, never sent)
         "resumes_rolled",  # an expired checkpoint was rolled into its successor
         "resumes_followed",  # a retired pid's checkpoint followed the lineage one step
         "second_resumers",  # two resumers of one checkpoint

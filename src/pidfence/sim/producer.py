@@ -283,11 +283,11 @@ class Producers:
                 chain.others.remove(other)
                 continue
             if other.budget > 0 and other.pos < len(chain.events):
-                if now >= other.seq.expire_ms:
-                    # Never sends under an ended lease (its in-flight records still land).
-                    self.counts["zombies_expired"] += 1
-                    other.budget = 0
-                elif now >= other.rollover_at(self.knobs.lifetime_ms):
+                if now >= other.rollover_at(self.knobs.lifetime_ms):
+                    # Past its rollover point, or past its lease end: the next send rolls first
+                    # (IdempotentProducer.produce), so it never sends under an ended lease.
+                    if now >= other.seq.expire_ms:
+                        self.counts["zombies_expired"] += 1
                     self._zombie_roll(chain, other, now)
                 else:
                     self._send(chain, other, now)
@@ -367,7 +367,7 @@ class Producers:
             self.counts["zombies"] += 1
             if rng.random() < knobs.pause_p:
                 # SIGSTOP: wakes up to two lifetimes later, maybe past its rollover or expiry.
-                old.paused_until = now + rng.randrange(1, 2 * knobs.lifetime_ms)
+                old.paused_until = now + rng.randrange(1, self._span(2 * knobs.lifetime_ms))
                 self.counts["paused_zombies"] += 1
         else:
             old.acks = False
@@ -377,11 +377,15 @@ class Producers:
         cp, pos = chain.checkpoint
         # Restarts may come after the checkpoint's lease ended, but within the lineage
         # retention (one lifetime after the lease end); past it, see docs/producer.md.
-        latest = cp.expire_ms + knobs.lifetime_ms - knobs.step_ms - now
+        latest = self._span(cp.expire_ms + knobs.lifetime_ms - knobs.step_ms - now)
         if rng.random() < knobs.down_p and latest > 1:
             chain.down_until = now + rng.randrange(1, latest)
         if rng.random() < knobs.double_p and chain.second is None and latest > 1:
             chain.second = (cp, pos, now + rng.randrange(1, latest))
+
+    def _span(self, ms: int) -> int:
+        """``ms``, capped at 400 steps: long leases must not stretch a schedule for ever."""
+        return min(ms, 400 * self.knobs.step_ms)
 
     def _second_resume(self, chain: Chain, now: int) -> None:
         """A second resumer of the same checkpoint: it fences the first, or is refused."""
