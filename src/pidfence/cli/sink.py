@@ -28,7 +28,7 @@ from pidfence.cli.exits import (
 
 #: ``pidfence.spark_sink.options.DEFAULT_TABLE_FORMAT``, spelled out so that ``pidfence --help``
 #: does not import the sink (a unit test keeps them equal).
-DEFAULT_TABLE_FORMAT = "manifest"
+DEFAULT_TABLE_FORMAT = "delta"
 
 if TYPE_CHECKING:
     from pidfence.spark_sink.options import SinkOptions

@@ -19,7 +19,7 @@ DEFAULT_COMPACT_EVERY: Final = 16
 DEFAULT_TIMESTAMP_SKEW_MS: Final = 3_600_000
 #: Table formats of the output: pidfence's manifest layout or Delta Lake tables.
 TABLE_FORMATS: Final = ("manifest", "delta")
-DEFAULT_TABLE_FORMAT: Final = "manifest"
+DEFAULT_TABLE_FORMAT: Final = "delta"
 
 
 def parse_duration_ms(text: str, name: str = "lifetime", low: int = 1) -> int:
