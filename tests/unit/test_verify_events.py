@@ -73,11 +73,11 @@ def test_event_sent_twice_and_appended_once_is_clean() -> None:
 
 def test_unacknowledged_row_is_matched_to_its_event_by_digest() -> None:
     # The zombie's copy was appended but its ack was never recorded: still a duplicate event.
-    ledger = [sent(0, 0, val=event(4)), sent(0, 1, val=event(5))]
+    ledger = [sent(0, 0, val=event(4)), sent(1, 1, val=event(5))]
     rows = [rec(0, 0, val=event(4)), rec(1, 1, val=event(5)), rec(0, 2, pid=9, gen=0, val=event(4))]
     report = check(ledger, log_table(rows), NO_REJECTS)
     assert report.findings["event_duplicate"].count == 1
-    assert report.findings["unexpected"].count == 1  # pid 9 is in no ledger
+    assert report.findings["unacknowledged"].count == 1  # pid 9 is in no ledger
 
 
 @settings(max_examples=60, deadline=None)

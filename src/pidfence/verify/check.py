@@ -15,8 +15,7 @@ Anomalies (each must be 0 for a run to pass):
   the one before it (equal seqs are reported as ``duplicate`` only).
 * ``zombie``: a record of generation g appended after a record or ``FENCE`` of the same pid with a
   generation > g reached that partition (``kafka_offset`` order of log + rejects).
-* ``unexpected``: in the log with pid != 0 but never sent: the pid is in no ledger, or the
-  ledger has the identity with another digest.
+* ``unexpected``: in the log with pid != 0 under an identity the ledger has with another digest.
 * ``event_duplicate`` (DESIGN §9): one upstream event appended more than once, under any
   identities (a zombie that re-sent its work under a fresh pid shows up here and nowhere else).
 * ``event_lost`` (DESIGN §9): an acknowledged event with no appended copy at all.
@@ -31,9 +30,9 @@ Informational counts (never fail a run):
 * ``expired``: acknowledged records the broker refused because their lease had ended (ledger
   ``ts_ms > expire_ms > 0`` and verdict ``UNKNOWN_PID`` or ``OUT_OF_ORDER``): the proposal says a
   client never uses an expired pid, so these are the producer's own late writes.
-* ``unacknowledged``: in the log with a pid some ledger names, but not acknowledged: a producer
-  killed after Kafka wrote the record but before the ledger recorded the ack (a resumer that
-  finds it in Kafka does not re-send it, so its seq may be below acknowledged ones).
+* ``unacknowledged``: in the log but not acknowledged: a producer killed after Kafka wrote the
+  record but before the ledger recorded the ack (a resumer that finds it in Kafka does not re-send
+  it, so its seq may be below acknowledged ones, or its pid in no ledger at all).
 * ``superseded``: an acknowledged record the rules dropped (say ``OUT_OF_ORDER`` behind a gap its
   dead predecessor never filled) whose event reached the log under another identity: a resume
   re-sent it; per event nothing is lost.
@@ -216,7 +215,10 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
             if all(d != digest for _, d in sent):
                 findings["unexpected"].add({**_example(row), "why": "digest differs from ledger"})
         elif row["pid"] not in ledger_pids:
-            findings["unexpected"].add({**_example(row), "why": "pid in no ledger"})
+            # A producer killed before its first acknowledgement was recorded (its resumer found
+            # the record in Kafka and did not re-send it). A foreign writer looks the same here;
+            # signing (FORGED) is what refuses those.
+            findings["unacknowledged"].add({**_example(row), "why": "pid in no ledger"})
         else:
             # A record whose acknowledgement nobody recorded (a process killed between Kafka's
             # write and its ledger line); a resumer that found it in Kafka does not re-send it.
