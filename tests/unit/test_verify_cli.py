@@ -58,7 +58,7 @@ def output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "out"
     writer = PidfenceStreamWriter(SinkOptions.parse({"path": str(path)}))
     for batch, (lo, hi) in enumerate(((0, 4), (4, len(RECORDS)))):
-        monkeypatch.setattr(writer_mod, "_task_context", lambda b=batch: (b, 0))
+        monkeypatch.setattr(writer_mod, "_task_context", lambda b=batch: (b, 0, "query"))
         table = kafka_rows(RECORDS[lo:hi], lo)
         writer.commit([writer.write(iter(table.to_batches()))], batch)
     return path
@@ -142,6 +142,7 @@ def test_json_report_and_ledger_folder_and_several_ledgers(tmp_path: Path, outpu
         "event_lost": 0,
         "expired": 0,
         "unacknowledged": 0,
+        "superseded": 0,
     }
 
 
