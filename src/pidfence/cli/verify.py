@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare the send ledger with the output log; exit 0 only when no anomaly is found.
 
-        Exit 1 when any anomaly (lost, duplicate, reordered, zombie, unexpected) is non-zero,
+        Exit 1 when any anomaly (lost, duplicate, reordered, zombie, unexpected, event_duplicate,
+        event_lost) is non-zero,
         2 when an input is missing or unreadable.
         """
         code = run_verify(ledger, output, rejects, as_json)
