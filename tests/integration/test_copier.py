@@ -127,3 +127,59 @@ def test_copier_killed_at_any_moment_copies_each_record_exactly_once(
     # killed incarnation sent under a generation its successor had already fenced.
     assert set(counts) <= {Verdict.APPENDED, Verdict.DUPLICATE, Verdict.FENCE, Verdict.FENCED}
     assert all((v is Verdict.FENCE) == bool(r.pf and r.pf.flags & FLAG_FENCE) for r, v in verdicts)
+
+
+def test_copier_rolls_over_mid_run_and_stores_the_successor_with_its_offsets(
+    kafka: Any, new_topic: Callable[..., str], lease_server: LeaseServerThread, tmp_path: Path
+) -> None:
+    """The copier's rollover: drain, ``roll`` through the lease server, store the offsets with
+    the successor's checkpoint; a restart then resumes the successor and the output is exact."""
+    from pidfence.pid_allocator import LeaseClient
+    from pidfence.producer import ProducerConfig, wall_clock_ms
+    from pidfence.producer.copier import Copier, CopySpec
+    from pidfence.producer.loadgen import open_producer_factory
+    from tests.fixtures.lease import LEASE_TEST_DEFAULTS
+
+    source, target = new_topic(partitions=PARTITIONS), new_topic(partitions=PARTITIONS)
+    sent = _fill(kafka.bootstrap, source)
+    total = PARTITIONS * PER_PARTITION
+    state = tmp_path / "copy-state.json"
+    # Half way through, the producer's clock jumps past the rollover point; it goes back to the
+    # lease server's clock once the successor's checkpoint is stored (its lease is issued on it).
+    jump = [0]
+    config = ProducerConfig(kafka.bootstrap)
+    stored: list[dict[str, Any]] = []
+
+    class RollingCopier(Copier):
+        def _store(self, checkpoint: Any, offsets: dict[int, int], copied: int) -> None:
+            if jump[0] and not checkpoint.next_seq:
+                jump[0] = 0
+            super()._store(checkpoint, offsets, copied)
+
+    def progress(copied: int) -> None:
+        stored.append(json.loads(state.read_text())["checkpoint"])
+        if copied >= total // 2 and not stored[0].get("jumped"):
+            stored[0]["jumped"] = True
+            jump[0] = LEASE_TEST_DEFAULTS["lifetime_ms"] * 23 // 24 + 1000
+
+    spec = CopySpec(kafka.bootstrap, source, target, checkpoint_every=50, idle_exit_s=3)
+    with LeaseClient(lease_server.address) as client:
+        opener = open_producer_factory(config, client, clock=lambda: wall_clock_ms() + jump[0])
+        first = RollingCopier(spec, opener, state).run(progress)
+        assert first.copied == total
+        pids = [cp["pid"] for cp in stored]
+        assert len(set(pids)) == 2, "exactly one rollover"
+        successor = pids[-1]
+        # The successor's first stored checkpoint already names it with seqs from 0 at the
+        # roll point (offsets unchanged), before any record went out under it.
+        at_roll = next(cp for cp in stored if cp["pid"] == successor)
+        assert all(seq <= 50 for _, _, seq in at_roll["next_seq"])
+        jump[0] = 0
+        again = Copier(spec, open_producer_factory(config, client), state).run()
+        assert again.resumed and again.copied == total
+    verdicts = replay(read_topic(kafka.bootstrap, target))
+    appended: dict[int, list[bytes | None]] = {p: [] for p in range(PARTITIONS)}
+    for record, verdict in verdicts:
+        if verdict is Verdict.APPENDED:
+            appended[record.partition].append(record.value)
+    assert appended == sent

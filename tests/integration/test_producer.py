@@ -25,7 +25,8 @@ import confluent_kafka
 import pytest
 
 from pidfence.broker_plugin import ProducerStateTable
-from pidfence.pid_allocator import LeaseClient, LeaseServerThread
+from pidfence.ledger import read_ledger
+from pidfence.pid_allocator import LeaseClient, LeaseServerThread, StaleGeneration
 from pidfence.producer import (
     BrokerUnavailable,
     DeliveryFailed,
@@ -42,7 +43,6 @@ from pidfence.producer import (
 from pidfence.services.jars import classpath
 from pidfence.services.ports import free_port
 from pidfence.services.process import java
-from pidfence.verify.ledger import read_ledger
 from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, PfHeader, Verdict, decode_pf
 
 PIDFENCE = str(Path(sys.executable).with_name("pidfence"))
@@ -361,7 +361,7 @@ def zombie_wait(process: subprocess.Popen[Any], seconds: float) -> None:
         process.wait(seconds)
 
 
-def test_resume_of_an_expired_checkpoint_leases_a_new_pid_and_says_so(
+def test_resume_of_an_expired_checkpoint_rolls_it_into_its_successor(
     kafka: Any,
     new_topic: Callable[..., str],
     lease_server: LeaseServerThread,
@@ -376,14 +376,18 @@ def test_resume_of_an_expired_checkpoint_leases_a_new_pid_and_says_so(
         checkpoint = producer.checkpoint()
         producer.close()
         later = checkpoint.expire_ms + 1
-        with caplog.at_level(logging.WARNING, logger="pidfence.producer"):
+        with caplog.at_level(logging.INFO, logger="pidfence.producer"):
             resumed = IdempotentProducer.resume(
                 checkpoint, client, producer.config, clock=lambda: later
             )
-        assert resumed.resumed_from_expired
+        assert resumed.resumed_how == "rolled" and resumed.resumed_from_expired
         assert resumed.sequencer.pid != checkpoint.pid
         assert resumed.sequencer.checkpoint().next_seq == {}
-        assert any("new pid" in r.getMessage() for r in caplog.records)
+        assert any("(rolled)" in r.getMessage() for r in caplog.records)
+        # The pid was retired by the roll: the old owner can neither bump nor roll it any more.
+        with pytest.raises(StaleGeneration) as stale:
+            client.roll(checkpoint.pid, checkpoint.generation, checkpoint.secret)
+        assert stale.value.successor == resumed.sequencer.pid
         resumed.produce(topic, b"z")
         resumed.close()
     records = read_topic(kafka.bootstrap, topic)
@@ -403,10 +407,13 @@ def test_rollover_leases_a_new_pid_with_seqs_from_zero(
         lifetime = producer.sequencer.expire_ms - wall_clock_ms()
         for i in range(10):
             producer.produce(topic, f"a{i}".encode(), partition=i % 2)
-        # 23/24 of the lifetime has passed: the next record goes out under a new pid.
+        # 23/24 of the lifetime has passed: the next record goes out under a new pid (after the
+        # old pid's records are drained). The successor's lease is issued on the server's clock,
+        # so the producer's clock goes back to it right after the roll.
         offset[0] = lifetime * 23 // 24 + 1000
         for i in range(10):
             producer.produce(topic, f"b{i}".encode(), partition=i % 2)
+            offset[0] = 0
         assert producer.rollovers == 1
         assert producer.sequencer.pid != first_pid
         producer.close()
@@ -507,6 +514,7 @@ def test_expired_lease_without_lease_server_is_named_and_retriable(
             ProducerConfig(kafka.bootstrap), client, clock=lambda: wall_clock_ms() + offset[0]
         )
         producer.produce(topic, b"before")
+        assert producer.flush(30) == 0  # drained: the rollover fails only for want of a server
         server.stop()
         offset[0] = producer.sequencer.expire_ms - wall_clock_ms() + 1
         with pytest.raises(LeaseExpired, match="retry") as caught:
@@ -528,7 +536,8 @@ def test_resume_after_a_bump_that_wrote_no_fence_is_accepted_by_the_broker_rules
         assert first.flush(30) == 0
         checkpoint = first.checkpoint()
         first.close()
-        client.bump(checkpoint.pid, checkpoint.generation)  # the dead predecessor's bump
+        # the dead predecessor's bump
+        client.bump(checkpoint.pid, checkpoint.generation, checkpoint.secret)
         heir = IdempotentProducer.resume(checkpoint, client, first.config)
         assert heir.sequencer.generation == checkpoint.generation + 2
         for i in range(4):

@@ -229,6 +229,8 @@ class IdempotentProducer:
         if scanner is None:
             scanner = KafkaScanner(consumer_conf(self.config.to_librdkafka()))
         parts = [(t, p) for t in topics for p in range(self.partition_count(t))]
+        if not parts:
+            return  # the checkpoint's pid wrote nothing: nothing to find
         state = scan_state(checkpoint, seq.pid)
         scanner(state, parts, checkpoint.taken_ms - SKEW_MS, dict(self._delivery.fence_ends))
         apply_scan(seq, checkpoint, state.highs)
@@ -318,8 +320,8 @@ class IdempotentProducer:
             if now >= current.expire_ms:
                 raise LeaseExpired(
                     f"the lease of pid {current.pid} ended at {current.expire_ms} and it could "
-                    f"not be rolled over ({exc}); resume from the last checkpoint once a lease "
-                    "server answers"
+                    f"not be rolled over ({exc}); retry (resume from the last checkpoint) once a "
+                    "lease server answers"
                 ) from exc
             # Try again a little later, still inside the old lease.
             self._set_rollover(now + max((current.expire_ms - now) // 4, 1))
@@ -426,7 +428,7 @@ class IdempotentProducer:
             # Never send under an ended lease (the rollover could not happen in time).
             raise LeaseExpired(
                 f"the lease of pid {seq.pid} ended at {seq.expire_ms} before it could be rolled "
-                "over; resume from the last checkpoint once a lease server answers"
+                "over; retry (resume from the last checkpoint) once a lease server answers"
             )
         value_b = value.encode() if isinstance(value, str) else value
         if value_b is not None and len(value_b) > self._max_value:
