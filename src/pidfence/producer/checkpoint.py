@@ -39,6 +39,7 @@ class ProducerCheckpoint:
     skip: Mapping[TopicPartition, int] = field(default_factory=dict)
     taken_ms: int = 0
     ahead: Mapping[TopicPartition, int] = field(default_factory=dict)
+    topics: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``next_seq`` as ``[[topic, partition, seq], ...]``, sorted)."""
@@ -53,6 +54,7 @@ class ProducerCheckpoint:
             "skip": [[t, p, n] for (t, p), n in sorted(self.skip.items()) if n],
             "taken_ms": self.taken_ms,
             "ahead": [[t, p, n] for (t, p), n in sorted(self.ahead.items())],
+            "topics": sorted(self.topics),
         }
 
     def to_json(self) -> str:
@@ -72,6 +74,9 @@ class ProducerCheckpoint:
             next_seq = _per_partition(data["next_seq"], "next_seq")
             skip = _per_partition(data.get("skip", []), "skip")
             ahead = _per_partition(data.get("ahead", []), "ahead")
+            topics = data.get("topics", [])
+            if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+                raise BadCheckpoint(f"topics must be a list of names, got {topics!r}")
             taken_ms = data.get("taken_ms", 0)
             if type(taken_ms) is not int:
                 raise BadCheckpoint(f"taken_ms must be an int, got {taken_ms!r}")
@@ -98,6 +103,7 @@ class ProducerCheckpoint:
             skip=skip,
             taken_ms=taken_ms,
             ahead=ahead,
+            topics=tuple(topics),
             **fields,
         )
 

@@ -199,7 +199,8 @@ class IdempotentProducer:
         if resumed.how == "bumped":
             sequencer.lifetime_ms = checkpoint.lifetime_ms or config.default_lifetime_ms
         self._install(sequencer)
-        topics = sorted({topic for topic, _ in checkpoint.next_seq})
+        topics = sorted(set(checkpoint.topics) | {topic for topic, _ in checkpoint.next_seq})
+        sequencer.topics |= set(topics)
         if resumed.walk_from is not None:
             self._write_fences(fence_timeout_s, resumed.walk_from, topics)
         self._recover(checkpoint, topics, scanner)
@@ -327,6 +328,7 @@ class IdempotentProducer:
             self._set_rollover(now + max((current.expire_ms - now) // 4, 1))
             raise
         fresh.with_skip(current.handover())
+        fresh.topics = current.topics | {t for t, _ in current.partitions()}
         self._install(fresh)
         self.rollovers += 1
         log.info("rolled pid %d over to pid %d", current.pid, fresh.pid)

@@ -54,6 +54,7 @@ class Sequencer:
         "pid",
         "secret",
         "skip",
+        "topics",
     )
 
     def __init__(
@@ -82,6 +83,8 @@ class Sequencer:
         #: Per partition, the next seq after the highest one an earlier instance of this pid got
         #: into Kafka (recovery scan): below it, re-sent records are DUPLICATEs.
         self.ahead: dict[TopicPartition, int] = {}
+        #: Topics written under this lineage before this sequencer (carried over rollovers).
+        self.topics: set[str] = set()
         self._next: dict[TopicPartition, int] = dict(next_seq or {})
         self._packer = msgpack.Packer()
         # [version, pid, generation, seq, flags] as msgpack: everything before seq is fixed for
@@ -108,6 +111,7 @@ class Sequencer:
             cert,
         ).with_skip(checkpoint.skip)
         seq.ahead = dict(checkpoint.ahead)
+        seq.topics = set(checkpoint.topics)
         return seq
 
     def with_skip(self, skip: Mapping[TopicPartition, int]) -> Sequencer:
@@ -212,4 +216,5 @@ class Sequencer:
             skip=dict(self.skip),
             taken_ms=taken_ms,
             ahead={tp: n for tp, n in self.ahead.items() if n > self._next.get(tp, 0)},
+            topics=tuple(sorted(self.topics | {t for t, _ in self._next})),
         )

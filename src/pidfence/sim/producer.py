@@ -351,6 +351,7 @@ class Producers:
             return
         fresh = self.keeper.roll(inst.seq)
         fresh.with_skip(inst.seq.handover())
+        fresh.topics = inst.seq.topics | {t for t, _ in inst.seq.partitions()}
         chain.active = Instance(fresh, inst.pos)
         chain.checkpoint = (fresh.checkpoint(now), inst.pos)
         self.counts["rollovers"] += 1
