@@ -36,10 +36,18 @@ def register(spark: Any) -> None:
     on another thread (e.g. started in the background while producers run) is not active here,
     and ``start()`` would fail with ``DATA_SOURCE_NOT_FOUND``.
     """
+    from pyspark.errors import AnalysisException
+
     from pidfence.spark_sink.source import PidfenceDataSource
 
     spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
-    spark.dataSource.register(PidfenceDataSource)
+    try:
+        spark.dataSource.register(PidfenceDataSource)
+    except AnalysisException as exc:
+        # Registering twice (a second register() on a session, or a JVM that already knows
+        # the source) is harmless: the class is the same. Anything else is a real failure.
+        if exc.getCondition() != "DATA_SOURCE_ALREADY_EXISTS":
+            raise
 
 
 __all__ = [
