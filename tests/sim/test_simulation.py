@@ -229,6 +229,25 @@ def test_resume_must_fence_every_partition_of_its_topics() -> None:
     assert_clean(every)
 
 
+def test_regression_seed_23294_scan_starts_from_the_checkpoints_ahead() -> None:
+    # A derandomized CI schedule that once ended with event_duplicate=1 (event 1:135 under pid
+    # ...778 g=176661 seq 1 and under its successor ...779 seq 0). A resume's scan found seq 0 of
+    # ...778 and stored it as the checkpoint's ``ahead`` (next_seq empty); the instance then got
+    # seq 1 appended and crashed. The next resume scanned from that checkpoint's taken_ms, after
+    # seq 0, starting from next_seq alone: seq 1 looked held behind a gap, its own FENCE
+    # "fenced" it, and the expired pid's successor re-sent the event. The scan now starts from
+    # max(next_seq, ahead) (recovery.scan_state; docs/design.md §9).
+    result = run(
+        23294, events=178, partitions=2, producers=2, drop_p=0.05, dup_p=0.2, reorder=5,
+        crash_p=0.3, zombie_p=1.0, pause_p=1.0, down_p=0.5, double_p=0.0, restart_p=0.1,
+        plain_p=0.05, lifetime_ms=1920, step_ms=14, checkpoint_every=5, batch_every=1,
+    )  # fmt: skip
+    # The path is still exercised: paused zombies, bumped and rolled resumes, skips.
+    assert result.stats["paused_zombies"] > 0 and result.stats["resumes_rolled"] > 0
+    assert result.stats["skipped"] > 0
+    assert_clean(result)
+
+
 # --- python -m pidfence.sim ------------------------------------------------------------------
 
 

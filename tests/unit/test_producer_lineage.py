@@ -20,7 +20,8 @@ from pidfence.producer import (
     ProducerCheckpoint,
     ProducerFenced,
 )
-from pidfence.wire import FLAG_FENCE, decode_pf
+from pidfence.producer.recovery import scan_state
+from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, decode_pf, encode_pf
 from pidfence.wire.cert import CERT_HEADER_KEY
 from tests.unit.test_producer_client import LIFETIME, FakeKafka, Rig
 
@@ -232,3 +233,23 @@ def test_skips_survive_a_crash_after_the_roll(rig: SharedRig) -> None:
     c = rig.resume(after_roll)  # B died right after the roll
     send(c, 5, 12)
     exactly_once(rig, 12)
+
+
+def test_scan_starts_above_the_checkpoints_ahead_as_the_rules_do() -> None:
+    # Sim seed 23294 (tests/sim): a resume found seq 0 of pid P under generation 10 (before the
+    # next checkpoint's taken_ms) and stored ahead = 1 with next_seq empty; its instance then got
+    # seq 1 appended under generation 11 and died. The next resume scans from that checkpoint's
+    # taken_ms: it must start from ahead, or seq 1 looks held behind a gap, its own FENCE at
+    # generation 12 "fences" it, and the event is re-sent under the successor: twice in the log.
+    tp = ("t", 0)
+    cp = ProducerCheckpoint(7, 11, 10**9, taken_ms=100, ahead={tp: 1})
+    before = [encode_pf(7, 10, 0)]  # older than taken_ms: outside the scan
+    fence, data = FLAG_FENCE, 0
+    scanned = [encode_pf(7, 11, 0, fence), encode_pf(7, 11, 1, data), encode_pf(7, 12, 2, fence)]
+    rules = ProducerStateTable(8, LIFETIME)
+    verdicts = [d.verdict.value for h in before + scanned for d in rules.offer_header(h, 0)]
+    assert verdicts == ["APPENDED", "FENCE", "APPENDED", "FENCE"]
+    state = scan_state(cp, 8)
+    for h in scanned:
+        state.note(tp, [(PF_HEADER_KEY, h)])
+    assert state.highs[7] == {tp: 1}

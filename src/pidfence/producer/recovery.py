@@ -227,8 +227,17 @@ def consumer_conf(producer_conf: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def scan_state(checkpoint: ProducerCheckpoint, successor: int) -> ScanState:
-    """The state a resume's scan starts from: the checkpoint's pid appended below its next seqs."""
-    base = {checkpoint.pid: {tp: n - 1 for tp, n in checkpoint.next_seq.items()}}
+    """The state a resume's scan starts from: the checkpoint's pid appended below its next seqs
+    and below its ``ahead`` targets.
+
+    ``ahead`` is what an earlier scan saw appended, possibly before this scan's start
+    (``taken_ms``); without it the first record after those would look held behind a gap, and
+    this resumer's own FENCE would then "fence" it, although the rules appended it (DESIGN §9).
+    """
+    known = dict(checkpoint.next_seq)
+    for tp, target in checkpoint.ahead.items():
+        known[tp] = max(known.get(tp, 0), target)
+    base = {checkpoint.pid: {tp: n - 1 for tp, n in known.items()}}
     return ScanState({checkpoint.pid, successor}, base, {checkpoint.pid: checkpoint.generation})
 
 
