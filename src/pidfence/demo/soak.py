@@ -396,7 +396,10 @@ class SoakRun:
             for line in lines
             if line.get("seconds") is not None and line["t"] - self._wall_started > since
         ]
-        state_bytes, state_files = dir_bytes(self.output / "_state")
+        # A Delta output keeps pidfence's own files (state among them) under _pidfence/.
+        delta_state = self.output / "_pidfence" / "_state"
+        state_root = delta_state if delta_state.is_dir() else self.output / "_state"
+        state_bytes, state_files = dir_bytes(state_root)
         sample = {
             "t_s": t,
             "rss": rss,
