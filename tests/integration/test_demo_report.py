@@ -109,3 +109,10 @@ def test_summary_table_says_ok_when_clean() -> None:
     console.print(summary_table(_summary(ok=True)))
     assert "OK: zero anomalies" in console.export_text()
     assert "OK: zero anomalies" in render_html(_summary(ok=True), {})
+
+
+def test_report_says_how_to_open_the_delta_table_in_polars_and_spark() -> None:
+    summary = _summary(ok=True) | {"output": "/runs/demo/output"}
+    page = render_html(summary, {})
+    assert 'pl.read_delta("/runs/demo/output")' in page
+    assert 'spark.read.format("delta").load("/runs/demo/output")' in page

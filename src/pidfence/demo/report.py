@@ -155,6 +155,7 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px}}
 <h1>pidfence demo — <span class="{"ok" if summary["ok"] else "bad"}">{status}</span></h1>
 <p>wall time {summary.get("wall_s", 0):.1f}s; config
 <code>{esc(json.dumps(summary["config"]))}</code></p>
+{_open_the_table(summary.get("output", "out/output"))}
 <h2>Counts</h2><table>{counts}</table>
 <h2>Verdicts</h2><table>{verdicts}</table>
 <h2>Anomalies (checker)</h2><table>{anomalies}</table>
@@ -170,6 +171,24 @@ events; the output log must equal the truth computed from the send ledgers.</p>
 {minute_rows}</table>
 </body></html>
 """
+
+
+def _open_the_table(output: str) -> str:
+    """How to read the output log (a Delta Lake table by default) in other tools."""
+    path = html.escape(output)
+    return f"""<h2>The output log</h2>
+<p>A Delta Lake table at <code>{path}</code>, rejects at <code>{path}/_rejects</code> (with two
+extra columns, <code>pf</code> and <code>batch</code>). Only committed batches are visible.</p>
+<ul>
+<li>Polars: <code>pl.read_delta("{path}")</code></li>
+<li>deltalake / pyarrow: <code>DeltaTable("{path}").to_pyarrow_table()</code></li>
+<li>Spark: start the session with the jars in <code>.cache/jars/delta/</code>,
+<code>spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension</code> and
+<code>spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog</code>, then
+<code>spark.read.format("delta").load("{path}")</code></li>
+<li>pidfence: <code>pidfence.spark_sink.read_log("{path}")</code> or
+<code>spark.read.format("pidfence").load("{path}")</code></li>
+</ul>"""
 
 
 def write_report(summary: dict[str, Any], out: Path, console: Console) -> None:

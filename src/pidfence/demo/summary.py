@@ -167,6 +167,7 @@ def collect(run: DemoRun) -> dict[str, Any]:
     }
     summary: dict[str, Any] = {
         "ok": not any(anomalies.values()),
+        "output": str(paths.sink_output.resolve()),
         "config": {
             "records": run.config.records,
             "producers": run.config.producers,
