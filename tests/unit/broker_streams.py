@@ -33,6 +33,9 @@ class StreamKnobs:
     #: Records stamped up to ``skew_ms`` ahead (a producer's clock, or Kafka's 1 h allowance).
     skew_rate: float = 0.0
     skew_ms: int = 0
+    #: A producer leaps 2-4 generations (killed after its bumps, before its checkpoint); half the
+    #: time it then writes one FENCE per generation from its old one up (``resume``).
+    leap_rate: float = 0.0
 
 
 @dataclass
@@ -104,6 +107,14 @@ def make_stream(rng: random.Random, knobs: StreamKnobs) -> list[tuple[bytes | No
                 p.sent.append((seq, p.generation))
             continue
         roll -= knobs.resend_rate
+        if roll < knobs.leap_rate:
+            old = p.generation
+            p.generation += rng.randrange(2, 5)
+            if rng.random() < 0.5:
+                for g in range(old + 1, p.generation + 1):
+                    out.append((encode_pf(p.pid, g, p.next_seq, FLAG_FENCE), stamp))
+            continue
+        roll -= knobs.leap_rate
         if roll < knobs.swap_rate:
             # Pipelining retry: the second record lands first, the first one a little later —
             # sometimes re-sent by a successor generation, which fences the waiting record.
@@ -158,6 +169,18 @@ class ReferenceTable:
             else:
                 break
 
+    def _leap(self, pid: int, g: int, cert: bytes | None, ts: int) -> Verdict | None:
+        """g > gE + 1: None if judged as gE + 1 (a verifier and a proof), else the verdict."""
+        if self.verifier is None:
+            return Verdict.INVALID_GENERATION
+        if any(x["pid"] == pid and x["gen"] == g for x in self.held):
+            return None
+        if cert is None:
+            return Verdict.INVALID_GENERATION
+        if self.verifier(pid, g, cert, max(self.clock, ts)) is not None:
+            return Verdict.FORGED
+        return None
+
     def _ok(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
         if any(x["pid"] == pid and x["gen"] == g for x in self.held):
             return True  # a held record of this generation proved it
@@ -201,10 +224,11 @@ class ReferenceTable:
                 out.append((ref, Verdict.UNKNOWN_PID))
             return out
         moves = g == e[0] + 1
+        leap = self._leap(pid, g, cert, ts) if g > e[0] + 1 else None
         if g < e[0]:
             out.append((ref, Verdict.FENCED))
-        elif g > e[0] + 1:
-            out.append((ref, Verdict.INVALID_GENERATION))
+        elif leap is not None:
+            out.append((ref, leap))
         elif fence:
             if moves and not self._ok(pid, g, cert, ts):
                 out.append((ref, Verdict.FORGED))

@@ -29,6 +29,7 @@ knobs_strategy = st.builds(
     ts_step_max=st.integers(0, 80),
     ts_back_rate=st.floats(0, 0.2),
     resend_rate=st.floats(0, 0.1),
+    leap_rate=st.floats(0, 0.1),
     skew_rate=st.floats(0, 0.1),
     skew_ms=st.integers(0, 4000),
 )

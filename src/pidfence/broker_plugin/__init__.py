@@ -7,12 +7,20 @@ same code.
 from pidfence.broker_plugin.batch import BatchResult, DecodedHeaders, decode_headers, offer_batch
 from pidfence.broker_plugin.decision import CODE_OF, VERDICT_CODES, Decision
 from pidfence.broker_plugin.errors import CorruptSnapshot
-from pidfence.broker_plugin.rebuild import REPLAYED_FORGERY, rebuild, replay_batch, replay_verifier
+from pidfence.broker_plugin.rebuild import (
+    REPLAYED_FORGERY,
+    REPLAYED_PROOF,
+    rebuild,
+    replay_batch,
+    replay_cert,
+    replay_verifier,
+)
 from pidfence.broker_plugin.table import ProducerStateTable, Verifier
 
 __all__ = [
     "CODE_OF",
     "REPLAYED_FORGERY",
+    "REPLAYED_PROOF",
     "VERDICT_CODES",
     # batch path
     "BatchResult",
@@ -27,5 +35,6 @@ __all__ = [
     "Verifier",
     "rebuild",
     "replay_batch",
+    "replay_cert",
     "replay_verifier",
 ]

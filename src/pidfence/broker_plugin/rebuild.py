@@ -4,7 +4,9 @@ State is a function of the committed output (DESIGN §4 amended): replaying ever
 decided (appended, rejected and held), in Kafka-offset order and with the same batch cuts, from an
 older snapshot (or from nothing) gives exactly the live table. Certificates are not stored with the
 output; the replay takes the committed verdicts as their proof instead: a record committed as
-``FORGED`` fails verification again, every other record passes (it did when it was decided).
+``FORGED`` fails verification again, one committed as ``INVALID_GENERATION`` replays without a
+certificate (so a leap of several generations is refused again), every other record carries a
+proof that passes (it was proven, or needed no proof, when it was decided).
 """
 
 from __future__ import annotations
@@ -17,10 +19,28 @@ from pidfence.wire import Verdict
 
 #: The certificate a replay hands the table for a record that was committed as ``FORGED``.
 REPLAYED_FORGERY: Final = b"\x00pidfence-replayed-forgery"
+#: The certificate a replay hands the table for a record the live run did not refuse for want of
+#: proof (any verdict but ``FORGED`` and ``INVALID_GENERATION``).
+REPLAYED_PROOF: Final = b"\x00pidfence-replayed-proof"
+
+
+def replay_cert(verdict: str | Verdict | None) -> bytes | None:
+    """The certificate that makes a replay re-decide a record as its committed ``verdict`` did.
+
+    ``None`` (verdict unknown) replays without a certificate: right for a run without signing,
+    where a leap of several generations is ``INVALID_GENERATION`` and nothing else needs proof.
+    """
+    if verdict is None or verdict == Verdict.INVALID_GENERATION:
+        return None
+    return REPLAYED_FORGERY if verdict == Verdict.FORGED else REPLAYED_PROOF
 
 
 def replay_verifier(pid: int, generation: int, cert: bytes | None, now_ms: int) -> str | None:
-    """The verifier of a replay: a committed ``FORGED`` record fails again, nothing else does."""
+    """The verifier of a replay: a committed ``FORGED`` record fails again, nothing else does.
+
+    (A committed ``INVALID_GENERATION`` record carries no certificate, so the table refuses its
+    leap again without asking.)
+    """
     del pid, generation, now_ms
     return "replayed" if cert == REPLAYED_FORGERY else None
 
@@ -39,11 +59,12 @@ def replay_batch(
         table: the state before the batch (updated in place).
         headers: each record's ``pf`` header value.
         ts_ms: each record's timestamp.
-        verdicts: each record's committed final verdict (only ``FORGED`` matters).
+        verdicts: each record's committed final verdict (only ``FORGED``,
+            ``INVALID_GENERATION`` and the rest apart matter, see :func:`replay_cert`).
         refs: what the live run passed as refs (held records keep them).
         flush: the live run closed the reorder window at the end of this batch.
     """
-    certs = [REPLAYED_FORGERY if v == Verdict.FORGED else None for v in verdicts]
+    certs = [replay_cert(v) for v in verdicts]
     live, table.verifier = table.verifier, replay_verifier
     try:
         table.offer_batch(list(headers), list(ts_ms), list(refs) if refs is not None else None,
@@ -71,7 +92,10 @@ def rebuild(
             (then ``capacity`` and ``lifetime_ms`` are required).
         records: every record decided after the snapshot, in the order it was decided (Kafka
             offset order): ``(pf header bytes or None, ts_ms)`` or ``(header, ts_ms, verdict)``
-            (a record committed as ``FORGED`` fails certificate verification again).
+            (a record committed as ``FORGED`` fails certificate verification again; see
+            :func:`replay_cert`). Records of a signed run need their verdicts: without one a
+            record replays without a certificate, so a leap of several generations that the live
+            run accepted on its certificate would be refused.
 
     Raises:
         CorruptSnapshot: the snapshot is damaged (fall back to an older one or a full replay).
@@ -96,8 +120,8 @@ def rebuild(
     table.verifier = replay_verifier
     for i, record in enumerate(records):
         header, ts_ms = record[0], record[1]
-        forged = len(record) > 2 and record[2] == Verdict.FORGED
-        table.offer_header(header, ts_ms, ref=i, cert=REPLAYED_FORGERY if forged else None)
+        verdict = record[2] if len(record) > 2 else None
+        table.offer_header(header, ts_ms, ref=i, cert=replay_cert(verdict))
     table.verifier = None
     table.forged.clear()
     return table

@@ -18,7 +18,9 @@ once the clock reaches ``first_seen_ms + lifetime_ms + grace_ms``. An expired pi
 With a ``verifier`` (signed generations, DESIGN §3 amended), a record that would create an entry,
 move ``generation`` or be held under the next generation must carry a certificate the verifier
 accepts, else it is ``FORGED``; this happens once per (pid, generation), since afterwards the entry
-itself says the generation was proven.
+itself says the generation was proven. A record several generations ahead (``g > gE + 1``) with a
+valid certificate is judged as if ``g`` were ``gE + 1`` (a producer killed between its bumps and
+its checkpoint resumes there); without a verifier or a certificate it stays ``INVALID_GENERATION``.
 """
 
 from __future__ import annotations
@@ -389,6 +391,24 @@ class ProducerStateTable:
             return True
         return self.certified(pid, g, cert, ts)
 
+    def leap(self, pid: int, g: int, cert: bytes | None, ts: int) -> Verdict | None:
+        """Whether a record of generation ``g > gE + 1`` may be judged as ``gE + 1``.
+
+        Returns None when it may: a verifier is set and the generation is proven (by a held
+        record of the same generation, or by ``cert``). The lease server issued a signed
+        generation, and generations only grow, so every older one stays fenced. Otherwise the
+        verdict: ``INVALID_GENERATION`` without a verifier or without a certificate (the rule of
+        DESIGN §4), ``FORGED`` when a certificate is there and the verifier refuses it.
+        """
+        if self.verifier is None:
+            return INVALID_GENERATION
+        held = self.held.get(pid)
+        if held is not None and any(h.generation == g for h in held.values()):
+            return None
+        if cert is None:
+            return INVALID_GENERATION
+        return None if self.certified(pid, g, cert, ts) else FORGED
+
     def decide(
         self,
         pid: int,
@@ -434,10 +454,14 @@ class ProducerStateTable:
         if g < current:
             out.append((ref, FENCED, token))
             return
-        if g > current + 1:
-            out.append((ref, INVALID_GENERATION, token))
-            return
-        moves = g != current
+        leapt = g > current + 1
+        if leapt:
+            refused = self.leap(pid, g, cert, ts)
+            if refused is not None:
+                out.append((ref, refused, token))
+                return
+        # A proven leap is judged as the next generation, its proof already given.
+        moves = g != current and not leapt
         if fence:
             if moves and not self.proven(pid, g, cert, ts):
                 out.append((ref, FORGED, token))
