@@ -9,6 +9,7 @@ import pytest
 
 from pidfence.demo.faults import KillAndResume, drive
 from pidfence.demo.topic import create_topic
+from pidfence.ledger import read_ledger
 from pidfence.services.lease_server import spawn_lease_server
 from tests.chaos.conftest import ChaosKit
 
@@ -46,7 +47,7 @@ def test_one_of_two_lease_servers_killed_producer_fails_over(
     assert outcome.log.num_rows == 2000
 
 
-def test_lease_expiry_while_paused_rejects_late_records(
+def test_lease_expiry_while_paused_every_event_once(
     chaos: ChaosKit, kafka: Any, zk_chroot: str, spark: Any, stop_all: Any, request: Any
 ) -> None:
     # LogAppendTime: a record's time is when the broker appends it, so records that sat in the
@@ -82,11 +83,15 @@ def test_lease_expiry_while_paused_rejects_late_records(
         server.stop()
     chaos.sink(spark, kafka.bootstrap, topic, sink_options={"lifetime": f"{lifetime_s}s"})
     outcome = chaos.outcome()
-    outcome.assert_clean()
-    from pidfence.demo.summary import informational_counts
-
-    expired = informational_counts(outcome.report).get("expired", 0)
-    assert outcome.verdicts["UNKNOWN_PID"] >= 1 and expired >= 1, (outcome.verdicts, expired)
+    # DESIGN §9: a producer woken after its lease ended never sends under it; it rolls to a
+    # successor through the lineage and goes on. Records frozen in librdkafka's queue land
+    # late but once, and the sink's timestamp skew (1 h by default) keeps the pid's entry live
+    # for them, so nothing is refused and every event is in the log exactly once.
+    outcome.assert_clean()  # includes event_duplicate and event_lost
+    assert outcome.log.num_rows == 30_000
+    assert outcome.verdicts["UNKNOWN_PID"] == 0, outcome.verdicts
+    pids = {e.pid for e in read_ledger([chaos.ledgers])}
+    assert len(pids) >= 2, pids  # the producer went on under a successor
 
 
 def test_health_check_fails_on_a_frozen_server_that_still_accepts_connections(
