@@ -168,7 +168,7 @@ def test_zombie_woken_after_its_checkpoint_was_resumed_appends_nothing_twice(
     margin = checkpoint["lifetime_ms"] // 2
     wait_clock_past(checkpoint["expire_ms"] - margin)
     os.kill(a.proc.pid, signal.SIGCONT)
-    assert a.wait() == 1, a.tail()
+    assert a.wait() == 3, a.tail()  # fenced: a non-retriable failure
     assert "ProducerFenced" in a.tail(), a.tail()
 
     b_pid = b.state_data()["checkpoint"]["pid"]
@@ -223,6 +223,6 @@ def test_zombie_stopped_at_any_point_and_woken_past_its_rollover(
     assert b.wait() == 0, b.tail()
     wait_clock_past(checkpoint["expire_ms"] - checkpoint["lifetime_ms"] // 2)
     os.kill(a.proc.pid, signal.SIGCONT)
-    assert a.wait() == 1, a.tail()
+    assert a.wait() == 3, a.tail()  # fenced: a non-retriable failure
     assert "ProducerFenced" in a.tail(), a.tail()
     assert_every_event_once(chaos, spark, kafka.bootstrap, topic)

@@ -79,10 +79,6 @@ def test_copy_without_a_lease_server_is_retriable(tmp_path: Path) -> None:
     assert took < 15
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="producer/cliutil.py exits 1 for non-retriable errors; the table says 3 (requested)",
-)
 def test_produce_to_a_missing_topic_is_exit_3(kafka: Any, zk_chroot: str, tmp_path: Path) -> None:
     from pidfence.demo.procs import spawn_lease_server
 

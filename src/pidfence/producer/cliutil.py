@@ -10,12 +10,14 @@ from pidfence.wire import PidfenceError
 
 #: Exit code of a retriable failure (EX_TEMPFAIL): a supervisor may restart the command.
 EXIT_RETRIABLE = 75
-EXIT_FAILED = 1
+#: Exit code of any other failure (README's table: a set-up that cannot work, e.g. a missing
+#: topic, or a producer fenced by its replacement).
+EXIT_FAILED = 3
 
 
 @contextmanager
 def fail_cleanly() -> Iterator[None]:
-    """Turn a :class:`PidfenceError` into one stderr line and exit 75 (retriable) or 1."""
+    """Turn a :class:`PidfenceError` into one stderr line and exit 75 (retriable) or 3."""
     try:
         yield
     except PidfenceError as exc:
