@@ -11,6 +11,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.producer import (
@@ -253,3 +255,52 @@ def test_scan_starts_above_the_checkpoints_ahead_as_the_rules_do() -> None:
     for h in scanned:
         state.note(tp, [(PF_HEADER_KEY, h)])
     assert state.highs[7] == {tp: 1}
+
+
+OPS = st.lists(st.sampled_from(["data", "dup", "fence"]), max_size=12)
+SUFFIX_OPS = st.lists(st.sampled_from(["data", "data", "dup", "drop", "fence"]), max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefix=OPS, suffix=SUFFIX_OPS, known=st.sampled_from(["next_seq", "ahead", "both"]))
+def test_scan_from_a_checkpoint_finds_what_the_rules_appended(
+    prefix: list[str], suffix: list[str], known: str
+) -> None:
+    # One pid on one partition: everything before the checkpoint's taken_ms is fed to the rules
+    # only; the checkpoint then knows the rules' highwater (as next_seq, as an earlier scan's
+    # ahead, or both) and generation; the scan of the rest must end at the rules' highwater.
+    pid, tp, gen, nxt = 7, ("t", 0), 5, 1
+    rules = ProducerStateTable(64, LIFETIME)
+    last = encode_pf(pid, gen, 0)
+    rules.offer_header(last, 0)
+    for op in prefix:
+        if op == "data":
+            last, nxt = encode_pf(pid, gen, nxt), nxt + 1
+        elif op == "fence":
+            gen += 1
+            rules.offer_header(encode_pf(pid, gen, nxt, FLAG_FENCE), 0)
+            continue
+        rules.offer_header(last, 0)
+    entry = rules.get(pid)
+    assert entry is not None
+    high = entry[1]
+    next_seq = {tp: high + 1} if known in ("next_seq", "both") else {}
+    ahead = {tp: high + 1} if known in ("ahead", "both") else {}
+    cp = ProducerCheckpoint(pid, entry[0], 10**9, next_seq, ahead=ahead)
+    state = scan_state(cp, pid + 1)
+    for op in suffix:
+        if op == "fence":
+            gen += 1
+            header = encode_pf(pid, gen, nxt, FLAG_FENCE)
+        elif op == "dup":
+            header = last
+        else:
+            last, nxt = encode_pf(pid, gen, nxt), nxt + 1
+            if op == "drop":
+                continue  # lost on the way: a gap the rules hold records behind
+            header = last
+        rules.offer_header(header, 0)
+        state.note(tp, [(PF_HEADER_KEY, header)])
+    entry = rules.get(pid)
+    assert entry is not None
+    assert state.highs[pid].get(tp, -1) == entry[1]
