@@ -98,3 +98,19 @@ def test_dockerfile_has_python_and_a_jre() -> None:
     assert 'ENTRYPOINT ["pidfence"]' in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", ".cache", ".git"} <= set(ignored)
+
+
+def test_lease_server_runs_with_auth_tls_and_signing(compose: dict[str, Any]) -> None:
+    """DESIGN §5 amended: compose runs the lease server with tokens and TLS (certificates made
+    at start by `pidfence keys pki`), clients take their token from the environment."""
+    services = compose["services"]
+    assert services["pki-init"]["command"][:2] == ["keys", "pki"]
+    lease = services["lease-server"]
+    for flag in ("--auth-tokens", "--tls-cert", "--tls-key", "--signing-key"):
+        assert flag in lease["command"], flag
+    assert lease["depends_on"]["pki-init"]["condition"] == "service_completed_successfully"
+    assert "--tls-ca" in lease["healthcheck"]["test"]
+    producer = services["demo-producer"]["environment"]
+    assert producer["PIDFENCE_LEASE_TOKEN_FILE"] == "/pki/producer.token"  # noqa: S105 - a path
+    assert "--token" not in services["demo-producer"]["command"]  # never on a command line
+    assert "--lease-public-key" in services["sink"]["command"]
