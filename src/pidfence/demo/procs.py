@@ -372,8 +372,12 @@ def spawn_lease_server(
     lifetime: str = "24h",
     block_size: int = 100,
     port: int | None = None,
+    security: Sequence[str] = (),
 ) -> LeaseServerProc:
-    """Start ``pidfence lease-server`` (call :meth:`LeaseServerProc.wait_listening` after)."""
+    """Start ``pidfence lease-server`` (call :meth:`LeaseServerProc.wait_listening` after).
+
+    ``security`` holds extra ``lease-server`` options (``--auth-tokens``, ``--tls-cert`` ...).
+    """
     port = port or free_port()
     argv = pidfence_argv(
         "lease-server",
@@ -381,6 +385,7 @@ def spawn_lease_server(
         "--listen", f"127.0.0.1:{port}",
         "--lifetime", lifetime,
         "--block-size", str(block_size),
+        *security,
     )  # fmt: skip
     proc = ManagedProcess(name, argv, log_dir / f"{name}.log")
     proc.start()

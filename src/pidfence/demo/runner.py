@@ -44,6 +44,7 @@ from pidfence.demo.procs import (
     spawn_lease_server,
 )
 from pidfence.demo.progress import role_line
+from pidfence.demo.soak_faults import SelfStoppedLeaseZombie, stop_after
 from pidfence.demo.topic import create_topic
 
 UPSTREAM_PRODUCER = "upstream"
@@ -231,11 +232,49 @@ def _spark(master: str, log_file: Path) -> Any:
     return spark_session(master=master, app_name="pidfence-demo", log_file=log_file)
 
 
+def _lease_security(run: DemoRun, cleanups: list[Callable[[], None]]) -> list[str]:
+    """Auth tokens and TLS for the demo's lease servers, from certificates made now.
+
+    Every pidfence process the demo starts inherits the client side through the environment
+    (``PIDFENCE_LEASE_TOKEN_FILE``, ``PIDFENCE_LEASE_TLS_CA``): a token never shows in ``ps``.
+    The variables are put back as they were when the demo ends (it may run inside a caller's
+    process, e.g. the test suite).
+    """
+    import os
+
+    from pidfence.pid_allocator.security import TLS_CA_ENV, TOKEN_FILE_ENV
+    from pidfence.services.lease_server import make_lease_pki
+
+    pki = make_lease_pki(run.paths.out / "pki")
+    before = {name: os.environ.get(name) for name in (TOKEN_FILE_ENV, TLS_CA_ENV)}
+
+    def restore() -> None:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    cleanups.append(restore)
+    os.environ[TOKEN_FILE_ENV] = str(pki.token_files["producer"])
+    os.environ[TLS_CA_ENV] = str(pki.ca)
+    return [
+        "--auth-tokens", str(pki.tokens_file),
+        "--tls-cert", str(pki.server_cert),
+        "--tls-key", str(pki.server_key),
+    ]  # fmt: skip
+
+
 def _start_lease_servers(run: DemoRun, cleanups: list[Callable[[], None]]) -> list[LeaseServerProc]:
     servers = []
+    security = _lease_security(run, cleanups)
     for i in range(2):
         server = spawn_lease_server(
-            run.zk_hosts, run.paths.logs, name=f"lease-{i}", lifetime=run.config.lifetime
+            run.zk_hosts,
+            run.paths.logs,
+            name=f"lease-{i}",
+            lifetime=run.config.lifetime,
+            security=security,
         )
         cleanups.append(server.stop)
         servers.append(server)
@@ -260,6 +299,10 @@ def _produce(
             count=config.records,
             state=paths.state / f"p{i}.json",
             rate=config.rate,
+            # Roll over at 3/4 of the lease, not 23/24: the drain before a roll must finish
+            # inside the lease, and with the demo's short leases 1/24 (333 ms of an 8 s lease)
+            # is less than an acknowledgement can take on a loaded machine (DrainFailed).
+            extra=("--lifetime-rollover", "0.75"),
         )
         run.roles.append(ProducerRole(spec, paths.ledgers, paths.logs))
     scripts: list[FaultScript] = []
@@ -272,7 +315,16 @@ def _produce(
             Zombie(next(assign), at=config.records * 4 // 10, lease_left_ms=lifetime_ms // 2)
         )
     if Fault.LEASE_ZOMBIE in faults:
-        scripts.append(LeaseZombie(next(assign), at=config.records * 5 // 10))
+        # The producer stops itself right after a state save (nothing in flight), not from
+        # outside: records caught in librdkafka's queue by an outside SIGSTOP could land after
+        # the lease ended (docs/producer.md, residual windows), which is luck, not a fault.
+        role = next(assign)
+        at = config.records * 5 // 10
+        saves = stop_after(max(1, at // role.spec.checkpoint_every))
+        lease_zombie = SelfStoppedLeaseZombie(role, at=at)
+        lease_zombie.restore_extra = role.spec.extra  # its replacement runs to the end
+        role.spec = replace(role.spec, extra=(*role.spec.extra, *saves))
+        scripts.append(lease_zombie)
     if Fault.RESEND in faults:
         role = next(assign)
         role.spec = replace(role.spec, resend_every=max(50, config.records // 20))

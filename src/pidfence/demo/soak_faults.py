@@ -247,6 +247,10 @@ class SelfStoppedLeaseZombie(LeaseZombie):
     FENCE"), which only ``message_timeout_ms`` below the rollover margin closes.
     """
 
+    #: The role's extra arguments for the instances started after the stop (the replacement
+    #: must not stop itself too); None keeps the role's spec as it is.
+    restore_extra: tuple[str, ...] | None = None
+
     def poll(self) -> None:
         if self.done or self._step != 0:
             super().poll()
@@ -269,6 +273,8 @@ class SelfStoppedLeaseZombie(LeaseZombie):
             self.done = True
             return
         worker.proc.paused = True  # so stop() and resume() send SIGCONT
+        if self.restore_extra is not None:
+            self.role.spec = replace(self.role.spec, extra=self.restore_extra)
         self.zombie = worker
         worker.fate = "replaced"
         self.lease_end = lease_end_ms(worker)
