@@ -78,7 +78,17 @@ def test_lease_expiry_while_paused_every_event_once(
 
         time.sleep(lifetime_s + 2)  # the fault itself: the pause outlives the lease
         worker.resume()
-        assert worker.wait(180) == 0, worker.tail()
+        code = worker.wait(180)
+        if code == 75:
+            # Records were still unacknowledged when its lease ended: it refuses to roll over
+            # (DrainFailed, retriable) and never sends them under a new pid. A supervisor
+            # restarts it from its state file; the old process is gone, so the resumer's
+            # recovery scan sees everything it got into Kafka.
+            assert "DrainFailed" in worker.tail(), worker.tail()
+            assert role.spawn().wait(180) == 0, role.current.tail()
+        else:
+            # Nothing was in flight: it rolled over to a successor and went on.
+            assert code == 0, worker.tail()
     finally:
         server.stop()
     chaos.sink(spark, kafka.bootstrap, topic, sink_options={"lifetime": f"{lifetime_s}s"})

@@ -56,7 +56,11 @@ def register(app: typer.Typer) -> None:
             config = ProducerConfig(bootstrap)
             # Token and TLS from $PIDFENCE_LEASE_TOKEN_FILE / _TOKEN / _TLS_CA (never argv).
             with LeaseClient(lease_server, **lease_client_options()) as client:
-                copier = Copier(spec, open_producer_factory(config, client, ledger=ledger), state)
+                copier = Copier(
+                    spec,
+                    open_producer_factory(config, client, ledger=ledger, topics=[to_topic]),
+                    state,
+                )
                 with Progress(
                     SpinnerColumn(), TextColumn(f"{from_topic} -> {to_topic}: {{task.completed}}")
                 ) as progress:

@@ -79,7 +79,9 @@ def register(app: typer.Typer) -> None:
             # Token and TLS from $PIDFENCE_LEASE_TOKEN_FILE / _TOKEN / _TLS_CA (never argv).
             with LeaseClient(lease_server, **lease_client_options()) as client:
                 generator = LoadGenerator(
-                    spec, open_producer_factory(config, client, ledger=ledger), state
+                    spec,
+                    open_producer_factory(config, client, ledger=ledger, topics=[topic]),
+                    state,
                 )
                 with Progress(
                     TextColumn(f"[bold]{name}[/] -> {topic}"), BarColumn(), MofNCompleteColumn()

@@ -154,6 +154,7 @@ class IdempotentProducer:
         fence_timeout_s: float = 60.0,
         stale_probe: int = 8,
         scanner: Scanner | None = None,
+        topics: Sequence[str] = (),
     ) -> IdempotentProducer:
         """Continue ``checkpoint`` through its lineage (DESIGN §9), then FENCE, then go on.
 
@@ -199,7 +200,11 @@ class IdempotentProducer:
         if resumed.how == "bumped":
             sequencer.lifetime_ms = checkpoint.lifetime_ms or config.default_lifetime_ms
         self._install(sequencer)
-        topics = sorted(set(checkpoint.topics) | {topic for topic, _ in checkpoint.next_seq})
+        # ``topics``: what the caller writes. A checkpoint saved before its first record (a
+        # fresh lease) names no topic, yet its pid may have written since: fence and scan them.
+        topics = sorted(
+            set(checkpoint.topics) | {topic for topic, _ in checkpoint.next_seq} | set(topics)
+        )
         sequencer.topics |= set(topics)
         if resumed.walk_from is not None:
             self._write_fences(fence_timeout_s, resumed.walk_from, topics)

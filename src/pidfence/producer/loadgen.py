@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,13 +229,23 @@ class LoadGenerator:
 
 
 def open_producer_factory(
-    config: Any, lease_client: Any, ledger: Any = None, **kwargs: Any
+    config: Any,
+    lease_client: Any,
+    ledger: Any = None,
+    topics: Sequence[str] = (),
+    **kwargs: Any,
 ) -> OpenProducer:
-    """An ``open_producer`` that leases fresh without a checkpoint and resumes with one."""
+    """An ``open_producer`` that leases fresh without a checkpoint and resumes with one.
+
+    ``topics`` are the topics it writes: a resume fences and scans them even when the
+    checkpoint names none yet (one saved before the first record).
+    """
 
     def open_producer(checkpoint: ProducerCheckpoint | None) -> IdempotentProducer:
         if checkpoint is None:
             return IdempotentProducer(config, lease_client, ledger=ledger, **kwargs)
-        return IdempotentProducer.resume(checkpoint, lease_client, config, ledger=ledger, **kwargs)
+        return IdempotentProducer.resume(
+            checkpoint, lease_client, config, ledger=ledger, topics=topics, **kwargs
+        )
 
     return open_producer
