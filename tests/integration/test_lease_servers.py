@@ -18,6 +18,7 @@ from pidfence.pid_allocator import (
     client_tls_context,
     load_token_file,
 )
+from pidfence.pid_allocator.service import MAX_RESERVE_BLOCKS
 from pidfence.services import started_pids
 from pidfence.services.lease_server import LeasePki, LeaseServerProcess, spawn_lease_server
 from pidfence.services.process import ServiceFailed
@@ -49,7 +50,9 @@ def test_zookeeper_writes_stay_per_block(
     with LeaseClient(server.address) as client:
         pids = [client.lease().pid for _ in range(1000)]
     assert len(set(pids)) == 1000
-    assert server.running.coordinator.writes <= 11  # 10 blocks, plus at most one prefetched
+    # 10 blocks, plus the reserve claimed ahead: it adapts to how long a claim took (half a
+    # block up to MAX_RESERVE_BLOCKS), so this bound holds whatever the machine's speed.
+    assert server.running.coordinator.writes <= 10 + MAX_RESERVE_BLOCKS
 
 
 def _hammer(
