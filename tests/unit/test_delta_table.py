@@ -15,7 +15,6 @@ from pidfence.spark_sink.delta_table import (
     FORMAT_KEY,
     REJECTS_PUBLIC_SCHEMA,
     TABLE_KEY,
-    TS_TYPE,
     DeltaCommitConflict,
     ForeignCommit,
     NotPidfenceTable,
@@ -23,7 +22,7 @@ from pidfence.spark_sink.delta_table import (
     holds_delta,
     open_table,
 )
-from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_FILE_SCHEMA, REJECTS_SCHEMA
+from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_FILE_SCHEMA, REJECTS_SCHEMA, TS_TYPE
 from pidfence.wire import PidfenceError
 
 

@@ -40,7 +40,6 @@ from deltalake.transaction import AddAction, PostCommitHookProperties
 from pidfence.spark_sink.delta_table import (
     DATA_DIR,
     STAGING_DIR,
-    TS_TYPE,
     WRITER,
     WRITER_KEY,
     DeltaCommitConflict,
@@ -52,6 +51,7 @@ from pidfence.spark_sink.delta_table import (
     open_table,
     schema_of,
 )
+from pidfence.spark_sink.process import TS_TYPE
 
 #: Operations that change no rows; a sink commit may land after them.
 CARE_OPERATIONS: Final = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})

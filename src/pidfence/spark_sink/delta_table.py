@@ -25,32 +25,22 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from pidfence.spark_sink.errors import SinkError
+from pidfence.spark_sink.process import (
+    LOG_SCHEMA,
+    REJECTS_FILE_SCHEMA,
+    REJECTS_SCHEMA,
+    TS_TYPE,  # noqa: F401 - re-exported for Delta callers
+)
 
 TableKind = Literal["log", "rejects"]
 
-TS_TYPE: Final = pa.timestamp("us", tz="UTC")
-#: Columns of the output log (DESIGN §7), as Delta stores them.
-DELTA_LOG_SCHEMA: Final = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("log_offset", pa.int64()),
-        ("pid", pa.int64()),
-        ("generation", pa.int64()),
-        ("seq", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("kafka_offset", pa.int64()),
-        ("timestamp", TS_TYPE),
-    ]
-)
+#: Columns of the output log (DESIGN §7), as Delta stores them: the sink's own schema.
+DELTA_LOG_SCHEMA: Final = LOG_SCHEMA
 #: What ``read_rejects`` returns: the log's columns plus the verdict.
-REJECTS_PUBLIC_SCHEMA: Final = DELTA_LOG_SCHEMA.append(pa.field("verdict", pa.string()))
+REJECTS_PUBLIC_SCHEMA: Final = REJECTS_SCHEMA
 #: The rejects table also keeps the raw ``pf`` header (state replays re-check it) and the batch
 #: that committed each reject (a committed part's rejects are found by it after compaction).
-DELTA_REJECTS_SCHEMA: Final = REJECTS_PUBLIC_SCHEMA.append(pa.field("pf", pa.binary())).append(
-    pa.field("batch", pa.int64())
-)
+DELTA_REJECTS_SCHEMA: Final = REJECTS_FILE_SCHEMA.append(pa.field("batch", pa.int64()))
 
 FORMAT_VERSION: Final = "1"
 TABLE_KEY: Final = "pidfence.table"
