@@ -13,6 +13,12 @@ request in flight each) in 2 load processes. Contenders, side by side in one run
 Server CPU per lease is read from ``/proc/PID/stat`` of the server processes (user + system), which
 other load on the machine does not inflate the way it does wall-clock throughput. ZooKeeper writes
 come from each server's ``pidfence_zookeeper_writes_total`` metric.
+
+What the latency tail is made of, per row: leases that waited for a block claim
+(``pidfence_leases_waited_total``), the server's garbage-collector pauses
+(``pidfence_gc_pause_seconds``), and how long the server and the load processes were runnable but
+not running because something else had their core (``/proc/.../schedstat``, the kernel's run-queue
+wait): on a shared machine the last is what is left of the tail.
 """
 
 from __future__ import annotations
@@ -133,6 +139,17 @@ async def _clients(
     return latencies
 
 
+def _runqueue_s(pid: int | str) -> float:
+    """Seconds the threads of a process waited for a CPU while runnable (Linux schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile, or no schedstat on this kernel
+    return total / 1e9
+
+
 def client_process_main() -> None:
     """Entry of one load process: a JSON job on argv, latencies (JSON) to the job's file."""
     job = json.loads(sys.argv[1])
@@ -146,13 +163,17 @@ def client_process_main() -> None:
     except ImportError:
         factory = asyncio.new_event_loop
     started = time.time()
+    waited = _runqueue_s("self")
     with asyncio.Runner(loop_factory=factory) as runner:
         latencies = runner.run(
             _clients(job["addresses"], job["clients"], job["per_client"], token, job["ca"])
         )
+    waited = _runqueue_s("self") - waited
     # A file, not stdout: an event loop may leave stdout non-blocking and cut a long write.
     Path(job["out"]).write_text(
-        json.dumps({"start": started, "end": time.time(), "latencies": latencies})
+        json.dumps(
+            {"start": started, "end": time.time(), "latencies": latencies, "runqueue_s": waited}
+        )
     )
 
 
@@ -182,8 +203,9 @@ class Security:
 
 def _drive(
     addresses: list[str], leases: int, security: Security | None
-) -> tuple[float, list[float]]:
-    """CLIENTS clients in LOAD_PROCESSES processes on the client core."""
+) -> tuple[float, list[float], float]:
+    """CLIENTS clients in LOAD_PROCESSES processes on the client core: elapsed seconds, the
+    latencies, and the load processes' run-queue wait (seconds)."""
     per_client = leases // CLIENTS
     per_process = CLIENTS // LOAD_PROCESSES
     code = f"import runpy; runpy.run_path({__file__!r})['client_process_main']()"
@@ -208,7 +230,8 @@ def _drive(
     results = [json.loads(out.read_text()) for out in outs]
     shutil.rmtree(scratch, ignore_errors=True)
     elapsed = max(r["end"] for r in results) - min(r["start"] for r in results)
-    return elapsed, [x for r in results for x in r["latencies"]]
+    waited = sum(r["runqueue_s"] for r in results)
+    return elapsed, [x for r in results for x in r["latencies"]], waited
 
 
 # -- servers -----------------------------------------------------------------------------------
@@ -268,14 +291,33 @@ def _stop(server: _Server) -> None:
             server.proc.wait()
 
 
-def _zk_writes(metrics_port: int) -> float:
+#: Figures read from a server's /metrics: bench name -> Prometheus sample name.
+_SCRAPED = {
+    "zk_writes": "pidfence_zookeeper_writes_total",
+    "leases_waited": "pidfence_leases_waited_total",
+    "gc_s": "pidfence_gc_pause_seconds_sum",
+    "gc_pauses": "pidfence_gc_pause_seconds_count",
+    "gc_pauses_under_2ms": 'pidfence_gc_pause_seconds_bucket{le="0.002"}',
+}
+
+
+def _scrape(metrics_port: int) -> dict[str, float]:
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    for line in text.splitlines():
-        if line.startswith("pidfence_zookeeper_writes_total "):
-            return float(line.split()[1])
-    return 0.0
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    return {key: float(samples.get(name, 0.0)) for key, name in _SCRAPED.items()}
+
+
+def _scrape_all(servers: list[_Server]) -> dict[str, float]:
+    """Summed over the servers: the metrics above, CPU and run-queue wait (seconds)."""
+    total = dict.fromkeys([*_SCRAPED, "cpu_s", "runqueue_s"], 0.0)
+    for server in servers:
+        for key, value in _scrape(server.metrics_port).items():
+            total[key] += value
+        total["cpu_s"] += _cpu_s(server.proc.pid)
+        total["runqueue_s"] += _runqueue_s(server.proc.pid)
+    return total
 
 
 def _cpu_s(pid: int) -> float:
@@ -331,11 +373,10 @@ def _contender(c: Contender, zk_hosts: str, pki: Any) -> dict[str, Any]:
             servers.append(_start_server(chroot, logs, f"lease-{i}", settings))
         addresses = [s.address for s in servers]
         _drive(addresses, WARMUP_LEASES, security)  # warm-up: connections, first claims
-        before = sum(_zk_writes(s.metrics_port) for s in servers)
-        cpu_before = sum(_cpu_s(s.proc.pid) for s in servers)
-        elapsed, latencies = _drive(addresses, c.leases, security)
-        cpu = sum(_cpu_s(s.proc.pid) for s in servers) - cpu_before
-        writes = sum(_zk_writes(s.metrics_port) for s in servers) - before
+        before = _scrape_all(servers)
+        elapsed, latencies, client_waited = _drive(addresses, c.leases, security)
+        after = _scrape_all(servers)
+        run = {key: after[key] - before[key] for key in after}
     finally:
         for server in servers:
             _stop(server)
@@ -352,8 +393,13 @@ def _contender(c: Contender, zk_hosts: str, pki: Any) -> dict[str, Any]:
         "leases_per_s_per_server": done / elapsed / c.servers,
         "p50_ms": _percentile(latencies, 0.50) * 1000,
         "p99_ms": _percentile(latencies, 0.99) * 1000,
-        "zk_writes_per_1000": writes * 1000 / done,
-        "server_cpu_us_per_lease": cpu * 1e6 / done,
+        "zk_writes_per_1000": run["zk_writes"] * 1000 / done,
+        "server_cpu_us_per_lease": run["cpu_s"] * 1e6 / done,
+        "leases_waited": int(run["leases_waited"]),
+        "server_gc_ms": run["gc_s"] * 1000,
+        "server_gc_pauses_over_2ms": int(run["gc_pauses"] - run["gc_pauses_under_2ms"]),
+        "server_runqueue_ms": run["runqueue_s"] * 1000,
+        "client_runqueue_ms": client_waited * 1000,
     }
 
 
@@ -425,6 +471,10 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             "p99_ms",
             "zk_writes_per_1000",
             "server_cpu_us_per_lease",
+            "leases_waited",
+            "server_gc_ms",
+            "server_runqueue_ms",
+            "client_runqueue_ms",
         ],
         rows=rows,
         notes=[
@@ -446,7 +496,13 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
             + " (capacity ratio = plain CPU per lease / secured CPU per lease).",
             "A ZooKeeper write here is one transaction (a claim's multi: versioned set of "
-            "pid_block + create of the block record).",
+            "pid_block + create of the block record); a busy server claims several blocks' "
+            "worth of pids in one.",
+            "Tail attribution per row, over the measured leases: leases_waited = leases that "
+            "found no held pid and waited for a block claim; server_gc_ms = the server's "
+            "garbage-collector pauses (all requests in flight wait); server_runqueue_ms / "
+            "client_runqueue_ms = time the server / load processes were runnable but another "
+            "process had their core (kernel schedstat).",
         ],
         params={
             "clients": CLIENTS,

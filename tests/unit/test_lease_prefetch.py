@@ -1,4 +1,5 @@
-"""Block prefetch: a busy server claims its next block early enough that leases never wait.
+"""Block prefetch: a busy server claims its next blocks early enough, and enough of them at once,
+that leases never wait.
 
 A claim is held open (a gated coordinator) while leases are issued, so "how many pids did the
 claim's wait consume" is decided by the test, not by timing.
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from pidfence.pid_allocator import LeaseServerSettings, LeaseService, MemoryCoordinator
 from pidfence.pid_allocator.coordinator import Block, BlockRequest
-from pidfence.pid_allocator.service import MAX_RESERVE_BLOCKS
+from pidfence.pid_allocator.service import CLAIM_MEMORY, MAX_RESERVE_BLOCKS, RESERVE_FACTOR
 
 BLOCK = 10
 
@@ -47,13 +48,55 @@ async def _settle(service: LeaseService) -> None:
         await asyncio.sleep(0.001)
 
 
-@given(st.integers(0, 10 * BLOCK))
-def test_reserve_stays_between_half_a_block_and_the_cap(used: int) -> None:
+@given(st.lists(st.integers(0, 10 * BLOCK), min_size=1, max_size=3 * CLAIM_MEMORY))
+def test_reserve_and_claim_size_follow_the_busiest_recent_claim(uses: list[int]) -> None:
     with ThreadPoolExecutor(1) as executor:
         service = _service(MemoryCoordinator(), executor)
-        service._adapt_reserve(used)
+        for used in uses:
+            service._adapt_reserve(used)
+        want = RESERVE_FACTOR * max(uses[-CLAIM_MEMORY:])
         assert BLOCK // 2 <= service._reserve <= MAX_RESERVE_BLOCKS * BLOCK
-        assert service._reserve == min(max(BLOCK // 2, 2 * used), MAX_RESERVE_BLOCKS * BLOCK)
+        assert service._reserve == min(max(BLOCK // 2, want), MAX_RESERVE_BLOCKS * BLOCK)
+        assert 1 <= service._claim_blocks <= MAX_RESERVE_BLOCKS
+        claimed = service._claim_blocks * BLOCK
+        # A claim brings at least what the busiest recent claim's wait consumed, times the
+        # factor (up to the cap): claims, one at a time, outpace the leases.
+        assert claimed >= min(want, MAX_RESERVE_BLOCKS * BLOCK)
+        assert claimed - BLOCK < max(want, 1)  # whole blocks, never one more than needed
+
+
+def test_a_busy_server_claims_several_blocks_in_one_write() -> None:
+    async def scenario() -> None:
+        coordinator = GatedCoordinator()
+        with ThreadPoolExecutor(1) as executor:
+            service = _service(coordinator, executor)
+            await service.lease()
+            await _settle(service)
+            coordinator.gate.clear()
+            while not service.claiming:
+                assert service.lease_now() is not None
+            at_claim = service.leases - 1  # the lease that started the claim was issued in it
+            while service._remaining() > 0:  # the held pids all go while the claim waits
+                assert service.lease_now() is not None
+            used = service.leases - at_claim
+            assert service.lease_now() is None  # dry: this one would wait
+            coordinator.gate.set()
+            await _settle(service)
+            expected_blocks = min(-(-RESERVE_FACTOR * used // BLOCK), MAX_RESERVE_BLOCKS)
+            assert service._claim_blocks == expected_blocks > 1
+            writes = coordinator.writes
+            while not service.claiming:  # down to the new reserve: the bigger claim starts
+                assert service.lease_now() is not None
+            await _settle(service)
+            assert coordinator.writes == writes + 1  # one write for all of its blocks
+            newest = service._blocks[-1]
+            assert newest.end - newest.start == expected_blocks * BLOCK
+            # Every pid is issued once, in order, across the bigger block too.
+            pids = [service.lease_now() for _ in range(expected_blocks * BLOCK)]
+            issued = [grant.pid for grant in pids if grant is not None]
+            assert issued == sorted(set(issued))
+
+    asyncio.run(scenario())
 
 
 def test_a_slow_claim_makes_the_next_one_start_earlier() -> None:
@@ -73,7 +116,7 @@ def test_a_slow_claim_makes_the_next_one_start_earlier() -> None:
             used = service.leases - issued_before
             coordinator.gate.set()
             await _settle(service)
-            assert service._reserve == max(BLOCK // 2, 2 * (used + 1))
+            assert service._reserve == max(BLOCK // 2, RESERVE_FACTOR * (used + 1))
             # The next claim starts as soon as the held pids drop to the new reserve.
             while service._remaining() > service._reserve:
                 assert service.lease_now() is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -97,6 +98,12 @@ async def _serve(zk_hosts: str, settings: LeaseServerSettings, loop_name: str) -
 
         start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
     running = await start_server(zk_hosts, settings, metrics=metrics)
+    # Everything allocated so far (the lease ring's million-slot lists, kazoo, the imports) lives
+    # as long as the process: out of the collector's sight, a full collection no longer walks it
+    # (~50 ms each under load, and every request in flight waited for it).
+    gc.collect()
+    gc.freeze()
+    metrics.watch_gc()
     address = f"{running.host}:{running.port}"
     log.info(
         "listening on %s",

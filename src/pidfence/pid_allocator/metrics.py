@@ -10,8 +10,11 @@ derives each histogram's count from its buckets so the two always agree.
 
 from __future__ import annotations
 
+import gc
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -53,7 +56,12 @@ class ServerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.leases_issued = 0
+        #: Leases that found no held pid and waited for a block claim (the slow path).
+        self.leases_waited = 0
         self.latency = {op: LatencyHistogram() for op in OPS}
+        #: Garbage-collector pauses of the process, once ``watch_gc`` is called.
+        self.gc_pauses = LatencyHistogram()
+        self._gc_started = 0.0
         self.service_counts: ServiceCounts = lambda: (0, 0, 0)
         self.bumps = Counter("pidfence_bumps", "Generation bumps granted", registry=r)
         self.rolls = Counter(
@@ -68,6 +76,27 @@ class ServerMetrics:
         )
         r.register(_HotCollector(self))
 
+    def watch_gc(self) -> None:
+        """Time every garbage collection of this process into ``gc_pauses``.
+
+        Process-wide (``gc.callbacks``): called by the dedicated server process only, so that
+        in-process servers (tests, the demo) neither count each other's pauses nor leak hooks.
+        A collection stops the event loop, and every request in flight waits for it.
+        """
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def unwatch_gc(self) -> None:
+        """Stop timing collections (idempotent)."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_pauses.observe(time.perf_counter() - self._gc_started)
+
 
 class _HotCollector(Collector):
     """Exposes the plain-number figures of a :class:`ServerMetrics`."""
@@ -80,6 +109,9 @@ class _HotCollector(Collector):
         m = self._metrics
         blocks, writes, errors = m.service_counts()
         yield _counter("pidfence_leases", "Leases issued", m.leases_issued)
+        yield _counter(
+            "pidfence_leases_waited", "Leases that waited for a block claim", m.leases_waited
+        )
         yield _counter("pidfence_blocks_claimed", "Pid blocks claimed", blocks)
         yield _counter("pidfence_zookeeper_errors", "ZooKeeper calls failed or timed out", errors)
         yield _counter("pidfence_zookeeper_writes", "ZooKeeper write transactions sent", writes)
@@ -88,17 +120,26 @@ class _HotCollector(Collector):
         )
         bounds = [repr(float(b)) for b in LATENCY_BUCKETS] + ["+Inf"]
         for op, histogram in m.latency.items():
-            counts = list(histogram.counts)  # one snapshot: count == +Inf bucket
-            cumulative, running = [], 0
-            for bound, count in zip(bounds, counts, strict=True):
-                running += count
-                cumulative.append((bound, float(running)))
-            family.add_metric([op], cumulative, histogram.sum)
+            family.add_metric([op], _cumulative(bounds, histogram), histogram.sum)
         yield family
+        gc_family = HistogramMetricFamily(
+            "pidfence_gc_pause_seconds", "Garbage-collector pauses of the server process"
+        )
+        gc_family.add_metric([], _cumulative(bounds, m.gc_pauses), m.gc_pauses.sum)
+        yield gc_family
 
     def describe(self) -> Iterator[Metric]:
         """Nothing: collected on every scrape, names checked then."""
         return iter(())
+
+
+def _cumulative(bounds: list[str], histogram: LatencyHistogram) -> list[tuple[str, float]]:
+    counts = list(histogram.counts)  # one snapshot: count == +Inf bucket
+    cumulative, running = [], 0
+    for bound, count in zip(bounds, counts, strict=True):
+        running += count
+        cumulative.append((bound, float(running)))
+    return cumulative
 
 
 def _counter(name: str, documentation: str, value: int) -> CounterMetricFamily:

@@ -257,6 +257,7 @@ class LeaseServer:
         try:
             if isinstance(request, LeaseRequest):
                 op = "lease"
+                self.metrics.leases_waited += 1
                 grant = await self.service.lease(request.partitions, client)
                 self.metrics.leases_issued += 1
                 reply = _grant_reply(request.id, grant, sequence=0)
