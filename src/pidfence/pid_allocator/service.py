@@ -50,7 +50,7 @@ class Grant:
 
 
 #: Most pids a server keeps in reserve ahead of its leases, and claims in one write, in blocks.
-MAX_RESERVE_BLOCKS = 8
+MAX_RESERVE_BLOCKS = 16
 
 #: How many recent claims the reserve remembers: it follows the slowest of them, because claim
 #: times vary several-fold (ZooKeeper's fsync, thread handoffs) and the last one says little.

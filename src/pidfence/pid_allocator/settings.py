@@ -21,7 +21,8 @@ class LeaseServerSettings:
     Attributes:
         host: listen address.
         port: listen port (0 = any free port).
-        block_size: pids per ZooKeeper claim (one write per block).
+        block_size: pids per ZooKeeper claim, at least (one write per claim; a busy server
+            claims several blocks' worth in one).
         lifetime_ms: lease lifetime from issue.
         capacity: live leases held in the ring.
         client_share: fraction of ``capacity`` one client (token name, or address without auth)
