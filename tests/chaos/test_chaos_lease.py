@@ -1,13 +1,18 @@
 """Lease-service faults: one of two lease servers killed (client failover), and a lease that
-expires while its producer is paused (its late records are rejected, not appended)."""
+expires while its producer is paused, at a checkpoint (it rolls on) and with records in flight
+(it refuses to roll over, exits 75 and a restart goes on): each event once either way."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from pidfence.demo.faults import KillAndResume, drive
+from pidfence.demo.procs import wait_for
+from pidfence.demo.procstat import is_stopped
 from pidfence.demo.topic import create_topic
 from pidfence.ledger import read_ledger
 from pidfence.services.lease_server import spawn_lease_server
@@ -47,61 +52,100 @@ def test_one_of_two_lease_servers_killed_producer_fails_over(
     assert outcome.log.num_rows == 2000
 
 
-def test_lease_expiry_while_paused_every_event_once(
-    chaos: ChaosKit, kafka: Any, zk_chroot: str, spark: Any, stop_all: Any, request: Any
-) -> None:
-    # LogAppendTime: a record's time is when the broker appends it, so records that sat in the
-    # paused producer's queue arrive "late" by the broker's clock, after the lease expired.
-    topic = create_topic(
+LIFETIME_S = 6
+
+
+def expiry_topic(kafka: Any, request: Any) -> str:
+    """One partition, LogAppendTime: a record's time is when the broker appends it, so records
+    that sat in the paused producer's queue arrive "late" by the broker's clock."""
+    return create_topic(
         kafka.bootstrap,
         f"expiry-{request.node.name[:40]}".replace("[", "-").replace("]", ""),
         partitions=1,
         config={"message.timestamp.type": "LogAppendTime"},
     )
-    lifetime_s = 6
+
+
+def pause_past_expiry(worker: Any) -> None:
+    """The process stopped itself at its fault hook; keep it stopped until its lease has ended."""
+    wait_for(
+        lambda: (worker.pid is not None and is_stopped(worker.pid)) or not worker.running,
+        120,
+        "the producer to stop itself at its fault hook",
+    )
+    assert worker.running, worker.tail()
+    time.sleep(LIFETIME_S + 2)  # the fault itself: the pause outlives the lease
+    worker.resume()
+
+
+def judge_expiry_run(chaos: ChaosKit, kafka: Any, spark: Any, topic: str, count: int) -> None:
+    chaos.sink(spark, kafka.bootstrap, topic, sink_options={"lifetime": f"{LIFETIME_S}s"})
+    outcome = chaos.outcome()
+    # DESIGN §9: a producer woken after its lease ended never sends under it; it goes on under
+    # a successor through the lineage. Records frozen in librdkafka's queue land late but once,
+    # and the sink's timestamp skew (1 h by default) keeps the pid's entry live for them, so
+    # nothing is refused and every event is in the log exactly once.
+    outcome.assert_clean()  # includes event_duplicate and event_lost
+    assert outcome.log.num_rows == count
+    assert outcome.verdicts["UNKNOWN_PID"] == 0, outcome.verdicts
+    pids = {e.pid for e in read_ledger([chaos.ledgers])}
+    assert len(pids) >= 2, pids  # it went on under a successor
+
+
+def test_lease_expiry_while_paused_at_a_checkpoint_rolls_on(
+    chaos: ChaosKit, kafka: Any, zk_chroot: str, spark: Any, stop_all: Any, request: Any
+) -> None:
+    topic = expiry_topic(kafka, request)
     server = spawn_lease_server(
-        zk_chroot, chaos.logs, name="lease", lifetime_ms=lifetime_s * 1000, wait=False
+        zk_chroot, chaos.logs, name="lease", lifetime_ms=LIFETIME_S * 1000, wait=False
     )
     try:
         server.wait_listening()
-        # A steady rate and no checkpoint flushes: librdkafka always holds lingering records,
-        # so the SIGSTOP below freezes some of them in the queue.
+        # It stops itself right after its third state save (at record 2000): everything it sent
+        # is acknowledged, nothing is in flight when it wakes after its lease ended.
         role = chaos.role(
-            "p", kafka.bootstrap, server.address, topic, 30_000, rate=2000.0,
-            checkpoint_every=1_000_000,
+            "p", kafka.bootstrap, server.address, topic, 6000, rate=2000.0,
+            checkpoint_every=1000, extra=("--stop-after-checkpoint", "3"),
         )  # fmt: skip
         stop_all(role)
         worker = role.spawn()
-        drive([], timeout=120, until=lambda: role.acked() >= 2000 or not worker.running)
-        worker.pause()
-        import time
-
-        time.sleep(lifetime_s + 2)  # the fault itself: the pause outlives the lease
-        worker.resume()
-        code = worker.wait(180)
-        if code == 75:
-            # Records were still unacknowledged when its lease ended: it refuses to roll over
-            # (DrainFailed, retriable) and never sends them under a new pid. A supervisor
-            # restarts it from its state file; the old process is gone, so the resumer's
-            # recovery scan sees everything it got into Kafka.
-            assert "DrainFailed" in worker.tail(), worker.tail()
-            assert role.spawn().wait(180) == 0, role.current.tail()
-        else:
-            # Nothing was in flight: it rolled over to a successor and went on.
-            assert code == 0, worker.tail()
+        pause_past_expiry(worker)
+        # Nothing to drain: it rolls over to a successor through the lineage and goes on.
+        assert worker.wait(180) == 0, worker.tail()
     finally:
         server.stop()
-    chaos.sink(spark, kafka.bootstrap, topic, sink_options={"lifetime": f"{lifetime_s}s"})
-    outcome = chaos.outcome()
-    # DESIGN §9: a producer woken after its lease ended never sends under it; it rolls to a
-    # successor through the lineage and goes on. Records frozen in librdkafka's queue land
-    # late but once, and the sink's timestamp skew (1 h by default) keeps the pid's entry live
-    # for them, so nothing is refused and every event is in the log exactly once.
-    outcome.assert_clean()  # includes event_duplicate and event_lost
-    assert outcome.log.num_rows == 30_000
-    assert outcome.verdicts["UNKNOWN_PID"] == 0, outcome.verdicts
-    pids = {e.pid for e in read_ledger([chaos.ledgers])}
-    assert len(pids) >= 2, pids  # the producer went on under a successor
+    judge_expiry_run(chaos, kafka, spark, topic, 6000)
+
+
+def test_lease_expiry_while_paused_with_records_in_flight_refuses_to_roll_then_restarts(
+    chaos: ChaosKit, kafka: Any, zk_chroot: str, spark: Any, stop_all: Any, request: Any
+) -> None:
+    topic = expiry_topic(kafka, request)
+    server = spawn_lease_server(
+        zk_chroot, chaos.logs, name="lease", lifetime_ms=LIFETIME_S * 1000, wait=False
+    )
+    try:
+        server.wait_listening()
+        # It stops itself right after producing record 2500 (the state file says 2000), with
+        # that record still in librdkafka's queue: unacknowledged when its lease ends.
+        role = chaos.role(
+            "p", kafka.bootstrap, server.address, topic, 6000, rate=2000.0,
+            checkpoint_every=1000, extra=("--stop-at-record", "2500"),
+        )  # fmt: skip
+        stop_all(role)
+        worker = role.spawn()
+        pause_past_expiry(worker)
+        # Its drain cannot finish inside the ended lease: it refuses to roll over (DrainFailed,
+        # retriable, exit 75) and never sends those records under a new pid.
+        assert worker.wait(180) == 75, worker.tail()
+        assert "DrainFailed" in worker.tail(), worker.tail()
+        # A supervisor restarts it from its state file (record 2000). The old process is gone,
+        # so the resumer's recovery scan sees what it got into Kafka after that checkpoint and
+        # skips those records under the successor instead of appending them twice.
+        assert role.spawn(replace(role.spec, extra=())).wait(180) == 0, role.current.tail()
+    finally:
+        server.stop()
+    judge_expiry_run(chaos, kafka, spark, topic, 6000)
 
 
 def test_health_check_fails_on_a_frozen_server_that_still_accepts_connections(

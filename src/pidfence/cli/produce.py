@@ -45,6 +45,14 @@ def register(app: typer.Typer) -> None:
                 help="Fault hook: SIGSTOP this process right after its N-th state save (0: never)",
             ),
         ] = 0,
+        stop_at_record: Annotated[
+            int,
+            typer.Option(
+                min=0,
+                help="Fault hook: SIGSTOP this process right after producing its N-th record in "
+                "this run, with it still unacknowledged (0: never)",
+            ),
+        ] = 0,
         librdkafka_idempotence: Annotated[
             bool,
             typer.Option(help="librdkafka's own idempotence (in-order on the wire per session)"),
@@ -69,6 +77,7 @@ def register(app: typer.Typer) -> None:
                 resend_every=resend_every,
                 checkpoint_every=checkpoint_every,
                 stop_after_checkpoint=stop_after_checkpoint,
+                stop_at_record=stop_at_record,
             )
             config = ProducerConfig(
                 bootstrap,
