@@ -9,6 +9,7 @@ from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.errors import (
     BadCheckpoint,
+    BatchMismatch,
     BrokerUnavailable,
     DeliveryFailed,
     DrainFailed,
@@ -33,6 +34,7 @@ from pidfence.producer.state import LeaseState, LeaseStateMachine
 
 __all__ = [
     "BadCheckpoint",
+    "BatchMismatch",
     "BrokerUnavailable",
     "DeliveryFailed",
     "DrainFailed",

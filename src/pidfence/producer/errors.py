@@ -17,6 +17,10 @@ class ReservedHeader(ProducerError, ValueError):
     """The caller passed a header named ``pf``: the producer owns it. Rename the header."""
 
 
+class BatchMismatch(ProducerError, ValueError):
+    """``produce_many`` got ``keys`` or ``event_ids`` of another length than ``values``."""
+
+
 class UnknownTopic(ProducerError):
     """The topic does not exist (or has no partitions). Create it first, then produce again."""
 

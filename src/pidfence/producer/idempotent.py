@@ -23,6 +23,7 @@ from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback, DeliveryTracker
 from pidfence.producer.errors import (
+    BatchMismatch,
     BrokerUnavailable,
     DrainFailed,
     LeaseExpired,
@@ -44,7 +45,7 @@ from pidfence.producer.recovery import (
     consumer_conf,
     scan_state,
 )
-from pidfence.producer.sequencer import Sequencer
+from pidfence.producer.sequencer import U16X, Sequencer
 from pidfence.producer.state import LeaseState, LeaseStateMachine
 from pidfence.wire import PF_HEADER_KEY
 from pidfence.wire.cert import CERT_HEADER_KEY
@@ -127,7 +128,13 @@ class IdempotentProducer:
         self._live: Sequencer | None = None
         self._rollover_at = 0
         self._rollover_ns = 0
-        self._wall_clock = clock is wall_clock_ms
+        # Nanoseconds on the clock's time base: the wall clock's own builtin when not injected.
+        self._now_ns: Callable[[], int] = (
+            time.time_ns if clock is wall_clock_ms else (lambda: clock() * 1_000_000)
+        )
+        self._tracking = self._delivery.tracking
+        #: Values of the current (or last) :meth:`produce_many` handled so far.
+        self.batch_done = 0
         self._max_value = config.message_max_bytes
         self.resent = 0
         self.rollovers = 0
@@ -274,6 +281,9 @@ class IdempotentProducer:
         self._live = self._seq if to is LeaseState.LEASED else None
 
     def _set_rollover(self, at_ms: int) -> None:
+        if self._seq is not None:
+            # produce() checks the lease end only once the rollover point has passed.
+            at_ms = min(at_ms, self._seq.expire_ms)
         self._rollover_at = at_ms
         self._rollover_ns = at_ms * 1_000_000
 
@@ -422,11 +432,163 @@ class IdempotentProducer:
             DrainFailed / ProducerFenced / LeaseExpired: from a rollover due now (see
                 :meth:`roll`); LeaseExpired also when the lease ended and no successor exists.
         """
-        if (
-            time.time_ns() >= self._rollover_ns
-            if self._wall_clock
-            else self._clock() >= self._rollover_at
-        ):
+        seq = self._live
+        # The rollover point is never after the lease end (_set_rollover), so before it the
+        # lease is live and one clock read covers both checks.
+        if seq is None or self._now_ns() >= self._rollover_ns:
+            seq = self._leased()
+        if value.__class__ is not bytes or len(value) > self._max_value:
+            value = self._value(value)
+        if key.__class__ is str:
+            key = key.encode()
+        if partition is None:
+            partition = self._partitioner.pick(topic, key, seq.pid)  # type: ignore[arg-type]
+        lanes = seq.ready.get(topic)
+        cell = None if lanes is None else lanes.get(partition)
+        if cell is None or headers or on_delivery is not None or self._tracking:
+            return self._produce(
+                seq,
+                topic,
+                value,
+                key,  # type: ignore[arg-type]
+                partition,
+                headers,
+                on_delivery,
+                event_id,
+            )
+        # Sequencer.stamp, inline, for a partition already checked and owing no skip or cert.
+        n = cell[0]
+        if n < 128:
+            pf = seq.fixed[n]
+        elif 0xFF < n < 0x10000:
+            pf = seq.prefix16 + U16X(n)
+        else:
+            pf = seq.header(n)
+        cell[0] = n + 1
+        try:
+            self._kafka_produce(
+                topic, value, key, partition=partition, headers=[(PF_HEADER_KEY, pf)]
+            )
+        except BufferError:
+            self._send_or_rewind(seq, topic, value, key, partition, pf)  # type: ignore[arg-type]
+        except BaseException:
+            seq.rewind(topic, partition)
+            raise
+        return partition
+
+    def produce_many(
+        self,
+        topic: str,
+        values: Sequence[bytes | str | None],
+        keys: Sequence[bytes | str | None] | None = None,
+        partition: int | None = None,
+        *,
+        event_ids: Sequence[str | None] | None = None,
+    ) -> int:
+        """Send ``values`` in order to ``topic``; returns how many were handed to Kafka.
+
+        Exactly what ``produce(topic, values[i], keys[i], partition, event_id=event_ids[i])``
+        for each ``i`` in order does (seqs, partitions, ``pfc``, skips, the ledger, errors), at
+        a lower cost per record. A rollover that falls due in the middle happens before the
+        record that triggers it, as in :meth:`produce`; ``on_roll`` is then called with
+        :attr:`batch_done` set to that record's index, so the caller stores the successor's
+        checkpoint with the upstream position of ``values[batch_done]``. If an error is raised,
+        ``values[:batch_done]`` were handled (sent, or skipped as already in Kafka) and
+        ``values[batch_done:]`` were not: nothing of them is in flight.
+
+        Args:
+            topic: an existing topic.
+            values: the record values.
+            keys: one key per value (same length), or None for unkeyed records.
+            partition: one explicit partition for every record (overrides the keys).
+            event_ids: one event id per value (same length) for the send ledger, or None (the
+                value digests).
+
+        Raises:
+            BatchMismatch: ``keys`` or ``event_ids`` not as long as ``values`` (nothing sent).
+            Otherwise what :meth:`produce` raises, for the record ``values[batch_done]``.
+        """
+        count = len(values)
+        for name, column in (("keys", keys), ("event_ids", event_ids)):
+            if column is not None and len(column) != count:
+                raise BatchMismatch(
+                    f"{name} has {len(column)} entries for {count} values; give one per value "
+                    "(or None)"
+                )
+        skipped = self.skipped
+        self.batch_done = 0
+        if keys is not None or event_ids is not None or self._tracking:
+            self._produce_each(topic, values, keys, partition, event_ids)
+            return count - (self.skipped - skipped)
+        produce = self.produce
+        kafka_produce = self._kafka_produce
+        now_ns = self._now_ns
+        max_value = self._max_value
+        pick = self._partitioner.pick
+        i = 0
+        try:
+            for i, value in enumerate(values):
+                # produce(), inline for a ready partition; anything else goes through produce().
+                seq = self._live
+                if (
+                    seq is None
+                    or now_ns() >= self._rollover_ns
+                    or value.__class__ is not bytes
+                    or len(value) > max_value
+                ):
+                    self.batch_done = i
+                    produce(topic, value, None, partition)
+                    continue
+                p = pick(topic, None, seq.pid) if partition is None else partition
+                lanes = seq.ready.get(topic)
+                cell = None if lanes is None else lanes.get(p)
+                if cell is None:
+                    produce(topic, value, None, p)
+                    continue
+                n = cell[0]
+                if n < 128:
+                    pf = seq.fixed[n]
+                elif 0xFF < n < 0x10000:
+                    pf = seq.prefix16 + U16X(n)
+                else:
+                    pf = seq.header(n)
+                cell[0] = n + 1
+                try:
+                    kafka_produce(topic, value, None, partition=p, headers=[(PF_HEADER_KEY, pf)])
+                except BufferError:
+                    self._send_or_rewind(seq, topic, value, None, p, pf)
+                except BaseException:
+                    seq.rewind(topic, p)
+                    raise
+        except BaseException:
+            self.batch_done = i
+            raise
+        self.batch_done = count
+        return count - (self.skipped - skipped)
+
+    def _produce_each(
+        self,
+        topic: str,
+        values: Sequence[bytes | str | None],
+        keys: Sequence[bytes | str | None] | None,
+        partition: int | None,
+        event_ids: Sequence[str | None] | None,
+    ) -> None:
+        produce = self.produce
+        for i, value in enumerate(values):
+            self.batch_done = i
+            produce(
+                topic,
+                value,
+                None if keys is None else keys[i],
+                partition,
+                event_id=None if event_ids is None else event_ids[i],
+            )
+        self.batch_done = len(values)
+
+    def _leased(self) -> Sequencer:
+        """The sequencer to send with now: rolls over first when due; raises if none may send."""
+        if self._clock() >= self._rollover_at:
             self._auto_roll()
         seq = self._live
         if seq is None:
@@ -437,17 +599,31 @@ class IdempotentProducer:
                 f"the lease of pid {seq.pid} ended at {seq.expire_ms} before it could be rolled "
                 "over; retry (resume from the last checkpoint) once a lease server answers"
             )
+        return seq
+
+    def _value(self, value: bytes | str | None) -> bytes | None:
         value_b = value.encode() if isinstance(value, str) else value
         if value_b is not None and len(value_b) > self._max_value:
             raise ValueTooLarge(
                 f"value of {len(value_b)} bytes exceeds message_max_bytes={self._max_value}; "
                 "split the record or raise the limit (producer and topic max.message.bytes)"
             )
-        key_b = key.encode() if isinstance(key, str) else key
-        if partition is None:
-            partition = self._partitioner.pick(topic, key_b, seq.pid)
-        else:
-            self._partitioner.check(topic, partition)
+        return value_b
+
+    def _produce(
+        self,
+        seq: Sequencer,
+        topic: str,
+        value_b: bytes | None,
+        key_b: bytes | None,
+        partition: int,
+        headers: Headers | None,
+        on_delivery: DeliveryCallback | None,
+        event_id: str | None,
+    ) -> int:
+        """``produce`` for the first record of a partition under a sequencer (checks, ``pfc``),
+        skips, user headers and callbacks, and tracked records."""
+        self._partitioner.check(topic, partition)
         if seq.skip and seq.take_skip(topic, partition):
             # Already in Kafka under the predecessor pid (recovery scan): not sent again.
             self.skipped += 1
@@ -470,7 +646,7 @@ class IdempotentProducer:
             wire_headers.extend(headers)
         delivery = self._delivery
         callback: DeliveryCallback | None = None
-        if delivery.tracking:
+        if self._tracking:
             callback = functools.partial(delivery.on_tracked, pf, event_id)
         if on_delivery is not None:
             if not self.config.success_reports:
@@ -498,7 +674,23 @@ class IdempotentProducer:
         except BaseException:
             self._unstamp(seq, topic, partition, certified)
             raise
+        seq.mark_ready(topic, partition)
         return partition
+
+    def _send_or_rewind(
+        self,
+        seq: Sequencer,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        partition: int,
+        pf: bytes,
+    ) -> None:
+        try:
+            self._send(topic, value, key, partition, [(PF_HEADER_KEY, pf)], None)
+        except BaseException:
+            seq.rewind(topic, partition)
+            raise
 
     @staticmethod
     def _unstamp(seq: Sequencer, topic: str, partition: int, certified: bool) -> None:

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 
 import msgpack
@@ -23,7 +24,10 @@ import msgpack
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.wire import FLAG_FENCE, GENERATION_LIMIT, PF_VERSION, PID_LIMIT, SEQ_LIMIT, encode_pf
 
-_FIXINT = [bytes((i,)) for i in range(128)]
+#: Packs a seq in [0, 65536) as two big-endian bytes plus the flags byte 0 (``0xcd`` form).
+U16X = struct.Struct(">Hx").pack
+_U32X = struct.Struct(">Ix").pack
+_U64X = struct.Struct(">Qx").pack
 
 
 class Sequencer:
@@ -42,16 +46,21 @@ class Sequencer:
     """
 
     __slots__ = (
-        "_next",
-        "_packer",
+        "_lanes",
         "_prefix",
+        "_prefix8",
+        "_prefix32",
+        "_prefix64",
         "ahead",
         "cert",
         "certified",
         "expire_ms",
+        "fixed",
         "generation",
         "lifetime_ms",
         "pid",
+        "prefix16",
+        "ready",
         "secret",
         "skip",
         "topics",
@@ -85,11 +94,27 @@ class Sequencer:
         self.ahead: dict[TopicPartition, int] = {}
         #: Topics written under this lineage before this sequencer (carried over rollovers).
         self.topics: set[str] = set()
-        self._next: dict[TopicPartition, int] = dict(next_seq or {})
-        self._packer = msgpack.Packer()
+        #: Per topic, per partition: a one-element list holding the next seq (a mutable cell,
+        #: so the producer's fast path advances it without building a (topic, partition) key).
+        self._lanes: dict[str, dict[int, list[int]]] = {}
+        for (topic, partition), n in (next_seq or {}).items():
+            self._lanes.setdefault(topic, {})[partition] = [n]
+        #: The cells of partitions whose next record needs no skip and no ``pfc``: the
+        #: producer stamps those inline (see :meth:`mark_ready`, :meth:`fixed`, :meth:`header`).
+        self.ready: dict[str, dict[int, list[int]]] = {}
         # [version, pid, generation, seq, flags] as msgpack: everything before seq is fixed for
-        # this sequencer, so stamp() only packs seq (the per-record hot path).
-        self._prefix = b"\x95" + b"".join(map(self._packer.pack, (PF_VERSION, pid, generation)))
+        # this sequencer, so a header is a prefix plus the packed seq plus the flags byte.
+        packer = msgpack.Packer()
+        prefix = b"\x95" + b"".join(map(packer.pack, (PF_VERSION, pid, generation)))
+        self._prefix = prefix
+        #: The complete headers of seqs 0..127 (msgpack positive fixints).
+        self.fixed: tuple[bytes, ...] = tuple(prefix + bytes((n, 0)) for n in range(128))
+        #: ``prefix + 0xcd``: the header of a seq in [128, 65536) is this plus ``U16X(seq)``;
+        #: of a seq in [128, 256), the smallest msgpack form is ``0xcc`` (see :meth:`header`).
+        self.prefix16 = prefix + b"\xcd"
+        self._prefix8 = prefix + b"\xcc"
+        self._prefix32 = prefix + b"\xce"
+        self._prefix64 = prefix + b"\xcf"
 
     @classmethod
     def resumed(
@@ -119,6 +144,7 @@ class Sequencer:
         for tp, n in skip.items():
             if n > 0:
                 self.skip[tp] = self.skip.get(tp, 0) + n
+                self.unready(*tp)
         return self
 
     def take_skip(self, topic: str, partition: int) -> bool:
@@ -138,33 +164,79 @@ class Sequencer:
         an earlier instance of this pid got into Kafka that this one has not re-sent yet."""
         out = dict(self.skip)
         for tp, target in self.ahead.items():
-            behind = target - self._next.get(tp, 0)
+            behind = target - self.peek(*tp)
             if behind > 0:
                 out[tp] = out.get(tp, 0) + behind
         return out
 
+    def header(self, seq: int) -> bytes:
+        """The ``pf`` header of the data record with ``seq`` (byte for byte ``encode_pf``).
+
+        Raises:
+            OverflowError: ``seq`` reached ``2**63``.
+        """
+        if seq < 128:
+            return self.fixed[seq]
+        # msgpack's smallest unsigned form, as msgpack.packb writes it (a unit test checks it).
+        if seq < 0x100:
+            return self._prefix8 + bytes((seq, 0))
+        if seq < 0x10000:
+            return self.prefix16 + U16X(seq)
+        if seq < 0x1_0000_0000:
+            return self._prefix32 + _U32X(seq)
+        if seq >= SEQ_LIMIT:
+            raise OverflowError(f"seq {seq} reached 2**63; lease a new pid")
+        return self._prefix64 + _U64X(seq)
+
     def stamp(self, topic: str, partition: int) -> bytes:
         """The ``pf`` header for the next data record on (topic, partition); advances its seq."""
-        tp = (topic, partition)
-        seq = self._next.get(tp, 0)
-        if seq >= SEQ_LIMIT:
-            raise OverflowError(f"seq of {tp} reached 2**63; lease a new pid")
-        self._next[tp] = seq + 1
-        # Byte for byte what encode_pf(pid, generation, seq) returns (a unit test checks it).
-        packed = _FIXINT[seq] if seq < 128 else self._packer.pack(seq)
-        return self._prefix + packed + b"\x00"
+        lanes = self._lanes.get(topic)
+        if lanes is None:
+            lanes = self._lanes[topic] = {}
+        cell = lanes.get(partition)
+        if cell is None:
+            cell = lanes[partition] = [0]
+        seq = cell[0]
+        header = self.header(seq)
+        cell[0] = seq + 1
+        return header
 
     def rewind(self, topic: str, partition: int) -> None:
         """Undo the last :meth:`stamp` on (topic, partition): its record was never handed over."""
-        tp = (topic, partition)
-        seq = self._next[tp] - 1
-        if seq < 0:
-            raise ValueError(f"nothing to rewind on {tp}")
-        self._next[tp] = seq
+        cell = self._lanes[topic][partition]  # KeyError: never stamped
+        if cell[0] <= 0:
+            raise ValueError(f"nothing to rewind on {(topic, partition)}")
+        cell[0] -= 1
 
     def peek(self, topic: str, partition: int) -> int:
         """The seq the next :meth:`stamp` on (topic, partition) will use."""
-        return self._next.get((topic, partition), 0)
+        cell = self._lanes.get(topic, {}).get(partition)
+        return 0 if cell is None else cell[0]
+
+    def mark_ready(self, topic: str, partition: int) -> None:
+        """Let the producer stamp (topic, partition) inline through :attr:`ready` from now on,
+        unless its next record is to be skipped or still owes the ``pfc`` cert.
+
+        Call it after a record of the partition was stamped and handed over. The producer's
+        inline stamp must do exactly what :meth:`stamp` does: ``cell[0]`` is the seq,
+        :meth:`header` (or ``fixed``/``prefix16`` + ``U16X``) the header, then ``cell[0] += 1``.
+        """
+        tp = (topic, partition)
+        if tp in self.skip or (self.cert is not None and tp not in self.certified):
+            return
+        cell = self._lanes.get(topic, {}).get(partition)
+        if cell is not None:
+            self.ready.setdefault(topic, {})[partition] = cell
+
+    def unready(self, topic: str, partition: int) -> None:
+        """Send (topic, partition) through the general path again (a skip or cert is due)."""
+        lanes = self.ready.get(topic)
+        if lanes is not None:
+            lanes.pop(partition, None)
+
+    def counters(self) -> dict[TopicPartition, int]:
+        """The next seq of every (topic, partition) with a counter."""
+        return {(t, p): cell[0] for t, lanes in self._lanes.items() for p, cell in lanes.items()}
 
     def fence_header(self, topic: str, partition: int) -> bytes:
         """A FENCE header announcing this generation on (topic, partition); does not advance seq.
@@ -190,7 +262,7 @@ class Sequencer:
         fenced, also those without a counter: a predecessor may have first written a partition
         after the checkpoint was taken, and left the broker at an older generation there.
         """
-        targets = set(self._next)
+        targets = set(self.counters())
         for topic, count in (partition_counts or {}).items():
             targets.update((topic, p) for p in range(count))
         low = self.generation if from_generation is None else max(from_generation, 0)
@@ -202,19 +274,20 @@ class Sequencer:
 
     def partitions(self) -> list[TopicPartition]:
         """Every (topic, partition) with a counter, sorted."""
-        return sorted(self._next)
+        return sorted(self.counters())
 
     def checkpoint(self, taken_ms: int = 0) -> ProducerCheckpoint:
         """The current identity and next seqs (store it once everything sent is acknowledged)."""
+        counters = self.counters()
         return ProducerCheckpoint(
             self.pid,
             self.generation,
             self.expire_ms,
-            dict(self._next),
+            counters,
             self.lifetime_ms,
             self.secret,
             skip=dict(self.skip),
             taken_ms=taken_ms,
-            ahead={tp: n for tp, n in self.ahead.items() if n > self._next.get(tp, 0)},
-            topics=tuple(sorted(self.topics | {t for t, _ in self._next})),
+            ahead={tp: n for tp, n in self.ahead.items() if n > counters.get(tp, 0)},
+            topics=tuple(sorted(self.topics | {t for t, _ in counters})),
         )
