@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.pidfence-installed
 JARS   := .cache/jars/.complete
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit lint demo bench clean distclean
+.PHONY: setup test unit lint demo bench under-load clean distclean
 
 setup: $(STAMP) $(JARS)
 
@@ -37,6 +37,10 @@ lint: $(STAMP)
 
 demo: setup
 	$(BIN)/pidfence demo
+
+# The demo smoke test and the chaos tier 5 times in a row with one core kept busy (issue 10).
+under-load: setup
+	$(BIN)/python -m tests.under_load --times 5 -- tests/chaos tests/integration/test_demo_smoke.py
 
 bench: setup
 	$(BIN)/pidfence bench engine --quick
