@@ -46,16 +46,20 @@ GENERAL = replace(INLINE, resend_buffer=4)  # every record tracked: general path
 
 
 class Ticking(list[bytes]):
-    """Values whose iteration calls ``hook(i)`` just before value ``i`` is handed out, so a
+    """Values that call ``hook(i)`` whenever value ``i`` is read (indexed or iterated), so a
     clock or fault moves at an exact record of a batch (and of the loop it is compared with)."""
 
     def __init__(self, values: list[bytes], hook: Any) -> None:
         super().__init__(values)
         self.hook = hook
 
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, int):
+            self.hook(i)
+        return super().__getitem__(i)
+
     def __iter__(self) -> Iterator[bytes]:
         for i in range(len(self)):
-            self.hook(i)
             yield self[i]
 
 
@@ -154,16 +158,17 @@ def test_inline_headers_are_byte_identical_to_encode_pf(first: int) -> None:
     first_producer = rig.producer()
     first_producer.flush()
     base = first_producer.checkpoint()
-    cp = replace(base, next_seq={("t", 0): first, ("t", 1): first})
+    cp = replace(base, next_seq={("t", 0): first, ("t", 1): first, ("u", 0): first})
     producer = rig.resume(cp)
-    count = min(3, SEQ_LIMIT - first)
+    count = min(300, SEQ_LIMIT - first)  # from 0: across the 128 and 256 edges
     for _ in range(count):
         producer.produce("t", b"a", partition=0)
     producer.produce_many("t", [b"b"] * count, partition=1)
+    producer.produce_many("u", [b"c"] * count)  # sticky: "u" has one partition
     producer.flush()
     assert rig.kafka is not None
     data = [m for m in rig.kafka.log if m.value()]
-    expected = [encode_pf(100, 41, first + i) for i in range(count)] * 2
+    expected = [encode_pf(100, 41, first + i) for i in range(count)] * 3
     assert [m.headers()[0][1] for m in data] == expected
 
 

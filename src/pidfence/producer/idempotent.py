@@ -520,6 +520,72 @@ class IdempotentProducer:
         if keys is not None or event_ids is not None or self._tracking:
             self._produce_each(topic, values, keys, partition, event_ids)
             return count - (self.skipped - skipped)
+        if partition is None:
+            self._many_sticky(topic, values)
+        else:
+            self._many_to(topic, values, partition)
+        return count - (self.skipped - skipped)
+
+    def _many_to(self, topic: str, values: Sequence[bytes | str | None], partition: int) -> None:
+        """``produce_many`` to one partition: runs of records stamped inline in a tight loop."""
+        produce = self.produce
+        kafka_produce = self._kafka_produce
+        now_ns = self._now_ns
+        max_value = self._max_value
+        count = len(values)
+        i = 0
+        try:
+            while i < count:
+                seq = self._live
+                lanes = None if seq is None else seq.ready.get(topic)
+                cell = None if lanes is None else lanes.get(partition)
+                if seq is not None and cell is not None:
+                    # Nothing below changes the sequencer or the lane: only produce() rolls
+                    # over (at the deadline) or sends a record the general way.
+                    deadline = self._rollover_ns
+                    for i in range(i, count):  # noqa: B020 - the run resumes at i
+                        value = values[i]
+                        if (
+                            value.__class__ is not bytes
+                            or len(value) > max_value
+                            or now_ns() >= deadline
+                        ):
+                            break
+                        n = cell[0]  # Sequencer.stamp, inline (as in produce)
+                        if n < 128:
+                            pf = seq.fixed[n]
+                        elif 0xFF < n < 0x10000:
+                            pf = seq.prefix16 + U16X(n)
+                        else:
+                            pf = seq.header(n)
+                        cell[0] = n + 1
+                        try:
+                            kafka_produce(
+                                topic,
+                                value,
+                                None,
+                                partition=partition,
+                                headers=[(PF_HEADER_KEY, pf)],
+                            )
+                        except BufferError:
+                            self._send_or_rewind(seq, topic, value, None, partition, pf)
+                        except BaseException:
+                            seq.rewind(topic, partition)
+                            raise
+                    else:
+                        break
+                # values[i] through produce(): a rollover due, the partition's first record
+                # under this sequencer, a skip, or a value to convert or refuse.
+                self.batch_done = i
+                produce(topic, values[i], None, partition)
+                i += 1
+        except BaseException:
+            self.batch_done = i
+            raise
+        self.batch_done = count
+
+    def _many_sticky(self, topic: str, values: Sequence[bytes | str | None]) -> None:
+        """``produce_many`` of unkeyed records: the sticky partition picked per record."""
         produce = self.produce
         kafka_produce = self._kafka_produce
         now_ns = self._now_ns
@@ -528,7 +594,6 @@ class IdempotentProducer:
         i = 0
         try:
             for i, value in enumerate(values):
-                # produce(), inline for a ready partition; anything else goes through produce().
                 seq = self._live
                 if (
                     seq is None
@@ -537,15 +602,15 @@ class IdempotentProducer:
                     or len(value) > max_value
                 ):
                     self.batch_done = i
-                    produce(topic, value, None, partition)
+                    produce(topic, value)
                     continue
-                p = pick(topic, None, seq.pid) if partition is None else partition
+                p = pick(topic, None, seq.pid)
                 lanes = seq.ready.get(topic)
                 cell = None if lanes is None else lanes.get(p)
                 if cell is None:
                     produce(topic, value, None, p)
                     continue
-                n = cell[0]
+                n = cell[0]  # Sequencer.stamp, inline (as in produce)
                 if n < 128:
                     pf = seq.fixed[n]
                 elif 0xFF < n < 0x10000:
@@ -563,8 +628,7 @@ class IdempotentProducer:
         except BaseException:
             self.batch_done = i
             raise
-        self.batch_done = count
-        return count - (self.skipped - skipped)
+        self.batch_done = len(values)
 
     def _produce_each(
         self,
