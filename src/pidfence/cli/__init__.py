@@ -3,6 +3,8 @@ the logic belongs to the package the command is named after."""
 
 from __future__ import annotations
 
+import signal
+
 import typer
 
 from pidfence.cli import bench, copy, demo, keys, lease, produce, services, sink, verify
@@ -26,4 +28,10 @@ for _module in (services, lease, keys, produce, copy, sink, verify, demo, bench)
 
 def main() -> None:
     """Console-script entry point."""
+    # A shell without job control starts `cmd &` with SIGINT ignored, and the children inherit
+    # that; but SIGINT is how a supervisor (the demo, the soak, a user) asks a producer or a sink
+    # to flush, save its state and exit. Python only installs its handler when SIGINT is not
+    # ignored at start, so do it here: ignored SIGINT would leave them running until SIGKILL.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     app()
