@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -61,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("out/under_load"))
     parser.add_argument("pytest_args", nargs="+", help="what pytest runs (after --)")
     args = parser.parse_args(argv)
+    # Started as `cmd &` by a script, SIGINT arrives ignored and every test process would inherit
+    # that (tests stop producers with SIGINT): give the runs the disposition of a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     args.out.mkdir(parents=True, exist_ok=True)
     busy = start_busy()
     runs: list[dict[str, Any]] = []
