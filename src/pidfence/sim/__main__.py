@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [result.describe()]
     for name, finding in result.report.findings.items():
         lines += [f"  {name}: {example}" for example in finding.examples]
+    lines += [f"  not FORGED: {f} -> {v}" for f, v in result.forgeries if v != "FORGED"]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0 if result.ok else 1
 

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class KafkaRecord:
-    """One record as Kafka stores it (``header`` is the raw ``pf`` value or None)."""
+    """One record as Kafka stores it (``header``, ``cert``: raw ``pf``, ``pfc`` values or None)."""
 
     offset: int
     header: bytes | None
     key: bytes
     value: bytes
     ts_ms: int
+    cert: bytes | None = None
 
 
 class SimKafka:
@@ -31,11 +32,17 @@ class SimKafka:
         return bisect.bisect_left(self._max_ts[partition], ts_ms)
 
     def append(
-        self, partition: int, header: bytes | None, key: bytes, value: bytes, ts_ms: int
+        self,
+        partition: int,
+        header: bytes | None,
+        key: bytes,
+        value: bytes,
+        ts_ms: int,
+        cert: bytes | None = None,
     ) -> int:
         """Append one record; returns its offset."""
         log = self.partitions[partition]
-        log.append(KafkaRecord(len(log), header, key, value, ts_ms))
+        log.append(KafkaRecord(len(log), header, key, value, ts_ms, cert))
         times = self._max_ts[partition]
         times.append(max(times[-1], ts_ms) if times else ts_ms)
         return len(log) - 1

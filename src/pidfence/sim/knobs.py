@@ -6,7 +6,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 #: Deliberately broken broker rules, to prove the simulation finds what they break.
-Mutation = Literal["accept_stale_generation", "accept_old_seq", "drop_fence", "fresh_rollover"]
+Mutation = Literal[
+    "accept_stale_generation", "accept_old_seq", "drop_fence", "fresh_rollover", "no_verify"
+]
 #: Every value of :data:`Mutation`.
 MUTATIONS: tuple[str, ...] = get_args(Mutation)
 
@@ -35,6 +37,10 @@ class Knobs:
         restart_p: per sink batch, the sink restarts and rebuilds its state from an older
             snapshot plus the Kafka suffix after it.
         plain_p: per step, a non-idempotent (no ``pf`` header) record is written.
+        attack_p: per step, an attacker with write access to the topic writes one forged record
+            (:mod:`pidfence.sim.attacker`): a FENCE one generation ahead of a live pid or a fresh
+            pid with seq 0, without ``pfc`` or with a bad one. The lease server always signs and
+            the sink verifies (DESIGN §3 amended), so every forgery must be ``FORGED``.
         lifetime_ms: lease lifetime under the fake clock (rollover at 23/24 of it).
         step_ms: fake clock advance per step.
         checkpoint_every: sends between checkpoints (each checkpoint flushes first).
@@ -48,7 +54,8 @@ class Knobs:
             ``UNKNOWN_PID`` hole of DESIGN §4; off by default, as librdkafka's idempotence and
             the producer keep that order).
         mutation: a broken broker rule (or ``fresh_rollover``: the lease server's ``roll``
-            leases an unrelated pid, the rollover before DESIGN §9), or None.
+            leases an unrelated pid, the rollover before DESIGN §9; or ``no_verify``: the sink
+            runs without ``leasePublicKey``, so nothing checks ``pfc``), or None.
     """
 
     events: int = 60
@@ -64,6 +71,7 @@ class Knobs:
     double_p: float = 0.1
     restart_p: float = 0.1
     plain_p: float = 0.02
+    attack_p: float = 0.0
     lifetime_ms: int = 2400
     step_ms: int = 10
     checkpoint_every: int = 8
@@ -87,6 +95,7 @@ class Knobs:
             "double_p",
             "restart_p",
             "plain_p",
+            "attack_p",
         ):
             value = getattr(self, name)
             if not 0.0 <= value <= (0.9 if name == "drop_p" else 1.0):

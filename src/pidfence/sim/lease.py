@@ -5,7 +5,8 @@ simulation drives the producer's real lineage logic (:class:`pidfence.producer.L
 owner-only ``bump``/``roll`` with a secret, ``roll`` as a compare-and-set on the current
 generation that retires the pid and names its successor, lineage authority one step (the
 successor accepts its parent's secret), and lineage records kept for a retention period after
-the lease ends. Time is the runner's fake clock (:attr:`now`).
+the lease ends. Time is the runner's fake clock (:attr:`now`). Like ``pidfence lease-server
+--signing-key``, it signs every lease, bump and roll (``cert``, :mod:`pidfence.wire.cert`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from pidfence.pid_allocator.errors import NotOwner, StaleGeneration, UnknownPid
+from pidfence.wire.cert import encode_cert
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +50,18 @@ class SimLeaseServer:
         lifetime_ms: lease lifetime; lineage records are kept one more lifetime after it.
         fresh_rollover: the mutation ``fresh_rollover``: ``roll`` leases an unrelated pid and
             retires nothing (the rollover before DESIGN §9), so tests can prove it is caught.
+        signing_key: the key that signs every reply's ``cert`` (DESIGN §3 amended).
     """
 
-    def __init__(self, rng: random.Random, lifetime_ms: int, fresh_rollover: bool = False) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        lifetime_ms: int,
+        fresh_rollover: bool = False,
+        signing_key: Ed25519PrivateKey | None = None,
+    ) -> None:
         self._rng = rng
+        self.signing_key = signing_key
         self.lifetime_ms = lifetime_ms
         self.fresh_rollover = fresh_rollover
         self.now = 0
@@ -71,7 +83,9 @@ class SimLeaseServer:
 
     def _lease(self, pid: int) -> Lease:
         r = self._pids[pid]
-        return Lease(pid, r.generation, r.expire_ms, r.secret)
+        key = self.signing_key
+        cert = encode_cert(key, pid, r.generation, r.expire_ms) if key is not None else None
+        return Lease(pid, r.generation, r.expire_ms, r.secret, cert=cert)
 
     def _owned(self, pid: int, generation: int, secret: bytes) -> _Record:
         record = self._pids.get(pid)

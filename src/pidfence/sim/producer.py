@@ -37,6 +37,9 @@ class InFlight:
     expire_ms: int
     fence: bool
     event: str = ""
+    #: The ``pfc`` header: the lease's cert on FENCE records and on the first record of each
+    #: (pid, generation) per partition, as ``IdempotentProducer`` stamps it.
+    cert: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -133,7 +136,9 @@ class Network:
         if rec.seq > oldest[rec.partition]:
             self.counts["overtakes"] += 1
         inst.warm.add(rec.partition)
-        offset = self.kafka.append(rec.partition, rec.header, rec.key, rec.value, rec.ts_ms)
+        offset = self.kafka.append(
+            rec.partition, rec.header, rec.key, rec.value, rec.ts_ms, rec.cert
+        )
         if rng.random() < self.knobs.dup_p:
             self.counts["duplicates"] += 1
             return  # written, ack lost: it stays in flight and is written again
@@ -277,7 +282,7 @@ class Producers:
                     if self.rng.random() < 0.5:
                         self.counts["dead_landings"] += 1
                         self.net.kafka.append(
-                            rec.partition, rec.header, rec.key, rec.value, rec.ts_ms
+                            rec.partition, rec.header, rec.key, rec.value, rec.ts_ms, rec.cert
                         )
                 other.pending.clear()
                 chain.others.remove(other)
@@ -331,8 +336,14 @@ class Producers:
         seq = inst.seq.peek(TOPIC, partition)
         header = inst.seq.stamp(TOPIC, partition)
         event = f"{chain.index}:{inst.pos - 1}"
+        cert = None
+        if inst.seq.cert is not None and (TOPIC, partition) not in inst.seq.certified:
+            cert = inst.seq.cert
+            inst.seq.certified.add((TOPIC, partition))
         inst.pending.append(
-            InFlight(partition, seq, header, key, value, now, inst.seq.expire_ms, False, event)
+            InFlight(
+                partition, seq, header, key, value, now, inst.seq.expire_ms, False, event, cert
+            )
         )
 
     def _checkpoint(self, chain: Chain, inst: Instance, now: int) -> None:
@@ -418,10 +429,12 @@ class Producers:
         if resumed.walk_from is not None:
             counts = {TOPIC: self.knobs.partitions} if self.knobs.fence_all else None
             for _, partition, header in seq.fences(resumed.walk_from, counts):
+                # Only the current generation has a cert; the walk's lower FENCEs carry none.
+                cert = seq.cert if header == seq.fence_header(TOPIC, partition) else None
                 inst.pending.append(
                     InFlight(
                         partition, seq.peek(TOPIC, partition), header, b"", b"", now,
-                        seq.expire_ms, True,
+                        seq.expire_ms, True, "", cert,
                     )
                 )  # fmt: skip
             # FENCE records go out before any data (DESIGN §6).

@@ -8,14 +8,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pidfence.ledger import LedgerEntry
+from pidfence.sim.attacker import Attacker, Forgery
 from pidfence.sim.kafka import SimKafka
 from pidfence.sim.knobs import Knobs
 from pidfence.sim.lease import SimLeaseServer
 from pidfence.sim.producer import TOPIC, Network, Producers
 from pidfence.sim.sink import SimSink
 from pidfence.verify.check import CheckReport, check
+from pidfence.wire import Verdict
 
 START_MS = 1_763_800_000_000
 MAX_STEPS = 100_000
@@ -32,7 +35,10 @@ class SimResult:
         report: the checker's verdict on the simulated ledger, log and rejects.
         exactly_once: every upstream event is in the log exactly once (values compared).
         log: the output log table; rejects: the rejects table; ledger: acknowledged sends.
-        stats: counts of what happened (crashes, zombies, restarts, kafka records, ...).
+        stats: counts of what happened (crashes, zombies, restarts, kafka records, ...;
+            ``forged_sent``/``forged_caught``: the attacker's records and how many of them the
+            sink judged ``FORGED``; ``forged_reason_*``: every ``FORGED`` verdict by reason).
+        forgeries: each attacker record with the verdict the sink gave it.
     """
 
     seed: int
@@ -44,11 +50,17 @@ class SimResult:
     ledger: list[LedgerEntry]
     upstream: list[bytes]
     stats: dict[str, int] = field(default_factory=dict)
+    forgeries: list[tuple[Forgery, str]] = field(default_factory=list)
+
+    @property
+    def forgeries_refused(self) -> bool:
+        """Every attacker record was judged ``FORGED`` (trivially true without an attacker)."""
+        return all(verdict == "FORGED" for _, verdict in self.forgeries)
 
     @property
     def ok(self) -> bool:
-        """No anomaly and exactly-once delivery of the upstream."""
-        return self.report.ok and self.exactly_once
+        """No anomaly, exactly-once delivery of the upstream, every forgery ``FORGED``."""
+        return self.report.ok and self.exactly_once and self.forgeries_refused
 
     def replay_hint(self) -> str:
         """The Python call and the shell command that replay this schedule exactly."""
@@ -90,11 +102,19 @@ def run(seed: int, **knobs: Any) -> SimResult:
     """
     k = Knobs(**knobs)
     rng = random.Random(seed)
+    # Keys and the attacker draw from their own streams: a schedule without attacks is the one
+    # it was before signing was modelled.
+    signing = Ed25519PrivateKey.from_private_bytes(
+        random.Random(f"pidfence-sim-key:{seed}").randbytes(32)
+    )
     kafka = SimKafka(k.partitions)
-    lease = SimLeaseServer(rng, k.lifetime_ms, fresh_rollover=k.mutation == "fresh_rollover")
+    lease = SimLeaseServer(
+        rng, k.lifetime_ms, fresh_rollover=k.mutation == "fresh_rollover", signing_key=signing
+    )
     net = Network(rng, k, kafka)
     producers = Producers(rng, k, lease, net)
-    sink = SimSink(rng, k, kafka, TOPIC)
+    sink = SimSink(rng, k, kafka, TOPIC, [signing.public_key()])
+    attacker = Attacker(random.Random(f"pidfence-sim-attacker:{seed}"), kafka, k.lifetime_ms)
     now = START_MS
     steps = 0
     while not producers.done:
@@ -104,6 +124,8 @@ def run(seed: int, **knobs: Any) -> SimResult:
         producers.step(now)
         if rng.random() < k.plain_p:
             kafka.append(rng.randrange(k.partitions), None, b"", b"plain", now)
+        if k.attack_p and attacker.rng.random() < k.attack_p:
+            attacker.attack(now)
         if steps % k.batch_every == 0:
             sink.batch()
         now += k.step_ms
@@ -111,6 +133,11 @@ def run(seed: int, **knobs: Any) -> SimResult:
     log, rejects = sink.tables_out()
     report = check(net.ledger, log, rejects)
     upstream = [value for chain in producers.chains for _, value, _ in chain.events]
+    forgeries = [
+        (f, sink.verdict_at[f.partition].get(f.offset, Verdict.BUFFERED).value)
+        for f in attacker.sent
+    ]
+    mine = {(f.partition, f.offset) for f in attacker.sent}
     got = Counter(
         v for v, pid in zip(log["value"].to_pylist(), log["pid"].to_pylist(), strict=True) if pid
     )
@@ -129,7 +156,23 @@ def run(seed: int, **knobs: Any) -> SimResult:
         **{f"lease_{name}": n for name, n in lease.counts.items()},
         **net.counts,
         **{f"verdict_{name}": n for name, n in sorted(sink.verdicts.items())},
+        "forged_sent": len(attacker.sent),
+        "forged_caught": sum(1 for _, v in forgeries if v == "FORGED"),
+        # FORGED verdicts on the legitimate producers' records: the unsigned lower FENCEs of a
+        # resume's generation walk (harmless: the signed top FENCE moves the generation).
+        "forged_legit": sum(
+            1
+            for p, verdicts in enumerate(sink.verdict_at)
+            for offset, v in verdicts.items()
+            if v is Verdict.FORGED and (p, offset) not in mine
+        ),
+        **{f"forged_reason_{r}": n for r, n in sorted(sink.forged_reasons.items())},
+        **{
+            f"attack_{kind}": n
+            for kind, n in sorted(Counter(f.attack for f in attacker.sent).items())
+        },
     }
     return SimResult(
-        seed, k, report, got == Counter(upstream), log, rejects, net.ledger, upstream, stats
-    )
+        seed, k, report, got == Counter(upstream), log, rejects, net.ledger, upstream, stats,
+        forgeries,
+    )  # fmt: skip

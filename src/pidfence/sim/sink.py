@@ -1,4 +1,8 @@
-"""The simulated sink: the real broker rules per partition, batches, snapshots and restarts."""
+"""The simulated sink: the real broker rules per partition, batches, snapshots and restarts.
+
+It verifies ``pfc`` certificates as ``pidfence sink --lease-public-key`` does (the real
+:func:`pidfence.wire.cert.verify_cert`), unless the mutation ``no_verify`` turns that off.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +12,46 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from pidfence.broker_plugin import ProducerStateTable, rebuild
+from pidfence.broker_plugin.table import Verifier
 from pidfence.sim.kafka import KafkaRecord, SimKafka
 from pidfence.sim.knobs import Knobs, Mutation
 from pidfence.wire import MalformedHeader, Verdict, decode_pf
+from pidfence.wire.cert import CertCheck, verify_cert
 
 CAPACITY = 64
 
 
 class RebuildMismatch(AssertionError):
     """State rebuilt from a snapshot plus the Kafka suffix differs from the live state."""
+
+
+def cert_verifier(keys: list[Ed25519PublicKey]) -> Verifier:
+    """The broker rules' certificate check for ``keys`` (what ``leasePublicKey`` builds).
+
+    Memoized: sink restarts replay long suffixes, and an Ed25519 check per replayed proof would
+    triple the simulation's cost. :func:`verify_cert` checks identity, then the signature, then
+    expiry, so its answer at the earliest time plus the cert's own ``expire_ms`` gives the answer
+    at any time.
+    """
+    memo: dict[tuple[bytes, int, int], CertCheck] = {}
+
+    def verify(pid: int, generation: int, cert: bytes | None, now_ms: int) -> str | None:
+        if cert is None:
+            return "missing"
+        key = (cert, pid, generation)
+        check = memo.get(key)
+        if check is None:
+            check = memo[key] = verify_cert(cert, keys, pid, generation, -(2**63))
+        if not check.ok:
+            return check.reason
+        if check.expire_ms is not None and check.expire_ms <= now_ms:
+            return "expired"
+        return None
+
+    return verify
 
 
 def _mutator(mutation: Mutation | None) -> Callable[[Verdict, bool], Verdict]:
@@ -35,15 +68,26 @@ def _mutator(mutation: Mutation | None) -> Callable[[Verdict, bool], Verdict]:
 class SimSink:
     """Decides every Kafka record once per committed batch, in Kafka-offset order (DESIGN §7).
 
-    ``drop_fence`` is applied at the input: FENCE records never reach the rules.
+    ``drop_fence`` is applied at the input: FENCE records never reach the rules. With
+    ``public_keys`` (and no ``no_verify`` mutation) the rules verify ``pfc`` certificates.
     """
 
-    def __init__(self, rng: random.Random, knobs: Knobs, kafka: SimKafka, topic: str) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        knobs: Knobs,
+        kafka: SimKafka,
+        topic: str,
+        public_keys: list[Ed25519PublicKey] | None = None,
+    ) -> None:
         self.rng = rng
         self.knobs = knobs
         self.kafka = kafka
         self.topic = topic
         self.mutate = _mutator(knobs.mutation)
+        self.verifier: Verifier | None = None
+        if public_keys and knobs.mutation != "no_verify":
+            self.verifier = cert_verifier(public_keys)
         n = len(kafka.partitions)
         self.tables = [self._table() for _ in range(n)]
         self.committed = [0] * n
@@ -56,9 +100,13 @@ class SimSink:
         self.restarts = 0
         #: Every decision the rules made, by verdict name (``BUFFERED`` included).
         self.verdicts: Counter[str] = Counter()
+        #: Per partition, each decided record's latest verdict, by Kafka offset.
+        self.verdict_at: list[dict[int, Verdict]] = [{} for _ in range(n)]
+        #: ``FORGED`` verdicts by reason (what the real sink's per-batch line counts).
+        self.forged_reasons: Counter[str] = Counter()
 
     def _table(self) -> ProducerStateTable:
-        return ProducerStateTable(CAPACITY, self.knobs.lifetime_ms)
+        return ProducerStateTable(CAPACITY, self.knobs.lifetime_ms, verifier=self.verifier)
 
     def batch(self, final: bool = False) -> None:
         """One micro-batch over every partition; maybe restart first; snapshot after."""
@@ -72,13 +120,15 @@ class SimSink:
                 header = rec.header
                 if self.knobs.mutation == "drop_fence" and _is_fence(header):
                     continue
-                for decision in table.offer_header(header, rec.ts_ms, ref=rec.offset):
+                for decision in table.offer_header(header, rec.ts_ms, rec.offset, rec.cert):
                     self._record(p, decision.ref, decision.verdict)
             if final:
                 clock = max((r.ts_ms for r in self.kafka.partitions[p]), default=0)
                 for decision in table.flush(clock):
                     self._record(p, decision.ref, decision.verdict)
             self.committed[p] += len(records)
+            self.forged_reasons.update(table.forged)
+            table.forged.clear()
             if self.rng.random() < 0.5:
                 chain = self.snapshots[p]
                 # Mostly incremental, as the real sink stores state (a full file every so often).
@@ -91,6 +141,7 @@ class SimSink:
         rec = self.kafka.partitions[p][offset]
         verdict = self.mutate(verdict, _is_fence(rec.header))
         self.verdicts[verdict.value] += 1
+        self.verdict_at[p][offset] = verdict
         if verdict.appended:
             self.log[p].append((rec, verdict))
         elif verdict.final:
@@ -119,16 +170,21 @@ class SimSink:
             suffix = [r for r in suffix if not _is_fence(r.header)]
         # rebuild() is the public path; it cannot carry refs, so held records come back with
         # ref None. The sink needs refs (Kafka offsets) to place released records, so it replays
-        # with refs itself and checks both against the live state.
+        # with refs itself and checks both against the live state. rebuild() takes the committed
+        # verdicts as the certificates' proof (the real sink does not store certs); the ref
+        # replay verifies the real certs again: both must re-decide exactly as the live run.
+        verdicts = self.verdict_at[p]
         plain = rebuild(
             snap,
-            ((r.header, r.ts_ms) for r in suffix),
+            ((r.header, r.ts_ms, verdicts.get(r.offset)) for r in suffix),
             capacity=CAPACITY,
             lifetime_ms=self.knobs.lifetime_ms,
         )
         table = base if base is not None else self._table()
+        table.verifier = self.verifier
         for r in suffix:
-            table.offer_header(r.header, r.ts_ms, ref=r.offset)
+            table.offer_header(r.header, r.ts_ms, r.offset, r.cert)
+        table.forged.clear()
         live = self.tables[p].state()
         if table.state() != live or _no_refs(plain.state()) != _no_refs(live):
             raise RebuildMismatch(
