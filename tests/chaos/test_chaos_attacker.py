@@ -74,7 +74,7 @@ def test_attacker_forgeries_are_forged_and_the_producer_appends_before_and_after
     )  # fmt: skip
     stop_all(role)
     producer = role.spawn()
-    wait_for(lambda: stopped(producer) or not producer.running, 120, "z to stop itself")
+    wait_for(lambda: not producer.running or stopped(producer), 120, "z to stop itself")
     assert producer.running, producer.tail()
     state = json.loads((chaos.tmp / "z.state.json").read_text())
     assert state["next_i"] == 10
