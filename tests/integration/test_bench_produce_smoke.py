@@ -1,0 +1,66 @@
+"""`pidfence bench produce` on tiny sizes: every contender runs and the figures are written.
+
+The bench runs as ``pidfence bench produce --quick --bench-dir COPY`` in a subprocess, like a
+real run (its own ZooKeeper, Kafka and lease servers). Asserts only that it completes and what it
+wrote (every row, the header bytes read back, pfc on the signed producer's first records), never
+how fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pidfence.demo.procs import pidfence_argv
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+RECORDS = 2_000
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_produce_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> None:
+    # A copy of the bench folder, so the smoke run never overwrites the recorded figures.
+    bench_dir = tmp_path / "bench"
+    bench_dir.mkdir()
+    shutil.copy(BENCH_DIR / "produce.py", bench_dir / "produce.py")
+    env = {
+        **os.environ,
+        "PIDFENCE_BENCH_RECORDS": str(RECORDS),
+        "PIDFENCE_BENCH_ROUNDS": "1",
+        "COLUMNS": "200",
+    }
+    result = subprocess.run(
+        pidfence_argv("bench", "produce", "--quick", "--bench-dir", str(bench_dir)),
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    written = json.loads((bench_dir / "results" / "produce.json").read_text())
+    rows = {row["contender"]: row for row in written["rows"]}
+    assert len(rows) == 9 and all(row["records"] == RECORDS for row in rows.values())
+    plain = rows["plain confluent-kafka (no headers)"]
+    assert plain["header_bytes_per_record"] == 0 and plain["pfc_records"] == 0
+    # The constant header: varint(2) + "pf" + varint(12) + 12 bytes on every timed record.
+    assert rows["confluent-kafka + idempotence + constant 12-byte header"][
+        "header_bytes_per_record"
+    ] == pytest.approx(16.0 * RECORDS / (RECORDS + 1))  # the prime record has none
+    ours = [name for name in rows if name.startswith("IdempotentProducer")]
+    assert len(ours) == 5
+    for name in ours:
+        assert rows[name]["header_bytes_per_record"] > 14, name
+        assert rows[name]["cpu_vs_header_only"] > 0 and rows[name]["ratio_to_header_only"] > 0
+    # Signing on: exactly the first record of each of the 4 partitions carries pfc.
+    assert rows["IdempotentProducer, signing on (pfc)"]["pfc_records"] == 4
+    assert all(rows[name]["pfc_records"] == 0 for name in ours if "signing" not in name)
+    assert any(note.startswith("load average") for note in written["notes"])
