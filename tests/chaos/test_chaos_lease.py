@@ -117,35 +117,73 @@ def test_lease_expiry_while_paused_at_a_checkpoint_rolls_on(
     judge_expiry_run(chaos, kafka, spark, topic, 6000)
 
 
-def test_lease_expiry_while_paused_with_records_in_flight_refuses_to_roll_then_restarts(
-    chaos: ChaosKit, kafka: Any, zk_chroot: str, spark: Any, stop_all: Any, request: Any
+def topic_on_one_broker(bootstrap: str, name: str, broker_id: int) -> str:
+    """A 1-partition topic whose only replica is ``broker_id``: with that broker down the
+    partition has no leader, so nothing sent to it is appended or acknowledged, however the
+    machine schedules the producer."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = NewTopic(name, 1, replica_assignment=[[broker_id]])
+    for future in admin.create_topics([new], operation_timeout=30).values():
+        future.result(timeout=60)
+    return name
+
+
+@pytest.mark.timeout(600)  # starts the 3-broker cluster if no test did, and restarts a broker
+def test_lease_expiry_with_records_in_flight_refuses_to_roll_then_restarts(
+    chaos: ChaosKit,
+    kafka_cluster3: Any,
+    zk_chroot: str,
+    spark: Any,
+    stop_all: Any,
+    request: Any,
 ) -> None:
-    topic = expiry_topic(kafka, request)
+    bootstrap = kafka_cluster3.bootstrap
+    topic = topic_on_one_broker(bootstrap, f"inflight-{request.node.name[-24:]}", broker_id=3)
     server = spawn_lease_server(
         zk_chroot, chaos.logs, name="lease", lifetime_ms=LIFETIME_S * 1000, wait=False
     )
+    broker_down = False
     try:
         server.wait_listening()
-        # It stops itself right after producing record 2500 (the state file says 2000), with
-        # that record still in librdkafka's queue: unacknowledged when its lease ends.
+        # It stops itself right after its first state save (a fresh lease, nothing sent yet);
+        # meanwhile the topic's only broker crashes; then it goes on at 500 records/s, so it
+        # reaches its rollover point long before its 6,000 records are handed over.
         role = chaos.role(
-            "p", kafka.bootstrap, server.address, topic, 6000, rate=2000.0,
-            checkpoint_every=1000, extra=("--stop-at-record", "2500"),
+            "p", bootstrap, server.address, topic, 6000, rate=500.0,
+            checkpoint_every=6000, extra=("--stop-after-checkpoint", "1"),
         )  # fmt: skip
         stop_all(role)
         worker = role.spawn()
-        pause_past_expiry(worker)
-        # Its drain cannot finish inside the ended lease: it refuses to roll over (DrainFailed,
-        # retriable, exit 75) and never sends those records under a new pid.
+        wait_for(
+            lambda: (worker.pid is not None and is_stopped(worker.pid)) or not worker.running,
+            120,
+            "the producer to stop itself after its first state save",
+        )
+        assert worker.running, worker.tail()
+        kafka_cluster3.kill(2)  # broker id 3
+        broker_down = True
+        worker.resume()
+        # Nothing it sends can be acknowledged, so the drain before its rollover cannot finish
+        # inside the lease: it refuses to roll over (DrainFailed, retriable, exit 75) and never
+        # sends those records under a new pid.
         assert worker.wait(180) == 75, worker.tail()
         assert "DrainFailed" in worker.tail(), worker.tail()
-        # A supervisor restarts it from its state file (record 2000). The old process is gone,
-        # so the resumer's recovery scan sees what it got into Kafka after that checkpoint and
-        # skips those records under the successor instead of appending them twice.
+        kafka_cluster3.restart(2)
+        broker_down = False
+        # A supervisor restarts it from its state file: a checkpoint saved before its first
+        # record, which names no topic. The resume fences and scans the topic it writes anyway
+        # and sends every record once.
         assert role.spawn(replace(role.spec, extra=())).wait(180) == 0, role.current.tail()
     finally:
+        if broker_down:  # leave every node running for the next test
+            kafka_cluster3.restart(2)
         server.stop()
-    judge_expiry_run(chaos, kafka, spark, topic, 6000)
+    chaos.sink(spark, bootstrap, topic, sink_options={"lifetime": f"{LIFETIME_S}s"})
+    outcome = chaos.outcome()
+    outcome.assert_clean()  # includes event_duplicate and event_lost
+    assert outcome.log.num_rows == 6000
 
 
 def test_health_check_fails_on_a_frozen_server_that_still_accepts_connections(

@@ -73,7 +73,7 @@ def unique_users_per_minute(table: pa.Table) -> pa.Table:
 
 
 def truth_from_ledger(ledger: Iterable[LedgerEntry], values: pa.Table) -> pa.Table:
-    """The true per-minute counts: each acknowledged event counted exactly once.
+    """The true per-minute counts: each event that reached Kafka counted exactly once.
 
     An event is a distinct value: a zombie's fenced copy of an event and its replacement's copy
     (under the same pid, or under a new pid after a lease rollover) are one event, counted once.
@@ -82,6 +82,10 @@ def truth_from_ledger(ledger: Iterable[LedgerEntry], values: pa.Table) -> pa.Tab
     acknowledged record at least once (the raw topic, columns ``pid, partition, seq, value`` and
     ``topic``). Each ledger identity ``(pid, topic, partition, seq)`` is looked up there, with its
     digest checked; records the ledger does not name (the ``pf`` opt-out, pid 0) are all counted.
+    So are, once per distinct value, records with a pid that no ledger names: a producer killed
+    after Kafka wrote a record but before its acknowledgement reached the ledger sent a real
+    event, and its resumer skips what the recovery scan finds in Kafka instead of re-sending it,
+    so no ledger will ever name it (the checker calls these ``unacknowledged``).
 
     Args:
         ledger: acknowledged records (fence entries are ignored).
@@ -94,13 +98,16 @@ def truth_from_ledger(ledger: Iterable[LedgerEntry], values: pa.Table) -> pa.Tab
     cols = {c: values.column(c).to_pylist() for c in ("pid", "topic", "partition", "seq", "value")}
     found: dict[tuple[int, str, int, int], bytes | None] = {}
     extra: list[bytes | None] = []
+    unnamed: list[bytes | None] = []
     for pid, topic, partition, seq, value in zip(*cols.values(), strict=True):
         if not pid:
             extra.append(value)
             continue
         ident = (int(pid), str(topic), int(partition), int(seq))
         digest = wanted.get(ident)
-        if digest is not None and ident not in found and value_digest(value) == digest:
+        if digest is None:
+            unnamed.append(value)
+        elif ident not in found and value_digest(value) == digest:
             found[ident] = value
     missing = [ident for ident in wanted if ident not in found]
     if missing:
@@ -108,7 +115,7 @@ def truth_from_ledger(ledger: Iterable[LedgerEntry], values: pa.Table) -> pa.Tab
             f"{len(missing)} acknowledged record(s) have no value in the table, e.g. "
             f"{missing[:3]} (pid, topic, partition, seq); pass the raw topic's records"
         )
-    distinct = {value_digest(v): v for v in found.values()}
+    distinct = {value_digest(v): v for v in (*found.values(), *unnamed) if v}
     return _aggregate([*distinct.values(), *extra])
 
 
