@@ -359,6 +359,8 @@ def _contender(c: Contender, zk_hosts: str, pki: Any) -> dict[str, Any]:
     chroot = _chroot(zk_hosts)
     logs = Path(tempfile.mkdtemp(prefix="pidfence-bench-lease-"))
     settings: dict[str, Any] = {"block_size": c.block_size, "event_loop": c.loop}
+    if c.block_size == 1:
+        settings["max_claim_blocks"] = 1  # the baseline: one compare-and-set per lease
     security = None
     if c.secure:
         settings |= {

@@ -142,3 +142,13 @@ def test_an_idle_server_keeps_the_half_block_rule() -> None:
             assert coordinator.writes == coordinator.claims  # one write per claim
 
     asyncio.run(scenario())
+
+
+@given(st.lists(st.integers(0, 10 * BLOCK), min_size=1, max_size=CLAIM_MEMORY))
+def test_max_claim_blocks_caps_the_claim(uses: list[int]) -> None:
+    with ThreadPoolExecutor(1) as executor:
+        settings = LeaseServerSettings(block_size=BLOCK, lifetime_ms=60_000, max_claim_blocks=1)
+        service = LeaseService(MemoryCoordinator(), executor, settings, rng=random.Random(1))
+        for used in uses:
+            service._adapt_reserve(used)
+        assert service._claim_blocks == 1  # one block per write, however busy

@@ -190,17 +190,19 @@ class LeaseService:
         in flight. With ``u`` the largest such count of the last ``CLAIM_MEMORY`` claims, the next
         claim starts with ``RESERVE_FACTOR * u`` pids left (at least half a block) and takes as
         many pids, rounded up to whole blocks (at least one); both are capped at
-        ``MAX_RESERVE_BLOCKS`` blocks. Claims run one at a time, so a claim must also bring more
-        pids than are issued while it runs: with one block per claim a server never issued more
-        than ``block_size`` pids per claim time (100 per ~8 ms claim capped it near 12k leases/s;
-        every claim ran dry and the leases waiting for it were the p99 tail). A bigger claim is
-        still ONE ZooKeeper write, so writes per lease only fall.
+        ``MAX_RESERVE_BLOCKS`` blocks, the claim also at ``settings.max_claim_blocks``. Claims run
+        one at a time, so a claim must also bring more pids than are issued while it runs: with
+        one block per claim a server never issued more than ``block_size`` pids per claim time
+        (100 per ~8 ms claim capped it near 12k leases/s; every claim ran dry and the leases
+        waiting for it were the p99 tail). A bigger claim is still ONE ZooKeeper write, so writes
+        per lease only fall.
         """
         self._claim_use.append(used_while_claiming)
         want = RESERVE_FACTOR * max(self._claim_use)
         size = self.settings.block_size
         self._reserve = min(max(size // 2, want, 1), MAX_RESERVE_BLOCKS * size)
-        self._claim_blocks = min(max(1, -(-want // size)), MAX_RESERVE_BLOCKS)
+        cap = min(MAX_RESERVE_BLOCKS, self.settings.max_claim_blocks)
+        self._claim_blocks = min(max(1, -(-want // size)), cap)
 
     def _pid_now(self, now_ms: int | None = None) -> tuple[int, Block] | None:
         self._drop_used(self.clock() if now_ms is None else now_ms)

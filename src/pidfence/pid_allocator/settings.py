@@ -23,6 +23,8 @@ class LeaseServerSettings:
         port: listen port (0 = any free port).
         block_size: pids per ZooKeeper claim, at least (one write per claim; a busy server
             claims several blocks' worth in one).
+        max_claim_blocks: most blocks' worth of pids one claim takes (1: every claim takes one
+            block, e.g. for a baseline of one ZooKeeper write per ``block_size`` pids).
         lifetime_ms: lease lifetime from issue.
         capacity: live leases held in the ring.
         client_share: fraction of ``capacity`` one client (token name, or address without auth)
@@ -62,6 +64,7 @@ class LeaseServerSettings:
     host: str = "127.0.0.1"
     port: int = 7070
     block_size: int = 100
+    max_claim_blocks: int = 16
     lifetime_ms: int = DEFAULT_LIFETIME_MS
     capacity: int = 1_000_000
     client_share: float = 0.25
@@ -97,6 +100,10 @@ class LeaseServerSettings:
             (
                 1 <= self.block_size <= 1_000_000,
                 f"block_size must be 1..1000000, got {self.block_size}",
+            ),
+            (
+                1 <= self.max_claim_blocks <= 1024,
+                f"max_claim_blocks must be 1..1024, got {self.max_claim_blocks}",
             ),
             (self.lifetime_ms >= 1, f"lifetime_ms must be >= 1, got {self.lifetime_ms}"),
             (self.capacity >= 1, f"capacity must be >= 1, got {self.capacity}"),
