@@ -64,7 +64,15 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--zk", help="ZooKeeper hosts, e.g. h1:2181,h2:2181/app")
         ] = None,
         listen: Annotated[str, typer.Option(help="HOST:PORT to listen on")] = "127.0.0.1:7070",
-        block_size: Annotated[int, typer.Option(help="Pids per ZooKeeper claim")] = 100,
+        block_size: Annotated[
+            int, typer.Option(help="Pids per ZooKeeper claim, at least (busy servers take more)")
+        ] = 100,
+        max_claim_blocks: Annotated[
+            int,
+            typer.Option(
+                min=1, max=1024, help="Most blocks one claim takes when the server is busy"
+            ),
+        ] = 16,
         lifetime: Annotated[str, typer.Option(help="Lease lifetime: 24h, 90s, ...")] = "24h",
         block_ttl: Annotated[
             str, typer.Option(help="Issue from a claimed block at most this long")
@@ -137,6 +145,7 @@ def register(app: typer.Typer) -> None:
                 host=host,
                 port=port,
                 block_size=block_size,
+                max_claim_blocks=max_claim_blocks,
                 lifetime_ms=parse_duration_ms(lifetime),
                 block_ttl_ms=parse_duration_ms(block_ttl),
                 retention_ms=None if retention is None else parse_duration_ms(retention),

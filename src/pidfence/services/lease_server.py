@@ -22,6 +22,7 @@ _PIDFENCE = (sys.executable, "-c", "from pidfence.cli import main; main()")
 #: settings field -> ``pidfence lease-server`` option; durations are passed in milliseconds.
 _FLAGS: dict[str, str] = {
     "block_size": "--block-size",
+    "max_claim_blocks": "--max-claim-blocks",
     "lifetime_ms": "--lifetime",
     "capacity": "--capacity",
     "client_share": "--client-share",
