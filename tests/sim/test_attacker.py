@@ -153,7 +153,7 @@ def test_every_attacked_schedule_is_exactly_once(seed: int, knobs: dict[str, Any
     assert not wrong, f"{result.describe()}\nnot FORGED: {wrong[:5]}"
 
 
-# --- with producer crashes: the sink refuses every forgery; the recovery scan does not ----------
+# --- with producer crashes: the sink and the producers' recovery scan refuse every forgery -----
 
 CRASHING = {
     "events": 150,
@@ -178,44 +178,24 @@ def test_sink_refuses_every_forgery_under_crashes_and_zombies() -> None:
         assert not [v for v in result.log["value"].to_pylist() if v.startswith(b"attack:")]
 
 
-def test_a_verifying_recovery_scan_closes_the_gap(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the gap is: the same schedules are clean when the resumer's recovery scan skips the
-    records a verifying sink refuses (modelled here by hiding the attacker's records from it,
-    which is what checking ``pfc`` in ``ScanState`` would do)."""
-    from pidfence.sim import producer
-    from pidfence.wire import PF_HEADER_KEY
-
-    def verifying_scan(
-        self: producer.Producers, state: Any, since_ms: int, until: dict[int, int]
-    ) -> Any:
-        kafka = self.net.kafka
-        for p, records in enumerate(kafka.partitions):
-            start = kafka.offset_for_time(p, since_ms)
-            for rec in records[start : until.get(p, len(records))]:
-                if rec.key != b"attacker":
-                    state.note((producer.TOPIC, p), [(PF_HEADER_KEY, rec.header)])
-        return state.highs
-
-    monkeypatch.setattr(producer.Producers, "_scan", verifying_scan)
-    for seed in (3, 7):
-        result = run(seed, **CRASHING)
-        assert_refused(result)
-        assert_clean(result)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known gap (issue 13 follow-up): the producer's recovery scan "
-    "(producer/recovery.py ScanState) does not verify pfc, so a forged FENCE in the scanned range "
-    "makes a resumer believe its predecessor's later records were fenced; the successor pid "
-    "re-sends them (event_duplicate). The sink itself refuses every forgery.",
-)
-@pytest.mark.parametrize("seed", [3, 7])
-def test_forged_fence_misleads_the_recovery_scan(seed: int) -> None:
+@pytest.mark.parametrize("seed", range(8))
+def test_forged_fences_do_not_mislead_the_recovery_scan(seed: int) -> None:
+    # A resumer's recovery scan checks pfc as the sink does (ProducerConfig.lease_public_keys):
+    # a forged FENCE in the scanned range no longer makes it believe its predecessor's later
+    # records were fenced, so its successor pid re-sends nothing twice.
     result = run(seed, **CRASHING)
     assert_refused(result)
     assert_clean(result)
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_a_trusting_recovery_scan_is_caught(seed: int) -> None:
+    # The mutation: the scan believes every header (the producer before the fix, or one
+    # without lease_public_keys). On these seeds a forged FENCE misleads it and an event is
+    # appended twice under the successor pid; the event-level checker sees it.
+    result = run(seed, **CRASHING, mutation="trusting_scan")
+    assert_refused(result)  # the sink still refuses every forgery
+    assert result.report.findings["event_duplicate"].count > 0, result.describe()
 
 
 # --- the simulated sink's memoized verifier answers as verify_cert does -------------------------

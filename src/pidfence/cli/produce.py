@@ -53,6 +53,15 @@ def register(app: typer.Typer) -> None:
                 "this run, with it still unacknowledged (0: never)",
             ),
         ] = 0,
+        lease_public_key: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--lease-public-key",
+                help="PEM public key(s) of the lease servers (FILE[,FILE], repeatable): a resume's "
+                "recovery scan ignores FENCEs and pids without a valid certificate, as the "
+                "verifying sink does (set it whenever the sink has --lease-public-key)",
+            ),
+        ] = None,
         librdkafka_idempotence: Annotated[
             bool,
             typer.Option(help="librdkafka's own idempotence (in-order on the wire per session)"),
@@ -79,11 +88,19 @@ def register(app: typer.Typer) -> None:
                 stop_after_checkpoint=stop_after_checkpoint,
                 stop_at_record=stop_at_record,
             )
+            public_keys = tuple(
+                k.strip() for item in lease_public_key or () for k in item.split(",") if k.strip()
+            )
+            if public_keys:
+                from pidfence.wire.cert import load_public_keys
+
+                load_public_keys(public_keys)  # a missing or wrong file fails now, not at resume
             config = ProducerConfig(
                 bootstrap,
                 enable_idempotence=librdkafka_idempotence,
                 rollover_fraction=lifetime_rollover,
                 resend_buffer=16 if resend_every else 0,
+                lease_public_keys=public_keys,
             )
             # Token and TLS from $PIDFENCE_LEASE_TOKEN_FILE / _TOKEN / _TLS_CA (never argv).
             with LeaseClient(lease_server, **lease_client_options()) as client:

@@ -53,6 +53,11 @@ class ProducerConfig:
             librdkafka's ``delivery.report.only.error``: failures are still reported (and
             raised by ``flush()``), successes cost no Python call; the producer then refuses a
             ledger, a resend buffer and ``on_delivery``.
+        lease_public_keys: the lease servers' public keys (PEM files; several during a key
+            rotation). When set, a resume's recovery scan checks ``pfc`` as the verifying sink
+            does: a FENCE or a new pid without a valid certificate is ignored there (the sink
+            calls it ``FORGED``), so a forged FENCE in the topic cannot make this producer
+            re-send records under its successor pid. Set it whenever the sink verifies.
         extra: more librdkafka settings, passed through (secrets are masked in ``repr``).
     """
 
@@ -67,6 +72,7 @@ class ProducerConfig:
     sticky_records: int = 100
     resend_buffer: int = 0
     success_reports: bool = True
+    lease_public_keys: tuple[str, ...] = ()
     message_timeout_ms: int = 300_000
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -97,6 +103,11 @@ class ProducerConfig:
             )
         if not self.bootstrap_servers:
             raise ProducerConfigError("give bootstrap_servers as host:port[,host:port]")
+        keys = self.lease_public_keys
+        # frozen: normalise a single path or a list to the tuple the field promises.
+        object.__setattr__(
+            self, "lease_public_keys", (str(keys),) if isinstance(keys, str) else tuple(keys)
+        )
 
     def to_librdkafka(self) -> dict[str, Any]:
         """The ``confluent_kafka.Producer`` configuration (dotted librdkafka keys)."""

@@ -39,6 +39,7 @@ from pidfence.producer.lease import LeaseClientLike, LeaseKeeper
 from pidfence.producer.partitioner import Partitioner
 from pidfence.producer.recovery import (
     SKEW_MS,
+    CertVerifier,
     KafkaScanner,
     Scanner,
     apply_scan,
@@ -244,7 +245,7 @@ class IdempotentProducer:
         parts = [(t, p) for t in topics for p in range(self.partition_count(t))]
         if not parts:
             return  # the checkpoint's pid wrote nothing: nothing to find
-        state = scan_state(checkpoint, seq.pid)
+        state = scan_state(checkpoint, seq.pid, self._scan_verifier())
         scanner(state, parts, checkpoint.taken_ms - SKEW_MS, dict(self._delivery.fence_ends))
         apply_scan(seq, checkpoint, state.highs)
         if seq.ahead or seq.skip:
@@ -254,6 +255,16 @@ class IdempotentProducer:
                 seq.ahead,
                 seq.skip,
             )
+
+    def _scan_verifier(self) -> CertVerifier | None:
+        if not self.config.lease_public_keys:
+            return None
+        from pidfence.wire.cert import KeyFileError, cert_verifier
+
+        try:
+            return cert_verifier(self.config.lease_public_keys)
+        except KeyFileError as exc:
+            raise ProducerConfigError(f"lease_public_keys: {exc}") from None
 
     @property
     def resumed_from_expired(self) -> bool:

@@ -22,8 +22,13 @@ from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.errors import BrokerUnavailable
 from pidfence.producer.sequencer import Sequencer
 from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, MalformedHeader, decode_pf
+from pidfence.wire.cert import CERT_HEADER_KEY
 
 log = logging.getLogger(__name__)
+
+#: ``verifier(pid, generation, pfc, now_ms)``: None when ``pfc`` proves (pid, generation), else
+#: why not (the broker rules' ``Verifier``).
+CertVerifier = Callable[[int, int, "bytes | None", int], "str | None"]
 
 #: pid -> (topic, partition) -> highest seq of a data record seen.
 Highs = dict[int, dict[TopicPartition, int]]
@@ -142,7 +147,7 @@ class KafkaScanner:
             if msg.offset() >= ends[tp]:
                 open_parts.discard(tp)
                 continue
-            state.note(tp, msg.headers())
+            state.note(tp, msg.headers(), msg.timestamp()[1])
             if msg.offset() + 1 >= ends[tp]:
                 open_parts.discard(tp)
 
@@ -171,34 +176,60 @@ class ScanState:
         base: Mapping[int, Mapping[TopicPartition, int]] | None = None,
         generations: Mapping[int, int] | None = None,
         window: int = 5,
+        verifier: CertVerifier | None = None,
     ) -> None:
         self.pids = pids
+        self._verifier = verifier
         self.highs: Highs = {pid: dict((base or {}).get(pid, {})) for pid in pids}
         self._base_gen = dict(generations or {})
         self._window = window
         self._gens: dict[tuple[int, TopicPartition], int] = {}
         self._held: dict[tuple[int, TopicPartition], dict[int, int]] = {}
 
-    def note(self, tp: TopicPartition, headers: Iterable[tuple[str, Any]] | None) -> None:
-        """Feed one raw record of ``tp`` (its headers), in offset order."""
+    def note(
+        self, tp: TopicPartition, headers: Iterable[tuple[str, Any]] | None, ts_ms: int = 0
+    ) -> None:
+        """Feed one raw record of ``tp`` (its headers and timestamp), in offset order."""
+        pf_value: Any = None
+        cert: bytes | None = None
         for key, value in headers or ():
-            if key != PF_HEADER_KEY or value is None:
-                continue
-            try:
-                pf = decode_pf(value)
-            except MalformedHeader:
-                return
-            if pf.pid in self.pids:
-                self._judge(pf.pid, tp, pf.generation, pf.seq, bool(pf.flags & FLAG_FENCE))
+            if key == PF_HEADER_KEY and pf_value is None:
+                pf_value = value
+            elif key == CERT_HEADER_KEY and cert is None:
+                cert = value
+        if pf_value is None:
             return
+        try:
+            pf = decode_pf(pf_value)
+        except MalformedHeader:
+            return
+        if pf.pid in self.pids:
+            fence = bool(pf.flags & FLAG_FENCE)
+            self._judge(pf.pid, tp, pf.generation, pf.seq, fence, cert, ts_ms)
 
-    def _judge(self, pid: int, tp: TopicPartition, generation: int, seq: int, fence: bool) -> None:
+    def _judge(
+        self,
+        pid: int,
+        tp: TopicPartition,
+        generation: int,
+        seq: int,
+        fence: bool,
+        cert: bytes | None = None,
+        ts_ms: int = 0,
+    ) -> None:
         ident = (pid, tp)
         newest = self._gens.get(ident, self._base_gen.get(pid, generation))
         if generation < newest:
             return  # FENCED
-        self._gens[ident] = generation
         held = self._held.setdefault(ident, {})
+        creates = ident not in self._gens and pid not in self._base_gen
+        if self._verifier is not None and (generation > newest or creates):
+            # A verifying sink refuses a move or a new entry without a valid pfc (FORGED, no
+            # state change): a forged FENCE must not fence this pid's later records here either.
+            proven = any(g == generation for g in held.values())
+            if not proven and self._verifier(pid, generation, cert, ts_ms) is not None:
+                return
+        self._gens[ident] = generation
         if generation > newest:
             # A newer generation fences every record still held under an older one.
             for s in [s for s, g in held.items() if g < generation]:
@@ -226,7 +257,9 @@ def consumer_conf(producer_conf: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in producer_conf.items() if k.startswith(keep)}
 
 
-def scan_state(checkpoint: ProducerCheckpoint, successor: int) -> ScanState:
+def scan_state(
+    checkpoint: ProducerCheckpoint, successor: int, verifier: CertVerifier | None = None
+) -> ScanState:
     """The state a resume's scan starts from: the checkpoint's pid appended below its next seqs
     and below its ``ahead`` targets.
 
@@ -238,7 +271,9 @@ def scan_state(checkpoint: ProducerCheckpoint, successor: int) -> ScanState:
     for tp, target in checkpoint.ahead.items():
         known[tp] = max(known.get(tp, 0), target)
     base = {checkpoint.pid: {tp: n - 1 for tp, n in known.items()}}
-    return ScanState({checkpoint.pid, successor}, base, {checkpoint.pid: checkpoint.generation})
+    return ScanState(
+        {checkpoint.pid, successor}, base, {checkpoint.pid: checkpoint.generation}, 5, verifier
+    )
 
 
 def apply_scan(seq: Sequencer, checkpoint: ProducerCheckpoint, highs: Highs) -> None:

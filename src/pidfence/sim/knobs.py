@@ -7,7 +7,12 @@ from typing import Any, Literal, get_args
 
 #: Deliberately broken broker rules, to prove the simulation finds what they break.
 Mutation = Literal[
-    "accept_stale_generation", "accept_old_seq", "drop_fence", "fresh_rollover", "no_verify"
+    "accept_stale_generation",
+    "accept_old_seq",
+    "drop_fence",
+    "fresh_rollover",
+    "no_verify",
+    "trusting_scan",
 ]
 #: Every value of :data:`Mutation`.
 MUTATIONS: tuple[str, ...] = get_args(Mutation)
@@ -55,7 +60,9 @@ class Knobs:
             the producer keep that order).
         mutation: a broken broker rule (or ``fresh_rollover``: the lease server's ``roll``
             leases an unrelated pid, the rollover before DESIGN §9; or ``no_verify``: the sink
-            runs without ``leasePublicKey``, so nothing checks ``pfc``), or None.
+            runs without ``leasePublicKey``, so nothing checks ``pfc``; or ``trusting_scan``: a
+            resume's recovery scan believes every header, as ``IdempotentProducer`` without
+            ``lease_public_keys`` does), or None.
     """
 
     events: int = 60

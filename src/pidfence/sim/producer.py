@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from pidfence.ledger import LedgerEntry, value_digest
 from pidfence.producer.checkpoint import ProducerCheckpoint
@@ -16,6 +17,7 @@ from pidfence.sim.kafka import SimKafka
 from pidfence.sim.knobs import Knobs
 from pidfence.sim.lease import SimLeaseServer
 from pidfence.wire import PF_HEADER_KEY, decode_pf
+from pidfence.wire.cert import CERT_HEADER_KEY
 
 TOPIC = "sim"
 
@@ -180,6 +182,8 @@ class Producers:
         self.lease = lease
         self.keeper = LeaseKeeper(lease, lambda: lease.now)
         self.net = network
+        #: The producers' scan verifies pfc like the sink (None: it trusts every header).
+        self.scan_verifier: Any = None
         self.chains = [
             Chain(c, make_events(rng, c, knobs.events, knobs.partitions))
             for c in range(knobs.producers)
@@ -439,7 +443,8 @@ class Producers:
                 )  # fmt: skip
             # FENCE records go out before any data (DESIGN §6).
             self.net.flush(inst)
-        apply_scan(seq, cp, self._scan(scan_state(cp, seq.pid), cp.taken_ms, inst.fence_ends))
+        state = scan_state(cp, seq.pid, self.scan_verifier)
+        apply_scan(seq, cp, self._scan(state, cp.taken_ms, inst.fence_ends))
         chain.checkpoint = (seq.checkpoint(now), pos)
         return inst
 
@@ -449,5 +454,8 @@ class Producers:
         for p, records in enumerate(kafka.partitions):
             start = kafka.offset_for_time(p, since_ms)
             for rec in records[start : until.get(p, len(records))]:
-                state.note((TOPIC, p), [(PF_HEADER_KEY, rec.header)])
+                headers = [(PF_HEADER_KEY, rec.header)]
+                if rec.cert is not None:
+                    headers.append((CERT_HEADER_KEY, rec.cert))
+                state.note((TOPIC, p), headers, rec.ts_ms)
         return state.highs

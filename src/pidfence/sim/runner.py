@@ -114,6 +114,8 @@ def run(seed: int, **knobs: Any) -> SimResult:
     net = Network(rng, k, kafka)
     producers = Producers(rng, k, lease, net)
     sink = SimSink(rng, k, kafka, TOPIC, [signing.public_key()])
+    # The producers' recovery scan checks pfc as the sink does (ProducerConfig.lease_public_keys).
+    producers.scan_verifier = None if k.mutation == "trusting_scan" else sink.verifier
     attacker = Attacker(random.Random(f"pidfence-sim-attacker:{seed}"), kafka, k.lifetime_ms)
     now = START_MS
     steps = 0

@@ -128,20 +128,12 @@ class SinkOptions:
         """
         if not self.lease_public_keys:
             return None
-        from pidfence.wire.cert import KeyFileError, load_public_keys, verify_cert
+        from pidfence.wire.cert import KeyFileError, cert_verifier
 
         try:
-            keys = load_public_keys(self.lease_public_keys)
+            return cert_verifier(self.lease_public_keys)
         except KeyFileError as exc:
             raise SinkOptionError(f"option leasePublicKey: {exc}") from None
-
-        def verify(pid: int, generation: int, cert: bytes | None, now_ms: int) -> str | None:
-            if cert is None:
-                return "missing"
-            check = verify_cert(cert, keys, pid, generation, now_ms)
-            return None if check.ok else check.reason
-
-        return verify
 
 
 def found_format(path: str) -> str | None:

@@ -1,0 +1,73 @@
+"""The recovery scan checks ``pfc`` as the verifying sink does (issue 13's scan gap)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pidfence.producer import ProducerConfig
+from pidfence.producer.errors import ProducerConfigError
+from pidfence.producer.recovery import ScanState
+from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, encode_pf
+from pidfence.wire.cert import CERT_HEADER_KEY
+
+TP = ("t", 0)
+PID, GEN = 7, 3
+
+
+def only_ok(pid: int, generation: int, cert: bytes | None, now_ms: int) -> str | None:
+    """A stand-in for ``cert_verifier``: b"ok" proves anything, nothing else does."""
+    return None if cert == b"ok" else "missing"
+
+
+def feed(state: ScanState, forged_cert: bytes | None) -> None:
+    """Seqs 0..4 of the pid, an attacker's FENCE one generation ahead, then seqs 5..9."""
+    for seq in range(5):
+        state.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, seq))], 1000)
+    forged = [(PF_HEADER_KEY, encode_pf(PID, GEN + 1, 0, FLAG_FENCE))]
+    if forged_cert is not None:
+        forged.append((CERT_HEADER_KEY, forged_cert))
+    state.note(TP, forged, 1000)
+    for seq in range(5, 10):
+        state.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, seq))], 1000)
+
+
+@pytest.mark.parametrize("forged_cert", [None, b"signed by someone else"])
+def test_a_forged_fence_does_not_fence_the_pids_later_records(forged_cert: bytes | None) -> None:
+    state = ScanState({PID}, generations={PID: GEN}, verifier=only_ok)
+    feed(state, forged_cert)
+    assert state.highs[PID][TP] == 9  # what a verifying sink appended
+
+
+def test_without_a_verifier_the_scan_believes_the_forgery() -> None:
+    # Why the option exists: the same topic read trustingly hides seqs 5..9, so a resumer
+    # under a successor pid would send those events again.
+    state = ScanState({PID}, generations={PID: GEN})
+    feed(state, None)
+    assert state.highs[PID][TP] == 4
+
+
+def test_a_proven_fence_still_fences() -> None:
+    state = ScanState({PID}, generations={PID: GEN}, verifier=only_ok)
+    feed(state, b"ok")
+    assert state.highs[PID][TP] == 4
+
+
+def test_config_takes_one_path_or_several_and_reports_a_bad_key_on_resume(
+    tmp_path: Path,
+) -> None:
+    one = ProducerConfig("127.0.0.1:9", lease_public_keys="a.pub")  # type: ignore[arg-type]
+    assert one.lease_public_keys == ("a.pub",)
+    two = ProducerConfig("127.0.0.1:9", lease_public_keys=["a.pub", "b.pub"])  # type: ignore[arg-type]
+    assert two.lease_public_keys == ("a.pub", "b.pub")
+    from unittest.mock import MagicMock
+
+    from pidfence.producer.idempotent import IdempotentProducer
+
+    bad = tmp_path / "bad.pub"
+    bad.write_text("not a key")
+    producer = MagicMock(spec=IdempotentProducer)
+    producer.config = ProducerConfig("127.0.0.1:9", lease_public_keys=(str(bad),))
+    with pytest.raises(ProducerConfigError, match="lease_public_keys"):
+        IdempotentProducer._scan_verifier(producer)
