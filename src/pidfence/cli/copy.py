@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from pidfence.cli.keys import ProducerPublicKeys, producer_public_keys
+
 
 def register(app: typer.Typer) -> None:
     """Add ``copy`` to the ``pidfence`` app."""
@@ -33,15 +35,7 @@ def register(app: typer.Typer) -> None:
         ledger: Annotated[
             Path | None, typer.Option(help="Send ledger (JSON lines) of acknowledged records")
         ] = None,
-        lease_public_key: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--lease-public-key",
-                help="PEM public key(s) of the lease servers (FILE[,FILE], repeatable): a resume's "
-                "recovery scan ignores FENCEs and pids without a valid certificate, as the "
-                "verifying sink does (set it whenever the sink has --lease-public-key)",
-            ),
-        ] = None,
+        lease_public_key: ProducerPublicKeys = None,
     ) -> None:
         """Copy FROM_TOPIC to TO_TOPIC; killed and restarted, the deduplicated output is exact."""
         from rich.progress import Progress, SpinnerColumn, TextColumn
@@ -62,13 +56,7 @@ def register(app: typer.Typer) -> None:
                 idle_exit_s=idle_exit,
                 checkpoint_every=checkpoint_every,
             )
-            public_keys = tuple(
-                k.strip() for item in lease_public_key or () for k in item.split(",") if k.strip()
-            )
-            if public_keys:
-                from pidfence.wire.cert import load_public_keys
-
-                load_public_keys(public_keys)  # a missing or wrong file fails now, not at resume
+            public_keys = producer_public_keys(lease_public_key)
             config = ProducerConfig(bootstrap, lease_public_keys=public_keys)
             # Token and TLS from $PIDFENCE_LEASE_TOKEN_FILE / _TOKEN / _TLS_CA (never argv).
             with LeaseClient(lease_server, **lease_client_options()) as client:

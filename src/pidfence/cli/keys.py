@@ -2,10 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+#: ``--lease-public-key`` of ``pidfence produce`` and ``pidfence copy``.
+ProducerPublicKeys = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--lease-public-key",
+        help="PEM public key(s) of the lease servers (FILE[,FILE], repeatable): a resume's "
+        "recovery scan ignores FENCEs and pids without a valid certificate, as the verifying "
+        "sink does (set it whenever the sink has --lease-public-key)",
+    ),
+]
+
+
+def key_paths(values: Iterable[str] | None) -> tuple[str, ...]:
+    """The files named by a repeatable ``--lease-public-key FILE[,FILE]``."""
+    return tuple(k.strip() for item in values or () for k in item.split(",") if k.strip())
+
+
+def producer_public_keys(values: Iterable[str] | None) -> tuple[str, ...]:
+    """:func:`key_paths`, each file loaded once now so a missing or wrong one fails before any
+    lease is taken (``KeyFileError``), not at the first resume."""
+    paths = key_paths(values)
+    if paths:
+        from pidfence.wire.cert import load_public_keys
+
+        load_public_keys(paths)
+    return paths
 
 
 def register(app: typer.Typer) -> None:

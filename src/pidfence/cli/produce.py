@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from pidfence.cli.keys import ProducerPublicKeys, producer_public_keys
+
 
 def register(app: typer.Typer) -> None:
     """Add ``produce`` to the ``pidfence`` app."""
@@ -53,15 +55,7 @@ def register(app: typer.Typer) -> None:
                 "this run, with it still unacknowledged (0: never)",
             ),
         ] = 0,
-        lease_public_key: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--lease-public-key",
-                help="PEM public key(s) of the lease servers (FILE[,FILE], repeatable): a resume's "
-                "recovery scan ignores FENCEs and pids without a valid certificate, as the "
-                "verifying sink does (set it whenever the sink has --lease-public-key)",
-            ),
-        ] = None,
+        lease_public_key: ProducerPublicKeys = None,
         librdkafka_idempotence: Annotated[
             bool,
             typer.Option(help="librdkafka's own idempotence (in-order on the wire per session)"),
@@ -88,13 +82,7 @@ def register(app: typer.Typer) -> None:
                 stop_after_checkpoint=stop_after_checkpoint,
                 stop_at_record=stop_at_record,
             )
-            public_keys = tuple(
-                k.strip() for item in lease_public_key or () for k in item.split(",") if k.strip()
-            )
-            if public_keys:
-                from pidfence.wire.cert import load_public_keys
-
-                load_public_keys(public_keys)  # a missing or wrong file fails now, not at resume
+            public_keys = producer_public_keys(lease_public_key)
             config = ProducerConfig(
                 bootstrap,
                 enable_idempotence=librdkafka_idempotence,

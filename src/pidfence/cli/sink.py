@@ -25,6 +25,7 @@ from pidfence.cli.exits import (
     exit_cleanly,
     fail,
 )
+from pidfence.cli.keys import key_paths
 
 #: ``pidfence.spark_sink.options.DEFAULT_TABLE_FORMAT``, spelled out so that ``pidfence --help``
 #: does not import the sink (a unit test keeps them equal).
@@ -166,7 +167,7 @@ def register(app: typer.Typer) -> None:
         if reorder_window is not None:
             sink_options["reorderWindow"] = str(reorder_window)
         if lease_public_key:
-            keys = [k.strip() for item in lease_public_key for k in item.split(",") if k.strip()]
+            keys = key_paths(lease_public_key)
             for key in keys:
                 if not Path(key).is_file():
                     fail("sink", f"--lease-public-key {key}: no such file", EXIT_USAGE)
