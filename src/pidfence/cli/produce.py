@@ -47,14 +47,6 @@ def register(app: typer.Typer) -> None:
                 help="Fault hook: SIGSTOP this process right after its N-th state save (0: never)",
             ),
         ] = 0,
-        stop_at_record: Annotated[
-            int,
-            typer.Option(
-                min=0,
-                help="Fault hook: SIGSTOP this process right after producing its N-th record in "
-                "this run, with it still unacknowledged (0: never)",
-            ),
-        ] = 0,
         lease_public_key: ProducerPublicKeys = None,
         librdkafka_idempotence: Annotated[
             bool,
@@ -80,7 +72,6 @@ def register(app: typer.Typer) -> None:
                 resend_every=resend_every,
                 checkpoint_every=checkpoint_every,
                 stop_after_checkpoint=stop_after_checkpoint,
-                stop_at_record=stop_at_record,
             )
             public_keys = producer_public_keys(lease_public_key)
             config = ProducerConfig(

@@ -49,9 +49,6 @@ class LoadSpec:
         stop_after_checkpoint: fault hook for chaos tests: right after saving the state file
             for the N-th time in this run, the process stops itself with SIGSTOP (a zombie
             frozen at a checkpoint; the test sends SIGCONT). 0: never.
-        stop_at_record: fault hook for chaos tests: right after handing this run's N-th record
-            to the producer (still in librdkafka's queue, unacknowledged), the process stops
-            itself with SIGSTOP: a zombie frozen with records in flight. 0: never.
     """
 
     name: str
@@ -63,7 +60,6 @@ class LoadSpec:
     resend_every: int = 0
     checkpoint_every: int = 500
     stop_after_checkpoint: int = 0
-    stop_at_record: int = 0
 
     def __post_init__(self) -> None:
         if self.count < 0 or self.keys < 0 or self.value_size < 0 or self.rate < 0:
@@ -165,16 +161,6 @@ class LoadGenerator:
             log.warning("fault hook: stopping this process (SIGSTOP) after save %d", self._saves)
             os.kill(os.getpid(), signal.SIGSTOP)
 
-    @staticmethod
-    def _stop_in_flight(producer: IdempotentProducer) -> None:
-        # No poll or flush before the stop: what was just produced waits out linger.ms in
-        # librdkafka's queue, so the process freezes holding unacknowledged records.
-        log.warning(
-            "fault hook: stopping this process (SIGSTOP) with %d records unacknowledged",
-            len(producer),
-        )
-        os.kill(os.getpid(), signal.SIGSTOP)
-
     def _checkpoint(self, producer: IdempotentProducer, next_i: int, start_ms: int) -> None:
         left = producer.flush(60.0)
         while left:
@@ -221,8 +207,6 @@ class LoadGenerator:
                         event_id=event,
                     )
                 done = i + 1
-                if done - first_i == spec.stop_at_record:
-                    self._stop_in_flight(producer)
                 if spec.resend_every and done % spec.resend_every == 0:
                     producer.poll(0)
                     result.resent += producer.resend_acknowledged(1)
