@@ -205,3 +205,14 @@ def test_empty_and_all_null_batches() -> None:
     assert nulls.verdicts() == [Verdict.NON_IDEMPOTENT] * 3
     assert nulls.log_order.tolist() == [0, 1, 2]
     assert nulls.counts() == {Verdict.NON_IDEMPOTENT: 3}
+
+
+@given(
+    st.lists(st.integers(0, 2**63 - 1), max_size=300), st.sampled_from([2**8, 2**20, 2**40, 2**63])
+)
+def test_stable_order_is_numpy_stable_argsort(values: list[int], span: int) -> None:
+    """The radix grouping of pids orders exactly like numpy's stable sort, at every span."""
+    from pidfence.broker_plugin.batch import _stable_order
+
+    arr = np.array([v % span for v in values], dtype=np.int64)
+    assert _stable_order(arr).tolist() == np.argsort(arr, kind="stable").tolist()

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable, rebuild, replay_batch
-from pidfence.wire import Verdict, encode_pf
+from pidfence.wire import MalformedHeader, Verdict, decode_pf, encode_pf
 from tests.unit.broker_streams import ReferenceTable, StreamKnobs, make_stream
 
 knobs_strategy = st.builds(
@@ -71,14 +71,36 @@ def test_table_matches_reference_model(seed: int, knobs: StreamKnobs, args: Any)
     )
 
 
+#: Multipliers that spread the stream's pids 1..8 over a span below 2**16, below 2**32 and
+#: beyond: the batch path groups producers with a different sort for each.
+PID_SPREADS = (1, 2**14 + 1, 2**29 + 7, 2**50 + 3)
+
+
+def spread_pids(
+    stream: list[tuple[bytes | None, int]], factor: int
+) -> list[tuple[bytes | None, int]]:
+    """The stream with every non-zero pid multiplied by ``factor`` (other headers unchanged)."""
+    out: list[tuple[bytes | None, int]] = []
+    for header, ts in stream:
+        try:
+            pf = decode_pf(header) if header is not None else None
+        except MalformedHeader:
+            pf = None
+        if pf is not None and pf.pid:
+            out.append((encode_pf(pf.pid * factor, pf.generation, pf.seq, pf.flags), ts))
+        else:
+            out.append((header, ts))
+    return out
+
+
 @SETTINGS
 @given(st.integers(0, 2**32), knobs_strategy, table_args, st.lists(st.integers(1, 60), max_size=8),
-       st.booleans())  # fmt: skip
+       st.booleans(), st.sampled_from(PID_SPREADS))  # fmt: skip
 def test_batch_path_decides_exactly_like_offer(
-    seed: int, knobs: StreamKnobs, args: Any, cuts: list[int], as_arrow: bool
+    seed: int, knobs: StreamKnobs, args: Any, cuts: list[int], as_arrow: bool, spread: int
 ) -> None:
     capacity, lifetime, window = args
-    stream = make_stream(random.Random(seed), knobs)
+    stream = spread_pids(make_stream(random.Random(seed), knobs), spread)
     one_by_one = ProducerStateTable(capacity, lifetime, window)
     expected_final, expected_log = sequential(one_by_one, stream)
 

@@ -37,6 +37,9 @@ _MALFORMED: Final = CODE_OF[Verdict.MALFORMED]
 _UNDECIDED: Final = 255
 # Sequences this large go through the exact path, so relative arithmetic cannot overflow.
 _SEQ_FAST_LIMIT: Final = 2**62
+#: Width in bytes of the msgpack unsigned int that follows each tag byte (0: not one).
+_UINT_SIZE: Final = np.zeros(256, dtype=np.int64)
+_UINT_SIZE[[0xCC, 0xCD, 0xCE, 0xCF]] = [1, 2, 4, 8]
 
 
 @dataclass
@@ -101,9 +104,10 @@ def _binary_array(headers: Any) -> pa.Array:
 
 def _read_uint(data: U8, pos: I64) -> tuple[I64, I64, BoolArr]:
     """Decode a msgpack non-negative int at each position: (value, encoded length, ok)."""
-    tag = data[pos].astype(np.int64)
+    raw_tag = data[pos]
+    size = _UINT_SIZE[raw_tag]
+    tag = raw_tag.astype(np.int64)
     fix = tag <= 0x7F
-    size = np.select([tag == 0xCC, tag == 0xCD, tag == 0xCE, tag == 0xCF], [1, 2, 4, 8], 0)
     value = np.where(fix, tag, 0).astype(np.uint64)
     acc = np.zeros(len(pos), dtype=np.uint64)
     widest = int(size.max()) if len(size) else 0
@@ -294,11 +298,39 @@ def offer_batch(
                 h.token = None
     # Header-less and pid-0 records are appended too (DESIGN §4), at their own position.
     opt_out = np.flatnonzero(opt_out_rows)
-    log_order = _merge_log(fast_rows, fast_codes, opt_out, events_time, events_sub, events_idx)
+    log_order = _merge_log(n, fast_rows, fast_codes, opt_out, events_time, events_sub, events_idx)
     return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags, log_order, released)
 
 
+def _ascending(rows: I64, n: int) -> I64:
+    """Distinct row indices below ``n`` in ascending order (O(n), unlike a sort)."""
+    mask = np.zeros(n, dtype=bool)
+    mask[rows] = True
+    return np.flatnonzero(mask).astype(np.int64)
+
+
+def _stable_order(values: I64) -> I64:
+    """``np.argsort(values, kind="stable")``, by radix sort when the values span < 2**32.
+
+    numpy radix-sorts 16-bit keys only; a wider span sorts by the low then the high 16 bits,
+    which is stable and still linear.
+    """
+    if not len(values):
+        return np.empty(0, np.int64)
+    low = int(values.min())
+    span = int(values.max()) - low
+    if span >= 2**32:
+        return np.argsort(values, kind="stable").astype(np.int64)
+    rel = (values - low).astype(np.uint64)
+    order = np.argsort((rel & np.uint64(0xFFFF)).astype(np.uint16), kind="stable")
+    if span >= 2**16:
+        high = (rel[order] >> np.uint64(16)).astype(np.uint16)
+        order = order[np.argsort(high, kind="stable")]
+    return order.astype(np.int64)
+
+
 def _merge_log(
+    n: int,
     fast_rows: I64,
     fast_codes: U8,
     opt_out: I64,
@@ -306,11 +338,12 @@ def _merge_log(
     subs: list[int],
     idx: list[int],
 ) -> I64:
-    """Every appended record in log order: rows decided at their own position (fast-path and
-    opt-out rows) sort by row; a slow row's decisions sort by (row, order within the call)."""
+    """Every appended record of an ``n``-row call in log order: rows decided at their own
+    position (fast-path and opt-out rows) sort by row; a slow row's decisions sort by (row, order
+    within the call)."""
     appended = np.concatenate([fast_rows[fast_codes == _APPENDED], opt_out])
     if not times:
-        return np.sort(appended).astype(np.int64)
+        return _ascending(appended, n)
     all_time = np.concatenate([appended, np.asarray(times, dtype=np.int64)])
     all_sub = np.concatenate([np.zeros(len(appended), np.int64), np.asarray(subs, np.int64)])
     all_idx = np.concatenate([appended, np.asarray(idx, dtype=np.int64)])
@@ -344,7 +377,7 @@ def _plan(
     empty_i = np.empty(0, np.int64)
     if not len(rows):
         return empty_i, np.empty(0, np.uint8), [], [], empty_i
-    order = np.argsort(dec.pid[rows], kind="stable")
+    order = _stable_order(dec.pid[rows])
     sr = rows[order]
     sp, sg, ss, sf = dec.pid[sr], dec.generation[sr], dec.seq[sr], dec.flags[sr]
     starts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1]])
@@ -415,5 +448,5 @@ def _plan(
             table.touched.add(upids[i])
     new_good = good[~exists[good]]
     creations = sorted((int(sr[starts[i]]), upids[i], int(g_first[i])) for i in new_good.tolist())
-    slow_rows = np.sort(sr[row_bad])
+    slow_rows = _ascending(sr[row_bad], len(candidate))
     return fast_rows, fast_codes, final_states, creations, slow_rows

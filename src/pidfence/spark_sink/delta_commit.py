@@ -52,6 +52,7 @@ from pidfence.spark_sink.delta_table import (
     schema_of,
 )
 from pidfence.spark_sink.process import TS_TYPE
+from pidfence.spark_sink.storage import write_parquet
 
 #: Operations that change no rows; a sink commit may land after them.
 CARE_OPERATIONS: Final = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
@@ -222,7 +223,7 @@ def stage_file(
     directory = loc.join(staging_dir(query_id, batch_id))
     loc.fs.create_dir(directory, recursive=True)
     target = f"{directory}/{name}"
-    pq.write_table(table, target, filesystem=loc.fs, compression="zstd")
+    write_parquet(table, target, loc.fs)
     size = loc.fs.get_file_info(target).size
     return StagedFile(name, table.num_rows, int(size), file_stats(table))
 

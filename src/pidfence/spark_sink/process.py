@@ -40,10 +40,10 @@ REJECTS_FILE_SCHEMA: Final = REJECTS_SCHEMA.append(pa.field("pf", pa.binary()))
 #: Records held for reordering at the end of a batch: the log columns plus the raw ``pf``.
 HELD_SCHEMA: Final = LOG_SCHEMA.append(pa.field("pf", pa.binary()))
 CERT_HEADER_KEY: Final = "pfc"
-_APPENDED_CODES: Final = np.array(
-    [CODE_OF[Verdict.APPENDED], CODE_OF[Verdict.NON_IDEMPOTENT]], dtype=np.uint8
-)
 _BUFFERED: Final = CODE_OF[Verdict.BUFFERED]
+#: Per verdict code: does a record with it go to the rejects (not appended, not held)?
+_DROPPED: Final = np.ones(256, dtype=bool)
+_DROPPED[[CODE_OF[Verdict.APPENDED], CODE_OF[Verdict.NON_IDEMPOTENT], _BUFFERED]] = False
 _NON_IDEMPOTENT: Final = CODE_OF[Verdict.NON_IDEMPOTENT]
 _NAMES: Final = np.array([v.name for v in VERDICT_CODES], dtype=object)
 
@@ -86,9 +86,11 @@ def header_values(
     hit = pc.fill_null(pc.equal(keys, key), False).to_numpy(zero_copy_only=False)
     rows = parents[hit]
     positions = np.flatnonzero(hit)
-    first_rows, first_at = np.unique(rows, return_index=True)
+    # Parent indices ascend, so a row's first hit is where the row number changes.
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = rows[1:] != rows[:-1]
     index = np.full(n, -1, dtype=np.int64)
-    index[first_rows] = positions[first_at]
+    index[rows[first]] = positions[first]
     values = flat.field("value")
     if present_null is not None and len(values) and values.null_count:
         values = pc.fill_null(values, pa.scalar(present_null, pa.binary()))
@@ -118,7 +120,11 @@ def process_partition(
     ``st`` is updated in place: table, held payloads and the next log offset. With a verifier on
     ``st.table``, the ``pfc`` header is handed to it.
     """
-    rows = rows.sort_by("offset")
+    offsets = rows.column("offset").to_numpy()
+    if len(offsets) > 1 and not bool(np.all(offsets[1:] > offsets[:-1])):
+        # The Kafka source hands a partition over in offset order; sort only when it did not.
+        rows = rows.sort_by("offset")
+        offsets = rows.column("offset").to_numpy()
     n = rows.num_rows
     headers = pf_headers(rows.column("headers"))
     certs = (
@@ -128,12 +134,11 @@ def process_partition(
     )
     ts = _to_ts(rows.column("timestamp"))
     ts_us = ts.cast(pa.int64()).to_numpy(zero_copy_only=False)
-    offsets = rows.column("offset").to_numpy()
     st.table.forged.clear()
     res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist(), certs)
     base = pa.table(
         {
-            "topic": pa.array([topic] * n, pa.string()),
+            "topic": pa.repeat(pa.scalar(topic, pa.string()), n),
             "partition": pa.array(np.full(n, partition, dtype=np.int32)),
             "log_offset": pa.nulls(n, pa.int64()),
             "pid": pa.array(res.pid),
@@ -148,10 +153,13 @@ def process_partition(
     )
     # Records held by earlier batches that this one decided, from the payloads we kept.
     released_rows = [st.held.pop(int(d.ref)) for d in res.released]
-    released = _held_table(released_rows, topic, partition).select(LOG_SCHEMA.names)
-    source = pa.concat_tables([base, released]) if released_rows else base
     order = _with_non_idempotent(res.log_order, res.verdict)
-    take = np.where(order >= 0, order, n + (-order - 1))
+    if released_rows:
+        released = _held_table(released_rows, topic, partition).select(LOG_SCHEMA.names)
+        source = pa.concat_tables([base, released])
+        take = np.where(order >= 0, order, n + (-order - 1))
+    else:
+        source, take = base, order
     log = source.take(pa.array(take, pa.int64()))
     log_offsets = np.arange(st.next_log, st.next_log + len(take), dtype=np.int64)
     log = log.set_column(2, "log_offset", pa.array(log_offsets))
@@ -162,7 +170,7 @@ def process_partition(
     with_pf = base.append_column("pf", headers)
     for i in buffered.tolist():
         st.held[int(offsets[i])] = _held_row(with_pf, i)
-    dropped = np.flatnonzero(~np.isin(verdict, _APPENDED_CODES) & (verdict != _BUFFERED))
+    dropped = np.flatnonzero(_DROPPED[verdict])
     reject_parts = [
         with_pf.take(pa.array(dropped, pa.int64()))
         .select(LOG_SCHEMA.names)
@@ -189,9 +197,11 @@ def process_partition(
         )
     rejects = pa.concat_tables(reject_parts).sort_by("kafka_offset")
     counts: dict[str, int] = {}
-    for code, count in zip(*np.unique(verdict, return_counts=True), strict=True):
+    per_code = np.bincount(verdict, minlength=len(VERDICT_CODES))
+    for code in np.flatnonzero(per_code).tolist():
         if code != _BUFFERED:
-            counts[VERDICT_CODES[code].name] = counts.get(VERDICT_CODES[code].name, 0) + int(count)
+            name = VERDICT_CODES[code].name
+            counts[name] = counts.get(name, 0) + int(per_code[code])
     for row_verdict in [d.verdict for d in res.released] + flushed:
         counts[row_verdict.name] = counts.get(row_verdict.name, 0) + 1
     held = _held_table(sorted(st.held.values()), topic, partition)

@@ -34,6 +34,9 @@ DATA = "data"
 HELD = "_held"
 STATE = "_state"
 OWNER = "_owner.json"
+#: Columns with a handful of values per file; only these get Parquet dictionary encoding, which
+#: costs more than it saves on keys, values, offsets and sequence numbers (bench/sink.py).
+DICTIONARY_COLUMNS = frozenset({"topic", "partition", "generation", "verdict", "batch"})
 
 
 def batch_name(batch_id: int) -> str:
@@ -180,12 +183,19 @@ class Store:
         Callers give attempt-unique names; a manifest naming the file publishes it.
         """
         self.fs.create_dir(path.rpartition("/")[0], recursive=True)
-        pq.write_table(table, path, filesystem=self.fs, compression="zstd")
+        write_parquet(table, path, self.fs)
         self.sync_file(path)
 
     def read_table(self, path: str) -> pa.Table:
         """Read one Parquet file."""
         return pq.read_table(path, filesystem=self.fs)
+
+
+def write_parquet(table: pa.Table, path: str, fs: pafs.FileSystem) -> None:
+    """Write ``table`` as one zstd Parquet file, dictionary-encoding only low-cardinality
+    columns (:data:`DICTIONARY_COLUMNS`)."""
+    dictionary = [name for name in table.column_names if name in DICTIONARY_COLUMNS]
+    pq.write_table(table, path, filesystem=fs, compression="zstd", use_dictionary=dictionary)
 
 
 def manifest_ids(store: Store) -> list[int]:
