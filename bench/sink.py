@@ -522,7 +522,21 @@ def _start_spark(mode: Mode, cluster: Any) -> Any:
     return spark_session(master=cluster.master_url, app_name="pidfence-bench-sink", conf=conf)
 
 
+def _settle(spark: Any) -> None:
+    """Unload the state stores a finished query left in the driver's JVM and collect garbage.
+
+    Without it the contender after (b) ran beside ~2 GB of dropDuplicates state still loaded
+    (and its maintenance thread), and was measured slower for its place in the order. Executors
+    of a standalone cluster keep their own heaps; this settles only the driver.
+    """
+    jvm = spark._jvm
+    state_store = getattr(jvm.org.apache.spark.sql.execution.streaming.state, "StateStore$")
+    getattr(state_store, "MODULE$").stop()
+    jvm.java.lang.System.gc()
+
+
 def _measure(c: Contender, spark: Any, out: str) -> None:
+    _settle(spark)
     seconds, query_progress = _run(c.build(spark, out, f"{out}-ckpt"))
     outcome = c.outcome(out, query_progress)
     c.times.append(seconds)
@@ -706,7 +720,8 @@ def _report(
         "each query reads the topic from the start: same source, trigger and batch sizes; each "
         f"kind of query first runs once over a {warmup:,}-record topic (JVM and Python workers "
         f"warm); {rounds} interleaved rounds, order rotated each round, best time shown "
-        "(per-round times in the JSON)",
+        "(per-round times in the JSON); before each measured query the driver unloads the "
+        "state stores of the previous one and runs a full GC",
         f"spark.sql.execution.arrow.maxRecordsPerBatch={ARROW_BATCH:,} (the Arrow batches the "
         "Python writers receive; only Arrow paths use it)",
         "(n) is the ceiling of any Python streaming writer on this Spark: the JVM converts the "
