@@ -523,12 +523,15 @@ def _start_spark(mode: Mode, cluster: Any) -> Any:
 
 
 def _settle(spark: Any) -> None:
-    """Unload the state stores a finished query left in the driver's JVM and collect garbage.
+    """Start the next query from the same machine state: the previous query's files on disk,
+    its state stores unloaded from the driver's JVM and its garbage collected.
 
-    Without it the contender after (b) ran beside ~2 GB of dropDuplicates state still loaded
-    (and its maintenance thread), and was measured slower for its place in the order. Executors
-    of a standalone cluster keep their own heaps; this settles only the driver.
+    Without it the contender after (b) ran while the kernel wrote back ~2 GB of dropDuplicates
+    state files (every fsync of the pidfence sink waited behind them) beside that state still
+    loaded, and was measured slower for its place in the order. Executors of a standalone
+    cluster keep their own heaps; this settles only the driver's.
     """
+    os.sync()
     jvm = spark._jvm
     state_store = getattr(jvm.org.apache.spark.sql.execution.streaming.state, "StateStore$")
     getattr(state_store, "MODULE$").stop()
@@ -720,8 +723,8 @@ def _report(
         "each query reads the topic from the start: same source, trigger and batch sizes; each "
         f"kind of query first runs once over a {warmup:,}-record topic (JVM and Python workers "
         f"warm); {rounds} interleaved rounds, order rotated each round, best time shown "
-        "(per-round times in the JSON); before each measured query the driver unloads the "
-        "state stores of the previous one and runs a full GC",
+        "(per-round times in the JSON); before each measured query dirty pages are written "
+        "back (sync) and the driver unloads the previous query's state stores and runs a full GC",
         f"spark.sql.execution.arrow.maxRecordsPerBatch={ARROW_BATCH:,} (the Arrow batches the "
         "Python writers receive; only Arrow paths use it)",
         "(n) is the ceiling of any Python streaming writer on this Spark: the JVM converts the "
