@@ -610,6 +610,7 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
             # The first queries in a JVM (and its Python workers) pay class loading, JIT and
             # imports; no contender should. Each kind of query runs once on the small topic.
             warmers = contenders(kafka.bootstrap, warm, per_trigger, public_key)
+            warm_of = {w.key: w for w in warmers}
             for w, c in zip(warmers, field_contenders, strict=True):
                 out = str(work / f"warm-{c.key}")
                 _attempt(c, _warm, w, spark, out)
@@ -622,6 +623,12 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
                     if c.failed is not None:
                         continue
                     progress.update(task, description=f"round {r + 1}: {c.label}")
+                    # Warm again right before: Spark ends Python workers idle for a minute, so
+                    # a Python sink measured after (b) or (s) would pay fresh workers.
+                    rewarm = str(work / f"rewarm-{c.key}{r}")
+                    _attempt(c, _warm, warm_of[c.key], spark, rewarm)
+                    shutil.rmtree(rewarm, ignore_errors=True)
+                    shutil.rmtree(f"{rewarm}-ckpt", ignore_errors=True)
                     out = str(work / f"{c.key}{r}")
                     _attempt(c, _measure, c, spark, out)
                     shutil.rmtree(out, ignore_errors=True)
@@ -723,8 +730,9 @@ def _report(
         "each query reads the topic from the start: same source, trigger and batch sizes; each "
         f"kind of query first runs once over a {warmup:,}-record topic (JVM and Python workers "
         f"warm); {rounds} interleaved rounds, order rotated each round, best time shown "
-        "(per-round times in the JSON); before each measured query dirty pages are written "
-        "back (sync) and the driver unloads the previous query's state stores and runs a full GC",
+        "(per-round times in the JSON); right before each measured query its kind runs once more "
+        "on the small topic (Spark ends Python workers idle for a minute), dirty pages are written "
+        "back (sync), and the driver unloads the previous query's state stores and runs a full GC",
         f"spark.sql.execution.arrow.maxRecordsPerBatch={ARROW_BATCH:,} (the Arrow batches the "
         "Python writers receive; only Arrow paths use it)",
         "(n) is the ceiling of any Python streaming writer on this Spark: the JVM converts the "
