@@ -615,10 +615,13 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
                 out = str(work / f"warm-{c.key}")
                 _attempt(c, _warm, w, spark, out)
             for r in range(rounds):
-                # Interleaved rounds, best time kept, order rotated: this machine is shared
-                # and noisy, and a trend (another helper's job) should not favour one slot.
-                k = r % len(field_contenders)
-                order = field_contenders[k:] + field_contenders[:k]
+                # Interleaved rounds, best time kept, order reversed every other round: this
+                # machine is shared and noisy, and whichever query follows (b) runs ~7 s slower
+                # for its first batches (measured even after a re-warm, sync and GC), so no
+                # contender may follow the same one in every round.
+                order = list(field_contenders if r % 2 == 0 else reversed(field_contenders))
+                k = (r // 2) % len(order)
+                order = order[k:] + order[:k]
                 for c in order:
                     if c.failed is not None:
                         continue
@@ -729,7 +732,7 @@ def _report(
         "in its partition)",
         "each query reads the topic from the start: same source, trigger and batch sizes; each "
         f"kind of query first runs once over a {warmup:,}-record topic (JVM and Python workers "
-        f"warm); {rounds} interleaved rounds, order rotated each round, best time shown "
+        f"warm); {rounds} interleaved rounds, order reversed every other round, best time shown "
         "(per-round times in the JSON); right before each measured query its kind runs once more "
         "on the small topic (Spark ends Python workers idle for a minute), dirty pages are written "
         "back (sync), and the driver unloads the previous query's state stores and runs a full GC",
