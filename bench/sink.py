@@ -4,8 +4,9 @@ One raw topic (``--quick``: 2M records, full: 10M; 1k producers; 5% resends) is 
 pre-encoded ``pf`` headers, and a signed ``pfc`` certificate on the first record of each (pid,
 generation) in its partition (what ``IdempotentProducer`` stamps with signing on). Then every
 contender reads it from the start with the same trigger (available-now, the same
-``maxOffsetsPerTrigger``) on one SparkSession, in interleaved rounds whose order rotates (after a
-warm-up query on a small topic; best round kept):
+``maxOffsetsPerTrigger``) on one SparkSession, in interleaved rounds whose order is reversed every
+other round (each measured query right after a warm-up query of its kind on a small topic; best
+round kept):
 
 (a) Spark's plain Parquet file sink, no deduplication;
 (n) a no-op ``DataSourceStreamArrowWriter``: a Python data source whose writer only consumes the
