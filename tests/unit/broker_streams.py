@@ -36,6 +36,10 @@ class StreamKnobs:
     #: A producer leaps 2-4 generations (killed after its bumps, before its checkpoint); half the
     #: time it then writes one FENCE per generation from its old one up (``resume``).
     leap_rate: float = 0.0
+    #: A run of 1-12 of a producer's records never reaches the log (Kafka lost them).
+    loss_rate: float = 0.0
+    #: Share of producers whose head the reader never saw (they start at a seq up to 40).
+    late_start_rate: float = 0.0
 
 
 @dataclass
@@ -49,6 +53,9 @@ class _Producer:
 def make_stream(rng: random.Random, knobs: StreamKnobs) -> list[tuple[bytes | None, int]]:
     """(pf header or None, ts_ms) records: in order with duplicates, reorders, bumps, zombies."""
     producers = [_Producer(pid=i + 1, generation=rng.randrange(0, 10)) for i in range(knobs.pids)]
+    for p in producers:
+        if knobs.late_start_rate and rng.random() < knobs.late_start_rate:
+            p.next_seq = rng.randrange(1, 41)
     out: list[tuple[bytes | None, int]] = []
     delayed: list[tuple[int, bytes]] = []  # (emit when len(out) reaches, header)
     ts = 1_000
@@ -115,6 +122,12 @@ def make_stream(rng: random.Random, knobs: StreamKnobs) -> list[tuple[bytes | No
                     out.append((encode_pf(p.pid, g, p.next_seq, FLAG_FENCE), stamp))
             continue
         roll -= knobs.leap_rate
+        if roll < knobs.loss_rate:
+            lost = rng.randrange(1, 13)
+            p.sent.extend((p.next_seq + i, p.generation) for i in range(lost))
+            p.next_seq += lost
+            continue
+        roll -= knobs.loss_rate
         if roll < knobs.swap_rate:
             # Pipelining retry: the second record lands first, the first one a little later —
             # sometimes re-sent by a successor generation, which fences the waiting record.
@@ -146,15 +159,23 @@ class ReferenceTable:
         lifetime_ms: int,
         reorder_window: int = 5,
         verifier: Callable[[int, int, bytes | None, int], str | None] | None = None,
+        resolve_gaps: bool = False,
     ) -> None:
         self.capacity = capacity
         self.lifetime = lifetime_ms
         self.window = reorder_window
         self.verifier = verifier
+        self.resolve_gaps = resolve_gaps
         self.entries: dict[int, list[int]] = {}  # pid -> [gen, high, first_seen, order]
         self.held: list[dict[str, Any]] = []
         self.clock = -(2**63)
+        self.horizon = -(2**63)
         self.order = 0
+        #: (pid, generation, first, last, ref, kind) of every gap, in the order found.
+        self.gaps: list[tuple[int, int, int, int, Any, str]] = []
+
+    def open_horizon(self, point: int) -> None:
+        self.horizon = max(self.horizon, point + self.lifetime)
 
     def _land(self, ts: int, out: list[tuple[Any, Verdict]]) -> None:
         if ts <= self.clock:
@@ -162,10 +183,22 @@ class ReferenceTable:
         self.clock = ts
         for pid, (_, _, first_seen, _) in sorted(self.entries.items(), key=lambda kv: kv[1][3]):
             if first_seen + self.lifetime <= self.clock:
-                del self.entries[pid]
-                for h in [h for h in self.held if h["pid"] == pid]:
-                    out.append((h["ref"], Verdict.OUT_OF_ORDER))
+                e = self.entries.pop(pid)
+                mine = [h for h in self.held if h["pid"] == pid]
+                for h in mine:
                     self.held.remove(h)
+                if not self.resolve_gaps:
+                    out += [(h["ref"], Verdict.OUT_OF_ORDER) for h in mine]
+                    continue
+                for h in sorted(mine, key=lambda h: h["seq"]):
+                    if h["gen"] < e[0]:
+                        out.append((h["ref"], Verdict.FENCED))
+                        continue
+                    if h["seq"] > e[1] + 1:
+                        self.gaps.append((pid, h["gen"], e[1] + 1, h["seq"] - 1, h["ref"],
+                                          "expired"))  # fmt: skip
+                    e[0], e[1] = h["gen"], h["seq"]
+                    out.append((h["ref"], Verdict.APPENDED))
             else:
                 break
 
@@ -204,6 +237,13 @@ class ReferenceTable:
             out.append((ref, Verdict.NON_IDEMPOTENT))
             self._land(ts, out)
             return out
+        self._decide(pid, g, s, fence, ts, ref, cert, out)
+        return out
+
+    def _decide(
+        self, pid: int, g: int, s: int, fence: bool, ts: int, ref: Any, cert: bytes | None,
+        out: list[tuple[Any, Verdict]],
+    ) -> None:  # fmt: skip
         at = max(self.clock, ts)
         e = self.entries.get(pid)
         if e is not None and e[2] + self.lifetime <= at:
@@ -220,9 +260,19 @@ class ReferenceTable:
                 self._land(ts, out)
                 self.entries[pid] = [g, s - 1 if fence else 0, self.clock, self.order]
                 self.order += 1
-            else:
+            elif at >= self.horizon:
                 out.append((ref, Verdict.UNKNOWN_PID))
-            return out
+            elif self.verifier is not None and cert is None:
+                out.append((ref, Verdict.UNVERIFIED))
+            elif self.verifier is not None and self.verifier(pid, g, cert, at) is not None:
+                out.append((ref, Verdict.FORGED))
+            else:  # adopted beyond the horizon: its unseen head is a gap
+                out.append((ref, Verdict.APPENDED))
+                self._land(ts, out)
+                self.entries[pid] = [g, s, self.clock, self.order]
+                self.order += 1
+                self.gaps.append((pid, g, 0, s - 1, ref, "head"))
+            return
         moves = g == e[0] + 1
         leap = self._leap(pid, g, cert, ts) if g > e[0] + 1 else None
         if g < e[0]:
@@ -232,7 +282,7 @@ class ReferenceTable:
         elif fence:
             if moves and not self._ok(pid, g, cert, ts):
                 out.append((ref, Verdict.FORGED))
-                return out
+                return
             e[0] = g
             out.append((ref, Verdict.FENCE))
             self._land(ts, out)
@@ -241,24 +291,38 @@ class ReferenceTable:
         elif s == e[1] + 1:
             if moves and not self._ok(pid, g, cert, ts):
                 out.append((ref, Verdict.FORGED))
-                return out
+                return
             e[0], e[1] = g, s
             out.append((ref, Verdict.APPENDED))
             self._release(pid, e, out)
             self._land(ts, out)
-        elif s - e[1] - 1 > self.window:
+        elif s - e[1] - 1 > self.window and not self.resolve_gaps:
             out.append((ref, Verdict.OUT_OF_ORDER))
+        elif s - e[1] - 1 > self.window:
+            if moves and not self._ok(pid, g, cert, ts):
+                out.append((ref, Verdict.FORGED))
+                return
+            mine = [x for x in self.held if x["pid"] == pid]
+            low = min(mine, key=lambda x: x["seq"]) if mine else None
+            if low is None:
+                self.gaps.append((pid, g, e[1] + 1, s - 1, ref, "lost"))
+                e[1] = s - 1
+            else:
+                self.gaps.append((pid, low["gen"], e[1] + 1, low["seq"] - 1, low["ref"], "lost"))
+                e[1] = low["seq"] - 1
+                self._release(pid, e, out)
+            self._decide(pid, g, s, fence, ts, ref, cert, out)
         else:
             same = [x for x in self.held if x["pid"] == pid and x["seq"] == s]
             if same and g == same[0]["gen"]:
                 out.append((ref, Verdict.DUPLICATE))
-                return out
+                return
             if same and g < same[0]["gen"]:
                 out.append((ref, Verdict.FENCED))
-                return out
+                return
             if moves and not self._ok(pid, g, cert, ts):
                 out.append((ref, Verdict.FORGED))
-                return out
+                return
             # A successor's resend replaces a zombie's waiting copy of the same seq.
             for x in same:
                 self.held.remove(x)
@@ -266,7 +330,6 @@ class ReferenceTable:
             self.held.append({"pid": pid, "seq": s, "gen": g, "ref": ref})
             out.append((ref, Verdict.BUFFERED))
             self._land(ts, out)
-        return out
 
     def _release(self, pid: int, e: list[int], out: list[tuple[Any, Verdict]]) -> None:
         while True:

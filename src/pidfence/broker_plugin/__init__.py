@@ -15,7 +15,8 @@ from pidfence.broker_plugin.rebuild import (
     replay_cert,
     replay_verifier,
 )
-from pidfence.broker_plugin.table import ProducerStateTable, Verifier
+from pidfence.broker_plugin.rules import Gap, GapKind, Verifier
+from pidfence.broker_plugin.table import ProducerStateTable
 
 __all__ = [
     "CODE_OF",
@@ -29,6 +30,8 @@ __all__ = [
     "DecodedHeaders",
     # rules
     "Decision",
+    "Gap",
+    "GapKind",
     "ProducerStateTable",
     "decode_headers",
     "offer_batch",

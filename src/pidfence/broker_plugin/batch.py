@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from pidfence.broker_plugin.decision import CODE_OF, VERDICT_CODES, Decision
-from pidfence.broker_plugin.table import _NO_CLOCK, Emit, ProducerStateTable
+from pidfence.broker_plugin.rules import NO_CLOCK, Emit, RulesKernel
 from pidfence.wire import GENERATION_LIMIT, MalformedHeader, Verdict, decode_pf
 
 I64 = npt.NDArray[np.int64]
@@ -190,7 +190,7 @@ def _cert_list(certs: Any, n: int) -> list[bytes | None]:
 
 
 def offer_batch(
-    table: ProducerStateTable,
+    table: RulesKernel,
     headers: pa.Array | Sequence[bytes | None],
     ts_ms: Any,
     refs: Sequence[Any] | None = None,
@@ -222,11 +222,13 @@ def offer_batch(
     verdict[~dec.present | (dec.present & ~dec.malformed & (dec.pid == 0))] = _NON_IDEMPOTENT
     verdict[dec.malformed] = _MALFORMED
     candidate = dec.present & ~dec.malformed & (dec.pid != 0)
+    if _expiry_appends_in_reach(table, int(ts.max())):
+        return _sequential(table, dec, ts, refs, certs, verdict)
     plan = _plan(table, dec, candidate, ts, certs)
     fast_rows, fast_codes, final_states, creations, slow_rows = plan
     verdict[fast_rows] = fast_codes
     # The clock as the landed non-exact rows move it: appended fast rows and header-less rows.
-    landed = np.full(n, _NO_CLOCK, dtype=np.int64)
+    landed = np.full(n, NO_CLOCK, dtype=np.int64)
     appended_fast = fast_rows[fast_codes == _APPENDED]
     landed[appended_fast] = ts[appended_fast]
     opt_out_rows = verdict == _NON_IDEMPOTENT
@@ -302,6 +304,63 @@ def offer_batch(
     return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags, log_order, released)
 
 
+def _expiry_appends_in_reach(table: RulesKernel, last_now: int) -> bool:
+    """Whether an entry holding records may expire during the batch under gap resolution.
+
+    Its held records are then appended at the expiry, a position in the log that only the
+    record-by-record order pins down (the batch path would place it at the next exact row).
+    """
+    if not table.resolve_gaps or not table.held:
+        return False
+    life = table.life
+    now = max(table.clock, last_now)
+    return any(table.entries[pid].first_seen + life <= now for pid in table.held)
+
+
+def _sequential(
+    table: RulesKernel,
+    dec: DecodedHeaders,
+    ts: I64,
+    refs: Sequence[Any] | None,
+    certs: Any,
+    verdict: U8,
+) -> BatchResult:
+    """Every row through the exact rules in order (rare: see :func:`_expiry_appends_in_reach`)."""
+    n = len(ts)
+    call = 0
+    released: list[Decision] = []
+    log: list[int] = []
+    cert_l = _cert_list(certs, n)
+    pid_l, gen_l, seq_l = dec.pid.tolist(), dec.generation.tolist(), dec.seq.tolist()
+    flags_l, ts_l = dec.flags.tolist(), ts.tolist()
+    out: list[Emit] = []
+    for r in range(n):
+        out.clear()
+        if verdict[r] == _MALFORMED:
+            continue
+        ref = refs[r] if refs is not None else r
+        if verdict[r] == _NON_IDEMPOTENT:
+            table.decide(0, 0, 0, 0, ts_l[r], ref, out, (call, r))
+        else:
+            table.decide(pid_l[r], gen_l[r], seq_l[r], flags_l[r], ts_l[r], ref, out, (call, r),
+                         cert_l[r])  # fmt: skip
+        for item_ref, v, token in out:
+            if token is not None and token[0] == call:
+                verdict[token[1]] = CODE_OF[v]
+                if v.appended:
+                    log.append(token[1])
+            else:
+                released.append(Decision(item_ref, v))
+                if v.appended:
+                    log.append(-len(released))
+    for by_seq in table.held.values():
+        for h in by_seq.values():
+            if h.token is not None and h.token[0] == call:
+                h.token = None
+    order = np.asarray(log, dtype=np.int64)
+    return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags, order, released)
+
+
 def _ascending(rows: I64, n: int) -> I64:
     """Distinct row indices below ``n`` in ascending order (O(n), unlike a sort)."""
     mask = np.zeros(n, dtype=bool)
@@ -362,7 +421,7 @@ def _cert_at(certs: Any, row: int) -> bytes | None:
 
 
 def _plan(
-    table: ProducerStateTable,
+    table: RulesKernel,
     dec: DecodedHeaders,
     candidate: BoolArr,
     ts: I64,
@@ -384,7 +443,7 @@ def _plan(
     sizes = np.diff(np.r_[starts, len(sr)])
     gid = np.repeat(np.arange(len(starts)), sizes)
     upids = sp[starts].tolist()
-    life = table.lifetime_ms + table.grace_ms
+    life = table.life
     # Bounds of the clock during the batch: it never passes the largest timestamp, and an entry
     # created here is created at or after its own record's timestamp.
     last_now = max(table.clock, int(ts.max()))

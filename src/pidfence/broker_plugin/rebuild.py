@@ -22,6 +22,7 @@ REPLAYED_FORGERY: Final = b"\x00pidfence-replayed-forgery"
 #: The certificate a replay hands the table for a record the live run did not refuse for want of
 #: proof (any verdict but ``FORGED`` and ``INVALID_GENERATION``).
 REPLAYED_PROOF: Final = b"\x00pidfence-replayed-proof"
+_WITHOUT_PROOF: Final = frozenset({Verdict.INVALID_GENERATION, Verdict.UNVERIFIED})
 
 
 def replay_cert(verdict: str | Verdict | None) -> bytes | None:
@@ -29,8 +30,9 @@ def replay_cert(verdict: str | Verdict | None) -> bytes | None:
 
     ``None`` (verdict unknown) replays without a certificate: right for a run without signing,
     where a leap of several generations is ``INVALID_GENERATION`` and nothing else needs proof.
+    A record committed as ``UNVERIFIED`` replays without one too (adoption refuses it again).
     """
-    if verdict is None or verdict == Verdict.INVALID_GENERATION:
+    if verdict is None or verdict in _WITHOUT_PROOF:
         return None
     return REPLAYED_FORGERY if verdict == Verdict.FORGED else REPLAYED_PROOF
 
@@ -52,6 +54,7 @@ def replay_batch(
     verdicts: Sequence[str | Verdict],
     refs: Sequence[Any] | None = None,
     flush: bool = False,
+    horizon_ms: int | None = None,
 ) -> None:
     """Replay one committed batch of one partition (its records in Kafka-offset order).
 
@@ -63,7 +66,11 @@ def replay_batch(
             ``INVALID_GENERATION`` and the rest apart matter, see :func:`replay_cert`).
         refs: what the live run passed as refs (held records keep them).
         flush: the live run closed the reorder window at the end of this batch.
+        horizon_ms: the live run opened an adoption horizon at this time before the batch
+            (:meth:`~pidfence.broker_plugin.ProducerStateTable.open_horizon`).
     """
+    if horizon_ms is not None:
+        table.open_horizon(horizon_ms)
     certs = [replay_cert(v) for v in verdicts]
     live, table.verifier = table.verifier, replay_verifier
     try:
@@ -74,6 +81,7 @@ def replay_batch(
     finally:
         table.verifier = live
         table.forged.clear()
+        table.gaps.clear()
 
 
 def rebuild(
@@ -84,6 +92,7 @@ def rebuild(
     lifetime_ms: int | None = None,
     reorder_window: int | None = None,
     grace_ms: int | None = None,
+    resolve_gaps: bool | None = None,
 ) -> ProducerStateTable:
     """State after replaying ``records`` in order.
 
@@ -108,6 +117,7 @@ def rebuild(
             lifetime_ms,
             5 if reorder_window is None else reorder_window,
             0 if grace_ms is None else grace_ms,
+            resolve_gaps=bool(resolve_gaps),
         )
     else:
         table = ProducerStateTable.restore(
@@ -116,6 +126,7 @@ def rebuild(
             lifetime_ms=lifetime_ms,
             reorder_window=reorder_window,
             grace_ms=grace_ms,
+            resolve_gaps=resolve_gaps,
         )
     table.verifier = replay_verifier
     for i, record in enumerate(records):
@@ -124,4 +135,5 @@ def rebuild(
         table.offer_header(header, ts_ms, ref=i, cert=replay_cert(verdict))
     table.verifier = None
     table.forged.clear()
+    table.gaps.clear()
     return table

@@ -1,4 +1,4 @@
-"""Full and incremental snapshots of a :class:`ProducerStateTable`.
+"""Full and incremental snapshots of a :class:`RulesKernel`.
 
 Framing: ``b"PFS1"`` + CRC32 (big-endian u32) of the payload + the msgpack payload. A full snapshot
 holds every live entry in ring order and every held record. A delta holds only what changed since
@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, TypeVar
 
 import msgpack
 
 from pidfence.broker_plugin.errors import CorruptSnapshot
-from pidfence.broker_plugin.table import Entry, Held, check_settings
-
-if TYPE_CHECKING:
-    from pidfence.broker_plugin.table import ProducerStateTable
+from pidfence.broker_plugin.rules import NO_CLOCK, Entry, Held, RulesKernel, check_settings
 
 MAGIC: Final = b"PFS1"
-VERSION: Final = 1
+#: Version 2 adds the gap-resolution setting to ``cfg`` and the adoption horizon; version 1
+#: snapshots (no gaps, no horizon) are still read.
+VERSION: Final = 2
+READABLE: Final = frozenset({1, 2})
+K = TypeVar("K", bound=RulesKernel)
 _HEADER = struct.Struct(">4sI")
 
 
@@ -56,14 +57,14 @@ def _unframe(data: bytes, kind: str) -> dict[str, Any]:
         raise CorruptSnapshot(f"undecodable snapshot body: {exc}") from exc
     if not isinstance(payload, dict):
         raise CorruptSnapshot("snapshot body is not a map")
-    if payload.get("v") != VERSION:
+    if payload.get("v") not in READABLE:
         raise CorruptSnapshot(f"unsupported snapshot version {payload.get('v')!r}")
     if payload.get("kind") != kind:
         raise CorruptSnapshot(f"expected a {kind} snapshot, got {payload.get('kind')!r}")
     return payload
 
 
-def _held_rows(table: ProducerStateTable) -> list[list[Any]]:
+def _held_rows(table: RulesKernel) -> list[list[Any]]:
     return [
         [pid, h.seq, h.generation, h.flags, h.ts_ms, h.arrival, h.ref]
         for pid, by_seq in table.held.items()
@@ -71,14 +72,14 @@ def _held_rows(table: ProducerStateTable) -> list[list[Any]]:
     ]
 
 
-def _mark_clean(table: ProducerStateTable, epoch: int) -> None:
+def _mark_clean(table: RulesKernel, epoch: int) -> None:
     table.epoch = epoch
     table.base_serial = table.next_serial
     table.touched.clear()
     table.expired_since = 0
 
 
-def full_snapshot(table: ProducerStateTable) -> bytes:
+def full_snapshot(table: RulesKernel) -> bytes:
     """Every live entry (ring order) and every held record."""
     epoch = table.epoch + 1
     entries = [
@@ -91,8 +92,15 @@ def full_snapshot(table: ProducerStateTable) -> bytes:
             "v": VERSION,
             "kind": "full",
             "epoch": epoch,
-            "cfg": [table.capacity, table.lifetime_ms, table.reorder_window, table.grace_ms],
+            "cfg": [
+                table.capacity,
+                table.lifetime_ms,
+                table.reorder_window,
+                table.grace_ms,
+                int(table.resolve_gaps),
+            ],
             "clock": table.clock,
+            "horizon": table.horizon,
             "serial": table.next_serial,
             "arrival": table.next_arrival,
             "entries": entries,
@@ -103,7 +111,7 @@ def full_snapshot(table: ProducerStateTable) -> bytes:
     return data
 
 
-def delta_snapshot(table: ProducerStateTable) -> bytes:
+def delta_snapshot(table: RulesKernel) -> bytes:
     """What changed since the previous snapshot; work proportional to the producers touched."""
     epoch = table.epoch + 1
     new: list[list[Any]] = []
@@ -127,6 +135,7 @@ def delta_snapshot(table: ProducerStateTable) -> bytes:
             "prev": table.epoch,
             "epoch": epoch,
             "clock": table.clock,
+            "horizon": table.horizon,
             "serial": table.next_serial,
             "arrival": table.next_arrival,
             "expired": table.expired_since,
@@ -139,7 +148,7 @@ def delta_snapshot(table: ProducerStateTable) -> bytes:
     return data
 
 
-def _reverse_ring(table: ProducerStateTable) -> Any:
+def _reverse_ring(table: RulesKernel) -> Any:
     ring = table.ring
     n = len(ring)
     # EntryRing exposes forward iteration only; index from the tail without copying the ring.
@@ -165,7 +174,7 @@ def _entry_row(row: Any) -> list[int]:
 
 
 def restore_chain(
-    cls: type[ProducerStateTable],
+    cls: type[K],
     full: bytes,
     deltas: list[bytes],
     *,
@@ -173,7 +182,8 @@ def restore_chain(
     lifetime_ms: int | None,
     reorder_window: int | None,
     grace_ms: int | None,
-) -> ProducerStateTable:
+    resolve_gaps: bool | None = None,
+) -> K:
     """Apply ``deltas`` to ``full`` and build the table (see module docstring).
 
     Raises:
@@ -189,7 +199,9 @@ def restore_chain(
         grace_ms=grace_ms,
     )
     try:
-        return _restore(cls, full, deltas, capacity, lifetime_ms, reorder_window, grace_ms)
+        return _restore(
+            cls, full, deltas, capacity, lifetime_ms, reorder_window, grace_ms, resolve_gaps
+        )
     except CorruptSnapshot:
         raise
     except _CapacityOverride as exc:
@@ -199,19 +211,24 @@ def restore_chain(
 
 
 def _restore(
-    cls: type[ProducerStateTable],
+    cls: type[K],
     full: bytes,
     deltas: list[bytes],
     capacity: int | None,
     lifetime_ms: int | None,
     reorder_window: int | None,
     grace_ms: int | None,
-) -> ProducerStateTable:
+    resolve_gaps: bool | None,
+) -> K:
     payload = _unframe(full, "full")
     cfg = payload["cfg"]
-    if not isinstance(cfg, list) or len(cfg) != 4:
-        raise CorruptSnapshot("cfg must be [capacity, lifetime_ms, reorder_window, grace_ms]")
-    cap, life, window, grace = (_int(v, "cfg") for v in cfg)
+    # Version 1 has four settings; version 2 adds gap resolution.
+    if not isinstance(cfg, list) or len(cfg) != (4 if payload["v"] == 1 else 5):
+        raise CorruptSnapshot(
+            "cfg must be [capacity, lifetime_ms, reorder_window, grace_ms(, resolve_gaps)]"
+        )
+    cap, life, window, grace = (_int(v, "cfg") for v in cfg[:4])
+    gaps = bool(_int(cfg[4], "cfg")) if len(cfg) == 5 else False
     epoch = _int(payload["epoch"], "epoch")
     rows = [_entry_row(r) for r in payload["entries"]]
     state = payload
@@ -241,6 +258,7 @@ def _restore(
         lifetime_ms if lifetime_ms is not None else life,
         reorder_window if reorder_window is not None else window,
         grace_ms if grace_ms is not None else grace,
+        resolve_gaps=gaps if resolve_gaps is None else resolve_gaps,
     )
     if len(rows) > table.capacity:
         if capacity is not None and len(rows) <= cap:
@@ -262,6 +280,7 @@ def _restore(
         table.entries[pid] = Entry(gen, high, first_seen, serial)
         table.ring.append(pid, serial)
     table.clock = _int(state["clock"], "clock")
+    table.horizon = _int(state.get("horizon", NO_CLOCK), "horizon")
     table.next_serial = _int(state["serial"], "serial")
     table.next_arrival = _int(state["arrival"], "arrival")
     if table.next_serial <= last_serial:

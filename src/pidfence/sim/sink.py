@@ -14,8 +14,7 @@ from typing import Any
 import pyarrow as pa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from pidfence.broker_plugin import ProducerStateTable, rebuild
-from pidfence.broker_plugin.table import Verifier
+from pidfence.broker_plugin import ProducerStateTable, Verifier, rebuild
 from pidfence.sim.kafka import KafkaRecord, SimKafka
 from pidfence.sim.knobs import Knobs, Mutation
 from pidfence.wire import MalformedHeader, Verdict, decode_pf

@@ -134,7 +134,7 @@ def new_table(opts: SinkOptions, verifier: Verifier | None = None) -> ProducerSt
     )
 
 
-def _overrides(opts: SinkOptions) -> dict[str, int]:
+def _overrides(opts: SinkOptions) -> dict[str, Any]:
     return {
         "capacity": opts.capacity,
         "lifetime_ms": opts.lifetime_ms,

@@ -26,6 +26,10 @@ class Verdict(StrEnum):
     #: Would create an entry or move the generation without a valid ``pfc`` certificate
     #: (DESIGN §3 amended); appended last so the batch path's uint8 codes stay stable.
     FORGED = "FORGED"
+    #: A producer the sink met first beyond its horizon (DESIGN §4 amended again), at a record
+    #: without the certificate that adoption needs under signing. Not a forgery: a genuine
+    #: producer's records before its next certificate. Appended last, as ``FORGED`` was.
+    UNVERIFIED = "UNVERIFIED"
 
     @property
     def appended(self) -> bool:

@@ -1,0 +1,529 @@
+"""The rules kernel: one partition's producer state and the broker-side rules of DESIGN §4.
+
+The kernel keeps ``pid -> (generation, highwater, first_seen_ms)`` for every live producer of one
+(topic, partition), in a fixed-size ring in creation order (the proposal's circular buffer), and
+decides each record with the cases of DESIGN §4, in the order the table lists them. It is pure
+computation; :class:`~pidfence.broker_plugin.table.ProducerStateTable` adds the public API, the
+batch path (:mod:`~pidfence.broker_plugin.batch`) decides many records at once through the same
+methods, and :mod:`~pidfence.broker_plugin.snapshot` serialises the state.
+
+State is a function of the records that land (DESIGN §4 amended): a rejected record never changes
+anything, not even the clock. Only ``APPENDED`` and ``FENCE`` records create entries or move
+``generation``/``highwater``; records that land (appended, ``FENCE`` or held for reordering) move
+the clock to the largest timestamp seen among them. A record is judged at ``max(clock, its
+timestamp)``; only a record that lands makes that time the clock and expires entries. An entry is
+created with ``first_seen_ms`` = the clock, so the ring stays ordered by expiry time, and expires
+once the clock reaches ``first_seen_ms + lifetime_ms + grace_ms``.
+
+With a ``verifier`` (signed generations, DESIGN §3 amended), a record that would create an entry,
+move ``generation`` or be held under the next generation must carry a certificate the verifier
+accepts, else it is ``FORGED``. A record several generations ahead (``g > gE + 1``) with a valid
+certificate is judged as if ``g`` were ``gE + 1``.
+
+Two extensions (DESIGN §4 amended again), off by default so a default table answers exactly as
+the proposal's rules do:
+
+* **Gap resolution** (``resolve_gaps=True``): when a producer's reorder window overflows, the
+  seqs below the lowest waiting record are reported as a :class:`Gap` and the producer continues
+  from there, instead of every later record being ``OUT_OF_ORDER``. An entry that expires with
+  records still waiting has its gaps resolved the same way.
+* **Adoption** (:meth:`RulesKernel.open_horizon`): up to a horizon the caller sets (where it
+  could not have seen producers start), an unknown producer met at ``seq > 0`` is adopted at that
+  seq and its unseen head ``0 .. seq-1`` is reported as a gap. Under signing the record must
+  carry a certificate the verifier accepts: without one it is ``UNVERIFIED``, with a bad one
+  ``FORGED``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from pidfence.broker_plugin.ring import EntryRing
+from pidfence.wire import (
+    FLAG_FENCE,
+    GENERATION_LIMIT,
+    PID_LIMIT,
+    SEQ_LIMIT,
+    Verdict,
+)
+
+NO_CLOCK: Final = -(2**63)
+
+#: Internal decision: (caller's ref, verdict, batch token of the record or None).
+Emit = tuple[Any, Verdict, "tuple[int, int] | None"]
+#: ``verifier(pid, generation, cert, now_ms)``: None when ``cert`` proves (pid, generation), else
+#: the reason it does not ("malformed", "wrong_length", "other_identity", "expired", ...).
+Verifier = Callable[[int, int, "bytes | None", int], "str | None"]
+
+APPENDED: Final = Verdict.APPENDED
+NON_IDEMPOTENT: Final = Verdict.NON_IDEMPOTENT
+MALFORMED: Final = Verdict.MALFORMED
+CAPACITY: Final = Verdict.CAPACITY
+FENCE: Final = Verdict.FENCE
+UNKNOWN_PID: Final = Verdict.UNKNOWN_PID
+FENCED: Final = Verdict.FENCED
+INVALID_GENERATION: Final = Verdict.INVALID_GENERATION
+DUPLICATE: Final = Verdict.DUPLICATE
+BUFFERED: Final = Verdict.BUFFERED
+OUT_OF_ORDER: Final = Verdict.OUT_OF_ORDER
+FORGED: Final = Verdict.FORGED
+UNVERIFIED: Final = Verdict.UNVERIFIED
+
+#: Why seqs are missing: ``lost`` (the reorder window overflowed past them), ``head`` (the
+#: producer was adopted beyond the horizon at a later seq), ``expired`` (its entry expired with
+#: records waiting behind them).
+GapKind = Literal["lost", "head", "expired"]
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Seqs ``first .. last`` of (pid, generation) that the table will never append.
+
+    ``ref`` is the caller's ref of the record right after the gap (the sink passes Kafka
+    offsets), ``kind`` says how the gap was found (see :data:`GapKind`).
+    """
+
+    pid: int
+    generation: int
+    first: int
+    last: int
+    ref: Any
+    kind: GapKind
+
+
+class Entry:
+    """A live producer's state on this partition."""
+
+    __slots__ = ("first_seen", "generation", "highwater", "serial")
+
+    def __init__(self, generation: int, highwater: int, first_seen: int, serial: int) -> None:
+        self.generation = generation
+        self.highwater = highwater
+        self.first_seen = first_seen
+        self.serial = serial
+
+
+@dataclass(slots=True)
+class Held:
+    """A record held for reordering until its predecessor arrives."""
+
+    seq: int
+    generation: int
+    flags: int
+    ts_ms: int
+    arrival: int
+    ref: Any
+    #: (call id, row) of the batch call that held it; not part of snapshots.
+    token: tuple[int, int] | None = None
+
+
+class RulesKernel:
+    """One partition's state and the rules that decide one record against it.
+
+    Args:
+        capacity: most live producer entries kept (ring size); a new producer beyond it is refused
+            with ``CAPACITY``, live state is never evicted.
+        lifetime_ms: how long an entry lives after its first record (the lease lifetime).
+        reorder_window: how far past ``highwater + 1`` a record may be held for reordering
+            (0 disables holding: such records are ``OUT_OF_ORDER`` at once, or open a gap).
+        grace_ms: extra life added to every entry: at least how far ahead of real time a record
+            timestamp may be (Kafka's ``log.message.timestamp.after.max.ms``, 1 h by default), so
+            no accepted record can expire a producer whose lease is live.
+        verifier: checks ``pfc`` certificates (see :data:`Verifier`); ``None`` accepts every
+            record (signing off). Not part of the state or of snapshots.
+        resolve_gaps: report and skip a gap when a producer's reorder window overflows (and when
+            its entry expires with records waiting), instead of ``OUT_OF_ORDER``.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        lifetime_ms: int,
+        reorder_window: int = 5,
+        grace_ms: int = 0,
+        verifier: Verifier | None = None,
+        *,
+        resolve_gaps: bool = False,
+    ) -> None:
+        check_settings(
+            capacity=capacity,
+            lifetime_ms=lifetime_ms,
+            reorder_window=reorder_window,
+            grace_ms=grace_ms,
+        )
+        self.capacity = capacity
+        self.lifetime_ms = lifetime_ms
+        self.reorder_window = reorder_window
+        self.grace_ms = grace_ms
+        self.verifier = verifier
+        self.resolve_gaps = bool(resolve_gaps)
+        #: ``FORGED`` verdicts by reason since the caller last cleared it (not state).
+        self.forged: dict[str, int] = {}
+        #: Gaps found since the caller last cleared it (not state: the records decide them).
+        self.gaps: list[Gap] = []
+        self.entries: dict[int, Entry] = {}
+        self.ring = EntryRing(capacity)
+        self.held: dict[int, dict[int, Held]] = {}
+        self.clock = NO_CLOCK
+        #: Unknown producers met at seq > 0 are adopted while a record's time is below this.
+        self.horizon = NO_CLOCK
+        self.next_serial = 0
+        self.next_arrival = 0
+        # Change tracking for incremental snapshots (see snapshot.py).
+        self.epoch = 0
+        self.base_serial = 0
+        self.touched: set[int] = set()
+        self.expired_since = 0
+
+    @property
+    def life(self) -> int:
+        """How long an entry lives: the lifetime plus the timestamp grace."""
+        return self.lifetime_ms + self.grace_ms
+
+    def open_horizon(self, point_ms: int) -> None:
+        """Adopt unknown producers met at seq > 0 until one entry life after ``point_ms``.
+
+        Call it where the caller could not have seen producers start (the log's start was
+        trimmed, reading began mid-log, offsets were lost), with the time of the first record
+        after that point. Every producer alive then ends its lease within one lifetime, and any
+        producer first met later must have started after the point, where its seq 0 was seen.
+        """
+        point_ms = _timestamp(point_ms)
+        self.horizon = max(self.horizon, point_ms + self.life)
+
+    # ------------------------------------------------------------------------- the clock
+
+    def advance(self, ts_ms: int, out: list[Emit]) -> int:
+        """Move the clock to ``max(clock, ts_ms)`` and expire entries; returns the clock."""
+        if ts_ms > self.clock:
+            self.clock = ts_ms
+            self.expire(ts_ms, out)
+        return self.clock
+
+    def expire(self, now: int, out: list[Emit]) -> None:
+        """Drop entries whose life ended at or before ``now``, oldest first."""
+        ring = self.ring
+        life = self.life
+        while len(ring):
+            pid, serial = ring.head()
+            entry = self.entries[pid]
+            if entry.first_seen + life > now:
+                return
+            ring.pop()
+            del self.entries[pid]
+            if serial < self.base_serial:
+                # Entries created since the last snapshot never reached one; deltas skip them.
+                self.expired_since += 1
+            self.touched.discard(pid)
+            held = self.held.pop(pid, None)
+            if held:
+                self.end_with_held(pid, entry, held, out)
+
+    def end_with_held(self, pid: int, entry: Entry, held: dict[int, Held], out: list[Emit]) -> None:
+        """An entry's life ended with records waiting behind a gap.
+
+        By default they can never be appended (``OUT_OF_ORDER``). With gap resolution, the
+        missing seqs are reported and the waiting records appended in seq order (a waiting copy
+        of an older generation than the entry's is ``FENCED``).
+        """
+        if not self.resolve_gaps:
+            for h in sorted(held.values(), key=lambda h: h.arrival):
+                out.append((h.ref, OUT_OF_ORDER, h.token))
+            return
+        for h in sorted(held.values(), key=lambda h: h.seq):
+            if h.generation < entry.generation:
+                out.append((h.ref, FENCED, h.token))
+                continue
+            if h.seq > entry.highwater + 1:
+                self.gaps.append(
+                    Gap(pid, h.generation, entry.highwater + 1, h.seq - 1, h.ref, "expired")
+                )
+            entry.generation = h.generation
+            entry.highwater = h.seq
+            out.append((h.ref, APPENDED, h.token))
+
+    def create(self, pid: int, generation: int, highwater: int, now: int) -> None:
+        """Add a new entry at the ring's tail."""
+        self.entries[pid] = Entry(generation, highwater, now, self.next_serial)
+        self.ring.append(pid, self.next_serial)
+        self.next_serial += 1
+
+    # ------------------------------------------------------------------------- proofs
+
+    def certified(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
+        """Whether (pid, g) is proven by ``cert`` (always, without a verifier); counts failures.
+
+        Expiry is judged at ``max(clock, ts)``: a record cannot make a stale certificate fresh
+        by carrying an old timestamp.
+        """
+        if self.verifier is None:
+            return True
+        reason = self.verifier(pid, g, cert, max(self.clock, ts))
+        if reason is None:
+            return True
+        self.forged[reason] = self.forged.get(reason, 0) + 1
+        return False
+
+    def proven(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
+        """Whether the next generation ``g`` of ``pid`` may move ``gE`` (or be held).
+
+        Held records of the next generation were proven when they were held (their release moves
+        ``gE``), so one of them proves its siblings: the ``pfc`` rides only on the first record
+        the producer sent under a generation, which need not be the first to arrive.
+        """
+        held = self.held.get(pid)
+        if held is not None and any(h.generation == g for h in held.values()):
+            return True
+        return self.certified(pid, g, cert, ts)
+
+    def leap(self, pid: int, g: int, cert: bytes | None, ts: int) -> Verdict | None:
+        """Whether a record of generation ``g > gE + 1`` may be judged as ``gE + 1``.
+
+        Returns None when it may: a verifier is set and the generation is proven (by a held
+        record of the same generation, or by ``cert``). Otherwise the verdict:
+        ``INVALID_GENERATION`` without a verifier or without a certificate (the rule of DESIGN
+        §4), ``FORGED`` when a certificate is there and the verifier refuses it.
+        """
+        if self.verifier is None:
+            return INVALID_GENERATION
+        held = self.held.get(pid)
+        if held is not None and any(h.generation == g for h in held.values()):
+            return None
+        if cert is None:
+            return INVALID_GENERATION
+        return None if self.certified(pid, g, cert, ts) else FORGED
+
+    # ------------------------------------------------------------------------- the rules
+
+    def decide(
+        self,
+        pid: int,
+        g: int,
+        s: int,
+        flags: int,
+        ts: int,
+        ref: Any,
+        out: list[Emit],
+        token: tuple[int, int] | None,
+        cert: bytes | None = None,
+    ) -> None:
+        """Apply DESIGN §4 to one decoded record, in the table's order of cases.
+
+        The record is decided against the state as it is (the clock included); only if it lands
+        does its timestamp move the clock (DESIGN §4 amended).
+        """
+        if pid == 0:
+            out.append((ref, NON_IDEMPOTENT, token))
+            self.advance(ts, out)
+            return
+        fence = flags & FLAG_FENCE
+        entry = self.entries.get(pid)
+        at = ts if ts > self.clock else self.clock
+        if entry is not None and entry.first_seen + self.life <= at:
+            # Expired at this record's time; it only leaves the ring if the record lands.
+            entry = None
+        if entry is None:
+            self.decide_new(pid, g, s, fence, ts, at, ref, out, token, cert)
+            return
+        current = entry.generation
+        if g < current:
+            out.append((ref, FENCED, token))
+            return
+        leapt = g > current + 1
+        if leapt:
+            refused = self.leap(pid, g, cert, ts)
+            if refused is not None:
+                out.append((ref, refused, token))
+                return
+        # A proven leap is judged as the next generation, its proof already given.
+        moves = g != current and not leapt
+        if fence:
+            if moves and not self.proven(pid, g, cert, ts):
+                out.append((ref, FORGED, token))
+                return
+            self.touched.add(pid)
+            entry.generation = g
+            out.append((ref, FENCE, token))
+            self.advance(ts, out)
+            return
+        high = entry.highwater
+        if s <= high:
+            # Rejected: no state change, even under the next generation (Kafka's rule).
+            out.append((ref, DUPLICATE, token))
+            return
+        if s == high + 1:
+            if moves and not self.proven(pid, g, cert, ts):
+                out.append((ref, FORGED, token))
+                return
+            self.touched.add(pid)
+            entry.generation = g
+            entry.highwater = s
+            out.append((ref, APPENDED, token))
+            if pid in self.held:
+                self.release(pid, entry, out)
+            self.advance(ts, out)
+            return
+        if s - high - 1 > self.reorder_window:
+            if not self.resolve_gaps:
+                out.append((ref, OUT_OF_ORDER, token))
+                return
+            if moves and not self.proven(pid, g, cert, ts):
+                out.append((ref, FORGED, token))
+                return
+            self.skip_gap(pid, entry, g, s, ref, out)
+            # Judged again against the entry that now follows the gap.
+            self.decide(pid, g, s, flags, ts, ref, out, token, cert)
+            return
+        held = self.held.get(pid)
+        waiting = held.get(s) if held is not None else None
+        if waiting is not None and g <= waiting.generation:
+            # The same record arrived twice while waiting, or an older generation's copy of a
+            # record a newer generation is already holding.
+            out.append((ref, DUPLICATE if g == waiting.generation else FENCED, token))
+            return
+        if moves and not self.proven(pid, g, cert, ts):
+            out.append((ref, FORGED, token))
+            return
+        self.touched.add(pid)
+        if waiting is not None and held is not None:
+            # A successor generation re-sent a record a zombie's copy of which is waiting: the
+            # waiting copy could only be fenced at release, and calling the resend a DUPLICATE of
+            # it would lose the record. Fence the zombie's copy now and hold the resend instead.
+            del held[s]
+            out.append((waiting.ref, FENCED, waiting.token))
+        if held is None:
+            held = self.held[pid] = {}
+        held[s] = Held(s, g, flags, max(self.clock, ts), self.next_arrival, ref, token)
+        self.next_arrival += 1
+        out.append((ref, BUFFERED, token))
+        self.advance(ts, out)
+
+    def decide_new(
+        self,
+        pid: int,
+        g: int,
+        s: int,
+        fence: int,
+        ts: int,
+        at: int,
+        ref: Any,
+        out: list[Emit],
+        token: tuple[int, int] | None,
+        cert: bytes | None,
+    ) -> None:
+        """A record of a pid without a live entry: create one, adopt it, or refuse it."""
+        if self.ring.full and self.entries[self.ring.head()[0]].first_seen + self.life > at:
+            out.append((ref, CAPACITY, token))
+            return
+        if not (fence or s == 0):
+            if at >= self.horizon:
+                out.append((ref, UNKNOWN_PID, token))
+                return
+            if self.verifier is not None and cert is None:
+                out.append((ref, UNVERIFIED, token))
+                return
+        if not self.certified(pid, g, cert, ts):
+            out.append((ref, FORGED, token))
+            return
+        out.append((ref, FENCE if fence else APPENDED, token))
+        self.advance(ts, out)
+        self.create(pid, g, s - 1 if fence else s, self.clock)
+        if s and not fence:
+            self.gaps.append(Gap(pid, g, 0, s - 1, ref, "head"))
+
+    def skip_gap(self, pid: int, entry: Entry, g: int, s: int, ref: Any, out: list[Emit]) -> None:
+        """The window overflowed at seq ``s``: report the seqs below the lowest waiting record
+        (or ``s``) as lost and move the highwater up to it, appending what then follows."""
+        held = self.held.get(pid)
+        low = min(held) if held else s
+        after = held[low].ref if held and low < s else ref
+        gen = held[low].generation if held and low < s else g
+        self.gaps.append(Gap(pid, gen, entry.highwater + 1, low - 1, after, "lost"))
+        self.touched.add(pid)
+        entry.highwater = low - 1
+        if held:
+            self.release(pid, entry, out)
+
+    def release(self, pid: int, entry: Entry, out: list[Emit]) -> None:
+        """Append held records that now follow the highwater, re-checking each one."""
+        held = self.held[pid]
+        while True:
+            nxt = held.pop(entry.highwater + 1, None)
+            if nxt is None:
+                break
+            if nxt.generation < entry.generation:
+                # A generation bump while it waited: a zombie's record.
+                out.append((nxt.ref, FENCED, nxt.token))
+                break
+            entry.generation = nxt.generation
+            entry.highwater = nxt.seq
+            out.append((nxt.ref, APPENDED, nxt.token))
+        if not held:
+            del self.held[pid]
+
+    def flush_held(self, out: list[Emit]) -> None:
+        """Every held record becomes ``OUT_OF_ORDER`` (in arrival order)."""
+        for held in sorted(
+            (h for by_seq in self.held.values() for h in by_seq.values()), key=lambda h: h.arrival
+        ):
+            out.append((held.ref, OUT_OF_ORDER, held.token))
+        self.touched.update(self.held)
+        self.held.clear()
+
+
+_SETTING_MINIMUM: Final = {"capacity": 1, "lifetime_ms": 1, "reorder_window": 0, "grace_ms": 0}
+
+
+def check_settings(**settings: int | None) -> None:
+    """Refuse impossible table settings (``None`` = not given, skipped).
+
+    Raises:
+        ValueError: a setting is not an int or is below its minimum.
+    """
+    for name, value in settings.items():
+        low = _SETTING_MINIMUM[name]
+        if value is not None and (type(value) is not int or value < low):
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _timestamp(ts_ms: Any) -> int:
+    """``ts_ms`` as an int (numpy ints are fine); the clock must stay an exact int."""
+    if type(ts_ms) is int:
+        return ts_ms
+    if isinstance(ts_ms, numbers.Integral) and not isinstance(ts_ms, bool):
+        return int(ts_ms)
+    raise TypeError(
+        f"ts_ms must be an int (epoch milliseconds, the Kafka record timestamp), "
+        f"got {type(ts_ms).__name__} {ts_ms!r}; nothing was decided"
+    )
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def valid_fields(pid: Any, generation: Any, seq: Any, flags: Any) -> bool:
+    """Whether decoded header fields are ints in range with known flags."""
+    return (
+        type(pid) is int
+        and type(generation) is int
+        and type(seq) is int
+        and type(flags) is int
+        and 0 <= pid < PID_LIMIT
+        and 0 <= generation < GENERATION_LIMIT
+        and 0 <= seq < SEQ_LIMIT
+        and flags in (0, FLAG_FENCE)
+    )
+
+
+def as_int_fields(pid: Any, generation: Any, seq: Any, flags: Any) -> tuple[Any, Any, Any, Any]:
+    """numpy and other integral values as plain ints (anything else unchanged)."""
+    return _integral(pid), _integral(generation), _integral(seq), _integral(flags)
+
+
+as_timestamp = _timestamp
