@@ -248,7 +248,8 @@ def state_file_names(output: Path, topic: str, partition: int) -> list[str]:
 def test_crafted_topic_becomes_the_expected_log_run_after_run(
     spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
 ) -> None:
-    fmt = {"tableFormat": table_format}
+    # The proposal's rules as DESIGN §4 states them (the sink resolves gaps by default).
+    fmt = {"tableFormat": table_format, "resolveGaps": "false"}
     topic = new_topic(partitions=2)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
 
@@ -309,7 +310,8 @@ def _spark_delta_reads(out: Path, expected: list[dict[str, Any]]) -> None:
 def test_lost_or_corrupt_newest_state_is_rebuilt_from_older_state_and_the_log(
     spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
 ) -> None:
-    fmt = {"tableFormat": table_format}
+    # The proposal's rules as DESIGN §4 states them (the sink resolves gaps by default).
+    fmt = {"tableFormat": table_format, "resolveGaps": "false"}
     topic = new_topic(partitions=2)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     sent = produce(kafka.bootstrap, topic, RUN1)

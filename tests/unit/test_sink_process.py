@@ -77,7 +77,11 @@ def kafka_rows(records: list[Record], topic: str = "t", partition: int = 0) -> p
 
 
 def reference(records: list[Record], **kwargs: Any) -> tuple[list[int], dict[int, str]]:
-    """Per-record rules: appended Kafka offsets in log order, and dropped offset → verdict."""
+    """Per-record rules: appended Kafka offsets in log order, and dropped offset → verdict.
+
+    Gap resolution is on unless ``resolve_gaps=False`` is passed, as in the sink.
+    """
+    kwargs.setdefault("resolve_gaps", True)
     table = ProducerStateTable(**kwargs)
     log: list[int] = []
     dropped: dict[int, str] = {}
@@ -97,7 +101,7 @@ SETTINGS = {"capacity": 64, "lifetime_ms": 10_000_000, "reorder_window": 3}
 def test_batches_equal_per_record_rules(seed: int) -> None:
     records = make_stream(seed)
     rng = random.Random(seed)
-    st = PartitionState(ProducerStateTable(**SETTINGS))
+    st = PartitionState(ProducerStateTable(**SETTINGS, resolve_gaps=True))
     logs, rejects = [], []
     i = 0
     while i < len(records):

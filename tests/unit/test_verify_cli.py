@@ -143,6 +143,7 @@ def test_json_report_and_ledger_folder_and_several_ledgers(tmp_path: Path, outpu
         "expired": 0,
         "unacknowledged": 0,
         "superseded": 0,
+        "upstream_gap": 0,
     }
 
 

@@ -124,6 +124,15 @@ def register(app: typer.Typer) -> None:
                 "must carry a valid lease certificate, else FORGED",
             ),
         ] = None,
+        allow_data_loss: Annotated[
+            bool,
+            typer.Option(
+                "--allow-data-loss",
+                help="Continue past Kafka offsets deleted before the sink read them (retention "
+                "while it was stopped): the gap is reported and the producers met after it are "
+                "adopted. Default: exit 3 naming the lost offsets",
+            ),
+        ] = False,
         table_format: Annotated[
             TableFormat | None,
             typer.Option(
@@ -139,9 +148,10 @@ def register(app: typer.Typer) -> None:
         """Deduplicate TOPIC into the exactly-once output log at OUTPUT (and its rejects log).
 
         Exit 0 when done (or stopped by SIGINT/SIGTERM after a batch), 2 for a bad option,
-        3 when Kafka cannot be reached, the topic does not exist or a path is not usable
-        (another writer's Delta table included), 75 when the query failed (running it again
-        continues from the checkpoint).
+        3 when Kafka cannot be reached, the topic does not exist, a path is not usable
+        (another writer's Delta table included) or Kafka deleted records the sink had not read
+        (see --allow-data-loss), 75 when the query failed (running it again continues from the
+        checkpoint).
         """
         if ctx.invoked_subcommand is not None:
             return
@@ -154,6 +164,7 @@ def register(app: typer.Typer) -> None:
 
         from pidfence.cli import preflight
         from pidfence.spark_sink import SinkOptionError, SinkOptions
+        from pidfence.spark_sink.data_loss import data_lost, lost_ranges
         from pidfence.spark_sink.faults import resolve_self_pgid
         from pidfence.wire import PidfenceError
 
@@ -189,9 +200,14 @@ def register(app: typer.Typer) -> None:
             fail("sink", str(exc), code_of(exc))
         if warning := found.no_pf_warning:
             err.print(f"pidfence sink: warning: {warning}")
+        starts = preflight.start_offsets(checkpoint, found.watermarks, starting_offsets.value)
+        if lost := lost_ranges(starts, found.watermarks):
+            if not allow_data_loss:
+                fail("sink", str(data_lost(lost)), EXIT_UNAVAILABLE)
+            gone = ", ".join(r.human() for r in lost)
+            err.print(f"pidfence sink: warning: continuing after records Kafka deleted ({gone})")
         total = None
         if available_now:
-            starts = preflight.start_offsets(checkpoint, found.watermarks, starting_offsets.value)
             total = preflight.records_to_read(found.watermarks, starts)
 
         resolve_self_pgid()
@@ -202,6 +218,7 @@ def register(app: typer.Typer) -> None:
             console, master, bootstrap, topic, output, checkpoint, log_file, total,
             available_now=available_now, trigger_seconds=trigger,
             starting_offsets=starting_offsets.value, sink_options=sink_options,
+            allow_data_loss=allow_data_loss,
         )  # fmt: skip
         dropped = sum(summary.dropped.values())
         console.print(
@@ -378,6 +395,16 @@ def _run(
     except Exception as exc:  # noqa: BLE001 - a Spark/JVM failure: one line, the log has the rest
         from pyspark.errors import StreamingQueryException
 
+        from pidfence.spark_sink.data_loss import is_spark_data_loss
+
+        if isinstance(exc, StreamingQueryException) and is_spark_data_loss(str(exc)):
+            fail(
+                "sink",
+                "Kafka deleted records before the sink read them (retention overtook the "
+                f"sink){where}; rerun with --allow-data-loss to continue after them, with the gap "
+                "reported",
+                EXIT_UNAVAILABLE,
+            )
         if isinstance(exc, StreamingQueryException):  # it ran, then failed: a rerun continues
             fail(
                 "sink",

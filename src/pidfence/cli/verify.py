@@ -46,7 +46,7 @@ def run_verify(ledgers: list[Path], output: str, rejects: str | None, as_json: b
     """Read the inputs, run the checker, print the report; returns the exit code."""
     from rich.console import Console
 
-    from pidfence.spark_sink import read_log, read_rejects
+    from pidfence.spark_sink import read_gaps, read_log, read_rejects
     from pidfence.verify import check, read_ledger
     from pidfence.verify.ledger import ledger_files
 
@@ -63,7 +63,7 @@ def run_verify(ledgers: list[Path], output: str, rejects: str | None, as_json: b
         entries = list(read_ledger(files))
         log = read_log(output)
         rejected = read_rejects(output, rejects)
-        report = check(entries, log, rejected)
+        report = check(entries, log, rejected, read_gaps(output))
     except (OSError, ValueError) as exc:
         return _bad(str(exc))
     if as_json:

@@ -26,7 +26,7 @@ from pidfence.spark_sink.pipeline import (
     serve,
     start_sink,
 )
-from pidfence.spark_sink.readers import read_log, read_rejects
+from pidfence.spark_sink.readers import read_gaps, read_log, read_rejects
 
 
 def register(spark: Any) -> None:
@@ -60,6 +60,7 @@ __all__ = [
     "SplitPartitionError",
     "build_query",
     "parse_duration_ms",
+    "read_gaps",
     "read_log",
     "read_rejects",
     "register",

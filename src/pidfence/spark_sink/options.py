@@ -46,8 +46,8 @@ def _int(options: dict[str, str], name: str, default: int, low: int) -> int:
     return value
 
 
-def _bool(options: dict[str, str], name: str) -> bool:
-    raw = options.get(name, "false").strip().lower()
+def _bool(options: dict[str, str], name: str, default: bool = False) -> bool:
+    raw = options.get(name, "true" if default else "false").strip().lower()
     if raw not in ("true", "false"):
         raise SinkOptionError(f"option {name}={raw!r} must be true or false")
     return raw == "true"
@@ -74,6 +74,9 @@ class SinkOptions:
             need a valid ``pfc`` certificate, else they are ``FORGED``.
         table_format: ``manifest`` (pidfence's own layout) or ``delta`` (Delta Lake tables)
             (``tableFormat``).
+        resolve_gaps: when a producer's reorder window overflows, report the missing seqs as a
+            gap and continue after them (``resolveGaps``, default true; false keeps the
+            proposal's ``OUT_OF_ORDER`` for every later record).
     """
 
     path: str
@@ -86,6 +89,7 @@ class SinkOptions:
     grace_ms: int = DEFAULT_TIMESTAMP_SKEW_MS
     lease_public_keys: tuple[str, ...] = ()
     table_format: str = DEFAULT_TABLE_FORMAT
+    resolve_gaps: bool = True
 
     @property
     def delta(self) -> bool:
@@ -118,6 +122,7 @@ class SinkOptions:
             ),
             lease_public_keys=_keys(opts.get("leasepublickey")),
             table_format=_table_format(opts.get("tableformat"), path),
+            resolve_gaps=_bool(opts, "resolvegaps", default=True),
         )
 
     def verifier(self) -> Verifier | None:

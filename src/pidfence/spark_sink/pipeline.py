@@ -29,11 +29,15 @@ class SinkRunSummary:
     dropped: dict[str, int] = field(default_factory=dict)
     #: ``FORGED`` records by reason (``missing``, ``unknown_key`` …).
     forged: dict[str, int] = field(default_factory=dict)
+    #: Gaps reported, by kind (``lost``, ``head``, ``expired``, ``offsets``).
+    gaps: dict[str, int] = field(default_factory=dict)
 
     def add_manifest(self, manifest: Mapping[str, Any]) -> None:
         """Account one committed batch."""
         self.batches.append(int(manifest["batch"]))
         for part in manifest["parts"]:
+            for gap in part.get("gaps") or ():
+                self.gaps[gap["kind"]] = self.gaps.get(gap["kind"], 0) + 1
             self.records_in += int(part["rows_in"])
             self.appended += int(part["appended"])
             for verdict, n in part["counts"].items():
@@ -67,6 +71,7 @@ def build_query(
     starting_offsets: str = "earliest",
     sink_options: Mapping[str, str] | None = None,
     kafka_options: Mapping[str, str] | None = None,
+    allow_data_loss: bool = False,
 ) -> Any:
     """A ready ``DataStreamWriter`` from a Kafka topic into the pidfence sink (not started).
 
@@ -82,6 +87,9 @@ def build_query(
         sink_options: extra sink options (``lifetime``, ``capacity``, ``reorderWindow`` …).
         kafka_options: extra Kafka source options (not ``minPartitions`` or
             ``maxRecordsPerPartition``: they split a partition across tasks).
+        allow_data_loss: continue past Kafka offsets that are gone (retention during downtime;
+            the source's ``failOnDataLoss=false``); the sink reports them as an ``offsets`` gap
+            and adopts the producers it meets there. Default: the query fails.
 
     Raises:
         SinkOptionError: a forbidden Kafka option.
@@ -101,7 +109,7 @@ def build_query(
         .option("subscribe", topic)
         .option("startingOffsets", starting_offsets)
         .option("includeHeaders", "true")
-        .option("failOnDataLoss", "true")
+        .option("failOnDataLoss", "false" if allow_data_loss else "true")
     )
     for key, value in (kafka_options or {}).items():
         reader = reader.option(key, value)
@@ -173,6 +181,7 @@ class BatchLine:
         lag: the Kafka source's ``maxOffsetsBehindLatest`` after the batch (None if unknown).
         seconds: the batch's wall time (Spark's ``triggerExecution``; None if unknown).
         forged: ``FORGED`` records by reason (their total is ``dropped["FORGED"]``).
+        gaps: gaps the batch reported, by kind.
     """
 
     batch: int
@@ -182,6 +191,7 @@ class BatchLine:
     lag: int | None
     seconds: float | None = None
     forged: dict[str, int] = field(default_factory=dict)
+    gaps: dict[str, int] = field(default_factory=dict)
 
     def human(self) -> str:
         """``batch 12: 98,012 in → 97,500 appended, 518 dropped (DUPLICATE 500, FENCED 12,
@@ -194,6 +204,10 @@ class BatchLine:
             if n
         )
         parts.append(f"{total:,} dropped" + (f" ({by_verdict})" if by_verdict else ""))
+        if self.gaps:
+            n = sum(self.gaps.values())
+            kinds = ", ".join(f"{kind} {k:,}" for kind, k in sorted(self.gaps.items()))
+            parts.append(f"{n:,} gap{'s' if n != 1 else ''} ({kinds})")
         if self.lag is not None:
             parts.append(f"lag {self.lag:,}")
         if self.seconds is not None:
@@ -266,7 +280,7 @@ class BatchWatcher:
             lines.append(
                 BatchLine(
                     bid, one.records_in, one.appended, one.dropped, seen.lag, seen.seconds,
-                    one.forged,
+                    one.forged, one.gaps,
                 )
             )  # fmt: skip
             self.last = bid

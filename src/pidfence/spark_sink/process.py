@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pidfence.broker_plugin import CODE_OF, VERDICT_CODES
+from pidfence.spark_sink.gaps import GapReport, seq_gaps, unread_offsets
 from pidfence.spark_sink.state import HeldRow, PartitionState
 from pidfence.wire import PF_HEADER_KEY, Verdict
 
@@ -54,7 +55,9 @@ class PartitionOutput:
 
     ``held`` is every record still held for reordering at the end of the batch (committed with
     it); ``forged`` counts ``FORGED`` verdicts by reason; ``flushed`` says the reorder window was
-    closed at the end of the batch (a replay does the same).
+    closed at the end of the batch (a replay does the same); ``gaps`` are the gaps the batch
+    found; ``horizon_ms`` is set when the batch opened an adoption horizon (a replay opens it
+    again).
     """
 
     log: pa.Table
@@ -64,6 +67,8 @@ class PartitionOutput:
     counts: dict[str, int]
     forged: dict[str, int]
     flushed: bool
+    gaps: list[GapReport]
+    horizon_ms: int | None = None
 
 
 def header_values(
@@ -135,7 +140,16 @@ def process_partition(
     ts = _to_ts(rows.column("timestamp"))
     ts_us = ts.cast(pa.int64()).to_numpy(zero_copy_only=False)
     st.table.forged.clear()
+    st.table.gaps.clear()
+    unread = unread_offsets(int(offsets[0]), st.kafka_last) if n else None
+    horizon_ms = None
+    if unread is not None:
+        # The sink could not have seen producers start before this record (DESIGN §4).
+        horizon_ms = int(ts_us[0] // 1000)
+        st.table.open_horizon(horizon_ms)
     res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist(), certs)
+    if n:
+        st.kafka_last = int(offsets[-1])
     base = pa.table(
         {
             "topic": pa.repeat(pa.scalar(topic, pa.string()), n),
@@ -205,9 +219,13 @@ def process_partition(
     for row_verdict in [d.verdict for d in res.released] + flushed:
         counts[row_verdict.name] = counts.get(row_verdict.name, 0) + 1
     held = _held_table(sorted(st.held.values()), topic, partition)
+    gaps = [unread] if unread is not None else []
+    if st.table.gaps:
+        gaps += seq_gaps(st.table.gaps, res.pid.tolist(), res.seq.tolist(), offsets.tolist())
     return PartitionOutput(
-        log, rejects, held, n, counts, dict(sorted(st.table.forged.items())), flush_held
-    )
+        log, rejects, held, n, counts, dict(sorted(st.table.forged.items())), flush_held,
+        gaps, horizon_ms,
+    )  # fmt: skip
 
 
 def _with_non_idempotent(order: np.ndarray, verdict: np.ndarray) -> np.ndarray:

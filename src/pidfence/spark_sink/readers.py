@@ -56,6 +56,25 @@ def _read_delta(path: str, rejects_path: str | None, table: str) -> pa.Table:
     return rows.cast(REJECTS_SCHEMA)
 
 
+def read_gaps(path: str) -> pa.Table:
+    """Every gap the committed batches reported (:data:`~pidfence.spark_sink.gaps.GAP_SCHEMA`),
+    in batch order: Kafka offsets the sink never read and seqs producers never delivered.
+
+    Args:
+        path: the sink's ``path`` option.
+    """
+    from pidfence.spark_sink.gaps import manifest_gaps
+    from pidfence.spark_sink.output import reading_layout
+
+    layout = reading_layout(path)
+    pairs = []
+    for bid in layout.committed_ids():
+        manifest = layout.committed(bid)
+        if manifest is not None:
+            pairs.append((bid, manifest))
+    return manifest_gaps(pairs)
+
+
 def read_log(path: str) -> pa.Table:
     """The committed output log, sorted by (topic, partition, log_offset).
 

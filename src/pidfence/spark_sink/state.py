@@ -59,6 +59,8 @@ class PartitionState:
     chain_len: int = 0
     #: the newest committed batch that read this partition (None: none yet).
     last_batch: int | None = None
+    #: the highest Kafka offset of the partition the committed batches read (None: none).
+    kafka_last: int | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,12 @@ def state_files(store: Store, topic: str, partition: int) -> dict[int, str]:
 def new_table(opts: SinkOptions, verifier: Verifier | None = None) -> ProducerStateTable:
     """An empty table with the sink's settings."""
     return ProducerStateTable(
-        opts.capacity, opts.lifetime_ms, opts.reorder_window, opts.grace_ms, verifier
+        opts.capacity,
+        opts.lifetime_ms,
+        opts.reorder_window,
+        opts.grace_ms,
+        verifier,
+        resolve_gaps=opts.resolve_gaps,
     )
 
 
@@ -140,6 +147,7 @@ def _overrides(opts: SinkOptions) -> dict[str, Any]:
         "lifetime_ms": opts.lifetime_ms,
         "reorder_window": opts.reorder_window,
         "grace_ms": opts.grace_ms,
+        "resolve_gaps": opts.resolve_gaps,
     }
 
 
@@ -206,7 +214,9 @@ def load_state(
         pass
     else:
         table.verifier = verifier
-        return PartitionState(table, held, sf.next_log, top, sf.tag, chain_len, top)
+        return PartitionState(
+            table, held, sf.next_log, top, sf.tag, chain_len, top, int(pos["kafka_last"])
+        )
     table = _rebuild(layout, store, topic, partition, files, top, pos, opts)
     table.verifier = verifier
     refs = {h.ref for by_seq in table.held.values() for h in by_seq.values()}
@@ -215,7 +225,9 @@ def load_state(
             f"{topic}[{partition}]: replaying the committed output holds {sorted(refs)} but "
             f"batch {top} committed {sorted(held)} as held"
         )
-    return PartitionState(table, held, int(pos["log_end"]), None, None, 0, top)
+    return PartitionState(
+        table, held, int(pos["log_end"]), None, None, 0, top, int(pos["kafka_last"])
+    )
 
 
 def _held_payloads(layout: BatchLayout, batch_id: int, part: dict[str, Any]) -> dict[int, HeldRow]:
@@ -320,6 +332,7 @@ def _replay(
             chunk.column("verdict").to_pylist(),
             chunk.column("kafka_offset").to_pylist(),
             flush=bool(part.get("flushed")),
+            horizon_ms=part.get("horizon_ms"),
         )
 
 

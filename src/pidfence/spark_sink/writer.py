@@ -66,10 +66,18 @@ class PartCommit:
     flushed: bool = False
     forged: dict[str, int] = field(default_factory=dict)
     prev: int | None = None
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    horizon_ms: int | None = None
 
     def manifest_entry(self) -> dict[str, Any]:
-        """This part as stored in the manifest."""
+        """This part as stored in the manifest (``gaps`` and ``horizon_ms`` only when set)."""
+        extra: dict[str, Any] = {}
+        if self.gaps:
+            extra["gaps"] = self.gaps
+        if self.horizon_ms is not None:
+            extra["horizon_ms"] = self.horizon_ms
         return {
+            **extra,
             "topic": self.topic,
             "partition": self.partition,
             "rows_in": self.rows_in,
@@ -110,6 +118,8 @@ class PartCommit:
             flushed=bool(entry.get("flushed", False)),
             forged=dict(entry.get("forged") or {}),
             prev=entry.get("prev"),
+            gaps=list(entry.get("gaps") or []),
+            horizon_ms=entry.get("horizon_ms"),
         )
 
 
@@ -243,6 +253,8 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             flushed=out.flushed,
             forged=out.forged,
             prev=st.last_batch,
+            gaps=[g.to_dict() for g in out.gaps],
+            horizon_ms=out.horizon_ms,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -36,6 +36,10 @@ Informational counts (never fail a run):
 * ``superseded``: an acknowledged record the rules dropped (say ``OUT_OF_ORDER`` behind a gap its
   dead predecessor never filled) whose event reached the log under another identity: a resume
   re-sent it; per event nothing is lost.
+* ``upstream_gap``: a gap the sink reported (DESIGN §4 amended again: seqs Kafka never delivered,
+  a producer's head before the sink's horizon, offsets it never read), with its range and how
+  many acknowledged records fall in it. An acknowledged record inside a gap is still ``lost``
+  (its example names the gap); a gap of records nobody acknowledged is information only.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ ANOMALIES: Final = (
     "event_lost",
 )
 #: Counts shown for information only.
-INFORMATIONAL: Final = ("expired", "unacknowledged", "superseded")
+INFORMATIONAL: Final = ("expired", "unacknowledged", "superseded", "upstream_gap")
 #: How many examples each anomaly keeps.
 MAX_EXAMPLES: Final = 10
 
@@ -161,13 +165,19 @@ class CheckReport:
         return "ok" if not bad else ", ".join(f"{n}={c}" for n, c in bad.items())
 
 
-def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> CheckReport:
+def check(
+    ledger: Iterable[LedgerEntry],
+    log: pa.Table,
+    rejects: pa.Table,
+    gaps: pa.Table | None = None,
+) -> CheckReport:
     """Compare acknowledged sends with the output log and the rejects (DESIGN §8).
 
     Args:
         ledger: acknowledged records (any order; a resent record may appear twice).
         log: the output log, columns ``LOG_COLUMNS`` (extra columns are ignored).
         rejects: the rejects log, columns ``REJECT_COLUMNS``.
+        gaps: the gaps the sink reported (:func:`pidfence.spark_sink.read_gaps`), if any.
 
     Returns:
         The report; ``report.ok`` is the pass/fail answer.
@@ -233,6 +243,7 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
             (str(row["verdict"]), int(row["generation"]), value_digest(row["value"]))
         )
 
+    seq_gaps = _seq_gaps(gaps)
     events_in_log = _events_in_log(data, log_rows)
     for ident, sends in acked.items():
         logged = in_log.get(ident)
@@ -257,8 +268,10 @@ def check(ledger: Iterable[LedgerEntry], log: pa.Table, rejects: pa.Table) -> Ch
                 # re-sent its event under another identity: per event, nothing is lost.
                 findings["superseded"].add({**example, "event": entry.event_id})
             else:
-                findings["lost"].add(example)
+                gap = _gap_of(seq_gaps, ident)
+                findings["lost"].add(example if gap is None else {**example, "in_gap": gap})
 
+    _report_gaps(gaps, acked, findings["upstream_gap"])
     _check_order(log_rows, findings["reordered"])
     _check_zombies(log_rows, reject_rows, findings["zombie"])
     events = _check_events(data, log_rows, findings["event_duplicate"], findings["event_lost"])
@@ -373,6 +386,45 @@ def _check_zombies(
         if appended and row["generation"] < top:
             finding.add({**_example(row), "fenced_by_generation": top})
         newest[stream] = max(top, row["generation"])
+
+
+GapKey = tuple[int, str, int]
+
+
+def _seq_gaps(gaps: pa.Table | None) -> dict[GapKey, list[tuple[int, int, str]]]:
+    """(pid, topic, partition) -> [(first seq, last seq, kind)] of the reported seq gaps."""
+    out: dict[GapKey, list[tuple[int, int, str]]] = defaultdict(list)
+    if gaps is None or not gaps.num_rows:
+        return out
+    for row in gaps.to_pylist():
+        if row.get("pid") is not None and row.get("seq_first") is not None:
+            key = (int(row["pid"]), str(row["topic"]), int(row["partition"]))
+            out[key].append((int(row["seq_first"]), int(row["seq_last"]), str(row["kind"])))
+    return out
+
+
+def _gap_of(seq_gaps: dict[GapKey, list[tuple[int, int, str]]], ident: Identity) -> str | None:
+    for first, last, kind in seq_gaps.get(ident[:3], ()):
+        if first <= ident[3] <= last:
+            return f"{kind} seq {first}..{last}"
+    return None
+
+
+def _report_gaps(gaps: pa.Table | None, acked: Mapping[Identity, Any], finding: Finding) -> None:
+    """One informational case per reported gap, with the acknowledged records inside it."""
+    if gaps is None or not gaps.num_rows:
+        return
+    by_stream: dict[GapKey, list[int]] = defaultdict(list)
+    for pid, topic, partition, seq in acked:
+        by_stream[(pid, topic, partition)].append(seq)
+    for row in gaps.to_pylist():
+        example = {k: v for k, v in row.items() if v is not None}
+        if row.get("pid") is not None and row.get("seq_first") is not None:
+            seqs = by_stream.get((int(row["pid"]), str(row["topic"]), int(row["partition"])), [])
+            example["acknowledged_inside"] = sum(
+                1 for s in seqs if row["seq_first"] <= s <= row["seq_last"]
+            )
+        finding.add(example)
 
 
 def _one_line(example: Mapping[str, Any]) -> str:

@@ -1,0 +1,121 @@
+"""Gaps and late starts through the sink's writer (no Spark): reported, committed, replayed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from pidfence.broker_plugin import ProducerStateTable
+from pidfence.spark_sink import read_gaps, read_log, read_rejects
+from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.gaps import GapReport, unread_offsets
+from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.process import process_partition
+from pidfence.spark_sink.state import PartitionState
+from pidfence.spark_sink.writer import PidfenceStreamWriter
+from pidfence.wire import encode_pf
+from tests.unit.test_sink_process import Record, kafka_rows
+
+SETTINGS = {"capacity": "64", "lifetime": "10000", "reorderWindow": "3", "compactEvery": "1",
+            "tableFormat": "manifest"}  # fmt: skip
+QUERY = "0f1e2d3c-gaps-query"
+
+
+def _producer(pid: int, seqs: list[int], first_offset: int, ts: int = 1_000) -> list[Record]:
+    return [(first_offset + i, encode_pf(pid, 2, s), ts + i) for i, s in enumerate(seqs)]
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, path: Path, batches: list[list[Record]],
+         start: int = 0, **extra: str) -> None:  # fmt: skip
+    writer = PidfenceStreamWriter(SinkOptions.parse({"path": str(path), **SETTINGS, **extra}))
+    for b, records in enumerate(batches, start=start):
+        monkeypatch.setattr(writer_mod, "_task_context", lambda b=b: (b, 0, QUERY))
+        message = writer.write(iter(kafka_rows(records).to_batches(max_chunksize=13)))
+        writer.commit([message], b)
+
+
+def test_unread_offsets() -> None:
+    assert unread_offsets(0, None) is None
+    assert unread_offsets(50, None) == GapReport("offsets", offset_after=50)
+    assert unread_offsets(11, 10) is None
+    assert unread_offsets(20, 10) == GapReport("offsets", offset_before=10, offset_after=20)
+
+
+def test_a_first_read_above_offset_zero_adopts_running_producers() -> None:
+    """Retention trimmed offsets 0-49 (seqs 0-49) before the sink first read the partition."""
+    records = _producer(7, list(range(50, 200)), first_offset=50)
+    st = PartitionState(ProducerStateTable(64, 10_000, 3, resolve_gaps=True))
+    out = process_partition(kafka_rows(records[:60]), "t", 0, st)
+    assert out.log.num_rows == 60 and out.rejects.num_rows == 0
+    assert out.horizon_ms == 1_000
+    assert out.gaps == [
+        GapReport("offsets", offset_after=50),
+        GapReport("head", 7, 2, 0, 49, None, 50),
+    ]
+    out = process_partition(kafka_rows(records[60:]), "t", 0, st)
+    assert out.log.num_rows == 90 and out.gaps == [] and out.horizon_ms is None
+
+
+def test_a_lost_record_is_one_gap_with_the_offsets_around_it() -> None:
+    seqs = [*range(50), *range(51, 150)]
+    st = PartitionState(ProducerStateTable(64, 10_000, 3, resolve_gaps=True))
+    out = process_partition(kafka_rows(_producer(7, seqs, 0)), "t", 0, st)
+    assert out.log.num_rows == 149
+    assert out.gaps == [GapReport("lost", 7, 2, 50, 50, 49, 50)]
+
+
+def test_gaps_and_horizons_are_committed_and_survive_losing_every_state_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch 0 starts at offset 20 (a trimmed head), batch 1 loses a record, batch 2 skips
+    offsets (retention during downtime); every state file is then deleted and a fourth batch
+    decides exactly as a run that kept them."""
+    p7 = _producer(7, list(range(20, 40)), first_offset=20)
+    p8 = _producer(8, [*range(0, 10), *range(11, 30)], first_offset=40, ts=1_100)
+    p9 = _producer(9, list(range(300, 310)), first_offset=100, ts=1_200)
+    later = [*_producer(7, list(range(40, 45)), 110, ts=1_300),
+             *_producer(9, [310, 311, 312], 115, ts=1_310)]  # fmt: skip
+    batches = [p7, p8, p9, later]
+    kept, lost = tmp_path / "kept", tmp_path / "lost"
+    _run(monkeypatch, kept, batches)
+    _run(monkeypatch, lost, batches[:3])
+    shutil.rmtree(lost / "_state")
+    _run(monkeypatch, lost, batches[3:], start=3)
+    for path in (kept, lost):
+        log = read_log(str(path))
+        assert log.num_rows == 20 + 29 + 10 + 5 + 3
+        assert read_rejects(str(path)).num_rows == 0
+    assert read_log(str(kept)).equals(read_log(str(lost)))
+    gaps = read_gaps(str(kept)).select(["batch", "kind", "pid", "seq_first", "seq_last",
+                                        "offset_before", "offset_after"])  # fmt: skip
+    assert gaps.to_pylist() == [
+        {"batch": 0, "kind": "offsets", "pid": None, "seq_first": None, "seq_last": None,
+         "offset_before": None, "offset_after": 20},
+        {"batch": 0, "kind": "head", "pid": 7, "seq_first": 0, "seq_last": 19,
+         "offset_before": None, "offset_after": 20},
+        {"batch": 1, "kind": "lost", "pid": 8, "seq_first": 10, "seq_last": 10,
+         "offset_before": 49, "offset_after": 50},
+        {"batch": 2, "kind": "offsets", "pid": None, "seq_first": None, "seq_last": None,
+         "offset_before": 68, "offset_after": 100},
+        {"batch": 2, "kind": "head", "pid": 9, "seq_first": 0, "seq_last": 299,
+         "offset_before": None, "offset_after": 100},
+    ]  # fmt: skip
+    assert read_gaps(str(lost)).equals(read_gaps(str(kept)))
+
+
+def test_with_resolve_gaps_off_the_sink_keeps_the_proposals_rules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seqs = [*range(10), *range(11, 30)]
+    _run(monkeypatch, tmp_path, [_producer(8, seqs, 0)], resolveGaps="false")
+    assert read_log(str(tmp_path)).num_rows == 10
+    assert set(read_rejects(str(tmp_path)).column("verdict").to_pylist()) == {"OUT_OF_ORDER"}
+    assert read_gaps(str(tmp_path)).num_rows == 0
+
+
+def test_read_gaps_of_an_empty_output(tmp_path: Path) -> None:
+    assert read_gaps(str(tmp_path)).num_rows == 0
+    assert isinstance(read_gaps(str(tmp_path)), pa.Table)
