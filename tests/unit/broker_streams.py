@@ -183,22 +183,10 @@ class ReferenceTable:
         self.clock = ts
         for pid, (_, _, first_seen, _) in sorted(self.entries.items(), key=lambda kv: kv[1][3]):
             if first_seen + self.lifetime <= self.clock:
-                e = self.entries.pop(pid)
-                mine = [h for h in self.held if h["pid"] == pid]
-                for h in mine:
+                del self.entries[pid]
+                for h in [h for h in self.held if h["pid"] == pid]:
+                    out.append((h["ref"], Verdict.OUT_OF_ORDER))
                     self.held.remove(h)
-                if not self.resolve_gaps:
-                    out += [(h["ref"], Verdict.OUT_OF_ORDER) for h in mine]
-                    continue
-                for h in sorted(mine, key=lambda h: h["seq"]):
-                    if h["gen"] < e[0]:
-                        out.append((h["ref"], Verdict.FENCED))
-                        continue
-                    if h["seq"] > e[1] + 1:
-                        self.gaps.append((pid, h["gen"], e[1] + 1, h["seq"] - 1, h["ref"],
-                                          "expired"))  # fmt: skip
-                    e[0], e[1] = h["gen"], h["seq"]
-                    out.append((h["ref"], Verdict.APPENDED))
             else:
                 break
 

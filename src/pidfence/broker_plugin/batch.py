@@ -222,8 +222,6 @@ def offer_batch(
     verdict[~dec.present | (dec.present & ~dec.malformed & (dec.pid == 0))] = _NON_IDEMPOTENT
     verdict[dec.malformed] = _MALFORMED
     candidate = dec.present & ~dec.malformed & (dec.pid != 0)
-    if _expiry_appends_in_reach(table, int(ts.max())):
-        return _sequential(table, dec, ts, refs, certs, verdict)
     plan = _plan(table, dec, candidate, ts, certs)
     fast_rows, fast_codes, final_states, creations, slow_rows = plan
     verdict[fast_rows] = fast_codes
@@ -302,63 +300,6 @@ def offer_batch(
     opt_out = np.flatnonzero(opt_out_rows)
     log_order = _merge_log(n, fast_rows, fast_codes, opt_out, events_time, events_sub, events_idx)
     return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags, log_order, released)
-
-
-def _expiry_appends_in_reach(table: RulesKernel, last_now: int) -> bool:
-    """Whether an entry holding records may expire during the batch under gap resolution.
-
-    Its held records are then appended at the expiry, a position in the log that only the
-    record-by-record order pins down (the batch path would place it at the next exact row).
-    """
-    if not table.resolve_gaps or not table.held:
-        return False
-    life = table.life
-    now = max(table.clock, last_now)
-    return any(table.entries[pid].first_seen + life <= now for pid in table.held)
-
-
-def _sequential(
-    table: RulesKernel,
-    dec: DecodedHeaders,
-    ts: I64,
-    refs: Sequence[Any] | None,
-    certs: Any,
-    verdict: U8,
-) -> BatchResult:
-    """Every row through the exact rules in order (rare: see :func:`_expiry_appends_in_reach`)."""
-    n = len(ts)
-    call = 0
-    released: list[Decision] = []
-    log: list[int] = []
-    cert_l = _cert_list(certs, n)
-    pid_l, gen_l, seq_l = dec.pid.tolist(), dec.generation.tolist(), dec.seq.tolist()
-    flags_l, ts_l = dec.flags.tolist(), ts.tolist()
-    out: list[Emit] = []
-    for r in range(n):
-        out.clear()
-        if verdict[r] == _MALFORMED:
-            continue
-        ref = refs[r] if refs is not None else r
-        if verdict[r] == _NON_IDEMPOTENT:
-            table.decide(0, 0, 0, 0, ts_l[r], ref, out, (call, r))
-        else:
-            table.decide(pid_l[r], gen_l[r], seq_l[r], flags_l[r], ts_l[r], ref, out, (call, r),
-                         cert_l[r])  # fmt: skip
-        for item_ref, v, token in out:
-            if token is not None and token[0] == call:
-                verdict[token[1]] = CODE_OF[v]
-                if v.appended:
-                    log.append(token[1])
-            else:
-                released.append(Decision(item_ref, v))
-                if v.appended:
-                    log.append(-len(released))
-    for by_seq in table.held.values():
-        for h in by_seq.values():
-            if h.token is not None and h.token[0] == call:
-                h.token = None
-    order = np.asarray(log, dtype=np.int64)
-    return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags, order, released)
 
 
 def _ascending(rows: I64, n: int) -> I64:

@@ -25,8 +25,10 @@ the proposal's rules do:
 
 * **Gap resolution** (``resolve_gaps=True``): when a producer's reorder window overflows, the
   seqs below the lowest waiting record are reported as a :class:`Gap` and the producer continues
-  from there, instead of every later record being ``OUT_OF_ORDER``. An entry that expires with
-  records still waiting has its gaps resolved the same way.
+  from there, instead of every later record being ``OUT_OF_ORDER``. Only more records of the
+  producer resolve a gap: an entry that expires with records waiting drops them as
+  ``OUT_OF_ORDER``, as the proposal does (a resumer that rolled to a successor pid re-sent their
+  events, counting on exactly that).
 * **Adoption** (:meth:`RulesKernel.open_horizon`): up to a horizon the caller sets (where it
   could not have seen producers start), an unknown producer met at ``seq > 0`` is adopted at that
   seq and its unseen head ``0 .. seq-1`` is reported as a gap. Under signing the record must
@@ -73,9 +75,8 @@ FORGED: Final = Verdict.FORGED
 UNVERIFIED: Final = Verdict.UNVERIFIED
 
 #: Why seqs are missing: ``lost`` (the reorder window overflowed past them), ``head`` (the
-#: producer was adopted beyond the horizon at a later seq), ``expired`` (its entry expired with
-#: records waiting behind them).
-GapKind = Literal["lost", "head", "expired"]
+#: producer was adopted beyond the horizon at a later seq).
+GapKind = Literal["lost", "head"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,30 +221,10 @@ class RulesKernel:
             self.touched.discard(pid)
             held = self.held.pop(pid, None)
             if held:
-                self.end_with_held(pid, entry, held, out)
-
-    def end_with_held(self, pid: int, entry: Entry, held: dict[int, Held], out: list[Emit]) -> None:
-        """An entry's life ended with records waiting behind a gap.
-
-        By default they can never be appended (``OUT_OF_ORDER``). With gap resolution, the
-        missing seqs are reported and the waiting records appended in seq order (a waiting copy
-        of an older generation than the entry's is ``FENCED``).
-        """
-        if not self.resolve_gaps:
-            for h in sorted(held.values(), key=lambda h: h.arrival):
-                out.append((h.ref, OUT_OF_ORDER, h.token))
-            return
-        for h in sorted(held.values(), key=lambda h: h.seq):
-            if h.generation < entry.generation:
-                out.append((h.ref, FENCED, h.token))
-                continue
-            if h.seq > entry.highwater + 1:
-                self.gaps.append(
-                    Gap(pid, h.generation, entry.highwater + 1, h.seq - 1, h.ref, "expired")
-                )
-            entry.generation = h.generation
-            entry.highwater = h.seq
-            out.append((h.ref, APPENDED, h.token))
+                # The producer's life ended with a gap open: its held records can never be
+                # appended (its resumer, if any, re-sent them under a successor).
+                for h in sorted(held.values(), key=lambda h: h.arrival):
+                    out.append((h.ref, OUT_OF_ORDER, h.token))
 
     def create(self, pid: int, generation: int, highwater: int, now: int) -> None:
         """Add a new entry at the ring's tail."""

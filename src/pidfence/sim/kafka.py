@@ -1,8 +1,16 @@
-"""The simulated Kafka topic: append-only partitions that accept everything (at-least-once)."""
+"""The simulated Kafka topic: append-only partitions that accept everything (at-least-once).
+
+It can also lose what it acknowledged, as Kafka does after an unclean leader election or an
+``acks=1`` failover (``lose_p``: the producer hears an acknowledgement, the record is never stored
+and its offset goes to the next record), and delete a partition's head as retention does
+(:meth:`SimKafka.trim`: the records stay in the list, so offsets are list indexes, but readers
+start at :attr:`SimKafka.log_start`).
+"""
 
 from __future__ import annotations
 
 import bisect
+import random
 from dataclasses import dataclass
 
 
@@ -19,12 +27,41 @@ class KafkaRecord:
 
 
 class SimKafka:
-    """One topic with ``partitions`` partitions."""
+    """One topic with ``partitions`` partitions.
 
-    def __init__(self, partitions: int) -> None:
+    Args:
+        partitions: how many.
+        lose_p: probability that an appended record is acknowledged and never stored.
+        rng: the random source of the losses (its own stream, so a schedule without losses is
+            the schedule it always was).
+    """
+
+    def __init__(
+        self, partitions: int, lose_p: float = 0.0, rng: random.Random | None = None
+    ) -> None:
         self.partitions: list[list[KafkaRecord]] = [[] for _ in range(partitions)]
         # Kafka's time index: the largest timestamp up to each offset (non-decreasing).
         self._max_ts: list[list[int]] = [[] for _ in range(partitions)]
+        #: Per partition, the first offset retention has not deleted.
+        self.log_start = [0] * partitions
+        self.lose_p = lose_p
+        self._rng = rng or random.Random(0)
+        #: Records acknowledged and never stored: (partition, the offset they were told).
+        self.lost: list[tuple[int, KafkaRecord]] = []
+        #: Records deleted by :meth:`trim` before anyone asked: (partition, record).
+        self.trimmed: list[tuple[int, KafkaRecord]] = []
+
+    def visible(self, partition: int) -> list[KafkaRecord]:
+        """The records a reader can still fetch (from the log start on)."""
+        return self.partitions[partition][self.log_start[partition] :]
+
+    def trim(self, partition: int, upto: int) -> list[KafkaRecord]:
+        """Retention: delete the partition's records below offset ``upto``; returns them."""
+        upto = min(upto, len(self.partitions[partition]))
+        gone = self.partitions[partition][self.log_start[partition] : upto]
+        self.log_start[partition] = max(self.log_start[partition], upto)
+        self.trimmed.extend((partition, r) for r in gone)
+        return gone
 
     def offset_for_time(self, partition: int, ts_ms: int) -> int:
         """The first offset whose record (or an earlier one) has a timestamp >= ``ts_ms``, as
@@ -40,8 +77,11 @@ class SimKafka:
         ts_ms: int,
         cert: bytes | None = None,
     ) -> int:
-        """Append one record; returns its offset."""
+        """Append one record; returns its offset (for a lost record, the offset it was told)."""
         log = self.partitions[partition]
+        if self.lose_p and self._rng.random() < self.lose_p:
+            self.lost.append((partition, KafkaRecord(len(log), header, key, value, ts_ms, cert)))
+            return len(log)
         log.append(KafkaRecord(len(log), header, key, value, ts_ms, cert))
         times = self._max_ts[partition]
         times.append(max(times[-1], ts_ms) if times else ts_ms)

@@ -1,7 +1,11 @@
 """The simulated sink: the real broker rules per partition, batches, snapshots and restarts.
 
 It verifies ``pfc`` certificates as ``pidfence sink --lease-public-key`` does (the real
-:func:`pidfence.wire.cert.verify_cert`), unless the mutation ``no_verify`` turns that off.
+:func:`pidfence.wire.cert.verify_cert`), unless the mutation ``no_verify`` turns that off. As the
+real sink, it resolves gaps, and opens an adoption horizon when a batch starts past the offsets it
+read (retention trimmed them: :meth:`~pidfence.sim.kafka.SimKafka.trim`), reporting both in
+:attr:`SimSink.gaps`. A restart rebuilds from what the sink read (its committed input), never
+from Kafka, whose head may be gone.
 """
 
 from __future__ import annotations
@@ -90,7 +94,14 @@ class SimSink:
         n = len(kafka.partitions)
         self.tables = [self._table() for _ in range(n)]
         self.committed = [0] * n
-        #: Per partition, the state files in order: ``(is_full, bytes, committed offset)``.
+        #: Per partition, every record the sink read, in order (its committed input).
+        self.read: list[list[KafkaRecord]] = [[] for _ in range(n)]
+        #: Per partition, read index -> the horizon opened before reading that record.
+        self.horizons: list[dict[int, int]] = [{} for _ in range(n)]
+        #: Every gap reported: (partition, kind, pid, generation, first seq, last seq, offset
+        #: after); ``offsets`` gaps carry (None, None, first unread offset, last unread offset).
+        self.gaps: list[tuple[Any, ...]] = []
+        #: Per partition, the state files in order: ``(is_full, bytes, records read)``.
         self.snapshots: list[list[tuple[bool, bytes, int]]] = [[] for _ in range(n)]
         self.snapshot_counts = {"full": 0, "delta": 0}
         self.log: list[list[tuple[KafkaRecord, Verdict]]] = [[] for _ in range(n)]
@@ -105,7 +116,9 @@ class SimSink:
         self.forged_reasons: Counter[str] = Counter()
 
     def _table(self) -> ProducerStateTable:
-        return ProducerStateTable(CAPACITY, self.knobs.lifetime_ms, verifier=self.verifier)
+        return ProducerStateTable(
+            CAPACITY, self.knobs.lifetime_ms, verifier=self.verifier, resolve_gaps=True
+        )
 
     def batch(self, final: bool = False) -> None:
         """One micro-batch over every partition; maybe restart first; snapshot after."""
@@ -113,19 +126,29 @@ class SimSink:
         for p in range(len(self.tables)):
             if self.rng.random() < self.knobs.restart_p:
                 self._restart(p)
-            records = self.kafka.partitions[p][self.committed[p] :]
+            start = max(self.committed[p], self.kafka.log_start[p])
+            records = self.kafka.partitions[p][start:]
             table = self.tables[p]
+            if records and start > self.committed[p]:
+                # Offsets the sink never read: it could not have seen producers start.
+                table.open_horizon(records[0].ts_ms)
+                self.horizons[p][len(self.read[p])] = records[0].ts_ms
+                self.gaps.append((p, "offsets", None, None, self.committed[p], start - 1, start))
             for rec in records:
                 header = rec.header
                 if self.knobs.mutation == "drop_fence" and _is_fence(header):
                     continue
                 for decision in table.offer_header(header, rec.ts_ms, rec.offset, rec.cert):
                     self._record(p, decision.ref, decision.verdict)
+                self._collect_gaps(p, table)
             if final:
                 clock = max((r.ts_ms for r in self.kafka.partitions[p]), default=0)
                 for decision in table.flush(clock):
                     self._record(p, decision.ref, decision.verdict)
-            self.committed[p] += len(records)
+                self._collect_gaps(p, table)
+            self.read[p].extend(records)
+            if records:
+                self.committed[p] = records[-1].offset + 1
             self.forged_reasons.update(table.forged)
             table.forged.clear()
             if self.rng.random() < 0.5:
@@ -133,8 +156,13 @@ class SimSink:
                 # Mostly incremental, as the real sink stores state (a full file every so often).
                 full = not chain or self.rng.random() < 0.25
                 data = table.snapshot() if full else table.snapshot_delta()
-                chain.append((full, data, self.committed[p]))
+                chain.append((full, data, len(self.read[p])))
                 self.snapshot_counts["full" if full else "delta"] += 1
+
+    def _collect_gaps(self, p: int, table: ProducerStateTable) -> None:
+        for gap in table.gaps:
+            self.gaps.append((p, gap.kind, gap.pid, gap.generation, gap.first, gap.last, gap.ref))
+        table.gaps.clear()
 
     def _record(self, p: int, offset: int, verdict: Verdict) -> None:
         rec = self.kafka.partitions[p][offset]
@@ -147,7 +175,8 @@ class SimSink:
             self.rejects[p].append((rec, verdict))
 
     def _restart(self, p: int) -> None:
-        """Lose the in-memory table; rebuild it from a random older snapshot + Kafka suffix."""
+        """Lose the in-memory table; rebuild it from a random older snapshot + the records the
+        sink read after it (reopening the horizons it opened there)."""
         self.restarts += 1
         chain = self.snapshots[p]
         snap: bytes | None = None
@@ -164,28 +193,42 @@ class SimSink:
             snap = ProducerStateTable.restore_chain(full, deltas).snapshot()
             # Newer state files describe the lost timeline; deltas continue from the pick.
             del chain[pick + 1 :]
-        suffix = self.kafka.partitions[p][start : self.committed[p]]
+        suffix = self.read[p][start:]
+        horizons = {i - start: ms for i, ms in self.horizons[p].items() if i >= start}
         if self.knobs.mutation == "drop_fence":
-            suffix = [r for r in suffix if not _is_fence(r.header)]
+            # Fences never reached the rules; keep the horizon positions on the remaining ones.
+            kept = [(i, r) for i, r in enumerate(suffix) if not _is_fence(r.header)]
+            horizons = {j: horizons[i] for j, (i, _) in enumerate(kept) if i in horizons} | {
+                len(kept): ms for i, ms in horizons.items() if i >= len(suffix)
+            }
+            suffix = [r for _, r in kept]
         # rebuild() is the public path; it cannot carry refs, so held records come back with
         # ref None. The sink needs refs (Kafka offsets) to place released records, so it replays
         # with refs itself and checks both against the live state. rebuild() takes the committed
         # verdicts as the certificates' proof (the real sink does not store certs); the ref
         # replay verifies the real certs again: both must re-decide exactly as the live run.
         verdicts = self.verdict_at[p]
-        plain = rebuild(
-            snap,
-            ((r.header, r.ts_ms, verdicts.get(r.offset)) for r in suffix),
-            capacity=CAPACITY,
-            lifetime_ms=self.knobs.lifetime_ms,
-        )
+        # rebuild() cannot reopen a horizon mid-suffix; it is checked where there is none.
+        plain = None
+        if not horizons:
+            plain = rebuild(
+                snap,
+                ((r.header, r.ts_ms, verdicts.get(r.offset)) for r in suffix),
+                capacity=CAPACITY,
+                lifetime_ms=self.knobs.lifetime_ms,
+                resolve_gaps=True,
+            )
         table = base if base is not None else self._table()
         table.verifier = self.verifier
-        for r in suffix:
+        for i, r in enumerate(suffix):
+            if i in horizons:
+                table.open_horizon(horizons[i])
             table.offer_header(r.header, r.ts_ms, r.offset, r.cert)
         table.forged.clear()
+        table.gaps.clear()
         live = self.tables[p].state()
-        if table.state() != live or _no_refs(plain.state()) != _no_refs(live):
+        stale = plain is not None and _no_refs(plain.state()) != _no_refs(live)
+        if table.state() != live or stale:
             raise RebuildMismatch(
                 f"partition {p}: rebuild from offset {start} differs from the live state"
             )

@@ -9,8 +9,7 @@ Two kinds of evidence reach a batch:
   (:meth:`~pidfence.broker_plugin.ProducerStateTable.open_horizon`) and reports an ``offsets``
   gap.
 * **Seqs a producer will never deliver**, found by the rules: ``lost`` (the reorder window
-  overflowed past them), ``head`` (a producer adopted beyond the horizon at a later seq),
-  ``expired`` (its entry expired with records waiting behind them).
+  overflowed past them), ``head`` (a producer adopted beyond the horizon at a later seq).
 
 Both are committed with the batch (in its manifest part, with the horizon the batch opened), so a
 replay decides exactly as the live run did, and :func:`read_gaps` lists them.
@@ -50,7 +49,7 @@ class GapReport:
     Attributes:
         kind: ``offsets`` (Kafka offsets between ``offset_before`` and ``offset_after`` were never
             read; ``offset_before`` None: the sink's first read began at ``offset_after``),
-            ``lost``, ``head`` or ``expired`` (seqs ``seq_first..seq_last`` of pid/generation).
+            ``lost`` or ``head`` (seqs ``seq_first..seq_last`` of pid/generation).
         offset_before: Kafka offset of the record before the gap (the producer's seq
             ``seq_first - 1`` when it was in the same batch), else None.
         offset_after: Kafka offset of the first record after the gap.
