@@ -11,7 +11,6 @@ from pidfence.wire.statement import (
     PfcParts,
     decode_pfc,
     encode_placed_pfc,
-    payload_digest,
     verify_statement,
 )
 
@@ -21,35 +20,28 @@ PLACE = ("orders", 3, 42, 7, 100, 0)
 CERT = msgpack.packb([2, 42, 7, 10**13, PUBLIC, b"s" * 64])
 
 
-def _pfc(*place: object, key: bytes | None = b"k", value: bytes | None = b"v") -> bytes:
-    return encode_placed_pfc(CERT, KEY, *place, key, value)  # type: ignore[arg-type]
+def _pfc(*place: object) -> bytes:
+    return encode_placed_pfc(CERT, KEY, *place)  # type: ignore[arg-type]
 
 
-def test_a_statement_verifies_only_for_its_own_place_and_payload() -> None:
+def test_a_statement_verifies_only_for_its_own_place() -> None:
     parts = decode_pfc(_pfc(*PLACE))
     assert parts is not None and parts.version == 2 and parts.cert == CERT
     assert parts.signature is not None
-    ok = payload_digest(b"k", b"v")
-    assert verify_statement(PUBLIC, parts.signature, *PLACE, ok)
+    assert verify_statement(PUBLIC, parts.signature, *PLACE)
     topic, partition, pid, generation, seq, flags = PLACE
     elsewhere = [
-        ("other", partition, pid, generation, seq, flags, ok),
-        (topic, partition + 1, pid, generation, seq, flags, ok),
-        (topic, partition, pid + 1, generation, seq, flags, ok),
-        (topic, partition, pid, generation + 1, seq, flags, ok),
-        (topic, partition, pid, generation, 2**62, flags, ok),
-        (topic, partition, pid, generation, seq, 1, ok),
-        (topic, partition, pid, generation, seq, flags, payload_digest(b"k", b"forged")),
+        ("other", partition, pid, generation, seq, flags),
+        (topic, partition + 1, pid, generation, seq, flags),
+        (topic, partition, pid + 1, generation, seq, flags),
+        (topic, partition, pid, generation + 1, seq, flags),
+        (topic, partition, pid, generation, 2**62, flags),
+        (topic, partition, pid, generation, seq, 1),
     ]
     for place in elsewhere:
         assert not verify_statement(PUBLIC, parts.signature, *place)  # type: ignore[arg-type]
     other = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    assert not verify_statement(other, parts.signature, *PLACE, ok)
-
-
-def test_none_and_empty_payloads_differ() -> None:
-    assert payload_digest(None, b"") != payload_digest(b"", b"")
-    assert payload_digest(b"ab", b"c") != payload_digest(b"a", b"bc")
+    assert not verify_statement(other, parts.signature, *PLACE)
 
 
 def test_version_1_pfc_values_stay_readable() -> None:

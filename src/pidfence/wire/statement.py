@@ -4,21 +4,20 @@ DESIGN §3 (amended again). A lease certificate (:mod:`pidfence.wire.cert`, vers
 per-lease producer key. The producer signs, with that key, a **statement** naming exactly where and
 what the record is::
 
-    msgpack [2, topic, partition, pid, generation, seq, flags, digest]
+    msgpack [2, topic, partition, pid, generation, seq, flags]
 
-where ``digest`` is a 16-byte BLAKE2b of msgpack ``[key, value]``. The ``pfc`` header of a
-placed record is::
+The ``pfc`` header of a placed record is::
 
     msgpack [2, certificate (bin), signature (bin, 64 bytes)]
 
-A copy of that header on another partition, topic, seq or payload proves nothing: the signature
-covers them. Version 1 ``pfc`` values (the bare version 1 certificate) stay decodable; they bind
+A copy of that header on another partition, topic or seq proves nothing: the signature covers
+them. (The payload is not covered: a topic writer who can copy a placed record can also write
+records inside a live generation without any header, which only the per-record MAC mode stops.) Version 1 ``pfc`` values (the bare version 1 certificate) stay decodable; they bind
 nothing beyond (pid, generation).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -31,22 +30,14 @@ STATEMENT_VERSION: Final = 2
 MAX_PFC_BYTES: Final = 512
 SIGNATURE_BYTES: Final = 64
 PUBLIC_KEY_BYTES: Final = 32
-DIGEST_BYTES: Final = 16
-
-
-def payload_digest(key: bytes | None, value: bytes | None) -> bytes:
-    """The 16-byte digest of a record's key and value that a statement covers."""
-    packed: bytes = msgpack.packb([key, value], use_bin_type=True)
-    return hashlib.blake2b(packed, digest_size=DIGEST_BYTES, person=b"pidfence-stmt").digest()
 
 
 def statement_bytes(
-    topic: str, partition: int, pid: int, generation: int, seq: int, flags: int, digest: bytes
+    topic: str, partition: int, pid: int, generation: int, seq: int, flags: int
 ) -> bytes:
     """The exact bytes a producer signs for one record."""
     data: bytes = msgpack.packb(
-        [STATEMENT_VERSION, topic, partition, pid, generation, seq, flags, digest],
-        use_bin_type=True,
+        [STATEMENT_VERSION, topic, partition, pid, generation, seq, flags], use_bin_type=True
     )
     return data
 
@@ -60,14 +51,9 @@ def encode_placed_pfc(
     generation: int,
     seq: int,
     flags: int,
-    key: bytes | None,
-    value: bytes | None,
 ) -> bytes:
     """The ``pfc`` header value of one placed record: the certificate and the signed statement."""
-    digest = payload_digest(key, value)
-    signature = producer_key.sign(
-        statement_bytes(topic, partition, pid, generation, seq, flags, digest)
-    )
+    signature = producer_key.sign(statement_bytes(topic, partition, pid, generation, seq, flags))
     data: bytes = msgpack.packb([STATEMENT_VERSION, cert, signature], use_bin_type=True)
     return data
 
@@ -116,16 +102,13 @@ def verify_statement(
     generation: int,
     seq: int,
     flags: int,
-    digest: bytes,
 ) -> bool:
     """Whether ``signature`` is the producer key's statement of exactly this record."""
     if len(producer_public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:
         return False
     public = Ed25519PublicKey.from_public_bytes(producer_public_key)
     try:
-        public.verify(
-            signature, statement_bytes(topic, partition, pid, generation, seq, flags, digest)
-        )
+        public.verify(signature, statement_bytes(topic, partition, pid, generation, seq, flags))
     except InvalidSignature:
         return False
     return True
@@ -135,7 +118,6 @@ __all__ = [
     "PfcParts",
     "decode_pfc",
     "encode_placed_pfc",
-    "payload_digest",
     "statement_bytes",
     "verify_statement",
 ]
