@@ -11,9 +11,10 @@ The ``pfc`` header of a placed record is::
     msgpack [2, certificate (bin), signature (bin, 64 bytes)]
 
 A copy of that header on another partition, topic or seq proves nothing: the signature covers
-them. (The payload is not covered: a topic writer who can copy a placed record can also write
-records inside a live generation without any header, which only the per-record MAC mode stops.) Version 1 ``pfc`` values (the bare version 1 certificate) stay decodable; they bind
-nothing beyond (pid, generation).
+them. The payload is not covered: a topic writer who can copy a placed record can also write
+records inside a live generation without any header, which only the per-record MAC mode stops.
+Version 1 ``pfc`` values (the bare version 1 certificate) stay decodable; they bind nothing
+beyond (pid, generation).
 """
 
 from __future__ import annotations
