@@ -154,7 +154,6 @@ def register(app: typer.Typer) -> None:
 
         from pidfence.cli import preflight
         from pidfence.spark_sink import SinkOptionError, SinkOptions
-        from pidfence.spark_sink.faults import resolve_self_pgid
         from pidfence.wire import PidfenceError
 
         console = Console(highlight=False, soft_wrap=True)
@@ -194,7 +193,6 @@ def register(app: typer.Typer) -> None:
             starts = preflight.start_offsets(checkpoint, found.watermarks, starting_offsets.value)
             total = preflight.records_to_read(found.watermarks, starts)
 
-        resolve_self_pgid()
         log_file = None if verbose else spark_log_path(checkpoint)
         if log_file is not None:
             console.print(f"Spark and JVM log: {log_file}")

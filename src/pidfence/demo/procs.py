@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pidfence.services.ports import free_port
 from pidfence.services.process import ManagedProcess, ServiceFailed, wait_until
+from pidfence.testing.run import run_argv
 
 #: Runs the ``pidfence`` CLI with this interpreter (works without the console script on PATH).
 PIDFENCE = (sys.executable, "-c", "from pidfence.cli import main; main()")
@@ -167,6 +168,8 @@ class ProducerSpec:
         checkpoint_every: flush and save the state file every N records (the fault scripts
             copy or resume from it, so it must cover data well before the run ends).
         extra: more CLI arguments, passed through.
+        mutations: deliberately broken builds to run it as
+            (:data:`pidfence.testing.mutations.MUTATIONS`; tests that prove a check has teeth).
     """
 
     name: str
@@ -181,6 +184,7 @@ class ProducerSpec:
     value_size: int = 100
     checkpoint_every: int = 50
     extra: tuple[str, ...] = field(default=())
+    mutations: tuple[str, ...] = field(default=())
 
     def argv(self, ledger: Path) -> list[str]:
         """The ``pidfence produce`` command line writing ``ledger``."""
@@ -201,6 +205,8 @@ class ProducerSpec:
             args += ["--rate", f"{self.rate:g}"]
         if self.resend_every > 0:
             args += ["--resend-every", str(self.resend_every)]
+        if self.mutations:
+            return run_argv([*args, *self.extra], mutations=self.mutations)
         return pidfence_argv(*args, *self.extra)
 
 

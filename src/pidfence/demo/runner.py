@@ -44,7 +44,7 @@ from pidfence.demo.procs import (
     spawn_lease_server,
 )
 from pidfence.demo.progress import role_line
-from pidfence.demo.soak_faults import SelfStoppedLeaseZombie, stop_after
+from pidfence.demo.soak.faults import SelfStoppedLeaseZombie, stop_after
 from pidfence.demo.topic import create_topic
 
 UPSTREAM_PRODUCER = "upstream"
