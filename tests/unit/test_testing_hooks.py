@@ -155,7 +155,7 @@ def test_the_supervisor_fails_on_any_other_exit() -> None:
 
 class FakeLinks(LinkFaults):
     def __init__(self) -> None:
-        super().__init__({Link.PRODUCER_KAFKA: None})  # type: ignore[dict-item]
+        super().__init__({Link.PRODUCER_KAFKA: [object()]})  # type: ignore[list-item]
         self.log: list[str] = []
 
     def apply(self, index: int, fault: object) -> None:

@@ -14,7 +14,7 @@ the sink's alone. The ``PLAINTEXT`` listener stays direct (topic admin, reading 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,25 +121,29 @@ class LinkFaults:
     """Puts network fault steps on the proxies of a run, and takes them off.
 
     Args:
-        proxies: the proxy of each link the run has (a step on another link is skipped).
+        proxies: the proxy (or proxies: one per server) of each link the run has; a step on
+            another link is skipped.
     """
 
-    def __init__(self, proxies: Mapping[Link, Proxy]) -> None:
-        self.proxies = dict(proxies)
+    def __init__(self, proxies: Mapping[Link, Proxy | Sequence[Proxy]]) -> None:
+        self.proxies: dict[Link, list[Proxy]] = {
+            link: [found] if isinstance(found, Proxy) else list(found)
+            for link, found in proxies.items()
+        }
         self._active: dict[int, list[tuple[Proxy, str]]] = {}
 
     def covers(self, fault: FaultStep) -> bool:
         """True when the run has a proxy on the step's link."""
-        return Link(fault.target) in self.proxies
+        return bool(self.proxies.get(Link(fault.target)))
 
     def apply(self, index: int, fault: FaultStep) -> None:
-        """Add the step's toxics (named after its index in the plan)."""
-        proxy = self.proxies[Link(fault.target)]
+        """Add the step's toxics (named after its index in the plan) on every proxy of its link."""
         added: list[tuple[Proxy, str]] = self._active.setdefault(index, [])
-        for n, toxic in enumerate(toxics_for(fault)):
-            name = f"step{index}-{n}-{toxic.kind}-{toxic.stream}"
-            proxy.add_toxic(name, toxic.kind, toxic.stream, **toxic.attributes)
-            added.append((proxy, name))
+        for proxy in self.proxies[Link(fault.target)]:
+            for n, toxic in enumerate(toxics_for(fault)):
+                name = f"step{index}-{n}-{toxic.kind}-{toxic.stream}"
+                proxy.add_toxic(name, toxic.kind, toxic.stream, **toxic.attributes)
+                added.append((proxy, name))
 
     def clear(self, index: int) -> None:
         """Remove the toxics of one step."""

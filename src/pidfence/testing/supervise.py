@@ -34,7 +34,9 @@ class Supervised(Protocol):
 class Supervisor(FaultScript):
     """Watch the process ``current()`` returns; restart it with ``restart()`` after exit 75.
 
-    Done when the current instance exited 0. Any other exit raises :class:`ServiceFailed`.
+    Done when the current instance exited 0. Any other exit raises :class:`ServiceFailed`, except
+    for an instance a fault script ended on purpose (its ``fate`` is set, e.g. ``killed``): that
+    script starts the next instance itself.
 
     Args:
         name: what it supervises (for events).
@@ -65,12 +67,23 @@ class Supervisor(FaultScript):
         self._seen: Supervised | None = None
         self._exited_at = 0.0
 
+    @property
+    def pending(self) -> bool:
+        """True while the current instance exited 75 and is not restarted yet."""
+        proc = self._seen
+        return (
+            not self.done
+            and proc is not None
+            and proc is self.current()
+            and proc.exit_code() == EXIT_RETRIABLE
+        )
+
     def poll(self) -> None:
         if self.done:
             return
         proc = self.current()
         code = None if proc.running else proc.exit_code()
-        if code is None:
+        if code is None or getattr(proc, "fate", None) is not None:
             return
         if proc is not self._seen:
             self._seen, self._exited_at = proc, self.clock()
