@@ -96,3 +96,13 @@ def test_a_plan_without_faults_turns_every_fault_knob_off() -> None:
     Knobs(**knobs)
     assert all(v == 0 for k, v in knobs.items() if k.endswith("_p"))
     assert knobs["reorder"] == 1
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_simulation_runs_what_a_plan_asks_for_and_finds_nothing(seed: int) -> None:
+    from pidfence.demo.config import DemoConfig, Fault
+    from pidfence.sim import run
+
+    for plan in (FaultPlan.network(seed), DemoConfig(faults=frozenset(Fault), seed=seed).plan):
+        result = run(seed, **sim_knobs(plan))
+        assert result.report.ok, (plan.describe(), result.report)

@@ -105,7 +105,8 @@ def produce(
             if code == 75:
                 s.note(f"{name} exited 75 (retriable) and was restarted")
     outcome = FaultOutcome(
-        events={s.name: tuple(s.events) for s in [*scripts, *supervisors] if s.events},
+        events={s.name: tuple(s.events) for s in scripts}
+        | {f"supervisor {s.name}": tuple(s.events) for s in supervisors if s.events},
         happened={s.name: s.happened for s in scripts},
         zombie_writes={
             s.name: s.zombie_wrote for s in scripts if isinstance(s, Zombie | LeaseZombie)
