@@ -336,7 +336,7 @@ def _run(
     """Start Spark, serve the query with per-batch lines (and a bar when the total is known)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from pidfence.services import spark_session
+    from pidfence.services import spark_session, stop_session
     from pidfence.spark_sink import BatchLine, serve
     from pidfence.spark_sink.pipeline import SESSION_CONF
     from pidfence.wire import PidfenceError
@@ -386,4 +386,4 @@ def _run(
         fail("sink", f"the Spark query did not start: {one_line(exc)}{where}", EXIT_UNAVAILABLE)
     finally:
         bar.stop()
-        spark.stop()
+        stop_session(spark)

@@ -30,6 +30,7 @@ from pidfence.demo.record import DemoPaths, DemoRecord, Endpoints
 from pidfence.demo.report import write_report
 from pidfence.demo.start import start_services
 from pidfence.demo.summary import collect
+from pidfence.services.spark import stop_session
 
 
 class _Stopped(Exception):
@@ -110,7 +111,7 @@ def run_demo(
             with _phase(phases, "sink (final pass)", console):
                 passes.append(_sink_pass(paths, ends, spark_future.result(), console, len(passes)))
             if spark is None:
-                spark_future.result().stop()
+                stop_session(spark_future.result())
             with _phase(phases, "check", console):
                 record = DemoRecord(config, paths, ends, produced, tuple(passes), dict(phases))
                 summary = collect(record)
@@ -212,7 +213,7 @@ def _cleanup(
     try:
         if spark is not None:
             with contextlib.suppress(Exception):
-                spark.result(timeout=120).stop()
+                stop_session(spark.result(timeout=120))
         pool.shutdown(wait=True)
         for step in reversed(cleanups):
             try:

@@ -48,7 +48,7 @@ def _durations(spark: Any, batch: int) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the sink until SIGTERM/SIGINT (or to the end of the topic with ``--available-now``)."""
-    from pidfence.services import spark_session
+    from pidfence.services import spark_session, stop_session
     from pidfence.spark_sink import BatchLine, serve
     from pidfence.spark_sink.pipeline import SESSION_CONF
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             sink_options=sink_options,
         )
     finally:
-        spark.stop()
+        stop_session(spark)
 
 
 if __name__ == "__main__":
