@@ -7,11 +7,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pidfence-installed
 JARS   := .cache/jars/.complete
+# The TCP fault proxy of the network fault tests (issue 24), built from source when go is present.
+TOXIPROXY := .cache/bin/toxiproxy-server
+TOXIPROXY_MODULE := github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0
 PYTEST_ARGS ?=
 
 .PHONY: setup test unit lint demo bench under-load clean distclean
 
-setup: $(STAMP) $(JARS)
+setup: $(STAMP) $(JARS) $(TOXIPROXY)
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 2; }
@@ -23,6 +26,14 @@ $(JARS): $(STAMP) infra/jvm/pom.xml infra/jvm/*/pom.xml
 	@command -v java >/dev/null || { echo "error: java not found: install a Java 17+ runtime (apt-get install openjdk-17-jre-headless)"; exit 2; }
 	@command -v mvn >/dev/null || { echo "error: mvn not found: install Apache Maven (apt-get install maven)"; exit 2; }
 	$(BIN)/python -c "from pidfence.services.jars import main; main()"
+
+$(TOXIPROXY):
+	@if command -v go >/dev/null; then \
+		GOBIN=$(CURDIR)/.cache/toxiproxy-build go install $(TOXIPROXY_MODULE) \
+		&& mkdir -p $(@D) && mv .cache/toxiproxy-build/server $@ && rm -rf .cache/toxiproxy-build; \
+	else \
+		echo "note: go not found: toxiproxy not built, the network fault tests will skip (install go, then make setup)"; \
+	fi
 
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)

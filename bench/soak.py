@@ -26,9 +26,9 @@ from rich.progress import Progress
 
 from pidfence.benchkit import BenchReport
 from pidfence.demo.soak import SoakResult, run_soak
-from pidfence.demo.soak_config import SoakConfig, config_from_env
-from pidfence.demo.soak_figures import batch_time_stats, figure_rows
-from pidfence.demo.soak_plot import write_plot
+from pidfence.demo.soak.config import SoakConfig, config_from_env
+from pidfence.demo.soak.figures import batch_time_stats, figure_rows
+from pidfence.demo.soak.plot import write_plot
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: RSS and state lines are judged after this many seconds (JVM heaps grow at first).

@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 
 from pidfence.demo.attacker import Forgery, read_report
-from pidfence.demo.procs import ProducerRole, Worker, sink_argv, spawn_lease_server, wait_for
+from pidfence.demo.procs import ProducerRole, Worker, sink_argv, wait_for
+from pidfence.services.lease_server import spawn_lease_server
 from tests.chaos.conftest import ChaosKit
 
 pytestmark = pytest.mark.timeout(420)
@@ -61,11 +62,8 @@ def test_attacker_forgeries_are_forged_and_the_producer_appends_before_and_after
 ) -> None:
     topic = new_topic(partitions=2)
     private, public = keys(chaos.tmp)
-    lease = spawn_lease_server(
-        zk_chroot, chaos.logs, "lease-signing", security=["--signing-key", str(private)]
-    )
+    lease = spawn_lease_server(zk_chroot, chaos.logs, "lease-signing", signing_key=private)
     stop_all(lease)
-    lease.wait_listening()
 
     # Part 1: z0..z9, checkpoint (everything acknowledged), then the producer stops itself.
     role: ProducerRole = chaos.role(

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from pidfence.demo.procs import Worker, sink_argv
+from pidfence.testing import run_argv
 from tests.chaos.conftest import ChaosKit
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,10 +37,8 @@ def test_sink_driver_sigkill_mid_batch_then_restart_is_exactly_once(
         kafka.bootstrap, topic, chaos.tmp / "output", chaos.tmp / "checkpoint",
         ["--table-format", table_format],
     )  # fmt: skip
-    # The crash hook fires only in the process group it names: the child's own pid, known to
-    # a shell that then execs the sink (a session leader, so its pid is its group id).
-    crash_argv = ["sh", "-c", 'PIDFENCE_SINK_CRASH_PGID=$$ exec "$@"', "sh", *argv]
-    crashed = Worker("sink-crash", crash_argv, chaos.logs, env={"PIDFENCE_SINK_CRASH_AT": point})
+    # The sink under the fault harness: its hook SIGKILLs the process group the sink leads.
+    crashed = Worker("sink-crash", run_argv(argv, crash_at=point), chaos.logs)
     stop_all(crashed)
     code = crashed.start().wait(240)
     # The driver killed itself with SIGKILL between the data files and the manifest (Delta:

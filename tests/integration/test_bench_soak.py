@@ -15,8 +15,8 @@ from rich.progress import Progress
 from pidfence.benchkit import load_bench
 from pidfence.demo.config import BadDemoOption
 from pidfence.demo.procstat import parse_stat_ppid
-from pidfence.demo.soak_config import MINUTES_ENV, SoakConfig, config_from_env
-from pidfence.demo.soak_figures import slope_per_10min
+from pidfence.demo.soak.config import MINUTES_ENV, SoakConfig, config_from_env
+from pidfence.demo.soak.figures import slope_per_10min
 from pidfence.services.process import started_pids
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"

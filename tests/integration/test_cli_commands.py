@@ -80,7 +80,7 @@ def test_copy_without_a_lease_server_is_retriable(tmp_path: Path) -> None:
 
 
 def test_produce_to_a_missing_topic_is_exit_3(kafka: Any, zk_chroot: str, tmp_path: Path) -> None:
-    from pidfence.demo.procs import spawn_lease_server
+    from pidfence.services.lease_server import spawn_lease_server
 
     server = spawn_lease_server(zk_chroot, tmp_path, name="lease")
     try:

@@ -44,7 +44,7 @@ files = stage(path, batch)
 with open(messages, "w") as out:
     json.dump([f.to_dict() for f in files], out)
 
-def die(at):
+def die(at, attempt=0):
     if at == point:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -130,7 +130,8 @@ def _clean_run(path: Path, batch: int, messages: Path) -> None:
 SINK_CHILD = """
 import os, signal, sys
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.delta_layout import DeltaLayout, open_layout
+from pidfence.spark_sink.delta_layout import open_layout
+from pidfence.spark_sink.faults import install_hook
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from tests.integration.test_delta_crash import SINK_QUERY, sink_chunks
@@ -141,7 +142,7 @@ path, start, kill_batch, point = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 options = SinkOptions.parse({"path": path, **SETTINGS})
 open_layout(options.path, options.rejects_path, SINK_QUERY)
 
-def die(at):
+def die(at, attempt=0):
     if at == point:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -150,7 +151,7 @@ for batch, chunk in enumerate(sink_chunks()):
     if batch < start:
         continue
     armed = batch == kill_batch
-    DeltaLayout.hook = die if armed else None
+    install_hook(die if armed else None)
     writer_mod._task_context = lambda: (batch, 0, SINK_QUERY)
     message = w.write(iter(kafka_rows(chunk).to_batches(max_chunksize=17)))
     if armed:

@@ -8,20 +8,35 @@ import pyarrow as pa
 import pytest
 from rich.console import Console
 
-from pidfence.demo.config import BadDemoOption, DemoConfig, Fault, parse_faults
-from pidfence.demo.report import render_html, summary_table, write_report
+from pidfence.demo.config import PROCESS_FAULTS, BadDemoOption, DemoConfig, Fault, parse_faults
+from pidfence.demo.report import network_lines, render_html, summary_table, write_report
 from pidfence.demo.summary import (
     copier_exactly_once,
     cumulative_per_second,
     producer_of,
     verdicts_per_producer,
 )
+from pidfence.testing import FaultKind, Link
 
 
 def test_parse_faults_accepts_all_none_and_lists() -> None:
-    assert parse_faults("all") == frozenset(Fault)
+    assert parse_faults("all") == PROCESS_FAULTS == frozenset(Fault) - {Fault.NET}
+    assert parse_faults("all,net") == frozenset(Fault)
     assert parse_faults("none") == frozenset()
     assert parse_faults("kill, zombie") == {Fault.KILL, Fault.ZOMBIE}
+
+
+def test_the_demo_faults_are_one_plan() -> None:
+    plan = DemoConfig(faults=frozenset(Fault), seed=11, produce_seconds=20.0).plan
+    kinds = {(s.kind, s.target) for s in plan if not s.network}
+    assert kinds == {
+        (FaultKind.KILL, "p0"), (FaultKind.ZOMBIE, "p1"), (FaultKind.LEASE_ZOMBIE, "p2"),
+        (FaultKind.RESEND, "p3"), (FaultKind.ROLLOVER, "lease"), (FaultKind.KILL, "copier"),
+    }  # fmt: skip
+    assert {Link(s.target) for s in plan.network_steps} == set(Link)
+    assert plan == DemoConfig(faults=frozenset(Fault), seed=11, produce_seconds=20.0).plan
+    assert plan.seed == 11
+    assert not DemoConfig(faults=PROCESS_FAULTS).plan.network_steps
 
 
 def test_parse_faults_names_the_allowed_values() -> None:
@@ -102,6 +117,20 @@ def test_report_files_are_written_and_escape_text(tmp_path: Path) -> None:
     assert page.count("data:image/png;base64,") == 3
     assert (tmp_path / "summary.json").exists()
     assert "ANOMALIES" in console.export_text()
+
+
+def test_the_report_shows_the_network_faults_and_how_to_replay_them(tmp_path: Path) -> None:
+    summary = _summary(ok=True)
+    plan = DemoConfig(faults=frozenset({Fault.NET}), seed=5, producers=1).plan
+    summary["plan"] = {"seed": 5, "steps": plan.describe()}
+    summary["faults"] = {"net": ["t=1.0s on  producer-kafka: one-way-loss for 3.0s"]}
+    rows = dict(network_lines(summary))
+    assert rows["network faults (seed 5, replay: --seed 5)"] == str(len(plan.network_steps))
+    assert "one-way-loss" in rows["  net: producer-kafka"]
+    write_report(summary, tmp_path, Console(record=True, width=160))
+    page = (tmp_path / "report.html").read_text()
+    assert "Network faults (seed 5)" in page and "--faults net --seed 5" in page
+    assert network_lines(_summary(ok=True)) == []
 
 
 def test_summary_table_says_ok_when_clean() -> None:

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from pidfence.demo import DemoConfig, Fault, run_demo
+from pidfence.demo import DemoConfig, run_demo
+from pidfence.demo.config import PROCESS_FAULTS
 from pidfence.services.process import started_pids
 
 pytestmark = pytest.mark.timeout(600)
@@ -28,7 +29,7 @@ def test_demo_with_all_faults_reports_zero_anomalies(
         records=400,
         producers=4,
         partitions=2,
-        faults=frozenset(Fault),
+        faults=PROCESS_FAULTS,
         out=tmp_path / "out",
         copier_records=300,
         lease_lifetime_s=8.0,

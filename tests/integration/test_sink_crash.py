@@ -1,7 +1,9 @@
 """``pidfence sink`` as a driver process: task retries, SIGKILL at each commit step, a cluster.
 
 Each crash run SIGKILLs the sink's whole process group (driver, JVM, Python workers) at one point
-of the commit protocol (``pidfence.spark_sink.faults``); the next run restarts from the checkpoint.
+of the commit protocol (``pidfence.spark_sink.faults``), run through ``python -m
+pidfence.testing.run --crash-at POINT``; the next run (plain ``pidfence sink``) restarts from the
+checkpoint.
 The output log must equal the expected one exactly after every restart.
 """
 
@@ -18,8 +20,8 @@ import pytest
 
 from pidfence.demo.procs import sink_argv
 from pidfence.spark_sink import read_log, read_rejects
-from pidfence.spark_sink.faults import CRASH_AT, CRASH_PGID, FAIL_ATTEMPT0
 from pidfence.spark_sink.output import committed_ids
+from pidfence.testing import run_argv
 from tests.integration.test_sink import (
     LOG1,
     LOG2,
@@ -109,11 +111,11 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
 
     # Every task's first attempt fails; Spark retries it and the log is still exact.
     sent = produce(kafka.bootstrap, topic, RUN1)
-    code, text = run_cli(tmp_path, "retry", argv, {FAIL_ATTEMPT0: "1"})
+    code, text = run_cli(tmp_path, "retry", run_argv(argv, fail_first_attempt=True))
     assert code == 0, text
     # Spark's own output (the failed attempt's traceback) goes to the run's log file.
     spark_logs = "".join(f.read_text(errors="replace") for f in (ckpt / "logs").glob("*.log"))
-    assert "injected failure of batch 0 attempt 0" in text + spark_logs
+    assert "injected failure of task attempt 0" in text + spark_logs
     assert "batch 0: 21 in → 12 appended" in text
     assert_output(out, topic, sent, [LOG1], REJECTS1)
     assert (out / "_delta_log").is_dir() == (table_format == "delta")
@@ -122,7 +124,7 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
     # manifest; for Delta, the two Delta commits): never visible.
     produce(kafka.bootstrap, topic, RUN2, sent)
     for point in ("after_write", "before_manifest"):
-        code, text = run_cli(tmp_path, point, argv, {CRASH_AT: point, CRASH_PGID: "self"})
+        code, text = run_cli(tmp_path, point, run_argv(argv, crash_at=point))
         assert code == -signal.SIGKILL, text
         assert not committed(out, 1)
         assert_output(out, topic, sent, [LOG1], REJECTS1)
@@ -132,9 +134,8 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
         # has nothing of batch 1; its rejects are committed already (the re-run's rejects
         # commit is a no-op under the same transaction id).
         code, text = run_cli(
-            tmp_path, "rejects_committed", argv,
-            {CRASH_AT: "rejects_committed", CRASH_PGID: "self"},
-        )  # fmt: skip
+            tmp_path, "rejects_committed", run_argv(argv, crash_at="rejects_committed")
+        )
         assert code == -signal.SIGKILL, text
         assert not committed(out, 1)
         assert read_log(str(out)).to_pylist() == expected_log(topic, sent, [LOG1])
@@ -143,9 +144,7 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
         )
 
     # After the commit point, before Spark's commit log: committed for the sink only.
-    code, text = run_cli(
-        tmp_path, "after_manifest", argv, {CRASH_AT: "after_manifest", CRASH_PGID: "self"}
-    )
+    code, text = run_cli(tmp_path, "after_manifest", run_argv(argv, crash_at="after_manifest"))
     assert code == -signal.SIGKILL, text
     assert committed(out, 1) and not (ckpt / "commits" / "1").exists()
     assert_output(out, topic, sent, [LOG1, LOG2], REJECTS1 | REJECTS2)

@@ -238,20 +238,3 @@ def test_batch_watcher_reports_each_committed_batch_once(
     assert [(x.batch, x.records_in, x.lag) for x in lines] == [(1, 30, None)]
     assert lines[0].appended + sum(lines[0].dropped.values()) <= 30
     assert watcher.poll(Query(), final=True) == []
-
-
-def test_crash_hook_needs_its_own_session_and_self_means_this_pid(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from pidfence.spark_sink import faults
-
-    monkeypatch.setenv(faults.CRASH_PGID, "self")
-    faults.resolve_self_pgid()
-    assert os.environ[faults.CRASH_PGID] == str(os.getpid())
-    # A group/session this process is not in never fires (the hook returns, nothing is killed).
-    stranger = max(os.getpgrp(), os.getsid(0)) + 7_654_321
-    monkeypatch.setenv(faults.CRASH_PGID, str(stranger))
-    monkeypatch.setenv(faults.CRASH_AT, "after_write")
-    faults.crash_point("after_write")
-    monkeypatch.setenv(faults.CRASH_PGID, "not-a-pid")
-    faults.crash_point("after_write")

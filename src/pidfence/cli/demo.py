@@ -20,7 +20,8 @@ def demo(
     faults: Annotated[
         str,
         typer.Option(
-            help="all, none, or a list of kill,zombie,resend,rollover,copier,lease-zombie."
+            help="all, none, or a list of kill,zombie,resend,rollover,copier,lease-zombie,net "
+            "(net: seeded network faults through toxiproxy; all,net: everything)."
         ),
     ] = "all",
     out: Annotated[Path, typer.Option(help="Report, ledgers, logs and output log go here.")] = Path(
@@ -45,6 +46,10 @@ def demo(
     zk_hosts: Annotated[
         str | None, typer.Option("--zk", help="Use this ZooKeeper instead of starting one.")
     ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of the network faults (net); the same seed replays them."),
+    ] = None,
 ) -> None:
     """Run ZooKeeper, Kafka, lease servers, producers, a copier and the Spark sink with faults,
     then check exactly-once.
@@ -56,9 +61,14 @@ def demo(
     from rich.console import Console
 
     from pidfence.cli.exits import EXIT_USAGE, exit_cleanly, fail
-    from pidfence.demo import BadDemoOption, DemoConfig, parse_faults, run_demo
+    from pidfence.demo import BadDemoOption, DemoConfig, Fault, parse_faults, run_demo
+    from pidfence.testing import missing_reason
 
     console = Console(log_path=False)
+    if seed is None:
+        import secrets
+
+        seed = secrets.randbelow(1_000_000)
     try:
         config = DemoConfig(
             records=records,
@@ -72,9 +82,14 @@ def demo(
             produce_seconds=produce_seconds,
             bootstrap=bootstrap,
             zk_hosts=zk_hosts,
+            seed=seed,
         )
     except BadDemoOption as exc:
         fail("demo", str(exc), EXIT_USAGE)
+    if Fault.NET in config.faults:
+        if reason := missing_reason():
+            fail("demo", reason)
+        console.print(f"network faults: seed {seed} (replay: --faults net --seed {seed})")
     try:
         with exit_cleanly("demo"):
             from pidfence.cli import preflight

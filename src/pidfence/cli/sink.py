@@ -165,7 +165,6 @@ def register(app: typer.Typer) -> None:
         from pidfence.cli import preflight
         from pidfence.spark_sink import SinkOptionError, SinkOptions
         from pidfence.spark_sink.data_loss import data_lost, lost_ranges
-        from pidfence.spark_sink.faults import resolve_self_pgid
         from pidfence.wire import PidfenceError
 
         console = Console(highlight=False, soft_wrap=True)
@@ -210,7 +209,6 @@ def register(app: typer.Typer) -> None:
         if available_now:
             total = preflight.records_to_read(found.watermarks, starts)
 
-        resolve_self_pgid()
         log_file = None if verbose else spark_log_path(checkpoint)
         if log_file is not None:
             console.print(f"Spark and JVM log: {log_file}")
@@ -355,7 +353,7 @@ def _run(
     """Start Spark, serve the query with per-batch lines (and a bar when the total is known)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from pidfence.services import spark_session
+    from pidfence.services import spark_session, stop_session
     from pidfence.spark_sink import BatchLine, serve
     from pidfence.spark_sink.pipeline import SESSION_CONF
     from pidfence.wire import PidfenceError
@@ -415,4 +413,4 @@ def _run(
         fail("sink", f"the Spark query did not start: {one_line(exc)}{where}", EXIT_UNAVAILABLE)
     finally:
         bar.stop()
-        spark.stop()
+        stop_session(spark)

@@ -10,13 +10,7 @@ from pidfence.demo.faults import (
     Zombie,
     drive,
 )
-from pidfence.demo.procs import (
-    LeaseServerProc,
-    ProducerRole,
-    ProducerSpec,
-    Worker,
-    spawn_lease_server,
-)
+from pidfence.demo.procs import ProducerRole, ProducerSpec, Worker
 from pidfence.demo.runner import run_demo
 
 __all__ = [
@@ -27,11 +21,9 @@ __all__ = [
     "run_demo",
     "BadDemoOption",
     # processes and faults (shared with tests/chaos)
-    "LeaseServerProc",
     "ProducerRole",
     "ProducerSpec",
     "Worker",
-    "spawn_lease_server",
     "FaultScript",
     "KillAndResume",
     "Zombie",

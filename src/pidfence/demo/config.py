@@ -1,4 +1,4 @@
-"""The demo's knobs and the names of the faults it can inject."""
+"""The demo's knobs, the names of the faults it can inject, and the fault plan they make."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from pidfence.testing.plan import FaultKind, FaultPlan, FaultStep, step
 from pidfence.wire import PidfenceError
 
 
@@ -18,6 +19,12 @@ class Fault(StrEnum):
     ROLLOVER = "rollover"  # (d) short lease lifetime: producers roll to a new pid mid-run
     COPIER = "copier"  # (e) the copier SIGKILLed and restarted
     LEASE_ZOMBIE = "lease-zombie"  # (f) a producer SIGSTOPped until its lease has ended
+    NET = "net"  # (g) seeded network faults on every link, through a TCP fault proxy
+
+
+#: What ``--faults all`` means: every fault that needs nothing beyond the demo's own processes
+#: (``net`` needs the toxiproxy server ``make setup`` builds when go is installed).
+PROCESS_FAULTS = frozenset(Fault) - {Fault.NET}
 
 
 class BadDemoOption(PidfenceError):
@@ -25,14 +32,16 @@ class BadDemoOption(PidfenceError):
 
 
 def parse_faults(text: str) -> frozenset[Fault]:
-    """``all``, ``none`` or a comma-separated list of :class:`Fault` names."""
+    """``all`` (every fault but ``net``), ``none``, or a comma-separated list of :class:`Fault`
+    names that may include ``all`` (``all,net``: everything)."""
     cleaned = text.strip().lower()
-    if cleaned == "all":
-        return frozenset(Fault)
     if cleaned in {"none", ""}:
         return frozenset()
-    faults = set()
+    faults: set[Fault] = set()
     for item in cleaned.split(","):
+        if item.strip() == "all":
+            faults |= PROCESS_FAULTS
+            continue
         try:
             faults.add(Fault(item.strip()))
         except ValueError:
@@ -61,12 +70,13 @@ class DemoConfig:
         sink_master: Spark master of the sink.
         bootstrap: use this Kafka instead of starting one (topics get a unique suffix).
         zk_hosts: use this ZooKeeper instead of starting one.
+        seed: the network nemesis's seed (``net``); the same seed replays the same faults.
     """
 
     records: int = 5000
     producers: int = 4
     partitions: int = 4
-    faults: frozenset[Fault] = frozenset(Fault)
+    faults: frozenset[Fault] = PROCESS_FAULTS
     out: Path = Path("out")
     keep_running: bool = False
     lease_lifetime_s: float = 20.0
@@ -75,6 +85,7 @@ class DemoConfig:
     sink_master: str = "local[2]"
     bootstrap: str | None = None
     zk_hosts: str | None = None
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.records < 100:
@@ -93,17 +104,42 @@ class DemoConfig:
 
     @property
     def rate(self) -> float:
-        """Records per second per producer (0 = unthrottled when no rollover is wanted)."""
-        if Fault.ROLLOVER not in self.faults and not self.faults & {
-            Fault.KILL,
-            Fault.ZOMBIE,
-            Fault.LEASE_ZOMBIE,
-        }:
+        """Records per second per producer (0 = unthrottled when no fault needs time)."""
+        paced = {Fault.ROLLOVER, Fault.KILL, Fault.ZOMBIE, Fault.LEASE_ZOMBIE, Fault.NET}
+        if not self.faults & paced:
             return 0.0
         return self.records / self.produce_seconds
 
     @property
+    def short_leases(self) -> bool:
+        """True when the lease servers issue ``lease_lifetime_s`` leases (else 24 h)."""
+        return bool(self.faults & {Fault.ROLLOVER, Fault.LEASE_ZOMBIE, Fault.NET})
+
+    @property
     def lifetime(self) -> str:
         """The lease servers' ``--lifetime``."""
-        short = self.faults & {Fault.ROLLOVER, Fault.LEASE_ZOMBIE}
-        return f"{self.lease_lifetime_s:g}s" if short else "24h"
+        return f"{self.lease_lifetime_s:g}s" if self.short_leases else "24h"
+
+    @property
+    def plan(self) -> FaultPlan:
+        """The faults as a :class:`~pidfence.testing.FaultPlan`: producer faults on ``p0``,
+        ``p1`` ... in the order kill, zombie, lease-zombie, resend; the network nemesis over the
+        producing time when ``net`` is on."""
+        steps: list[FaultStep] = []
+        victims = iter(f"p{i}" for i in range(self.producers))
+        for fault, kind, at in (
+            (Fault.KILL, FaultKind.KILL, 0.3),
+            (Fault.ZOMBIE, FaultKind.ZOMBIE, 0.4),
+            (Fault.LEASE_ZOMBIE, FaultKind.LEASE_ZOMBIE, 0.5),
+            (Fault.RESEND, FaultKind.RESEND, 0.0),
+        ):
+            if fault in self.faults:
+                steps.append(step(kind, next(victims), at_acked=at))
+        if Fault.ROLLOVER in self.faults:
+            steps.append(step(FaultKind.ROLLOVER, "lease", lifetime_s=self.lease_lifetime_s))
+        if Fault.COPIER in self.faults and self.copier_records:
+            steps.append(step(FaultKind.KILL, "copier", at_acked=1 / 3))
+        plan = FaultPlan(tuple(steps), self.seed)
+        if Fault.NET in self.faults:
+            plan += FaultPlan.network(self.seed, span_s=max(5.0, self.produce_seconds * 0.8))
+        return plan

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pidfence.services.ports import free_port
 from pidfence.services.process import ManagedProcess, ServiceFailed, wait_until
+from pidfence.testing.run import run_argv
 
 #: Runs the ``pidfence`` CLI with this interpreter (works without the console script on PATH).
 PIDFENCE = (sys.executable, "-c", "from pidfence.cli import main; main()")
@@ -167,6 +166,8 @@ class ProducerSpec:
         checkpoint_every: flush and save the state file every N records (the fault scripts
             copy or resume from it, so it must cover data well before the run ends).
         extra: more CLI arguments, passed through.
+        mutations: deliberately broken builds to run it as
+            (:data:`pidfence.testing.mutations.MUTATIONS`; tests that prove a check has teeth).
     """
 
     name: str
@@ -181,6 +182,7 @@ class ProducerSpec:
     value_size: int = 100
     checkpoint_every: int = 50
     extra: tuple[str, ...] = field(default=())
+    mutations: tuple[str, ...] = field(default=())
 
     def argv(self, ledger: Path) -> list[str]:
         """The ``pidfence produce`` command line writing ``ledger``."""
@@ -201,6 +203,8 @@ class ProducerSpec:
             args += ["--rate", f"{self.rate:g}"]
         if self.resend_every > 0:
             args += ["--resend-every", str(self.resend_every)]
+        if self.mutations:
+            return run_argv([*args, *self.extra], mutations=self.mutations)
         return pidfence_argv(*args, *self.extra)
 
 
@@ -316,80 +320,6 @@ def sink_argv(
         "--starting-offsets", "earliest",
         *extra,
     )  # fmt: skip
-
-
-def _listening(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-@dataclass
-class LeaseServerProc:
-    """A ``pidfence lease-server`` subprocess on a free 127.0.0.1 port."""
-
-    proc: ManagedProcess
-    port: int
-
-    @property
-    def address(self) -> str:
-        """``127.0.0.1:PORT``."""
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        """The OS pid while running."""
-        return self.proc.pid
-
-    def wait_listening(self, timeout: float = 60.0) -> None:
-        """Return once the server accepts connections."""
-
-        def ready() -> bool:
-            if not self.proc.running:
-                raise ServiceFailed(f"lease server exited:\n{self.proc.log_tail()}")
-            return _listening(self.port)
-
-        wait_until(ready, timeout, f"lease server {self.address}", 0.2, self.proc.log_tail())
-
-    def kill(self) -> None:
-        """SIGKILL."""
-        self.proc.kill()
-
-    def restart(self, timeout: float = 60.0) -> None:
-        """Start again on the same port; return once listening."""
-        self.proc.start()
-        self.wait_listening(timeout)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL."""
-        self.proc.stop(10)
-
-
-def spawn_lease_server(
-    zk_hosts: str,
-    log_dir: Path,
-    name: str = "lease",
-    lifetime: str = "24h",
-    block_size: int = 100,
-    port: int | None = None,
-    security: Sequence[str] = (),
-) -> LeaseServerProc:
-    """Start ``pidfence lease-server`` (call :meth:`LeaseServerProc.wait_listening` after).
-
-    ``security`` holds extra ``lease-server`` options (``--auth-tokens``, ``--tls-cert`` ...).
-    """
-    port = port or free_port()
-    argv = pidfence_argv(
-        "lease-server",
-        "--zk", zk_hosts,
-        "--listen", f"127.0.0.1:{port}",
-        "--lifetime", lifetime,
-        "--block-size", str(block_size),
-        *security,
-    )  # fmt: skip
-    proc = ManagedProcess(name, argv, log_dir / f"{name}.log")
-    proc.start()
-    return LeaseServerProc(proc, port)
 
 
 def wait_for(

@@ -39,6 +39,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
         table.add_row(f"anomaly: {name}", f"[{style}]{value}[/{style}]")
     for name, value in summary.get("informational", {}).items():
         table.add_row(f"info: {name}", str(value))
+    network = network_lines(summary)
+    if network:
+        table.add_section()
+        for label, value in network:
+            table.add_row(label, value)
     if summary.get("copier"):
         copier = summary["copier"]
         table.add_section()
@@ -49,6 +54,29 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_row("result", verdict)
     table.add_row("wall time", f"{summary.get('wall_s', 0):.1f}s")
     return table
+
+
+def network_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Rows for the network faults (``net``): the seed, then each link's faults in order."""
+    plan = summary.get("plan") or {}
+    if plan.get("seed") is None:
+        return []
+    per_link: dict[str, list[str]] = {}
+    for line in plan.get("steps", []):
+        where, _, what = line.partition(": ")
+        link = where.split(" ", 1)[-1]
+        if link in {"producer-kafka", "producer-lease", "lease-zookeeper", "sink-kafka"}:
+            per_link.setdefault(link, []).append(what.split(" (")[0])
+    seed = plan["seed"]
+    rows = [
+        (
+            f"network faults (seed {seed}, replay: --seed {seed})",
+            str(sum(map(len, per_link.values()))),
+        )
+    ]
+    rows += [(f"  net: {link}", ", ".join(kinds)) for link, kinds in sorted(per_link.items())]
+    rows += [(f"  note: {note}", "") for note in summary.get("notes", [])]
+    return rows
 
 
 def _png(fig: Any) -> str:
@@ -132,6 +160,7 @@ def render_html(summary: dict[str, Any], images: dict[str, str]) -> str:
         f"<li><b>{esc(name)}</b><ul>{''.join(f'<li>{esc(e)}</li>' for e in events)}</ul></li>"
         for name, events in summary["faults"].items()
     )
+    network = _network_html(summary)
     figures = "".join(
         f'<figure><img alt="{esc(name)}" src="data:image/png;base64,{data}"></figure>'
         for name, data in images.items()
@@ -160,6 +189,7 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px}}
 <h2>Verdicts</h2><table>{verdicts}</table>
 <h2>Anomalies (checker)</h2><table>{anomalies}</table>
 <h2>Faults injected</h2><ul>{faults}</ul>
+{network}
 <h2>Plots</h2>{figures}
 <h2>Downstream job: unique users per minute (seed 003)</h2>
 <p>Distinct users cannot be inflated by duplicates, events can: the raw topic over-counts
@@ -171,6 +201,23 @@ events; the output log must equal the truth computed from the send ledgers.</p>
 {minute_rows}</table>
 </body></html>
 """
+
+
+def _network_html(summary: dict[str, Any]) -> str:
+    """The seeded network faults: the plan, one step per line, and how to replay it."""
+    plan = summary.get("plan") or {}
+    if plan.get("seed") is None:
+        return ""
+    esc = html.escape
+    steps = "".join(f"<li><code>{esc(line)}</code></li>" for line in plan.get("steps", []))
+    notes = "".join(f"<p>{esc(note)}</p>" for note in summary.get("notes", []))
+    return (
+        f"<h2>Network faults (seed {plan['seed']})</h2>"
+        "<p>Each link ran through a TCP fault proxy (toxiproxy); these faults were put on it at "
+        "these times and taken off after their duration. Replay them with "
+        f"<code>pidfence demo --faults net --seed {plan['seed']}</code>.</p>"
+        f"{notes}<ul>{steps}</ul>"
+    )
 
 
 def _open_the_table(output: str) -> str:

@@ -6,16 +6,14 @@ import re
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pidfence.demo.record import DemoRecord
 from pidfence.verify.check import ANOMALIES, INFORMATIONAL, CheckReport
 from pidfence.verify.ledger import LedgerEntry, read_ledger, value_digest
-
-if TYPE_CHECKING:
-    from pidfence.demo.runner import DemoRun
 
 _INSTANCE = re.compile(r"\.r\d+$")
 
@@ -120,19 +118,19 @@ def minutes(table: pa.Table) -> dict[str, list[int]]:
     return out
 
 
-def collect(run: DemoRun) -> dict[str, Any]:
+def collect(run: DemoRecord) -> dict[str, Any]:
     """Read ledgers, the raw topic, the output log and rejects; run the checker; summarise."""
     from pidfence.demo.topic import read_topic
     from pidfence.spark_sink import read_log, read_rejects
     from pidfence.verify.check import check
     from pidfence.verify.downstream import truth_from_ledger, unique_users_per_minute
 
-    paths = run.paths
+    paths, ends, produced = run.paths, run.endpoints, run.produced
     ledgers = ledger_entries(paths.ledgers)
     everything = [e for entries in ledgers.values() for e in entries]
     log = read_log(str(paths.sink_output))
     rejects = read_rejects(str(paths.sink_output))
-    raw = read_topic(run.bootstrap, run.raw_topic)
+    raw = read_topic(ends.bootstrap, ends.raw_topic)
     report = check(everything, log, rejects)
     anomalies = anomaly_counts(report)
     owners = pid_owners(ledgers)
@@ -144,8 +142,8 @@ def collect(run: DemoRun) -> dict[str, Any]:
 
     start_ms = min(epoch_ms(raw.column("timestamp")), default=0)
     copier: dict[str, int] = {}
-    if run.copier_workers:
-        upstream = read_topic(run.bootstrap, run.upstream_topic)
+    if produced.copier:
+        upstream = read_topic(ends.bootstrap, ends.upstream_topic)
         copier = copier_exactly_once(upstream, log)
         if copier["missing"] or copier["duplicated"]:
             anomalies["copier_missing"] = copier["missing"]
@@ -162,9 +160,8 @@ def collect(run: DemoRun) -> dict[str, Any]:
     anomalies["downstream_mismatch"] = sum(
         1 for m in set(log_side) | set(truth) if log_side.get(m) != truth.get(m)
     )
-    exit_codes = {w.name: w.exit_code() for role in run.roles for w in role.instances} | {
-        w.name: w.exit_code() for w in run.copier_workers
-    }
+    workers = [*produced.instances, *produced.copier]
+    faults = produced.faults
     summary: dict[str, Any] = {
         "ok": not any(anomalies.values()),
         "output": str(paths.sink_output.resolve()),
@@ -192,16 +189,14 @@ def collect(run: DemoRun) -> dict[str, Any]:
         "informational": informational_counts(report),
         "examples": anomaly_examples(report),
         "copier": copier,
-        "faults": run.fault_events,
-        "faults_happened": run.faults_happened,
-        "zombie_writes": run.zombie_writes,
-        "instances": {
-            w.name: w.final_state()
-            for w in [*(w for role in run.roles for w in role.instances), *run.copier_workers]
-        },
-        "phases_s": run.phases,
-        "sink_passes": run.sink_passes,
-        "exit_codes": exit_codes,
+        "faults": {name: list(events) for name, events in faults.events.items()},
+        "faults_happened": dict(faults.happened),
+        "zombie_writes": dict(faults.zombie_writes),
+        "plan": {"seed": faults.seed, "steps": list(faults.plan)},
+        "instances": {w.name: w.final_state() for w in workers},
+        "phases_s": dict(run.phases),
+        "sink_passes": [dict(p) for p in run.sink_passes],
+        "exit_codes": {w.name: w.exit_code() for w in workers},
         "downstream": downstream,
         "timeline": {
             "raw": cumulative_per_second(epoch_ms(raw.column("timestamp")), start_ms),

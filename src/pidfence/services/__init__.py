@@ -22,7 +22,7 @@ from pidfence.services.kafka import KafkaCluster, create_topic
 from pidfence.services.node import Cluster, ServerNode
 from pidfence.services.ports import free_port
 from pidfence.services.process import ManagedProcess, ServiceFailed, started_pids
-from pidfence.services.spark import SparkStandaloneCluster, spark_session
+from pidfence.services.spark import SparkStandaloneCluster, spark_session, stop_session
 from pidfence.services.stack import (
     NodeRecord,
     Services,
@@ -64,4 +64,5 @@ __all__ = [
     "spark_session",
     "started_pids",
     "status",
+    "stop_session",
 ]

@@ -89,6 +89,19 @@ def spark_session(
     return session
 
 
+def stop_session(spark: Any) -> None:
+    """Stop a SparkSession without pyspark's ``EOFError`` traceback on stderr.
+
+    ``SparkContext.stop()`` stops the JVM before the Python accumulator server; when the JVM
+    closes its accumulator connection first, the server's handler reads EOF and prints a
+    traceback. Shutting the server down first (its handler ends within a second) avoids it.
+    """
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is not None:
+        server.shutdown()
+    spark.stop()
+
+
 def _launch_gateway_logging_to(
     log_file: Path, launch: dict[str, str], settings: dict[str, str]
 ) -> None:

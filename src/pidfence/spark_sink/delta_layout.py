@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,6 +48,7 @@ from pidfence.spark_sink.delta_table import (
     check_path,
     schema_of,
 )
+from pidfence.spark_sink.faults import crash_point
 from pidfence.spark_sink.layout import ParquetLayout, PartFiles, part_file
 from pidfence.spark_sink.storage import manifest_ids, manifest_path
 
@@ -71,10 +71,6 @@ class DeltaLayout(ParquetLayout):
         query_id: the streaming query's id: the Delta transaction ids' app id.
         storage_options: deltalake storage options for object stores (credentials, endpoint).
     """
-
-    #: Called with ``"rejects_committed"`` between the two Delta commits (crash tests kill the
-    #: process there); None in production.
-    hook: ClassVar[Callable[[str], None] | None] = None
 
     def __init__(
         self,
@@ -201,8 +197,8 @@ class DeltaLayout(ParquetLayout):
                 # Committed by an earlier attempt (a crash between the two commits): this
                 # attempt's identical staged files are never needed.
                 self._drop_sources(path, moves)
-            if kind == "rejects" and DeltaLayout.hook is not None:
-                DeltaLayout.hook("rejects_committed")
+            if kind == "rejects":
+                crash_point("rejects_committed")
         self._version = None
         return done
 

@@ -26,7 +26,7 @@ class SplitPartitionError(SinkError):
 
 
 class InjectedFault(SinkError):
-    """A failure injected on purpose by ``PIDFENCE_SINK_FAIL_ATTEMPT0`` (a retry succeeds)."""
+    """A task failure injected on purpose by ``pidfence.testing`` (a retry succeeds)."""
 
     retriable: ClassVar[bool] = True
 

@@ -1,60 +1,50 @@
-"""Fault injection for the exactly-once tests (off unless the environment asks for it).
+"""Named fault points of the sink's commit protocol: no-ops unless a test harness installs a hook.
 
-``PIDFENCE_SINK_CRASH_AT=after_write|before_manifest|rejects_committed|after_manifest`` SIGKILLs
-the whole process group of the sink at that point (``before_manifest``: the batch's files are
-written, nothing is committed; ``rejects_committed``: the Delta layout committed the rejects table,
-not yet the log table; ``after_manifest``: the batch is committed, Spark's commit log not yet):
-the driver, its JVM and the Python workers die together, like a lost machine. It only fires when
-``PIDFENCE_SINK_CRASH_PGID`` names the current process group or session (PySpark's workers have a
-process group of their own inside the driver's session), so run the sink as a session leader
-(``subprocess.Popen(..., start_new_session=True)``) and set that variable to the child's pid, or
-to ``self`` (``pidfence sink`` then substitutes its own pid); restart without the variables (so
-it fires once).
+The sink calls :func:`crash_point` at each point; with no hook installed (production) the call
+returns at once. ``pidfence.testing`` installs the one hook (SIGKILL the sink's process group at a
+point, fail a task's first attempt) in the driver and in every Python process Spark starts for
+it; production code reads no fault setting from anywhere.
 
-``PIDFENCE_SINK_FAIL_ATTEMPT0=1`` makes ``write()`` raise on every task's first attempt (use a
-master such as ``local[2,3]`` so Spark retries tasks).
+Points, in the order a batch passes them:
+
+* ``task_start``: ``write()`` begins on an executor (``attempt`` is Spark's task attempt number);
+* ``after_write``: the task staged its files, nothing is committed;
+* ``before_manifest``: the driver's ``commit()`` is about to publish the batch;
+* ``rejects_committed``: the Delta layout committed the rejects table, not yet the log table;
+* ``after_manifest``: the batch is committed, Spark's commit log not yet.
 """
 
 from __future__ import annotations
 
-import os
-import signal
+from collections.abc import Callable
 from typing import Final
 
-CRASH_AT: Final = "PIDFENCE_SINK_CRASH_AT"
-CRASH_PGID: Final = "PIDFENCE_SINK_CRASH_PGID"
-FAIL_ATTEMPT0: Final = "PIDFENCE_SINK_FAIL_ATTEMPT0"
-POINTS: Final = ("after_write", "before_manifest", "rejects_committed", "after_manifest")
+POINTS: Final = (
+    "task_start",
+    "after_write",
+    "before_manifest",
+    "rejects_committed",
+    "after_manifest",
+)
+
+#: ``hook(point, attempt)``: may SIGKILL the process, raise, or return.
+FaultHook = Callable[[str, int], None]
+
+_hook: FaultHook | None = None
 
 
-def resolve_self_pgid() -> None:
-    """Replace ``PIDFENCE_SINK_CRASH_PGID=self`` with this process's pid (before Spark starts).
+def crash_point(point: str, attempt: int = 0) -> None:
+    """Call the installed hook at ``point`` (a no-op when none is installed)."""
+    hook = _hook
+    if hook is not None:
+        hook(point, attempt)
 
-    Call it in the driver before the JVM and Python workers are launched, so they inherit the
-    number. It only ever fires when this process leads its own group (see :func:`crash_point`).
+
+def install_hook(hook: FaultHook | None) -> FaultHook | None:
+    """Install ``hook`` (None removes it); returns the one it replaces.
+
+    Called by ``pidfence.testing`` only; nothing in the sink installs a hook.
     """
-    if os.environ.get(CRASH_PGID) == "self":
-        os.environ[CRASH_PGID] = str(os.getpid())
-
-
-def crash_point(point: str) -> None:
-    """SIGKILL this process group if the environment asks for a crash at ``point``."""
-    if os.environ.get(CRASH_AT) != point:
-        return
-    pgid = os.environ.get(CRASH_PGID)
-    if pgid is None or not pgid.isdigit():
-        return
-    leader = int(pgid)
-    # PySpark's daemon puts its Python workers in a group of their own (setpgid), still inside
-    # the driver's session: a worker fires when the driver it belongs to leads that session.
-    if leader not in (os.getpgrp(), os.getsid(0)):
-        return
-    own = os.getpgrp()
-    if own != leader:
-        os.killpg(leader, signal.SIGKILL)
-    os.killpg(own, signal.SIGKILL)
-
-
-def fail_first_attempt(attempt: int) -> bool:
-    """Whether ``write()`` should fail now (task retry test)."""
-    return os.environ.get(FAIL_ATTEMPT0) == "1" and attempt == 0
+    global _hook
+    previous, _hook = _hook, hook
+    return previous

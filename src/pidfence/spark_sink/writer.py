@@ -23,11 +23,10 @@ from pidfence.spark_sink import owner
 from pidfence.spark_sink.delta_layout import DeltaLayout, open_layout
 from pidfence.spark_sink.errors import (
     CommittedBatchMismatch,
-    InjectedFault,
     SinkError,
     SplitPartitionError,
 )
-from pidfence.spark_sink.faults import crash_point, fail_first_attempt
+from pidfence.spark_sink.faults import crash_point
 from pidfence.spark_sink.layout import (
     INDEX_EVERY,
     MANIFEST_VERSION,
@@ -177,18 +176,13 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
     def layout(self, query: str = NO_QUERY) -> ParquetLayout:
         """The storage layout of this sink (the Delta layout commits as ``query``)."""
         if self.options.delta:
-            if DeltaLayout.hook is None:
-                # The crash tests' point between the rejects and the log commit (a no-op
-                # unless PIDFENCE_SINK_CRASH_AT asks for it).
-                DeltaLayout.hook = crash_point
             return DeltaLayout(self.options.path, self.options.rejects_path, query)
         return ParquetLayout(self.options.path, self.options.rejects_path)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         """Process this task's rows (one Kafka partition) and stage data, rejects and state."""
         batch_id, attempt, query = _task_context()
-        if fail_first_attempt(attempt):
-            raise InjectedFault(f"injected failure of batch {batch_id} attempt 0 (retry passes)")
+        crash_point("task_start", attempt)
         batches = list(iterator)
         message = SinkCommitMessage(batch_id, query=query)
         layout = self.layout(query)

@@ -1,4 +1,4 @@
-"""The soak bench's sink process: ``python -m pidfence.demo.soak_sink ...``.
+"""The soak bench's sink process: ``python -m pidfence.demo.soak.sink ...``.
 
 A long-running pidfence streaming query (processing-time trigger) or one available-now pass,
 in a Spark driver of its own, so the bench can stop, crash and restart it and measure its JVM
@@ -21,7 +21,7 @@ from typing import Any
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="pidfence.demo.soak_sink")
+    parser = argparse.ArgumentParser(prog="pidfence.demo.soak.sink")
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--output", required=True)
@@ -48,7 +48,7 @@ def _durations(spark: Any, batch: int) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the sink until SIGTERM/SIGINT (or to the end of the topic with ``--available-now``)."""
-    from pidfence.services import spark_session
+    from pidfence.services import spark_session, stop_session
     from pidfence.spark_sink import BatchLine, serve
     from pidfence.spark_sink.pipeline import SESSION_CONF
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             sink_options=sink_options,
         )
     finally:
-        spark.stop()
+        stop_session(spark)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pidfence.demo.soak_figures import MB
+from pidfence.demo.soak.figures import MB
 
 
 def write_plot(

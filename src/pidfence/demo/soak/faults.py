@@ -1,6 +1,6 @@
 """The soak bench's long-running sink process and the faults it repeats on top of the demo's.
 
-:class:`SinkProc` runs :mod:`pidfence.demo.soak_sink` as a child process (its own session) and
+:class:`SinkProc` runs :mod:`pidfence.demo.soak.sink` as a child process (its own session) and
 knows each instance's committed batches from the JSON lines it writes. :class:`SinkRestart` stops
 the sink gracefully or crashes it (SIGKILL of the driver and every process below it, by pid) and
 waits until the next instance has committed a batch. :func:`adopt_replacement` makes a producer
@@ -134,11 +134,11 @@ def soak_sink_argv(
     lifetime: str,
     master: str,
 ) -> Callable[[str, bool], list[str]]:
-    """The command line of :mod:`pidfence.demo.soak_sink` for each instance."""
+    """The command line of :mod:`pidfence.demo.soak.sink` for each instance."""
 
     def argv(label: str, available_now: bool) -> list[str]:
         args = [
-            sys.executable, "-m", "pidfence.demo.soak_sink",
+            sys.executable, "-m", "pidfence.demo.soak.sink",
             "--bootstrap", bootstrap,
             "--topic", topic,
             "--output", str(output),

@@ -1,5 +1,4 @@
-"""The soak run behind ``pidfence bench soak``: the demo's pipeline for a long time, faults
-repeated, memory and batch times sampled, the event-level checker at the end.
+"""The soak run: the demo's pipeline for a long time, faults repeated, samples, the checker.
 
 Producers (``pidfence produce``, rate-limited, leases rolling over) write the raw topic; a
 pidfence streaming query (processing-time trigger, its own Spark driver process) reads it. Every
@@ -18,25 +17,16 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from pidfence.demo.faults import FaultScript, LeaseZombie, Zombie
-from pidfence.demo.procs import LeaseServerProc, ProducerRole, ProducerSpec, spawn_lease_server
-from pidfence.demo.procstat import (
-    children_map,
-    descendants,
-    dir_bytes,
-    parent_map,
-    rss_bytes,
-    tree_rss,
-)
-from pidfence.demo.soak_config import SoakConfig
-from pidfence.demo.soak_faults import (
+from pidfence.demo.procs import ProducerRole, ProducerSpec
+from pidfence.demo.soak.config import SoakConfig
+from pidfence.demo.soak.faults import (
     SelfStoppedLeaseZombie,
     SinkProc,
     SinkRestart,
@@ -46,61 +36,13 @@ from pidfence.demo.soak_faults import (
     soak_sink_argv,
     stop_after,
 )
+from pidfence.demo.soak.result import SoakResult, SoakServices
+from pidfence.demo.soak.sample import take_sample
+from pidfence.services.lease_server import LeaseServerProcess, spawn_lease_server
 from pidfence.services.process import ServiceFailed
 
 #: Producer roles by the fault each one gets, in order.
 ROLES = ("kill", "zombie", "lease-zombie", "resend")
-
-
-@dataclass
-class SoakResult:
-    """Everything a soak run measured (JSON-able through :meth:`as_dict`)."""
-
-    config: dict[str, Any]
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    batches: list[dict[str, Any]] = field(default_factory=list)
-    faults: list[dict[str, Any]] = field(default_factory=list)
-    faults_happened: Counter[str] = field(default_factory=Counter)
-    failures: list[str] = field(default_factory=list)
-    anomalies: dict[str, int] = field(default_factory=dict)
-    informational: dict[str, int] = field(default_factory=dict)
-    examples: dict[str, list[str]] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    verdicts: dict[str, int] = field(default_factory=dict)
-    phases_s: dict[str, float] = field(default_factory=dict)
-    #: Wall time (epoch seconds) when the producers started: t_s = 0 of the samples.
-    wall_started: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """Zero anomalies and no unexpected process exit."""
-        return not any(self.anomalies.values()) and not self.failures
-
-    def as_dict(self) -> dict[str, Any]:
-        """All of it as plain JSON types."""
-        return {
-            "ok": self.ok,
-            "config": self.config,
-            "anomalies": self.anomalies,
-            "informational": self.informational,
-            "examples": self.examples,
-            "counts": self.counts,
-            "verdicts": self.verdicts,
-            "faults_happened": dict(self.faults_happened),
-            "failures": self.failures,
-            "phases_s": self.phases_s,
-            "wall_started": self.wall_started,
-            "faults": self.faults,
-            "samples": self.samples,
-            "batches": self.batches,
-        }
-
-
-@dataclass
-class _Services:
-    bootstrap: str
-    zk_hosts: str
-    trees: dict[str, list[int]]
 
 
 class SoakRun:
@@ -128,7 +70,7 @@ class SoakRun:
         self.roles: list[ProducerRole] = []
         self.scripts: list[FaultScript] = []
         self.sink: SinkProc | None = None
-        self.lease_servers: list[LeaseServerProc] = []
+        self.lease_servers: list[LeaseServerProcess] = []
         self._cleanups: list[Callable[[], None]] = []
         self._started = 0.0
         self._wall_started = 0.0
@@ -169,7 +111,7 @@ class SoakRun:
         self.result.phases_s[name] = round(self.clock() - started, 1)
         self.log(f"{name} done in {self.result.phases_s[name]:.1f} s")
 
-    def _services(self) -> _Services:
+    def _services(self) -> SoakServices:
         from pidfence.demo.topic import create_topic
         from pidfence.services import KafkaCluster, ZooKeeperEnsemble
 
@@ -194,15 +136,17 @@ class SoakRun:
         self.topic = f"soak-raw-{os.getpid()}-{int(time.time())}"
         create_topic(bootstrap, self.topic, config.partitions)
         for i in range(2):
-            server = spawn_lease_server(zk_hosts, self.logs, name=f"lease-{i}",
-                                        lifetime=config.lifetime)  # fmt: skip
+            server = spawn_lease_server(
+                zk_hosts, self.logs, name=f"lease-{i}", wait=False,
+                lifetime_ms=round(config.lease_lifetime_s * 1000),
+            )  # fmt: skip
             self._cleanups.append(server.stop)
             self.lease_servers.append(server)
         for server in self.lease_servers:
             server.wait_listening()
-        return _Services(bootstrap, zk_hosts, trees)
+        return SoakServices(bootstrap, zk_hosts, trees)
 
-    def _soak(self, services: _Services) -> None:
+    def _soak(self, services: SoakServices) -> None:
         config = self.config
         lease = ",".join(s.address for s in self.lease_servers)
         # Enough records for the whole run and its stalls; the producers are stopped at the end.
@@ -254,7 +198,7 @@ class SoakRun:
         if self.sink is not None:
             self.sink.crash()
 
-    def _drive(self, services: _Services) -> None:
+    def _drive(self, services: SoakServices) -> None:
         config = self.config
         end = self._started + config.seconds
         # No fault round starts within one lease lifetime (plus slack) of the end.
@@ -366,68 +310,29 @@ class SoakRun:
 
     # ---- sampling --------------------------------------------------------------------------
 
-    def _sample(self, services: _Services) -> None:
-        children = children_map(parent_map())
-        rss: dict[str, int] = {}
-        for name, roots in services.trees.items():
-            rss[name] = tree_rss(roots, children)
-        for server in self.lease_servers:
-            rss[server.proc.name] = tree_rss([server.pid] if server.pid else [], children)
-        for role in self.roles:
-            rss[role.spec.name] = tree_rss([w.pid for w in role.instances if w.running and w.pid],
-                                        children)  # fmt: skip
-        rss["harness"] = rss_bytes(os.getpid())
-        sink = self.sink
-        if sink is not None and sink.pid is not None:
-            below = descendants(sink.pid, children)
-            rss["spark driver (python)"] = rss_bytes(sink.pid)
-            rss["spark JVM"] = sum(rss_bytes(p) for p, d in below.items() if d == 1)
-            rss["spark python workers"] = sum(rss_bytes(p) for p, d in below.items() if d > 1)
-            workers = sum(1 for d in below.values() if d > 1)
-        else:
-            workers = 0
-        if sink is not None:
-            sink.read()
-        lines = sink.lines if sink is not None else []
-        since = self.result.samples[-1]["t_s"] if self.result.samples else -1.0
+    def _sample(self, services: SoakServices) -> None:
+        if self.sink is not None:
+            self.sink.read()
         t = round(self.clock() - self._started, 1)
-        recent = [
-            float(line["seconds"])
-            for line in lines
-            if line.get("seconds") is not None and line["t"] - self._wall_started > since
-        ]
-        # A Delta output keeps pidfence's own files (state among them) under _pidfence/.
-        delta_state = self.output / "_pidfence" / "_state"
-        state_root = delta_state if delta_state.is_dir() else self.output / "_state"
-        state_bytes, state_files = dir_bytes(state_root)
-        sample = {
-            "t_s": t,
-            "rss": rss,
-            "state_bytes": state_bytes,
-            "state_files": state_files,
-            "batches": len(lines),
-            "batches_since": len(recent),
-            "batch_s_median": statistics.median(recent) if recent else None,
-            "batch_s_max": max(recent) if recent else None,
-            "records_in": sum(int(line["records_in"]) for line in lines),
-            "appended": sum(int(line["appended"]) for line in lines),
-            "dropped": sum(sum(line["dropped"].values()) for line in lines),
-            "lag": lines[-1].get("lag") if lines else None,
-            "spark_python_processes": workers,
-        }
+        since = self.result.samples[-1]["t_s"] if self.result.samples else -1.0
+        sample = take_sample(
+            services.trees, self.lease_servers, self.roles, self.sink, self.output,
+            since_s=since, t_s=t, wall_started=self._wall_started,
+        )  # fmt: skip
         self.result.samples.append(sample)
         with (self.config.out / "samples.jsonl").open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(sample) + "\n")
-        total = sum(rss.values()) / 2**20
+        total = sum(sample["rss"].values()) / 2**20
         self.log(
-            f"[{t:7.1f} s] sample: RSS {total:,.0f} MB in all, state {state_bytes / 1024:,.0f} "
-            f"KB, {sample['batches']} batches, median batch {sample['batch_s_median']} s, "
-            f"{sample['records_in']:,} in → {sample['appended']:,} appended"
+            f"[{t:7.1f} s] sample: RSS {total:,.0f} MB in all, state "
+            f"{sample['state_bytes'] / 1024:,.0f} KB, {sample['batches']} batches, median batch "
+            f"{sample['batch_s_median']} s, {sample['records_in']:,} in → "
+            f"{sample['appended']:,} appended"
         )
 
     # ---- the end ---------------------------------------------------------------------------
 
-    def _drain(self, services: _Services) -> None:
+    def _drain(self, services: SoakServices) -> None:
         """Stop the streaming query, then one available-now pass reads what is left."""
         del services
         sink = self.sink

@@ -1,0 +1,152 @@
+"""The demo's services: ZooKeeper, Kafka, topics, two lease servers, and (``net``) the fault proxy.
+
+Under the ``net`` fault every link runs through a toxiproxy proxy: Kafka is a
+:class:`~pidfence.testing.ProxiedKafka` (the producers' and the sink's listeners advertise their
+proxies), the lease servers reach ZooKeeper through one, and the producers reach each lease
+server through one. With ``--bootstrap`` the Kafka links cannot be proxied (the brokers advertise
+their own addresses); the report says so.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pidfence.demo.config import DemoConfig, Fault
+from pidfence.demo.record import DemoPaths, Endpoints
+from pidfence.demo.topic import create_topic
+from pidfence.services.lease_server import LeaseServerProcess, make_lease_pki, spawn_lease_server
+from pidfence.testing.network import LinkFaults, ProxiedKafka, link_proxies
+from pidfence.testing.plan import Link
+from pidfence.testing.toxiproxy import Proxy, Toxiproxy, ToxiproxyServer
+
+Cleanups = list[Callable[[], None]]
+#: The lease lifetime without short-lease faults.
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass
+class Started:
+    """What :func:`start_services` started: where it is, and the proxies of ``net``."""
+
+    endpoints: Endpoints
+    links: LinkFaults | None = None
+    lease_servers: list[LeaseServerProcess] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def start_services(config: DemoConfig, paths: DemoPaths, cleanups: Cleanups) -> Started:
+    """Start (or reuse) every service; each stop is added to ``cleanups``."""
+    from pidfence.services import KafkaCluster, ZooKeeperEnsemble
+
+    pids: dict[str, int] = {}
+    notes: list[str] = []
+    toxiproxy: Toxiproxy | None = None
+    proxies: dict[Link, list[Proxy]] = {}
+    if Fault.NET in config.faults:
+        server = ToxiproxyServer(paths.logs).start()
+        cleanups.append(server.stop)
+        toxiproxy = server.client
+        if server.pid is not None:
+            pids["toxiproxy"] = server.pid
+    if config.zk_hosts:
+        zk_hosts = config.zk_hosts
+    else:
+        zk = ZooKeeperEnsemble(1, run_dir=paths.run / "zookeeper")
+        cleanups.append(zk.stop)
+        zk.start()
+        zk_hosts = zk.hosts
+        pids.update({f"zookeeper-{i}": p for i, p in enumerate(zk.pids())})
+    raw, upstream = "raw", "upstream"
+    if config.bootstrap:
+        bootstrap = producer_bootstrap = sink_bootstrap = config.bootstrap
+        suffix = uuid.uuid4().hex[:8]
+        raw, upstream = f"pidfence-demo-raw-{suffix}", f"pidfence-demo-upstream-{suffix}"
+        if toxiproxy is not None:
+            notes.append("Kafka links not proxied: --bootstrap names brokers this demo cannot "
+                         "make advertise a proxy")  # fmt: skip
+    else:
+        kafka: KafkaCluster
+        if toxiproxy is not None:
+            kafka = ProxiedKafka(toxiproxy, run_dir=paths.run / "kafka")
+        else:
+            kafka = KafkaCluster(1, run_dir=paths.run / "kafka")
+        cleanups.append(kafka.stop)
+        kafka.start()
+        bootstrap = producer_bootstrap = sink_bootstrap = kafka.bootstrap
+        if isinstance(kafka, ProxiedKafka):
+            producer_bootstrap = kafka.bootstrap_for(Link.PRODUCER_KAFKA)
+            sink_bootstrap = kafka.bootstrap_for(Link.SINK_KAFKA)
+            proxies |= {link: [proxy] for link, proxy in kafka.proxies.items()}
+        pids.update({f"kafka-{i}": p for i, p in enumerate(kafka.pids())})
+    for topic in (raw, upstream):
+        create_topic(bootstrap, topic, config.partitions)
+    lease_zk = zk_hosts
+    if toxiproxy is not None:
+        hosts, slash, chroot = zk_hosts.partition("/")
+        proxy = link_proxies(toxiproxy, {Link.LEASE_ZOOKEEPER: hosts.split(",")[0]})
+        lease_zk = f"{proxy[Link.LEASE_ZOOKEEPER].address}{slash}{chroot}"
+        proxies[Link.LEASE_ZOOKEEPER] = list(proxy.values())
+    servers = _start_lease_servers(config, paths, lease_zk, cleanups, pids)
+    addresses = [s.address for s in servers]
+    if toxiproxy is not None:
+        fronts = [link_proxies(toxiproxy, {Link.PRODUCER_LEASE: a})[Link.PRODUCER_LEASE]
+                  for a in addresses]  # fmt: skip
+        proxies[Link.PRODUCER_LEASE] = fronts
+        addresses = [p.address for p in fronts]
+    endpoints = Endpoints(
+        bootstrap=bootstrap,
+        zk_hosts=zk_hosts,
+        raw_topic=raw,
+        upstream_topic=upstream,
+        lease_servers=",".join(addresses),
+        producer_bootstrap=producer_bootstrap,
+        sink_bootstrap=sink_bootstrap,
+        pids=pids,
+    )
+    links = LinkFaults(proxies) if toxiproxy is not None else None
+    return Started(endpoints, links, servers, notes)
+
+
+def _start_lease_servers(
+    config: DemoConfig, paths: DemoPaths, zk_hosts: str, cleanups: Cleanups, pids: dict[str, int]
+) -> list[LeaseServerProcess]:
+    """Two lease servers with auth tokens and TLS, from certificates made now.
+
+    Every pidfence process the demo starts inherits the client side through the environment
+    (``PIDFENCE_LEASE_TOKEN_FILE``, ``PIDFENCE_LEASE_TLS_CA``): a token never shows in ``ps``.
+    The variables are put back as they were when the demo ends (it may run inside a caller's
+    process, e.g. the test suite).
+    """
+    from pidfence.pid_allocator.security import TLS_CA_ENV, TOKEN_FILE_ENV
+
+    pki = make_lease_pki(paths.out / "pki")
+    before = {name: os.environ.get(name) for name in (TOKEN_FILE_ENV, TLS_CA_ENV)}
+
+    def restore() -> None:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    cleanups.append(restore)
+    os.environ[TOKEN_FILE_ENV] = str(pki.token_files["producer"])
+    os.environ[TLS_CA_ENV] = str(pki.ca)
+    lifetime_ms = round(config.lease_lifetime_s * 1000) if config.short_leases else DAY_MS
+    servers = []
+    for i in range(2):
+        server = spawn_lease_server(
+            zk_hosts, paths.logs, name=f"lease-{i}", wait=False, tls_ca=pki.ca,
+            auth_tokens_file=pki.tokens_file, tls_cert=pki.server_cert, tls_key=pki.server_key,
+            lifetime_ms=lifetime_ms,
+        )  # fmt: skip
+        cleanups.append(server.stop)
+        servers.append(server)
+        if server.pid is not None:
+            pids[f"lease-{i}"] = server.pid
+    for server in servers:
+        server.wait_listening()
+    return servers

@@ -1,0 +1,99 @@
+"""``python -m pidfence.testing.run [FAULTS] -- PIDFENCE_ARGS``: the ``pidfence`` CLI under test.
+
+Installs what the options ask for in this process, then runs the normal CLI with
+``PIDFENCE_ARGS``:
+
+* ``--crash-at POINT``: SIGKILL this process's group at a sink crash point (this process becomes
+  the leader of a session of its own, if it is not one already);
+* ``--fail-first-attempt``: every sink task's first attempt fails (Spark retries it);
+* ``--mutation NAME``: a deliberately broken build (:mod:`pidfence.testing.mutations`).
+
+Sink hooks reach the Python processes Spark starts through ``PYSPARK_PYTHON``, pointed at a
+wrapper (:mod:`pidfence.testing.spark_python`) that installs the same hook there. Run the CLI
+without this module to run it without faults (e.g. the restart after a crash).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from pidfence.spark_sink.faults import POINTS
+from pidfence.testing.mutations import MUTATIONS, install_mutation
+from pidfence.testing.sink_faults import SinkFaults, lead_own_session
+from pidfence.testing.spark_python import python_wrapper
+
+#: The module's command line, for building argv in tests and scripts.
+RUN = (sys.executable, "-m", "pidfence.testing.run")
+
+
+def run_argv(
+    pidfence_args: Sequence[str],
+    crash_at: str | None = None,
+    fail_first_attempt: bool = False,
+    mutations: Sequence[str] = (),
+) -> list[str]:
+    """The argv that runs ``pidfence PIDFENCE_ARGS`` with these faults installed.
+
+    Args:
+        pidfence_args: the CLI's arguments (``["sink", "--bootstrap", ...]``), or a whole command
+            line that runs the CLI with ``python -c`` (``pidfence.demo.procs.pidfence_argv``);
+            its interpreter prefix is dropped.
+        crash_at: a sink crash point.
+        fail_first_attempt: fail every sink task's first attempt.
+        mutations: names of :data:`pidfence.testing.mutations.MUTATIONS` to install.
+    """
+    args = list(pidfence_args)
+    if args[:2] == [sys.executable, "-c"]:
+        args = args[3:]
+    argv = list(RUN)
+    if crash_at is not None:
+        argv += ["--crash-at", crash_at]
+    if fail_first_attempt:
+        argv.append("--fail-first-attempt")
+    for name in mutations:
+        argv += ["--mutation", name]
+    return [*argv, "--", *args]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pidfence.testing.run",
+        description="Run the pidfence CLI with test faults installed.",
+    )
+    parser.add_argument("--crash-at", choices=POINTS, help="SIGKILL the sink at this point")
+    parser.add_argument("--fail-first-attempt", action="store_true")
+    parser.add_argument("--mutation", action="append", default=[], choices=sorted(MUTATIONS))
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then pidfence's arguments")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Install the faults, then run ``pidfence`` with the arguments after ``--``."""
+    options = _parser().parse_args(argv)
+    args = list(options.args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    group = lead_own_session() if options.crash_at else None
+    faults = SinkFaults(options.crash_at, group, options.fail_first_attempt)
+    if faults.active:
+        faults.install()
+        folder = Path(tempfile.mkdtemp(prefix="pidfence-testing-"))
+        atexit.register(shutil.rmtree, folder, True)
+        os.environ["PYSPARK_PYTHON"] = str(python_wrapper(faults, folder))
+    for name in options.mutation:
+        install_mutation(name)
+    from pidfence.cli import main as pidfence
+
+    sys.argv = ["pidfence", *args]
+    pidfence()
+
+
+if __name__ == "__main__":
+    main()

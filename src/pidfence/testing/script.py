@@ -1,0 +1,76 @@
+"""Fault scripts: small state machines polled by one loop, so faults overlap like real ones.
+
+Each script's :meth:`FaultScript.poll` advances it by at most one step and never blocks for long;
+:func:`drive` polls every unfinished script (plus any callback, e.g. a progress bar) until all
+are done. The demo, the chaos tests and the network nemesis run the same scripts; the concrete
+producer scripts live in :mod:`pidfence.demo.faults`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from pidfence.services.process import ServiceFailed
+
+
+class FaultScript:
+    """Base of the fault scripts: ``done``, a log of what happened, and ``poll()``."""
+
+    name = "fault"
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.done = False
+        #: True once the fault's action really happened (a test asserts it, so a run where the
+        #: victim finished first cannot pass by luck).
+        self.happened = False
+        self.events: list[str] = []
+        self._step = 0
+        self._since = clock()
+
+    def note(self, text: str) -> None:
+        """Record an event (shown by the demo, asserted by tests)."""
+        self.events.append(text)
+
+    def _next(self) -> None:
+        self._step += 1
+        self._since = self.clock()
+
+    def _waited(self) -> float:
+        return self.clock() - self._since
+
+    def poll(self) -> None:
+        """Advance by at most one step."""
+        raise NotImplementedError
+
+
+def drive(
+    scripts: Sequence[FaultScript],
+    timeout: float,
+    tick: Callable[[], None] | None = None,
+    until: Callable[[], bool] | None = None,
+    interval: float = 0.25,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Poll ``scripts`` (and ``tick``) until all are done and ``until()`` holds.
+
+    Raises:
+        ServiceFailed: after ``timeout`` seconds, naming the scripts still pending.
+    """
+    deadline = clock() + timeout
+    while True:
+        for script in scripts:
+            script.poll()
+        if tick is not None:
+            tick()
+        if all(s.done for s in scripts) and (until is None or until()):
+            return
+        if clock() > deadline:
+            pending = [s.name for s in scripts if not s.done]
+            raise ServiceFailed(
+                f"demo steps not finished after {timeout:.0f}s "
+                f"(pending faults: {pending or 'none'})"
+            )
+        sleep(interval)

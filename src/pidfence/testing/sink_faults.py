@@ -1,0 +1,116 @@
+"""The sink's fault hook: SIGKILL the sink's process group at a crash point, fail a task attempt.
+
+:class:`SinkFaults` says what to do; :meth:`SinkFaults.install` puts its hook into
+:mod:`pidfence.spark_sink.faults` in this process. The sink's executors and its commit runner are
+other Python processes that Spark starts: :mod:`pidfence.testing.spark_python` installs the same
+hook there (``python -m pidfence.testing.run`` arranges both).
+
+A crash kills the whole process group of the sink's driver (its JVM and the Python workers die
+with it, like a lost machine). It fires only in a process that belongs to that driver's group or
+session, so a stray hook can never kill anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import asdict, dataclass
+
+from pidfence.spark_sink import faults
+from pidfence.spark_sink.errors import InjectedFault
+from pidfence.wire import PidfenceError
+
+
+class BadSinkFault(PidfenceError):
+    """A sink fault names an unknown crash point or no process group to kill."""
+
+
+@dataclass(frozen=True)
+class SinkFaults:
+    """What the sink's fault hook does.
+
+    Args:
+        crash_at: SIGKILL the sink's process group at this point (one of
+            :data:`pidfence.spark_sink.faults.POINTS`), or None.
+        group: the process group (the driver's pid when it leads its session) that dies.
+        fail_first_attempt: every task's first attempt raises :class:`InjectedFault` at
+            ``task_start`` (Spark retries it; run with a master such as ``local[2,3]``).
+    """
+
+    crash_at: str | None = None
+    group: int | None = None
+    fail_first_attempt: bool = False
+
+    def __post_init__(self) -> None:
+        if self.crash_at is not None:
+            if self.crash_at not in faults.POINTS:
+                raise BadSinkFault(
+                    f"unknown crash point {self.crash_at!r}: use one of {', '.join(faults.POINTS)}"
+                )
+            if self.group is None or self.group <= 0:
+                raise BadSinkFault(f"crash at {self.crash_at} needs the sink's process group")
+
+    @property
+    def active(self) -> bool:
+        """True when the hook does anything."""
+        return self.crash_at is not None or self.fail_first_attempt
+
+    def hook(self, point: str, attempt: int) -> None:
+        """The hook installed into :mod:`pidfence.spark_sink.faults`."""
+        if self.fail_first_attempt and point == "task_start" and attempt == 0:
+            raise InjectedFault(f"injected failure of task attempt {attempt} (a retry passes)")
+        if point == self.crash_at and self.group is not None:
+            kill_group(self.group)
+
+    def install(self) -> None:
+        """Install the hook in this process (replacing any other)."""
+        faults.install_hook(self.hook if self.active else None)
+
+    def to_json(self) -> str:
+        """The settings as one JSON line (passed to the Python processes Spark starts)."""
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> SinkFaults:
+        """Inverse of :meth:`to_json`."""
+        data = json.loads(text)
+        return cls(
+            crash_at=data.get("crash_at"),
+            group=data.get("group"),
+            fail_first_attempt=bool(data.get("fail_first_attempt")),
+        )
+
+
+def kill_group(leader: int) -> None:
+    """SIGKILL ``leader``'s process group, and this process's own group, if this process belongs
+    to that group or session; otherwise do nothing.
+
+    PySpark's daemon puts its Python workers in a group of their own (``setpgid``), still inside
+    the driver's session: a worker fires when the driver it belongs to leads that session.
+    """
+    if leader not in (os.getpgrp(), os.getsid(0)):
+        return
+    own = os.getpgrp()
+    if own != leader:
+        os.killpg(leader, signal.SIGKILL)
+    os.killpg(own, signal.SIGKILL)
+
+
+def lead_own_session() -> int:
+    """Make this process the leader of a session of its own (if it is not already); its pid.
+
+    Raises:
+        BadSinkFault: it leads a process group but not a session (``setsid`` refuses).
+    """
+    pid = os.getpid()
+    if os.getsid(0) == pid:
+        return pid
+    try:
+        os.setsid()
+    except PermissionError as exc:
+        raise BadSinkFault(
+            "cannot crash the sink's process group: this process leads a process group but not "
+            "its session; start it with start_new_session=True"
+        ) from exc
+    return pid

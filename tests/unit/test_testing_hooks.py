@@ -1,0 +1,186 @@
+"""``pidfence.testing``'s hooks: the sink's fault hook, the Spark Python wrapper, mutations, the
+supervisor and the network nemesis (driven with fakes and an injected clock)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pidfence.services.process import ServiceFailed
+from pidfence.spark_sink import faults
+from pidfence.spark_sink.errors import InjectedFault
+from pidfence.testing import (
+    BadSinkFault,
+    FaultKind,
+    FaultPlan,
+    Link,
+    NetworkNemesis,
+    SinkFaults,
+    Supervisor,
+    UnknownMutation,
+    install_mutation,
+    run_argv,
+    step,
+)
+from pidfence.testing.network import LinkFaults
+from pidfence.testing.sink_faults import kill_group
+from pidfence.testing.spark_python import python_wrapper
+
+
+@pytest.fixture(autouse=True)
+def _no_hook_left() -> object:
+    yield
+    faults.install_hook(None)
+
+
+def test_without_a_hook_every_crash_point_is_a_no_op() -> None:
+    for point in faults.POINTS:
+        faults.crash_point(point, 0)
+
+
+def test_the_hook_fails_first_attempts_and_leaves_retries_alone() -> None:
+    SinkFaults(fail_first_attempt=True).install()
+    with pytest.raises(InjectedFault, match="attempt 0"):
+        faults.crash_point("task_start", 0)
+    faults.crash_point("task_start", 1)
+    faults.crash_point("after_write", 0)
+
+
+def test_a_crash_needs_a_known_point_and_a_group() -> None:
+    with pytest.raises(BadSinkFault, match="unknown crash point"):
+        SinkFaults(crash_at="somewhere", group=1)
+    with pytest.raises(BadSinkFault, match="process group"):
+        SinkFaults(crash_at="after_write")
+    given = SinkFaults(crash_at="after_write", group=123, fail_first_attempt=True)
+    assert SinkFaults.from_json(given.to_json()) == given
+
+
+def test_a_crash_never_fires_outside_the_sinks_group_or_session() -> None:
+    stranger = max(os.getpgrp(), os.getsid(0)) + 7_654_321
+    kill_group(stranger)  # returns: this process is not in that group or session
+    SinkFaults(crash_at="after_write", group=stranger).install()
+    faults.crash_point("after_write")
+
+
+def test_a_crash_kills_the_group_it_leads(tmp_path: Path) -> None:
+    child = (
+        "import os; from pidfence.testing import SinkFaults; from pidfence.spark_sink import "
+        "faults; SinkFaults(crash_at='before_manifest', group=os.getpid()).install(); "
+        "faults.crash_point('after_write'); print('alive', flush=True); "
+        "faults.crash_point('before_manifest'); print('not reached')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, start_new_session=True,
+        check=False, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == -9
+    assert proc.stdout == "alive\n"
+
+
+def test_the_spark_python_wrapper_installs_the_hook_then_runs_the_module(tmp_path: Path) -> None:
+    (tmp_path / "probe_mod.py").write_text(
+        "import sys\nfrom pidfence.spark_sink import faults\n"
+        "if __name__ == '__main__':\n"
+        "    print(faults._hook is not None, sys.argv[1:])\n"
+    )
+    python = python_wrapper(SinkFaults(fail_first_attempt=True), tmp_path / "bin")
+    proc = subprocess.run(
+        [str(python), "-m", "probe_mod", "x", "y"], capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)}, check=False, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True ['x', 'y']"
+
+
+def test_run_argv_wraps_a_pidfence_command_line() -> None:
+    full = [sys.executable, "-c", "from pidfence.cli import main; main()", "sink", "--x", "1"]
+    argv = run_argv(full, crash_at="after_write", mutations=("resend-new-seq-on-timeout",))
+    assert argv[:3] == [sys.executable, "-m", "pidfence.testing.run"]
+    assert argv[argv.index("--") + 1 :] == ["sink", "--x", "1"]
+    assert run_argv(["produce"])[-2:] == ["--", "produce"]
+
+
+def test_an_unknown_mutation_names_the_known_ones() -> None:
+    with pytest.raises(UnknownMutation, match="resend-new-seq-on-timeout"):
+        install_mutation("nope")
+
+
+@dataclass
+class FakeProc:
+    name: str
+    running: bool = True
+    code: int | None = None
+
+    def exit_code(self) -> int | None:
+        return self.code
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_supervisor_restarts_after_exit_75_and_is_done_after_exit_0() -> None:
+    clock = Clock()
+    procs = [FakeProc("p")]
+    supervisor = Supervisor(
+        "p", lambda: procs[-1], lambda: procs.append(FakeProc(f"p.r{len(procs)}")),
+        backoff_s=1.0, clock=clock,
+    )  # fmt: skip
+    supervisor.poll()
+    procs[0].running, procs[0].code = False, 75
+    supervisor.poll()
+    assert len(procs) == 1  # backing off
+    clock.t += 1.5
+    supervisor.poll()
+    assert len(procs) == 2 and supervisor.restarts == 1
+    procs[1].running, procs[1].code = False, 0
+    supervisor.poll()
+    assert supervisor.done and supervisor.exits == [("p", 75), ("p.r1", 0)]
+
+
+def test_the_supervisor_fails_on_any_other_exit() -> None:
+    proc = FakeProc("p", running=False, code=3)
+    with pytest.raises(ServiceFailed, match="exited with 3"):
+        Supervisor("p", lambda: proc, lambda: None).poll()
+
+
+class FakeLinks(LinkFaults):
+    def __init__(self) -> None:
+        super().__init__({Link.PRODUCER_KAFKA: [object()]})  # type: ignore[list-item]
+        self.log: list[str] = []
+
+    def apply(self, index: int, fault: object) -> None:
+        self.log.append(f"on {index}")
+        self._active[index] = []
+
+    def clear(self, index: int) -> None:
+        self.log.append(f"off {index}")
+        self._active.pop(index, None)
+
+
+def test_the_nemesis_puts_toxics_on_and_off_at_their_times_and_skips_links_it_lacks() -> None:
+    plan = FaultPlan(
+        (
+            step(FaultKind.LATENCY, Link.PRODUCER_KAFKA, at_s=1, duration_s=2),
+            step(FaultKind.RESET, Link.PRODUCER_KAFKA, at_s=2, duration_s=2),
+            step(FaultKind.BLACKHOLE, Link.SINK_KAFKA, at_s=0, duration_s=1),
+        ),
+        seed=5,
+    )
+    clock, links = Clock(), FakeLinks()
+    nemesis = NetworkNemesis(plan, links, clock=clock)
+    assert "skipped" in nemesis.events[0]
+    for t in (0.0, 1.0, 2.0, 3.0, 4.0):
+        clock.t = 100.0 + t
+        nemesis.poll()
+    assert links.log == ["on 1", "on 2", "off 1", "off 2"]
+    assert nemesis.done and nemesis.happened and nemesis.healed_at == 104.0
