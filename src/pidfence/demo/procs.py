@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pidfence.services.process import ManagedProcess, ServiceFailed, wait_until
-from pidfence.testing.run import run_argv
+from pidfence.testing.launch import run_argv
 
 #: Runs the ``pidfence`` CLI with this interpreter (works without the console script on PATH).
 PIDFENCE = (sys.executable, "-c", "from pidfence.cli import main; main()")

@@ -13,6 +13,7 @@
 """
 
 from pidfence.testing.knobs import sim_knobs, unmapped
+from pidfence.testing.launch import run_argv
 from pidfence.testing.mutations import MUTATIONS, UnknownMutation, install_mutation
 from pidfence.testing.nemesis import NetworkNemesis
 from pidfence.testing.network import KAFKA_LINKS, LinkFaults, ProxiedKafka, link_proxies
@@ -25,7 +26,6 @@ from pidfence.testing.plan import (
     Link,
     step,
 )
-from pidfence.testing.run import run_argv
 from pidfence.testing.script import FaultScript, drive
 from pidfence.testing.sink_faults import BadSinkFault, SinkFaults
 from pidfence.testing.supervise import Supervisor

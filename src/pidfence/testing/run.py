@@ -21,45 +21,13 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from pidfence.spark_sink.faults import POINTS
 from pidfence.testing.mutations import MUTATIONS, install_mutation
 from pidfence.testing.sink_faults import SinkFaults, lead_own_session
 from pidfence.testing.spark_python import python_wrapper
-
-#: The module's command line, for building argv in tests and scripts.
-RUN = (sys.executable, "-m", "pidfence.testing.run")
-
-
-def run_argv(
-    pidfence_args: Sequence[str],
-    crash_at: str | None = None,
-    fail_first_attempt: bool = False,
-    mutations: Sequence[str] = (),
-) -> list[str]:
-    """The argv that runs ``pidfence PIDFENCE_ARGS`` with these faults installed.
-
-    Args:
-        pidfence_args: the CLI's arguments (``["sink", "--bootstrap", ...]``), or a whole command
-            line that runs the CLI with ``python -c`` (``pidfence.demo.procs.pidfence_argv``);
-            its interpreter prefix is dropped.
-        crash_at: a sink crash point.
-        fail_first_attempt: fail every sink task's first attempt.
-        mutations: names of :data:`pidfence.testing.mutations.MUTATIONS` to install.
-    """
-    args = list(pidfence_args)
-    if args[:2] == [sys.executable, "-c"]:
-        args = args[3:]
-    argv = list(RUN)
-    if crash_at is not None:
-        argv += ["--crash-at", crash_at]
-    if fail_first_attempt:
-        argv.append("--fail-first-attempt")
-    for name in mutations:
-        argv += ["--mutation", name]
-    return [*argv, "--", *args]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,10 +57,11 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["PYSPARK_PYTHON"] = str(python_wrapper(faults, folder))
     for name in options.mutation:
         install_mutation(name)
-    from pidfence.cli import main as pidfence
-
+    # Hand the process to the installed ``pidfence`` command, as a shell would: this launcher
+    # sits below the CLI in the layers and does not import it.
+    (command,) = entry_points(group="console_scripts", name="pidfence")
     sys.argv = ["pidfence", *args]
-    pidfence()
+    command.load()()
 
 
 if __name__ == "__main__":
