@@ -1,8 +1,10 @@
 """Deterministic simulation tier: Hypothesis explores fault schedules; the checker judges each.
 
-Every schedule runs the real ``Sequencer`` and the real broker rules (``pidfence.broker_plugin``)
-under a network that drops, duplicates and reorders, producer crashes with zombies, sink restarts
-that rebuild state from a snapshot plus the Kafka suffix, and lease rollover under a fake clock.
+Every schedule runs the real producer (``IdempotentProducer`` with its session, driver and sender
+over a simulated Kafka client and lease server: ``pidfence.sim.client``) and the real broker rules
+(``pidfence.broker_plugin``) under a network that drops, duplicates and reorders, producer crashes
+with zombies, sink restarts that rebuild state from a snapshot plus the Kafka suffix, and lease
+rollover under a fake clock. ``test_session_mutations.py`` seeds bugs into that producer code.
 
 Reproducibility: by default the 1000 schedules are derandomized (the same ones on every run), so a
 red CI always means the change broke something, never that today's random draw found an old bug.
