@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
+from pidfence.cli import producing
 from pidfence.cli.keys import ProducerPublicKeys
-from pidfence.cli.producing import Bootstrap, LeaseServers, Ledger, MessageTimeout, with_producer
 
 
 def register(app: typer.Typer) -> None:
@@ -16,8 +16,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("copy")
     def copy(
-        bootstrap: Bootstrap,
-        lease_server: LeaseServers,
+        bootstrap: producing.Bootstrap,
+        lease_server: producing.LeaseServers,
         from_topic: Annotated[str, typer.Option(help="Input topic")],
         to_topic: Annotated[str, typer.Option(help="Output topic (same partition count)")],
         state: Annotated[Path, typer.Option(help="Offsets + producer checkpoint file")],
@@ -31,12 +31,12 @@ def register(app: typer.Typer) -> None:
         checkpoint_every: Annotated[
             int, typer.Option(min=1, help="Flush and save --state every N records")
         ] = 200,
-        ledger: Ledger = None,
+        ledger: producing.Ledger = None,
         lease_public_key: ProducerPublicKeys = None,
-        message_timeout: MessageTimeout = None,
+        message_timeout: producing.MessageTimeout = None,
     ) -> None:
         """Copy FROM_TOPIC to TO_TOPIC; killed and restarted, the deduplicated output is exact."""
-        from rich.progress import Progress, SpinnerColumn, TextColumn
+        from rich.progress import SpinnerColumn, TextColumn
 
         from pidfence.producer.copier import Copier, CopyResult, CopySpec
         from pidfence.producer.loadgen import OpenProducer
@@ -50,16 +50,12 @@ def register(app: typer.Typer) -> None:
             idle_exit_s=idle_exit,
             checkpoint_every=checkpoint_every,
         )
+        columns = (SpinnerColumn(), TextColumn(f"{from_topic} -> {to_topic}: {{task.completed}}"))
 
         def copy_all(open_producer: OpenProducer) -> CopyResult:
-            copier = Copier(spec, open_producer, state)
-            with Progress(
-                SpinnerColumn(), TextColumn(f"{from_topic} -> {to_topic}: {{task.completed}}")
-            ) as progress:
-                task = progress.add_task("copy", total=None)
-                return copier.run(lambda done: progress.update(task, completed=done))
+            return producing.with_progress(columns, None, Copier(spec, open_producer, state).run)
 
-        result = with_producer(
+        result = producing.with_producer(
             bootstrap, lease_server, topic=to_topic, ledger=ledger,
             lease_public_key=lease_public_key, message_timeout=message_timeout, run=copy_all,
         )  # fmt: skip

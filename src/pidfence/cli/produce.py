@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
+from pidfence.cli import producing
 from pidfence.cli.keys import ProducerPublicKeys
-from pidfence.cli.producing import Bootstrap, LeaseServers, Ledger, MessageTimeout, with_producer
 
 
 def register(app: typer.Typer) -> None:
@@ -16,13 +16,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command("produce")
     def produce(
-        bootstrap: Bootstrap,
-        lease_server: LeaseServers,
+        bootstrap: producing.Bootstrap,
+        lease_server: producing.LeaseServers,
         topic: Annotated[str, typer.Option(help="An existing topic")],
         count: Annotated[int, typer.Option(min=0, help="Records in total, across restarts")],
         value_size: Annotated[int, typer.Option(min=0, help="Bytes per value")] = 100,
         keys: Annotated[int, typer.Option(min=0, help="Distinct keys (0: unkeyed)")] = 1000,
-        ledger: Ledger = None,
+        ledger: producing.Ledger = None,
         state: Annotated[
             Path | None, typer.Option(help="Checkpoint file: resume from it, keep it current")
         ] = None,
@@ -49,10 +49,10 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(help="librdkafka's own idempotence (in-order on the wire per session)"),
         ] = True,
-        message_timeout: MessageTimeout = None,
+        message_timeout: producing.MessageTimeout = None,
     ) -> None:
         """Send COUNT deterministic records with pf headers; resumable after SIGKILL via --state."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
         from pidfence.producer.loadgen import LoadGenerator, LoadResult, LoadSpec, OpenProducer
 
@@ -67,16 +67,13 @@ def register(app: typer.Typer) -> None:
             checkpoint_every=checkpoint_every,
             stop_after_checkpoint=stop_after_checkpoint,
         )
+        columns = (TextColumn(f"[bold]{name}[/] -> {topic}"), BarColumn(), MofNCompleteColumn())
 
         def generate(open_producer: OpenProducer) -> LoadResult:
             generator = LoadGenerator(spec, open_producer, state)
-            with Progress(
-                TextColumn(f"[bold]{name}[/] -> {topic}"), BarColumn(), MofNCompleteColumn()
-            ) as progress:
-                task = progress.add_task("produce", total=count)
-                return generator.run(lambda done: progress.update(task, completed=done))
+            return producing.with_progress(columns, count, generator.run)
 
-        result = with_producer(
+        result = producing.with_producer(
             bootstrap, lease_server, topic=topic, ledger=ledger,
             lease_public_key=lease_public_key, message_timeout=message_timeout, run=generate,
             enable_idempotence=librdkafka_idempotence, rollover_fraction=lifetime_rollover,

@@ -4,7 +4,7 @@ open the producer they run, and how they report a failure (one line, a meaningfu
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -17,6 +17,8 @@ from pidfence.cli.lease import parse_duration_ms
 from pidfence.wire import PidfenceError
 
 R = TypeVar("R")
+#: Reports how many records are done.
+OnProgress = Callable[[int], None]
 
 Bootstrap = Annotated[str, typer.Option(help="Kafka bootstrap servers HOST:PORT[,...]")]
 LeaseServers = Annotated[
@@ -45,6 +47,15 @@ def fail_cleanly() -> Iterator[None]:
         kind = "retriable" if exc.retriable else "error"
         sys.stderr.write(f"pidfence: {kind}: {type(exc).__name__}: {exc}\n")
         raise SystemExit(EXIT_RETRIABLE if exc.retriable else EXIT_UNAVAILABLE) from exc
+
+
+def with_progress(columns: Sequence[Any], total: int | None, job: Callable[[OnProgress], R]) -> R:
+    """Run ``job(update)`` under a progress display; ``update(done)`` moves it."""
+    from rich.progress import Progress
+
+    with Progress(*columns) as display:
+        task = display.add_task("", total=total)
+        return job(lambda done: display.update(task, completed=done))
 
 
 def with_producer(

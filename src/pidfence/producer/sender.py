@@ -93,28 +93,16 @@ class Sender:
         callback: DeliveryCallback | None = None,
     ) -> None:
         """Hand one record to the client; a full queue is waited out, serving callbacks."""
-        produce = self.client.produce
-        try:
-            if callback is None:
-                produce(topic, value, key, partition=partition, headers=headers)
-            else:
-                produce(
-                    topic, value, key, partition=partition, headers=headers, on_delivery=callback
-                )
-            return
-        except BufferError:
-            pass
-        callback = callback or self.delivery.on_delivery
+        extra = {} if callback is None else {"on_delivery": callback}
         while True:
-            # librdkafka's queue is full: serve callbacks until it drains, then retry.
-            self.client.poll(0.1)
             try:
-                produce(
-                    topic, value, key, partition=partition, headers=headers, on_delivery=callback
+                self.client.produce(
+                    topic, value, key, partition=partition, headers=headers, **extra
                 )
                 return
             except BufferError:
-                continue
+                # librdkafka's queue is full: serve callbacks until it drains, then retry.
+                self.client.poll(0.1)
 
     def send_fences(self, fences: Iterable[Fence], timeout_s: float) -> None:
         """Write the FENCE records (empty values) and wait until Kafka acknowledged them all.
