@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from pidfence.wire import PidfenceError
 
@@ -90,6 +90,37 @@ class LedgerEntry:
     def event_id(self) -> str:
         """The event this record carries: ``event``, or the value digest when none was given."""
         return self.event or self.digest
+
+
+class Ledger(Protocol):
+    """Where a producer records its acknowledgements: a :class:`LedgerWriter` (a file) or a
+    :class:`MemoryLedger` (the simulation's)."""
+
+    def write(self, entry: LedgerEntry) -> None:
+        """Record one acknowledged record."""
+
+    def flush(self) -> None:
+        """Make what was written durable (called before a checkpoint is stored)."""
+
+    def close(self) -> None:
+        """Flush and release the ledger."""
+
+
+class MemoryLedger:
+    """A ledger kept in a list (``entries``, shared by every producer given the same list)."""
+
+    def __init__(self, entries: list[LedgerEntry] | None = None) -> None:
+        self.entries: list[LedgerEntry] = [] if entries is None else entries
+
+    def write(self, entry: LedgerEntry) -> None:
+        """Append one entry."""
+        self.entries.append(entry)
+
+    def flush(self) -> None:
+        """Nothing to push: the list is the ledger."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 class LedgerWriter:

@@ -545,3 +545,89 @@ def test_resume_after_a_bump_that_wrote_no_fence_is_accepted_by_the_broker_rules
         heir.close()
     verdicts = replay(read_topic(kafka.bootstrap, topic))
     assert Counter(v for _, v in verdicts) == {Verdict.APPENDED: 10, Verdict.FENCE: 4}
+
+
+# --- issue 24: the failing component named once; the delivery timeout settable ----------------
+
+
+def dead_address() -> str:
+    return f"127.0.0.1:{free_port()}"
+
+
+def test_zookeeper_down_behind_the_lease_server_is_named_not_the_lease_server() -> None:
+    """The lease server runs and answers UNAVAILABLE (its ZooKeeper is unreachable): the error
+    names ZooKeeper and does not tell the user to start a lease server."""
+    from pidfence.pid_allocator.memory import MemoryCoordinator
+
+    store = MemoryCoordinator()
+    store.up = False  # every ZooKeeper call answers UNAVAILABLE, as with ZooKeeper unreachable
+    server = LeaseServerThread(None, coordinator=store, block_size=1).start()
+    try:
+        done = run_cli(
+            "produce", "--bootstrap", dead_address(), "--lease-server", server.address,
+            "--topic", "t", "--count", "1",
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert done.returncode == 75, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("pidfence: retriable: ZooKeeperUnavailable: "), line
+    assert "cannot reach ZooKeeper" in line and "--zk" in line
+    assert "start one" not in done.stderr and "start a lease server" not in done.stderr
+
+
+def test_lease_server_down_says_how_to_start_one_once() -> None:
+    done = run_cli(
+        "produce", "--bootstrap", dead_address(), "--lease-server", dead_address(),
+        "--topic", "t", "--count", "1",
+    )  # fmt: skip
+    assert done.returncode == 75, done.stderr
+    assert "pidfence: retriable: LeaseServerDown: no lease server answered" in done.stderr
+    assert done.stderr.count("pidfence lease-server") == 1, done.stderr
+
+
+MARGIN_WARNING = "rollover margin"
+
+
+@pytest.fixture
+def short_leases(lease_server_factory: Callable[..., LeaseServerThread]) -> LeaseServerThread:
+    """A lease server with 60 s leases: a 2.5 s rollover margin, below librdkafka's default
+    5 min ``message.timeout.ms``."""
+    return lease_server_factory(lifetime_ms=60_000)
+
+
+def test_produce_takes_the_message_timeout_so_short_leases_need_no_warning(
+    kafka: Any, new_topic: Callable[..., str], short_leases: LeaseServerThread
+) -> None:
+    topic = new_topic(partitions=2)
+    common = ("produce", "--bootstrap", kafka.bootstrap, "--lease-server", short_leases.address,
+              "--topic", topic, "--count", "20", "--keys", "0")  # fmt: skip
+    default = run_cli(*common)
+    assert default.returncode == 0, default.stderr
+    assert MARGIN_WARNING in default.stderr and "--message-timeout" in default.stderr
+    fitted = run_cli(*common, "--message-timeout", "2s")
+    assert fitted.returncode == 0, fitted.stderr
+    assert MARGIN_WARNING not in fitted.stderr
+    assert len(read_topic(kafka.bootstrap, topic)) == 40
+    usage = run_cli(*common, "--message-timeout", "soon")
+    assert usage.returncode == 2 and "not a duration" in usage.stderr
+
+
+def test_copy_takes_the_message_timeout_so_short_leases_need_no_warning(
+    kafka: Any, new_topic: Callable[..., str], short_leases: LeaseServerThread, tmp_path: Path
+) -> None:
+    source, target = new_topic(partitions=2), new_topic(partitions=2)
+    plain = confluent_kafka.Producer({"bootstrap.servers": kafka.bootstrap, "acks": "all"})
+    for i in range(10):
+        plain.produce(source, b"v%d" % i, partition=i % 2)
+    assert plain.flush(30) == 0
+    done = run_cli(
+        "copy", "--bootstrap", kafka.bootstrap, "--lease-server", short_leases.address,
+        "--from-topic", source, "--to-topic", target, "--state", str(tmp_path / "copy.json"),
+        "--idle-exit", "2", "--message-timeout", "2s",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert MARGIN_WARNING not in done.stderr
+    assert sorted(r.value for r in read_topic(kafka.bootstrap, target) if r.value) == sorted(
+        b"v%d" % i for i in range(10)
+    )

@@ -1,8 +1,10 @@
 """Deterministic simulation tier: Hypothesis explores fault schedules; the checker judges each.
 
-Every schedule runs the real ``Sequencer`` and the real broker rules (``pidfence.broker_plugin``)
-under a network that drops, duplicates and reorders, producer crashes with zombies, sink restarts
-that rebuild state from a snapshot plus the Kafka suffix, and lease rollover under a fake clock.
+Every schedule runs the real producer (``IdempotentProducer`` with its session, driver and sender
+over a simulated Kafka client and lease server: ``pidfence.sim.client``) and the real broker rules
+(``pidfence.broker_plugin``) under a network that drops, duplicates and reorders, producer crashes
+with zombies, sink restarts that rebuild state from a snapshot plus the Kafka suffix, and lease
+rollover under a fake clock. ``test_session_mutations.py`` seeds bugs into that producer code.
 
 Reproducibility: by default the 1000 schedules are derandomized (the same ones on every run), so a
 red CI always means the change broke something, never that today's random draw found an old bug.
@@ -246,6 +248,30 @@ def test_regression_seed_23294_scan_starts_from_the_checkpoints_ahead() -> None:
     assert result.stats["paused_zombies"] > 0 and result.stats["resumes_rolled"] > 0
     assert result.stats["skipped"] > 0
     assert_clean(result)
+
+
+def test_regression_seed_2071981131_resume_follows_to_an_ended_successor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A random schedule that failed with event_duplicate=5 before the simulation ran the real
+    # producer (and the same bug showed with lease server outages): an older checkpoint was
+    # resumed after its pid had been rolled and the successor's lease had ended too; the resume
+    # rolled the successor in turn but its scan ignored the successor's records, so the new pid
+    # sent those events again. The scan now reads them and the new pid skips them.
+    knobs = {
+        "events": 125, "partitions": 3, "producers": 3, "drop_p": 0.0, "dup_p": 0.05,
+        "reorder": 6, "crash_p": 0.3, "zombie_p": 0.5, "pause_p": 1.0, "down_p": 0.5,
+        "double_p": 0.1, "restart_p": 0.1, "plain_p": 0.05, "step_ms": 15,
+        "lifetime_ms": 1920, "checkpoint_every": 18, "batch_every": 2,
+    }  # fmt: skip
+    assert_clean(run(2071981131, **knobs))
+    from pidfence.producer import session
+
+    # The scan as it was: the successor rolled past is not read, nothing of it is skipped.
+    state, apply = session.scan_state, session.apply_scan
+    monkeypatch.setattr(session, "scan_state", lambda cp, pid, v, _: state(cp, pid, v))
+    monkeypatch.setattr(session, "apply_scan", lambda seq, cp, highs, _: apply(seq, cp, highs))
+    assert run(2071981131, **knobs).report.findings["event_duplicate"].count > 0
 
 
 # --- python -m pidfence.sim ------------------------------------------------------------------

@@ -138,19 +138,27 @@ def test_crash_between_roll_and_save_resumes_at_the_roll_point(rig: SharedRig) -
     exactly_once(rig, 10)
 
 
-def test_older_checkpoint_after_the_owner_rolled_lines_up_with_the_successor(
-    rig: SharedRig,
-) -> None:
-    # A resumer of an older checkpoint (z3) while the owner went on and rolled at z6: it follows
-    # the lineage, skips z3..z5 (in Kafka under the old pid), re-sends z6.. under the successor's
-    # seqs (deduplicated) and fences the owner.
+def rolled_after_an_old_checkpoint(
+    rig: SharedRig, last: int
+) -> tuple[IdempotentProducer, ProducerCheckpoint]:
+    """The owner checkpoints at z3, sends z3..z5, rolls over at z6, sends z6..z{last-1}."""
     a = rig.producer()
     send(a, 0, 3)
     old = a.checkpoint()
     send(a, 3, 6)
     rig.now += ROLL_AT
     a.roll()
-    send(a, 6, 9)
+    send(a, 6, last)
+    return a, old
+
+
+def test_older_checkpoint_after_the_owner_rolled_lines_up_with_the_successor(
+    rig: SharedRig,
+) -> None:
+    # A resumer of an older checkpoint (z3) while the owner went on and rolled at z6: it follows
+    # the lineage, skips z3..z5 (in Kafka under the old pid), re-sends z6.. under the successor's
+    # seqs (deduplicated) and fences the owner.
+    a, old = rolled_after_an_old_checkpoint(rig, 9)
     b = rig.resume(old)
     assert b.resumed_how == "followed" and sum(b.sequencer.skip.values()) == 3
     send(b, 3, 12)
@@ -355,3 +363,20 @@ def test_restart_without_the_callers_topics_would_append_twice(rig: SharedRig) -
     send(b, 0, 12)
     twice = {value for value, n in rig.appended().items() if n > 1}
     assert twice == {z(i) for i in range(10)}
+
+
+def test_older_checkpoint_after_the_successor_ended_skips_what_both_pids_got_in(
+    rig: SharedRig,
+) -> None:
+    # Found by the simulation with lease outages (seed 2): the owner rolled at z6 and its
+    # successor then died; an older checkpoint (z3) resumed after the successor's lease ended
+    # follows the lineage to the successor, finds it ended and rolls it in turn. The scan must
+    # read the successor's records too: z6..z9 are in Kafka under it, and the new pid would
+    # otherwise send them again under fresh seqs (twice in the output).
+    _, old = rolled_after_an_old_checkpoint(rig, 10)
+    rig.now += LIFETIME  # the successor (pid 101) is not resumed before its lease ends
+    b = rig.resume(old)
+    assert b.resumed_how == "rolled" and b.sequencer.pid == 102
+    assert sum(b.sequencer.skip.values()) == 7  # z3..z5 under pid 100, z6..z9 under 101
+    send(b, 3, 12)
+    exactly_once(rig, 12)

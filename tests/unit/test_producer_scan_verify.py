@@ -61,13 +61,15 @@ def test_config_takes_one_path_or_several_and_reports_a_bad_key_on_resume(
     assert one.lease_public_keys == ("a.pub",)
     two = ProducerConfig("127.0.0.1:9", lease_public_keys=["a.pub", "b.pub"])  # type: ignore[arg-type]
     assert two.lease_public_keys == ("a.pub", "b.pub")
-    from unittest.mock import MagicMock
-
-    from pidfence.producer.idempotent import IdempotentProducer
+    from tests.unit.test_producer_client import Rig
 
     bad = tmp_path / "bad.pub"
     bad.write_text("not a key")
-    producer = MagicMock(spec=IdempotentProducer)
-    producer.config = ProducerConfig("127.0.0.1:9", lease_public_keys=(str(bad),))
+    rig = Rig()
+    first = rig.producer()
+    first.produce("t", b"a", partition=0)
+    first.flush()
+    checkpoint = first.checkpoint()
+    rig.config = ProducerConfig("127.0.0.1:9", lease_public_keys=(str(bad),))
     with pytest.raises(ProducerConfigError, match="lease_public_keys"):
-        IdempotentProducer._scan_verifier(producer)
+        rig.resume(checkpoint)

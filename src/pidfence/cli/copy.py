@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pidfence.cli.keys import ProducerPublicKeys, producer_public_keys
+from pidfence.cli import producing
+from pidfence.cli.keys import ProducerPublicKeys
 
 
 def register(app: typer.Typer) -> None:
@@ -15,10 +16,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("copy")
     def copy(
-        bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap servers HOST:PORT[,...]")],
-        lease_server: Annotated[
-            str, typer.Option("--lease-server", help="Lease servers HOST:PORT[,HOST:PORT]")
-        ],
+        bootstrap: producing.Bootstrap,
+        lease_server: producing.LeaseServers,
         from_topic: Annotated[str, typer.Option(help="Input topic")],
         to_topic: Annotated[str, typer.Option(help="Output topic (same partition count)")],
         state: Annotated[Path, typer.Option(help="Offsets + producer checkpoint file")],
@@ -32,45 +31,35 @@ def register(app: typer.Typer) -> None:
         checkpoint_every: Annotated[
             int, typer.Option(min=1, help="Flush and save --state every N records")
         ] = 200,
-        ledger: Annotated[
-            Path | None, typer.Option(help="Send ledger (JSON lines) of acknowledged records")
-        ] = None,
+        ledger: producing.Ledger = None,
         lease_public_key: ProducerPublicKeys = None,
+        message_timeout: producing.MessageTimeout = None,
     ) -> None:
         """Copy FROM_TOPIC to TO_TOPIC; killed and restarted, the deduplicated output is exact."""
-        from rich.progress import Progress, SpinnerColumn, TextColumn
+        from rich.progress import SpinnerColumn, TextColumn
 
-        from pidfence.pid_allocator import LeaseClient, lease_client_options
-        from pidfence.producer import ProducerConfig
-        from pidfence.producer.cliutil import fail_cleanly
-        from pidfence.producer.copier import Copier, CopySpec
-        from pidfence.producer.loadgen import open_producer_factory
+        from pidfence.producer.copier import Copier, CopyResult, CopySpec
+        from pidfence.producer.loadgen import OpenProducer
 
-        with fail_cleanly():
-            spec = CopySpec(
-                bootstrap=bootstrap,
-                from_topic=from_topic,
-                to_topic=to_topic,
-                group=group,
-                max_records=max_records,
-                idle_exit_s=idle_exit,
-                checkpoint_every=checkpoint_every,
-            )
-            public_keys = producer_public_keys(lease_public_key)
-            config = ProducerConfig(bootstrap, lease_public_keys=public_keys)
-            # Token and TLS from $PIDFENCE_LEASE_TOKEN_FILE / _TOKEN / _TLS_CA (never argv).
-            with LeaseClient(lease_server, **lease_client_options()) as client:
-                copier = Copier(
-                    spec,
-                    open_producer_factory(config, client, ledger=ledger, topics=[to_topic]),
-                    state,
-                )
-                with Progress(
-                    SpinnerColumn(), TextColumn(f"{from_topic} -> {to_topic}: {{task.completed}}")
-                ) as progress:
-                    task = progress.add_task("copy", total=None)
-                    result = copier.run(lambda done: progress.update(task, completed=done))
-            typer.echo(
-                f"copied {result.copied} records in total; next offsets {result.offsets}; "
-                f"resumed={result.resumed}"
-            )
+        spec = CopySpec(
+            bootstrap=bootstrap,
+            from_topic=from_topic,
+            to_topic=to_topic,
+            group=group,
+            max_records=max_records,
+            idle_exit_s=idle_exit,
+            checkpoint_every=checkpoint_every,
+        )
+        columns = (SpinnerColumn(), TextColumn(f"{from_topic} -> {to_topic}: {{task.completed}}"))
+
+        def copy_all(open_producer: OpenProducer) -> CopyResult:
+            return producing.with_progress(columns, None, Copier(spec, open_producer, state).run)
+
+        result = producing.with_producer(
+            bootstrap, lease_server, topic=to_topic, ledger=ledger,
+            lease_public_key=lease_public_key, message_timeout=message_timeout, run=copy_all,
+        )  # fmt: skip
+        typer.echo(
+            f"copied {result.copied} records in total; next offsets {result.offsets}; "
+            f"resumed={result.resumed}"
+        )

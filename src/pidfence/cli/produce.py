@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pidfence.cli.keys import ProducerPublicKeys, producer_public_keys
+from pidfence.cli import producing
+from pidfence.cli.keys import ProducerPublicKeys
 
 
 def register(app: typer.Typer) -> None:
@@ -15,17 +16,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command("produce")
     def produce(
-        bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap servers HOST:PORT[,...]")],
-        lease_server: Annotated[
-            str, typer.Option("--lease-server", help="Lease servers HOST:PORT[,HOST:PORT]")
-        ],
+        bootstrap: producing.Bootstrap,
+        lease_server: producing.LeaseServers,
         topic: Annotated[str, typer.Option(help="An existing topic")],
         count: Annotated[int, typer.Option(min=0, help="Records in total, across restarts")],
         value_size: Annotated[int, typer.Option(min=0, help="Bytes per value")] = 100,
         keys: Annotated[int, typer.Option(min=0, help="Distinct keys (0: unkeyed)")] = 1000,
-        ledger: Annotated[
-            Path | None, typer.Option(help="Send ledger (JSON lines) of acknowledged records")
-        ] = None,
+        ledger: producing.Ledger = None,
         state: Annotated[
             Path | None, typer.Option(help="Checkpoint file: resume from it, keep it current")
         ] = None,
@@ -52,50 +49,39 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(help="librdkafka's own idempotence (in-order on the wire per session)"),
         ] = True,
+        message_timeout: producing.MessageTimeout = None,
     ) -> None:
         """Send COUNT deterministic records with pf headers; resumable after SIGKILL via --state."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
-        from pidfence.pid_allocator import LeaseClient, lease_client_options
-        from pidfence.producer import ProducerConfig
-        from pidfence.producer.cliutil import fail_cleanly
-        from pidfence.producer.loadgen import LoadGenerator, LoadSpec, open_producer_factory
+        from pidfence.producer.loadgen import LoadGenerator, LoadResult, LoadSpec, OpenProducer
 
-        with fail_cleanly():
-            spec = LoadSpec(
-                name=name,
-                topic=topic,
-                count=count,
-                value_size=value_size,
-                keys=keys,
-                rate=rate,
-                resend_every=resend_every,
-                checkpoint_every=checkpoint_every,
-                stop_after_checkpoint=stop_after_checkpoint,
-            )
-            public_keys = producer_public_keys(lease_public_key)
-            config = ProducerConfig(
-                bootstrap,
-                enable_idempotence=librdkafka_idempotence,
-                rollover_fraction=lifetime_rollover,
-                resend_buffer=16 if resend_every else 0,
-                lease_public_keys=public_keys,
-            )
-            # Token and TLS from $PIDFENCE_LEASE_TOKEN_FILE / _TOKEN / _TLS_CA (never argv).
-            with LeaseClient(lease_server, **lease_client_options()) as client:
-                generator = LoadGenerator(
-                    spec,
-                    open_producer_factory(config, client, ledger=ledger, topics=[topic]),
-                    state,
-                )
-                with Progress(
-                    TextColumn(f"[bold]{name}[/] -> {topic}"), BarColumn(), MofNCompleteColumn()
-                ) as progress:
-                    task = progress.add_task("produce", total=count)
-                    result = generator.run(lambda done: progress.update(task, completed=done))
-            typer.echo(
-                f"produced {result.next_i - result.first_i} records (i {result.first_i}.."
-                f"{result.next_i - 1}) as pid {result.pid} generation {result.generation}; "
-                f"resumed={result.resumed} resumed_from_expired={result.resumed_from_expired} "
-                f"resent={result.resent} rollovers={result.rollovers}"
-            )
+        spec = LoadSpec(
+            name=name,
+            topic=topic,
+            count=count,
+            value_size=value_size,
+            keys=keys,
+            rate=rate,
+            resend_every=resend_every,
+            checkpoint_every=checkpoint_every,
+            stop_after_checkpoint=stop_after_checkpoint,
+        )
+        columns = (TextColumn(f"[bold]{name}[/] -> {topic}"), BarColumn(), MofNCompleteColumn())
+
+        def generate(open_producer: OpenProducer) -> LoadResult:
+            generator = LoadGenerator(spec, open_producer, state)
+            return producing.with_progress(columns, count, generator.run)
+
+        result = producing.with_producer(
+            bootstrap, lease_server, topic=topic, ledger=ledger,
+            lease_public_key=lease_public_key, message_timeout=message_timeout, run=generate,
+            enable_idempotence=librdkafka_idempotence, rollover_fraction=lifetime_rollover,
+            resend_buffer=16 if resend_every else 0,
+        )  # fmt: skip
+        typer.echo(
+            f"produced {result.next_i - result.first_i} records (i {result.first_i}.."
+            f"{result.next_i - 1}) as pid {result.pid} generation {result.generation}; "
+            f"resumed={result.resumed} resumed_from_expired={result.resumed_from_expired} "
+            f"resent={result.resent} rollovers={result.rollovers}"
+        )

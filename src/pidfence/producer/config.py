@@ -74,6 +74,7 @@ class ProducerConfig:
     success_reports: bool = True
     lease_public_keys: tuple[str, ...] = ()
     message_timeout_ms: int = 300_000
+    clock_skew_ms: int = 5_000
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -95,6 +96,11 @@ class ProducerConfig:
         if self.sticky_records < 1 or self.resend_buffer < 0 or self.message_max_bytes < 1:
             raise ProducerConfigError(
                 "sticky_records >= 1, resend_buffer >= 0, message_max_bytes >= 1"
+            )
+        if self.message_timeout_ms < 1 or self.clock_skew_ms < 0:
+            raise ProducerConfigError(
+                f"message_timeout_ms must be >= 1 and clock_skew_ms >= 0, got "
+                f"{self.message_timeout_ms} and {self.clock_skew_ms}"
             )
         if not self.success_reports and self.resend_buffer:
             raise ProducerConfigError(

@@ -9,10 +9,10 @@ inside librdkafka's callback.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from pidfence.ledger import LedgerEntry, LedgerError, LedgerWriter, value_digest
+from pidfence.ledger import Ledger, LedgerEntry, LedgerError, value_digest
 from pidfence.producer.checkpoint import TopicPartition
 from pidfence.producer.errors import DeliveryFailed
 from pidfence.wire import PidfenceError, decode_pf
@@ -27,17 +27,20 @@ class DeliveryTracker:
     """Counts acknowledgements, keeps the first error, writes the ledger, keeps resend copies.
 
     Args:
-        ledger: the send ledger writer, or None.
+        ledger: the send ledger, or None.
         keep: acknowledged records kept per partition for resends (0: none).
+        lease_ends: pid -> lease end, for the ledger's ``expire_ms`` (the session's record).
     """
 
-    def __init__(self, ledger: LedgerWriter | None, keep: int) -> None:
+    def __init__(
+        self, ledger: Ledger | None, keep: int, lease_ends: Mapping[int, int] | None = None
+    ) -> None:
         self.ledger = ledger
         self.keep = keep
         self.acked = 0
         self.fences_acked = 0
         self.error: PidfenceError | None = None
-        self.expire_by_pid: dict[int, int] = {}
+        self.lease_ends: Mapping[int, int] = {} if lease_ends is None else lease_ends
         self.kept: dict[TopicPartition, deque[Kept]] = {}
         #: Offset after the last acknowledged FENCE per partition (a resume's scan ends there).
         self.fence_ends: dict[TopicPartition, int] = {}
@@ -113,7 +116,7 @@ class DeliveryTracker:
                     offset=msg.offset(),
                     ts_ms=msg.timestamp()[1],
                     fence=fence,
-                    expire_ms=self.expire_by_pid.get(pf.pid, 0),
+                    expire_ms=self.lease_ends.get(pf.pid, 0),
                     event="" if fence else (event or digest),
                 )
             )

@@ -39,9 +39,21 @@ class BrokerUnavailable(ProducerError):
 
 
 class LeaseServerDown(ProducerError):
-    """No lease server answered after the client's retries; start one or fix --lease-server."""
+    """No lease server could serve the request: none answered after the client's retries.
+
+    Start one or fix ``--lease-server``. Its subclass :class:`ZooKeeperUnavailable` says that a
+    lease server answered but cannot reach its ZooKeeper.
+    """
 
     retriable = True
+
+
+class ZooKeeperUnavailable(LeaseServerDown):
+    """A lease server answered ``UNAVAILABLE``: it runs, but cannot reach its ZooKeeper.
+
+    Check the ZooKeeper ensemble the lease server uses (``pidfence lease-server --zk``), then
+    retry; starting another lease server does not help.
+    """
 
 
 class LeaseExpired(ProducerError):

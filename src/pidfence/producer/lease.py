@@ -33,7 +33,7 @@ from pidfence.pid_allocator.errors import (
     UnknownPid,
 )
 from pidfence.producer.checkpoint import ProducerCheckpoint
-from pidfence.producer.errors import LeaseServerDown, ProducerFenced
+from pidfence.producer.errors import LeaseServerDown, ProducerFenced, ZooKeeperUnavailable
 from pidfence.producer.sequencer import Sequencer
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,14 @@ class Resumed:
         walk_from: FENCE every partition from this generation up to the sequencer's (None: no
             FENCE is needed, the pid is new).
         how: ``bumped``, ``rolled``, ``followed`` or ``fresh`` (see the module docstring).
+        followed: the checkpoint's pid's successor when the resume found its lease ended and
+            rolled it in turn (its records after the checkpoint are in Kafka too), else None.
     """
 
     sequencer: Sequencer
     walk_from: int | None
     how: How
+    followed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +93,22 @@ class LeaseKeeper:
         self._clock = clock
 
     def _call(self, call: Callable[[], Any]) -> Any:
+        # Each message names the component that failed and says the fix once (issue 24).
         try:
             return call()
-        except (LeaseServerUnreachable, LeaseServiceUnavailable, RateLimited) as exc:
-            raise LeaseServerDown(
-                f"no lease server could answer ({exc}); start a lease server "
-                "(`pidfence lease-server`) or fix --lease-server, then retry"
+        except LeaseServiceUnavailable as exc:
+            raise ZooKeeperUnavailable(
+                f"the lease server answered UNAVAILABLE: it cannot reach ZooKeeper ({exc}); "
+                "check that the ZooKeeper ensemble it was started with (`pidfence lease-server "
+                "--zk`) runs and is reachable from the lease server, then retry"
             ) from exc
+        except RateLimited as exc:
+            raise LeaseServerDown(
+                f"the lease server is rate limiting this client ({exc}); retry shortly"
+            ) from exc
+        except LeaseServerUnreachable as exc:
+            # The client's message already names the servers it tried and how to start one.
+            raise LeaseServerDown(str(exc)) from exc
 
     def _sequencer(self, lease: Any, next_seq: Any = None, lifetime_ms: int = 0) -> Sequencer:
         lifetime = lifetime_ms or max(lease.expire_ms - self._clock(), 1)
@@ -219,7 +231,7 @@ class LeaseKeeper:
             result = self._probe(self._client.roll, successor, start, cp.secret, probe)
             if result.outcome == "ok":
                 seq = self._sequencer(result.lease, lifetime_ms=cp.lifetime_ms)
-                return Resumed(seq, None, "rolled")
+                return Resumed(seq, None, "rolled", successor)
         raise self._fenced(cp, result)
 
     @staticmethod

@@ -7,24 +7,18 @@ but a resumer that rolls over before it re-sent all of them would send the rest 
 successor pid, where nothing deduplicates them (DESIGN §9). So a resume reads the raw partitions
 once, from the checkpoint's time up to its own FENCE records, and learns the highest seq each
 pid of the lineage reached per partition; the producer uses it to keep re-sending under the old
-pid, or to skip those records after a rollover (``Sequencer.skip``).
+pid, or to skip those records after a rollover (``Sequencer.skip``). No I/O here: the reader
+over a real cluster is :class:`~pidfence.producer.kafka_scan.KafkaScanner`.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-import confluent_kafka
-
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
-from pidfence.producer.errors import BrokerUnavailable
 from pidfence.producer.sequencer import Sequencer
-from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, MalformedHeader, decode_pf
-from pidfence.wire.cert import CERT_HEADER_KEY
-
-log = logging.getLogger(__name__)
+from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE, PF_HEADER_KEY, MalformedHeader, decode_pf
 
 #: ``verifier(pid, generation, pfc, now_ms)``: None when ``pfc`` proves (pid, generation), else
 #: why not (the broker rules' ``Verifier``).
@@ -32,9 +26,6 @@ CertVerifier = Callable[[int, int, "bytes | None", int], "str | None"]
 
 #: pid -> (topic, partition) -> highest seq of a data record seen.
 Highs = dict[int, dict[TopicPartition, int]]
-
-#: Records produced this long before the checkpoint's clock are still scanned (clock skew).
-SKEW_MS = 5_000
 
 
 class Scanner(Protocol):
@@ -45,111 +36,6 @@ class Scanner(Protocol):
         """Feed ``state`` the records of ``partitions`` from the first one at or after
         ``since_ms`` up to ``until`` (an exclusive end offset per partition: this resumer's
         FENCE record; partitions without one are read to their current end)."""
-
-
-class KafkaScanner:
-    """A :class:`Scanner` over a real Kafka cluster (one short-lived consumer per resume).
-
-    Args:
-        conf: librdkafka settings for the consumer (bootstrap and security settings).
-        timeout_s: per metadata / offset request and for the whole scan.
-        consumer_factory: builds the consumer (a fake in tests).
-    """
-
-    def __init__(
-        self,
-        conf: Mapping[str, Any],
-        timeout_s: float = 30.0,
-        consumer_factory: Callable[[dict[str, Any]], Any] = confluent_kafka.Consumer,
-    ) -> None:
-        self._conf = dict(conf)
-        self._timeout_s = timeout_s
-        self._factory = consumer_factory
-
-    def __call__(
-        self,
-        state: ScanState,
-        partitions: Iterable[TopicPartition],
-        since_ms: int,
-        until: Mapping[TopicPartition, int],
-    ) -> None:
-        """See :class:`Scanner`.
-
-        Raises:
-            BrokerUnavailable: Kafka did not answer within the timeout (retriable).
-        """
-        consumer = self._factory(
-            {
-                **self._conf,
-                "group.id": "pidfence-recovery",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "logger": logging.getLogger("pidfence.producer.librdkafka"),
-            }
-        )
-        try:
-            self._scan(consumer, list(partitions), since_ms, until, state)
-        except confluent_kafka.KafkaException as exc:
-            raise BrokerUnavailable(
-                f"the resume's recovery scan could not read Kafka ({exc}); resume again"
-            ) from exc
-        finally:
-            consumer.close()
-
-    def _scan(
-        self,
-        consumer: Any,
-        partitions: list[TopicPartition],
-        since_ms: int,
-        until: Mapping[TopicPartition, int],
-        state: ScanState,
-    ) -> None:
-        wanted = [confluent_kafka.TopicPartition(t, p, since_ms) for t, p in partitions]
-        starts = consumer.offsets_for_times(wanted, timeout=self._timeout_s)
-        ends: dict[TopicPartition, int] = {}
-        assign = []
-        for start in starts:
-            tp = (start.topic, start.partition)
-            end = until.get(tp)
-            if end is None:
-                _, end = consumer.get_watermark_offsets(
-                    confluent_kafka.TopicPartition(*tp), timeout=self._timeout_s
-                )
-            if start.offset < 0 or start.offset >= end:
-                continue  # nothing written since the checkpoint
-            ends[tp] = end
-            assign.append(
-                confluent_kafka.TopicPartition(start.topic, start.partition, start.offset)
-            )
-        if not assign:
-            return
-        consumer.assign(assign)
-        open_parts = set(ends)
-        idle = 0
-        while open_parts:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                idle += 1
-                if idle > self._timeout_s:
-                    raise BrokerUnavailable(
-                        f"the recovery scan read nothing for {self._timeout_s}s; resume again"
-                    )
-                continue
-            idle = 0
-            tp = (msg.topic(), msg.partition())
-            if msg.error() is not None:
-                if msg.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                    open_parts.discard(tp)
-                    continue
-                raise confluent_kafka.KafkaException(msg.error())
-            if tp not in open_parts:
-                continue
-            if msg.offset() >= ends[tp]:
-                open_parts.discard(tp)
-                continue
-            state.note(tp, msg.headers(), msg.timestamp()[1])
-            if msg.offset() + 1 >= ends[tp]:
-                open_parts.discard(tp)
 
 
 class ScanState:
@@ -251,17 +137,16 @@ class ScanState:
         per[tp] = high
 
 
-def consumer_conf(producer_conf: Mapping[str, Any]) -> dict[str, Any]:
-    """The consumer settings a producer's librdkafka settings imply (bootstrap, security)."""
-    keep = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.")
-    return {k: v for k, v in producer_conf.items() if k.startswith(keep)}
-
-
 def scan_state(
-    checkpoint: ProducerCheckpoint, successor: int, verifier: CertVerifier | None = None
+    checkpoint: ProducerCheckpoint,
+    successor: int,
+    verifier: CertVerifier | None = None,
+    followed: int | None = None,
 ) -> ScanState:
     """The state a resume's scan starts from: the checkpoint's pid appended below its next seqs
-    and below its ``ahead`` targets.
+    and below its ``ahead`` targets; the pids followed are the checkpoint's, ``successor`` (the
+    one the resume continues) and ``followed`` (a successor of the checkpoint's pid that the
+    resume found ended and rolled past).
 
     ``ahead`` is what an earlier scan saw appended, possibly before this scan's start
     (``taken_ms``); without it the first record after those would look held behind a gap, and
@@ -271,12 +156,13 @@ def scan_state(
     for tp, target in checkpoint.ahead.items():
         known[tp] = max(known.get(tp, 0), target)
     base = {checkpoint.pid: {tp: n - 1 for tp, n in known.items()}}
-    return ScanState(
-        {checkpoint.pid, successor}, base, {checkpoint.pid: checkpoint.generation}, 5, verifier
-    )
+    pids = {checkpoint.pid, successor} | ({followed} if followed is not None else set())
+    return ScanState(pids, base, {checkpoint.pid: checkpoint.generation}, 5, verifier)
 
 
-def apply_scan(seq: Sequencer, checkpoint: ProducerCheckpoint, highs: Highs) -> None:
+def apply_scan(
+    seq: Sequencer, checkpoint: ProducerCheckpoint, highs: Highs, followed: int | None = None
+) -> None:
     """Set what ``seq`` (just resumed from ``checkpoint``) re-sends and skips after a scan.
 
     * Continuing the checkpoint's own pid: ``ahead`` = the next seq after the highest one in
@@ -284,7 +170,9 @@ def apply_scan(seq: Sequencer, checkpoint: ProducerCheckpoint, highs: Highs) -> 
       rest over as skips).
     * Continuing another pid (rolled, followed, fresh): the checkpoint's pid's records after the
       checkpoint are in Kafka already, so the successor skips them (plus the checkpoint's own
-      skips); a followed successor's own records from its earlier holder set ``ahead``.
+      skips); a followed successor's own records from its earlier holder set ``ahead``; those
+      of a ``followed`` successor rolled past (its lease had ended) are skipped as well: its
+      seqs started at 0 right after the checkpoint's pid's records.
     """
     # What the checkpoint already knew was ahead of it (an earlier scan, possibly of records older
     # than this scan's start) counts as well.
@@ -296,5 +184,8 @@ def apply_scan(seq: Sequencer, checkpoint: ProducerCheckpoint, highs: Highs) -> 
         seq.ahead = {tp: n for tp, n in reach.items() if n > base.get(tp, 0)}
         return
     extra = {tp: n - base.get(tp, 0) for tp, n in reach.items()}
+    if followed is not None and followed != seq.pid:
+        for tp, high in highs.get(followed, {}).items():
+            extra[tp] = extra.get(tp, 0) + high + 1
     seq.with_skip(checkpoint.skip).with_skip(extra)
     seq.ahead = {tp: h + 1 for tp, h in highs.get(seq.pid, {}).items()}

@@ -2,8 +2,8 @@
 
 It owns one (pid, generation) and the next seq per (topic, partition); it stamps ``pf`` headers,
 produces the FENCE headers a resumed producer writes first, and the checkpoint data. The
-``IdempotentProducer`` drives it with a real Kafka client; the deterministic simulation drives it
-with a fake network. Not thread-safe: one producer thread calls it.
+producer's session (:mod:`~pidfence.producer.session`) holds it and decides when it stamps and
+what else a record carries. Not thread-safe: one producer thread calls it.
 
 Example::
 
@@ -40,9 +40,8 @@ class Sequencer:
         next_seq: next seq per (topic, partition) to continue from (a checkpoint's), else empty.
         lifetime_ms: the lease lifetime if known (0: unknown), carried into checkpoints.
         secret: the pid's capability (carried into checkpoints).
-        cert: the lease server's signed cert of (pid, generation, expire_ms), or None; stamped
-            as ``pfc`` on FENCE records and on the first record per partition (``certified``
-            holds the partitions that already carried it).
+        cert: the lease server's signed cert of (pid, generation, expire_ms), or None; the
+            session stamps it as ``pfc`` (``certified`` holds the partitions that carried it).
     """
 
     __slots__ = (
@@ -99,8 +98,8 @@ class Sequencer:
         self._lanes: dict[str, dict[int, list[int]]] = {}
         for (topic, partition), n in (next_seq or {}).items():
             self._lanes.setdefault(topic, {})[partition] = [n]
-        #: The cells of partitions whose next record needs no skip and no ``pfc``: the
-        #: producer stamps those inline (see :meth:`mark_ready`, :meth:`fixed`, :meth:`header`).
+        #: The cells of partitions whose next record needs no skip and no extra header: the
+        #: producer's stamping loop stamps those inline (see :meth:`mark_ready`, :meth:`header`).
         self.ready: dict[str, dict[int, list[int]]] = {}
         # [version, pid, generation, seq, flags] as msgpack: everything before seq is fixed for
         # this sequencer, so a header is a prefix plus the packed seq plus the flags byte.
@@ -159,16 +158,6 @@ class Sequencer:
             self.skip[tp] = n - 1
         return True
 
-    def handover(self) -> dict[TopicPartition, int]:
-        """What the successor of a rollover must skip: this pid's unsent skips, plus the records
-        an earlier instance of this pid got into Kafka that this one has not re-sent yet."""
-        out = dict(self.skip)
-        for tp, target in self.ahead.items():
-            behind = target - self.peek(*tp)
-            if behind > 0:
-                out[tp] = out.get(tp, 0) + behind
-        return out
-
     def header(self, seq: int) -> bytes:
         """The ``pf`` header of the data record with ``seq`` (byte for byte ``encode_pf``).
 
@@ -214,16 +203,13 @@ class Sequencer:
         return 0 if cell is None else cell[0]
 
     def mark_ready(self, topic: str, partition: int) -> None:
-        """Let the producer stamp (topic, partition) inline through :attr:`ready` from now on,
-        unless its next record is to be skipped or still owes the ``pfc`` cert.
+        """Let the producer's stamping loop stamp (topic, partition) inline through
+        :attr:`ready` (the session calls it when the partition's next record needs no skip and
+        no extra header).
 
-        Call it after a record of the partition was stamped and handed over. The producer's
-        inline stamp must do exactly what :meth:`stamp` does: ``cell[0]`` is the seq,
-        :meth:`header` (or ``fixed``/``prefix16`` + ``U16X``) the header, then ``cell[0] += 1``.
+        The inline stamp must do exactly what :meth:`stamp` does: ``cell[0]`` is the seq,
+        :meth:`header` (``fixed[seq]`` below 128) the header, then ``cell[0] += 1``.
         """
-        tp = (topic, partition)
-        if tp in self.skip or (self.cert is not None and tp not in self.certified):
-            return
         cell = self._lanes.get(topic, {}).get(partition)
         if cell is not None:
             self.ready.setdefault(topic, {})[partition] = cell

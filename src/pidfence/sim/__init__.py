@@ -1,8 +1,10 @@
-"""Deterministic simulation: the real ``Sequencer`` and broker rules under a hostile world.
+"""Deterministic simulation: the real producer and broker rules under a hostile world.
 
-Seeded and in-process: a lossy, duplicating, reordering network; producer crashes resumed from
-checkpoints (generation bump + FENCE); zombies; sink restarts rebuilding state from a snapshot and
-the Kafka suffix; lease rollover under a fake clock. The checker judges every run.
+Seeded and in-process: the real ``IdempotentProducer`` (session, driver, sender) over a simulated
+Kafka client and lease server; a lossy, duplicating, reordering network; producer crashes resumed
+from checkpoints (generation bump + FENCE); zombies; lease server outages; sink restarts
+rebuilding state from a snapshot and the Kafka suffix; lease rollover under a fake clock. The
+checker judges every run.
 ``run(seed, **knobs)`` replays a schedule exactly; ``python -m pidfence.sim --seed N`` does too.
 """
 

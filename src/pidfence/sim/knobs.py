@@ -42,6 +42,10 @@ class Knobs:
         restart_p: per sink batch, the sink restarts and rebuilds its state from an older
             snapshot plus the Kafka suffix after it.
         plain_p: per step, a non-idempotent (no ``pf`` header) record is written.
+        lease_down_p: per step, the lease servers become unreachable for up to a quarter of a
+            lease lifetime: rollovers are retried inside the old lease, a process whose lease
+            ends first exits (``LeaseExpired``) and is resumed, restarts wait (outages draw
+            from their own random stream).
         attack_p: per step, an attacker with write access to the topic writes one forged record
             (:mod:`pidfence.sim.attacker`): a FENCE one generation ahead of a live pid or a fresh
             pid with seq 0, without ``pfc`` or with a bad one. The lease server always signs and
@@ -79,6 +83,7 @@ class Knobs:
     restart_p: float = 0.1
     plain_p: float = 0.02
     attack_p: float = 0.0
+    lease_down_p: float = 0.0
     lifetime_ms: int = 2400
     step_ms: int = 10
     checkpoint_every: int = 8
@@ -103,10 +108,13 @@ class Knobs:
             "restart_p",
             "plain_p",
             "attack_p",
+            "lease_down_p",
         ):
             value = getattr(self, name)
-            if not 0.0 <= value <= (0.9 if name == "drop_p" else 1.0):
-                raise ValueError(f"{name} must be a probability (drop_p <= 0.9), got {value}")
+            if not 0.0 <= value <= (0.9 if name in ("drop_p", "lease_down_p") else 1.0):
+                raise ValueError(
+                    f"{name} must be a probability (drop_p, lease_down_p <= 0.9), got {value}"
+                )
         for name in (
             "events",
             "partitions",

@@ -1,7 +1,7 @@
 """An in-memory lease server with the DESIGN §5 (amended) and §9 semantics, for the simulation.
 
 It answers like :class:`pidfence.pid_allocator.LeaseClient` (same methods, same errors), so the
-simulation drives the producer's real lineage logic (:class:`pidfence.producer.LeaseKeeper`):
+simulated producers (real ``IdempotentProducer`` objects) use it as their lease client:
 owner-only ``bump``/``roll`` with a secret, ``roll`` as a compare-and-set on the current
 generation that retires the pid and names its successor, lineage authority one step (the
 successor accepts its parent's secret), and lineage records kept for a retention period after
@@ -17,7 +17,12 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pidfence.pid_allocator.errors import NotOwner, StaleGeneration, UnknownPid
+from pidfence.pid_allocator.errors import (
+    LeaseServerUnreachable,
+    NotOwner,
+    StaleGeneration,
+    UnknownPid,
+)
 from pidfence.wire.cert import encode_cert
 
 
@@ -51,6 +56,10 @@ class SimLeaseServer:
         fresh_rollover: the mutation ``fresh_rollover``: ``roll`` leases an unrelated pid and
             retires nothing (the rollover before DESIGN §9), so tests can prove it is caught.
         signing_key: the key that signs every reply's ``cert`` (DESIGN §3 amended).
+        outage_p: per :meth:`tick`, every lease server becomes unreachable for up to a quarter
+            of a lease lifetime (see :meth:`tick`): requests never arrive
+            (``LeaseServerUnreachable``, as ``LeaseClient`` raises after its retries).
+        outage_rng: the outages' own randomness (so schedules without outages stay the same).
     """
 
     def __init__(
@@ -59,15 +68,39 @@ class SimLeaseServer:
         lifetime_ms: int,
         fresh_rollover: bool = False,
         signing_key: Ed25519PrivateKey | None = None,
+        outage_p: float = 0.0,
+        outage_rng: random.Random | None = None,
     ) -> None:
         self._rng = rng
         self.signing_key = signing_key
         self.lifetime_ms = lifetime_ms
         self.fresh_rollover = fresh_rollover
+        self._outage_p = outage_p
+        self._outage_rng = outage_rng or random.Random(0)
         self.now = 0
         self._next_pid = rng.randrange(1, 1 << 40)
         self._pids: dict[int, _Record] = {}
-        self.counts = {"rolls": 0, "follows": 0, "refused": 0}
+        self.counts = {"rolls": 0, "follows": 0, "refused": 0, "outages": 0, "unanswered": 0}
+        #: No lease server answers before this time.
+        self.down_until = 0
+
+    def tick(self, now: int) -> None:
+        """Move the clock to ``now``; maybe start an outage.
+
+        Outages last under a quarter of a lifetime and are a quarter of a lifetime apart, so a
+        restart is delayed by less than that (crashed processes restart within the lineage
+        retention, as docs/producer.md asks of their supervisors).
+        """
+        self.now = now
+        rng, quarter = self._outage_rng, max(self.lifetime_ms // 4, 2)
+        if self._outage_p and now >= self.down_until + quarter and rng.random() < self._outage_p:
+            self.down_until = now + rng.randrange(1, quarter)
+            self.counts["outages"] += 1
+
+    def _reachable(self) -> None:
+        if self.now < self.down_until:
+            self.counts["unanswered"] += 1
+            raise LeaseServerUnreachable("no lease server answered (simulated outage)")
 
     def _issue(self, parent: int | None = None) -> Lease:
         pid = self._next_pid
@@ -107,10 +140,12 @@ class SimLeaseServer:
 
     def lease(self, partitions: Any = ()) -> Lease:
         """A new pid, never issued before."""
+        self._reachable()
         return self._issue()
 
     def bump(self, pid: int, generation: int, secret: bytes) -> Lease:
         """The next generation of a live pid whose latest generation is ``generation``."""
+        self._reachable()
         record = self._owned(pid, generation, secret)
         if record.expire_ms <= self.now:
             raise UnknownPid(f"pid {pid}'s lease ended")
@@ -121,6 +156,7 @@ class SimLeaseServer:
 
     def roll(self, pid: int, generation: int, secret: bytes) -> Lease:
         """Retire ``pid`` at ``generation`` and return its successor (compare-and-set)."""
+        self._reachable()
         if self.fresh_rollover:
             return self._issue()
         record = self._owned(pid, generation, secret)

@@ -1,9 +1,12 @@
-"""One seeded schedule, end to end: producers, network, Kafka, sink, checker."""
+"""One seeded schedule, end to end: the real producers, network, Kafka, sink, checker."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,11 +14,13 @@ import pyarrow as pa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pidfence.ledger import LedgerEntry
+from pidfence.producer import ProducerSession
 from pidfence.sim.attacker import Attacker, Forgery
+from pidfence.sim.client import TOPIC, Network
 from pidfence.sim.kafka import SimKafka
 from pidfence.sim.knobs import Knobs
 from pidfence.sim.lease import SimLeaseServer
-from pidfence.sim.producer import TOPIC, Network, Producers
+from pidfence.sim.producer import Producers
 from pidfence.sim.sink import SimSink
 from pidfence.verify.check import CheckReport, check
 from pidfence.wire import Verdict
@@ -93,6 +98,26 @@ def replay_hint(seed: int, knobs: Knobs) -> str:
     return f"pidfence.sim.run({seed}, {args})\n        or: python -m pidfence.sim {' '.join(flags)}"
 
 
+@contextmanager
+def fences_on_counters_only() -> Iterator[None]:
+    """``fence_all=False``: the resume FENCEs only the partitions its checkpoint has seqs on.
+
+    The producer's session always FENCEs every partition of its topics; this variant (the
+    resume before that rule, kept to show why the rule exists) wraps
+    :meth:`ProducerSession.fences` for the duration of one schedule.
+    """
+    real = ProducerSession.fences
+
+    def narrow(session: ProducerSession, walk_from: int, counts: Mapping[str, int]) -> Any:
+        return real(session, walk_from, {})
+
+    setattr(ProducerSession, "fences", narrow)  # noqa: B010 - a class attribute, restored below
+    try:
+        yield
+    finally:
+        setattr(ProducerSession, "fences", real)  # noqa: B010
+
+
 def run(seed: int, **knobs: Any) -> SimResult:
     """Run one schedule; the same seed and knobs always give the same result.
 
@@ -109,28 +134,33 @@ def run(seed: int, **knobs: Any) -> SimResult:
     )
     kafka = SimKafka(k.partitions)
     lease = SimLeaseServer(
-        rng, k.lifetime_ms, fresh_rollover=k.mutation == "fresh_rollover", signing_key=signing
-    )
+        rng, k.lifetime_ms, fresh_rollover=k.mutation == "fresh_rollover", signing_key=signing,
+        outage_p=k.lease_down_p, outage_rng=random.Random(f"pidfence-sim-lease-outages:{seed}"),
+    )  # fmt: skip
     net = Network(rng, k, kafka)
-    producers = Producers(rng, k, lease, net)
+    # The sink draws nothing at construction: the producers' events come first, as always.
     sink = SimSink(rng, k, kafka, TOPIC, [signing.public_key()])
     # The producers' recovery scan checks pfc as the sink does (ProducerConfig.lease_public_keys).
-    producers.scan_verifier = None if k.mutation == "trusting_scan" else sink.verifier
+    verifier = None if k.mutation == "trusting_scan" else sink.verifier
+    producers = Producers(rng, k, lease, net, verifier)
     attacker = Attacker(random.Random(f"pidfence-sim-attacker:{seed}"), kafka, k.lifetime_ms)
     now = START_MS
     steps = 0
-    while not producers.done:
-        steps += 1
-        if steps > MAX_STEPS:
-            raise RuntimeError(f"seed {seed}: schedule did not finish in {MAX_STEPS} steps")
-        producers.step(now)
-        if rng.random() < k.plain_p:
-            kafka.append(rng.randrange(k.partitions), None, b"", b"plain", now)
-        if k.attack_p and attacker.rng.random() < k.attack_p:
-            attacker.attack(now)
-        if steps % k.batch_every == 0:
-            sink.batch()
-        now += k.step_ms
+    with contextlib.ExitStack() as variants:
+        if not k.fence_all:
+            variants.enter_context(fences_on_counters_only())
+        while not producers.done:
+            steps += 1
+            if steps > MAX_STEPS:
+                raise RuntimeError(f"seed {seed}: schedule did not finish in {MAX_STEPS} steps")
+            producers.step(now)
+            if rng.random() < k.plain_p:
+                kafka.append(rng.randrange(k.partitions), None, b"", b"plain", now)
+            if k.attack_p and attacker.rng.random() < k.attack_p:
+                attacker.attack(now)
+            if steps % k.batch_every == 0:
+                sink.batch()
+            now += k.step_ms
     sink.batch(final=True)
     log, rejects = sink.tables_out()
     report = check(net.ledger, log, rejects)

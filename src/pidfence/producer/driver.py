@@ -1,0 +1,227 @@
+"""``SessionDriver``: performs what the producer's session decides, with the I/O it needs.
+
+The session (:mod:`~pidfence.producer.session`) decides; the driver performs, in the order the
+session's states allow: the lease server's ``lease``, ``bump`` and ``roll`` (through
+:class:`~pidfence.producer.lease.LeaseKeeper`), the drain before a roll, the FENCE records of a
+resume and every record that is not stamped inline (through the
+:class:`~pidfence.producer.sender.Sender`), and the recovery scan (a
+:class:`~pidfence.producer.recovery.Scanner`, by default over Kafka).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from pidfence.producer.checkpoint import ProducerCheckpoint
+from pidfence.producer.config import ProducerConfig
+from pidfence.producer.delivery import DeliveryCallback
+from pidfence.producer.errors import (
+    LeaseServerDown,
+    ProducerConfigError,
+    ProducerFenced,
+    ReservedHeader,
+    ValueTooLarge,
+)
+from pidfence.producer.kafka_scan import KafkaScanner, consumer_conf
+from pidfence.producer.lease import How, LeaseKeeper
+from pidfence.producer.partitioner import Partitioner
+from pidfence.producer.recovery import CertVerifier, Scanner
+from pidfence.producer.sender import Sender
+from pidfence.producer.sequencer import Sequencer
+from pidfence.producer.session import ProducerSession
+from pidfence.wire import CERT_HEADER_KEY, PF_HEADER_KEY, KeyFileError
+from pidfence.wire.cert import cert_verifier
+
+log = logging.getLogger(__name__)
+
+#: Stores a checkpoint together with the caller's current upstream position.
+SaveCheckpoint = Callable[[ProducerCheckpoint], None]
+#: Extra headers of a record, as ``produce`` takes them.
+Headers = Sequence[tuple[str, bytes | str | None]]
+
+_RESERVED = (PF_HEADER_KEY, CERT_HEADER_KEY)
+
+
+class SessionDriver:
+    """Leases, resumes and rolls one producer's session and sends its general-path records.
+
+    Args:
+        config: the producer settings.
+        session: the session it drives.
+        keeper: the lease-server calls.
+        sender: the Kafka client (records, drains, FENCE records, the fences' offsets).
+        clock: epoch milliseconds.
+        on_roll: gives what stores the successor's checkpoint after a rollover a record starts.
+    """
+
+    def __init__(
+        self,
+        config: ProducerConfig,
+        session: ProducerSession,
+        keeper: LeaseKeeper,
+        sender: Sender,
+        clock: Callable[[], int],
+        on_roll: Callable[[], SaveCheckpoint | None] = lambda: None,
+    ) -> None:
+        self._config = config
+        self._session = session
+        self._keeper = keeper
+        self._sender = sender
+        #: Partition counts (metadata cached per topic) and each record's partition.
+        self.partitioner = Partitioner(
+            sender.client.list_topics,
+            config.bootstrap_servers,
+            config.metadata_timeout_s,
+            config.sticky_records,
+        )
+        self._count = self.partitioner.count
+        self._clock = clock
+        self._max_value = config.message_max_bytes
+        self._on_roll = on_roll
+
+    def lease_new(self) -> None:
+        """Lease a fresh pid.
+
+        Raises:
+            LeaseServerDown: no lease server answered (``ZooKeeperUnavailable``: one answered
+                but cannot reach ZooKeeper).
+        """
+        self._session.leased(self._keeper.lease_new())
+
+    def resume(
+        self,
+        checkpoint: ProducerCheckpoint,
+        *,
+        stale_probe: int,
+        topics: Sequence[str],
+        fence_timeout_s: float,
+        scanner: Scanner | None,
+        scan_verifier: CertVerifier | None,
+    ) -> How:
+        """Continue ``checkpoint`` through its lineage, FENCE, run the recovery scan; returns
+        how it continued (see :meth:`pidfence.producer.IdempotentProducer.resume`)."""
+        session = self._session
+        try:
+            resumed = self._keeper.resume(checkpoint, stale_probe)
+        except ProducerFenced:
+            session.refused()
+            raise
+        names = session.resumed(resumed, checkpoint, topics)
+        if resumed.walk_from is not None:
+            counts = {topic: self._count(topic) for topic in names}
+            self._sender.send_fences(session.fences(resumed.walk_from, counts), fence_timeout_s)
+        if session.scan_needed(checkpoint):
+            parts = [(t, p) for t in names for p in range(self._count(t))]
+            if parts:  # else the checkpoint's pid wrote nothing: nothing to find
+                verifier = scan_verifier or self._scan_verifier()
+                state, since_ms = session.scan_state(checkpoint, verifier)
+                if scanner is None:
+                    scanner = KafkaScanner(consumer_conf(self._config.to_librdkafka()))
+                scanner(state, parts, since_ms, dict(self._sender.delivery.fence_ends))
+                session.scanned(checkpoint, state.highs)
+        current = session.sequencer
+        log.info(
+            "resumed the checkpoint of pid %d (%s): pid %d at generation %d",
+            checkpoint.pid,
+            resumed.how,
+            current.pid,
+            current.generation,
+        )
+        return resumed.how
+
+    def _scan_verifier(self) -> CertVerifier | None:
+        keys = self._config.lease_public_keys
+        if not keys:
+            return None
+        try:
+            return cert_verifier(keys)
+        except KeyFileError as exc:
+            raise ProducerConfigError(f"lease_public_keys: {exc}") from None
+
+    def roll(self, save: SaveCheckpoint | None) -> ProducerCheckpoint:
+        """Drain, roll through the lease server, hand over, then ``save`` the successor's
+        checkpoint (see :meth:`pidfence.producer.IdempotentProducer.roll`)."""
+        session = self._session
+        current = session.begin_roll()
+        try:
+            left = self._sender.flush(session.drain_budget_s(self._clock()))
+        except BaseException:
+            session.drain_aborted()
+            raise
+        session.drained(left)
+        try:
+            successor = self._keeper.roll(current)
+        except ProducerFenced:
+            session.roll_refused()
+            raise
+        except LeaseServerDown as exc:
+            session.roll_unanswered(exc, self._clock())
+            raise
+        checkpoint = session.rolled(successor, self._clock())
+        if save is not None:
+            save(checkpoint)
+        return checkpoint
+
+    def sendable(self) -> Sequencer:
+        """The sequencer to send with now: rolls over first when due (``on_roll()`` stores the
+        successor's checkpoint); raises if nothing may be sent.
+
+        Raises:
+            DrainFailed / ProducerFenced / LeaseExpired: see :meth:`roll`.
+        """
+        session = self._session
+        if session.rollover_due(self._clock()):
+            try:
+                self.roll(self._on_roll())
+            except LeaseServerDown as exc:
+                # roll() raised LeaseExpired instead if the lease had ended; here it is live.
+                pid = session.sequencer.pid
+                log.warning("rollover of pid %d failed (%s); retrying later", pid, exc)
+        return session.sendable(self._clock())
+
+    def one(
+        self,
+        topic: str,
+        value: bytes | str | None,
+        key: bytes | str | None,
+        partition: int | None,
+        headers: Headers | None,
+        on_delivery: DeliveryCallback | None,
+        event_id: str | None,
+    ) -> int:
+        """One record the general way: roll when due, convert and check, ask the session for
+        its headers (or a skip), send with its callback; returns its partition."""
+        seq = self.sendable()
+        value_b = value.encode() if isinstance(value, str) else value
+        if value_b is not None and len(value_b) > self._max_value:
+            raise ValueTooLarge(
+                f"value of {len(value_b)} bytes exceeds message_max_bytes={self._max_value}; "
+                "split the record or raise the limit (producer and topic max.message.bytes)"
+            )
+        key_b = key.encode() if isinstance(key, str) else key
+        if partition is None:
+            partition = self.partitioner.pick(topic, key_b, seq.pid)
+        self.partitioner.check(topic, partition)
+        session = self._session
+        now_ms = self._clock()
+        stamped = session.stamp(topic, partition, now_ms)
+        if stamped is None:
+            return partition  # already in Kafka under the predecessor pid (recovery scan)
+        pf, extras = stamped
+        wire: list[tuple[str, bytes | str | None]] = [(PF_HEADER_KEY, pf), *extras]
+        try:
+            for name, header in headers or ():
+                if name in _RESERVED:
+                    raise ReservedHeader(
+                        f"the header name {name!r} is reserved for the producer's own headers; "
+                        "rename your header"
+                    )
+                wire.append((name, header))
+            callback = self._sender.callback(pf, event_id, on_delivery)
+            self._sender.send(topic, value_b, key_b, partition, wire, callback)
+        except BaseException:
+            session.unstamp(topic, partition, extras)
+            raise
+        session.sent(topic, partition, now_ms)
+        return partition

@@ -1,0 +1,188 @@
+"""``Sender``: the producer's Kafka I/O, the confluent-kafka client and its delivery reports.
+
+It decides nothing about pids, seqs or headers (:mod:`~pidfence.producer.session` does): it
+hands records to the client with the right delivery callback, waits out a full queue, flushes
+(raising the first delivery error, never losing one inside librdkafka's callback), writes the
+FENCE records a resume planned and re-sends acknowledged copies for the fault hook.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pidfence.ledger import Ledger, LedgerError, LedgerWriter
+from pidfence.producer.config import ProducerConfig
+from pidfence.producer.delivery import DeliveryCallback, DeliveryTracker
+from pidfence.producer.errors import BrokerUnavailable, NotFlushed, ProducerConfigError
+from pidfence.producer.session import Fence
+from pidfence.wire import PF_HEADER_KEY
+
+#: Builds the Kafka client from a librdkafka dict (``confluent_kafka.Producer``, or a stand-in
+#: with its interface: the simulation's, a unit test's).
+ClientFactory = Callable[[dict[str, Any]], Any]
+
+
+class Sender:
+    """The confluent-kafka client of one producer, with delivery tracking.
+
+    Args:
+        config: the producer settings (librdkafka settings, success reports, resend buffer).
+        factory: builds the client from a librdkafka dict.
+        ledger: the send ledger (a path is opened, and closed by :meth:`close_ledger`), or None.
+        lease_ends: pid -> lease end (kept by the session), for the ledger's ``expire_ms``.
+
+    Raises:
+        ProducerConfigError: a ledger without success reports.
+    """
+
+    def __init__(
+        self,
+        config: ProducerConfig,
+        factory: ClientFactory,
+        ledger: str | Path | Ledger | None,
+        lease_ends: Mapping[int, int],
+    ) -> None:
+        if ledger is not None and not config.success_reports:
+            raise ProducerConfigError(
+                "the send ledger is written from success reports: use success_reports=True "
+                "(the default) with a ledger"
+            )
+        self._owns_ledger = isinstance(ledger, str | Path)
+        writer = LedgerWriter(ledger) if isinstance(ledger, str | Path) else ledger
+        self.delivery = DeliveryTracker(writer, config.resend_buffer, lease_ends)
+        self._success_reports = config.success_reports
+        conf = config.to_librdkafka()
+        conf.setdefault("allow.auto.create.topics", False)
+        conf.setdefault("logger", logging.getLogger("pidfence.producer.librdkafka"))
+        conf["on_delivery"] = self.delivery.on_delivery
+        self.client = factory(conf)
+        #: True when each record needs its own callback (ledger or resend buffer).
+        self.tracking = self.delivery.tracking
+
+    def callback(
+        self, pf: bytes, event_id: str | None, on_delivery: DeliveryCallback | None
+    ) -> DeliveryCallback | None:
+        """The delivery callback of a data record (None: the client's default).
+
+        Raises:
+            ProducerConfigError: ``on_delivery`` without success reports.
+        """
+        delivery = self.delivery
+        callback: DeliveryCallback | None = None
+        if self.tracking:
+            callback = functools.partial(delivery.on_tracked, pf, event_id)
+        if on_delivery is not None:
+            if not self._success_reports:
+                raise ProducerConfigError(
+                    "on_delivery needs a report per record: use success_reports=True"
+                )
+            callback = _chain(callback or delivery.on_delivery, on_delivery)
+        return callback
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        partition: int,
+        headers: list[tuple[str, Any]],
+        callback: DeliveryCallback | None = None,
+    ) -> None:
+        """Hand one record to the client; a full queue is waited out, serving callbacks."""
+        extra = {} if callback is None else {"on_delivery": callback}
+        while True:
+            try:
+                self.client.produce(
+                    topic, value, key, partition=partition, headers=headers, **extra
+                )
+                return
+            except BufferError:
+                # librdkafka's queue is full: serve callbacks until it drains, then retry.
+                self.client.poll(0.1)
+
+    def send_fences(self, fences: Iterable[Fence], timeout_s: float) -> None:
+        """Write the FENCE records (empty values) and wait until Kafka acknowledged them all.
+
+        Raises:
+            BrokerUnavailable: some were not acknowledged within ``timeout_s``.
+            DeliveryFailed: Kafka refused one.
+        """
+        for fence in fences:
+            headers: list[tuple[str, Any]] = [(PF_HEADER_KEY, fence.header), *fence.extras]
+            on_fence = functools.partial(self.delivery.on_other, fence.header, True, None)
+            self.send(fence.topic, b"", None, fence.partition, headers, on_fence)
+        left = self.flush(timeout_s)
+        if left:
+            raise BrokerUnavailable(
+                f"{left} FENCE records were not acknowledged within {timeout_s}s; "
+                "check that Kafka runs, then resume again"
+            )
+
+    def resend_acknowledged(self, n: int) -> int:
+        """Re-send the last ``n`` acknowledged records of each partition with their original
+        ``pf`` headers and values (a retry after a lost acknowledgement); returns how many."""
+        sent = 0
+        for (topic, partition), buffer in sorted(self.delivery.kept.items()):
+            for key, value, header, event in list(buffer)[-n:] if n > 0 else []:
+                on_resend = functools.partial(self.delivery.on_other, header, False, event)
+                self.send(topic, value, key, partition, [(PF_HEADER_KEY, header)], on_resend)
+                sent += 1
+        return sent
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve delivery callbacks; returns how many were served."""
+        served: int = self.client.poll(timeout)
+        return served
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait for every record in flight, push the ledger to the OS; returns how many are
+        still in flight.
+
+        Raises:
+            DeliveryFailed: the first delivery error since the last flush (then cleared).
+            LedgerWriteFailed / LedgerRefused: the ledger could not be written.
+        """
+        left: int = self.client.flush(-1 if timeout is None else timeout)
+        delivery = self.delivery
+        if delivery.ledger is not None:
+            try:
+                delivery.ledger.flush()
+            except LedgerError as exc:
+                if delivery.error is None:
+                    delivery.error = exc
+        error = delivery.take_error()
+        if error is not None:
+            raise error
+        return left
+
+    def require_idle(self) -> None:
+        """Raise ``NotFlushed`` unless nothing is in flight and no delivery error is pending."""
+        if len(self.client) or self.delivery.error is not None:
+            raise NotFlushed(
+                "records are in flight (or a delivery error is pending): call flush() and "
+                "take the checkpoint only when it returns 0 without raising"
+            )
+
+    def __len__(self) -> int:
+        return len(self.client)
+
+    def close_ledger(self) -> None:
+        """Close the ledger when this sender opened it, else only flush it."""
+        ledger = self.delivery.ledger
+        if ledger is not None:
+            if self._owns_ledger:
+                ledger.close()
+            else:
+                ledger.flush()
+
+
+def _chain(own: DeliveryCallback, user: DeliveryCallback) -> DeliveryCallback:
+    def both(err: Any, msg: Any) -> None:
+        own(err, msg)
+        user(err, msg)
+
+    return both
