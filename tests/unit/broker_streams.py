@@ -271,8 +271,11 @@ class ReferenceTable:
             if moves and not self._ok(pid, g, cert, ts):
                 out.append((ref, Verdict.FORGED))
                 return
+            moved = g > e[0]
             e[0] = g
             out.append((ref, Verdict.FENCE))
+            if moved and self.resolve_gaps:
+                self._settle(pid, e, out)
             self._land(ts, out)
         elif s <= e[1]:
             out.append((ref, Verdict.DUPLICATE))
@@ -280,9 +283,13 @@ class ReferenceTable:
             if moves and not self._ok(pid, g, cert, ts):
                 out.append((ref, Verdict.FORGED))
                 return
+            moved = g > e[0]
             e[0], e[1] = g, s
             out.append((ref, Verdict.APPENDED))
-            self._release(pid, e, out)
+            if moved and self.resolve_gaps:
+                self._settle(pid, e, out)
+            else:
+                self._release(pid, e, out)
             self._land(ts, out)
         elif s - e[1] - 1 > self.window and not self.resolve_gaps:
             out.append((ref, Verdict.OUT_OF_ORDER))
@@ -318,6 +325,18 @@ class ReferenceTable:
             self.held.append({"pid": pid, "seq": s, "gen": g, "ref": ref})
             out.append((ref, Verdict.BUFFERED))
             self._land(ts, out)
+
+    def _settle(self, pid: int, e: list[int], out: list[tuple[Any, Verdict]]) -> None:
+        """The generation moved: older held records land after their holes (gap mode)."""
+        older = sorted((x for x in self.held if x["pid"] == pid and x["gen"] < e[0]),
+                       key=lambda x: x["seq"])  # fmt: skip
+        for x in older:
+            self.held.remove(x)
+            if x["seq"] > e[1] + 1:
+                self.gaps.append((pid, x["gen"], e[1] + 1, x["seq"] - 1, x["ref"], "lost"))
+            e[1] = x["seq"]
+            out.append((x["ref"], Verdict.APPENDED))
+        self._release(pid, e, out)
 
     def _release(self, pid: int, e: list[int], out: list[tuple[Any, Verdict]]) -> None:
         while True:

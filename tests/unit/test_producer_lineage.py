@@ -278,7 +278,8 @@ def test_scan_from_a_checkpoint_finds_what_the_rules_appended(
     # only; the checkpoint then knows the rules' highwater (as next_seq, as an earlier scan's
     # ahead, or both) and generation; the scan of the rest must end at the rules' highwater.
     pid, tp, gen, nxt = 7, ("t", 0), 5, 1
-    rules = ProducerStateTable(64, LIFETIME)
+    # The sink's rules, gap resolution included (its default): what the scan mirrors.
+    rules = ProducerStateTable(64, LIFETIME, resolve_gaps=True)
     last = encode_pf(pid, gen, 0)
     rules.offer_header(last, 0)
     for op in prefix:

@@ -328,6 +328,8 @@ class RulesKernel:
             self.touched.add(pid)
             entry.generation = g
             out.append((ref, FENCE, token))
+            if g > current and self.resolve_gaps and pid in self.held:
+                self.settle(pid, entry, out)
             self.advance(ts, out)
             return
         high = entry.highwater
@@ -344,7 +346,10 @@ class RulesKernel:
             entry.highwater = s
             out.append((ref, APPENDED, token))
             if pid in self.held:
-                self.release(pid, entry, out)
+                if g > current and self.resolve_gaps:
+                    self.settle(pid, entry, out)
+                else:
+                    self.release(pid, entry, out)
             self.advance(ts, out)
             return
         if s - high - 1 > self.reorder_window:
@@ -427,6 +432,30 @@ class RulesKernel:
         entry.highwater = low - 1
         if held:
             self.release(pid, entry, out)
+
+    def settle(self, pid: int, entry: Entry, out: list[Emit]) -> None:
+        """Gap resolution, when ``gE`` just moved: records of an older generation waiting behind
+        a hole are appended after it (the hole reported), newer ones released as usual.
+
+        They reached the log before the generation moved, so they are no zombie's writes, and
+        the hole before them is Kafka's: with in-order sessions nothing else leaves one, and no
+        resumer re-sends what its checkpoint says was acknowledged.
+        """
+        held = self.held[pid]
+        older = sorted((h for h in held.values() if h.generation < entry.generation),
+                       key=lambda h: h.seq)  # fmt: skip
+        for h in older:
+            del held[h.seq]
+            if h.seq > entry.highwater + 1:
+                self.gaps.append(
+                    Gap(pid, h.generation, entry.highwater + 1, h.seq - 1, h.ref, "lost")
+                )
+            entry.highwater = h.seq
+            out.append((h.ref, APPENDED, h.token))
+        if held:
+            self.release(pid, entry, out)
+        elif pid in self.held:
+            del self.held[pid]
 
     def release(self, pid: int, entry: Entry, out: list[Emit]) -> None:
         """Append held records that now follow the highwater, re-checking each one."""

@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from pidfence.broker_plugin import ProducerStateTable
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.sequencer import Sequencer
-from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE, PF_HEADER_KEY, MalformedHeader, decode_pf
+from pidfence.wire import CERT_HEADER_KEY, PF_HEADER_KEY, MalformedHeader, decode_pf
 
 #: ``verifier(pid, generation, pfc, now_ms)``: None when ``pfc`` proves (pid, generation), else
 #: why not (the broker rules' ``Verifier``).
@@ -39,13 +40,14 @@ class Scanner(Protocol):
 
 
 class ScanState:
-    """Per (pid, partition): the highest seq the broker rules would append, from raw records.
+    """Per (pid, partition): the highest seq the sink's rules append, from raw records.
 
-    Records are fed in offset order per partition and judged the way the rules judge them
-    (DESIGN §4), for the scanned pids only: a record below the newest generation seen is
-    ``FENCED``; a record after a gap is held (up to ``window`` seqs ahead) and lands only when
-    the gap closes, and a held record is fenced by a newer generation arriving first. So a
-    record counts only if the rules append it: its event must otherwise still be re-sent.
+    Records are fed in offset order per partition and judged by the broker rules themselves
+    (:class:`~pidfence.broker_plugin.ProducerStateTable`, with the sink's defaults: gap
+    resolution on), for the scanned pids only. So a record counts exactly when the sink appends
+    it: FENCED, held, refused and forged records do not, and a record past a hole the window
+    overflowed does (the sink reports the hole as a gap and goes on). A record that does not
+    count must still be re-sent; one that counts must not be sent again under another pid.
 
     Args:
         pids: the pids to follow.
@@ -53,7 +55,8 @@ class ScanState:
             starts (a checkpoint's ``next_seq - 1``); -1 where unknown.
         generations: per pid, the generation the rules already hold on every partition when
             the scan starts (a checkpoint's: it is taken after the resume's FENCEs landed).
-        window: the rules' reorder window.
+        window: the sink's reorder window.
+        verifier: the sink's certificate check (``leasePublicKey``), or None.
     """
 
     def __init__(
@@ -66,11 +69,37 @@ class ScanState:
     ) -> None:
         self.pids = pids
         self._verifier = verifier
-        self.highs: Highs = {pid: dict((base or {}).get(pid, {})) for pid in pids}
+        self._base = {pid: dict((base or {}).get(pid, {})) for pid in pids}
         self._base_gen = dict(generations or {})
         self._window = window
-        self._gens: dict[tuple[int, TopicPartition], int] = {}
-        self._held: dict[tuple[int, TopicPartition], dict[int, int]] = {}
+        self._tables: dict[TopicPartition, ProducerStateTable] = {}
+
+    @property
+    def highs(self) -> Highs:
+        """pid -> (topic, partition) -> the highest seq the rules appended (base included)."""
+        out: Highs = {pid: dict(known) for pid, known in self._base.items()}
+        for tp, table in self._tables.items():
+            for pid in self.pids:
+                entry = table.get(pid)
+                if entry is not None and entry[1] >= 0:
+                    out[pid][tp] = max(out[pid].get(tp, -1), entry[1])
+        return out
+
+    def _table(self, tp: TopicPartition) -> ProducerStateTable:
+        table = self._tables.get(tp)
+        if table is None:
+            # Nothing expires during a scan, and no live state is ever evicted.
+            table = self._tables[tp] = ProducerStateTable(
+                capacity=len(self.pids) + 1,
+                lifetime_ms=_NEVER,
+                reorder_window=self._window,
+                verifier=self._verifier,
+                resolve_gaps=True,
+            )
+            for pid, generation in self._base_gen.items():
+                # The resume's FENCEs put the pid at its generation on every partition.
+                table.create(pid, generation, self._base[pid].get(tp, -1), 0)
+        return table
 
     def note(
         self, tp: TopicPartition, headers: Iterable[tuple[str, Any]] | None, ts_ms: int = 0
@@ -90,51 +119,14 @@ class ScanState:
         except MalformedHeader:
             return
         if pf.pid in self.pids:
-            fence = bool(pf.flags & FLAG_FENCE)
-            self._judge(pf.pid, tp, pf.generation, pf.seq, fence, cert, ts_ms)
+            table = self._table(tp)
+            table.offer(pf.pid, pf.generation, pf.seq, ts_ms, pf.flags, cert=cert)
+            table.forged.clear()
+            table.gaps.clear()
 
-    def _judge(
-        self,
-        pid: int,
-        tp: TopicPartition,
-        generation: int,
-        seq: int,
-        fence: bool,
-        cert: bytes | None = None,
-        ts_ms: int = 0,
-    ) -> None:
-        ident = (pid, tp)
-        newest = self._gens.get(ident, self._base_gen.get(pid, generation))
-        if generation < newest:
-            return  # FENCED
-        held = self._held.setdefault(ident, {})
-        creates = ident not in self._gens and pid not in self._base_gen
-        if self._verifier is not None and (generation > newest or creates):
-            # A verifying sink refuses a move or a new entry without a valid pfc (FORGED, no
-            # state change): a forged FENCE must not fence this pid's later records here either.
-            proven = any(g == generation for g in held.values())
-            if not proven and self._verifier(pid, generation, cert, ts_ms) is not None:
-                return
-        self._gens[ident] = generation
-        if generation > newest:
-            # A newer generation fences every record still held under an older one.
-            for s in [s for s, g in held.items() if g < generation]:
-                del held[s]
-        if fence:
-            return
-        per = self.highs[pid]
-        high = per.get(tp, -1)
-        if seq <= high:
-            return  # DUPLICATE
-        if seq > high + 1:
-            if seq - high - 1 <= self._window:
-                held[seq] = generation
-            return
-        high = seq
-        while high + 1 in held:
-            del held[high + 1]
-            high += 1
-        per[tp] = high
+
+#: An entry lifetime no scan reaches (its records span minutes, not centuries).
+_NEVER = 2**62
 
 
 def scan_state(

@@ -251,13 +251,23 @@ class Network:
 
     def land_or_lose(self, client: SimClient) -> int:
         """A dead process: each record still on the wire lands now (unacknowledged) or never;
-        returns how many landed."""
+        returns how many landed.
+
+        With ``reorder=1`` (librdkafka's idempotence) the broker takes a session's records only
+        in order, so what lands of each partition's in-flight records is a prefix.
+        """
         landed = 0
+        ordered = self.knobs.reorder == 1
+        stopped: set[int] = set()
         for rec in client.pending:
+            if rec.partition in stopped:
+                continue
             if self.rng.random() < 0.5:
                 landed += 1
                 self.kafka.append(
                     rec.partition, rec.header, rec.key, rec.value, rec.ts_ms, rec.cert
                 )
+            elif ordered:
+                stopped.add(rec.partition)
         client.pending.clear()
         return landed

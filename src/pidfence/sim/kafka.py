@@ -2,7 +2,9 @@
 
 It can also lose what it acknowledged, as Kafka does after an unclean leader election or an
 ``acks=1`` failover (``lose_p``: the producer hears an acknowledgement, the record is never stored
-and its offset goes to the next record), and delete a partition's head as retention does
+and its offset goes to the next record; only data records past a producer's seq 0: a lost seq 0
+leaves a producer the sink never saw start, with no offset hole to tell it, see docs/gaps.md),
+and delete a partition's head as retention does
 (:meth:`SimKafka.trim`: the records stay in the list, so offsets are list indexes, but readers
 start at :attr:`SimKafka.log_start`).
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 import bisect
 import random
 from dataclasses import dataclass
+
+from pidfence.wire import MalformedHeader, decode_pf
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +83,21 @@ class SimKafka:
     ) -> int:
         """Append one record; returns its offset (for a lost record, the offset it was told)."""
         log = self.partitions[partition]
-        if self.lose_p and self._rng.random() < self.lose_p:
+        if self.lose_p and _losable(header) and self._rng.random() < self.lose_p:
             self.lost.append((partition, KafkaRecord(len(log), header, key, value, ts_ms, cert)))
             return len(log)
         log.append(KafkaRecord(len(log), header, key, value, ts_ms, cert))
         times = self._max_ts[partition]
         times.append(max(times[-1], ts_ms) if times else ts_ms)
         return len(log) - 1
+
+
+def _losable(header: bytes | None) -> bool:
+    """A data record past its producer's seq 0 (what the loss model may lose)."""
+    if header is None:
+        return False
+    try:
+        pf = decode_pf(header)
+    except MalformedHeader:
+        return False
+    return pf.pid > 0 and pf.seq > 0 and not pf.is_fence

@@ -29,7 +29,11 @@ class Knobs:
         drop_p: a send is lost on the way (the producer retries it later).
         dup_p: Kafka writes a record but the ack is lost (the retry writes it again).
         reorder: the network delivers any of a producer's first ``reorder`` in-flight records
-            (1 keeps order; must not exceed the broker's ``reorder_window`` + 1).
+            (must not exceed the broker's ``reorder_window`` + 1). 1 models librdkafka's
+            idempotence, the producer's default: a session's records land in order, a dead
+            process's in-flight records as a prefix, and the sink resolves gaps (its default).
+            Above 1 models a client without it, which can leave a hole its resumer fills later:
+            the sink then keeps the proposal's rules (``resolveGaps=false``, docs/gaps.md).
         crash_p: per step, the active producer instance crashes and is resumed from its
             checkpoint (generation bump + FENCE on every partition in the checkpoint).
         zombie_p: a crashed instance keeps running for a few sends (a zombie).
@@ -46,6 +50,9 @@ class Knobs:
             lease lifetime: rollovers are retried inside the old lease, a process whose lease
             ends first exits (``LeaseExpired``) and is resumed, restarts wait (outages draw
             from their own random stream).
+        kafka_lose_p: Kafka acknowledges a record and never stores it (an unclean leader
+            election, an ``acks=1`` failover); the sink must report the hole as a gap and go on
+            (needs ``reorder=1``: gaps are resolved only for in-order sessions).
         attack_p: per step, an attacker with write access to the topic writes one forged record
             (:mod:`pidfence.sim.attacker`): a FENCE one generation ahead of a live pid or a fresh
             pid with seq 0, without ``pfc`` or with a bad one. The lease server always signs and
@@ -84,6 +91,7 @@ class Knobs:
     plain_p: float = 0.02
     attack_p: float = 0.0
     lease_down_p: float = 0.0
+    kafka_lose_p: float = 0.0
     lifetime_ms: int = 2400
     step_ms: int = 10
     checkpoint_every: int = 8
@@ -109,6 +117,7 @@ class Knobs:
             "plain_p",
             "attack_p",
             "lease_down_p",
+            "kafka_lose_p",
         ):
             value = getattr(self, name)
             if not 0.0 <= value <= (0.9 if name in ("drop_p", "lease_down_p") else 1.0):
@@ -125,6 +134,11 @@ class Knobs:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.kafka_lose_p and self.reorder != 1:
+            raise ValueError(
+                "kafka_lose_p needs reorder=1: a sink resolves the gap a lost record leaves only "
+                "when sessions deliver in order (a reordering client pairs with resolveGaps=false)"
+            )
         if self.mutation is not None and self.mutation not in MUTATIONS:
             # A typo would otherwise run the real rules and "prove" nothing.
             raise ValueError(

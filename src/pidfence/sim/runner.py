@@ -13,13 +13,14 @@ from typing import Any
 import pyarrow as pa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pidfence.ledger import LedgerEntry
+from pidfence.ledger import LedgerEntry, value_digest
 from pidfence.producer import ProducerSession
 from pidfence.sim.attacker import Attacker, Forgery
 from pidfence.sim.client import TOPIC, Network
 from pidfence.sim.kafka import SimKafka
 from pidfence.sim.knobs import Knobs
 from pidfence.sim.lease import SimLeaseServer
+from pidfence.sim.losses import Losses, account
 from pidfence.sim.producer import Producers
 from pidfence.sim.sink import SimSink
 from pidfence.verify.check import CheckReport, check
@@ -44,6 +45,8 @@ class SimResult:
             ``forged_sent``/``forged_caught``: the attacker's records and how many of them the
             sink judged ``FORGED``; ``forged_reason_*``: every ``FORGED`` verdict by reason).
         forgeries: each attacker record with the verdict the sink gave it.
+        losses: what Kafka lost (``kafka_lose_p``) and what that excuses; the report is of the
+            ledger without those records, so any other loss is still an anomaly.
     """
 
     seed: int
@@ -56,6 +59,7 @@ class SimResult:
     upstream: list[bytes]
     stats: dict[str, int] = field(default_factory=dict)
     forgeries: list[tuple[Forgery, str]] = field(default_factory=list)
+    losses: Losses | None = None
 
     @property
     def forgeries_refused(self) -> bool:
@@ -132,7 +136,9 @@ def run(seed: int, **knobs: Any) -> SimResult:
     signing = Ed25519PrivateKey.from_private_bytes(
         random.Random(f"pidfence-sim-key:{seed}").randbytes(32)
     )
-    kafka = SimKafka(k.partitions)
+    kafka = SimKafka(
+        k.partitions, k.kafka_lose_p, random.Random(f"pidfence-sim-kafka-losses:{seed}")
+    )
     lease = SimLeaseServer(
         rng, k.lifetime_ms, fresh_rollover=k.mutation == "fresh_rollover", signing_key=signing,
         outage_p=k.lease_down_p, outage_rng=random.Random(f"pidfence-sim-lease-outages:{seed}"),
@@ -163,7 +169,12 @@ def run(seed: int, **knobs: Any) -> SimResult:
             now += k.step_ms
     sink.batch(final=True)
     log, rejects = sink.tables_out()
-    report = check(net.ledger, log, rejects)
+    losses = account(kafka.lost, sink.gaps, rejects)
+    excused = losses.excused
+    # Kafka's losses are the checker's findings by construction; anything else is an anomaly.
+    ledger = [e for e in net.ledger if (e.pid, e.partition, e.seq) not in excused]
+    report = check(ledger, log, rejects)
+    gone = {e.digest for e in net.ledger if (e.pid, e.partition, e.seq) in excused}
     upstream = [value for chain in producers.chains for _, value, _ in chain.events]
     forgeries = [
         (f, sink.verdict_at[f.partition].get(f.offset, Verdict.BUFFERED).value)
@@ -199,12 +210,16 @@ def run(seed: int, **knobs: Any) -> SimResult:
             if v is Verdict.FORGED and (p, offset) not in mine
         ),
         **{f"forged_reason_{r}": n for r, n in sorted(sink.forged_reasons.items())},
+        **losses.stats(),
+        "gaps_reported": len(sink.gaps),
         **{
             f"attack_{kind}": n
             for kind, n in sorted(Counter(f.attack for f in attacker.sent).items())
         },
     }
+    want = Counter(upstream)
+    # Exactly once: nothing extra or twice, and nothing missing but what Kafka lost.
+    exact = not (got - want) and all(value_digest(v) in gone for v in want - got)
     return SimResult(
-        seed, k, report, got == Counter(upstream), log, rejects, net.ledger, upstream, stats,
-        forgeries,
+        seed, k, report, exact, log, rejects, net.ledger, upstream, stats, forgeries, losses,
     )  # fmt: skip

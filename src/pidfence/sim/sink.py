@@ -88,9 +88,9 @@ class SimSink:
         self.kafka = kafka
         self.topic = topic
         self.mutate = _mutator(knobs.mutation)
-        #: Gap resolution, as the real sink does by default; off while the simulated network
-        #: reorders a session's records.
-        self.gaps_on = False
+        #: Gap resolution, as the real sink does by default, when sessions deliver in order
+        #: (``reorder=1``); a reordering client pairs with the proposal's rules.
+        self.gaps_on = knobs.reorder == 1
         self.verifier: Verifier | None = None
         if public_keys and knobs.mutation != "no_verify":
             self.verifier = cert_verifier(public_keys)
@@ -119,9 +119,6 @@ class SimSink:
         self.forged_reasons: Counter[str] = Counter()
 
     def _table(self) -> ProducerStateTable:
-        # The simulated network reorders and loses a session's records (a client without
-        # librdkafka's idempotence): a hole it leaves may still be filled by a resumer's resend,
-        # so the proposal's rules are the only safe pairing (docs/gaps.md, "Preconditions").
         return ProducerStateTable(
             CAPACITY, self.knobs.lifetime_ms, verifier=self.verifier, resolve_gaps=self.gaps_on
         )
