@@ -24,6 +24,7 @@ from pidfence.pid_allocator import (
     client_tls_context,
     load_token_file,
 )
+from pidfence.pid_allocator.capability import SECRET_BYTES
 from pidfence.pid_allocator.protocol import LENGTH, encode_frame
 from pidfence.services.lease_server import LeasePki
 from pidfence.wire import load_public_keys, verify_cert
@@ -149,7 +150,7 @@ def test_ping_before_hello_says_only_the_time(raw: Callable[[], Raw], lease_pki:
     hello = conn.call("hello", token=_token(lease_pki, "producer"))
     assert hello["error"] is None and hello["client"] == "producer"
     lease = conn.call("lease")
-    assert lease["error"] is None and len(lease["secret"]) == 24
+    assert lease["error"] is None and len(lease["secret"]) == SECRET_BYTES
     full = conn.call("ping")
     assert "server" in full and "zookeeper" in full
 

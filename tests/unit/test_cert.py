@@ -42,7 +42,10 @@ def test_valid_cert_verifies_and_reports_its_expiry() -> None:
         (msgpack.packb([1, 7, 100, 5_000]), "wrong_length"),
         (msgpack.packb([1, 7, 100, 5_000, b"s" * 64, 0]), "wrong_length"),
         (msgpack.packb([1, 7, 100, 5_000, b"s" * 63]), "wrong_length"),
-        (msgpack.packb([2, 7, 100, 5_000, b"s" * 64]), "malformed"),
+        (msgpack.packb([2, 7, 100, 5_000, b"s" * 64]), "wrong_length"),  # v2 has six fields
+        (msgpack.packb([2, 7, 100, 5_000, b"k" * 31, b"s" * 64]), "wrong_length"),
+        (msgpack.packb([2, 7, 100, 5_000, "k" * 32, b"s" * 64]), "malformed"),
+        (msgpack.packb([3, 7, 100, 5_000, b"s" * 64]), "malformed"),
         (msgpack.packb([1, "7", 100, 5_000, b"s" * 64]), "malformed"),
         (msgpack.packb([1, 7, 100, 5_000, "s" * 64]), "malformed"),
         (b"\x00" * 300, "malformed"),

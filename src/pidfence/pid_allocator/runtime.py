@@ -28,9 +28,10 @@ from pidfence.pid_allocator.security import (
 )
 from pidfence.pid_allocator.server import LeaseServer
 from pidfence.pid_allocator.service import LeaseService
-from pidfence.pid_allocator.settings import LeaseServerSettings
+from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
 from pidfence.pid_allocator.zk_blocks import ZkCoordinator
 from pidfence.wire.cert import load_private_key
+from pidfence.wire.mac import load_mac_secret
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,22 @@ async def start_server(
 ) -> RunningServer:
     """Load the secrets ``settings`` name, connect to ZooKeeper (off the loop), listen.
 
+    Args:
+        zk_hosts: ZooKeeper connect string (None: ``settings.zk_hosts``).
+        settings: the server's settings.
+        metrics: where counters go.
+        clock: epoch-ms clock (default: a steady clock).
+        coordinator: a ready coordinator instead of ZooKeeper.
+
     Raises:
+        SettingsError: no ZooKeeper connect string and no coordinator.
         LeaseServiceUnavailable: ZooKeeper cannot be reached.
-        SecretFileError, KeyFileError: a token, key or certificate file is bad.
+        SecretFileError, KeyFileError: a token, key, secret or certificate file is bad.
     """
     settings = settings or LeaseServerSettings()
+    zk_hosts = zk_hosts or settings.zk_hosts
     if coordinator is None and not zk_hosts:
-        raise ValueError("give zk_hosts (ZooKeeper connect string) or a coordinator")
+        raise SettingsError("give --zk (the ZooKeeper connect string), or a coordinator")
     tokens = (
         None if settings.auth_tokens_file is None else load_auth_tokens(settings.auth_tokens_file)
     )
@@ -99,6 +109,9 @@ async def start_server(
         else server_tls_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     )
     signing_key = None if settings.signing_key is None else load_private_key(settings.signing_key)
+    mac_secret = (
+        None if settings.record_mac_secret is None else load_mac_secret(settings.record_mac_secret)
+    )
     zk_auth = None if settings.zk_auth_file is None else load_zk_auth(settings.zk_auth_file)
     executor = ThreadPoolExecutor(max_workers=settings.zk_workers, thread_name_prefix="lease-zk")
     claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-claim")
@@ -120,6 +133,7 @@ async def start_server(
             clock=clock,
             signing_key=signing_key,
             claim_executor=claims,
+            mac_secret=mac_secret,
         )
         server = LeaseServer(service, metrics, tokens, tls)
         bound_host, bound_port = await server.start(settings.host, settings.port)
