@@ -89,3 +89,27 @@ def test_ready_file_write_leaves_nothing_behind_on_failure(tmp_path: Path) -> No
     with pytest.raises(OSError):  # replacing a directory fails after the temp file exists
         write_ready_file(blocked, "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir", "ready"]
+
+
+def test_keys_mac_secret_and_usage_errors(tmp_path: Path) -> None:
+    target = tmp_path / "mac" / "record-mac.secret"
+    made = CliRunner().invoke(app, ["keys", "mac-secret", str(target)])
+    assert made.exit_code == 0, made.output
+    assert target.stat().st_mode & 0o077 == 0
+    again = CliRunner().invoke(app, ["keys", "mac-secret", str(target)])
+    assert again.exit_code == 2
+    assert "never overwritten" in again.output
+    missing_arg = CliRunner().invoke(app, ["keys", "mac-secret"])
+    assert missing_arg.exit_code == 2
+    unwritable = CliRunner().invoke(app, ["keys", "mac-secret", "/proc/pidfence/secret"])
+    assert unwritable.exit_code == 3
+
+
+def test_keys_pki_writes_the_record_mac_secret(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["keys", "pki", str(tmp_path / "pki")])
+    assert result.exit_code == 0, result.output
+    secret = tmp_path / "pki" / "record-mac.secret"
+    assert f"record MAC secret: {secret}" in result.output
+    from pidfence.wire import load_mac_secret
+
+    assert len(load_mac_secret(secret)) == 32

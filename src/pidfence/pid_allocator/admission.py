@@ -1,17 +1,16 @@
 """Connection slots, counted from a connection's first byte (DESIGN.md §5 amended again).
 
 Two pools. A connection is **pending** from accept until it is admitted: during its TLS
-handshake and, with auth tokens, until its ``hello`` succeeded. Pending connections have a pool
-of their own (``max_pending_connections``), so however many an attacker opens they never take the
-room of admitted clients (``max_connections``), and open files stay bounded by the two caps.
+handshake and, with auth tokens, until its ``hello`` succeeded. Pending connections have a pool of
+their own (``max_pending_connections``), so however many an attacker opens they never take the
+room of admitted clients (``max_connections``), and open files stay bounded by the caps.
 
-A full pending pool does not refuse a newcomer: it evicts the pending connection that made the
-least progress, oldest first (stage 0: nothing yet, or a TLS handshake still running; stage 1:
-handshake done or first bytes in, waiting for ``hello``). A real client needs milliseconds to
-pass through; a connection held half-open is the oldest at stage 0 and goes first, so a flood of
-half-open connections churns itself, not the clients. The per-address cap works the same way: a
-new connection from an address at its cap evicts that address's least advanced pending one, and is
-refused only when all of them are admitted.
+A full pending pool does not refuse a newcomer: it evicts a pending connection that made the
+least progress (stage 0: nothing yet, or a TLS handshake still running; stage 1: handshake done or
+first bytes in, waiting for ``hello``), taken from the address holding the most of those, oldest
+first. A real client needs milliseconds to pass through; connections held half-open are older and
+less advanced, and a flood from one address evicts its own connections before anyone else's.
+``max_connections_per_address`` bounds admitted connections per address.
 """
 
 from __future__ import annotations
@@ -30,94 +29,99 @@ class Slot(Protocol):
 
 
 class Admission:
-    """Pending and admitted connections, per address too.
+    """Pending and admitted connections.
 
     Args:
         max_connections: admitted connections at most.
         max_pending: pending connections at most.
-        max_per_address: connections (pending and admitted) from one address at most.
+        max_per_address: admitted connections from one address at most.
     """
 
     def __init__(self, max_connections: int, max_pending: int, max_per_address: int) -> None:
         self.max_connections = max_connections
         self.max_pending = max_pending
         self.max_per_address = max_per_address
-        self._stages: tuple[dict[Slot, None], dict[Slot, None]] = ({}, {})
-        self._admitted: set[Slot] = set()
-        self._by_address: dict[str, dict[Slot, None]] = {}
+        # stage -> address -> its pending connections at that stage, oldest first
+        self._pending: tuple[dict[str, dict[Slot, None]], ...] = ({}, {})
+        self._pending_count = 0
+        self._admitted: dict[str, set[Slot]] = {}
+        self._admitted_count = 0
 
     @property
     def pending(self) -> int:
         """Pending connections now."""
-        return len(self._stages[0]) + len(self._stages[1])
+        return self._pending_count
 
     @property
     def admitted(self) -> int:
         """Admitted connections now."""
-        return len(self._admitted)
+        return self._admitted_count
 
-    def accept(self, slot: Slot) -> tuple[str | None, list[Slot]]:
-        """Count a new connection as pending.
-
-        Returns:
-            (None, connections to close to make room) when it is in; (why not, []) when it is
-            refused (its address holds only admitted connections, up to its cap).
-        """
+    def accept(self, slot: Slot) -> list[Slot]:
+        """Count a new connection as pending; return the connections to close to make room."""
         evicted: list[Slot] = []
-        mine = self._by_address.get(slot.address, {})
-        if len(mine) >= self.max_per_address:
-            victim = self._least_advanced(mine)
-            if victim is None:
-                return (
-                    f"{len(mine)} connections from this address already; close idle ones "
-                    "(--max-connections-per-address)",
-                    [],
-                )
-            evicted.append(victim)
-            self.release(victim)
-        if self.pending >= self.max_pending:
-            stage = self._stages[0] or self._stages[1]
-            victim = next(iter(stage))
-            evicted.append(victim)
-            self.release(victim)
+        if self._pending_count >= self.max_pending:
+            victim = self._victim()
+            if victim is not None:
+                self.release(victim)
+                evicted.append(victim)
         slot.stage = STAGE_NEW
-        self._stages[STAGE_NEW][slot] = None
-        self._by_address.setdefault(slot.address, {})[slot] = None
-        return None, evicted
+        self._add(slot)
+        return evicted
 
-    def _least_advanced(self, slots: dict[Slot, None]) -> Slot | None:
-        """The pending one of ``slots`` (in accept order) at the lowest stage, oldest first."""
-        for stage in self._stages:
-            for candidate in slots:
-                if candidate in stage:
-                    return candidate
+    def _victim(self) -> Slot | None:
+        for stage in self._pending:
+            if stage:
+                address = max(stage, key=lambda a: len(stage[a]))
+                return next(iter(stage[address]))
         return None
+
+    def _add(self, slot: Slot) -> None:
+        self._pending[slot.stage].setdefault(slot.address, {})[slot] = None
+        self._pending_count += 1
+
+    def _remove_pending(self, slot: Slot) -> bool:
+        stage = self._pending[slot.stage]
+        mine = stage.get(slot.address)
+        if mine is None or slot not in mine:
+            return False
+        del mine[slot]
+        if not mine:
+            del stage[slot.address]
+        self._pending_count -= 1
+        return True
 
     def advance(self, slot: Slot) -> None:
         """The pending connection finished its TLS handshake or sent its first bytes."""
-        if slot.stage == STAGE_NEW and slot in self._stages[STAGE_NEW]:
-            del self._stages[STAGE_NEW][slot]
+        if slot.stage == STAGE_NEW and self._remove_pending(slot):
             slot.stage = STAGE_STARTED
-            self._stages[STAGE_STARTED][slot] = None
+            self._add(slot)
 
     def admit(self, slot: Slot) -> str | None:
         """Move a pending connection to the admitted pool; None, or why it is refused (the
         caller closes it)."""
-        if slot in self._admitted:
+        mine = self._admitted.get(slot.address)
+        if mine is not None and slot in mine:
             return None
-        if len(self._admitted) >= self.max_connections:
+        if self._admitted_count >= self.max_connections:
             return "connection limit reached; try another lease server"
-        self._stages[slot.stage].pop(slot, None)
-        self._admitted.add(slot)
+        if mine is not None and len(mine) >= self.max_per_address:
+            return (
+                f"{len(mine)} connections from this address already; close idle ones "
+                "(--max-connections-per-address)"
+            )
+        self._remove_pending(slot)
+        self._admitted.setdefault(slot.address, set()).add(slot)
+        self._admitted_count += 1
         return None
 
     def release(self, slot: Slot) -> None:
         """Forget a connection (idempotent)."""
-        self._admitted.discard(slot)
-        for stage in self._stages:
-            stage.pop(slot, None)
-        mine = self._by_address.get(slot.address)
-        if mine is not None:
-            mine.pop(slot, None)
+        if self._remove_pending(slot):
+            return
+        mine = self._admitted.get(slot.address)
+        if mine is not None and slot in mine:
+            mine.discard(slot)
+            self._admitted_count -= 1
             if not mine:
-                del self._by_address[slot.address]
+                del self._admitted[slot.address]

@@ -107,7 +107,8 @@ class LeaseConnection(asyncio.Protocol):
         self._buffer = bytearray()
         self._offset = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._handshake: asyncio.Task[None] | None = None
+        #: ``loop.start_tls(...)`` while the TLS handshake runs (stepped by ``_step_tls``).
+        self._handshake: Coroutine[Any, Any, asyncio.Transport | None] | None = None
         self._reading_paused = False
         self._writing_paused = False
         self._turn_scheduled = False
@@ -153,8 +154,7 @@ class LeaseConnection(asyncio.Protocol):
             self._closed = True
             return
         if self.server.tls is not None:
-            raw.pause_reading()  # the ClientHello is for the TLS layer, not for this protocol
-            self._handshake = self.loop.create_task(self._start_tls(raw, self.server.tls))
+            self._start_tls(raw, self.server.tls)
         self._arm_timer(self._next_check())
 
     def admit_as(self, name: str | None = None) -> str | None:
@@ -164,18 +164,44 @@ class LeaseConnection(asyncio.Protocol):
             self.admitted(name)
         return refused
 
-    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
-        try:
-            secured = await self.loop.start_tls(
-                raw,
-                self,
-                context,
-                server_side=True,
-                ssl_handshake_timeout=self.settings.tls_handshake_timeout_s,
-            )
-        except (Exception, asyncio.CancelledError):  # noqa: BLE001 - any failure ends it alike
-            raw.abort()  # failed, timed out or evicted: connection_lost releases the slot
+    def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """Start TLS now, inside ``connection_made``.
+
+        ``loop.start_tls`` hands the socket to the TLS layer in its synchronous first step; in a
+        task that step would run a loop turn later, and uvloop starts reading right after
+        ``connection_made`` returns, so a ClientHello could reach this protocol as a frame. So
+        the coroutine is stepped here by hand (what a task does: ``send`` until it yields a
+        future, again when that future is done), which also lets eviction ``throw`` into it.
+        """
+        self._handshake = self.loop.start_tls(
+            raw,
+            self,
+            context,
+            server_side=True,
+            ssl_handshake_timeout=self.settings.tls_handshake_timeout_s,
+        )
+        self._step_tls(None)
+
+    def _step_tls(self, waited: object, error: BaseException | None = None) -> None:
+        step = self._handshake
+        if step is None:
+            if isinstance(waited, asyncio.Future) and not waited.cancelled():
+                waited.exception()  # the handshake was abandoned: its failure is expected
             return
+        try:
+            waiting = step.send(None) if error is None else step.throw(error)
+        except StopIteration as done:
+            self._handshake = None
+            self._tls_started(done.value)
+        except BaseException:  # noqa: BLE001 - failed, timed out or evicted: all end alike
+            self._handshake = None
+            if self.transport is not None:
+                self._closed = True
+                self.transport.abort()  # still the raw one: connection_lost releases the slot
+        else:
+            waiting.add_done_callback(self._step_tls)
+
+    def _tls_started(self, secured: asyncio.Transport | None) -> None:
         if self._closed or secured is None:
             return
         self.transport = secured
@@ -183,16 +209,24 @@ class LeaseConnection(asyncio.Protocol):
         if not self.server.auth_required:
             refused = self.admit_as()
             if refused is not None:
-                self.transport.write(
+                secured.write(
                     encode_frame(error_reply(None, LeaseServiceUnavailable.code, refused))
                 )
                 self.close()
+                return
+        if self._buffer:
+            self._turn()
 
     def data_received(self, data: bytes) -> None:
         """Buffer, then answer what the bounds allow now."""
         if self._closed:
             return
         self._last_activity = self.loop.time()
+        if self._handshake is not None:
+            # The handshake finished and the client's first request came with it, before
+            # start_tls returned the TLS transport that replies must go to: answer it then.
+            self._buffer += data
+            return
         if self.pending and self.stage == STAGE_NEW:
             self.server.advance(self)
         self._buffer += data
@@ -331,8 +365,8 @@ class LeaseConnection(asyncio.Protocol):
     def abort(self) -> None:
         """Drop the connection now (evicted, or a pending deadline passed): nothing is flushed,
         its file descriptor is released at once."""
-        if self._handshake is not None and not self._handshake.done():
-            self._handshake.cancel()
+        if self._handshake is not None:
+            self._step_tls(None, asyncio.CancelledError())
         if self.transport is not None:
             self._closed = True
             self.transport.abort()

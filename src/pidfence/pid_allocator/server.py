@@ -98,7 +98,7 @@ class LeaseServer:
         self.audit = AuditTrail(self.metrics, self.settings.audit_interval_s)
         self.admission = Admission(
             self.settings.max_connections,
-            self.settings.max_pending_connections,
+            self.settings.pending_cap,
             self.settings.max_connections_per_address,
         )
         self._server: asyncio.Server | None = None
@@ -150,17 +150,12 @@ class LeaseServer:
 
     def accept(self, connection: LeaseConnection) -> str | None:
         """Count a new connection as pending, evicting the least advanced pending ones to make
-        room; None, or why it is refused."""
-        refused, evicted = self.admission.accept(connection)
-        for victim in evicted:
+        room (never refused: the pending pool makes room)."""
+        for victim in self.admission.accept(connection):
             self.metrics.evicted.inc()
             assert isinstance(victim, LeaseConnection)  # noqa: S101 - only connections are slots
             self.note(EVICTED, victim, "a newer connection needed its pending slot")
             victim.abort()
-        if refused is not None:
-            self.metrics.refused.inc()
-            self.note(REFUSED, connection, refused)
-            return refused
         self._connections.add(connection)
         self.metrics.pending.set(self.admission.pending)
         return None

@@ -61,10 +61,10 @@ class LeaseServerSettings:
         max_connections: admitted connections (past ``hello``, or past accept and TLS without
             auth tokens) at most.
         max_pending_connections: connections still in their TLS handshake or before ``hello`` at
-            most: a pool of their own, so they never take an admitted client's room; when it is
-            full a new connection evicts the one that made the least progress, oldest first.
-        max_connections_per_address: connections from one client address at most (pending
-            connections of that address are evicted first).
+            most (None: ``max_connections``, at most 256): a pool of their own, so they never
+            take an admitted client's room; when it is full a new connection evicts one that made
+            the least progress, from the address holding the most, oldest first.
+        max_connections_per_address: admitted connections from one client address at most.
         max_in_flight: requests of one connection being answered at once (backpressure past it).
         idle_timeout_s: connections silent this long are closed.
         frame_timeout_s: a started frame must complete within this.
@@ -111,7 +111,7 @@ class LeaseServerSettings:
     gc_interval_s: float = 600.0
     claim_timeout_s: float = 5.0
     max_connections: int = 1024
-    max_pending_connections: int = 256
+    max_pending_connections: int | None = None
     max_connections_per_address: int = 64
     max_in_flight: int = 32
     idle_timeout_s: float = 300.0
@@ -149,7 +149,7 @@ class LeaseServerSettings:
         positive_ints = (
             "capacity",
             "max_connections",
-            "max_pending_connections",
+            "pending_cap",
             "max_connections_per_address",
             "max_in_flight",
             "zk_queue",
@@ -243,6 +243,13 @@ class LeaseServerSettings:
     def retention(self) -> int:
         """Retention in ms (one lifetime unless set)."""
         return self.lifetime_ms if self.retention_ms is None else self.retention_ms
+
+    @property
+    def pending_cap(self) -> int:
+        """Pending connections at most."""
+        if self.max_pending_connections is not None:
+            return self.max_pending_connections
+        return min(256, self.max_connections)
 
     @property
     def ring_share(self) -> int:

@@ -30,16 +30,21 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def parse_duration_ms(text: str) -> int:
+def parse_duration_ms(text: str, low: int = 1) -> int:
     """``"24h"``, ``"90s"``, ``"500ms"``, ``"15m"``, ``"2d"`` (or bare milliseconds) in ms.
 
     Raises:
-        ValueError: not a positive whole duration.
+        ValueError: not a whole duration of at least ``low`` ms.
     """
     match = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|h|d)?\s*", text)
-    if match is None or int(match.group(1)) <= 0:
+    value = None if match is None else int(match.group(1)) * _UNITS_MS[match.group(2) or "ms"]
+    if value is None or value < low:
         raise ValueError(f"{text!r} is not a duration like 24h, 90s, 15m or 500ms")
-    return int(match.group(1)) * _UNITS_MS[match.group(2) or "ms"]
+    return value
+
+
+def _ms_or_zero(text: str) -> int:
+    return parse_duration_ms(text, low=0)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -65,6 +70,10 @@ def _bool(text: str) -> bool:
 
 def _seconds(text: str) -> float:
     return parse_duration_ms(text) / 1000
+
+
+def _seconds_or_zero(text: str) -> float:
+    return parse_duration_ms(text, low=0) / 1000
 
 
 def _optional_int(text: str) -> int | None:
@@ -125,13 +134,13 @@ OPTIONS: tuple[Option, ...] = (
     _o("block-size", "block_size", int, "Pids per ZooKeeper claim, at least"),
     _o("max-claim-blocks", "max_claim_blocks", int, "Most blocks one claim takes when busy"),
     _o("block-ttl", "block_ttl_ms", parse_duration_ms, "Issue from a claimed block this long", _D),
-    _o("retention", "retention_ms", parse_duration_ms, "Keep ended pids known this long", _D),
-    _o("gc-interval", "gc_interval_s", _seconds, "Delete records past retention this often", _D),
-    _o("claim-timeout", "claim_timeout_s", _seconds, "A lease waits this long for a block", _D),
+    _o("retention", "retention_ms", _ms_or_zero, "Keep ended pids known this long", _D),
+    _o("gc-interval", "gc_interval_s", _seconds_or_zero, "Delete old records this often", _D),
+    _o("claim-timeout", "claim_timeout_s", _seconds_or_zero, "A lease waits for a block", _D),
     _o("capacity", "capacity", int, "Live leases held (lease ring)"),
     _o("client-share", "client_share", float, "Fraction of the ring one client may hold"),
     _o("max-connections", "max_connections", int, "Admitted connections at most"),
-    _o("max-pending-connections", "max_pending_connections", int, "Connections before hello"),
+    _o("max-pending-connections", "max_pending_connections", _optional_int, "Before hello"),
     _o("max-connections-per-address", "max_connections_per_address", int, "Per client address"),
     _o("max-in-flight", "max_in_flight", int, "Requests answered at once per connection"),
     _o("idle-timeout", "idle_timeout_s", _seconds, "Close connections idle this long", _D),
