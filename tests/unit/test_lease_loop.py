@@ -50,7 +50,7 @@ def test_auto_takes_uvloop_exactly_when_installed() -> None:
 
 
 def test_unknown_choice_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="auto, asyncio, uvloop"):
+    with pytest.raises(SettingsError, match="auto, asyncio, uvloop"):
         resolve_loop("trio")
     with pytest.raises(SettingsError, match="--loop"):
         LeaseServerSettings(event_loop="trio")

@@ -5,7 +5,7 @@ coroutine switch, which is most of a request's cost in Python. The replies answe
 go out in one ``transport.write`` (one send, one TLS record, for a client that pipelines).
 
 Counted from accept (``admission.py``): the server accepts plain TCP and starts TLS itself
-(``loop.start_tls`` with a handshake deadline), so a connection holds a pending slot from its
+(``tls_start.py``, with a handshake deadline), so a connection holds a pending slot from its
 first byte, through its handshake and until ``hello``; only then does it take an admitted one.
 Before that its frames are at most ``max_pre_auth_frame_bytes``, and the whole pending phase must
 end within ``hello_timeout_s``.
@@ -34,6 +34,7 @@ from pidfence.pid_allocator.decode import MAX_FRAME_BYTES
 from pidfence.pid_allocator.errors import FrameLimitExceeded, LeaseServiceUnavailable
 from pidfence.pid_allocator.protocol import LENGTH, Request, RequestId, encode_frame, error_reply
 from pidfence.pid_allocator.settings import LeaseServerSettings
+from pidfence.pid_allocator.tls_start import TlsStart
 
 #: Frames answered per event-loop turn before yielding to other connections.
 FRAMES_PER_TURN = 64
@@ -107,8 +108,7 @@ class LeaseConnection(asyncio.Protocol):
         self._buffer = bytearray()
         self._offset = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        #: ``loop.start_tls(...)`` while the TLS handshake runs (stepped by ``_step_tls``).
-        self._handshake: Coroutine[Any, Any, asyncio.Transport | None] | None = None
+        self._handshake: TlsStart | None = None
         self._reading_paused = False
         self._writing_paused = False
         self._turn_scheduled = False
@@ -154,7 +154,10 @@ class LeaseConnection(asyncio.Protocol):
             self._closed = True
             return
         if self.server.tls is not None:
-            self._start_tls(raw, self.server.tls)
+            self._handshake = TlsStart(
+                self.loop, raw, self, self.server.tls, self.settings.tls_handshake_timeout_s,
+                self._tls_started, self._tls_failed,
+            )  # fmt: skip
         self._arm_timer(self._next_check())
 
     def admit_as(self, name: str | None = None) -> str | None:
@@ -164,45 +167,11 @@ class LeaseConnection(asyncio.Protocol):
             self.admitted(name)
         return refused
 
-    def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
-        """Start TLS now, inside ``connection_made``.
+    def _tls_failed(self) -> None:
+        self._closed = True  # the raw transport is aborted: connection_lost releases the slot
 
-        ``loop.start_tls`` hands the socket to the TLS layer in its synchronous first step; in a
-        task that step would run a loop turn later, and uvloop starts reading right after
-        ``connection_made`` returns, so a ClientHello could reach this protocol as a frame. So
-        the coroutine is stepped here by hand (what a task does: ``send`` until it yields a
-        future, again when that future is done), which also lets eviction ``throw`` into it.
-        """
-        self._handshake = self.loop.start_tls(
-            raw,
-            self,
-            context,
-            server_side=True,
-            ssl_handshake_timeout=self.settings.tls_handshake_timeout_s,
-        )
-        self._step_tls(None)
-
-    def _step_tls(self, waited: object, error: BaseException | None = None) -> None:
-        step = self._handshake
-        if step is None:
-            if isinstance(waited, asyncio.Future) and not waited.cancelled():
-                waited.exception()  # the handshake was abandoned: its failure is expected
-            return
-        try:
-            waiting = step.send(None) if error is None else step.throw(error)
-        except StopIteration as done:
-            self._handshake = None
-            self._tls_started(done.value)
-        except BaseException:  # noqa: BLE001 - failed, timed out or evicted: all end alike
-            self._handshake = None
-            if self.transport is not None:
-                self._closed = True
-                self.transport.abort()  # still the raw one: connection_lost releases the slot
-        else:
-            waiting.add_done_callback(self._step_tls)
-
-    def _tls_started(self, secured: asyncio.Transport | None) -> None:
-        if self._closed or secured is None:
+    def _tls_started(self, secured: asyncio.Transport) -> None:
+        if self._closed:
             return
         self.transport = secured
         self.server.advance(self)
@@ -222,7 +191,7 @@ class LeaseConnection(asyncio.Protocol):
         if self._closed:
             return
         self._last_activity = self.loop.time()
-        if self._handshake is not None:
+        if self._handshake is not None and self._handshake.running:
             # The handshake finished and the client's first request came with it, before
             # start_tls returned the TLS transport that replies must go to: answer it then.
             self._buffer += data
@@ -366,7 +335,7 @@ class LeaseConnection(asyncio.Protocol):
         """Drop the connection now (evicted, or a pending deadline passed): nothing is flushed,
         its file descriptor is released at once."""
         if self._handshake is not None:
-            self._step_tls(None, asyncio.CancelledError())
+            self._handshake.cancel()
         if self.transport is not None:
             self._closed = True
             self.transport.abort()

@@ -30,10 +30,15 @@ from pidfence.pid_allocator.server import LeaseServer
 from pidfence.pid_allocator.service import LeaseService
 from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
 from pidfence.pid_allocator.zk_blocks import ZkCoordinator
+from pidfence.wire import PidfenceError
 from pidfence.wire.cert import load_private_key
 from pidfence.wire.mac import load_mac_secret
 
 log = logging.getLogger(__name__)
+
+
+class ServerNotStarted(PidfenceError, RuntimeError):
+    """A ``LeaseServerThread`` was asked for its address or parts before ``start()``."""
 
 
 @dataclass
@@ -189,21 +194,21 @@ class LeaseServerThread:
     def address(self) -> str:
         """``"host:port"`` once started."""
         if self._running is None:
-            raise RuntimeError("server not started")
+            raise ServerNotStarted("the lease server is not started; call start() first")
         return f"{self._running.host}:{self._running.port}"
 
     @property
     def running(self) -> RunningServer:
         """The started server's parts (service, coordinator) for inspection."""
         if self._running is None:
-            raise RuntimeError("server not started")
+            raise ServerNotStarted("the lease server is not started; call start() first")
         return self._running
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The server's event loop (to run checks on it with ``call_soon_threadsafe``)."""
         if self._loop is None:
-            raise RuntimeError("server not started")
+            raise ServerNotStarted("the lease server is not started; call start() first")
         return self._loop
 
     def start(self, timeout_s: float = 30.0) -> LeaseServerThread:
