@@ -71,10 +71,13 @@ def test_frames_beyond_a_requests_shape_break_a_limit(value: Any, match: str) ->
 
 
 def test_a_shape_refusal_echoes_the_request_id() -> None:
-    body = msgpack.packb({"v": 1, "op": "lease", "id": 6, "partitions": {"t": 0}})
+    body = msgpack.packb({"v": 1, "op": "lease", "id": 6, "x": [[0]]})
     rejected = _rejected(body)
     assert isinstance(rejected.error, FrameLimitExceeded)
     assert rejected.request_id == 6
+    # A known field of the wrong shape is merely malformed: its own check names it.
+    known = _rejected(msgpack.packb({"v": 1, "op": "lease", "id": 6, "partitions": {"t": 0}}))
+    assert type(known.error) is MalformedRequest and known.request_id == 6
 
 
 def test_garbage_that_breaks_no_limit_is_merely_malformed() -> None:

@@ -19,7 +19,6 @@ from typing import Annotated, Any
 import typer
 
 from pidfence.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE, code_of, fail
-from pidfence.pid_allocator.settings import LeaseServerSettings
 from pidfence.pid_allocator.settings_sources import OPTIONS, Option, load_settings, parse_listen
 from pidfence.wire import PidfenceError
 
@@ -50,21 +49,8 @@ def health(address: str, tls_ca: Path | None, timeout_s: float) -> int:
     return 0
 
 
-def _default_text(option: Option) -> str:
-    defaults = LeaseServerSettings()
-    if option.name == "listen":
-        return f"{defaults.host}:{defaults.port}"
-    value = getattr(defaults, option.field)
-    if value is None or value is False:
-        return "off"
-    if option.kind == "duration":
-        ms = value if option.field.endswith("_ms") else round(value * 1000)
-        return f"{ms}ms"
-    return str(value)
-
-
 def _parameter(option: Option) -> inspect.Parameter:
-    help_text = f"{option.help} (default {_default_text(option)}; env {option.env})"
+    help_text = f"{option.help} (default {option.default_text()}; env {option.env})"
     kind: Any = bool | None if option.kind == "flag" else str | None
     annotation = Annotated[kind, typer.Option(option.flag, help=help_text, show_default=False)]
     return inspect.Parameter(

@@ -34,6 +34,10 @@ MAX_BIN_BYTES = 64
 MAX_PARTITIONS = 100_000
 
 _CONTAINERS = (list, dict)
+#: Every field any request has (``protocol.py`` reads them).
+KNOWN_FIELDS = frozenset(
+    {"v", "op", "id", "partitions", "pid", "generation", "secret", "token", "key"}
+)
 #: First bytes of msgpack arrays and maps (fix, 16- and 32-bit forms).
 _ARRAY_MARKERS = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
 _MAP_MARKERS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
@@ -49,28 +53,10 @@ def decode_message(body: bytes) -> dict[Any, Any]:
             request's.
         MalformedRequest: not msgpack, trailing bytes, or not a map.
     """
-    if len(body) <= FAST_DECODE_BYTES:
-        message = _unpack(body)
-        if type(message) is not dict:
-            raise MalformedRequest("frame must hold a msgpack map")
-        return message
-    return _decode_large(body)
-
-
-def check_shape(message: dict[Any, Any]) -> None:
-    """Refuse nesting beyond a request's: only ``partitions`` holds ``[topic, partition]`` pairs.
-
-    Raises:
-        FrameLimitExceeded: a nested value elsewhere, or partitions nested deeper.
-    """
-    for key, value in message.items():
-        if type(value) in _CONTAINERS:
-            _check_partitions_shape(key, value)
-
-
-def _unpack(body: bytes) -> Any:
+    if len(body) > FAST_DECODE_BYTES:
+        return _decode_large(body)
     try:
-        return msgpack.unpackb(
+        message = msgpack.unpackb(
             body,
             raw=False,
             strict_map_key=False,
@@ -82,6 +68,29 @@ def _unpack(body: bytes) -> Any:
         )
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad bytes
         raise _decode_error(exc) from None
+    if type(message) is not dict:
+        raise MalformedRequest("frame must hold a msgpack map")
+    return message
+
+
+def check_shape(message: dict[Any, Any]) -> None:
+    """Refuse nesting beyond a request's: only ``partitions`` holds ``[topic, partition]`` pairs.
+
+    A known field that holds something else is left to its own check (MALFORMED_REQUEST, the
+    connection stays); a field no request has is refused here when it is nested.
+
+    Raises:
+        FrameLimitExceeded: a nested unknown field, or partitions nested deeper than pairs.
+    """
+    if message.keys() <= KNOWN_FIELDS:  # every request a client sends: one set comparison
+        partitions = message.get("partitions")
+        if partitions and type(partitions) is list:
+            _check_pairs(partitions)
+        return
+    for key, value in message.items():
+        if type(value) in _CONTAINERS and key not in KNOWN_FIELDS:
+            raise FrameLimitExceeded(f"field {str(key)[:40]!r} is nested: {_NESTED}")
+    check_shape({k: v for k, v in message.items() if k in KNOWN_FIELDS})
 
 
 def _decode_error(exc: Exception) -> MalformedRequest:
@@ -90,9 +99,7 @@ def _decode_error(exc: Exception) -> MalformedRequest:
     return MalformedRequest(f"frame is not msgpack: {exc or type(exc).__name__}")
 
 
-def _check_partitions_shape(key: Any, value: Any) -> None:
-    if key != "partitions" or type(value) is not list:
-        raise FrameLimitExceeded(f"field {str(key)[:40]!r} is nested: {_NESTED}")
+def _check_pairs(value: list[Any]) -> None:
     for item in value:
         if type(item) is dict or (type(item) is list and any(type(x) in _CONTAINERS for x in item)):
             raise FrameLimitExceeded(f"partitions nest too deep: {_NESTED}")

@@ -43,6 +43,15 @@ def parse_duration_ms(text: str, low: int = 1) -> int:
     return value
 
 
+def format_duration_ms(ms: int) -> str:
+    """``ms`` in the largest unit that holds it whole: ``86400000`` -> ``"1d"``, ``90000`` ->
+    ``"90s"`` (what :func:`parse_duration_ms` reads back)."""
+    for unit in ("d", "h", "m", "s"):
+        if ms and ms % _UNITS_MS[unit] == 0:
+            return f"{ms // _UNITS_MS[unit]}{unit}"
+    return f"{ms}ms"
+
+
 def _ms_or_zero(text: str) -> int:
     return parse_duration_ms(text, low=0)
 
@@ -91,6 +100,7 @@ class Option:
         parse: text to value (raises ValueError with a reason).
         help: one line for ``--help``.
         kind: ``duration``, ``path``, ``flag`` or ``value``: how it is written back as a flag.
+        unset: what an unset (None) value means, for ``--help``.
     """
 
     name: str
@@ -98,6 +108,17 @@ class Option:
     parse: Callable[[str], Any]
     help: str
     kind: str = "value"
+    unset: str = "off"
+
+    def default_text(self) -> str:
+        """The default as ``--help`` shows it."""
+        defaults = LeaseServerSettings()
+        if self.name == "listen":
+            return f"{defaults.host}:{defaults.port}"
+        value = getattr(defaults, self.field)
+        if value is None or value is False:
+            return self.unset
+        return _text(self, value)
 
     @property
     def flag(self) -> str:
@@ -111,9 +132,14 @@ class Option:
 
 
 def _o(
-    name: str, field: str, parse: Callable[[str], Any], help: str, kind: str = "value"
+    name: str,
+    field: str,
+    parse: Callable[[str], Any],
+    help: str,
+    kind: str = "value",
+    unset: str = "off",
 ) -> Option:
-    return Option(name, field, parse, help, kind)
+    return Option(name, field, parse, help, kind, unset)
 
 
 _D, _P = "duration", "path"
@@ -134,13 +160,19 @@ OPTIONS: tuple[Option, ...] = (
     _o("block-size", "block_size", int, "Pids per ZooKeeper claim, at least"),
     _o("max-claim-blocks", "max_claim_blocks", int, "Most blocks one claim takes when busy"),
     _o("block-ttl", "block_ttl_ms", parse_duration_ms, "Issue from a claimed block this long", _D),
-    _o("retention", "retention_ms", _ms_or_zero, "Keep ended pids known this long", _D),
+    _o("retention", "retention_ms", _ms_or_zero, "Keep ended pids known this long", _D, "lifetime"),
     _o("gc-interval", "gc_interval_s", _seconds_or_zero, "Delete old records this often", _D),
     _o("claim-timeout", "claim_timeout_s", _seconds_or_zero, "A lease waits for a block", _D),
     _o("capacity", "capacity", int, "Live leases held (lease ring)"),
     _o("client-share", "client_share", float, "Fraction of the ring one client may hold"),
     _o("max-connections", "max_connections", int, "Admitted connections at most"),
-    _o("max-pending-connections", "max_pending_connections", _optional_int, "Before hello"),
+    _o(
+        "max-pending-connections",
+        "max_pending_connections",
+        _optional_int,
+        "Connections in their TLS handshake or before hello",
+        unset="max-connections, at most 256",
+    ),
     _o("max-connections-per-address", "max_connections_per_address", int, "Per client address"),
     _o("max-in-flight", "max_in_flight", int, "Requests answered at once per connection"),
     _o("idle-timeout", "idle_timeout_s", _seconds, "Close connections idle this long", _D),
@@ -236,8 +268,7 @@ def load_settings(
 
 def _text(option: Option, value: Any) -> str:
     if option.kind == "duration":
-        ms = value if option.field.endswith("_ms") else round(value * 1000)
-        return f"{ms}ms"
+        return format_duration_ms(value if option.field.endswith("_ms") else round(value * 1000))
     return str(value)
 
 
