@@ -27,6 +27,17 @@ def test_bad_durations(text: str) -> None:
         parse_duration_ms(text)
 
 
+def test_the_cli_duration_parser_is_a_usage_error() -> None:
+    """Other commands (``--message-timeout``) parse durations with ``cli.lease``'s."""
+    import typer
+
+    from pidfence.cli.lease import parse_duration_ms as cli_duration
+
+    assert cli_duration("90s") == 90_000
+    with pytest.raises(typer.BadParameter, match="duration"):
+        cli_duration("forever")
+
+
 def test_listen() -> None:
     assert parse_listen("127.0.0.1:7070") == ("127.0.0.1", 7070)
     with pytest.raises(ValueError, match="HOST:PORT"):

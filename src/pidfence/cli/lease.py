@@ -19,10 +19,23 @@ from typing import Annotated, Any
 import typer
 
 from pidfence.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE, code_of, fail
+from pidfence.pid_allocator import settings_sources
 from pidfence.pid_allocator.settings_sources import OPTIONS, Option, load_settings, parse_listen
 from pidfence.wire import PidfenceError
 
 _COMMAND = "lease-server"
+
+
+def parse_duration_ms(text: str) -> int:
+    """A duration option of any command (``24h``, ``90s``, ``500ms``) in ms.
+
+    Raises:
+        typer.BadParameter: not a positive whole duration (typer's usage error, exit 2).
+    """
+    try:
+        return settings_sources.parse_duration_ms(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def health(address: str, tls_ca: Path | None, timeout_s: float) -> int:
