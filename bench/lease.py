@@ -243,8 +243,10 @@ from pidfence.pid_allocator.cli_main import serve_forever
 from pidfence.pid_allocator.settings import LeaseServerSettings
 zk, raw = sys.argv[1], json.loads(sys.argv[2])
 paths = {"auth_tokens_file", "tls_cert", "tls_key", "ready_file"}
-settings = LeaseServerSettings(**{k: Path(v) if k in paths else v for k, v in raw.items()})
-sys.exit(serve_forever(zk, settings))
+settings = LeaseServerSettings(
+    zk_hosts=zk, **{k: Path(v) if k in paths else v for k, v in raw.items()}
+)
+serve_forever(settings)
 """
 
 

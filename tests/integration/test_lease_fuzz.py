@@ -4,7 +4,6 @@ connection closed), and a well-formed client is served throughout."""
 from __future__ import annotations
 
 import random
-import socket
 import struct
 import threading
 from collections.abc import Callable, Iterator
@@ -14,41 +13,9 @@ import msgpack
 import pytest
 
 from pidfence.pid_allocator import LeaseClient, LeaseServerThread
+from tests.fixtures.hostile import connect, read_frame
 
 SEED = 20261122
-
-
-def _connect(address: str) -> socket.socket:
-    host, port = address.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=10)
-    sock.settimeout(10)
-    return sock
-
-
-def _recv_reply(sock: socket.socket) -> dict[str, Any] | None:
-    """The next reply, or None when the server closed (or reset) the connection."""
-    try:
-        return _recv_frame(sock)
-    except ConnectionResetError:
-        return None
-
-
-def _recv_frame(sock: socket.socket) -> dict[str, Any] | None:
-    head = b""
-    while len(head) < 4:
-        chunk = sock.recv(4 - len(head))
-        if not chunk:
-            return None
-        head += chunk
-    (length,) = struct.unpack(">I", head)
-    body = b""
-    while len(body) < length:
-        chunk = sock.recv(length - len(body))
-        if not chunk:
-            return None
-        body += chunk
-    reply: dict[str, Any] = msgpack.unpackb(body, raw=False)
-    return reply
 
 
 def _frame(body: bytes) -> bytes:
@@ -108,19 +75,31 @@ def test_garbage_frames_get_malformed_and_connection_survives(
         _pack(value)
         for value in ([1, 2], "lease", 7, None, {"v": 1}, {"v": 1, "op": None}, {1: 2, "v": 1})
     ]
-    with _connect(fuzz_server.address) as sock:
+    sock = connect(fuzz_server.address)
+    closed = 0
+    try:
         for body in bodies:
             sock.sendall(_frame(body))
-            reply = _recv_reply(sock)
+            reply = read_frame(sock)
             assert reply is not None
             if reply["error"] is None:  # random bytes can be a valid msgpack map by chance
                 continue
             assert reply["error"] in ("MALFORMED_REQUEST", "UNSUPPORTED_VERSION", "UNKNOWN_OP")
             assert reply["message"]
+            if "decode limit" in reply["message"]:
+                # A frame that breaks a decode limit (a length, the nesting) is answered, then
+                # its connection is closed: the next read sees the end of the stream.
+                assert read_frame(sock) is None
+                closed += 1
+                sock.close()
+                sock = connect(fuzz_server.address)
         sock.sendall(_frame(_pack({"v": 1, "op": "ping", "id": 99})))
-        reply = _recv_reply(sock)
+        reply = read_frame(sock)
         assert reply is not None
         assert (reply["id"], reply["error"]) == (99, None)
+    finally:
+        sock.close()
+    assert closed < len(bodies) // 2  # most garbage is merely malformed: the connection stays
     assert good_client()
 
 
@@ -147,9 +126,9 @@ def test_garbage_frames_get_malformed_and_connection_survives(
 def test_wrong_types_and_ops_get_their_code_with_id_echoed(
     fuzz_server: LeaseServerThread, message: dict[str, Any], code: str
 ) -> None:
-    with _connect(fuzz_server.address) as sock:
+    with connect(fuzz_server.address) as sock:
         sock.sendall(_frame(_pack(message)))
-        reply = _recv_reply(sock)
+        reply = read_frame(sock)
     assert reply is not None
     assert (reply["id"], reply["error"]) == (message["id"], code)
 
@@ -158,24 +137,24 @@ def test_wrong_types_and_ops_get_their_code_with_id_echoed(
 def test_absurd_length_prefix_is_refused_then_closed(
     fuzz_server: LeaseServerThread, length: int
 ) -> None:
-    with _connect(fuzz_server.address) as sock:
+    with connect(fuzz_server.address) as sock:
         sock.sendall(struct.pack(">I", length) + b"\x00" * 16)
-        reply = _recv_reply(sock)
+        reply = read_frame(sock)
         assert reply is not None
         assert reply["error"] == "MALFORMED_REQUEST"
-        assert _recv_reply(sock) is None
+        assert read_frame(sock) is None
 
 
 def test_truncated_and_slow_frames_are_closed_without_starving_others(
     fuzz_server: LeaseServerThread, good_client: Callable[[], list[int]]
 ) -> None:
     """Half a frame then silence: closed after frame_timeout_s; meanwhile others are served."""
-    slow = [_connect(fuzz_server.address) for _ in range(20)]
+    slow = [connect(fuzz_server.address) for _ in range(20)]
     try:
         for sock in slow:
             sock.sendall(struct.pack(">I", 100) + b"\x81")
         for sock in slow:
-            assert _recv_reply(sock) is None  # closed by the server, no reply
+            assert read_frame(sock) is None  # closed by the server, no reply
     finally:
         for sock in slow:
             sock.close()
@@ -187,21 +166,21 @@ def test_truncated_and_slow_frames_are_closed_without_starving_others(
 def test_hundreds_of_idle_connections_and_the_connection_limit(
     fuzz_server: LeaseServerThread, good_client: Callable[[], list[int]]
 ) -> None:
-    idle = [_connect(fuzz_server.address) for _ in range(300)]
+    idle = [connect(fuzz_server.address) for _ in range(300)]
     try:
         with LeaseClient(fuzz_server.address) as client:
             assert client.lease().pid >= 1
         # Fill to the limit: the next connection is refused with a retriable error.
         extra = []
         while len(extra) < 400:
-            sock = _connect(fuzz_server.address)
+            sock = connect(fuzz_server.address)
             extra.append(sock)
             sock.sendall(_frame(_pack({"v": 1, "op": "ping", "id": len(extra)})))
-            reply = _recv_reply(sock)
+            reply = read_frame(sock)
             if reply is None or reply["error"] is not None:
                 # Refused: an UNAVAILABLE frame then close (a reset may overtake the frame).
                 assert reply is None or reply["error"] == "UNAVAILABLE"
-                assert _recv_reply(sock) is None
+                assert read_frame(sock) is None
                 break
             assert reply["id"] == len(extra)
         else:

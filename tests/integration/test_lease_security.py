@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import msgpack
 import pytest
 
 from pidfence.pid_allocator import (
@@ -24,63 +22,13 @@ from pidfence.pid_allocator import (
     client_tls_context,
     load_token_file,
 )
+from pidfence.pid_allocator.capability import SECRET_BYTES
 from pidfence.pid_allocator.protocol import LENGTH, encode_frame
 from pidfence.services.lease_server import LeasePki
 from pidfence.wire import load_public_keys, verify_cert
+from tests.fixtures.lease import RawLease
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class Raw:
-    """A protocol client with no cleverness: frames out, frames in."""
-
-    def __init__(self, address: str, tls: ssl.SSLContext | None = None, source: str = "") -> None:
-        host, port = address.rsplit(":", 1)
-        sock = socket.create_connection(
-            (host, int(port)), timeout=10, source_address=(source, 0) if source else None
-        )
-        self.sock: socket.socket = tls.wrap_socket(sock, server_hostname=host) if tls else sock
-        self.sock.settimeout(10)
-        self.next_id = 0
-
-    def send(self, op: str, **fields: Any) -> int:
-        self.next_id += 1
-        self.sock.sendall(encode_frame({"v": 1, "op": op, "id": self.next_id, **fields}))
-        return self.next_id
-
-    def recv(self) -> dict[str, Any] | None:
-        head = self._exactly(4)
-        if head is None:
-            return None
-        (length,) = LENGTH.unpack(head)
-        body = self._exactly(length)
-        assert body is not None
-        reply: dict[str, Any] = msgpack.unpackb(body, raw=False)
-        return reply
-
-    def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        self.send(op, **fields)
-        reply = self.recv()
-        assert reply is not None, f"connection closed instead of answering {op}"
-        return reply
-
-    def _exactly(self, n: int) -> bytes | None:
-        data = bytearray()
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                return None
-            data += chunk
-        return bytes(data)
-
-    def closed_by_server(self) -> bool:
-        try:
-            return self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture
@@ -97,11 +45,11 @@ def _token(pki: LeasePki, name: str) -> str:
 
 
 @pytest.fixture
-def raw(secured: LeaseServerThread) -> Iterator[Callable[[], Raw]]:
-    opened: list[Raw] = []
+def raw(secured: LeaseServerThread) -> Iterator[Callable[[], RawLease]]:
+    opened: list[RawLease] = []
 
-    def make() -> Raw:
-        conn = Raw(secured.address)
+    def make() -> RawLease:
+        conn = RawLease(secured.address)
         opened.append(conn)
         return conn
 
@@ -117,7 +65,7 @@ def raw(secured: LeaseServerThread) -> Iterator[Callable[[], Raw]]:
     "first", [("lease", {}), ("bump", {"pid": 1, "generation": 1, "secret": b"x" * 24})]
 )
 def test_no_hello_is_unauthenticated_and_closed(
-    raw: Callable[[], Raw], first: tuple[str, dict[str, Any]]
+    raw: Callable[[], RawLease], first: tuple[str, dict[str, Any]]
 ) -> None:
     conn = raw()
     reply = conn.call(first[0], **first[1])
@@ -125,14 +73,14 @@ def test_no_hello_is_unauthenticated_and_closed(
     assert conn.closed_by_server()
 
 
-def test_wrong_token_is_unauthenticated_and_closed(raw: Callable[[], Raw]) -> None:
+def test_wrong_token_is_unauthenticated_and_closed(raw: Callable[[], RawLease]) -> None:
     conn = raw()
     reply = conn.call("hello", token="not-a-listed-token-at-all")  # noqa: S106
     assert reply["error"] == "UNAUTHENTICATED"
     assert conn.closed_by_server()
 
 
-def test_malformed_frame_before_hello_is_unauthenticated(raw: Callable[[], Raw]) -> None:
+def test_malformed_frame_before_hello_is_unauthenticated(raw: Callable[[], RawLease]) -> None:
     conn = raw()
     body = b"\xc1"
     conn.sock.sendall(LENGTH.pack(len(body)) + body)
@@ -141,7 +89,9 @@ def test_malformed_frame_before_hello_is_unauthenticated(raw: Callable[[], Raw])
     assert conn.closed_by_server()
 
 
-def test_ping_before_hello_says_only_the_time(raw: Callable[[], Raw], lease_pki: LeasePki) -> None:
+def test_ping_before_hello_says_only_the_time(
+    raw: Callable[[], RawLease], lease_pki: LeasePki
+) -> None:
     conn = raw()
     reply = conn.call("ping")
     assert set(reply) == {"v", "id", "error", "now_ms"}
@@ -149,7 +99,7 @@ def test_ping_before_hello_says_only_the_time(raw: Callable[[], Raw], lease_pki:
     hello = conn.call("hello", token=_token(lease_pki, "producer"))
     assert hello["error"] is None and hello["client"] == "producer"
     lease = conn.call("lease")
-    assert lease["error"] is None and len(lease["secret"]) == 24
+    assert lease["error"] is None and len(lease["secret"]) == SECRET_BYTES
     full = conn.call("ping")
     assert "server" in full and "zookeeper" in full
 
@@ -168,7 +118,7 @@ def test_client_with_token_and_without(secured: LeaseServerThread, lease_pki: Le
 
 
 def test_another_client_cannot_bump_or_roll_and_learns_nothing(
-    raw: Callable[[], Raw], lease_pki: LeasePki
+    raw: Callable[[], RawLease], lease_pki: LeasePki
 ) -> None:
     owner, attacker = raw(), raw()
     owner.call("hello", token=_token(lease_pki, "producer"))
@@ -253,7 +203,7 @@ def _answered(server: LeaseServerThread, op: str) -> float:
 
 @pytest.mark.parametrize("op", ["lease", "bump"])
 def test_flood_on_one_connection_leaves_pings_on_another_answered(
-    secured: LeaseServerThread, raw: Callable[[], Raw], lease_pki: LeasePki, op: str
+    secured: LeaseServerThread, raw: Callable[[], RawLease], lease_pki: LeasePki, op: str
 ) -> None:
     flooder, pinger = raw(), raw()
     flooder.call("hello", token=_token(lease_pki, "producer"))
@@ -322,16 +272,16 @@ def test_connections_per_address_are_capped(
     lease_server_factory: Callable[..., LeaseServerThread],
 ) -> None:
     server = lease_server_factory(max_connections_per_address=4)
-    held = [Raw(server.address) for _ in range(4)]
+    held = [RawLease(server.address) for _ in range(4)]
     try:
         for conn in held:
             assert conn.call("ping")["error"] is None
-        refused = Raw(server.address)
+        refused = RawLease(server.address)
         reply = refused.recv()
         assert reply is not None and reply["error"] == "UNAVAILABLE"
         assert "this address" in reply["message"]
         refused.close()
-        other_host = Raw(server.address, source="127.0.0.2")  # another client address
+        other_host = RawLease(server.address, source="127.0.0.2")  # another client address
         assert other_host.call("ping")["error"] is None
         other_host.close()
     finally:

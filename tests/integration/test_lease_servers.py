@@ -18,7 +18,7 @@ from pidfence.pid_allocator import (
     client_tls_context,
     load_token_file,
 )
-from pidfence.pid_allocator.service import MAX_RESERVE_BLOCKS
+from pidfence.pid_allocator.blocks import MAX_RESERVE_BLOCKS
 from pidfence.services import started_pids
 from pidfence.services.lease_server import LeasePki, LeaseServerProcess, spawn_lease_server
 from pidfence.services.process import ServiceFailed

@@ -42,7 +42,10 @@ def test_valid_cert_verifies_and_reports_its_expiry() -> None:
         (msgpack.packb([1, 7, 100, 5_000]), "wrong_length"),
         (msgpack.packb([1, 7, 100, 5_000, b"s" * 64, 0]), "wrong_length"),
         (msgpack.packb([1, 7, 100, 5_000, b"s" * 63]), "wrong_length"),
-        (msgpack.packb([2, 7, 100, 5_000, b"s" * 64]), "malformed"),
+        (msgpack.packb([2, 7, 100, 5_000, b"s" * 64]), "wrong_length"),  # v2 has six fields
+        (msgpack.packb([2, 7, 100, 5_000, b"k" * 31, b"s" * 64]), "wrong_length"),
+        (msgpack.packb([2, 7, 100, 5_000, "k" * 32, b"s" * 64]), "malformed"),
+        (msgpack.packb([3, 7, 100, 5_000, b"s" * 64]), "malformed"),
         (msgpack.packb([1, "7", 100, 5_000, b"s" * 64]), "malformed"),
         (msgpack.packb([1, 7, 100, 5_000, "s" * 64]), "malformed"),
         (b"\x00" * 300, "malformed"),
@@ -108,3 +111,39 @@ def test_bad_key_files_are_named(tmp_path: Path) -> None:
         load_public_keys([junk])
     with pytest.raises(KeyFileError, match="no public key"):
         load_public_keys([])
+
+
+# -- version 2: a certificate naming the producer's key -----------------------------------------
+
+PRODUCER = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+
+
+def test_a_v2_cert_names_the_producer_key_and_verifies() -> None:
+    cert = encode_cert(KEY, 7, 100, 5_000, PRODUCER)
+    assert msgpack.unpackb(cert)[:5] == [2, 7, 100, 5_000, PRODUCER]
+    check = verify_cert(cert, PUBLIC, 7, 100, 4_999)
+    assert (check.ok, check.version, check.producer_key, check.expire_ms) == (
+        True, 2, PRODUCER, 5_000,
+    )  # fmt: skip
+    v1 = verify_cert(encode_cert(KEY, 7, 100, 5_000), PUBLIC, 7, 100, 0)
+    assert (v1.ok, v1.version, v1.producer_key) == (True, 1, None)
+
+
+def test_the_producer_key_is_under_the_signature() -> None:
+    fields = msgpack.unpackb(encode_cert(KEY, 7, 100, 5_000, PRODUCER))
+    fields[4] = bytes(32)  # another producer's key, the server's signature kept
+    check = verify_cert(msgpack.packb(fields), PUBLIC, 7, 100, 0)
+    assert (check.ok, check.reason) == (False, "unknown_key")
+    stripped = msgpack.packb([1, *fields[1:4], fields[5]])  # passed off as a v1 cert
+    assert verify_cert(stripped, PUBLIC, 7, 100, 0).reason == "unknown_key"
+    assert verify_cert(encode_cert(KEY, 7, 100, 5_000, PRODUCER), PUBLIC, 7, 100, 5_000).reason == (
+        "expired"
+    )
+
+
+@pytest.mark.parametrize("bad", [b"k" * 31, b"k" * 33, "k" * 32])
+def test_encode_refuses_a_producer_key_that_is_not_32_bytes(bad: object) -> None:
+    from pidfence.wire.cert import InvalidProducerKey
+
+    with pytest.raises(InvalidProducerKey, match="32 bytes"):
+        encode_cert(KEY, 7, 100, 5_000, bad)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""``pidfence lease-server`` argument parsing (no server is started)."""
+"""``pidfence lease-server`` and ``pidfence keys`` argument parsing (no server is started)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ import socket
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from pidfence.cli import app
-from pidfence.cli.lease import parse_duration_ms, parse_listen
 from pidfence.pid_allocator import LeaseServerThread, MemoryCoordinator
+from pidfence.pid_allocator.settings_sources import parse_duration_ms, parse_listen
 
 
 @pytest.mark.parametrize(
@@ -24,13 +23,24 @@ def test_durations(text: str, ms: int) -> None:
 
 @pytest.mark.parametrize("text", ["", "0s", "-5s", "1.5h", "10y", "h"])
 def test_bad_durations(text: str) -> None:
-    with pytest.raises(typer.BadParameter, match="duration"):
+    with pytest.raises(ValueError, match="duration"):
         parse_duration_ms(text)
+
+
+def test_the_cli_duration_parser_is_a_usage_error() -> None:
+    """Other commands (``--message-timeout``) parse durations with ``cli.lease``'s."""
+    import typer
+
+    from pidfence.cli.lease import parse_duration_ms as cli_duration
+
+    assert cli_duration("90s") == 90_000
+    with pytest.raises(typer.BadParameter, match="duration"):
+        cli_duration("forever")
 
 
 def test_listen() -> None:
     assert parse_listen("127.0.0.1:7070") == ("127.0.0.1", 7070)
-    with pytest.raises(typer.BadParameter, match="HOST:PORT"):
+    with pytest.raises(ValueError, match="HOST:PORT"):
         parse_listen("7070")
 
 
@@ -47,7 +57,7 @@ def test_keys_generate(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert (tmp_path / "k" / "lease-signing.key").stat().st_mode & 0o077 == 0
     again = CliRunner().invoke(app, ["keys", "generate", str(tmp_path / "k")])
-    assert again.exit_code == 1
+    assert again.exit_code == 2  # usage: pick another directory
     assert "never overwritten" in again.output
 
 
@@ -90,3 +100,27 @@ def test_ready_file_write_leaves_nothing_behind_on_failure(tmp_path: Path) -> No
     with pytest.raises(OSError):  # replacing a directory fails after the temp file exists
         write_ready_file(blocked, "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir", "ready"]
+
+
+def test_keys_mac_secret_and_usage_errors(tmp_path: Path) -> None:
+    target = tmp_path / "mac" / "record-mac.secret"
+    made = CliRunner().invoke(app, ["keys", "mac-secret", str(target)])
+    assert made.exit_code == 0, made.output
+    assert target.stat().st_mode & 0o077 == 0
+    again = CliRunner().invoke(app, ["keys", "mac-secret", str(target)])
+    assert again.exit_code == 2
+    assert "never overwritten" in again.output
+    missing_arg = CliRunner().invoke(app, ["keys", "mac-secret"])
+    assert missing_arg.exit_code == 2
+    unwritable = CliRunner().invoke(app, ["keys", "mac-secret", "/proc/pidfence/secret"])
+    assert unwritable.exit_code == 3
+
+
+def test_keys_pki_writes_the_record_mac_secret(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["keys", "pki", str(tmp_path / "pki")])
+    assert result.exit_code == 0, result.output
+    secret = tmp_path / "pki" / "record-mac.secret"
+    assert f"record MAC secret: {secret}" in result.output
+    from pidfence.wire import load_mac_secret
+
+    assert len(load_mac_secret(secret)) == 32

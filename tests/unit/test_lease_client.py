@@ -18,6 +18,7 @@ from pidfence.pid_allocator import (
     StaleGeneration,
     lease_client_options,
 )
+from pidfence.pid_allocator.capability import SECRET_BYTES
 from pidfence.services.ports import free_port
 
 
@@ -37,7 +38,7 @@ def test_lease_bump_ping_round_trip(server: LeaseServerThread) -> None:
         lease = client.lease([("orders", 0), ("orders", 1)])
         assert lease.pid >= 1
         assert lease.sequence == 0
-        assert len(lease.secret) == 24
+        assert len(lease.secret) == SECRET_BYTES
         assert "secret" not in repr(lease)
         bumped = client.bump(lease.pid, lease.generation, lease.secret)
         assert (bumped.pid, bumped.generation) == (lease.pid, lease.generation + 1)

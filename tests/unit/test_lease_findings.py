@@ -56,21 +56,21 @@ def test_finished_claim_with_its_callback_pending_and_deadline_passed_does_not_s
     settings = LeaseServerSettings(block_size=10, claim_timeout_s=0.0)
     service = LeaseService(store, executor, settings, rng=random.Random())
     calls = 0
-    original = service._pid_now
+    original = service.supply.pid_now
 
-    def counted() -> Any:
+    def counted(now_ms: int) -> Any:
         nonlocal calls
         calls += 1
         assert calls < 100, "lease() spins without yielding to the event loop"
-        return original()
+        return original(now_ms)
 
-    service._pid_now = counted  # type: ignore[method-assign]
+    service.supply.pid_now = counted  # type: ignore[method-assign]
 
     async def scenario() -> int:
         block = Block(1, 11, "other", "t", service.clock(), 10_000, 10_000, b"s" * 16)
         claim: asyncio.Future[Block] = asyncio.get_running_loop().create_future()
         claim.set_result(block)  # finished; no done-callback has run (none was even added)
-        service._claim = claim
+        service.supply._claim = claim
         store.up = False  # no new claim may start: only the finished one can serve
         grant = await service.lease()
         return grant.pid

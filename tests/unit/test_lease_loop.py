@@ -24,6 +24,7 @@ from pidfence.pid_allocator.generations import (
 )
 from pidfence.pid_allocator.loops import LoopUnavailable, loop_factory, resolve_loop
 from pidfence.pid_allocator.metrics import LATENCY_BUCKETS, ServerMetrics
+from pidfence.pid_allocator.settings import SettingsError
 
 
 def _has_uvloop() -> bool:
@@ -49,9 +50,9 @@ def test_auto_takes_uvloop_exactly_when_installed() -> None:
 
 
 def test_unknown_choice_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="auto, asyncio, uvloop"):
+    with pytest.raises(SettingsError, match="auto, asyncio, uvloop"):
         resolve_loop("trio")
-    with pytest.raises(ValueError, match="event_loop"):
+    with pytest.raises(SettingsError, match="--loop"):
         LeaseServerSettings(event_loop="trio")
 
 
@@ -82,9 +83,18 @@ async def _loop_module() -> str:
     return type(asyncio.get_running_loop()).__module__
 
 
-@given(st.binary(min_size=16, max_size=16), st.integers(1, 2**63 - 1), st.integers(1, 2**62))
-def test_keyed_hash_copies_equal_the_plain_functions(salt: bytes, pid: int, start: int) -> None:
-    assert secret_from(start, secret_hasher(salt), pid) == make_secret(start, salt, pid)
+@given(
+    st.binary(min_size=16, max_size=16),
+    st.integers(1, 2**63 - 1),
+    st.integers(1, 2**62),
+    st.integers(0, 2**32 - 1),
+)
+def test_keyed_hash_copies_equal_the_plain_functions(
+    salt: bytes, pid: int, start: int, offset: int
+) -> None:
+    assert secret_from(start, secret_hasher(salt), pid, offset) == make_secret(
+        start, salt, pid, offset
+    )
     assert generation_from(generation_hasher(salt), pid) == initial_generation(salt, pid)
 
 

@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pidfence.pid_allocator import LeaseServerSettings, LeaseService, MemoryCoordinator
+from pidfence.pid_allocator.blocks import CLAIM_MEMORY, MAX_RESERVE_BLOCKS, RESERVE_FACTOR
 from pidfence.pid_allocator.coordinator import Block, BlockRequest
-from pidfence.pid_allocator.service import CLAIM_MEMORY, MAX_RESERVE_BLOCKS, RESERVE_FACTOR
 
 BLOCK = 10
 
@@ -53,12 +53,12 @@ def test_reserve_and_claim_size_follow_the_busiest_recent_claim(uses: list[int])
     with ThreadPoolExecutor(1) as executor:
         service = _service(MemoryCoordinator(), executor)
         for used in uses:
-            service._adapt_reserve(used)
+            service.supply.adapt(used)
         want = RESERVE_FACTOR * max(uses[-CLAIM_MEMORY:])
-        assert BLOCK // 2 <= service._reserve <= MAX_RESERVE_BLOCKS * BLOCK
-        assert service._reserve == min(max(BLOCK // 2, want), MAX_RESERVE_BLOCKS * BLOCK)
-        assert 1 <= service._claim_blocks <= MAX_RESERVE_BLOCKS
-        claimed = service._claim_blocks * BLOCK
+        assert BLOCK // 2 <= service.supply.reserve <= MAX_RESERVE_BLOCKS * BLOCK
+        assert service.supply.reserve == min(max(BLOCK // 2, want), MAX_RESERVE_BLOCKS * BLOCK)
+        assert 1 <= service.supply.claim_blocks <= MAX_RESERVE_BLOCKS
+        claimed = service.supply.claim_blocks * BLOCK
         # A claim brings at least what the busiest recent claim's wait consumed, times the
         # factor (up to the cap): claims, one at a time, outpace the leases.
         assert claimed >= min(want, MAX_RESERVE_BLOCKS * BLOCK)
@@ -76,20 +76,20 @@ def test_a_busy_server_claims_several_blocks_in_one_write() -> None:
             while not service.claiming:
                 assert service.lease_now() is not None
             at_claim = service.leases - 1  # the lease that started the claim was issued in it
-            while service._remaining() > 0:  # the held pids all go while the claim waits
+            while service.supply.remaining() > 0:  # the held pids all go while the claim waits
                 assert service.lease_now() is not None
             used = service.leases - at_claim
             assert service.lease_now() is None  # dry: this one would wait
             coordinator.gate.set()
             await _settle(service)
             expected_blocks = min(-(-RESERVE_FACTOR * used // BLOCK), MAX_RESERVE_BLOCKS)
-            assert service._claim_blocks == expected_blocks > 1
+            assert service.supply.claim_blocks == expected_blocks > 1
             writes = coordinator.writes
             while not service.claiming:  # down to the new reserve: the bigger claim starts
                 assert service.lease_now() is not None
             await _settle(service)
             assert coordinator.writes == writes + 1  # one write for all of its blocks
-            newest = service._blocks[-1]
+            newest = service.supply.blocks[-1]
             assert newest.end - newest.start == expected_blocks * BLOCK
             # Every pid is issued once, in order, across the bigger block too.
             pids = [service.lease_now() for _ in range(expected_blocks * BLOCK)]
@@ -116,9 +116,9 @@ def test_a_slow_claim_makes_the_next_one_start_earlier() -> None:
             used = service.leases - issued_before
             coordinator.gate.set()
             await _settle(service)
-            assert service._reserve == max(BLOCK // 2, RESERVE_FACTOR * (used + 1))
+            assert service.supply.reserve == max(BLOCK // 2, RESERVE_FACTOR * (used + 1))
             # The next claim starts as soon as the held pids drop to the new reserve.
-            while service._remaining() > service._reserve:
+            while service.supply.remaining() > service.supply.reserve:
                 assert service.lease_now() is not None
                 assert not service.claiming
             assert service.lease_now() is not None
@@ -138,7 +138,7 @@ def test_an_idle_server_keeps_the_half_block_rule() -> None:
             for _ in range(BLOCK):
                 await service.lease()
                 await _settle(service)
-            assert service._reserve == BLOCK // 2
+            assert service.supply.reserve == BLOCK // 2
             assert coordinator.writes == coordinator.claims  # one write per claim
 
     asyncio.run(scenario())
@@ -150,5 +150,5 @@ def test_max_claim_blocks_caps_the_claim(uses: list[int]) -> None:
         settings = LeaseServerSettings(block_size=BLOCK, lifetime_ms=60_000, max_claim_blocks=1)
         service = LeaseService(MemoryCoordinator(), executor, settings, rng=random.Random(1))
         for used in uses:
-            service._adapt_reserve(used)
-        assert service._claim_blocks == 1  # one block per write, however busy
+            service.supply.adapt(used)
+        assert service.supply.claim_blocks == 1  # one block per write, however busy

@@ -7,7 +7,12 @@ from typing import Any
 import msgpack
 import pytest
 
-from pidfence.pid_allocator import MalformedRequest, UnknownOp, UnsupportedVersion
+from pidfence.pid_allocator import (
+    FrameLimitExceeded,
+    MalformedRequest,
+    UnknownOp,
+    UnsupportedVersion,
+)
 from pidfence.pid_allocator.protocol import (
     LENGTH,
     BumpRequest,
@@ -69,8 +74,8 @@ def test_valid_requests_parse() -> None:
         ),
         (
             {"v": 1, "op": "bump", "id": 4, "pid": 1, "generation": 1, "secret": b"x" * 65},
-            MalformedRequest,
-            4,
+            FrameLimitExceeded,  # no bin of a request is over 64 bytes: refused while decoding
+            None,
         ),
         ({"v": 1, "op": "hello", "id": 4}, MalformedRequest, 4),
         ({"v": 1, "op": "hello", "id": 4, "token": ""}, MalformedRequest, 4),

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pidfence.pid_allocator import LeaseCapacityExhausted, LeaseRing
+from pidfence.pid_allocator import LeaseCapacityExhausted, LeaseRing, SettingsError
 
 
 def test_find_returns_live_leases_and_misses_others() -> None:
@@ -51,7 +51,7 @@ def test_pids_must_increase() -> None:
 
 
 def test_capacity_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="capacity"):
+    with pytest.raises(SettingsError, match="capacity"):
         LeaseRing(0)
 
 

@@ -22,6 +22,7 @@ from pidfence.pid_allocator import (
     UnknownPid,
 )
 from pidfence.pid_allocator.generations import GENERATION_START_LIMIT
+from pidfence.pid_allocator.settings import SettingsError
 
 T = TypeVar("T")
 
@@ -232,11 +233,11 @@ def test_block_is_abandoned_after_its_issue_window(executor: ThreadPoolExecutor)
 
 
 def test_config_rejects_nonsense() -> None:
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(SettingsError, match="block_size"):
         LeaseServerSettings(block_size=0)
-    with pytest.raises(ValueError, match="lifetime_ms"):
+    with pytest.raises(SettingsError, match="lifetime_ms"):
         LeaseServerSettings(lifetime_ms=0)
-    with pytest.raises(ValueError, match="tls"):
+    with pytest.raises(SettingsError, match="tls"):
         LeaseServerSettings(tls_client_ca=Path("ca.pem"))
-    with pytest.raises(TypeError, match="capacity"):
+    with pytest.raises(SettingsError, match="capacity"):
         LeaseServerSettings().with_overrides(capasity=3)

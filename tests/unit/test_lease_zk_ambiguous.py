@@ -218,7 +218,7 @@ def test_ambiguous_bump_is_settled_by_its_token(
     zk: tuple[ZkCoordinator, FakeKazoo], fault: str
 ) -> None:
     lineage, (_, fake) = _lineage(zk), zk
-    secret, g0 = make_secret(1, SALT, 5), initial_generation(SALT, 5)
+    secret, g0 = make_secret(1, SALT, 5, 0), initial_generation(SALT, 5)
     fake.faults = [fault]
     assert lineage.bump(5, g0, secret, "tok", 1000).generation == g0 + 1
     fake.faults = [fault]
@@ -234,8 +234,8 @@ def test_ambiguous_roll_is_re_read_never_guessed(
     lineage, (coordinator, fake) = _lineage(zk), zk
     block = coordinator.block_at(1)
     assert block is not None
-    secret, g0 = make_secret(1, SALT, 5), initial_generation(SALT, 5)
-    successor = Outcome(7, initial_generation(SALT, 7), 9000, block)
+    secret, g0 = make_secret(1, SALT, 5, 0), initial_generation(SALT, 5)
+    successor = Outcome(7, initial_generation(SALT, 7), 9000, block, make_secret(1, SALT, 7, 0))
     fake.faults = [fault]
     assert lineage.roll(5, g0, secret, "roll-1", 1000, successor) == successor
     found = coordinator.read_lineage(5)
@@ -245,7 +245,7 @@ def test_ambiguous_roll_is_re_read_never_guessed(
     assert child is not None
     assert child[0].predecessor == 5
     # A second roll of the same generation (a zombie) is refused and told the successor.
-    other = Outcome(8, initial_generation(SALT, 8), 9000, block)
+    other = Outcome(8, initial_generation(SALT, 8), 9000, block, make_secret(1, SALT, 8, 0))
     with pytest.raises(StaleGeneration) as stale:
         lineage.roll(5, g0, secret, "roll-2", 1000, other)
     assert stale.value.successor == 7
@@ -260,8 +260,8 @@ def test_bumps_and_rolls_of_unknown_pids_never_list_a_directory(
     fake.get_children_async = None  # type: ignore[assignment,method-assign]  # listing forbidden
     block = coordinator.block_at(1)
     assert block is not None
-    for pid, secret in [(10**12, b""), (10**12, make_secret(1, SALT, 5)), (5, b"\x00" * 24)]:
+    for pid, secret in [(10**12, b""), (10**12, make_secret(1, SALT, 5, 0)), (5, b"\x00" * 28)]:
         with pytest.raises(NotOwner):
             lineage.bump(pid, 0, secret, "t", 1000)
         with pytest.raises(NotOwner):
-            lineage.roll(pid, 0, secret, "t", 1000, Outcome(7, 0, 9000, block))
+            lineage.roll(pid, 0, secret, "t", 1000, Outcome(7, 0, 9000, block, b""))

@@ -1,12 +1,19 @@
-"""``pidfence keys generate DIR``: the lease server's Ed25519 signing key pair."""
+"""``pidfence keys``: the lease server's Ed25519 signing key pair (``generate DIR``), the
+per-record MAC secret (``mac-secret FILE``) and a throw-away PKI for demos (``pki DIR``).
+
+Exit codes as every command: 0 done, 2 usage (a bad argument, a file that exists already),
+3 a file that cannot be written."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from pidfence.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE, fail
 
 #: ``--lease-public-key`` of ``pidfence produce`` and ``pidfence copy``.
 ProducerPublicKeys = Annotated[
@@ -38,22 +45,35 @@ def producer_public_keys(values: Iterable[str] | None) -> tuple[str, ...]:
 
 def register(app: typer.Typer) -> None:
     """Add ``keys`` to the ``pidfence`` app."""
-    keys = typer.Typer(no_args_is_help=True, help="Lease signing keys (DESIGN.md §3 amended).")
+    keys = typer.Typer(
+        no_args_is_help=True, help="Lease signing keys and the record MAC secret (DESIGN.md §3)."
+    )
 
     @keys.command("generate")
     def generate(
         directory: Annotated[Path, typer.Argument(help="Where to write the key pair")],
     ) -> None:
         """Write DIR/lease-signing.key (private, mode 0600) and DIR/lease-signing.pub."""
-        from pidfence.wire import PidfenceError, generate_keypair
+        from pidfence.wire import generate_keypair
 
-        try:
+        with _key_errors("keys generate"):
             private_path, public_path = generate_keypair(directory)
-        except PidfenceError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(75 if exc.retriable else 1) from None
         typer.echo(f"private key: {private_path} (give it to: pidfence lease-server --signing-key)")
         typer.echo(f"public key:  {public_path} (give it to: pidfence sink --lease-public-key)")
+
+    @keys.command("mac-secret")
+    def mac_secret(
+        file: Annotated[Path, typer.Argument(help="Where to write the secret (must not exist)")],
+    ) -> None:
+        """Write a new per-record MAC secret (64 hex digits, mode 0600) to FILE."""
+        from pidfence.wire import generate_mac_secret
+
+        with _key_errors("keys mac-secret"):
+            path = generate_mac_secret(file)
+        typer.echo(
+            f"record MAC secret: {path} (give it to: pidfence lease-server --record-mac-secret, "
+            "and to the sink)"
+        )
 
     @keys.command("pki")
     def pki(
@@ -69,13 +89,30 @@ def register(app: typer.Typer) -> None:
         password and a signing key pair (demo, compose, tests; not for production)."""
         from pidfence.services.lease_server import make_lease_pki
 
-        made = make_lease_pki(
-            directory,
-            clients=tuple(client or ("producer", "sink", "other")),
-            hosts=tuple(host or ("localhost",)),
-        )
+        with _key_errors("keys pki"):
+            made = make_lease_pki(
+                directory,
+                clients=tuple(client or ("producer", "sink", "other")),
+                hosts=tuple(host or ("localhost",)),
+            )
         typer.echo(f"ca: {made.ca}\nauth tokens: {made.tokens_file}\nzk auth: {made.zk_auth_file}")
+        typer.echo(f"signing key: {made.signing_key}\npublic key: {made.public_key}")
+        typer.echo(f"record MAC secret: {made.record_mac_secret}")
         for name, path in made.token_files.items():
             typer.echo(f"token of {name}: {path}")
 
     app.add_typer(keys, name="keys")
+
+
+@contextmanager
+def _key_errors(command: str) -> Iterator[None]:
+    """A key file that exists is a usage error (2: pick another path); one that cannot be
+    written is 3."""
+    from pidfence.wire.cert import KeyFileError, KeyFileExists
+
+    try:
+        yield
+    except KeyFileError as exc:
+        fail(command, str(exc), EXIT_USAGE if isinstance(exc, KeyFileExists) else EXIT_UNAVAILABLE)
+    except OSError as exc:
+        fail(command, f"cannot write: {exc}", EXIT_UNAVAILABLE)

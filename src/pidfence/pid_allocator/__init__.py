@@ -4,6 +4,8 @@ from pidfence.pid_allocator.client import Lease, LeaseClient
 from pidfence.pid_allocator.clock import SteadyClock
 from pidfence.pid_allocator.coordinator import Block, Coordinator, LineageRecord
 from pidfence.pid_allocator.errors import (
+    FrameLimitExceeded,
+    InvalidServerList,
     LeaseCapacityExhausted,
     LeaseError,
     LeaseServerUnreachable,
@@ -29,7 +31,8 @@ from pidfence.pid_allocator.security import (
 )
 from pidfence.pid_allocator.server import LeaseServer
 from pidfence.pid_allocator.service import Grant, LeaseService
-from pidfence.pid_allocator.settings import LeaseServerSettings
+from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
+from pidfence.pid_allocator.settings_sources import load_settings
 from pidfence.pid_allocator.zk_blocks import ZkCoordinator
 
 __all__ = [
@@ -42,6 +45,8 @@ __all__ = [
     # errors
     "LeaseError",
     "MalformedRequest",
+    "FrameLimitExceeded",
+    "InvalidServerList",
     "UnsupportedVersion",
     "UnknownOp",
     "UnknownPid",
@@ -55,6 +60,8 @@ __all__ = [
     "SecretFileError",
     # servers
     "LeaseServerSettings",
+    "SettingsError",
+    "load_settings",
     "LeaseServerThread",
     "RunningServer",
     "start_server",

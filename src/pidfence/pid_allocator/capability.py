@@ -1,10 +1,17 @@
 """Pid secrets: the capability that ``bump`` and ``roll`` require (DESIGN.md §5 amended).
 
-A secret is ``block start (8 bytes) || blake2b(key=block salt, pid)`` (16 bytes). Any lease
-server recomputes it from the block record (one cached ZooKeeper read, never a directory
-listing: the block start travels in the secret), so issuing a lease writes nothing per pid.
-The block record, and with it the salt, is readable only by lease servers when ZooKeeper ACLs
-are on. The secret never changes over a pid's generations.
+A secret (version 2, 28 bytes) is ``block start (8) || issue offset (4) || blake2b(key=block
+salt, pid || issue offset)`` (16), where the issue offset is the milliseconds from the block's
+claim to the pid's issue. Any lease server recomputes it from the block record (one cached
+ZooKeeper read, never a directory listing: the block start travels in the secret), so issuing a
+lease writes nothing per pid; and because the issue time is in it, authenticated by the MAC, any
+server knows the exact end the issuing server granted (``claimed + offset + lifetime``), not
+just the earliest it could have been (DESIGN.md §5 amended again: the true end everywhere).
+
+Version 1 secrets (24 bytes: ``block start || blake2b(key=salt, pid)``), from servers before the
+issue offset, stay valid; for them a server that did not issue the pid still takes the earliest
+possible end. The block record, and with it the salt, is readable only by lease servers when
+ZooKeeper ACLs are on. A pid's secret never changes over its generations.
 """
 
 from __future__ import annotations
@@ -12,15 +19,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-SECRET_BYTES = 24
+SECRET_BYTES = 28
+SECRET_BYTES_V1 = 24
 _MAC_BYTES = 16
-_PERSON = b"pidfence-secret"
-
-
-def _mac(salt: bytes, pid: int) -> bytes:
-    return hashlib.blake2b(
-        pid.to_bytes(8, "big"), key=salt, digest_size=_MAC_BYTES, person=_PERSON
-    ).digest()
+_PERSON_V1 = b"pidfence-secret"
+_PERSON = b"pidfence-secret2"
 
 
 def secret_hasher(salt: bytes) -> hashlib.blake2b:
@@ -30,26 +33,53 @@ def secret_hasher(salt: bytes) -> hashlib.blake2b:
     return hashlib.blake2b(key=salt, digest_size=_MAC_BYTES, person=_PERSON)
 
 
-def secret_from(block_start: int, hasher: hashlib.blake2b, pid: int) -> bytes:
-    """``make_secret(block_start, salt, pid)`` from ``secret_hasher(salt)``."""
+def secret_from(block_start: int, hasher: hashlib.blake2b, pid: int, offset_ms: int) -> bytes:
+    """``make_secret(block_start, salt, pid, offset_ms)`` from ``secret_hasher(salt)``."""
+    offset = offset_ms.to_bytes(4, "big")
     h = hasher.copy()
-    h.update(pid.to_bytes(8, "big"))
-    return block_start.to_bytes(8, "big") + h.digest()
+    h.update(pid.to_bytes(8, "big") + offset)
+    return block_start.to_bytes(8, "big") + offset + h.digest()
 
 
-def make_secret(block_start: int, salt: bytes, pid: int) -> bytes:
-    """The secret of ``pid`` issued from the block starting at ``block_start`` with ``salt``."""
-    return block_start.to_bytes(8, "big") + _mac(salt, pid)
+def make_secret(block_start: int, salt: bytes, pid: int, offset_ms: int) -> bytes:
+    """The secret of ``pid``, issued ``offset_ms`` after the claim of the block starting at
+    ``block_start`` with ``salt``."""
+    return secret_from(block_start, secret_hasher(salt), pid, offset_ms)
+
+
+def make_secret_v1(block_start: int, salt: bytes, pid: int) -> bytes:
+    """A version 1 secret (no issue offset), as servers before version 2 issued them."""
+    mac = hashlib.blake2b(
+        pid.to_bytes(8, "big"), key=salt, digest_size=_MAC_BYTES, person=_PERSON_V1
+    ).digest()
+    return block_start.to_bytes(8, "big") + mac
 
 
 def block_hint(secret: bytes) -> int | None:
     """The block start a secret names, or None when it cannot be a secret at all."""
-    if len(secret) != SECRET_BYTES:
+    if len(secret) not in (SECRET_BYTES, SECRET_BYTES_V1):
         return None
     start = int.from_bytes(secret[:8], "big")
     return start if start >= 1 else None
 
 
+def issue_offset(secret: bytes) -> int | None:
+    """The issue offset (ms after the block's claim) a version 2 secret carries, else None.
+
+    Trust it only once :func:`secret_matches` has checked the secret."""
+    if len(secret) != SECRET_BYTES:
+        return None
+    return int.from_bytes(secret[8:12], "big")
+
+
 def secret_matches(secret: bytes, block_start: int, salt: bytes, pid: int) -> bool:
-    """Constant-time check that ``secret`` is the secret of ``pid`` from that block."""
-    return hmac.compare_digest(secret, make_secret(block_start, salt, pid))
+    """Constant-time check that ``secret`` (either version) is the secret of ``pid`` from that
+    block."""
+    offset = issue_offset(secret)
+    if offset is not None:
+        expected = make_secret(block_start, salt, pid, offset)
+    elif len(secret) == SECRET_BYTES_V1:
+        expected = make_secret_v1(block_start, salt, pid)
+    else:
+        return False
+    return hmac.compare_digest(secret, expected)

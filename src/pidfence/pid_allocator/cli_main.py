@@ -1,4 +1,8 @@
-"""The process behind ``pidfence lease-server``: logs, metrics endpoint, signals, shutdown."""
+"""The process behind ``pidfence lease-server``: logs, metrics endpoint, signals, shutdown.
+
+Startup failures are raised as ``PidfenceError`` (after one log line); ``pidfence.cli.lease`` maps
+them to exit codes with the table every command uses.
+"""
 
 from __future__ import annotations
 
@@ -13,18 +17,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from pidfence.pid_allocator.errors import LeaseServiceUnavailable
+from prometheus_client import start_http_server
+
 from pidfence.pid_allocator.loops import loop_factory
 from pidfence.pid_allocator.metrics import ServerMetrics
 from pidfence.pid_allocator.runtime import start_server
-from pidfence.pid_allocator.settings import LeaseServerSettings
+from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
 from pidfence.wire import PidfenceError
 
 log = logging.getLogger("pidfence.lease_server")
-
-#: Exit codes: 0 clean stop, 2 bad configuration (a file), 3 ZooKeeper unreachable at start.
-EXIT_CONFIG = 2
-EXIT_ZOOKEEPER = 3
 
 
 class JsonFormatter(logging.Formatter):
@@ -76,28 +77,41 @@ def write_ready_file(path: Path, address: str) -> None:
         raise
 
 
-def serve_forever(zk_hosts: str, settings: LeaseServerSettings) -> int:
-    """Run until SIGTERM/SIGINT; return the exit code (0 clean, 2 bad file, 3 ZooKeeper)."""
+def serve_forever(settings: LeaseServerSettings) -> None:
+    """Run until SIGTERM/SIGINT.
+
+    Raises:
+        SettingsError, SecretFileError, KeyFileError, LoopUnavailable: a setting or file is bad.
+        LeaseServiceUnavailable: ZooKeeper is unreachable at start.
+    """
     configure_logging(settings.log_format)
     try:
         factory, loop_name = loop_factory(settings.event_loop)
         with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(_serve(zk_hosts, settings, loop_name))
-    except LeaseServiceUnavailable as exc:
-        log.error("startup failed: %s", exc)
-        return EXIT_ZOOKEEPER
+            runner.run(_serve(settings, loop_name))
     except PidfenceError as exc:
         log.error("startup failed: %s", exc)
-        return EXIT_CONFIG
+        raise
 
 
-async def _serve(zk_hosts: str, settings: LeaseServerSettings, loop_name: str) -> int:
+def _serve_metrics(settings: LeaseServerSettings, metrics: ServerMetrics) -> None:
+    if settings.metrics_port is None:
+        return
+    try:
+        start_http_server(
+            settings.metrics_port, addr=settings.metrics_host, registry=metrics.registry
+        )
+    except OSError as exc:
+        raise SettingsError(
+            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
+            f"{exc.strerror or exc}; pick another --metrics-port"
+        ) from None
+
+
+async def _serve(settings: LeaseServerSettings, loop_name: str) -> None:
     metrics = ServerMetrics()
-    if settings.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
-    running = await start_server(zk_hosts, settings, metrics=metrics)
+    _serve_metrics(settings, metrics)
+    running = await start_server(None, settings, metrics=metrics)
     # Everything allocated so far (the lease ring's million-slot lists, kazoo, the imports) lives
     # as long as the process: out of the collector's sight, a full collection no longer walks it
     # (~50 ms each under load, and every request in flight waited for it).
@@ -115,7 +129,12 @@ async def _serve(zk_hosts: str, settings: LeaseServerSettings, loop_name: str) -
             "tls": settings.tls_cert is not None,
             "mutual_tls": settings.tls_client_ca is not None,
             "signing": settings.signing_key is not None,
+            "record_mac": settings.record_mac_secret is not None,
+            "insecure": settings.insecure,
             "zk_acl": settings.zk_auth_file is not None,
+            "metrics": None
+            if settings.metrics_port is None
+            else f"{settings.metrics_host}:{settings.metrics_port}",
             "loop": loop_name,
         },
     )
@@ -123,9 +142,8 @@ async def _serve(zk_hosts: str, settings: LeaseServerSettings, loop_name: str) -
         try:
             write_ready_file(settings.ready_file, address)
         except OSError as exc:
-            log.error("cannot write ready file %s: %s", settings.ready_file, exc)
             await running.close()
-            return EXIT_CONFIG
+            raise SettingsError(f"cannot write ready file {settings.ready_file}: {exc}") from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -144,4 +162,3 @@ async def _serve(zk_hosts: str, settings: LeaseServerSettings, loop_name: str) -
             "shutdown_s": round(time.monotonic() - started, 3),
         },
     )
-    return 0

@@ -14,13 +14,15 @@ from typing import Any
 
 import msgpack
 
+from pidfence.pid_allocator.decode import MAX_FRAME_BYTES
 from pidfence.pid_allocator.errors import (
+    InvalidServerList,
     LeaseServerUnreachable,
     LeaseServiceUnavailable,
     Unauthenticated,
     error_from_reply,
 )
-from pidfence.pid_allocator.protocol import LENGTH, MAX_FRAME_BYTES, PROTOCOL_VERSION, encode_frame
+from pidfence.pid_allocator.protocol import LENGTH, PROTOCOL_VERSION, encode_frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +37,10 @@ class Lease:
         secret: the pid's capability: ``bump`` and ``roll`` require it. Store it like a
             password (checkpoints: mode 0600); never printed in ``repr``.
         cert: the lease server's signature over (pid, generation, expire_ms) when it signs
-            (``pidfence.wire.cert``), else None.
+            (``pidfence.wire.cert``; version 2 names the producer key the request sent), else
+            None.
+        mac_key: the lease's record MAC key when the server runs with ``--record-mac-secret``
+            (``pidfence.wire.mac``), else None. A secret like ``secret``; never in ``repr``.
     """
 
     pid: int
@@ -44,6 +49,7 @@ class Lease:
     expire_ms: int
     secret: bytes = field(default=b"", repr=False)
     cert: bytes | None = field(default=None, repr=False)
+    mac_key: bytes | None = field(default=None, repr=False)
 
 
 def _parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -52,10 +58,10 @@ def _parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
     for item in (s.strip() for s in items):
         host, sep, port = item.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"lease server {item!r} is not HOST:PORT")
+            raise InvalidServerList(f"lease server {item!r} is not HOST:PORT")
         out.append((host, int(port)))
     if not out:
-        raise ValueError("give at least one lease server as HOST:PORT")
+        raise InvalidServerList("give at least one lease server as HOST:PORT")
     return out
 
 
@@ -94,7 +100,7 @@ class LeaseClient:
         tls: ssl.SSLContext | None = None,
     ) -> None:
         if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
+            raise InvalidServerList(f"retries must be >= 0, got {retries}")
         self.servers = _parse_servers(servers)
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -110,15 +116,32 @@ class LeaseClient:
 
     # -- public ---------------------------------------------------------------------------------
 
-    def lease(self, partitions: Sequence[tuple[str, int]] = ()) -> Lease:
+    def lease(
+        self, partitions: Sequence[tuple[str, int]] = (), *, key: bytes | None = None
+    ) -> Lease:
         """Lease a new pid.
+
+        Args:
+            partitions: the partitions it will write (informational).
+            key: the producer's raw Ed25519 public key (32 bytes) for this lease: a signing
+                server answers with a version 2 ``cert`` naming it.
 
         Raises:
             LeaseCapacityExhausted, LeaseServiceUnavailable, LeaseServerUnreachable, LeaseError.
         """
-        return _lease(self._call("lease", partitions=[[t, p] for t, p in partitions]))
+        return _lease(
+            self._call("lease", partitions=[[t, p] for t, p in partitions], **_key_field(key))
+        )
 
-    def bump(self, pid: int, generation: int, secret: bytes, *, token: str | None = None) -> Lease:
+    def bump(
+        self,
+        pid: int,
+        generation: int,
+        secret: bytes,
+        *,
+        token: str | None = None,
+        key: bytes | None = None,
+    ) -> Lease:
         """Move ``pid`` from ``generation`` (the caller's current one) to a new generation.
 
         Retries reuse one token (``token``, or a fresh one), so a bump whose reply was lost is
@@ -130,6 +153,7 @@ class LeaseClient:
             secret: the pid's secret, or that of the pid rolled into it (lineage authority).
             token: idempotency token; pass the same one to repeat a bump whose outcome is
                 unknown.
+            key: the producer's raw Ed25519 public key for the new generation's ``cert``.
 
         Raises:
             StaleGeneration: another caller moved the pid on, or it was retired by a roll
@@ -140,16 +164,22 @@ class LeaseClient:
         """
         reply = self._call(
             "bump", pid=pid, generation=generation, secret=bytes(secret),
-            token=token or uuid.uuid4().hex,
+            token=token or uuid.uuid4().hex, **_key_field(key),
         )  # fmt: skip
         return _lease(reply)
 
-    def roll(self, pid: int, generation: int, secret: bytes) -> Lease:
+    def roll(self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None) -> Lease:
         """Retire ``pid`` at ``generation`` (its current one) and lease its successor.
 
         Compare-and-set on the pid's generation: of two callers rolling (or bumping) from one
         generation only one succeeds. Retries reuse one token, so a roll whose reply was lost
         is answered with the same successor.
+
+        Args:
+            pid: the pid to retire.
+            generation: its current generation.
+            secret: its secret (or its predecessor's).
+            key: the producer's raw Ed25519 public key for the successor's ``cert``.
 
         Returns:
             The successor's lease (a new pid with its own secret and cert).
@@ -160,8 +190,9 @@ class LeaseClient:
             RateLimited, LeaseServiceUnavailable, LeaseServerUnreachable: retriable.
         """
         reply = self._call(
-            "roll", pid=pid, generation=generation, secret=bytes(secret), token=uuid.uuid4().hex
-        )
+            "roll", pid=pid, generation=generation, secret=bytes(secret), token=uuid.uuid4().hex,
+            **_key_field(key),
+        )  # fmt: skip
         return _lease(reply)
 
     def ping(self) -> dict[str, Any]:
@@ -301,9 +332,14 @@ class LeaseClient:
         return bytes(chunks)
 
 
+def _key_field(key: bytes | None) -> dict[str, bytes]:
+    return {} if key is None else {"key": bytes(key)}
+
+
 def _lease(reply: dict[str, Any]) -> Lease:
     secret = reply.get("secret")
     cert = reply.get("cert")
+    mac_key = reply.get("mac_key")
     return Lease(
         reply["pid"],
         reply["generation"],
@@ -311,4 +347,5 @@ def _lease(reply: dict[str, Any]) -> Lease:
         reply["expire_ms"],
         secret if isinstance(secret, bytes) else b"",
         cert if isinstance(cert, bytes) else None,
+        mac_key if isinstance(mac_key, bytes) else None,
     )

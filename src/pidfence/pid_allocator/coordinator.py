@@ -43,6 +43,13 @@ class Block:
         """No lease issued from this block lives past this instant."""
         return self.claimed_ms + self.ttl_ms + self.lifetime_ms
 
+    def issued_end(self, offset_ms: int | None) -> int:
+        """The end of a lease issued ``offset_ms`` after the claim (None, for a version 1
+        secret: the earliest end any of the block's leases can have)."""
+        if offset_ms is None:
+            return min(self.claimed_ms + self.lifetime_ms, self.last_expiry_ms)
+        return self.claimed_ms + offset_ms + self.lifetime_ms
+
     def encode(self) -> bytes:
         """The block record's znode data."""
         data: bytes = msgpack.packb(
@@ -103,6 +110,9 @@ class LineageRecord:
         successor: the pid it was rolled into; set means retired.
         successor_generation: the successor's starting generation.
         predecessor: the pid that was rolled into this one (lineage authority, one step).
+        offset: for a pid a roll created, its issue offset (ms after its block's claim): what
+            rebuilds its version 2 secret for a caller holding its predecessor's (None: a
+            version 1 secret).
     """
 
     generation: int
@@ -112,6 +122,7 @@ class LineageRecord:
     successor: int | None = None
     successor_generation: int | None = None
     predecessor: int | None = None
+    offset: int | None = None
 
     @property
     def retired(self) -> bool:
@@ -128,15 +139,19 @@ class LineageRecord:
             fields["sg"] = self.successor_generation
         if self.predecessor is not None:
             fields["p"] = self.predecessor
+        if self.offset is not None:
+            fields["o"] = self.offset
         data: bytes = msgpack.packb(fields, use_bin_type=True)
         return data
 
     @classmethod
     def decode(cls, data: bytes) -> LineageRecord:
-        """Parse znode data (also the round-1 ``{g, e, t}`` records)."""
+        """Parse znode data (also the round-1 ``{g, e, t}`` records; unknown keys are ignored,
+        so older servers read newer records)."""
         m: dict[str, Any] = msgpack.unpackb(data, raw=False)
         successor = m.get("s")
         predecessor = m.get("p")
+        offset = m.get("o")
         return cls(
             int(m["g"]),
             int(m["e"]),
@@ -145,6 +160,7 @@ class LineageRecord:
             None if successor is None else int(successor),
             None if successor is None else int(m["sg"]),
             None if predecessor is None else int(predecessor),
+            None if offset is None else int(offset),
         )
 
 

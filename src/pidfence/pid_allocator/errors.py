@@ -28,6 +28,14 @@ class MalformedRequest(LeaseError):
     code = "MALFORMED_REQUEST"
 
 
+class FrameLimitExceeded(MalformedRequest):
+    """A frame broke a decode limit (its size, a length, its nesting or its shape before
+    ``hello``): answered MALFORMED_REQUEST naming the limit, then the connection is closed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"frame breaks a decode limit (connection closed): {reason}")
+
+
 class UnsupportedVersion(LeaseError):
     """The request's ``v`` is not a protocol version this server speaks."""
 
@@ -35,7 +43,7 @@ class UnsupportedVersion(LeaseError):
 
 
 class UnknownOp(LeaseError):
-    """The request's ``op`` is not ``lease``, ``bump`` or ``ping``."""
+    """The request's ``op`` is not ``hello``, ``lease``, ``bump``, ``roll`` or ``ping``."""
 
     code = "UNKNOWN_OP"
 
@@ -107,6 +115,12 @@ class LeaseServiceUnavailable(LeaseError):
 
     code = "UNAVAILABLE"
     retriable = True
+
+
+class InvalidServerList(LeaseError, ValueError):
+    """A ``LeaseClient`` server list that is not ``HOST:PORT[,HOST:PORT]``; fix the option."""
+
+    code = "INVALID_SERVER_LIST"
 
 
 class LeaseServerUnreachable(LeaseError):

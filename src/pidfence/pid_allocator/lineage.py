@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pidfence.pid_allocator.capability import block_hint, secret_matches
+from pidfence.pid_allocator.capability import (
+    block_hint,
+    issue_offset,
+    make_secret,
+    make_secret_v1,
+    secret_matches,
+)
 from pidfence.pid_allocator.coordinator import (
     Ambiguous,
     Block,
@@ -48,13 +54,14 @@ class LocalLease:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """A granted bump or roll: the pid (the successor for a roll), its generation and lease end,
-    and the block it came from (its secret is computed from that)."""
+    """A granted lease, bump or roll: the pid (the successor for a roll), its generation and
+    lease end, the block it came from and its own secret."""
 
     pid: int
     generation: int
     expire_ms: int
     block: Block
+    secret: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +71,15 @@ class _State:
     generation: int
     expire_ms: int
     block: Block
+    secret: bytes
+
+
+def own_secret(block: Block, pid: int, record: LineageRecord | None) -> bytes:
+    """The secret of ``pid`` (from ``block``) as its lineage record knows it: a pid a roll
+    created keeps its issue offset there; any other record means a version 1 secret."""
+    if record is not None and record.offset is not None:
+        return make_secret(block.start, block.salt, pid, record.offset)
+    return make_secret_v1(block.start, block.salt, pid)
 
 
 class Lineage:
@@ -85,12 +101,14 @@ class Lineage:
         given = self.store.block_at(hint) if hint is not None else None
         found = self.store.read_lineage(pid)
         record, version = found if found is not None else (None, None)
+        block: Block | None = None
+        own = secret
         if (
             given is not None
             and pid in given
             and secret_matches(secret, given.start, given.salt, pid)
         ):
-            block: Block | None = given
+            block = given
         elif (
             record is not None
             and record.predecessor is not None
@@ -99,22 +117,22 @@ class Lineage:
             and secret_matches(secret, given.start, given.salt, record.predecessor)
         ):
             block = self.store.block_at(record.block) if record.block else None
-        else:
-            block = None
+            own = b"" if block is None else own_secret(block, pid, record)
         if block is None:
             raise NotOwner(NOT_OWNER_MESSAGE)
         if record is not None:
             if now_ms >= record.expire_ms + self.retention_ms:
                 raise NotOwner(NOT_OWNER_MESSAGE)  # past retention: as if collected already
-            return _State(record, version, record.generation, record.expire_ms, block)
+            return _State(record, version, record.generation, record.expire_ms, block, own)
         if now_ms >= block.last_expiry_ms + self.retention_ms:
             raise NotOwner(NOT_OWNER_MESSAGE)
         if local is not None:
-            return _State(None, None, local.generation, local.expire_ms, block)
-        # Another server issued it; its exact issue time is unknown, so take the earliest
-        # possible end: the producer renews early rather than writing past its lease.
-        expire_ms = min(block.claimed_ms + block.lifetime_ms, block.last_expiry_ms)
-        return _State(None, None, initial_generation(block.salt, pid), expire_ms, block)
+            return _State(None, None, local.generation, local.expire_ms, block, own)
+        # Another server issued it: a version 2 secret says exactly when, so this server grants
+        # and records the end the issuer granted; a version 1 secret does not, so the earliest
+        # possible end (the producer renews early rather than writing past its lease).
+        expire_ms = block.issued_end(issue_offset(own))
+        return _State(None, None, initial_generation(block.salt, pid), expire_ms, block, own)
 
     @staticmethod
     def _stale(pid: int, generation: int, record: LineageRecord | None) -> StaleGeneration:
@@ -158,7 +176,9 @@ class Lineage:
                     and record.token == token
                     and state.generation == generation + 1
                 ):
-                    return Outcome(pid, record.generation, record.expire_ms, state.block)
+                    return Outcome(
+                        pid, record.generation, record.expire_ms, state.block, state.secret
+                    )
                 raise self._stale(pid, generation, record)
             if state.expire_ms <= now_ms:
                 raise UnknownPid(
@@ -173,12 +193,13 @@ class Lineage:
                 token,
                 state.block.start,
                 predecessor=None if record is None else record.predecessor,
+                offset=None if record is None else record.offset,
             )
             try:
                 self.store.write_lineage(pid, new, state.version)
             except (Conflict, Ambiguous):
                 continue  # the re-read decides (our token there means it landed)
-            return Outcome(pid, new.generation, new.expire_ms, state.block)
+            return Outcome(pid, new.generation, new.expire_ms, state.block, state.secret)
         raise LeaseServiceUnavailable(f"generation contention on pid {pid}; retry")
 
     # -- roll -----------------------------------------------------------------------------------
@@ -216,7 +237,14 @@ class Lineage:
         block = None if found is None else self.store.block_at(found[0].block)
         if found is None or block is None:
             raise LeaseServiceUnavailable("the successor's record is gone; lease a new pid")
-        return Outcome(record.successor, record.successor_generation, found[0].expire_ms, block)
+        successor = found[0]
+        return Outcome(
+            record.successor,
+            record.successor_generation,
+            successor.expire_ms,
+            block,
+            own_secret(block, record.successor, successor),
+        )
 
     def roll(
         self,
@@ -256,6 +284,7 @@ class Lineage:
                 successor.pid,
                 successor.generation,
                 None if record is None else record.predecessor,
+                None if record is None else record.offset,
             )
             created = LineageRecord(
                 successor.generation,
@@ -263,6 +292,7 @@ class Lineage:
                 token,
                 successor.block.start,
                 predecessor=pid,
+                offset=issue_offset(successor.secret),
             )
             try:
                 self.store.write_roll(pid, retired, state.version, successor.pid, created)

@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 
+from pidfence.pid_allocator.settings import SettingsError
 from pidfence.wire import PidfenceError
 
 #: The values of ``LeaseServerSettings.event_loop`` (``--loop``).
@@ -33,11 +34,13 @@ def resolve_loop(choice: str) -> str:
     """``asyncio`` or ``uvloop``: what ``choice`` means on this machine.
 
     Raises:
-        ValueError: ``choice`` is not one of ``LOOP_CHOICES``.
+        SettingsError: ``choice`` is not one of ``LOOP_CHOICES``.
         LoopUnavailable: ``uvloop`` asked for and not installed.
     """
     if choice not in LOOP_CHOICES:
-        raise ValueError(f"event loop must be one of {', '.join(LOOP_CHOICES)}, got {choice!r}")
+        raise SettingsError(
+            f"event loop (--loop) must be one of {', '.join(LOOP_CHOICES)}, got {choice!r}"
+        )
     if choice == "asyncio":
         return "asyncio"
     if uvloop_installed():
@@ -53,7 +56,7 @@ def loop_factory(choice: str) -> tuple[LoopFactory, str]:
     """A factory of new event loops for ``choice``, and the resolved loop name.
 
     Raises:
-        ValueError, LoopUnavailable: as :func:`resolve_loop`.
+        SettingsError, LoopUnavailable: as :func:`resolve_loop`.
     """
     resolved = resolve_loop(choice)
     if resolved == "uvloop":

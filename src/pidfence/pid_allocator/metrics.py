@@ -63,6 +63,8 @@ class ServerMetrics:
         self.gc_pauses = LatencyHistogram()
         self._gc_started = 0.0
         self.service_counts: ServiceCounts = lambda: (0, 0, 0)
+        #: Refusals by kind (``audit.py``): failed hellos, owner refusals, rate limits, ...
+        self.audit_events: dict[str, int] = {}
         self.bumps = Counter("pidfence_bumps", "Generation bumps granted", registry=r)
         self.rolls = Counter(
             "pidfence_rolls", "Rolls granted (pid retired, successor issued)", registry=r
@@ -70,9 +72,19 @@ class ServerMetrics:
         self.errors = Counter(
             "pidfence_request_errors", "Error replies by code", ["code"], registry=r
         )
-        self.connections = Gauge("pidfence_connections", "Open client connections", registry=r)
+        self.connections = Gauge("pidfence_connections", "Admitted client connections", registry=r)
+        self.pending = Gauge(
+            "pidfence_pending_connections",
+            "Connections in their TLS handshake or before hello",
+            registry=r,
+        )
         self.refused = Counter(
             "pidfence_connections_refused", "Connections refused (limit reached)", registry=r
+        )
+        self.evicted = Counter(
+            "pidfence_connections_evicted",
+            "Pending connections closed to make room for a new one",
+            registry=r,
         )
         r.register(_HotCollector(self))
 
@@ -122,6 +134,14 @@ class _HotCollector(Collector):
         for op, histogram in m.latency.items():
             family.add_metric([op], _cumulative(bounds, histogram), histogram.sum)
         yield family
+        audit = CounterMetricFamily(
+            "pidfence_audit_events",
+            "Refusals by kind: failed hellos, owner refusals, rate limits, decode-limit closes",
+            labels=["event"],
+        )
+        for event, count in sorted(m.audit_events.items()):
+            audit.add_metric([event], float(count))
+        yield audit
         gc_family = HistogramMetricFamily(
             "pidfence_gc_pause_seconds", "Garbage-collector pauses of the server process"
         )

@@ -1,7 +1,9 @@
 """Frames and requests of the lease protocol (DESIGN.md §5).
 
-A frame is a 4-byte big-endian length, then that many bytes of one msgpack map. Requests are
-validated field by field here, so the server's handlers only ever see well-typed values.
+A frame is a 4-byte big-endian length, then that many bytes of one msgpack map, decoded within
+the limits of ``decode.py``. Requests are validated field by field here, so the server's handlers
+only ever see well-typed values. Before ``hello`` a connection may send only a ``ping`` of exactly
+``{v, op, id}`` or a ``hello`` of ``{v, op, id, token}``.
 """
 
 from __future__ import annotations
@@ -12,57 +14,73 @@ from typing import Any
 
 import msgpack
 
-from pidfence.pid_allocator.errors import MalformedRequest, UnknownOp, UnsupportedVersion
+from pidfence.pid_allocator.decode import MAX_PARTITIONS, check_shape, decode_message
+from pidfence.pid_allocator.errors import (
+    FrameLimitExceeded,
+    MalformedRequest,
+    UnknownOp,
+    UnsupportedVersion,
+)
 from pidfence.pid_allocator.generations import GENERATION_LIMIT
+from pidfence.wire.cert import PRODUCER_KEY_BYTES
 
 PROTOCOL_VERSION = 1
-MAX_FRAME_BYTES = 1 << 20
 LENGTH = struct.Struct(">I")
 PID_LIMIT = 2**63
 PARTITION_LIMIT = 2**31
-MAX_PARTITIONS = 100_000
 MAX_TOPIC_CHARS = 249
 MAX_ID_CHARS = 128
 MAX_TOKEN_CHARS = 64
 MAX_SECRET_BYTES = 64
 MAX_AUTH_TOKEN_CHARS = 256
 OPS = ("hello", "lease", "bump", "roll", "ping")
+#: The only fields a frame may carry before ``hello``, per op.
+PRE_AUTH_FIELDS = {
+    "ping": frozenset({"v", "op", "id"}),
+    "hello": frozenset({"v", "op", "id", "token"}),
+}
 
 RequestId = int | str | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LeaseRequest:
-    """``op=lease``: the partitions the caller will write (informational)."""
+    """``op=lease``: the partitions the caller will write (informational) and, optionally, the
+    producer's raw Ed25519 public key for a v2 ``cert``."""
 
     id: RequestId
     partitions: tuple[tuple[str, int], ...]
+    key: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BumpRequest:
     """``op=bump``: the caller's pid, current generation and the pid's secret; ``token`` makes
-    a retry idempotent. A missing secret is ``b""`` (answered NOT_OWNER, never MALFORMED)."""
+    a retry idempotent; ``key`` names the producer's key for a v2 ``cert``. A missing secret is
+    ``b""`` (answered NOT_OWNER, never MALFORMED)."""
 
     id: RequestId
     pid: int
     generation: int
     secret: bytes
     token: str | None
+    key: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RollRequest:
-    """``op=roll``: retire ``pid`` at ``generation`` and issue its successor."""
+    """``op=roll``: retire ``pid`` at ``generation`` and issue its successor (its ``cert``
+    naming ``key`` when given)."""
 
     id: RequestId
     pid: int
     generation: int
     secret: bytes
     token: str | None
+    key: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HelloRequest:
     """``op=hello``: authenticate the connection with an auth token."""
 
@@ -70,13 +88,15 @@ class HelloRequest:
     token: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PingRequest:
     """``op=ping``."""
 
     id: RequestId
 
 
+#: Requests are plain slotted dataclasses, not frozen ones: one is built per frame, and a
+#: frozen dataclass's ``__init__`` (``object.__setattr__`` per field) costs twice as much.
 Request = LeaseRequest | BumpRequest | RollRequest | PingRequest | HelloRequest
 
 
@@ -128,28 +148,48 @@ def _partitions(value: Any) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def parse_request(body: bytes) -> Request:
+def parse_request(body: bytes, *, pre_auth: bool = False) -> Request:
     """Decode and validate one request frame body.
 
+    Args:
+        body: the frame's bytes after the length prefix.
+        pre_auth: the connection has not said ``hello`` yet: a ``ping`` or ``hello`` must have
+            exactly its pre-auth fields.
+
     Raises:
-        RequestRejected: wrapping ``MalformedRequest``, ``UnsupportedVersion`` or ``UnknownOp``.
+        RequestRejected: wrapping ``MalformedRequest`` (``FrameLimitExceeded`` for a broken
+            decode limit or pre-auth shape), ``UnsupportedVersion`` or ``UnknownOp``.
     """
     try:
-        message = msgpack.unpackb(
-            body, raw=False, strict_map_key=False, max_bin_len=MAX_FRAME_BYTES
-        )
-    except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad bytes
-        raise RequestRejected(None, MalformedRequest(f"frame is not msgpack: {exc}")) from None
-    if not isinstance(message, dict):
-        raise RequestRejected(None, MalformedRequest("frame must hold a msgpack map"))
-    try:
+        message = decode_message(body)
         request_id = _request_id(message)
     except MalformedRequest as exc:
         raise RequestRejected(None, exc) from None
     try:
+        check_shape(message)
+        if pre_auth:
+            _check_pre_auth(message)
         return _parse_fields(message, request_id)
     except (MalformedRequest, UnsupportedVersion, UnknownOp) as exc:
         raise RequestRejected(request_id, exc) from None
+
+
+def _check_pre_auth(message: dict[Any, Any]) -> None:
+    allowed = PRE_AUTH_FIELDS.get(message.get("op"))  # type: ignore[arg-type]
+    if allowed is not None and not message.keys() <= allowed:
+        raise FrameLimitExceeded(
+            "before hello a ping carries only v, op and id, and a hello only v, op, id and token"
+        )
+
+
+def _key(key: Any) -> bytes | None:
+    if key is None:
+        return None
+    if type(key) is not bytes or len(key) != PRODUCER_KEY_BYTES:
+        raise MalformedRequest(
+            f"key must be msgpack bin of {PRODUCER_KEY_BYTES} bytes (a raw Ed25519 public key)"
+        )
+    return key
 
 
 def _parse_fields(message: dict[Any, Any], request_id: RequestId) -> Request:
@@ -162,7 +202,9 @@ def _parse_fields(message: dict[Any, Any], request_id: RequestId) -> Request:
     if not isinstance(op, str):
         raise MalformedRequest("op must be a string: hello, lease, bump, roll or ping")
     if op == "lease":
-        return LeaseRequest(request_id, _partitions(message.get("partitions")))
+        return LeaseRequest(
+            request_id, _partitions(message.get("partitions")), _key(message.get("key"))
+        )
     if op in ("bump", "roll"):
         token = message.get("token")
         if token is not None and (not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS):
@@ -179,6 +221,7 @@ def _parse_fields(message: dict[Any, Any], request_id: RequestId) -> Request:
             _int(message.get("generation"), "generation", 0, GENERATION_LIMIT),
             secret,
             token,
+            _key(message.get("key")),
         )
     if op == "ping":
         return PingRequest(request_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pidfence.pid_allocator.errors import LeaseCapacityExhausted
+from pidfence.pid_allocator.settings import SettingsError
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +36,7 @@ class LeaseRing:
 
     def __init__(self, capacity: int, share: int | None = None) -> None:
         if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
+            raise SettingsError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.share = capacity if share is None else max(1, min(share, capacity))
         self._pids = [0] * capacity

@@ -28,11 +28,17 @@ from pidfence.pid_allocator.security import (
 )
 from pidfence.pid_allocator.server import LeaseServer
 from pidfence.pid_allocator.service import LeaseService
-from pidfence.pid_allocator.settings import LeaseServerSettings
+from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
 from pidfence.pid_allocator.zk_blocks import ZkCoordinator
+from pidfence.wire import PidfenceError
 from pidfence.wire.cert import load_private_key
+from pidfence.wire.mac import load_mac_secret
 
 log = logging.getLogger(__name__)
+
+
+class ServerNotStarted(PidfenceError, RuntimeError):
+    """A ``LeaseServerThread`` was asked for its address or parts before ``start()``."""
 
 
 @dataclass
@@ -83,13 +89,22 @@ async def start_server(
 ) -> RunningServer:
     """Load the secrets ``settings`` name, connect to ZooKeeper (off the loop), listen.
 
+    Args:
+        zk_hosts: ZooKeeper connect string (None: ``settings.zk_hosts``).
+        settings: the server's settings.
+        metrics: where counters go.
+        clock: epoch-ms clock (default: a steady clock).
+        coordinator: a ready coordinator instead of ZooKeeper.
+
     Raises:
+        SettingsError: no ZooKeeper connect string and no coordinator.
         LeaseServiceUnavailable: ZooKeeper cannot be reached.
-        SecretFileError, KeyFileError: a token, key or certificate file is bad.
+        SecretFileError, KeyFileError: a token, key, secret or certificate file is bad.
     """
     settings = settings or LeaseServerSettings()
+    zk_hosts = zk_hosts or settings.zk_hosts
     if coordinator is None and not zk_hosts:
-        raise ValueError("give zk_hosts (ZooKeeper connect string) or a coordinator")
+        raise SettingsError("give --zk (the ZooKeeper connect string), or a coordinator")
     tokens = (
         None if settings.auth_tokens_file is None else load_auth_tokens(settings.auth_tokens_file)
     )
@@ -99,6 +114,9 @@ async def start_server(
         else server_tls_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     )
     signing_key = None if settings.signing_key is None else load_private_key(settings.signing_key)
+    mac_secret = (
+        None if settings.record_mac_secret is None else load_mac_secret(settings.record_mac_secret)
+    )
     zk_auth = None if settings.zk_auth_file is None else load_zk_auth(settings.zk_auth_file)
     executor = ThreadPoolExecutor(max_workers=settings.zk_workers, thread_name_prefix="lease-zk")
     claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-claim")
@@ -120,6 +138,7 @@ async def start_server(
             clock=clock,
             signing_key=signing_key,
             claim_executor=claims,
+            mac_secret=mac_secret,
         )
         server = LeaseServer(service, metrics, tokens, tls)
         bound_host, bound_port = await server.start(settings.host, settings.port)
@@ -175,21 +194,21 @@ class LeaseServerThread:
     def address(self) -> str:
         """``"host:port"`` once started."""
         if self._running is None:
-            raise RuntimeError("server not started")
+            raise ServerNotStarted("the lease server is not started; call start() first")
         return f"{self._running.host}:{self._running.port}"
 
     @property
     def running(self) -> RunningServer:
         """The started server's parts (service, coordinator) for inspection."""
         if self._running is None:
-            raise RuntimeError("server not started")
+            raise ServerNotStarted("the lease server is not started; call start() first")
         return self._running
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The server's event loop (to run checks on it with ``call_soon_threadsafe``)."""
         if self._loop is None:
-            raise RuntimeError("server not started")
+            raise ServerNotStarted("the lease server is not started; call start() first")
         return self._loop
 
     def start(self, timeout_s: float = 30.0) -> LeaseServerThread:

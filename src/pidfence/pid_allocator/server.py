@@ -1,17 +1,19 @@
-"""The asyncio TCP front of a lease server: authentication, limits and dispatch (DESIGN.md §5).
+"""The asyncio TCP front of a lease server: admission, authentication, limits and dispatch
+(DESIGN.md §5 and its amendments).
 
 Connections (``connection.py``) hand each frame body to ``handle_now``, which answers whatever
 needs no waiting (bad frames, pings, hello, leases from a held block) synchronously, as an encoded
 frame; the rest (bumps, rolls, a lease waiting for a block claim) goes to ``handle`` as a task.
-Every bad frame gets an error reply and never an exception.
+Every bad frame gets an error reply and never an exception; a frame that breaks a decode limit
+gets MALFORMED_REQUEST and its connection is closed.
 
 The lease reply is the hot path: it is built as one dict literal and packed by one reused
 msgpack ``Packer`` (the event loop is the only thread that encodes), and its metrics are plain
 numbers (``metrics.py``).
 
 With auth tokens, a connection's first request must be ``hello`` with a listed token; before
-it only ``ping`` is answered (``now_ms`` alone) and anything else gets UNAUTHENTICATED, after
-which the connection closes.
+it only a ``ping`` of exactly ``{v, op, id}`` is answered (``now_ms`` alone) and anything else
+gets UNAUTHENTICATED, after which the connection closes. Refusals are audited (``audit.py``).
 """
 
 from __future__ import annotations
@@ -22,14 +24,28 @@ import logging
 import ssl
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
+from pidfence.pid_allocator.admission import Admission
+from pidfence.pid_allocator.audit import (
+    EVICTED,
+    FRAME_LIMIT,
+    HELLO_FAILED,
+    NOT_OWNER,
+    RATE_LIMITED,
+    REFUSED,
+    UNAUTHENTICATED,
+    AuditTrail,
+)
 from pidfence.pid_allocator.connection import LeaseConnection
 from pidfence.pid_allocator.errors import (
+    FrameLimitExceeded,
     LeaseError,
     LeaseServiceUnavailable,
+    NotOwner,
+    RateLimited,
     StaleGeneration,
     Unauthenticated,
 )
@@ -50,9 +66,7 @@ from pidfence.pid_allocator.protocol import (
     parse_request,
 )
 from pidfence.pid_allocator.service import Grant, LeaseService
-
-if TYPE_CHECKING:
-    from pidfence.pid_allocator.settings import LeaseServerSettings
+from pidfence.pid_allocator.settings import LeaseServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -77,21 +91,22 @@ class LeaseServer:
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self.service = service
+        self.settings: LeaseServerSettings = service.settings
         self.metrics = metrics or ServerMetrics()
         self.tokens = dict(tokens) if tokens is not None else None
         self.tls = tls
+        self.audit = AuditTrail(self.metrics, self.settings.audit_interval_s)
+        self.admission = Admission(
+            self.settings.max_connections,
+            self.settings.pending_cap,
+            self.settings.max_connections_per_address,
+        )
         self._server: asyncio.Server | None = None
         self._connections: set[LeaseConnection] = set()
-        self._per_address: dict[str, int] = {}
         self._latency = self.metrics.latency
         self._lease_latency = self._latency["lease"]
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self.metrics.service_counts = self._service_counts
-
-    @property
-    def settings(self) -> LeaseServerSettings:
-        """The service's settings (limits included)."""
-        return self.service.settings
 
     @property
     def auth_required(self) -> bool:
@@ -99,10 +114,11 @@ class LeaseServer:
         return self.tokens is not None
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-        """Listen; return the bound (host, port)."""
+        """Listen (plain TCP: TLS starts per connection, counted from accept); return the bound
+        (host, port)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: LeaseConnection(self), host, port, backlog=512, ssl=self.tls
+            lambda: LeaseConnection(self), host, port, backlog=512
         )
         sockname = self._server.sockets[0].getsockname()
         return str(sockname[0]), int(sockname[1])
@@ -114,7 +130,10 @@ class LeaseServer:
         pending: set[asyncio.Task[None]] = set()
         for connection in list(self._connections):
             pending |= connection.pending_tasks()
-            connection.close()
+            if connection.pending:
+                connection.abort()
+            else:
+                connection.close()
         for task in pending:
             task.cancel()
         if pending:
@@ -124,36 +143,49 @@ class LeaseServer:
 
     @property
     def connection_count(self) -> int:
-        """Open connections."""
+        """Open connections (pending and admitted)."""
         return len(self._connections)
 
-    def register(self, connection: LeaseConnection) -> str | None:
-        """Admit a new connection; None, or why it is refused."""
-        if len(self._connections) >= self.settings.max_connections:
-            self.metrics.refused.inc()
-            return "connection limit reached; try another lease server"
-        held = self._per_address.get(connection.address, 0)
-        if held >= self.settings.max_connections_per_address:
-            self.metrics.refused.inc()
-            return (
-                f"{held} connections from this address already; close idle ones "
-                "(--max-connections-per-address)"
-            )
-        self._per_address[connection.address] = held + 1
+    # -- admission (connection.ConnectionHost) ---------------------------------------------------
+
+    def accept(self, connection: LeaseConnection) -> str | None:
+        """Count a new connection as pending, evicting the least advanced pending ones to make
+        room (never refused: the pending pool makes room)."""
+        for victim in self.admission.accept(connection):
+            self.metrics.evicted.inc()
+            assert isinstance(victim, LeaseConnection)  # noqa: S101 - only connections are slots
+            self.note(EVICTED, victim, "a newer connection needed its pending slot")
+            victim.abort()
         self._connections.add(connection)
-        self.metrics.connections.inc()
+        self.metrics.pending.set(self.admission.pending)
         return None
 
-    def unregister(self, connection: LeaseConnection) -> None:
+    def admit(self, connection: LeaseConnection) -> str | None:
+        """Move a pending connection to the admitted pool."""
+        refused = self.admission.admit(connection)
+        if refused is not None:
+            self.metrics.refused.inc()
+            self.note(REFUSED, connection, refused)
+        self._gauges()
+        return refused
+
+    def advance(self, connection: LeaseConnection) -> None:
+        """A pending connection made progress (TLS done, or its first bytes)."""
+        self.admission.advance(connection)
+
+    def release(self, connection: LeaseConnection) -> None:
         """A connection closed."""
-        if connection in self._connections:
-            self._connections.discard(connection)
-            left = self._per_address[connection.address] - 1
-            if left:
-                self._per_address[connection.address] = left
-            else:
-                del self._per_address[connection.address]
-            self.metrics.connections.dec()
+        self._connections.discard(connection)
+        self.admission.release(connection)
+        self._gauges()
+
+    def _gauges(self) -> None:
+        self.metrics.connections.set(self.admission.admitted)
+        self.metrics.pending.set(self.admission.pending)
+
+    def note(self, event: str, connection: LeaseConnection, detail: str = "") -> None:
+        """Audit a refusal of ``connection``'s peer."""
+        self.audit.note(event, connection.address, detail)
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -175,44 +207,18 @@ class LeaseServer:
     def handle_now(self, connection: LeaseConnection, body: bytes) -> bytes | Request:
         """The reply frame when it needs no waiting, else the parsed request for :meth:`handle`.
 
-        After an UNAUTHENTICATED reply the connection is marked to close once it is written.
+        After an UNAUTHENTICATED reply or a broken decode limit the connection is marked to
+        close once the reply is written.
         """
         started = time.perf_counter()
         try:
-            request = parse_request(body)
+            request = parse_request(body, pre_auth=connection.pending)
         except RequestRejected as exc:
-            if not connection.authenticated:
-                connection.close_after_reply = True
-                reply = self.error_reply(None, Unauthenticated(_UNAUTHENTICATED))
-            else:
-                reply = self.error_reply(exc.request_id, exc.error)
+            reply = self._rejected(connection, exc)
             self._latency["invalid"].observe(time.perf_counter() - started)
             return self.encode(reply)
         if type(request) is LeaseRequest and connection.authenticated:
-            try:
-                fields = self.service.lease_fields_now(connection.client)
-            except LeaseError as exc:
-                reply = self.error_reply(request.id, exc)
-            else:
-                if fields is None:
-                    return request  # waits for a block claim
-                pid, generation, expire_ms, secret, cert = fields
-                self.metrics.leases_issued += 1
-                reply = {
-                    "v": PROTOCOL_VERSION,
-                    "id": request.id,
-                    "error": None,
-                    "pid": pid,
-                    "generation": generation,
-                    "expire_ms": expire_ms,
-                    "secret": secret,
-                    "sequence": 0,
-                }
-                if cert is not None:
-                    reply["cert"] = cert
-            frame = self.encode(reply)
-            self._lease_latency.observe(time.perf_counter() - started)
-            return frame
+            return self._lease_now(connection, request, started)
         if isinstance(request, PingRequest):
             op = "ping"
             reply = self._ping_reply(request.id, full=connection.authenticated)
@@ -222,11 +228,53 @@ class LeaseServer:
         elif not connection.authenticated:
             op = "invalid"
             connection.close_after_reply = True
+            self.note(UNAUTHENTICATED, connection, f"{type(request).__name__} before hello")
             reply = self.error_reply(request.id, Unauthenticated(_UNAUTHENTICATED))
         else:
             return request
         self._latency[op].observe(time.perf_counter() - started)
         return self.encode(reply)
+
+    def _rejected(self, connection: LeaseConnection, exc: RequestRejected) -> dict[str, Any]:
+        if isinstance(exc.error, FrameLimitExceeded):
+            connection.close_after_reply = True
+            self.note(FRAME_LIMIT, connection, str(exc.error))
+            return self.error_reply(exc.request_id, exc.error)
+        if not connection.authenticated:
+            connection.close_after_reply = True
+            self.note(UNAUTHENTICATED, connection, "undecodable frame before hello")
+            return self.error_reply(None, Unauthenticated(_UNAUTHENTICATED))
+        return self.error_reply(exc.request_id, exc.error)
+
+    def _lease_now(
+        self, connection: LeaseConnection, request: LeaseRequest, started: float
+    ) -> bytes | LeaseRequest:
+        try:
+            fields = self.service.lease_fields_now(connection.client, request.key)
+        except LeaseError as exc:
+            reply = self.error_reply(request.id, exc)
+        else:
+            if fields is None:
+                return request  # waits for a block claim
+            pid, generation, expire_ms, secret, cert, mac_key = fields
+            self.metrics.leases_issued += 1
+            reply = {
+                "v": PROTOCOL_VERSION,
+                "id": request.id,
+                "error": None,
+                "pid": pid,
+                "generation": generation,
+                "expire_ms": expire_ms,
+                "secret": secret,
+                "sequence": 0,
+            }
+            if cert is not None:
+                reply["cert"] = cert
+            if mac_key is not None:
+                reply["mac_key"] = mac_key
+        frame = self.encode(reply)
+        self._lease_latency.observe(time.perf_counter() - started)
+        return frame
 
     def _hello(self, connection: LeaseConnection, request: HelloRequest) -> dict[str, Any]:
         if self.tokens is None:
@@ -234,8 +282,12 @@ class LeaseServer:
         name = self._client_name(request.token)
         if name is None:
             connection.close_after_reply = True
+            self.note(HELLO_FAILED, connection, "unknown auth token")
             return self.error_reply(request.id, Unauthenticated("unknown auth token"))
-        connection.authenticate(name)
+        refused = connection.admit_as(name)
+        if refused is not None:
+            connection.close_after_reply = True
+            return self.error_reply(request.id, LeaseServiceUnavailable(refused))
         return ok_reply(request.id, client=name)
 
     def _ping_reply(self, request_id: RequestId, *, full: bool) -> dict[str, Any]:
@@ -258,26 +310,30 @@ class LeaseServer:
             if isinstance(request, LeaseRequest):
                 op = "lease"
                 self.metrics.leases_waited += 1
-                grant = await self.service.lease(request.partitions, client)
+                grant = await self.service.lease(request.partitions, client, request.key)
                 self.metrics.leases_issued += 1
                 reply = _grant_reply(request.id, grant, sequence=0)
             elif isinstance(request, BumpRequest):
                 op = "bump"
                 grant = await self.service.bump(
-                    request.pid, request.generation, request.secret, request.token, client
-                )
+                    request.pid, request.generation, request.secret, request.token, client,
+                    request.key,
+                )  # fmt: skip
                 self.metrics.bumps.inc()
                 reply = _grant_reply(request.id, grant)
             elif isinstance(request, RollRequest):
                 op = "roll"
                 grant = await self.service.roll(
-                    request.pid, request.generation, request.secret, request.token, client
-                )
+                    request.pid, request.generation, request.secret, request.token, client,
+                    request.key,
+                )  # fmt: skip
                 self.metrics.rolls.inc()
                 reply = _grant_reply(request.id, grant, sequence=0)
             else:
                 raise TypeError(f"{type(request).__name__} is answered by handle_now")
         except LeaseError as exc:
+            if isinstance(exc, NotOwner | RateLimited):
+                self.note(NOT_OWNER if isinstance(exc, NotOwner) else RATE_LIMITED, connection)
             reply = self.error_reply(request.id, exc)
         except Exception as exc:  # a bug must not kill the server; the client may retry
             log.exception("request failed")
@@ -316,4 +372,6 @@ def _grant_reply(request_id: RequestId, grant: Grant, **extra: Any) -> dict[str,
     }
     if grant.cert is not None:
         fields["cert"] = grant.cert
+    if grant.mac_key is not None:
+        fields["mac_key"] = grant.mac_key
     return ok_reply(request_id, **fields, **extra)

@@ -1,73 +1,176 @@
-"""A bounded queue in front of ZooKeeper: floods get RATE_LIMITED instead of queueing forever.
+"""A fair, bounded queue in front of ZooKeeper: a flooder delays itself only (DESIGN.md §5
+amended again).
 
-Every request that needs ZooKeeper (bumps, rolls) goes through :class:`ZkQueue`. At most
-``limit`` jobs wait or run at once, and one client at most ``share`` of them, so a client that
-floods the server with bumps gets ``RATE_LIMITED`` (retriable) while everyone else's requests
-still reach ZooKeeper. Block claims do not queue here: they have their own executor.
+Every request that needs ZooKeeper (bumps, rolls, and owner checks the server cannot answer
+locally) goes through :class:`ZkQueue`. Each client (token name, or address without auth) has a
+bucket of its own; workers take one job from each non-empty bucket in turn (round-robin), and at
+most ``workers`` jobs run at once, so the executor never holds a first-come queue of its own. A
+client waits behind at most one job of every other client, however many those have queued.
+
+Bounds: one client at most ``share`` jobs queued or running (more: ``RATE_LIMITED`` for it); all
+clients together at most ``limit``. When the whole queue is full, a job of a client holding less
+than the busiest one pushes out the busiest client's newest waiting job (which gets
+``RATE_LIMITED``) instead of being refused: a client inside its own quota is never refused
+because others flood. Block claims do not queue here: they have their own executor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from pidfence.pid_allocator.errors import RateLimited
 
 T = TypeVar("T")
 
 
+@dataclass(slots=True)
+class _Job:
+    client: str
+    fn: Callable[..., Any]
+    args: tuple[object, ...]
+    waiter: asyncio.Future[Any]
+
+
+@dataclass(slots=True)
+class _Bucket:
+    waiting: deque[_Job] = field(default_factory=deque)
+    running: int = 0
+
+    @property
+    def held(self) -> int:
+        return len(self.waiting) + self.running
+
+
 class ZkQueue:
-    """Runs blocking coordinator calls on ``executor``, bounded overall and per client.
+    """Runs blocking coordinator calls on ``executor``, round-robin across clients, bounded.
 
     Args:
         executor: where the calls run.
-        limit: jobs queued or running at most.
+        limit: jobs queued or running at most, all clients together.
         share: jobs one client may have queued or running at most.
+        workers: jobs running at once at most (the executor's thread count).
     """
 
-    def __init__(self, executor: Executor, limit: int, share: int) -> None:
+    def __init__(self, executor: Executor, limit: int, share: int, workers: int = 4) -> None:
         self._executor = executor
         self.limit = limit
         self.share = share
+        self.workers = max(1, workers)
+        self._buckets: dict[str, _Bucket] = {}
+        self._turns: deque[str] = deque()  # clients with waiting jobs, in round-robin order
         self._pending = 0
-        self._by_client: dict[str, int] = {}
+        self._running = 0
         self.refused = 0
+        self.pushed_out = 0
 
     @property
     def pending(self) -> int:
         """Jobs queued or running now."""
         return self._pending
 
+    def held_by(self, client: str) -> int:
+        """Jobs of ``client`` queued or running now."""
+        bucket = self._buckets.get(client)
+        return 0 if bucket is None else bucket.held
+
     async def run(self, client: str, fn: Callable[..., T], *args: object) -> T:
-        """``fn(*args)`` on the executor.
+        """``fn(*args)`` on the executor, in ``client``'s turn.
 
         Raises:
-            RateLimited: the queue, or this client's share of it, is full.
+            RateLimited: this client holds its share, or the queue is full of jobs of clients
+                holding no more than it does.
         """
-        held = self._by_client.get(client, 0)
-        if self._pending >= self.limit or held >= self.share:
+        bucket = self._buckets.get(client)
+        held = 0 if bucket is None else bucket.held
+        if held >= self.share:
             self.refused += 1
             raise RateLimited(
-                "lease server busy: too many ZooKeeper requests queued"
-                + (" from this client" if held >= self.share else "")
-                + "; retry after a short pause"
+                "lease server busy: this client has too many ZooKeeper requests queued; retry "
+                "after a short pause"
             )
+        if self._pending >= self.limit and not self._push_out(held):
+            self.refused += 1
+            raise RateLimited(
+                "lease server busy: too many ZooKeeper requests queued; retry after a short pause"
+            )
+        if bucket is None:
+            bucket = self._buckets[client] = _Bucket()
+        waiter: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        if not bucket.waiting:
+            self._turns.append(client)
+        bucket.waiting.append(_Job(client, fn, args, waiter))
         self._pending += 1
-        self._by_client[client] = held + 1
-        job = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-        # Counted until the job itself ends, not until its waiter gives up: a cancelled request
-        # (client gone) still occupies ZooKeeper until its call returns.
-        job.add_done_callback(lambda done: self._done(client, done))
-        return await asyncio.shield(job)
+        self._dispatch()
+        return await waiter
 
-    def _done(self, client: str, job: asyncio.Future[T]) -> None:
-        if not job.cancelled():
-            job.exception()  # retrieved: a waiter that gave up must not leave a warning behind
+    def _push_out(self, held: int) -> bool:
+        """Refuse the newest waiting job of the busiest client if it holds more than ``held``."""
+        busiest = max(
+            (c for c, b in self._buckets.items() if b.waiting),
+            key=lambda c: self._buckets[c].held,
+            default=None,
+        )
+        if busiest is None or self._buckets[busiest].held <= held + 1:
+            return False
+        bucket = self._buckets[busiest]
+        job = bucket.waiting.pop()
         self._pending -= 1
-        left = self._by_client[client] - 1
-        if left:
-            self._by_client[client] = left
-        else:
-            del self._by_client[client]
+        self.pushed_out += 1
+        if not bucket.waiting:
+            self._turns.remove(busiest)
+            self._forget_if_idle(busiest)
+        if not job.waiter.done():
+            job.waiter.set_exception(
+                RateLimited(
+                    "lease server busy: this client's ZooKeeper requests made room for others; "
+                    "retry after a short pause"
+                )
+            )
+        return True
+
+    def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._running < self.workers and self._turns:
+            client = self._turns.popleft()
+            bucket = self._buckets[client]
+            job = bucket.waiting.popleft()
+            if bucket.waiting:
+                self._turns.append(client)  # its next job waits for everyone else's turn
+            if job.waiter.done():  # its request was cancelled (client gone) before it ran
+                self._pending -= 1
+                self._forget_if_idle(client)
+                continue
+            bucket.running += 1
+            self._running += 1
+            future = loop.run_in_executor(self._executor, job.fn, *job.args)
+            # Counted until the call itself ends, not until its waiter gives up: a cancelled
+            # request still occupies ZooKeeper until its call returns.
+            future.add_done_callback(functools.partial(self._finished, job))
+
+    def _finished(self, job: _Job, done: asyncio.Future[Any]) -> None:
+        bucket = self._buckets[job.client]
+        bucket.running -= 1
+        self._running -= 1
+        self._pending -= 1
+        self._forget_if_idle(job.client)
+        waiter = job.waiter
+        if done.cancelled():
+            if not waiter.done():
+                waiter.cancel()
+        elif done.exception() is not None:
+            if not waiter.done():
+                waiter.set_exception(done.exception())  # type: ignore[arg-type]
+        elif not waiter.done():
+            waiter.set_result(done.result())
+        self._dispatch()
+
+    def _forget_if_idle(self, client: str) -> None:
+        bucket = self._buckets.get(client)
+        if bucket is not None and bucket.held == 0:
+            del self._buckets[client]

@@ -8,66 +8,17 @@ means a real ping answered (``LeaseClient.ping``), not an open port: a frozen se
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pidfence.pid_allocator import LeaseClient, LeaseError, LeaseServerSettings, client_tls_context
+from pidfence.pid_allocator.settings_sources import settings_argv
 from pidfence.services.ports import free_port
 from pidfence.services.process import ManagedProcess, ServiceFailed, wait_until
 
 #: The ``pidfence`` CLI run by this interpreter (no console script on PATH needed).
 _PIDFENCE = (sys.executable, "-c", "from pidfence.cli import main; main()")
-
-#: settings field -> ``pidfence lease-server`` option; durations are passed in milliseconds.
-_FLAGS: dict[str, str] = {
-    "block_size": "--block-size",
-    "max_claim_blocks": "--max-claim-blocks",
-    "lifetime_ms": "--lifetime",
-    "capacity": "--capacity",
-    "client_share": "--client-share",
-    "block_ttl_ms": "--block-ttl",
-    "retention_ms": "--retention",
-    "max_connections": "--max-connections",
-    "max_connections_per_address": "--max-connections-per-address",
-    "idle_timeout_s": "--idle-timeout",
-    "zk_queue": "--zk-queue",
-    "zk_auth_file": "--zk-auth-file",
-    "auth_tokens_file": "--auth-tokens",
-    "tls_cert": "--tls-cert",
-    "tls_key": "--tls-key",
-    "tls_client_ca": "--tls-client-ca",
-    "signing_key": "--signing-key",
-    "metrics_port": "--metrics-port",
-    "log_format": "--log-format",
-    "event_loop": "--loop",
-}
-
-
-def settings_argv(settings: LeaseServerSettings) -> list[str]:
-    """The ``lease-server`` options for every setting that differs from its default.
-
-    Raises:
-        ValueError: a changed setting has no command-line option.
-    """
-    defaults = LeaseServerSettings()
-    argv = ["--listen", f"{settings.host}:{settings.port}"]
-    for field in fields(settings):
-        name = field.name
-        value = getattr(settings, name)
-        if name in ("host", "port", "ready_file") or value == getattr(defaults, name):
-            continue
-        flag = _FLAGS.get(name)
-        if flag is None:
-            raise ValueError(f"setting {name} cannot be passed to `pidfence lease-server`")
-        if name.endswith("_ms"):
-            text = f"{value}ms"
-        elif name.endswith("_s"):
-            text = f"{round(value * 1000)}ms"
-        else:
-            text = str(value)
-        argv += [flag, text]
-    return argv
 
 
 @dataclass
@@ -192,8 +143,8 @@ def spawn_lease_server(
     """
     chosen = port or free_port()
     base = settings or LeaseServerSettings()
-    full = base.with_overrides(host="127.0.0.1", port=chosen, **overrides)
-    argv = [*_PIDFENCE, "lease-server", "--zk", zk_hosts, *settings_argv(full)]
+    full = base.with_overrides(host="127.0.0.1", port=chosen, zk_hosts=zk_hosts, **overrides)
+    argv = [*_PIDFENCE, "lease-server", *settings_argv(full)]
     proc = ManagedProcess(name, argv, log_dir / f"{name}.log")
     proc.start()
     handle = LeaseServerProcess(proc, chosen, tls_ca)
@@ -222,6 +173,8 @@ class LeasePki:
         zk_auth_file: ``USER:PASSWORD`` for ``--zk-auth-file``.
         signing_key: Ed25519 private key for ``--signing-key``.
         public_key: its public key for ``--lease-public-key``.
+        record_mac_secret: the per-record MAC secret for ``--record-mac-secret`` (lease server)
+            and the sink.
     """
 
     ca: Path
@@ -234,6 +187,7 @@ class LeasePki:
     zk_auth_file: Path
     signing_key: Path
     public_key: Path
+    record_mac_secret: Path
 
 
 def _write_private(path: Path, data: bytes) -> Path:
@@ -250,8 +204,9 @@ def make_lease_pki(
     clients: tuple[str, ...] = ("producer", "other"),
     hosts: tuple[str, ...] = ("localhost",),
 ) -> LeasePki:
-    """Make a throw-away CA, server and client certificates, auth tokens, a ZooKeeper password
-    and a signing key pair in ``directory`` (for tests, the demo and compose). Secrets are 0600.
+    """Make a throw-away CA, server and client certificates, auth tokens, a ZooKeeper password,
+    a signing key pair and a record-MAC secret in ``directory`` (for tests, the demo and
+    compose). Secrets are 0600; an existing signing key pair or MAC secret is kept.
 
     Args:
         directory: where the files go (created).
@@ -267,7 +222,7 @@ def make_lease_pki(
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from pidfence.wire import generate_keypair
+    from pidfence.wire import generate_keypair, generate_mac_secret
 
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
@@ -340,6 +295,9 @@ def make_lease_pki(
         private_key, public_key = keys / "lease-signing.key", keys / "lease-signing.pub"
     else:
         private_key, public_key = generate_keypair(keys)
+    mac_secret = directory / "record-mac.secret"
+    if not mac_secret.exists():
+        generate_mac_secret(mac_secret)
     return LeasePki(
         directory / "ca.pem",
         directory / "server.pem",
@@ -351,4 +309,5 @@ def make_lease_pki(
         zk_auth,
         private_key,
         public_key,
+        mac_secret,
     )

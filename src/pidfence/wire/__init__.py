@@ -2,6 +2,7 @@
 
 from pidfence.wire.cert import (
     CERT_HEADER_KEY,
+    PRODUCER_KEY_BYTES,
     CertCheck,
     KeyFileError,
     encode_cert,
@@ -23,11 +24,22 @@ from pidfence.wire.header import (
     decode_pf,
     encode_pf,
 )
+from pidfence.wire.mac import (
+    RECORD_MAC_BYTES,
+    check_record_mac,
+    derive_record_key,
+    generate_mac_secret,
+    load_mac_secret,
+    record_hasher,
+    record_mac,
+    record_mac_from,
+)
 from pidfence.wire.verdict import Verdict
 
 __all__ = [
     # lease certificates (pfc)
     "CERT_HEADER_KEY",
+    "PRODUCER_KEY_BYTES",
     "CertCheck",
     "KeyFileError",
     "encode_cert",
@@ -35,6 +47,15 @@ __all__ = [
     "load_private_key",
     "load_public_keys",
     "verify_cert",
+    # per-record MACs
+    "RECORD_MAC_BYTES",
+    "check_record_mac",
+    "derive_record_key",
+    "generate_mac_secret",
+    "load_mac_secret",
+    "record_hasher",
+    "record_mac",
+    "record_mac_from",
     # codec
     "FLAG_FENCE",
     "GENERATION_LIMIT",

@@ -1,0 +1,153 @@
+"""Per-record MACs: a key per lease, derived from a secret the lease server and the sink share.
+
+The optional per-record mode (DESIGN.md §3 amended again): the lease server runs with
+``--record-mac-secret FILE`` and hands each lease, bump and roll reply a ``mac_key`` =
+:func:`derive_record_key` (secret, pid, generation); the producer tags every record with
+:func:`record_mac` under that key; the sink, holding the same secret, derives the key again and
+checks each record with :func:`check_record_mac`. A topic writer who learns a live producer's next
+seq cannot write a record the sink accepts inside its generation without the key.
+
+Encodings (stable; changing them is a new version):
+
+* record key = BLAKE2b(msgpack ``[1, pid, generation]``, key=secret, digest_size=32,
+  person=``b"pidfence-rmac"``);
+* record MAC = BLAKE2b(prefix ‖ key ‖ value, key=record key, digest_size=16,
+  person=``b"pidfence-record"``), where prefix = msgpack ``[topic, partition, seq, flags,
+  len(key) or -1, len(value) or -1]`` (-1 for None). The lengths in the prefix make the split
+  between key and value unambiguous; key and value are fed with ``update()``, never copied.
+
+Pure: no I/O beyond reading and creating the secret file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from pathlib import Path
+
+import msgpack
+
+from pidfence.wire.cert import KeyFileError, create_private_file, read_private_file
+
+#: Bytes of the shared secret, of a record key and of a record MAC.
+MAC_SECRET_BYTES = 32
+RECORD_KEY_BYTES = 32
+RECORD_MAC_BYTES = 16
+RECORD_MAC_VERSION = 1
+_KEY_PERSON = b"pidfence-rmac"
+_MAC_PERSON = b"pidfence-record"
+_WHAT = "record MAC secret"
+
+
+def load_mac_secret(path: str | Path) -> bytes:
+    """The 32-byte secret in ``path`` (64 hex digits; surrounding whitespace ignored).
+
+    Raises:
+        KeyFileError: missing, unreadable, readable by group or others, or not 64 hex digits.
+    """
+    raw = read_private_file(path, _WHAT)
+    try:
+        secret = bytes.fromhex(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        secret = b""
+    if len(secret) != MAC_SECRET_BYTES:
+        raise KeyFileError(
+            f"{_WHAT} {path} must hold {MAC_SECRET_BYTES * 2} hex digits; make one with "
+            "`pidfence keys mac-secret FILE`"
+        )
+    return secret
+
+
+def generate_mac_secret(path: str | Path) -> Path:
+    """Write a new random secret to ``path`` (mode 0600, never overwriting one).
+
+    Raises:
+        KeyFileError: the file exists or cannot be written.
+    """
+    text = secrets.token_bytes(MAC_SECRET_BYTES).hex() + "\n"
+    return create_private_file(path, text.encode("ascii"), _WHAT)
+
+
+def derive_record_key(secret: bytes, pid: int, generation: int) -> bytes:
+    """The record key of lease ``(pid, generation)`` under ``secret``."""
+    message: bytes = msgpack.packb([RECORD_MAC_VERSION, pid, generation])
+    return hashlib.blake2b(
+        message, key=secret, digest_size=RECORD_KEY_BYTES, person=_KEY_PERSON
+    ).digest()
+
+
+def record_hasher(record_key: bytes) -> hashlib.blake2b:
+    """The keyed hash state of one record key, to pass to :func:`record_mac_from` per record
+    (keying BLAKE2b costs about as much as hashing a short record, so a hot loop keys once)."""
+    return hashlib.blake2b(key=record_key, digest_size=RECORD_MAC_BYTES, person=_MAC_PERSON)
+
+
+def record_mac_from(
+    hasher: hashlib.blake2b,
+    topic: str,
+    partition: int,
+    seq: int,
+    flags: int,
+    key: bytes | None,
+    value: bytes | None,
+) -> bytes:
+    """:func:`record_mac` from a :func:`record_hasher` state (left unchanged)."""
+    h = hasher.copy()
+    h.update(
+        msgpack.packb(
+            [
+                topic,
+                partition,
+                seq,
+                flags,
+                -1 if key is None else len(key),
+                -1 if value is None else len(value),
+            ]
+        )
+    )
+    if key:
+        h.update(key)
+    if value:
+        h.update(value)
+    return h.digest()
+
+
+def record_mac(
+    record_key: bytes,
+    topic: str,
+    partition: int,
+    seq: int,
+    flags: int,
+    key: bytes | None,
+    value: bytes | None,
+) -> bytes:
+    """The 16-byte MAC of one record (where it is written, its seq and flags, its key and value).
+
+    Args:
+        record_key: the lease's key (:func:`derive_record_key`, the reply's ``mac_key``).
+        topic: the topic the record is written to.
+        partition: its partition.
+        seq: its ``pf`` seq.
+        flags: its ``pf`` flags.
+        key: the record's Kafka key (None: no key).
+        value: the record's value (None: a tombstone).
+    """
+    return record_mac_from(record_hasher(record_key), topic, partition, seq, flags, key, value)
+
+
+def check_record_mac(
+    record_key: bytes,
+    topic: str,
+    partition: int,
+    seq: int,
+    flags: int,
+    key: bytes | None,
+    value: bytes | None,
+    mac: bytes | None,
+) -> bool:
+    """Whether ``mac`` is the record's MAC under ``record_key`` (constant-time comparison)."""
+    if mac is None or len(mac) != RECORD_MAC_BYTES:
+        return False
+    expected = record_mac(record_key, topic, partition, seq, flags, key, value)
+    return hmac.compare_digest(expected, mac)

@@ -1,0 +1,96 @@
+"""Per-record MAC keys and MACs (``pidfence.wire.mac``): what the lease server hands out with
+``--record-mac-secret`` and what producers and the sink compute (issue 22, per-record mode)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pidfence.wire import (
+    RECORD_MAC_BYTES,
+    KeyFileError,
+    check_record_mac,
+    derive_record_key,
+    generate_mac_secret,
+    load_mac_secret,
+    record_hasher,
+    record_mac,
+    record_mac_from,
+)
+
+SECRET = bytes(range(32))
+RECORD = ("orders", 3, 41, 0, b"k", b"value")
+
+
+def test_record_keys_are_per_lease_and_per_secret() -> None:
+    key = derive_record_key(SECRET, 5, 9)
+    assert len(key) == 32
+    assert key == derive_record_key(SECRET, 5, 9)
+    others = {
+        derive_record_key(SECRET, 5, 10),
+        derive_record_key(SECRET, 6, 9),
+        derive_record_key(bytes(32), 5, 9),
+    }
+    assert key not in others and len(others) == 3
+
+
+def test_a_mac_covers_where_the_record_goes_and_what_it_holds() -> None:
+    key = derive_record_key(SECRET, 5, 9)
+    mac = record_mac(key, *RECORD)
+    assert len(mac) == RECORD_MAC_BYTES
+    assert check_record_mac(key, *RECORD, mac)
+    changed = [
+        ("orders2", 3, 41, 0, b"k", b"value"),  # another topic
+        ("orders", 4, 41, 0, b"k", b"value"),  # another partition
+        ("orders", 3, 42, 0, b"k", b"value"),  # another seq
+        ("orders", 3, 41, 1, b"k", b"value"),  # flags
+        ("orders", 3, 41, 0, b"kv", b"alue"),  # the key/value split moved
+        ("orders", 3, 41, 0, None, b"value"),  # no key instead of a key
+        ("orders", 3, 41, 0, b"k", b""),  # empty value
+        ("orders", 3, 41, 0, b"k", None),  # a tombstone
+    ]
+    for record in changed:
+        assert not check_record_mac(key, *record, mac), record
+    assert not check_record_mac(derive_record_key(SECRET, 5, 10), *RECORD, mac)
+    assert not check_record_mac(key, *RECORD, mac[:-1])
+    assert not check_record_mac(key, *RECORD, None)
+
+
+@given(
+    st.text(min_size=1, max_size=20),
+    st.integers(0, 2**31 - 1),
+    st.integers(0, 2**63 - 1),
+    st.none() | st.binary(max_size=40),
+    st.none() | st.binary(max_size=2000),
+)
+def test_the_keyed_state_gives_the_same_mac(
+    topic: str, partition: int, seq: int, key: bytes | None, value: bytes | None
+) -> None:
+    record_key = derive_record_key(SECRET, 1, 2)
+    hasher = record_hasher(record_key)
+    first = record_mac_from(hasher, topic, partition, seq, 0, key, value)
+    assert first == record_mac(record_key, topic, partition, seq, 0, key, value)
+    assert record_mac_from(hasher, topic, partition, seq, 0, key, value) == first  # unchanged
+
+
+def test_secret_files_are_private_hex_and_never_overwritten(tmp_path: Path) -> None:
+    path = generate_mac_secret(tmp_path / "record-mac.secret")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    secret = load_mac_secret(path)
+    assert len(secret) == 32
+    with pytest.raises(KeyFileError, match="never overwritten"):
+        generate_mac_secret(path)
+    path.chmod(0o640)
+    with pytest.raises(KeyFileError, match="chmod 600"):
+        load_mac_secret(path)
+    short = tmp_path / "short"
+    short.write_text("abcd\n")
+    short.chmod(0o600)
+    with pytest.raises(KeyFileError, match="64 hex digits"):
+        load_mac_secret(short)
+    with pytest.raises(KeyFileError, match="cannot read"):
+        load_mac_secret(tmp_path / "missing")
