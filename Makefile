@@ -45,6 +45,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy
+	$(BIN)/lint-imports
 
 demo: setup
 	$(BIN)/pidfence demo

@@ -356,3 +356,42 @@ class ReferenceTable:
         out += [(h["ref"], Verdict.OUT_OF_ORDER) for h in self.held]
         self.held.clear()
         return out
+
+
+# ---- certificates for the signed-generation tests (shared by several test modules)
+
+
+def good(pid: int, g: int) -> bytes:
+    return b"ok:%d:%d" % (pid, g)
+
+
+class FakeVerifier:
+    """Accepts exactly ``good(pid, g)``; counts calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, pid: int, g: int, cert: bytes | None, now_ms: int) -> str | None:
+        self.calls.append((pid, g))
+        if cert is None:
+            return "missing"
+        return None if cert == good(pid, g) else "other_identity"
+
+
+def with_certs(rng: random.Random, stream: list[tuple[bytes | None, int]], forge: float
+               ) -> list[bytes | None]:  # fmt: skip
+    """A certificate per record: mostly valid for its header, sometimes absent or wrong."""
+    certs: list[bytes | None] = []
+    for header, _ in stream:
+        try:
+            pf = decode_pf(header) if header is not None else None
+        except ValueError:
+            pf = None
+        roll = rng.random()
+        if pf is None or roll < forge / 2:
+            certs.append(None)
+        elif roll < forge:
+            certs.append(good(pf.pid, pf.generation + 1))
+        else:
+            certs.append(good(pf.pid, pf.generation))
+    return certs

@@ -17,30 +17,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pidfence.broker_plugin import ProducerStateTable
-from pidfence.wire import FLAG_FENCE, Verdict, decode_pf, encode_pf
+from pidfence.wire import FLAG_FENCE, Verdict, encode_pf
 from pidfence.wire.cert import encode_cert, verify_cert
-from tests.unit.broker_streams import ReferenceTable, StreamKnobs, make_stream
+from tests.unit.broker_streams import (
+    FakeVerifier,
+    ReferenceTable,
+    StreamKnobs,
+    good,
+    make_stream,
+    with_certs,
+)
 from tests.unit.test_broker_properties import knobs_strategy, table_args
 
 V = Verdict
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def good(pid: int, g: int) -> bytes:
-    return b"ok:%d:%d" % (pid, g)
-
-
-class FakeVerifier:
-    """Accepts exactly ``good(pid, g)``; counts calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int]] = []
-
-    def __call__(self, pid: int, g: int, cert: bytes | None, now_ms: int) -> str | None:
-        self.calls.append((pid, g))
-        if cert is None:
-            return "missing"
-        return None if cert == good(pid, g) else "other_identity"
 
 
 def table_with(verifier: Any, window: int = 3) -> ProducerStateTable:
@@ -137,25 +127,6 @@ def test_real_ed25519_certificates() -> None:
         "malformed": 1,
         "wrong_length": 1,
     }
-
-
-def with_certs(rng: random.Random, stream: list[tuple[bytes | None, int]], forge: float
-               ) -> list[bytes | None]:  # fmt: skip
-    """A certificate per record: mostly valid for its header, sometimes absent or wrong."""
-    certs: list[bytes | None] = []
-    for header, _ in stream:
-        try:
-            pf = decode_pf(header) if header is not None else None
-        except ValueError:
-            pf = None
-        roll = rng.random()
-        if pf is None or roll < forge / 2:
-            certs.append(None)
-        elif roll < forge:
-            certs.append(good(pf.pid, pf.generation + 1))
-        else:
-            certs.append(good(pf.pid, pf.generation))
-    return certs
 
 
 @SETTINGS

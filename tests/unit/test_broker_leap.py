@@ -18,8 +18,15 @@ import pytest
 from pidfence.broker_plugin import ProducerStateTable, rebuild, replay_batch
 from pidfence.wire import FLAG_FENCE, Verdict, decode_pf, encode_pf
 from pidfence.wire.cert import encode_cert, verify_cert
-from tests.unit.broker_streams import ReferenceTable, StreamKnobs, make_stream
-from tests.unit.test_broker_forged import FakeVerifier, decide, good, table_with, with_certs
+from tests.unit.broker_streams import (
+    FakeVerifier,
+    ReferenceTable,
+    StreamKnobs,
+    good,
+    make_stream,
+    with_certs,
+)
+from tests.unit.test_broker_forged import decide, table_with
 
 V = Verdict
 

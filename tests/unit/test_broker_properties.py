@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable, rebuild, replay_batch
 from pidfence.wire import MalformedHeader, Verdict, decode_pf, encode_pf
-from tests.unit.broker_streams import ReferenceTable, StreamKnobs, make_stream
+from tests.unit.broker_streams import (
+    FakeVerifier,
+    ReferenceTable,
+    StreamKnobs,
+    make_stream,
+    with_certs,
+)
 
 knobs_strategy = st.builds(
     StreamKnobs,
@@ -285,7 +291,6 @@ def test_state_is_a_function_of_the_committed_output(
     The committed records of a batch are its input with the committed verdicts (rejects
     included); a replay takes ``FORGED`` verdicts as the certificates' proof.
     """
-    from tests.unit.test_broker_forged import FakeVerifier, with_certs
 
     capacity, lifetime, window = args
     rng = random.Random(seed)

@@ -4,8 +4,10 @@ Pure computation: no I/O beyond (de)serialising bytes. The Spark sink and the si
 same code.
 """
 
-from pidfence.broker_plugin.batch import BatchResult, DecodedHeaders, decode_headers, offer_batch
+from pidfence.broker_plugin.batch import BatchResult, offer_batch
 from pidfence.broker_plugin.decision import CODE_OF, VERDICT_CODES, Decision
+from pidfence.broker_plugin.decode import DecodedHeaders, decode_headers
+from pidfence.broker_plugin.entry import Gap, GapKind, Verifier
 from pidfence.broker_plugin.errors import CorruptSnapshot
 from pidfence.broker_plugin.rebuild import (
     REPLAYED_FORGERY,
@@ -15,7 +17,6 @@ from pidfence.broker_plugin.rebuild import (
     replay_cert,
     replay_verifier,
 )
-from pidfence.broker_plugin.rules import Gap, GapKind, Verifier
 from pidfence.broker_plugin.table import ProducerStateTable
 
 __all__ = [

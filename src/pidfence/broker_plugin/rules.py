@@ -38,90 +38,35 @@ the proposal's rules do:
 
 from __future__ import annotations
 
-import numbers
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any
 
-from pidfence.broker_plugin.ring import EntryRing
-from pidfence.wire import (
-    FLAG_FENCE,
-    GENERATION_LIMIT,
-    PID_LIMIT,
-    SEQ_LIMIT,
-    Verdict,
+from pidfence.broker_plugin.entry import (
+    APPENDED,
+    BUFFERED,
+    CAPACITY,
+    DUPLICATE,
+    FENCE,
+    FENCED,
+    FORGED,
+    NO_CLOCK,
+    NON_IDEMPOTENT,
+    OUT_OF_ORDER,
+    UNKNOWN_PID,
+    UNVERIFIED,
+    Emit,
+    Entry,
+    Gap,
+    Held,
+    Verifier,
+    as_timestamp,
+    check_settings,
 )
-
-NO_CLOCK: Final = -(2**63)
-
-#: Internal decision: (caller's ref, verdict, batch token of the record or None).
-Emit = tuple[Any, Verdict, "tuple[int, int] | None"]
-#: ``verifier(pid, generation, cert, now_ms)``: None when ``cert`` proves (pid, generation), else
-#: the reason it does not ("malformed", "wrong_length", "other_identity", "expired", ...).
-Verifier = Callable[[int, int, "bytes | None", int], "str | None"]
-
-APPENDED: Final = Verdict.APPENDED
-NON_IDEMPOTENT: Final = Verdict.NON_IDEMPOTENT
-MALFORMED: Final = Verdict.MALFORMED
-CAPACITY: Final = Verdict.CAPACITY
-FENCE: Final = Verdict.FENCE
-UNKNOWN_PID: Final = Verdict.UNKNOWN_PID
-FENCED: Final = Verdict.FENCED
-INVALID_GENERATION: Final = Verdict.INVALID_GENERATION
-DUPLICATE: Final = Verdict.DUPLICATE
-BUFFERED: Final = Verdict.BUFFERED
-OUT_OF_ORDER: Final = Verdict.OUT_OF_ORDER
-FORGED: Final = Verdict.FORGED
-UNVERIFIED: Final = Verdict.UNVERIFIED
-
-#: Why seqs are missing: ``lost`` (the reorder window overflowed past them), ``head`` (the
-#: producer was adopted beyond the horizon at a later seq).
-GapKind = Literal["lost", "head"]
+from pidfence.broker_plugin.proofs import Proofs
+from pidfence.broker_plugin.ring import EntryRing
+from pidfence.wire import FLAG_FENCE
 
 
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """Seqs ``first .. last`` of (pid, generation) that the table will never append.
-
-    ``ref`` is the caller's ref of the record right after the gap (the sink passes Kafka
-    offsets), ``kind`` says how the gap was found (see :data:`GapKind`).
-    """
-
-    pid: int
-    generation: int
-    first: int
-    last: int
-    ref: Any
-    kind: GapKind
-
-
-class Entry:
-    """A live producer's state on this partition."""
-
-    __slots__ = ("first_seen", "generation", "highwater", "serial")
-
-    def __init__(self, generation: int, highwater: int, first_seen: int, serial: int) -> None:
-        self.generation = generation
-        self.highwater = highwater
-        self.first_seen = first_seen
-        self.serial = serial
-
-
-@dataclass(slots=True)
-class Held:
-    """A record held for reordering until its predecessor arrives."""
-
-    seq: int
-    generation: int
-    flags: int
-    ts_ms: int
-    arrival: int
-    ref: Any
-    #: (call id, row) of the batch call that held it; not part of snapshots.
-    token: tuple[int, int] | None = None
-
-
-class RulesKernel:
+class RulesKernel(Proofs):
     """One partition's state and the rules that decide one record against it.
 
     Args:
@@ -192,7 +137,7 @@ class RulesKernel:
         after that point. Every producer alive then ends its lease within one lifetime, and any
         producer first met later must have started after the point, where its seq 0 was seen.
         """
-        point_ms = _timestamp(point_ms)
+        point_ms = as_timestamp(point_ms)
         self.horizon = max(self.horizon, point_ms + self.life)
 
     # ------------------------------------------------------------------------- the clock
@@ -231,51 +176,6 @@ class RulesKernel:
         self.entries[pid] = Entry(generation, highwater, now, self.next_serial)
         self.ring.append(pid, self.next_serial)
         self.next_serial += 1
-
-    # ------------------------------------------------------------------------- proofs
-
-    def certified(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
-        """Whether (pid, g) is proven by ``cert`` (always, without a verifier); counts failures.
-
-        Expiry is judged at ``max(clock, ts)``: a record cannot make a stale certificate fresh
-        by carrying an old timestamp.
-        """
-        if self.verifier is None:
-            return True
-        reason = self.verifier(pid, g, cert, max(self.clock, ts))
-        if reason is None:
-            return True
-        self.forged[reason] = self.forged.get(reason, 0) + 1
-        return False
-
-    def proven(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
-        """Whether the next generation ``g`` of ``pid`` may move ``gE`` (or be held).
-
-        Held records of the next generation were proven when they were held (their release moves
-        ``gE``), so one of them proves its siblings: the ``pfc`` rides only on the first record
-        the producer sent under a generation, which need not be the first to arrive.
-        """
-        held = self.held.get(pid)
-        if held is not None and any(h.generation == g for h in held.values()):
-            return True
-        return self.certified(pid, g, cert, ts)
-
-    def leap(self, pid: int, g: int, cert: bytes | None, ts: int) -> Verdict | None:
-        """Whether a record of generation ``g > gE + 1`` may be judged as ``gE + 1``.
-
-        Returns None when it may: a verifier is set and the generation is proven (by a held
-        record of the same generation, or by ``cert``). Otherwise the verdict:
-        ``INVALID_GENERATION`` without a verifier or without a certificate (the rule of DESIGN
-        §4), ``FORGED`` when a certificate is there and the verifier refuses it.
-        """
-        if self.verifier is None:
-            return INVALID_GENERATION
-        held = self.held.get(pid)
-        if held is not None and any(h.generation == g for h in held.values()):
-            return None
-        if cert is None:
-            return INVALID_GENERATION
-        return None if self.certified(pid, g, cert, ts) else FORGED
 
     # ------------------------------------------------------------------------- the rules
 
@@ -482,58 +382,3 @@ class RulesKernel:
             out.append((held.ref, OUT_OF_ORDER, held.token))
         self.touched.update(self.held)
         self.held.clear()
-
-
-_SETTING_MINIMUM: Final = {"capacity": 1, "lifetime_ms": 1, "reorder_window": 0, "grace_ms": 0}
-
-
-def check_settings(**settings: int | None) -> None:
-    """Refuse impossible table settings (``None`` = not given, skipped).
-
-    Raises:
-        ValueError: a setting is not an int or is below its minimum.
-    """
-    for name, value in settings.items():
-        low = _SETTING_MINIMUM[name]
-        if value is not None and (type(value) is not int or value < low):
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-
-
-def _timestamp(ts_ms: Any) -> int:
-    """``ts_ms`` as an int (numpy ints are fine); the clock must stay an exact int."""
-    if type(ts_ms) is int:
-        return ts_ms
-    if isinstance(ts_ms, numbers.Integral) and not isinstance(ts_ms, bool):
-        return int(ts_ms)
-    raise TypeError(
-        f"ts_ms must be an int (epoch milliseconds, the Kafka record timestamp), "
-        f"got {type(ts_ms).__name__} {ts_ms!r}; nothing was decided"
-    )
-
-
-def _integral(value: Any) -> Any:
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    return value
-
-
-def valid_fields(pid: Any, generation: Any, seq: Any, flags: Any) -> bool:
-    """Whether decoded header fields are ints in range with known flags."""
-    return (
-        type(pid) is int
-        and type(generation) is int
-        and type(seq) is int
-        and type(flags) is int
-        and 0 <= pid < PID_LIMIT
-        and 0 <= generation < GENERATION_LIMIT
-        and 0 <= seq < SEQ_LIMIT
-        and flags in (0, FLAG_FENCE)
-    )
-
-
-def as_int_fields(pid: Any, generation: Any, seq: Any, flags: Any) -> tuple[Any, Any, Any, Any]:
-    """numpy and other integral values as plain ints (anything else unchanged)."""
-    return _integral(pid), _integral(generation), _integral(seq), _integral(flags)
-
-
-as_timestamp = _timestamp

@@ -16,8 +16,9 @@ from typing import Any, Final, TypeVar
 
 import msgpack
 
+from pidfence.broker_plugin.entry import NO_CLOCK, Entry, Held, check_settings
 from pidfence.broker_plugin.errors import CorruptSnapshot
-from pidfence.broker_plugin.rules import NO_CLOCK, Entry, Held, RulesKernel, check_settings
+from pidfence.broker_plugin.rules import RulesKernel
 
 MAGIC: Final = b"PFS1"
 #: Version 2 adds the gap-resolution setting to ``cfg`` and the adoption horizon; version 1

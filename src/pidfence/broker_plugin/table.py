@@ -13,15 +13,15 @@ from typing import Any
 
 from pidfence.broker_plugin.batch import BatchResult, offer_batch
 from pidfence.broker_plugin.decision import Decision
-from pidfence.broker_plugin.rules import (
+from pidfence.broker_plugin.entry import (
     MALFORMED,
     NON_IDEMPOTENT,
     Emit,
-    RulesKernel,
     as_int_fields,
     as_timestamp,
     valid_fields,
 )
+from pidfence.broker_plugin.rules import RulesKernel
 from pidfence.broker_plugin.snapshot import delta_snapshot, full_snapshot, restore_chain
 from pidfence.wire import MalformedHeader, decode_pf
 

@@ -1,0 +1,62 @@
+"""Proofs of generations under signing: the kernel's certificate checks (DESIGN §3 amended).
+
+A mixin of :class:`~pidfence.broker_plugin.rules.RulesKernel`: it reads the kernel's
+``verifier``, ``clock``, ``held`` and ``forged``.
+"""
+
+from __future__ import annotations
+
+from pidfence.broker_plugin.entry import FORGED, INVALID_GENERATION, Held, Verifier
+from pidfence.wire import Verdict
+
+
+class Proofs:
+    """Whether a record proves (pid, generation); failures are counted by reason."""
+
+    verifier: Verifier | None
+    clock: int
+    held: dict[int, dict[int, Held]]
+    forged: dict[str, int]
+
+    def certified(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
+        """Whether (pid, g) is proven by ``cert`` (always, without a verifier); counts failures.
+
+        Expiry is judged at ``max(clock, ts)``: a record cannot make a stale certificate fresh
+        by carrying an old timestamp.
+        """
+        if self.verifier is None:
+            return True
+        reason = self.verifier(pid, g, cert, max(self.clock, ts))
+        if reason is None:
+            return True
+        self.forged[reason] = self.forged.get(reason, 0) + 1
+        return False
+
+    def proven(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
+        """Whether the next generation ``g`` of ``pid`` may move ``gE`` (or be held).
+
+        Held records of the next generation were proven when they were held (their release moves
+        ``gE``), so one of them proves its siblings: the ``pfc`` rides only on the first record
+        the producer sent under a generation, which need not be the first to arrive.
+        """
+        held = self.held.get(pid)
+        if held is not None and any(h.generation == g for h in held.values()):
+            return True
+        return self.certified(pid, g, cert, ts)
+
+    def leap(self, pid: int, g: int, cert: bytes | None, ts: int) -> Verdict | None:
+        """Whether a record of generation ``g > gE + 1`` may be judged as ``gE + 1``.
+
+        Returns None when it may: a verifier is set and the generation is proven (by a held
+        record of the same generation, or by ``cert``). Otherwise the verdict:
+        ``INVALID_GENERATION`` without a verifier or without a certificate (the rule of DESIGN
+        §4), ``FORGED`` when a certificate is there and the verifier refuses it.
+        """
+        if self.verifier is None:
+            return INVALID_GENERATION
+        held = self.held.get(pid)
+        if held is not None and any(h.generation == g for h in held.values()):
+            return None
+        if cert is None:
+            return INVALID_GENERATION
+        return None if self.certified(pid, g, cert, ts) else FORGED

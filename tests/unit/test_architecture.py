@@ -1,0 +1,37 @@
+"""The architecture as ``make lint`` checks it, held by ``make test`` (what CI runs) too.
+
+The import-linter contracts in pyproject.toml: the layers (wire; rules, leases, ledger; producer,
+sink, checker; services; sim; testing; demo; cli, each importing only below itself) and no
+import circle among the modules of any package. And no module in ``src/`` over 400 lines.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "pidfence"
+ROOT = SRC.parents[1]
+
+
+def test_import_contracts_are_kept() -> None:
+    # In a process of its own: import-linter configures logging (dictConfig disables every
+    # logger that exists), which would silence the loggers of the tests that follow.
+    config = str(ROOT / "pyproject.toml")
+    code = (
+        "import sys; from importlinter.cli import lint_imports; "
+        f"sys.exit(lint_imports(config_filename={config!r}, no_cache=True, no_logo=True))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {
+        str(path.relative_to(SRC)): n
+        for path in SRC.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 400
+    }
+    assert long == {}
