@@ -34,14 +34,19 @@ from pidfence.broker_plugin import (
     Verifier,
     replay_batch,
 )
+from pidfence.spark_sink.decisions import replay_rows
 from pidfence.spark_sink.layout import BatchLayout
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.storage import STATE, Store, batch_name, part_name
-from pidfence.wire import Verdict, encode_pf
+from pidfence.wire import Verdict
 
 _MAGIC: Final = b"PFS1"
-#: (kafka_offset, key, value, timestamp_us, pid, generation, seq, raw pf header)
-HeldRow = tuple[int, bytes | None, bytes | None, int, int, int, int, bytes | None]
+#: (offset, key, value, timestamp_us, pid, generation, seq, raw pf header, timestampType,
+#: headers as Kafka's source gives them: a list of {"key", "value"} or None)
+HeldRow = tuple[
+    int, bytes | None, bytes | None, int, int, int, int, bytes | None, int | None,
+    list[dict[str, Any]] | None,
+]  # fmt: skip
 
 
 @dataclass
@@ -225,9 +230,10 @@ def _held_payloads(layout: BatchLayout, batch_id: int, part: dict[str, Any]) -> 
     rows: dict[int, HeldRow] = {}
     ts = table.column("timestamp").cast(pa.int64()).to_pylist()
     for row, ts_us in zip(table.to_pylist(), ts, strict=True):
-        rows[int(row["kafka_offset"])] = (
-            int(row["kafka_offset"]), row["key"], row["value"], int(ts_us), int(row["pid"]),
-            int(row["generation"]), int(row["seq"]), row["pf"],
+        rows[int(row["offset"])] = (
+            int(row["offset"]), row["key"], row["value"], int(ts_us), int(row["pid"]),
+            int(row["generation"]), int(row["seq"]), row["pf"], row["timestampType"],
+            row["headers"],
         )  # fmt: skip
     return rows
 
@@ -292,23 +298,25 @@ def _replay(
     top_part: dict[str, Any],
     after: int,
 ) -> None:
-    """Replay every record of ``batches`` (Kafka offsets > ``after``) batch by batch."""
+    """Replay every record of ``batches`` (Kafka offsets > ``after``) batch by batch.
+
+    The records come from the batches' decisions (:mod:`decisions`), the sink's own account of
+    what it committed: rows deleted from the table later, or appended by another writer, do not
+    change it.
+    """
     pieces: list[pa.Table] = []
     for bid, part in batches:
-        log = layout.read_part(bid, part, "log")
-        if log is not None:
-            pieces.append(_replay_rows(log, None))
-        rejects = layout.read_part(bid, part, "rejects")
-        if rejects is not None:
-            pieces.append(_replay_rows(rejects, rejects.column("verdict")))
+        decided = layout.read_decided(bid, part)
+        if decided is not None:
+            pieces.append(replay_rows(decided))
     held = layout.read_part(top, top_part, "held")
     if held is not None:
-        pieces.append(_replay_rows(held, pa.array([Verdict.BUFFERED.value] * held.num_rows)))
+        pieces.append(replay_rows(held, Verdict.BUFFERED.value))
     if not pieces:
         return
-    rows = pa.concat_tables(pieces).sort_by("kafka_offset")
-    rows = rows.filter(pc.greater(rows["kafka_offset"], after))
-    offsets = rows.column("kafka_offset").to_numpy()
+    rows = pa.concat_tables(pieces).sort_by("offset")
+    rows = rows.filter(pc.greater(rows["offset"], after))
+    offsets = rows.column("offset").to_numpy()
     for _, part in batches:
         lo, hi = int(part["kafka_first"]), int(part["kafka_last"])
         a, b = np.searchsorted(offsets, [lo, hi + 1])
@@ -318,42 +326,9 @@ def _replay(
             chunk.column("pf").to_pylist(),
             chunk.column("ts_ms").to_pylist(),
             chunk.column("verdict").to_pylist(),
-            chunk.column("kafka_offset").to_pylist(),
+            chunk.column("offset").to_pylist(),
             flush=bool(part.get("flushed")),
         )
-
-
-def _replay_rows(table: pa.Table, verdicts: Any) -> pa.Table:
-    """(kafka_offset, pf, ts_ms, verdict) of committed rows; log rows get their header back."""
-    n = table.num_rows
-    if "pf" in table.column_names:
-        pf = table.column("pf").combine_chunks()
-    else:
-        pf = pa.array(
-            [
-                encode_pf(p, g, s) if p else None
-                for p, g, s in zip(
-                    table.column("pid").to_pylist(),
-                    table.column("generation").to_pylist(),
-                    table.column("seq").to_pylist(),
-                    strict=True,
-                )
-            ],
-            pa.binary(),
-        )
-    ts_us = table.column("timestamp").cast(pa.int64()).to_numpy()
-    ts_ms = pa.array(ts_us // 1000, pa.int64())  # exactly as the live run derived it
-    verdict = verdicts if verdicts is not None else pa.array([Verdict.APPENDED.value] * n)
-    return pa.table(
-        {
-            "kafka_offset": table.column("kafka_offset").cast(pa.int64()),
-            "pf": pf.cast(pa.binary()),
-            "ts_ms": ts_ms,
-            "verdict": pa.array(verdict, pa.string())
-            if not isinstance(verdict, pa.ChunkedArray)
-            else verdict.cast(pa.string()),
-        }
-    )
 
 
 def save_state(

@@ -10,6 +10,9 @@ starts with the query's id, see :mod:`pidfence.spark_sink.layout`)::
     P/_manifests/_index/latest           the newest index (its batch id)
     P/data/BATCH/TOPIC~PART.TAG.parquet  appended records of one batch and partition
     P/_held/BATCH/TOPIC~PART.TAG.parquet records held for reordering at the end of the batch
+    P/_decided/BATCH/TOPIC~PART.TAG.parquet
+                                         what the batch decided per record (Delta layout only:
+                                         the manifest layout derives it from its own files)
     R/BATCH/TOPIC~PART.TAG.parquet       rejects (R = rejectsPath, default P/_rejects)
     P/_state/TOPIC~PART/BATCH.full       full state snapshot as of BATCH (a cache)
     P/_state/TOPIC~PART/BATCH.delta      changes since the previous state file (a cache)
@@ -32,6 +35,7 @@ MANIFESTS = "_manifests"
 INDEX = "_manifests/_index"
 DATA = "data"
 HELD = "_held"
+DECIDED = "_decided"
 STATE = "_state"
 OWNER = "_owner.json"
 #: Columns with a handful of values per file; only these get Parquet dictionary encoding, which
