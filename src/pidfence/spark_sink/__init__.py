@@ -26,7 +26,7 @@ from pidfence.spark_sink.pipeline import (
     serve,
     start_sink,
 )
-from pidfence.spark_sink.readers import read_log, read_rejects
+from pidfence.spark_sink.readers import read_log, read_rejects, read_written
 
 
 def register(spark: Any) -> None:
@@ -62,6 +62,7 @@ __all__ = [
     "parse_duration_ms",
     "read_log",
     "read_rejects",
+    "read_written",
     "register",
     "run_sink",
     "serve",
