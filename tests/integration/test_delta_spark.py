@@ -57,7 +57,7 @@ spark = (
 try:
     df = spark.read.format("delta").load(path)
     rows = [
-        [r.topic, r.partition, r.log_offset, r.value.decode(), r.kafka_offset]
+        [r.topic, r.partition, r.log_offset, r.value.decode(), r.offset]
         for r in df.orderBy("topic", "partition", "log_offset").collect()
     ]
     print(json.dumps({"schema": df.schema.simpleString(), "rows": rows}))
@@ -68,7 +68,7 @@ finally:
 
 def spark_reads_delta(path: str, jars: list[str]) -> dict[str, Any]:
     """``spark.read.format("delta").load(path)`` in a child Spark with the delta jars: its
-    schema and ``[topic, partition, log_offset, value, kafka_offset]`` rows in log order."""
+    schema and ``[topic, partition, log_offset, value, offset]`` rows in log order."""
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, path, ",".join(jars)],
         cwd=ROOT,
@@ -89,7 +89,7 @@ def test_spark_reads_exactly_the_committed_rows(tmp_path: Path) -> None:
             "delta-spark jars not in the jar cache (add the infra/jvm delta module and run "
             "make setup, or set PIDFENCE_DELTA_JARS)"
         )
-    from pidfence.spark_sink.delta_care import compact
+    from pidfence.spark_sink.delta.care import compact
 
     path = str(tmp_path)
     for b in range(3):
@@ -109,10 +109,10 @@ def test_spark_reads_exactly_the_committed_rows(tmp_path: Path) -> None:
     out = spark_reads_delta(path, jars)
     assert out["schema"] == (
         "struct<topic:string,partition:int,log_offset:bigint,pid:bigint,generation:bigint,"
-        "seq:bigint,key:binary,value:binary,kafka_offset:bigint,timestamp:timestamp>"
+        "seq:bigint,key:binary,value:binary,offset:bigint,timestamp:timestamp>"
     )
     want = expected([0, 1, 2, 3])
     assert out["rows"] == [
-        [r["topic"], r["partition"], r["log_offset"], r["value"].decode(), r["kafka_offset"]]
+        [r["topic"], r["partition"], r["log_offset"], r["value"].decode(), r["offset"]]
         for r in want.to_pylist()
     ]

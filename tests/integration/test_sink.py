@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Producer
 
 from pidfence.spark_sink import read_log, read_rejects, run_sink
-from pidfence.spark_sink.delta_table import OWN_DIR
+from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.storage import STATE, Store, part_name
 from pidfence.wire import FLAG_FENCE, encode_pf
 
@@ -165,9 +165,9 @@ def expected_log(
 
 
 def expected_rejects(topic: str, sent: Sent, rejects: dict[str, str]) -> list[dict[str, Any]]:
-    """Rejects rows, in (partition, kafka_offset) order."""
+    """Rejects rows, in (partition, offset) order."""
     rows = [_row(topic, sent, label, None) | {"verdict": v} for label, v in rejects.items()]
-    return sorted(rows, key=lambda r: (r["partition"], r["kafka_offset"]))
+    return sorted(rows, key=lambda r: (r["partition"], r["offset"]))
 
 
 def _row(topic: str, sent: Sent, label: str, log_offset: int | None) -> dict[str, Any]:
@@ -182,7 +182,7 @@ def _row(topic: str, sent: Sent, label: str, log_offset: int | None) -> dict[str
         "seq": seq,
         "key": None if label.endswith("plain") else f"k-{label}".encode(),
         "value": label.encode(),
-        "kafka_offset": sent.offset[label],
+        "offset": sent.offset[label],
         "timestamp": datetime.fromtimestamp(sent.ts_ms[label] / 1000, UTC),
     }
 
@@ -226,10 +226,10 @@ def assert_delta_alone(
     assert dataset.to_pylist() == log
     frame = pl.read_delta(str(output)).sort(["topic", "partition", "log_offset"])
     assert frame["value"].to_list() == [r["value"] for r in log]
-    assert frame["kafka_offset"].to_list() == [r["kafka_offset"] for r in log]
+    assert frame["offset"].to_list() == [r["offset"] for r in log]
     names = [*log[0].keys(), "verdict"] if log else None
     rej = DeltaTable(str(output / "_rejects")).to_pyarrow_table(columns=names)
-    rej = rej.sort_by([("partition", "ascending"), ("kafka_offset", "ascending")])
+    rej = rej.sort_by([("partition", "ascending"), ("offset", "ascending")])
     assert rej.to_pylist() == rejects
 
 
@@ -301,7 +301,7 @@ def _spark_delta_reads(out: Path, expected: list[dict[str, Any]]) -> None:
         return  # test_delta_spark reports the missing jars (skipped there)
     rows = spark_reads_delta(str(out), jars)["rows"]
     assert rows == [
-        [r["topic"], r["partition"], r["log_offset"], r["value"].decode(), r["kafka_offset"]]
+        [r["topic"], r["partition"], r["log_offset"], r["value"].decode(), r["offset"]]
         for r in expected
     ]
 
