@@ -108,8 +108,9 @@ def test_spark_reads_exactly_the_committed_rows(tmp_path: Path) -> None:
 
     out = spark_reads_delta(path, jars)
     assert out["schema"] == (
-        "struct<topic:string,partition:int,log_offset:bigint,pid:bigint,generation:bigint,"
-        "seq:bigint,key:binary,value:binary,offset:bigint,timestamp:timestamp>"
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+        "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,value:binary>>,"
+        "pid:bigint,generation:bigint,seq:bigint,log_offset:bigint>"
     )
     want = expected([0, 1, 2, 3])
     assert out["rows"] == [

@@ -173,17 +173,25 @@ def expected_rejects(topic: str, sent: Sent, rejects: dict[str, str]) -> list[di
 def _row(topic: str, sent: Sent, label: str, log_offset: int | None) -> dict[str, Any]:
     rec = sent.recs[label]
     pid, generation, seq = rec.identity()
+    pf = rec.pf()
     return {
+        "key": None if label.endswith("plain") else f"k-{label}".encode(),
+        "value": label.encode(),
         "topic": topic,
         "partition": rec.partition,
-        "log_offset": log_offset,
+        "offset": sent.offset[label],
+        "timestamp": datetime.fromtimestamp(sent.ts_ms[label] / 1000, UTC),
+        "timestampType": 0,  # CreateTime: the producer set it
+        "headers": None
+        if pf is None
+        else [
+            {"key": "other", "value": b"x"},
+            {"key": "pf", "value": pf},
+        ],  # every record's own headers, as Kafka's source gives them
         "pid": pid,
         "generation": generation,
         "seq": seq,
-        "key": None if label.endswith("plain") else f"k-{label}".encode(),
-        "value": label.encode(),
-        "offset": sent.offset[label],
-        "timestamp": datetime.fromtimestamp(sent.ts_ms[label] / 1000, UTC),
+        "log_offset": log_offset,
     }
 
 
@@ -277,10 +285,8 @@ def test_crafted_topic_becomes_the_expected_log_run_after_run(
     got = spark.read.format("pidfence").load(str(out)).orderBy("partition", "log_offset").collect()
     no_ts = [{k: v for k, v in r.items() if k != "timestamp"} for r in expected]
     assert [
-        {k: (bytes(v) if isinstance(v, bytearray) else v) for k, v in r.asDict().items()
-         if k != "timestamp"}
-        for r in got
-    ] == no_ts  # fmt: skip
+        {k: _plain(v) for k, v in r.asDict(recursive=True).items() if k != "timestamp"} for r in got
+    ] == no_ts
     assert [r["timestamp"].timestamp() for r in got] == [
         r["timestamp"].timestamp() for r in expected
     ]
@@ -290,6 +296,17 @@ def test_crafted_topic_becomes_the_expected_log_run_after_run(
     )
     if table_format == "delta":
         _spark_delta_reads(out, expected)
+
+
+def _plain(value: Any) -> Any:
+    """A Spark row value as pyarrow gives it (bytes, not bytearray; nested too)."""
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _spark_delta_reads(out: Path, expected: list[dict[str, Any]]) -> None:

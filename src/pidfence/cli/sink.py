@@ -335,7 +335,8 @@ def _run(
                      **kwargs)  # fmt: skip
     except PidfenceError as exc:
         # The sink's own error, found inside Spark's exception when the query ended on it.
-        fail("sink", f"{first_line(exc)} ({type(exc).__name__}){where}", code_of(exc))
+        details = f"; details in {log_file}" if log_file is not None else ""
+        fail("sink", f"{first_line(exc)} ({type(exc).__name__}{details})", code_of(exc))
     except Exception as exc:  # noqa: BLE001 - the query did not start: one line, the log has more
         fail("sink", f"the Spark query did not start: {_line(exc)}{where}", EXIT_UNAVAILABLE)
     finally:

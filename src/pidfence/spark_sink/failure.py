@@ -27,6 +27,8 @@ _PERMANENT: Final = re.compile(
     r"STREAM_FAILED.*(?:checkpoint|metadata) .*(?:corrupt|incompatible)",
     re.IGNORECASE,
 )
+#: What Spark may append to the message's line.
+_SQLSTATE: Final = re.compile(r"\s*SQLSTATE: \w+\s*$")
 _NOISE: Final = ("at ", "===", "JVM stacktrace", "Traceback", "File ")
 
 
@@ -78,7 +80,7 @@ def cause_in(text: str) -> PidfenceError | None:
         if cls is None:
             continue
         error = cls.__new__(cls)
-        Exception.__init__(error, match.group(3).strip())
+        Exception.__init__(error, _SQLSTATE.sub("", match.group(3)).strip())
         found = error
     return found
 

@@ -318,6 +318,10 @@ def serve(
             query.awaitTermination(poll_seconds)
             for line in watcher.poll(query):
                 on_batch(line)
+    except Exception as exc:  # noqa: BLE001 - Spark's exception: raise the sink's cause in it
+        for line in watcher.poll(query, final=True):
+            on_batch(line)
+        raise failure_of(exc) from exc
     finally:
         if query.isActive:
             query.stop()
