@@ -318,7 +318,7 @@ def serve(
             query.awaitTermination(poll_seconds)
             for line in watcher.poll(query):
                 on_batch(line)
-    except Exception as exc:  # noqa: BLE001 - Spark's exception: raise the sink's cause in it
+    except Exception as exc:  # Spark's exception: raise the sink's cause found in it
         for line in watcher.poll(query, final=True):
             on_batch(line)
         raise failure_of(exc) from exc
