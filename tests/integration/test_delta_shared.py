@@ -35,7 +35,7 @@ from pidfence.ledger import LedgerEntry, LedgerWriter, value_digest
 from pidfence.spark_sink import read_log, read_rejects, read_written
 from pidfence.spark_sink.delta.history import BATCH_KEY
 from pidfence.wire import encode_pf
-from tests.integration.test_delta_spark import ROOT, _delta_jars
+from tests.integration.test_delta_spark import ROOT, SESSION, _delta_jars
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -135,20 +135,10 @@ def _rejected(out: Path, verdict: str) -> int:
     return int(pc.sum(pc.equal(rows["verdict"], verdict)).as_py() or 0)
 
 
-SPARK_SQL = """
-import json, sys
-from pyspark.sql import SparkSession
-
-path, jars, statements = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-spark = (
-    SparkSession.builder.master("local[1]")
-    .config("spark.jars", jars)
-    .config("spark.ui.enabled", "false")
-    .config("spark.ui.showConsoleProgress", "false")
-    .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-    .getOrCreate()
-)
+SPARK_SQL = (
+    SESSION
+    + """
+statements = json.loads(sys.argv[3])
 try:
     for sql in statements:
         spark.sql(sql.replace("{t}", f"delta.`{path}`")).collect()
@@ -169,6 +159,7 @@ try:
 finally:
     spark.stop()
 """
+)
 
 
 def spark_sql(path: Path, statements: list[str]) -> dict[str, Any]:

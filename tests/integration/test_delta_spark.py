@@ -41,7 +41,8 @@ def _delta_jars() -> list[str]:
     return jars if len(jars) == 2 else []
 
 
-CHILD = """
+#: A child's Spark session with Delta's extension and catalog (``path``, ``jars`` from argv).
+SESSION = """
 import json, sys
 from pyspark.sql import SparkSession
 
@@ -50,10 +51,15 @@ spark = (
     SparkSession.builder.master("local[1]")
     .config("spark.jars", jars)
     .config("spark.ui.enabled", "false")
+    .config("spark.ui.showConsoleProgress", "false")
     .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
     .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     .getOrCreate()
 )
+"""
+CHILD = (
+    SESSION
+    + """
 try:
     df = spark.read.format("delta").load(path)
     rows = [
@@ -64,6 +70,7 @@ try:
 finally:
     spark.stop()
 """
+)
 
 
 def spark_reads_delta(path: str, jars: list[str]) -> dict[str, Any]:
