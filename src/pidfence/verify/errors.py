@@ -7,9 +7,9 @@ from typing import ClassVar
 from pidfence.wire import PidfenceError
 
 
-class VerifyInputError(PidfenceError):
+class VerifyInputError(PidfenceError, ValueError):
     """A ledger or an output the checker was given is missing, unreadable or not what it
-    expects; the message names it and the fix."""
+    expects; the message names it and the fix (a ``ValueError`` too, for older callers)."""
 
     retriable: ClassVar[bool] = False
 
