@@ -38,7 +38,7 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
     try:
         files = ledger_files(ledgers)
     except FileNotFoundError as exc:
-        raise VerifyInputError(f"ledger: {exc}") from exc
+        raise VerifyInputError(str(exc)) from exc
     if not files:
         raise VerifyInputError("no ledger file given (--ledger FILE or FOLDER)")
     for local in (output, rejects):
