@@ -71,6 +71,10 @@ def main() -> None:
     """Measure and print the cost per record."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument(
+        "--compression", default="zstd", help="codec of the log and rejects: zstd (manifest "
+        "layout) or snappy (Delta layout)"
+    )  # fmt: skip
     args = parser.parse_args()
     rng = random.Random(1)
     next_seq = [0] * (PRODUCERS + 1)
@@ -87,14 +91,14 @@ def main() -> None:
             st = copy.deepcopy(snapshot)
             start = time.perf_counter()
             out = process_partition(tables[3], "t", 0, st)
-            write_parquet(out.log, f"{tmp}/log.parquet", fs)
-            write_parquet(out.rejects, f"{tmp}/rejects.parquet", fs)
+            write_parquet(out.log, f"{tmp}/log.parquet", fs, args.compression)
+            write_parquet(out.rejects, f"{tmp}/rejects.parquet", fs, args.compression)
             seconds.append(time.perf_counter() - start)
             start = time.perf_counter()
             write_parquet(decided_rows(out.log, out.rejects), f"{tmp}/decided.parquet", fs)
             decisions.append(time.perf_counter() - start)
     for what, times in (
-        ("process_partition + Parquet log and rejects", seconds),
+        (f"process_partition + Parquet log and rejects ({args.compression})", seconds),
         ("the Delta layout's decisions file on top", decisions),
     ):
         best, median = min(times) / RECORDS * 1e9, statistics.median(times) / RECORDS * 1e9

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from pidfence.spark_sink.schema import TS_TYPE
+from pidfence.spark_sink.storage import DELTA_ENCODED
 from pidfence.wire import Verdict, encode_pf
 
 DECIDED_SCHEMA: Final = pa.schema(
@@ -34,7 +35,9 @@ DECIDED_SCHEMA: Final = pa.schema(
         # Null for appended rows (the log's): only rejects need their verdict and raw header.
         ("verdict", pa.string()),
         ("pf", pa.binary()),
-    ]
+    ],
+    # Integers only but for two mostly-null columns: written delta-encoded (storage.py).
+    metadata={DELTA_ENCODED: b"1"},
 )
 _IDENTITY: Final = ("offset", "log_offset", "pid", "generation", "seq", "timestamp")
 #: What a replay reads: every decided record with its header, time and final verdict.
@@ -64,7 +67,7 @@ def decided_rows(log: pa.Table | None, rejects: pa.Table | None) -> pa.Table:
         pieces.append(rejects.select(DECIDED_SCHEMA.names).cast(DECIDED_SCHEMA))
     if not pieces:
         return DECIDED_SCHEMA.empty_table()
-    return pa.concat_tables(pieces)
+    return pa.concat_tables(pieces).replace_schema_metadata(DECIDED_SCHEMA.metadata)
 
 
 def replay_rows(table: pa.Table, verdict: str | None = None) -> pa.Table:

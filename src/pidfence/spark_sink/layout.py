@@ -124,6 +124,9 @@ class ParquetLayout:
         rejects_path: the sink's ``rejectsPath``.
     """
 
+    #: Parquet codec of the log and rejects files.
+    compression: str = "zstd"
+
     def __init__(self, path: str, rejects_path: str) -> None:
         self.store = Store.at(path)
         self.rejects = Store.at(rejects_path)
@@ -180,7 +183,8 @@ class ParquetLayout:
                 continue
             rel = self._relative(kind, batch_id, topic, partition, tag)
             root = self._root(kind)
-            root.write_table(root.join(rel), table)
+            codec = self.compression if kind in ("log", "rejects") else "zstd"
+            root.write_table(root.join(rel), table, codec)
             names[kind] = rel
         for kind, staged in names.items():
             if staged is not None:

@@ -72,6 +72,9 @@ class DeltaLayout(ParquetLayout):
         storage_options: deltalake storage options for object stores (credentials, endpoint).
     """
 
+    #: Delta's own default codec (delta-rs and Spark write snappy): a quarter cheaper to write
+    #: than zstd (``bench/sink_task_cost.py``), files somewhat larger.
+    compression: str = "snappy"
     #: Called with ``"rejects_committed"`` between the two Delta commits (crash tests kill the
     #: process there); None in production.
     hook: ClassVar[Callable[[str], None] | None] = None
