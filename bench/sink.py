@@ -462,7 +462,7 @@ def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -
         ),
     ]
     if with_format:
-        from pidfence.spark_sink.delta_table import OWN_DIR
+        from pidfence.spark_sink.delta.table import OWN_DIR
 
         rows.append(
             Contender(

@@ -3,9 +3,9 @@
 Builds bench-shaped Kafka rows (250 producers in one partition, 5% resends, 64-byte values,
 125,000 records: one partition's share of a 500,000-record trigger), runs three batches to reach
 the steady state, then times ``process_partition`` plus the Parquet writes of its log and rejects
-on the fourth, from a copy of the same state each repeat. Prints the best and median nanoseconds
-per record; what a Spark task adds on top (Arrow transfer from the JVM) is the no-op writer's
-share in ``pidfence bench sink``.
+(and, as the Delta layout does, of the part's decisions file) on the fourth, from a copy of the
+same state each repeat. Prints the best and median nanoseconds per record; what a Spark task adds
+on top (Arrow transfer from the JVM) is the no-op writer's share in ``pidfence bench sink``.
 
     .venv/bin/python bench/sink_task_cost.py [--repeat 15]
 """
@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from pidfence.broker_plugin import ProducerStateTable
+from pidfence.spark_sink.decisions import decided_rows
 from pidfence.spark_sink.process import process_partition
 from pidfence.spark_sink.state import PartitionState
 from pidfence.spark_sink.storage import write_parquet
@@ -59,6 +60,7 @@ def kafka_rows(batch: int, next_seq: list[int], rng: random.Random) -> pa.Table:
             "timestamp": pa.array(
                 np.arange(RECORDS, dtype=np.int64) + 1_700_000_000_000_000 + first * 10
             ).cast(pa.timestamp("us", tz="UTC")),
+            "timestampType": pa.array([0] * RECORDS, pa.int32()),
             "headers": pa.array(headers, HEADERS_TYPE),
         }
     )
@@ -69,6 +71,10 @@ def main() -> None:
     """Measure and print the cost per record."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument(
+        "--compression", default="zstd", help="codec of the log and rejects: zstd (manifest "
+        "layout) or snappy (Delta layout)"
+    )  # fmt: skip
     args = parser.parse_args()
     rng = random.Random(1)
     next_seq = [0] * (PRODUCERS + 1)
@@ -78,20 +84,28 @@ def main() -> None:
         process_partition(table, "t", 0, state)
     snapshot = copy.deepcopy(state)
     fs = pafs.LocalFileSystem()
-    seconds = []
+    seconds: list[float] = []
+    decisions: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeat):
             st = copy.deepcopy(snapshot)
             start = time.perf_counter()
             out = process_partition(tables[3], "t", 0, st)
-            write_parquet(out.log, f"{tmp}/log.parquet", fs)
-            write_parquet(out.rejects, f"{tmp}/rejects.parquet", fs)
+            write_parquet(out.log, f"{tmp}/log.parquet", fs, args.compression)
+            write_parquet(out.rejects, f"{tmp}/rejects.parquet", fs, args.compression)
             seconds.append(time.perf_counter() - start)
-    best, median = min(seconds) / RECORDS * 1e9, statistics.median(seconds) / RECORDS * 1e9
-    print(
-        f"process_partition + Parquet log and rejects, {RECORDS:,} records: best {best:.0f} ns, "
-        f"median {median:.0f} ns per record ({args.repeat} repeats)"
-    )
+            start = time.perf_counter()
+            write_parquet(decided_rows(out.log, out.rejects), f"{tmp}/decided.parquet", fs)
+            decisions.append(time.perf_counter() - start)
+    for what, times in (
+        (f"process_partition + Parquet log and rejects ({args.compression})", seconds),
+        ("the Delta layout's decisions file on top", decisions),
+    ):
+        best, median = min(times) / RECORDS * 1e9, statistics.median(times) / RECORDS * 1e9
+        print(
+            f"{what}, {RECORDS:,} records: best {best:.0f} ns, median {median:.0f} ns per record "
+            f"({args.repeat} repeats)"
+        )
 
 
 if __name__ == "__main__":

@@ -195,7 +195,7 @@ def assert_every_forgery_forged(rejects: Any, forged: list[Forgery]) -> None:
         (p, o): v
         for p, o, v in zip(
             rejects.column("partition").to_pylist(),
-            rejects.column("kafka_offset").to_pylist(),
+            rejects.column("offset").to_pylist(),
             rejects.column("verdict").to_pylist(),
             strict=True,
         )
@@ -212,7 +212,7 @@ def assert_appended_around(log: Any, pid: int, forgery: Forgery) -> None:
         for p, i, o in zip(
             log.column("partition").to_pylist(),
             log.column("pid").to_pylist(),
-            log.column("kafka_offset").to_pylist(),
+            log.column("offset").to_pylist(),
             strict=True,
         )
         if p == forgery.partition and i == pid

@@ -203,3 +203,23 @@ def test_missing_options_and_a_bad_table_format_are_one_line_and_exit_2(tmp_path
                          "--table-format", "iceberg")  # fmt: skip
     assert result.returncode == EXIT_USAGE, result.stderr
     assert "iceberg" in result.stderr
+
+
+def test_a_table_of_the_old_format_is_refused_with_the_migrate_line(
+    kafka: Any, new_topic: Any, tmp_path: Path
+) -> None:
+    from deltalake import DeltaTable
+
+    from pidfence.spark_sink.delta.table import DELTA_LOG_SCHEMA, FORMAT_KEY, TABLE_KEY
+
+    topic = new_topic()
+    out = tmp_path / "out"
+    DeltaTable.create(
+        str(out), DELTA_LOG_SCHEMA, configuration={TABLE_KEY: "log", FORMAT_KEY: "1"},
+        raise_if_key_not_exists=False,
+    )  # fmt: skip
+    result, took = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
+                            "--available-now")  # fmt: skip
+    assert_one_line(result, EXIT_UNAVAILABLE, "table format 1", f"pidfence sink migrate {out}")
+    assert took < 15, f"took {took:.1f}s"
+    assert DeltaTable(str(out)).version() == 0

@@ -26,8 +26,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from pidfence.spark_sink.delta_commit import StagedFile, commit_batch, staging_dir
-from pidfence.spark_sink.delta_readers import read_delta_log
+from pidfence.spark_sink.delta.commit import StagedFile, commit_batch, staging_dir
+from pidfence.spark_sink.delta.readers import read_delta_log
 from tests.unit.test_delta_commit import Q, expected, run_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import json, os, signal, sys
-from pidfence.spark_sink.delta_commit import commit_batch
+from pidfence.spark_sink.delta.commit import commit_batch
 from tests.unit.test_delta_commit import Q, stage
 
 path, batch, point, messages = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -130,7 +130,7 @@ def _clean_run(path: Path, batch: int, messages: Path) -> None:
 SINK_CHILD = """
 import os, signal, sys
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.delta_layout import open_layout
+from pidfence.spark_sink.delta.layout import open_layout
 from pidfence.spark_sink.faults import install_hook
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.writer import PidfenceStreamWriter
@@ -205,10 +205,10 @@ def test_sink_on_delta_killed_at_each_step_restarts_exact(tmp_path: Path) -> Non
     records = [r for chunk in sink_chunks() for r in chunk]
     expected, dropped = reference(records, **RULES)
     log_rows = DeltaTable(str(tmp_path)).to_pyarrow_table().sort_by("log_offset")
-    assert log_rows["kafka_offset"].to_pylist() == expected
+    assert log_rows["offset"].to_pylist() == expected
     assert log_rows["log_offset"].to_pylist() == list(range(len(expected)))
     rejects = DeltaTable(str(tmp_path / "_rejects")).to_pyarrow_table()
-    offsets = rejects["kafka_offset"].to_pylist()
+    offsets = rejects["offset"].to_pylist()
     assert len(offsets) == len(set(offsets))
     assert dict(zip(offsets, rejects["verdict"].to_pylist(), strict=True)) == dropped
     assert DeltaTable(str(tmp_path)).transaction_version(SINK_QUERY) == len(sink_chunks()) - 1

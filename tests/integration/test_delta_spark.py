@@ -41,7 +41,8 @@ def _delta_jars() -> list[str]:
     return jars if len(jars) == 2 else []
 
 
-CHILD = """
+#: A child's Spark session with Delta's extension and catalog (``path``, ``jars`` from argv).
+SESSION = """
 import json, sys
 from pyspark.sql import SparkSession
 
@@ -50,25 +51,31 @@ spark = (
     SparkSession.builder.master("local[1]")
     .config("spark.jars", jars)
     .config("spark.ui.enabled", "false")
+    .config("spark.ui.showConsoleProgress", "false")
     .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
     .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     .getOrCreate()
 )
+"""
+CHILD = (
+    SESSION
+    + """
 try:
     df = spark.read.format("delta").load(path)
     rows = [
-        [r.topic, r.partition, r.log_offset, r.value.decode(), r.kafka_offset]
+        [r.topic, r.partition, r.log_offset, r.value.decode(), r.offset]
         for r in df.orderBy("topic", "partition", "log_offset").collect()
     ]
     print(json.dumps({"schema": df.schema.simpleString(), "rows": rows}))
 finally:
     spark.stop()
 """
+)
 
 
 def spark_reads_delta(path: str, jars: list[str]) -> dict[str, Any]:
     """``spark.read.format("delta").load(path)`` in a child Spark with the delta jars: its
-    schema and ``[topic, partition, log_offset, value, kafka_offset]`` rows in log order."""
+    schema and ``[topic, partition, log_offset, value, offset]`` rows in log order."""
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, path, ",".join(jars)],
         cwd=ROOT,
@@ -89,7 +96,7 @@ def test_spark_reads_exactly_the_committed_rows(tmp_path: Path) -> None:
             "delta-spark jars not in the jar cache (add the infra/jvm delta module and run "
             "make setup, or set PIDFENCE_DELTA_JARS)"
         )
-    from pidfence.spark_sink.delta_care import compact
+    from pidfence.spark_sink.delta.care import compact
 
     path = str(tmp_path)
     for b in range(3):
@@ -108,11 +115,12 @@ def test_spark_reads_exactly_the_committed_rows(tmp_path: Path) -> None:
 
     out = spark_reads_delta(path, jars)
     assert out["schema"] == (
-        "struct<topic:string,partition:int,log_offset:bigint,pid:bigint,generation:bigint,"
-        "seq:bigint,key:binary,value:binary,kafka_offset:bigint,timestamp:timestamp>"
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+        "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,value:binary>>,"
+        "pid:bigint,generation:bigint,seq:bigint,log_offset:bigint>"
     )
     want = expected([0, 1, 2, 3])
     assert out["rows"] == [
-        [r["topic"], r["partition"], r["log_offset"], r["value"].decode(), r["kafka_offset"]]
+        [r["topic"], r["partition"], r["log_offset"], r["value"].decode(), r["offset"]]
         for r in want.to_pylist()
     ]

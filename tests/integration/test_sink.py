@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Producer
 
 from pidfence.spark_sink import read_log, read_rejects, run_sink
-from pidfence.spark_sink.delta_table import OWN_DIR
+from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.storage import STATE, Store, part_name
 from pidfence.wire import FLAG_FENCE, encode_pf
 
@@ -165,25 +165,33 @@ def expected_log(
 
 
 def expected_rejects(topic: str, sent: Sent, rejects: dict[str, str]) -> list[dict[str, Any]]:
-    """Rejects rows, in (partition, kafka_offset) order."""
+    """Rejects rows, in (partition, offset) order."""
     rows = [_row(topic, sent, label, None) | {"verdict": v} for label, v in rejects.items()]
-    return sorted(rows, key=lambda r: (r["partition"], r["kafka_offset"]))
+    return sorted(rows, key=lambda r: (r["partition"], r["offset"]))
 
 
 def _row(topic: str, sent: Sent, label: str, log_offset: int | None) -> dict[str, Any]:
     rec = sent.recs[label]
     pid, generation, seq = rec.identity()
+    pf = rec.pf()
     return {
+        "key": None if label.endswith("plain") else f"k-{label}".encode(),
+        "value": label.encode(),
         "topic": topic,
         "partition": rec.partition,
-        "log_offset": log_offset,
+        "offset": sent.offset[label],
+        "timestamp": datetime.fromtimestamp(sent.ts_ms[label] / 1000, UTC),
+        "timestampType": 0,  # CreateTime: the producer set it
+        "headers": None
+        if pf is None
+        else [
+            {"key": "other", "value": b"x"},
+            {"key": "pf", "value": pf},
+        ],  # every record's own headers, as Kafka's source gives them
         "pid": pid,
         "generation": generation,
         "seq": seq,
-        "key": None if label.endswith("plain") else f"k-{label}".encode(),
-        "value": label.encode(),
-        "kafka_offset": sent.offset[label],
-        "timestamp": datetime.fromtimestamp(sent.ts_ms[label] / 1000, UTC),
+        "log_offset": log_offset,
     }
 
 
@@ -226,10 +234,10 @@ def assert_delta_alone(
     assert dataset.to_pylist() == log
     frame = pl.read_delta(str(output)).sort(["topic", "partition", "log_offset"])
     assert frame["value"].to_list() == [r["value"] for r in log]
-    assert frame["kafka_offset"].to_list() == [r["kafka_offset"] for r in log]
+    assert frame["offset"].to_list() == [r["offset"] for r in log]
     names = [*log[0].keys(), "verdict"] if log else None
     rej = DeltaTable(str(output / "_rejects")).to_pyarrow_table(columns=names)
-    rej = rej.sort_by([("partition", "ascending"), ("kafka_offset", "ascending")])
+    rej = rej.sort_by([("partition", "ascending"), ("offset", "ascending")])
     assert rej.to_pylist() == rejects
 
 
@@ -278,10 +286,8 @@ def test_crafted_topic_becomes_the_expected_log_run_after_run(
     got = spark.read.format("pidfence").load(str(out)).orderBy("partition", "log_offset").collect()
     no_ts = [{k: v for k, v in r.items() if k != "timestamp"} for r in expected]
     assert [
-        {k: (bytes(v) if isinstance(v, bytearray) else v) for k, v in r.asDict().items()
-         if k != "timestamp"}
-        for r in got
-    ] == no_ts  # fmt: skip
+        {k: _plain(v) for k, v in r.asDict(recursive=True).items() if k != "timestamp"} for r in got
+    ] == no_ts
     assert [r["timestamp"].timestamp() for r in got] == [
         r["timestamp"].timestamp() for r in expected
     ]
@@ -293,6 +299,17 @@ def test_crafted_topic_becomes_the_expected_log_run_after_run(
         _spark_delta_reads(out, expected)
 
 
+def _plain(value: Any) -> Any:
+    """A Spark row value as pyarrow gives it (bytes, not bytearray; nested too)."""
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def _spark_delta_reads(out: Path, expected: list[dict[str, Any]]) -> None:
     """With the delta-spark jars, Spark's own Delta reader returns exactly the expected rows."""
     from tests.integration.test_delta_spark import _delta_jars, spark_reads_delta
@@ -302,7 +319,7 @@ def _spark_delta_reads(out: Path, expected: list[dict[str, Any]]) -> None:
         return  # test_delta_spark reports the missing jars (skipped there)
     rows = spark_reads_delta(str(out), jars)["rows"]
     assert rows == [
-        [r["topic"], r["partition"], r["log_offset"], r["value"].decode(), r["kafka_offset"]]
+        [r["topic"], r["partition"], r["log_offset"], r["value"].decode(), r["offset"]]
         for r in expected
     ]
 

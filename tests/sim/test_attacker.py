@@ -85,7 +85,7 @@ def _followed(result: SimResult, forgery: Forgery) -> bool:
     rows = zip(
         result.log["pid"].to_pylist(),
         result.log["partition"].to_pylist(),
-        result.log["kafka_offset"].to_pylist(),
+        result.log["offset"].to_pylist(),
         strict=True,
     )
     offsets = [o for pid, p, o in rows if pid == forgery.pid and p == forgery.partition]

@@ -1,7 +1,7 @@
 """The architecture as ``make lint`` checks it, held by ``make test`` (what CI runs) too.
 
 The import-linter contracts in pyproject.toml: the layers (wire; rules, leases, ledger; producer,
-sink, checker; services; sim; testing; demo; cli, each importing only below itself) and no
+sink; checker; services; sim; testing; demo; cli, each importing only below itself) and no
 import circle among the modules of any package. And no module in ``src/`` over 400 lines.
 """
 

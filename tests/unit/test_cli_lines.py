@@ -3,6 +3,7 @@ exit codes."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -10,17 +11,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE, code_of
-from pidfence.cli.preflight import (
-    PathUnusable,
-    TopicReport,
-    check_writable,
-    records_to_read,
-    start_offsets,
+from pidfence.cli.exits import (
+    EXIT_BY_ERROR,
+    EXIT_RETRIABLE,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    code_of,
 )
+from pidfence.cli.preflight import PathUnusable, TopicReport, check_writable
 from pidfence.demo.procs import Worker
 from pidfence.demo.progress import role_line
-from pidfence.spark_sink import BatchLine
+from pidfence.spark_sink import BatchLine, SinkOptionError
+from pidfence.spark_sink.delta.errors import RestoredPastSink
+from pidfence.spark_sink.failure import SparkQueryFailed
+from pidfence.spark_sink.preflight import records_to_read, start_offsets
+from pidfence.verify import VerifyInputError
 from pidfence.wire import PidfenceError
 
 
@@ -134,3 +139,15 @@ def test_exit_code_of_an_error_follows_its_retriable_flag() -> None:
 
     assert code_of(Soon()) == EXIT_RETRIABLE
     assert code_of(PidfenceError()) == EXIT_UNAVAILABLE
+
+
+def test_the_exit_table_names_pidfence_errors_and_decides_by_the_most_derived_class() -> None:
+    for name in EXIT_BY_ERROR:
+        module, _, cls = name.rpartition(".")
+        found = getattr(importlib.import_module(module), cls)
+        assert issubclass(found, PidfenceError), name
+    assert code_of(SinkOptionError("bad")) == EXIT_USAGE
+    assert code_of(VerifyInputError("no ledger")) == EXIT_USAGE
+    assert code_of(RestoredPastSink("restored")) == EXIT_UNAVAILABLE
+    assert code_of(SparkQueryFailed("spark")) == EXIT_RETRIABLE
+    assert code_of(ValueError("not ours")) == EXIT_UNAVAILABLE

@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from pidfence.spark_sink.delta_care import checkpoint, compact, vacuum
-from pidfence.spark_sink.delta_commit import (
+from pidfence.spark_sink.delta.care import checkpoint, compact, vacuum
+from pidfence.spark_sink.delta.commit import (
     commit_batch,
     data_dir,
     stage_file,
     staging_dir,
 )
-from pidfence.spark_sink.delta_readers import read_delta_log
+from pidfence.spark_sink.delta.readers import read_delta_log
+from pidfence.spark_sink.delta.table import open_table
 from tests.unit.test_delta_commit import Q, expected, run_batch, stage
 from tests.unit.test_delta_table import log_rows
 
@@ -106,20 +107,22 @@ def test_full_vacuum_keeps_uncommitted_batches_and_drops_orphans(busy_table: Pat
     assert read_delta_log(path).num_rows == expected(list(range(6))).num_rows + 1
 
 
-def test_checkpoint_at_the_default_interval(tmp_path: Path) -> None:
-    # Every commit runs deltalake's post-commit hook: with the default interval (100, not set in
-    # the table's configuration) the 100th commit, version 99, writes a checkpoint.
+def test_checkpoints_at_deltas_default_interval_and_log_cleanup(tmp_path: Path) -> None:
+    # No delta.checkpointInterval in the table: Delta Lake's default, 10 (not delta-rs's 100):
+    # versions 10 and 20 get checkpoints, as Spark's Delta writer writes them.
     path = str(tmp_path)
-    for b in range(99):
+    open_table(path, "log")
+    for b in range(21):
         commit_batch(path, "log", Q, b, [])
     log = tmp_path / "_delta_log"
     assert "delta.checkpointInterval" not in DeltaTable(path).metadata().configuration
-    assert [p.name for p in log.glob("*.checkpoint*")] == [f"{99:020d}.checkpoint.parquet"]
-    commit_batch(path, "log", Q, 99, [])
-    assert [p.name for p in log.glob("*.checkpoint*")] == [f"{99:020d}.checkpoint.parquet"]
+    names = sorted(p.name for p in log.glob("*.checkpoint*"))
+    assert names == [f"{v:020d}.checkpoint.parquet" for v in (10, 20)]
     # The transaction ids survive a reader that starts from the checkpoint.
     dt = DeltaTable(path)
-    assert dt.transaction_version(Q) == 99
-    assert not commit_batch(path, "log", Q, 98, [])
-    assert checkpoint(path) == 100
-    assert (log / f"{100:020d}.checkpoint.parquet").exists()
+    assert dt.transaction_version(Q) == 20
+    assert not commit_batch(path, "log", Q, 19, [])
+    assert checkpoint(path) == 21
+    assert (log / f"{21:020d}.checkpoint.parquet").exists()
+    # Log retention honoured: nothing is younger than 30 days here, so every commit stays.
+    assert len(list(log.glob("*.json"))) == 22

@@ -18,14 +18,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from pidfence.spark_sink import delta_layout as layout_mod
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.delta_care import compact
-from pidfence.spark_sink.delta_layout import DeltaLayout, open_layout
-from pidfence.spark_sink.delta_readers import read_delta_log, read_delta_rejects
-from pidfence.spark_sink.delta_table import NotPidfenceTable
+from pidfence.spark_sink.delta import layout as layout_mod
+from pidfence.spark_sink.delta.care import compact
+from pidfence.spark_sink.delta.layout import DeltaLayout, open_layout
+from pidfence.spark_sink.delta.readers import read_delta_log, read_delta_rejects
+from pidfence.spark_sink.delta.table import NotPidfenceTable
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
+from pidfence.wire import encode_pf
 from tests.unit.test_sink_process import Record, kafka_rows, make_stream, reference
 
 SETTINGS = {
@@ -66,12 +67,10 @@ def _check(path: Path, records: list[Record]) -> None:
     """The Delta tables, read by deltalake alone, hold exactly the reference output."""
     expected, dropped = reference(records, **RULES)
     log = DeltaTable(str(path)).to_pyarrow_table().sort_by("log_offset")
-    assert log["kafka_offset"].to_pylist() == expected
+    assert log["offset"].to_pylist() == expected
     assert log["log_offset"].to_pylist() == list(range(len(expected)))
     rejects = DeltaTable(str(path / "_rejects")).to_pyarrow_table()
-    got = dict(
-        zip(rejects["kafka_offset"].to_pylist(), rejects["verdict"].to_pylist(), strict=True)
-    )
+    got = dict(zip(rejects["offset"].to_pylist(), rejects["verdict"].to_pylist(), strict=True))
     assert len(got) == rejects.num_rows  # no reject twice
     assert got == {k: v for k, v in dropped.items() if k <= max(o for o, _, _ in records)}
 
@@ -185,29 +184,48 @@ def test_state_rebuilt_from_the_delta_output_after_compaction(
     _check(tmp_path, records)
 
 
-def test_read_part_finds_compacted_rows(
+def test_deleted_rows_stay_deleted_when_replayed_upstream_even_with_state_files_lost(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = make_stream(17, 200)
-    for b, chunk in enumerate(_chunks(records)):
+    records = make_stream(17, 300)
+    chunks = _chunks(records)
+    for b, chunk in enumerate(chunks):
         writer.commit([_write(monkeypatch, writer, b, chunk)], b)
-    layout = DeltaLayout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
-    before = {
-        (b, kind): layout.read_part(b, part, kind)
-        for b in range(4)
-        for part in layout.committed(b)["parts"]  # type: ignore[index]
-        for kind in ("log", "rejects", "held")
-    }
-    compact(str(tmp_path))
-    compact(str(tmp_path / "_rejects"), "rejects")
-    assert len(DeltaTable(str(tmp_path)).file_uris()) == 1
-    layout = DeltaLayout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
-    for (b, kind), table in before.items():
-        part = layout.committed(b)["parts"][0]  # type: ignore[index]
-        again = layout.read_part(b, part, kind)
-        assert (again is None) == (table is None)
-        if table is not None and again is not None:
-            assert again.equals(table)
+    path = str(tmp_path)
+    before = read_delta_log(path)
+    gone = before.filter(pa.compute.equal(before["pid"], 1))
+    assert gone.num_rows > 3
+    # The table's owner deletes a producer's rows (GDPR), another writer appends beside the
+    # sink, table care rewrites and vacuums every file, and every state file is lost.
+    DeltaTable(path).delete("pid = 1")
+    write_deltalake(path, before.slice(0, 1), mode="append")
+    compact(path)
+    DeltaTable(path).vacuum(0, enforce_retention_duration=False, dry_run=False)
+    shutil.rmtree(tmp_path / "_pidfence" / "_state")
+    # Upstream replays the deleted records (same pf headers, new Kafka offsets).
+    end = records[-1][0] + 1
+    replay: list[Record] = [
+        (end + i, encode_pf(r["pid"], r["generation"], r["seq"]), 10**6 + i)
+        for i, r in enumerate(gone.to_pylist())
+    ]
+    b = len(chunks)
+    writer.commit([_write(monkeypatch, writer, b, replay)], b)
+    rejects = read_delta_rejects(str(tmp_path / "_rejects"))
+    replayed = rejects.filter(pa.compute.greater_equal(rejects["offset"], end))
+    # Exactly the rules' decisions over the whole stream: DUPLICATE (or FENCED, a generation
+    # since bumped), never appended again.
+    _, dropped = reference(records + replay, **RULES)
+    want = {o: dropped[o] for o, _, _ in replay}
+    got = zip(replayed["offset"].to_pylist(), replayed["verdict"].to_pylist(), strict=True)
+    assert dict(got) == want
+    assert set(want.values()) <= {"DUPLICATE", "FENCED"} and "DUPLICATE" in want.values()
+    after = read_delta_log(path)
+    assert after.filter(pa.compute.equal(after["pid"], 1)).num_rows == 0  # still deleted
+    assert after.num_rows == before.num_rows - gone.num_rows + 1
+    # The sink's log offsets went on from its own commits, not from the rows left.
+    layout = DeltaLayout(path, str(tmp_path / "_rejects"), QUERY)
+    part = layout.committed(b)["parts"][0]  # type: ignore[index]
+    assert part["log_start"] == part["log_end"] == before["log_offset"].to_pylist()[-1] + 1
 
 
 def test_uncommitted_manifest_is_not_a_committed_batch(

@@ -10,25 +10,21 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
+from deltalake.schema import Field, PrimitiveType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pidfence.spark_sink.delta_commit import commit_batch, footer_stats, stage_file, staging_dir
-from pidfence.spark_sink.delta_readers import (
-    log_heads,
-    log_rows_from,
-    read_delta_log,
-    read_delta_rejects,
-    rejects_from,
-)
-from pidfence.spark_sink.delta_table import (
+from pidfence.spark_sink.delta.commit import commit_batch, stage_file, staging_dir
+from pidfence.spark_sink.delta.readers import log_heads, read_delta_log, read_delta_rejects
+from pidfence.spark_sink.delta.stats import footer_stats
+from pidfence.spark_sink.delta.table import (
     DELTA_LOG_SCHEMA,
-    REJECTS_PUBLIC_SCHEMA,
-    TS_TYPE,
+    DELTA_REJECTS_SCHEMA,
     Location,
     open_table,
 )
+from pidfence.spark_sink.schema import HEADERS_TYPE, TS_TYPE, conform
 from tests.unit.test_delta_commit import Q, expected, run_batch, stage
 from tests.unit.test_delta_table import reject_rows
 
@@ -56,7 +52,7 @@ def table_with_uncommitted(tmp_path: Path) -> str:
 
 
 def _normal(table: pa.Table, schema: pa.Schema = DELTA_LOG_SCHEMA) -> pa.Table:
-    return table.select(schema.names).cast(schema).sort_by(_ORDER)
+    return conform(table, schema).sort_by(_ORDER)
 
 
 def test_read_delta_log_is_the_committed_rows(table_with_uncommitted: str) -> None:
@@ -82,14 +78,24 @@ def test_polars_reads_exactly_the_committed_rows(table_with_uncommitted: str) ->
     assert sorted(lazy["log_offset"].to_list()) == list(range(12))
 
 
-def test_per_partition_reads_for_state_rebuild(table_with_uncommitted: str) -> None:
+def test_headers_survive_every_reader(table_with_uncommitted: str) -> None:
+    want = expected([0, 1, 2]).column("headers").to_pylist()
+    assert read_delta_log(table_with_uncommitted).column("headers").to_pylist() == want
+    frame = pl.read_delta(table_with_uncommitted).sort(["topic", "partition", "log_offset"])
+    assert frame["headers"].to_list() == want
+
+
+def test_log_heads_and_columns_another_writer_added(table_with_uncommitted: str) -> None:
     path = table_with_uncommitted
     assert log_heads(path) == {("t", 0): 12, ("t", 1): 12}
-    rows = log_rows_from(path, "t", 1, 5)
-    assert rows["log_offset"].to_pylist() == list(range(5, 12))
-    assert set(rows["partition"].to_pylist()) == {1}
-    assert log_rows_from(path, "t", 0, 12).num_rows == 0
-    assert log_rows_from(path, "other", 0, 0).num_rows == 0
+    DeltaTable(path).alter.add_columns([Field("region", PrimitiveType("string"), nullable=True)])
+    row = expected([0]).slice(0, 1).append_column("region", pa.array(["eu"]))
+    write_deltalake(path, row.set_column(row.schema.get_field_index("log_offset"), "log_offset",
+                                         pa.nulls(1, pa.int64())), mode="append")  # fmt: skip
+    table = read_delta_log(path)
+    assert table.column_names == [*DELTA_LOG_SCHEMA.names, "region"]
+    assert table.num_rows == expected([0, 1, 2]).num_rows + 1
+    assert log_heads(path) == {("t", 0): 12, ("t", 1): 12}  # a row without log_offset
 
 
 def test_rejects_reads(tmp_path: Path) -> None:
@@ -101,15 +107,8 @@ def test_rejects_reads(tmp_path: Path) -> None:
     )
     commit_batch(path, "rejects", Q, 0, [stage_file(path, "rejects", Q, 0, "t", 0, rows)])
     table = read_delta_rejects(path)
-    assert table.schema.equals(REJECTS_PUBLIC_SCHEMA)
+    assert table.schema.equals(DELTA_REJECTS_SCHEMA)
     assert table.equals(rows)
-    fences = rejects_from(path, "t", 0, 11, ["FENCE"])
-    assert fences["batch"].to_pylist() == [0, 0]
-    assert fences["pf"].null_count == 2
-    assert fences["kafka_offset"].to_pylist() == [12, 14]
-    assert (
-        rejects_from(path, "t", 0, -1)["verdict"].to_pylist() == ["FENCE"] * 3 + ["DUPLICATE"] * 2
-    )
 
 
 def test_empty_log_reads(tmp_path: Path) -> None:
@@ -143,25 +142,28 @@ def test_property_statistics_bound_every_row_and_never_hide_one(
     """The statistics a commit writes bound every value (timestamps rounded outwards to ms);
     footer and in-memory statistics agree; a filtered read through deltalake's dataset (which
     prunes files by them) returns exactly the rows a full read filtered afterwards returns."""
+    n = len(rows)
     table = pa.table(
         {
+            "key": pa.array([None] * n, pa.binary()),
+            "value": pa.array([b"v"] * n, pa.binary()),
             "topic": pa.array([r[0] for r in rows], pa.string()),
             "partition": pa.array([r[1] for r in rows], pa.int32()),
-            "log_offset": pa.array([r[2] for r in rows], pa.int64()),
-            "pid": pa.array([r[3] for r in rows], pa.int64()),
-            "generation": pa.array([0] * len(rows), pa.int64()),
-            "seq": pa.array([0] * len(rows), pa.int64()),
-            "key": pa.array([None] * len(rows), pa.binary()),
-            "value": pa.array([b"v"] * len(rows), pa.binary()),
-            "kafka_offset": pa.array([r[2] for r in rows], pa.int64()),
+            "offset": pa.array([r[2] for r in rows], pa.int64()),
             "timestamp": pa.array([r[4] for r in rows], pa.int64()).cast(TS_TYPE),
+            "timestampType": pa.array([1] * n, pa.int32()),
+            "headers": pa.array([[{"key": "k", "value": b"v"}]] * n, HEADERS_TYPE),
+            "pid": pa.array([r[3] for r in rows], pa.int64()),
+            "generation": pa.array([0] * n, pa.int64()),
+            "seq": pa.array([0] * n, pa.int64()),
+            "log_offset": pa.array([r[2] for r in rows], pa.int64()),
         }
     )
     path = str(tmp_path_factory.mktemp("stats"))
     staged = stage_file(path, "log", Q, 0, "t", 0, table)
     stats = json.loads(staged.stats)
     assert stats["numRecords"] == len(rows)
-    for name in ("partition", "log_offset", "kafka_offset"):
+    for name in ("partition", "log_offset", "offset"):
         values = table[name].to_pylist()
         assert stats["minValues"][name] == min(values)
         assert stats["maxValues"][name] == max(values)
@@ -171,12 +173,13 @@ def test_property_statistics_bound_every_row_and_never_hide_one(
     assert all(lo <= t <= hi for t in table["timestamp"].to_pylist())
     rel = f"{staging_dir(Q, 0)}/{staged.name}"
     assert json.loads(footer_stats(Location.at(path), rel)) == stats
+    open_table(path, "log")
     commit_batch(path, "log", Q, 0, [staged])
     full = read_delta_log(path)
     for where in (
         pc.field("log_offset") >= probe,
         pc.field("topic") == rows[0][0],
-        (pc.field("partition") == rows[-1][1]) & (pc.field("kafka_offset") < probe),
+        (pc.field("partition") == rows[-1][1]) & (pc.field("offset") < probe),
         pc.field("pid").is_null(),
         pc.field("timestamp") >= pa.scalar(rows[0][4], pa.int64()).cast(TS_TYPE),
     ):

@@ -13,10 +13,10 @@ from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pidfence.spark_sink import delta_layout as layout_mod
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.delta_care import compact
-from pidfence.spark_sink.delta_layout import open_layout
+from pidfence.spark_sink.delta import layout as layout_mod
+from pidfence.spark_sink.delta.care import compact
+from pidfence.spark_sink.delta.layout import open_layout
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from tests.unit.test_delta_layout import QUERY, RULES, SETTINGS
@@ -106,9 +106,9 @@ def test_delta_output_is_the_rules_output_exactly_once(
         log_table, rejects_table = _run(Path(tmp), records, sizes, events)
         expected, dropped = reference(records, **RULES)
         log = log_table.to_pyarrow_table().sort_by("log_offset")
-        assert log["kafka_offset"].to_pylist() == expected
+        assert log["offset"].to_pylist() == expected
         assert log["log_offset"].to_pylist() == list(range(len(expected)))
         rejects = rejects_table.to_pyarrow_table()
-        offsets = rejects["kafka_offset"].to_pylist()
+        offsets = rejects["offset"].to_pylist()
         assert len(offsets) == len(set(offsets))
         assert dict(zip(offsets, rejects["verdict"].to_pylist(), strict=True)) == dropped

@@ -9,21 +9,27 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from pidfence.spark_sink.delta_table import (
+from pidfence.spark_sink.delta.errors import (
+    CannotContinue,
+    DeltaCommitConflict,
+    NotPidfenceTable,
+    OldTableFormat,
+    RestoredPastSink,
+    SchemaChanged,
+    StagedFileMissing,
+    TableGone,
+)
+from pidfence.spark_sink.delta.table import (
     DELTA_LOG_SCHEMA,
     DELTA_REJECTS_SCHEMA,
     FORMAT_KEY,
-    REJECTS_PUBLIC_SCHEMA,
+    FORMAT_VERSION,
     TABLE_KEY,
-    DeltaCommitConflict,
-    ForeignCommit,
-    NotPidfenceTable,
-    StagedFileMissing,
     holds_delta,
     open_table,
 )
-from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_FILE_SCHEMA, REJECTS_SCHEMA, TS_TYPE
-from pidfence.wire import PidfenceError
+from pidfence.spark_sink.schema import HEADERS_TYPE, LOG_SCHEMA, REJECTS_SCHEMA, TS_TYPE
+from pidfence.wire import PidfenceError, encode_pf
 
 
 def log_rows(topic: str, partition: int, start: int, n: int, tag: str = "") -> pa.Table:
@@ -31,18 +37,26 @@ def log_rows(topic: str, partition: int, start: int, n: int, tag: str = "") -> p
     offsets = list(range(start, start + n))
     return pa.table(
         {
-            "topic": pa.array([topic] * n, pa.string()),
-            "partition": pa.array([partition] * n, pa.int32()),
-            "log_offset": pa.array(offsets, pa.int64()),
-            "pid": pa.array([7] * n, pa.int64()),
-            "generation": pa.array([1] * n, pa.int64()),
-            "seq": pa.array(offsets, pa.int64()),
             "key": pa.array([None if i % 3 == 0 else b"k%d" % i for i in offsets], pa.binary()),
             "value": pa.array([f"{tag}{topic}:{partition}:{i}".encode() for i in offsets]),
-            "kafka_offset": pa.array([10 + 2 * i for i in offsets], pa.int64()),
+            "topic": pa.array([topic] * n, pa.string()),
+            "partition": pa.array([partition] * n, pa.int32()),
+            "offset": pa.array([10 + 2 * i for i in offsets], pa.int64()),
             "timestamp": pa.array([1_700_000_000_000_000 + i for i in offsets], pa.int64()).cast(
                 TS_TYPE
             ),
+            "timestampType": pa.array([0] * n, pa.int32()),
+            "headers": pa.array(
+                [
+                    [{"key": "pf", "value": encode_pf(7, 1, i)}, {"key": "app", "value": b"x"}]
+                    for i in offsets
+                ],
+                HEADERS_TYPE,
+            ),
+            "pid": pa.array([7] * n, pa.int64()),
+            "generation": pa.array([1] * n, pa.int64()),
+            "seq": pa.array(offsets, pa.int64()),
+            "log_offset": pa.array(offsets, pa.int64()),
         },
         schema=DELTA_LOG_SCHEMA,
     )
@@ -50,29 +64,36 @@ def log_rows(topic: str, partition: int, start: int, n: int, tag: str = "") -> p
 
 def reject_rows(topic: str, partition: int, start: int, n: int, verdict: str) -> pa.Table:
     """``n`` rejects of one partition (no log offsets) with one verdict."""
-    rows = log_rows(topic, partition, start, n).set_column(2, "log_offset", pa.nulls(n, pa.int64()))
+    rows = log_rows(topic, partition, start, n)
+    rows = rows.set_column(
+        rows.schema.get_field_index("log_offset"), "log_offset", pa.nulls(n, pa.int64())
+    )
     return rows.append_column("verdict", pa.array([verdict] * n, pa.string()))
 
 
-def test_schema_is_the_sinks_output_schema() -> None:
+def test_schema_is_the_kafka_sources_plus_pidfences_columns() -> None:
     # The Delta tables hold exactly the columns and types of read_log / read_rejects.
     assert DELTA_LOG_SCHEMA.equals(LOG_SCHEMA)
-    assert REJECTS_PUBLIC_SCHEMA.equals(REJECTS_SCHEMA)
-    # The rejects table keeps what the sink's rejects files keep (pf), plus the batch id.
-    assert DELTA_REJECTS_SCHEMA.names == [*REJECTS_FILE_SCHEMA.names, "batch"]
-    assert DELTA_REJECTS_SCHEMA.field("pf").type == REJECTS_FILE_SCHEMA.field("pf").type
+    assert DELTA_REJECTS_SCHEMA.equals(REJECTS_SCHEMA)
+    # Spark's Kafka source (includeHeaders=true), same names, types and order, then pidfence's.
+    assert LOG_SCHEMA.names == [
+        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers",
+        "pid", "generation", "seq", "log_offset",
+    ]  # fmt: skip
+    assert str(LOG_SCHEMA.field("headers").type.value_type) == "struct<key: string, value: binary>"
+    assert REJECTS_SCHEMA.names == [*LOG_SCHEMA.names, "verdict"]
 
 
 def test_create_then_reopen(tmp_path: Path) -> None:
     path = str(tmp_path / "out")
     dt = open_table(path, "log")
     assert dt.version() == 0
-    assert dt.metadata().configuration == {TABLE_KEY: "log", FORMAT_KEY: "1"}
+    assert dt.metadata().configuration == {TABLE_KEY: "log", FORMAT_KEY: FORMAT_VERSION}
     assert pa.schema(dt.schema().to_arrow()).names == DELTA_LOG_SCHEMA.names
     again = open_table(path, "log")
     assert again.version() == 0
     rejects = open_table(str(tmp_path / "out" / "_rejects"), "rejects")
-    assert pa.schema(rejects.schema().to_arrow()).names[-3:] == ["verdict", "pf", "batch"]
+    assert pa.schema(rejects.schema().to_arrow()).names == REJECTS_SCHEMA.names
     # A Delta reader sees an empty table of the right schema.
     assert DeltaTable(path).to_pyarrow_table().num_rows == 0
 
@@ -110,15 +131,37 @@ def test_refuses_same_schema_written_by_another_writer(tmp_path: Path) -> None:
         open_table(str(tmp_path), "log")
 
 
-def test_refuses_marked_table_with_other_schema(tmp_path: Path) -> None:
+def test_refuses_marked_table_without_the_sinks_columns_but_reads_one_with_added_columns(
+    tmp_path: Path,
+) -> None:
+    DeltaTable.create(
+        str(tmp_path / "x"),
+        pa.schema([("topic", pa.string()), ("x", pa.int64())]),
+        configuration={TABLE_KEY: "log", FORMAT_KEY: FORMAT_VERSION},
+        raise_if_key_not_exists=False,
+    )
+    with pytest.raises(SchemaChanged, match="column key was removed") as info:
+        open_table(str(tmp_path / "x"), "log")
+    assert "column offset was removed" in str(info.value) and not info.value.retriable
+    DeltaTable.create(
+        str(tmp_path / "y"),
+        DELTA_LOG_SCHEMA.append(pa.field("note", pa.string())),
+        configuration={TABLE_KEY: "log", FORMAT_KEY: FORMAT_VERSION},
+        raise_if_key_not_exists=False,
+    )
+    assert open_table(str(tmp_path / "y"), "log").version() == 0
+
+
+def test_a_table_of_the_old_format_says_how_to_migrate(tmp_path: Path) -> None:
     DeltaTable.create(
         str(tmp_path),
-        pa.schema([("topic", pa.string()), ("x", pa.int64())]),
+        DELTA_LOG_SCHEMA,
         configuration={TABLE_KEY: "log", FORMAT_KEY: "1"},
         raise_if_key_not_exists=False,
     )
-    with pytest.raises(NotPidfenceTable, match="not the pidfence log schema"):
+    with pytest.raises(OldTableFormat, match=f"pidfence sink migrate {tmp_path}"):
         open_table(str(tmp_path), "log")
+    assert open_table(str(tmp_path), "log", create=False, reading=True).version() == 0
 
 
 def test_refuses_other_kind_and_other_format(tmp_path: Path) -> None:
@@ -154,6 +197,7 @@ def test_refuses_manifest_layout_and_stray_files(tmp_path: Path) -> None:
 def test_errors_are_pidfence_errors_with_retriable_flags() -> None:
     assert issubclass(NotPidfenceTable, PidfenceError)
     assert not NotPidfenceTable.retriable
-    assert not ForeignCommit.retriable
+    for cls in (SchemaChanged, RestoredPastSink, TableGone):
+        assert issubclass(cls, CannotContinue) and not cls.retriable
     assert DeltaCommitConflict.retriable
     assert StagedFileMissing.retriable

@@ -11,7 +11,7 @@ def test_a_gap_of_records_nobody_acknowledged_is_information() -> None:
     # Seq 2 never reached Kafka (nobody acknowledged it); the sink reported the gap.
     log = log_table([rec(0, 0), rec(1, 1), rec(3, 2)])
     gaps = gaps_table([(TOPIC, 0, 4, GapReport("lost", PID, 3, 2, 2, 1, 2))])
-    report = check([sent(0, 0), sent(1, 1), sent(3, 2)], log, rejects_table([]), gaps)
+    report = check([sent(0, 0), sent(1, 1), sent(3, 2)], log, rejects_table([]), gaps=gaps)
     assert report.ok
     found = report.findings["upstream_gap"]
     assert found.count == 1
@@ -21,7 +21,7 @@ def test_a_gap_of_records_nobody_acknowledged_is_information() -> None:
 def test_an_acknowledged_record_inside_a_gap_is_still_lost_and_names_the_gap() -> None:
     log = log_table([rec(0, 0), rec(3, 2)])
     gaps = gaps_table([(TOPIC, 0, 4, GapReport("lost", PID, 3, 1, 2, 0, 2))])
-    report = check([sent(0, 0), sent(1, 1), sent(3, 2)], log, rejects_table([]), gaps)
+    report = check([sent(0, 0), sent(1, 1), sent(3, 2)], log, rejects_table([]), gaps=gaps)
     assert not report.ok
     assert report.findings["lost"].count == 1
     assert report.findings["lost"].examples[0]["in_gap"] == "lost seq 1..2"
@@ -30,7 +30,7 @@ def test_an_acknowledged_record_inside_a_gap_is_still_lost_and_names_the_gap() -
 
 def test_offsets_gaps_are_listed_too() -> None:
     gaps = gaps_table([(TOPIC, 0, 0, GapReport("offsets", offset_after=50))])
-    report = check([], log_table([]), rejects_table([]), gaps)
+    report = check([], log_table([]), rejects_table([]), gaps=gaps)
     assert report.ok
     assert report.findings["upstream_gap"].examples == [
         {"topic": TOPIC, "partition": 0, "batch": 0, "kind": "offsets", "offset_after": 50}

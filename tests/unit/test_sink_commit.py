@@ -13,7 +13,7 @@ from pidfence.spark_sink import SplitPartitionError, read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
-from pidfence.spark_sink.state import state_files
+from pidfence.spark_sink.state_files import state_files
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
 from tests.unit.test_sink_process import Record, kafka_rows, make_stream, reference
@@ -64,10 +64,10 @@ def test_log_across_batches_equals_reference(
     _run(monkeypatch, _writer(tmp_path), _chunks(records))
     expected, dropped = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
     log = read_log(str(tmp_path))
-    assert log["kafka_offset"].to_pylist() == expected
+    assert log["offset"].to_pylist() == expected
     assert log["log_offset"].to_pylist() == list(range(len(expected)))
     rej = read_rejects(str(tmp_path))
-    assert dict(zip(rej["kafka_offset"].to_pylist(), rej["verdict"].to_pylist(), strict=True)) == (
+    assert dict(zip(rej["offset"].to_pylist(), rej["verdict"].to_pylist(), strict=True)) == (
         dropped
     )
 
@@ -163,7 +163,7 @@ def test_lost_newest_state_is_rebuilt_from_older_state_and_log(
     w.commit([_write(monkeypatch, w, last, kafka_rows(chunks[last]))], last)
     # No producer here holds records across the damaged batch, so recovery is exact.
     expected, _ = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
-    assert read_log(str(tmp_path))["kafka_offset"].to_pylist() == expected
+    assert read_log(str(tmp_path))["offset"].to_pylist() == expected
 
 
 def test_state_is_incremental_with_periodic_compaction(
@@ -207,7 +207,7 @@ def test_batch_without_a_partition_keeps_its_state_chain(
     ]
     expected, _ = reference(recs, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
     log = read_log(str(tmp_path))
-    assert log.filter(pc.equal(log["partition"], 0))["kafka_offset"].to_pylist() == (expected)
+    assert log.filter(pc.equal(log["partition"], 0))["offset"].to_pylist() == (expected)
 
 
 def test_batch_watcher_reports_each_committed_batch_once(

@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 from pidfence.cli import app
 from pidfence.cli import sink as cli_sink
-from pidfence.spark_sink import delta_layout as layout_mod
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.delta_readers import read_delta_log, read_delta_rejects
-from pidfence.spark_sink.delta_table import OWN_DIR, NotPidfenceTable
+from pidfence.spark_sink.delta import layout as layout_mod
+from pidfence.spark_sink.delta.readers import read_delta_log, read_delta_rejects
+from pidfence.spark_sink.delta.table import OWN_DIR, NotPidfenceTable
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import DEFAULT_TABLE_FORMAT, SinkOptions
 from pidfence.spark_sink.output import committed_ids, is_delta, reading_layout
@@ -187,7 +187,7 @@ def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch
     assert log.num_rows + rejects.num_rows <= len(records)
     assert log["log_offset"].to_pylist() == list(range(log.num_rows))
     by_deltalake = DeltaTable(str(out)).to_pyarrow_table().sort_by("log_offset")
-    assert by_deltalake["kafka_offset"] == log["kafka_offset"]
+    assert by_deltalake["offset"] == log["offset"]
     assert summarise(str(out)).appended == log.num_rows
 
 

@@ -60,7 +60,6 @@ def make_stream(seed: int, n: int = 400) -> list[Record]:
 
 def kafka_rows(records: list[Record], topic: str = "t", partition: int = 0) -> pa.Table:
     """Rows shaped like Spark's Kafka source (as the Arrow writer receives them)."""
-    headers = [[{"key": "pf", "value": h}] if h is not None else [] for _, h, _ in records]
     return pa.table(
         {
             "key": pa.array([b"k%d" % o for o, _, _ in records], pa.binary()),
@@ -71,9 +70,16 @@ def kafka_rows(records: list[Record], topic: str = "t", partition: int = 0) -> p
             "timestamp": pa.array([t * 1000 for _, _, t in records], pa.int64()).cast(
                 pa.timestamp("us", tz="UTC")
             ),
-            "headers": pa.array(headers, HEADERS_TYPE),
+            "timestampType": pa.array([o % 2 for o, _, _ in records], pa.int32()),
+            "headers": pa.array([record_headers(o, h) for o, h, _ in records], HEADERS_TYPE),
         }
     )
+
+
+def record_headers(offset: int, pf: bytes | None) -> list[dict[str, Any]]:
+    """A record's own headers: an application header, and the ``pf`` header when it has one."""
+    own = [{"key": "trace", "value": b"t%d" % offset}]
+    return [*own, {"key": "pf", "value": pf}] if pf is not None else own
 
 
 def reference(records: list[Record], **kwargs: Any) -> tuple[list[int], dict[int, str]]:
@@ -114,10 +120,10 @@ def test_batches_equal_per_record_rules(seed: int) -> None:
         i += step
     log = pa.concat_tables(logs)
     expected_log, expected_dropped = reference(records, **SETTINGS)
-    assert log.column("kafka_offset").to_pylist() == expected_log
+    assert log.column("offset").to_pylist() == expected_log
     assert log.column("log_offset").to_pylist() == list(range(len(expected_log)))
     rej = pa.concat_tables(rejects)
-    got = dict(zip(rej["kafka_offset"].to_pylist(), rej["verdict"].to_pylist(), strict=True))
+    got = dict(zip(rej["offset"].to_pylist(), rej["verdict"].to_pylist(), strict=True))
     assert got == expected_dropped
     assert set(st.held) | set(expected_log) | set(got) == {o for o, _, _ in records}
 
@@ -128,7 +134,7 @@ def test_log_rows_carry_payload_and_decoded_header() -> None:
         kafka_rows(records, "orders", 3), "orders", 3, PartitionState(ProducerStateTable(8, 1000))
     )
     rows = out.log.to_pylist()
-    assert [r["kafka_offset"] for r in rows] == [0, 1, 2]
+    assert [r["offset"] for r in rows] == [0, 1, 2]
     assert rows[0]["pid"] == 7 and rows[0]["generation"] == 2 and rows[2]["seq"] == 1
     assert rows[1]["pid"] == 0  # no header: appended as NON_IDEMPOTENT
     assert rows[0]["topic"] == "orders" and rows[0]["partition"] == 3
@@ -164,11 +170,10 @@ def test_a_pf_header_with_a_null_value_is_malformed_not_opt_out() -> None:
         HEADERS_TYPE,
     )
     assert pf_headers(headers).to_pylist() == [b"", None, encode_pf(1, 0, 0)]
-    rows = kafka_rows([(0, None, 1), (1, None, 2), (2, encode_pf(1, 0, 0), 3)]).set_column(
-        6, "headers", headers
-    )
+    rows = kafka_rows([(0, None, 1), (1, None, 2), (2, encode_pf(1, 0, 0), 3)])
+    rows = rows.set_column(rows.schema.get_field_index("headers"), "headers", headers)
     out = process_partition(rows, "t", 0, PartitionState(ProducerStateTable(8, 1000)))
-    assert out.log.column("kafka_offset").to_pylist() == [1, 2]
+    assert out.log.column("offset").to_pylist() == [1, 2]
     assert out.rejects.column("verdict").to_pylist() == ["MALFORMED"]
     assert out.counts == {"MALFORMED": 1, "NON_IDEMPOTENT": 1, "APPENDED": 1}
 
@@ -177,6 +182,28 @@ def test_held_records_are_part_of_the_batch_output() -> None:
     records: list[Record] = [(0, encode_pf(7, 0, 0), 1), (1, encode_pf(7, 0, 2), 2)]
     st = PartitionState(ProducerStateTable(8, 1000, reorder_window=3))
     out = process_partition(kafka_rows(records), "t", 0, st)
-    assert out.held.column("kafka_offset").to_pylist() == [1]
+    assert out.held.column("offset").to_pylist() == [1]
     assert out.held.column("pf").to_pylist() == [encode_pf(7, 0, 2)]
     assert out.held.column("value").to_pylist() == [b"v1"]
+
+
+def test_each_records_own_headers_and_timestamp_type_reach_the_log_and_the_rejects() -> None:
+    # c2 waits for c1 across two batches: a held record keeps its headers too.
+    records: list[Record] = [
+        (0, encode_pf(7, 0, 0), 1), (1, encode_pf(7, 0, 2), 2), (2, encode_pf(7, 0, 0), 3),
+    ]  # fmt: skip
+    st = PartitionState(ProducerStateTable(8, 1000, reorder_window=3))
+    first = process_partition(kafka_rows(records), "t", 0, st)
+    assert first.rejects.column("verdict").to_pylist() == ["DUPLICATE"]
+    assert first.rejects.column("headers").to_pylist() == [record_headers(2, records[2][1])]
+    assert first.held.column("headers").to_pylist() == [record_headers(1, records[1][1])]
+    second = process_partition(kafka_rows([(3, encode_pf(7, 0, 1), 4)]), "t", 0, st)
+    log = pa.concat_tables([first.log, second.log])
+    assert log.column("offset").to_pylist() == [0, 3, 1]
+    assert log.column("headers").to_pylist() == [
+        record_headers(o, h) for o, h, _ in [records[0], (3, encode_pf(7, 0, 1), 4), records[1]]
+    ]
+    assert log.column("timestampType").to_pylist() == [0, 1, 1]
+    assert log.column_names[:8] == [
+        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers",
+    ]  # fmt: skip

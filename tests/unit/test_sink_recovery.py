@@ -26,13 +26,8 @@ from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.errors import CommittedBatchMismatch, OutputOwnedError
 from pidfence.spark_sink.layout import ParquetLayout
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.state import (
-    decode_state,
-    drop_old_chains,
-    encode_state,
-    load_state,
-    state_dir,
-)
+from pidfence.spark_sink.state import load_state
+from pidfence.spark_sink.state_files import decode_state, drop_old_chains, encode_state, state_dir
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
 from pidfence.wire import FLAG_FENCE, encode_pf
@@ -154,7 +149,7 @@ def test_a_record_held_across_the_cut_survives_losing_every_state_file(tmp_path:
     damage(b, "all", random.Random(0))
     for w in (wa, wb):
         run_batch(w, 1, second)
-    assert read_log(str(b))["kafka_offset"].to_pylist() == [0, 2, 1]
+    assert read_log(str(b))["offset"].to_pylist() == [0, 2, 1]
     assert output(b)[0].equals(output(a)[0])
 
 
@@ -167,7 +162,7 @@ def test_a_skewed_header_less_record_does_not_expire_the_live_producer(tmp_path:
     run_batch(
         w, 1, [(2, encode_pf(9, 1, 1), t0 + MINUTE), (3, encode_pf(9, 1, 2), t0 + 2 * MINUTE)]
     )
-    assert read_log(str(tmp_path))["kafka_offset"].to_pylist() == [0, 1, 2, 3]
+    assert read_log(str(tmp_path))["offset"].to_pylist() == [0, 1, 2, 3]
     assert read_rejects(str(tmp_path)).num_rows == 0
 
 
@@ -212,7 +207,7 @@ def test_drop_old_chains_keeps_the_newest_intact_chain(tmp_path: Path) -> None:
     store = Store.at(str(tmp_path))
     directory = state_dir(store, "t", 0)
     table = ProducerStateTable(4, 1000)
-    from pidfence.spark_sink.state import StateFile
+    from pidfence.spark_sink.state_files import StateFile
 
     def put(batch: int, kind: str) -> None:
         blob = table.snapshot()
@@ -300,15 +295,19 @@ def test_signed_generations_through_the_sink(tmp_path: Path) -> None:
         [{"key": "pf", "value": h}] + ([{"key": "pfc", "value": c}] if c is not None else [])
         for _, h, _, c in recs
     ]
-    rows = rows.set_column(6, "headers", pa.array(headers, rows.schema.field("headers").type))
+    rows = rows.set_column(
+        rows.schema.get_field_index("headers"),
+        "headers",
+        pa.array(headers, rows.schema.field("headers").type),
+    )
     w = PidfenceStreamWriter(options(tmp_path, leasePublicKey=f"{old_pub},{pub}"))
     w.commit([write(w, 0, rows.slice(0, 5))], 0)
     w.commit([write(w, 1, rows.slice(5))], 1)
     log = read_log(str(tmp_path))
-    assert log["kafka_offset"].to_pylist() == [0, 1, 3, 5, 8, 10]
+    assert log["offset"].to_pylist() == [0, 1, 3, 5, 8, 10]
     assert log["seq"].to_pylist() == list(range(6))
     rej = read_rejects(str(tmp_path))
-    assert rej["kafka_offset"].to_pylist() == [2, 4, 6, 7, 9]
+    assert rej["offset"].to_pylist() == [2, 4, 6, 7, 9]
     assert set(rej["verdict"].to_pylist()) == {"FORGED"}
     manifests = [ParquetLayout(str(tmp_path), str(tmp_path / "_rejects")).committed(b)
                  for b in (0, 1)]  # fmt: skip

@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 
 from pidfence.verify import ANOMALIES, INFORMATIONAL, CheckReport, LedgerEntry, check
-from pidfence.verify.check import MAX_EXAMPLES
+from pidfence.verify.errors import VerifyInputError
+from pidfence.verify.finding import MAX_EXAMPLES
 from pidfence.verify.ledger import LedgerWriter, ledger_files, read_ledger, value_digest
 
 TOPIC = "t"
@@ -28,7 +29,7 @@ LOG_SCHEMA = pa.schema(
         ("seq", pa.int64()),
         ("key", pa.binary()),
         ("value", pa.binary()),
-        ("kafka_offset", pa.int64()),
+        ("offset", pa.int64()),
         ("timestamp", pa.int64()),
     ]
 )
@@ -59,7 +60,7 @@ def rec(
         "seq": seq,
         "key": b"k",
         "value": value(seq, pid, partition) if val is None else val,
-        "kafka_offset": offset,
+        "offset": offset,
         "timestamp": 1_000 + offset,
     }
     if verdict is not None:
@@ -148,7 +149,7 @@ def test_lost_record_missing_from_log_and_rejects() -> None:
     only(report, lost=1, event_lost=1)
     assert not report.ok
     (example,) = report.findings["lost"].examples
-    assert (example["pid"], example["seq"], example["kafka_offset"]) == (PID, 2, 2)
+    assert (example["pid"], example["seq"], example["offset"]) == (PID, 2, 2)
     assert example["verdicts"] == []
     assert report.summary() == "lost=1, event_lost=1"
 
@@ -169,7 +170,7 @@ def test_duplicate_counts_every_extra_copy_and_keeps_one_example() -> None:
     counts = report.counts()
     assert counts["duplicate"] == 3
     examples = report.findings["duplicate"].examples
-    assert [(e["seq"], e["kafka_offset"]) for e in examples] == [(1, 10), (4, 12)]
+    assert [(e["seq"], e["offset"]) for e in examples] == [(1, 10), (4, 12)]
     # A copy appended after a higher seq is also out of order: both rules see it.
     assert counts["reordered"] == 2
     assert counts["lost"] == counts["unexpected"] == counts["zombie"] == 0
@@ -218,7 +219,7 @@ def test_zombie_appended_after_a_newer_generation_appended() -> None:
     rows = [rec(0, 0), rec(1, 1, gen=GEN + 1), rec(2, 2)]
     report = check(ledger, log_table(rows), NO_REJECTS)
     only(report, zombie=1)
-    assert report.findings["zombie"].examples[0]["kafka_offset"] == 2
+    assert report.findings["zombie"].examples[0]["offset"] == 2
 
 
 def test_old_generation_before_the_fence_is_no_zombie() -> None:
@@ -386,15 +387,15 @@ def test_examples_are_capped_but_counts_are_not() -> None:
     assert len(report.findings["lost"].examples) == MAX_EXAMPLES
 
 
-@pytest.mark.parametrize("column", ["seq", "value", "kafka_offset"])
+@pytest.mark.parametrize("column", ["seq", "value", "offset"])
 def test_missing_column_is_named(column: str) -> None:
     ledger, rows = clean_history()
-    with pytest.raises(ValueError, match=column):
+    with pytest.raises(VerifyInputError, match=column):
         check(ledger, log_table(rows).drop_columns([column]), NO_REJECTS)
 
 
 def test_missing_verdict_column_in_rejects_is_named() -> None:
-    with pytest.raises(ValueError, match="verdict"):
+    with pytest.raises(VerifyInputError, match="verdict"):
         check([], log_table([]), log_table([]))
 
 

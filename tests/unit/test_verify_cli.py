@@ -143,6 +143,8 @@ def test_json_report_and_ledger_folder_and_several_ledgers(tmp_path: Path, outpu
         "expired": 0,
         "unacknowledged": 0,
         "superseded": 0,
+        "foreign": 0,
+        "deleted": 0,
         "upstream_gap": 0,
     }
 

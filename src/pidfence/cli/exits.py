@@ -1,5 +1,5 @@
-"""The exit codes every ``pidfence`` command follows (the table in the README), and one way to
-turn an error into one clear stderr line.
+"""The exit codes every ``pidfence`` command follows (the table in the README), the one table
+that maps errors to them, and one way to turn an error into one clear stderr line.
 
 ====  =====================================================================================
 code  meaning
@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import Final, NoReturn
 
 import typer
 
@@ -29,6 +29,17 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_RETRIABLE = 75
 
+#: The one map from error classes to exit codes, for every command: the most derived class of
+#: an error that it names decides. Any other :class:`PidfenceError` exits 75 when its class is
+#: ``retriable`` (running the same command again continues), else 3. Classes are named, not
+#: imported, so ``pidfence --help`` loads no component (a unit test resolves every name).
+EXIT_BY_ERROR: Final[dict[str, int]] = {
+    # A bad option value, caught where it is validated.
+    "pidfence.spark_sink.errors.SinkOptionError": EXIT_USAGE,
+    # A ledger or output path named on the command line that is missing or unreadable.
+    "pidfence.verify.errors.VerifyInputError": EXIT_USAGE,
+}
+
 
 def fail(command: str, message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
     """Print ``pidfence COMMAND: error: MESSAGE`` on stderr and exit with ``code``."""
@@ -38,9 +49,20 @@ def fail(command: str, message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
     raise typer.Exit(code)
 
 
-def code_of(exc: PidfenceError) -> int:
-    """The exit code of a pidfence error: 75 when retriable, else 3."""
-    return EXIT_RETRIABLE if exc.retriable else EXIT_UNAVAILABLE
+def code_of(exc: BaseException) -> int:
+    """The exit code of an error by :data:`EXIT_BY_ERROR`: 2 for the usage errors it names,
+    else 75 when retriable, else 3."""
+    for cls in type(exc).__mro__:
+        code = EXIT_BY_ERROR.get(f"{cls.__module__}.{cls.__qualname__}")
+        if code is not None:
+            return code
+    return EXIT_RETRIABLE if getattr(exc, "retriable", False) else EXIT_UNAVAILABLE
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (its class name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @contextmanager
@@ -49,5 +71,4 @@ def exit_cleanly(command: str) -> Iterator[None]:
     try:
         yield
     except PidfenceError as exc:
-        fail(command, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-             code_of(exc))  # fmt: skip
+        fail(command, first_line(exc), code_of(exc))

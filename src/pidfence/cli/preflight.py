@@ -1,12 +1,13 @@
-"""What ``pidfence sink`` checks before it starts a JVM: Kafka answers, the topic exists, its
-records carry ``pf`` headers, and the output and checkpoint paths are writable and free.
+"""What the commands check before they start a JVM: Kafka (and ZooKeeper) answer, the topics
+exist, their records carry ``pf`` headers, and the paths named on the command line are writable.
 
-Each failed check is a :class:`PreflightError` whose message is the one line the user sees.
+Each failed check is a :class:`PreflightError` whose message is the one line the user sees. What
+the sink itself requires of its output and checkpoint (the table format, the owner, where a run
+starts) is the library's: :mod:`pidfence.spark_sink.preflight`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -199,77 +200,3 @@ def check_writable(path: str, what: str) -> None:
             f"{what} {local} is not writable ({reason}); choose another --{what} or fix its "
             "permissions"
         ) from exc
-
-
-def check_owner(output: str, checkpoint: str) -> None:
-    """Refuse an output path that another query owns (the sink's ``_owner.json`` record).
-
-    The owner is a streaming query id; the checkpoint names the query this run continues (a new
-    checkpoint is a new query). Without the sink's owner record (older sinks), nothing is checked.
-
-    Raises:
-        PathUnusable: the output path belongs to another query.
-    """
-    import importlib
-
-    try:
-        owner_mod = importlib.import_module("pidfence.spark_sink.owner")
-    except ImportError:
-        return
-    from pidfence.spark_sink.storage import Store
-
-    try:
-        owner = owner_mod.owner_of(Store.at(output))
-    except (OSError, ValueError):
-        return  # unreadable record: the sink's own claim decides
-    if owner is None:
-        return
-    query = owner_mod.checkpoint_query_id(checkpoint)
-    if owner != query:
-        this = f"query {query}" if query else "a new query"
-        raise PathUnusable(
-            f"output {output} belongs to streaming query {owner}, and checkpoint {checkpoint} is "
-            f"{this}: stop the other query and use its checkpoint, or choose another --output"
-        )
-
-
-def start_offsets(
-    checkpoint: str, watermarks: dict[tuple[str, int], tuple[int, int]], starting: str
-) -> dict[tuple[str, int], int]:
-    """Where this run starts reading each partition: after the checkpoint's last committed batch,
-    else ``starting`` (earliest: the low watermark, latest: the high one)."""
-    default = {
-        tp: (low if starting == "earliest" else high) for tp, (low, high) in watermarks.items()
-    }
-    if "://" in checkpoint and not checkpoint.startswith("file://"):
-        return default
-    root = Path(checkpoint.removeprefix("file://"))
-    commits = sorted(int(p.name) for p in (root / "commits").glob("[0-9]*") if p.name.isdigit())
-    if not commits:
-        return default
-    try:
-        lines = (root / "offsets" / str(commits[-1])).read_text().splitlines()
-    except OSError:
-        return default
-    out = dict(default)
-    for line in lines[2:]:
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(doc, dict):
-            continue
-        for topic, parts in doc.items():
-            if isinstance(parts, dict):
-                for partition, offset in parts.items():
-                    out[(topic, int(partition))] = int(offset)
-    return out
-
-
-def records_to_read(
-    watermarks: dict[tuple[str, int], tuple[int, int]], starts: dict[tuple[str, int], int]
-) -> int:
-    """Records between each partition's start and its high watermark."""
-    return sum(
-        max(0, high - max(low, starts.get(tp, low))) for tp, (low, high) in watermarks.items()
-    )

@@ -1,8 +1,10 @@
 """``pidfence sink``: a Kafka raw topic through the broker rules into the output log.
 
-Before a JVM starts, it checks what the run needs (:mod:`pidfence.cli.preflight`); Spark's and the
-JVM's output go to a log file under the checkpoint (``--verbose`` shows them instead). The sink
-logic is in :mod:`pidfence.spark_sink`.
+Before a JVM starts, it checks that Kafka answers (:mod:`pidfence.cli.preflight`) and what the
+sink requires of its output and checkpoint (:mod:`pidfence.spark_sink.preflight`); Spark's and the
+JVM's output go to a log file under the checkpoint (``--verbose`` shows them instead). Errors
+exit by the one table in :mod:`pidfence.cli.exits`. The sink logic is in
+:mod:`pidfence.spark_sink`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -24,15 +26,13 @@ from pidfence.cli.exits import (
     code_of,
     exit_cleanly,
     fail,
+    first_line,
 )
 from pidfence.cli.keys import key_paths
 
 #: ``pidfence.spark_sink.options.DEFAULT_TABLE_FORMAT``, spelled out so that ``pidfence --help``
 #: does not import the sink (a unit test keeps them equal).
 DEFAULT_TABLE_FORMAT = "delta"
-
-if TYPE_CHECKING:
-    from pidfence.spark_sink.options import SinkOptions
 
 
 class StartingOffsets(StrEnum):
@@ -51,15 +51,6 @@ def spark_log_path(checkpoint: str) -> Path:
     return Path(checkpoint.removeprefix("file://")) / "logs" / name
 
 
-def one_line(exc: BaseException) -> str:
-    """The first meaningful line of a (possibly Java) error message."""
-    for line in str(exc).splitlines():
-        text = line.strip()
-        if text and not text.startswith(("at ", "===", "JVM stacktrace")):
-            return text[:300]
-    return type(exc).__name__
-
-
 class TableFormat(StrEnum):
     """How the output log is stored."""
 
@@ -68,7 +59,7 @@ class TableFormat(StrEnum):
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``sink`` (run the sink; ``sink compact``/``sink vacuum``: Delta table care)."""
+    """Add ``sink`` (run the sink; ``sink compact``/``vacuum``/``migrate``: Delta table care)."""
     group = typer.Typer(
         name="sink",
         invoke_without_command=True,
@@ -148,10 +139,13 @@ def register(app: typer.Typer) -> None:
         """Deduplicate TOPIC into the exactly-once output log at OUTPUT (and its rejects log).
 
         Exit 0 when done (or stopped by SIGINT/SIGTERM after a batch), 2 for a bad option,
-        3 when Kafka cannot be reached, the topic does not exist, a path is not usable
-        (another writer's Delta table included) or Kafka deleted records the sink had not read
-        (see --allow-data-loss), 75 when the query failed (running it again continues from the
-        checkpoint).
+        3 when Kafka cannot be reached, the topic does not exist, a path is not usable (another
+        writer's Delta table, a table to migrate included) or the query stopped on something a
+        rerun meets again (its columns removed, a RESTORE to before its last batch, the table
+        gone: the line names the commit and the fix; Kafka deleted records the sink had not read,
+        see --allow-data-loss), 75 when the query failed and running it again continues from the
+        checkpoint. Other writers appending to, compacting, vacuuming or deleting from its Delta
+        tables never stop it.
         """
         if ctx.invoked_subcommand is not None:
             return
@@ -163,51 +157,42 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from pidfence.cli import preflight
-        from pidfence.spark_sink import SinkOptionError, SinkOptions
+        from pidfence.spark_sink import SinkOptions
+        from pidfence.spark_sink import preflight as sink_preflight
         from pidfence.spark_sink.data_loss import data_lost, lost_ranges
-        from pidfence.wire import PidfenceError
 
         console = Console(highlight=False, soft_wrap=True)
         err = Console(stderr=True, highlight=False, soft_wrap=True)
-        sink_options: dict[str, str] = {}
-        if lifetime is not None:
-            sink_options["lifetime"] = lifetime
-        if capacity is not None:
-            sink_options["capacity"] = str(capacity)
-        if reorder_window is not None:
-            sink_options["reorderWindow"] = str(reorder_window)
-        if lease_public_key:
-            keys = key_paths(lease_public_key)
-            for key in keys:
-                if not Path(key).is_file():
-                    fail("sink", f"--lease-public-key {key}: no such file", EXIT_USAGE)
-            sink_options["leasePublicKey"] = ",".join(keys)
-        if table_format is not None:
-            sink_options["tableFormat"] = table_format.value
-        try:
-            options = SinkOptions.parse({"path": output, **sink_options})
-        except SinkOptionError as exc:
-            fail("sink", str(exc), EXIT_USAGE)
-
+        flags = {
+            "lifetime": lifetime,
+            "capacity": None if capacity is None else str(capacity),
+            "reorderWindow": None if reorder_window is None else str(reorder_window),
+            "leasePublicKey": ",".join(key_paths(lease_public_key)) if lease_public_key else None,
+            "tableFormat": None if table_format is None else table_format.value,
+        }
+        sink_options = {k: v for k, v in flags.items() if v is not None}
         topics = [t.strip() for t in topic.split(",") if t.strip()]
-        try:
+        with exit_cleanly("sink"):
+            options = SinkOptions.parse({"path": output, **sink_options})
+            options.verifier()  # the key files load (a usage error otherwise)
             found = preflight.check_kafka(bootstrap, topics)
             preflight.check_writable(output, "output")
             preflight.check_writable(checkpoint, "checkpoint")
-            _check_table_format(options, checkpoint)
-        except PidfenceError as exc:
-            fail("sink", str(exc), code_of(exc))
+            sink_preflight.check_output(options, checkpoint)
+            starts = sink_preflight.start_offsets(
+                checkpoint, found.watermarks, starting_offsets.value
+            )
+            lost = lost_ranges(starts, found.watermarks)
+            if lost and not allow_data_loss:
+                raise data_lost(lost)
         if warning := found.no_pf_warning:
             err.print(f"pidfence sink: warning: {warning}")
-        starts = preflight.start_offsets(checkpoint, found.watermarks, starting_offsets.value)
-        if lost := lost_ranges(starts, found.watermarks):
-            if not allow_data_loss:
-                fail("sink", str(data_lost(lost)), EXIT_UNAVAILABLE)
+        if lost:
             gone = ", ".join(r.human() for r in lost)
             err.print(f"pidfence sink: warning: continuing after records Kafka deleted ({gone})")
         total = None
         if available_now:
-            total = preflight.records_to_read(found.watermarks, starts)
+            total = sink_preflight.records_to_read(found.watermarks, starts)
 
         log_file = None if verbose else spark_log_path(checkpoint)
         if log_file is not None:
@@ -225,33 +210,8 @@ def register(app: typer.Typer) -> None:
         )
 
 
-def _check_table_format(options: SinkOptions, checkpoint: str) -> None:
-    """Refuse, before a JVM starts, an output that the chosen table format cannot write: another
-    writer's Delta table, the other layout, or a path another query owns.
-
-    Raises:
-        PidfenceError: ``NotPidfenceTable``, ``PathUnusable`` (not retriable: exit 3).
-    """
-    from pidfence.cli import preflight
-    from pidfence.cli.preflight import PathUnusable
-    from pidfence.spark_sink.delta_table import OWN_DIR, check_path
-    from pidfence.spark_sink.output import is_delta
-
-    if options.delta:
-        check_path(options.path, "log")
-        check_path(options.rejects_path, "rejects")
-        preflight.check_owner(f"{options.path}/{OWN_DIR}", checkpoint)
-        return
-    if is_delta(options.path):
-        raise PathUnusable(
-            f"output {options.path} holds a Delta table; run with --table-format delta (or "
-            "choose another --output)"
-        )
-    preflight.check_owner(options.path, checkpoint)
-
-
 def _register_care(group: typer.Typer) -> None:
-    """``sink compact`` and ``sink vacuum``: table care of a Delta output (log and rejects)."""
+    """``sink compact``, ``sink vacuum`` and ``sink migrate``: care of a Delta output."""
 
     @group.command("compact")
     def compact(
@@ -269,11 +229,11 @@ def _register_care(group: typer.Typer) -> None:
         replaced files stay until a vacuum after the retention period. Safe while the sink runs.
         Exit 3 when PATH is not a pidfence Delta output.
         """
-        from pidfence.spark_sink import delta_care
+        from pidfence.spark_sink.delta import care
 
         with exit_cleanly("sink compact"):
-            for kind, where in _tables(path, rejects_path):
-                metrics = delta_care.compact(where, kind, target_size=target_size)
+            for kind, where in care.tables_of(path, rejects_path):
+                metrics = care.compact(where, kind, target_size=target_size)
                 typer.echo(
                     f"{kind} {where}: {metrics.get('numFilesRemoved', 0)} files → "
                     f"{metrics.get('numFilesAdded', 0)}"
@@ -305,38 +265,39 @@ def _register_care(group: typer.Typer) -> None:
         """
         from deltalake.exceptions import DeltaError
 
-        from pidfence.spark_sink import delta_care
+        from pidfence.spark_sink.delta import care
 
         with exit_cleanly("sink vacuum"):
-            for kind, where in _tables(path, rejects_path):
+            for kind, where in care.tables_of(path, rejects_path):
                 try:
-                    gone = delta_care.vacuum(
+                    gone = care.vacuum(
                         where, kind, retention_hours=retention_hours, full=full, dry_run=dry_run
                     )
                 except DeltaError as exc:  # e.g. a retention below the table's minimum
-                    fail("sink vacuum", f"{kind} {where}: {one_line(exc)}", EXIT_USAGE)
+                    fail("sink vacuum", f"{kind} {where}: {first_line(exc)}", EXIT_USAGE)
                 verb = "would delete" if dry_run else "deleted"
                 typer.echo(f"{kind} {where}: {verb} {len(gone)} files")
                 for rel in gone if dry_run else []:
                     typer.echo(f"  {rel}")
 
+    @group.command("migrate")
+    def migrate(
+        path: Annotated[str, typer.Argument(help="The sink's output path (a Delta layout)")],
+        rejects_path: Annotated[
+            str | None, typer.Option(help="The rejects table (default PATH/_rejects)")
+        ] = None,
+    ) -> None:
+        """Bring a Delta output written by an older pidfence to today's table format.
 
-def _tables(path: str, rejects_path: str | None) -> list[tuple[Any, str]]:
-    """(kind, root) of the output's two Delta tables; refuses a path without them."""
-    from pidfence.spark_sink.delta_table import NotPidfenceTable
-    from pidfence.spark_sink.output import is_delta
+        Renames kafka_offset to offset and adds the Kafka source's timestampType and headers
+        (null for the old rows), in one overwrite commit per table, and keeps the sink's own
+        account of each committed batch. Stop the sink first; running it again is safe. Exit 3
+        when PATH is not a pidfence Delta output.
+        """
+        from pidfence.spark_sink.delta.migrate import migrate_output
 
-    path = path.rstrip("/")
-    rejects = (rejects_path or f"{path}/_rejects").rstrip("/")
-    if not is_delta(path):
-        raise NotPidfenceTable(
-            f"{path} holds no Delta table: table care is for outputs written with "
-            "--table-format delta"
-        )
-    tables: list[tuple[Any, str]] = [("log", path)]
-    if is_delta(rejects):
-        tables.append(("rejects", rejects))
-    return tables
+        with exit_cleanly("sink migrate"):
+            typer.echo(migrate_output(path, rejects_path).human())
 
 
 def _run(
@@ -371,7 +332,7 @@ def _run(
             master=master, app_name=f"pidfence-sink-{topic}", conf=SESSION_CONF, log_file=log_file
         )
     except Exception as exc:  # noqa: BLE001 - any JVM start failure is one line
-        fail("sink", f"Spark did not start: {one_line(exc)}{where}", EXIT_RETRIABLE)
+        fail("sink", f"Spark did not start: {_line(exc)}{where}", EXIT_RETRIABLE)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     bar = Progress(
@@ -389,28 +350,17 @@ def _run(
         return serve(spark, bootstrap, topic, output, checkpoint, on_batch=on_batch, stop=stop,
                      **kwargs)  # fmt: skip
     except PidfenceError as exc:
-        fail("sink", f"{one_line(exc)}{where}", code_of(exc))
-    except Exception as exc:  # noqa: BLE001 - a Spark/JVM failure: one line, the log has the rest
-        from pyspark.errors import StreamingQueryException
-
-        from pidfence.spark_sink.data_loss import is_spark_data_loss
-
-        if isinstance(exc, StreamingQueryException) and is_spark_data_loss(str(exc)):
-            fail(
-                "sink",
-                "Kafka deleted records before the sink read them (retention overtook the "
-                f"sink){where}; rerun with --allow-data-loss to continue after them, with the gap "
-                "reported",
-                EXIT_UNAVAILABLE,
-            )
-        if isinstance(exc, StreamingQueryException):  # it ran, then failed: a rerun continues
-            fail(
-                "sink",
-                f"the Spark query failed: {one_line(exc)}{where}; running the same command "
-                "again continues from the checkpoint",
-                EXIT_RETRIABLE,
-            )
-        fail("sink", f"the Spark query did not start: {one_line(exc)}{where}", EXIT_UNAVAILABLE)
+        # The sink's own error, found inside Spark's exception when the query ended on it.
+        details = f"; details in {log_file}" if log_file is not None else ""
+        fail("sink", f"{first_line(exc)} ({type(exc).__name__}{details})", code_of(exc))
+    except Exception as exc:  # noqa: BLE001 - the query did not start: one line, the log has more
+        fail("sink", f"the Spark query did not start: {_line(exc)}{where}", EXIT_UNAVAILABLE)
     finally:
         bar.stop()
         stop_session(spark)
+
+
+def _line(exc: BaseException) -> str:
+    from pidfence.spark_sink.failure import first_line as meaningful
+
+    return meaningful(str(exc)) or type(exc).__name__

@@ -9,8 +9,7 @@ from typing import Annotated
 
 import typer
 
-#: Exit codes: clean, anomalies found, unusable input.
-EXIT_OK, EXIT_ANOMALIES, EXIT_BAD_INPUT = 0, 1, 2
+from pidfence.cli.exits import EXIT_ANOMALIES, EXIT_OK, exit_cleanly
 
 
 def register(app: typer.Typer) -> None:
@@ -35,44 +34,25 @@ def register(app: typer.Typer) -> None:
         """Compare the send ledger with the output log; exit 0 only when no anomaly is found.
 
         Exit 1 when any anomaly (lost, duplicate, reordered, zombie, unexpected, event_duplicate,
-        event_lost) is non-zero,
-        2 when an input is missing or unreadable.
+        event_lost) is non-zero; 2 when a ledger or the output path is missing or unreadable;
+        3 when the output is not a pidfence output (another writer's table, a table to migrate).
+        Rows other writers appended to a Delta output and rows deleted from it after commit are
+        counted for information (foreign, deleted), never as anomalies.
         """
         code = run_verify(ledger, output, rejects, as_json)
         raise typer.Exit(code)
 
 
 def run_verify(ledgers: list[Path], output: str, rejects: str | None, as_json: bool) -> int:
-    """Read the inputs, run the checker, print the report; returns the exit code."""
+    """Run the checker and print its report; returns the exit code (errors exit from here)."""
     from rich.console import Console
 
-    from pidfence.spark_sink import read_gaps, read_log, read_rejects
-    from pidfence.verify import check, read_ledger
-    from pidfence.verify.ledger import ledger_files
+    from pidfence.verify import verify_output
 
-    try:
-        files = ledger_files(ledgers)
-        for path in ledgers:
-            if path.is_dir() and not any(path.glob("*.jsonl")):
-                return _bad(f"ledger folder {path} holds no *.jsonl file")
-        if not files:
-            return _bad("no ledger file given")
-        for local in (output, rejects):
-            if local is not None and "://" not in local and not Path(local).is_dir():
-                return _bad(f"output path {local} does not exist or is not a folder")
-        entries = list(read_ledger(files))
-        log = read_log(output)
-        rejected = read_rejects(output, rejects)
-        report = check(entries, log, rejected, read_gaps(output))
-    except (OSError, ValueError) as exc:
-        return _bad(str(exc))
+    with exit_cleanly("verify"):
+        report = verify_output(ledgers, output, rejects)
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
     else:
         Console().print(report.render())
     return EXIT_OK if report.ok else EXIT_ANOMALIES
-
-
-def _bad(message: str) -> int:
-    sys.stderr.write(f"pidfence verify: error: {message}\n")
-    return EXIT_BAD_INPUT

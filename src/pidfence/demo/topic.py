@@ -12,7 +12,7 @@ RAW_SCHEMA = pa.schema(
     [
         ("topic", pa.string()),
         ("partition", pa.int32()),
-        ("kafka_offset", pa.int64()),
+        ("offset", pa.int64()),
         ("timestamp", pa.int64()),
         ("key", pa.binary()),
         ("value", pa.binary()),
@@ -85,7 +85,7 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> pa.Table:
                 headers = dict(msg.headers() or [])
                 rows["topic"].append(topic)
                 rows["partition"].append(partition)
-                rows["kafka_offset"].append(offset)
+                rows["offset"].append(offset)
                 rows["timestamp"].append(msg.timestamp()[1])
                 rows["key"].append(msg.key())
                 rows["value"].append(msg.value())

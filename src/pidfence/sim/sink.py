@@ -256,7 +256,7 @@ class SimSink:
         cols: dict[str, list[object]] = {
             k: []
             for k in ("topic", "partition", "log_offset", "pid", "generation", "seq", "key",
-                      "value", "kafka_offset", "timestamp", "verdict")
+                      "value", "offset", "timestamp", "verdict")
         }  # fmt: skip
         for p, rows in enumerate(parts):
             for i, (rec, verdict) in enumerate(rows):
@@ -270,7 +270,7 @@ class SimSink:
                 for k, v in (
                     ("topic", self.topic), ("partition", p), ("log_offset", i), ("pid", pid),
                     ("generation", gen), ("seq", seq), ("key", rec.key), ("value", rec.value),
-                    ("kafka_offset", rec.offset), ("timestamp", rec.ts_ms),
+                    ("offset", rec.offset), ("timestamp", rec.ts_ms),
                     ("verdict", verdict.value),
                 ):  # fmt: skip
                     cols[k].append(v)
@@ -283,7 +283,7 @@ def _schema(verdicts: bool) -> pa.Schema:
     fields = [
         ("topic", pa.string()), ("partition", pa.int32()), ("log_offset", pa.int64()),
         ("pid", pa.int64()), ("generation", pa.int32()), ("seq", pa.int64()),
-        ("key", pa.binary()), ("value", pa.binary()), ("kafka_offset", pa.int64()),
+        ("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()),
         ("timestamp", pa.int64()),
     ]  # fmt: skip
     if verdicts:

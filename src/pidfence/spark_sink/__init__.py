@@ -26,7 +26,7 @@ from pidfence.spark_sink.pipeline import (
     serve,
     start_sink,
 )
-from pidfence.spark_sink.readers import read_gaps, read_log, read_rejects
+from pidfence.spark_sink.readers import read_gaps, read_log, read_rejects, read_written
 
 
 def register(spark: Any) -> None:
@@ -63,6 +63,7 @@ __all__ = [
     "read_gaps",
     "read_log",
     "read_rejects",
+    "read_written",
     "register",
     "run_sink",
     "serve",

@@ -21,8 +21,11 @@ from typing import Any, Final, Protocol
 
 import pyarrow as pa
 
+from pidfence.spark_sink.decisions import decided_rows
+from pidfence.spark_sink.schema import HELD_SCHEMA, LOG_SCHEMA, REJECTS_FILE_SCHEMA, conform
 from pidfence.spark_sink.storage import (
     DATA,
+    DECIDED,
     HELD,
     INDEX,
     MANIFESTS,
@@ -41,7 +44,9 @@ INDEX_EVERY: Final = 64
 MANIFEST_VERSION: Final = 2
 #: How many characters of the query id start every tag.
 QUERY_PREFIX: Final = 8
-KINDS: Final = ("log", "rejects", "held")
+KINDS: Final = ("log", "rejects", "held", "decided")
+#: The schema each kind of file is read back as (files of table format 1 included).
+_READ_SCHEMA: Final = {"log": LOG_SCHEMA, "rejects": REJECTS_FILE_SCHEMA, "held": HELD_SCHEMA}
 
 
 def new_tag(query_id: str) -> str:
@@ -57,10 +62,14 @@ class PartFiles:
     log: str | None
     rejects: str | None
     held: str | None
+    decided: str | None = None
 
     def as_dict(self) -> dict[str, str | None]:
-        """As stored in the manifest."""
-        return {"log": self.log, "rejects": self.rejects, "held": self.held}
+        """As stored in the manifest (``decided`` only where the layout writes it)."""
+        files = {"log": self.log, "rejects": self.rejects, "held": self.held}
+        if self.decided is not None:
+            files["decided"] = self.decided
+        return files
 
 
 class BatchLayout(Protocol):
@@ -92,6 +101,9 @@ class BatchLayout(Protocol):
     def read_part(self, batch_id: int, part: dict[str, Any], kind: str) -> pa.Table | None:
         """A committed part's ``log``, ``rejects`` or ``held`` table (None when it has none)."""
 
+    def read_decided(self, batch_id: int, part: dict[str, Any]) -> pa.Table | None:
+        """What a committed part decided per record (:mod:`decisions`; None when nothing)."""
+
     def discard(self, batch_id: int, prefix: str, keep: set[str]) -> None:
         """Delete the batch's files whose tag starts with ``prefix`` and that ``keep`` does not
         name (relative paths)."""
@@ -111,6 +123,9 @@ class ParquetLayout:
         path: the sink's ``path``.
         rejects_path: the sink's ``rejectsPath``.
     """
+
+    #: Parquet codec of the log and rejects files.
+    compression: str = "zstd"
 
     def __init__(self, path: str, rejects_path: str) -> None:
         self.store = Store.at(path)
@@ -146,6 +161,8 @@ class ParquetLayout:
             return f"{DATA}/{batch_name(batch_id)}/{name}"
         if kind == "held":
             return f"{HELD}/{batch_name(batch_id)}/{name}"
+        if kind == "decided":
+            return f"{DECIDED}/{batch_name(batch_id)}/{name}"
         return f"{batch_name(batch_id)}/{name}"
 
     # ----------------------------------------------------------------------------- writing
@@ -166,7 +183,8 @@ class ParquetLayout:
                 continue
             rel = self._relative(kind, batch_id, topic, partition, tag)
             root = self._root(kind)
-            root.write_table(root.join(rel), table)
+            codec = self.compression if kind in ("log", "rejects") else "zstd"
+            root.write_table(root.join(rel), table, codec)
             names[kind] = rel
         for kind, staged in names.items():
             if staged is not None:
@@ -176,7 +194,7 @@ class ParquetLayout:
                 folder = root.join(staged).rpartition("/")[0]
                 root.sync_dir(folder)
                 root.sync_dir(folder.rpartition("/")[0])
-        return PartFiles(names["log"], names["rejects"], names["held"])
+        return PartFiles(names["log"], names["rejects"], names["held"], names["decided"])
 
     def publish(self, batch_id: int, manifest: dict[str, Any]) -> bool:
         """Create the manifest if absent (the commit point); fsyncs its directory."""
@@ -189,7 +207,20 @@ class ParquetLayout:
         if rel is None:
             return None
         root = self._root(kind)
-        return root.read_table(root.join(rel))
+        table = root.read_table(root.join(rel))
+        schema = _READ_SCHEMA.get(kind)
+        return table if schema is None else conform(table, schema)
+
+    def read_decided(self, batch_id: int, part: dict[str, Any]) -> pa.Table | None:
+        """What a committed part decided: its own decisions file, else its log and rejects
+        files (the manifest layout's are immutable and only pidfence writes them)."""
+        if part_file(batch_id, part, "decided") is not None:
+            return self.read_part(batch_id, part, "decided")
+        log = self.read_part(batch_id, part, "log")
+        rejects = self.read_part(batch_id, part, "rejects")
+        if log is None and rejects is None:
+            return None
+        return decided_rows(log, rejects)
 
     def discard(self, batch_id: int, prefix: str, keep: set[str]) -> None:
         """Delete this query's unpublished files of one batch (other attempts' leftovers)."""

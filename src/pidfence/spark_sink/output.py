@@ -9,7 +9,7 @@ layout.
 from __future__ import annotations
 
 from pidfence.spark_sink import owner
-from pidfence.spark_sink.delta_table import OWN_DIR, holds_delta
+from pidfence.spark_sink.delta.table import OWN_DIR, holds_delta
 from pidfence.spark_sink.layout import ParquetLayout
 from pidfence.spark_sink.storage import Store
 
@@ -36,7 +36,7 @@ def reading_layout(path: str, rejects_path: str | None = None) -> ParquetLayout:
     rejects = (rejects_path or f"{path}/_rejects").rstrip("/")
     if not is_delta(path):
         return ParquetLayout(path, rejects)
-    from pidfence.spark_sink.delta_layout import DeltaLayout
+    from pidfence.spark_sink.delta.layout import DeltaLayout
 
     query = owner.owner_of(Store.at(f"{path}/{OWN_DIR}")) or NO_OWNER
     return DeltaLayout(path, rejects, query)

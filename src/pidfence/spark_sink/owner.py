@@ -43,6 +43,38 @@ def claim(store: Store, query_id: str) -> None:
         )
 
 
+def checkpoint_committed(checkpoint: str | None) -> bool:
+    """Whether Spark's checkpoint records a committed batch (``<checkpoint>/commits/N``)."""
+    if not checkpoint:
+        return False
+    try:
+        store = Store.at(checkpoint)
+        return any(name.isdigit() for name in store.listdir(store.join("commits")))
+    except (OSError, ValueError, pa.ArrowException):
+        return False
+
+
+def check_owner(store: Store, checkpoint: str | None) -> None:
+    """Refuse, before anything starts, a path another query owns (what :func:`claim` would
+    refuse once the query runs): the checkpoint names the query this run continues, a new
+    checkpoint is a new query.
+
+    Raises:
+        OutputOwnedError: the path belongs to another query.
+    """
+    owner = owner_of(store)
+    if owner is None:
+        return
+    query = checkpoint_query_id(checkpoint)
+    if owner != query:
+        this = f"query {query}" if query else "a new query"
+        raise OutputOwnedError(
+            f"output {store.root} belongs to streaming query {owner}, and checkpoint "
+            f"{checkpoint} is {this}: stop the other query and use its checkpoint, or choose "
+            "another --output"
+        )
+
+
 def checkpoint_query_id(checkpoint: str | None) -> str | None:
     """The query id Spark keeps in ``<checkpoint>/metadata``, if it can be read."""
     if not checkpoint:

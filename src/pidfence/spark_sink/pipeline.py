@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pidfence.spark_sink.errors import SinkOptionError
-from pidfence.spark_sink.output import committed_ids, is_delta, reading_layout
+from pidfence.spark_sink.failure import failure_of
+from pidfence.spark_sink.output import committed_ids, reading_layout
 
 #: Spark settings for a session that runs the sink: bigger Arrow batches to the Python writer
 #: than Spark's default 10k rows, fewer round trips per task (see bench/sink.py).
@@ -133,19 +134,20 @@ def start_sink(spark: Any, bootstrap: str, topic: str, output: str, checkpoint: 
                **kwargs: Any) -> Any:  # fmt: skip
     """Clean files of uncommitted batches, then start the query (see :func:`build_query`)."""
     from pidfence.spark_sink.options import SinkOptions
+    from pidfence.spark_sink.owner import checkpoint_committed
+    from pidfence.spark_sink.preflight import check_output
     from pidfence.spark_sink.writer import cleanup_uncommitted
 
     opts = SinkOptions.parse({"path": output, **(kwargs.get("sink_options") or {})})
+    # Refuses what the query would refuse (another writer's table, an older table format, a
+    # lost table, the other layout, another query's path) before Spark starts it.
+    check_output(opts, checkpoint)
     if opts.delta:
-        from pidfence.spark_sink.delta_layout import open_layout
+        from pidfence.spark_sink.delta.layout import open_layout
         from pidfence.spark_sink.output import NO_OWNER
 
-        # Refuses another writer's table (NotPidfenceTable) before Spark starts the query.
-        open_layout(opts.path, opts.rejects_path, NO_OWNER)
-    elif is_delta(opts.path):
-        raise SinkOptionError(
-            f"{opts.path} holds a Delta table; use tableFormat=delta for it (or another path)"
-        )
+        open_layout(opts.path, opts.rejects_path, NO_OWNER,
+                    committed_before=checkpoint_committed(checkpoint))  # fmt: skip
     layout = reading_layout(opts.path, opts.rejects_path)
     cleanup_uncommitted(layout.store, layout.rejects, committed_ids=layout.committed_ids())
     return build_query(spark, bootstrap, topic, output, checkpoint, **kwargs).start()
@@ -165,7 +167,10 @@ def run_sink(
     query = start_sink(
         spark, bootstrap, topic, output, checkpoint, available_now=available_now, **kwargs
     )
-    query.awaitTermination()
+    try:
+        query.awaitTermination()
+    except Exception as exc:
+        raise failure_of(exc) from exc
     return summarise(output, after=before)
 
 
@@ -316,7 +321,8 @@ def serve(
         What the batches committed by this run add up to.
 
     Raises:
-        pyspark.errors.StreamingQueryException: the query failed.
+        PidfenceError: the query failed: the sink's own error that ended it (its ``retriable``
+            says whether running again continues), else :class:`SparkQueryFailed`.
     """
     before = max(committed_ids(output), default=-1)
     watcher = BatchWatcher(output, after=before)
@@ -326,6 +332,10 @@ def serve(
             query.awaitTermination(poll_seconds)
             for line in watcher.poll(query):
                 on_batch(line)
+    except Exception as exc:  # Spark's exception: raise the sink's cause found in it
+        for line in watcher.poll(query, final=True):
+            on_batch(line)
+        raise failure_of(exc) from exc
     finally:
         if query.isActive:
             query.stop()
@@ -333,5 +343,5 @@ def serve(
         on_batch(line)
     error = query.exception()
     if error is not None:
-        raise error
+        raise failure_of(error) from error
     return summarise(output, after=before)

@@ -17,29 +17,10 @@ import pyarrow.compute as pc
 
 from pidfence.broker_plugin import CODE_OF, VERDICT_CODES
 from pidfence.spark_sink.gaps import GapReport, seq_gaps, unread_offsets
+from pidfence.spark_sink.schema import HEADERS_TYPE, HELD_SCHEMA, LOG_SCHEMA, TS_TYPE
 from pidfence.spark_sink.state import HeldRow, PartitionState
 from pidfence.wire import PF_HEADER_KEY, Verdict
 
-TS_TYPE: Final = pa.timestamp("us", tz="UTC")
-LOG_SCHEMA: Final = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("log_offset", pa.int64()),
-        ("pid", pa.int64()),
-        ("generation", pa.int64()),
-        ("seq", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("kafka_offset", pa.int64()),
-        ("timestamp", TS_TYPE),
-    ]
-)
-REJECTS_SCHEMA: Final = LOG_SCHEMA.append(pa.field("verdict", pa.string()))
-#: What the rejects files hold: the public columns plus the raw ``pf`` header (for replays).
-REJECTS_FILE_SCHEMA: Final = REJECTS_SCHEMA.append(pa.field("pf", pa.binary()))
-#: Records held for reordering at the end of a batch: the log columns plus the raw ``pf``.
-HELD_SCHEMA: Final = LOG_SCHEMA.append(pa.field("pf", pa.binary()))
 CERT_HEADER_KEY: Final = "pfc"
 _BUFFERED: Final = CODE_OF[Verdict.BUFFERED]
 #: Per verdict code: does a record with it go to the rejects (not appended, not held)?
@@ -47,6 +28,7 @@ _DROPPED: Final = np.ones(256, dtype=bool)
 _DROPPED[[CODE_OF[Verdict.APPENDED], CODE_OF[Verdict.NON_IDEMPOTENT], _BUFFERED]] = False
 _NON_IDEMPOTENT: Final = CODE_OF[Verdict.NON_IDEMPOTENT]
 _NAMES: Final = np.array([v.name for v in VERDICT_CODES], dtype=object)
+_LOG_OFFSET: Final = LOG_SCHEMA.get_field_index("log_offset")
 
 
 @dataclass
@@ -111,6 +93,18 @@ def pf_headers(headers: pa.Array | pa.ChunkedArray) -> pa.Array:
     return header_values(headers, PF_HEADER_KEY, present_null=b"")
 
 
+def _int32(rows: pa.Table, name: str, n: int) -> pa.Array | pa.ChunkedArray:
+    """A column as int32 (null when the input has none, e.g. rows built without Spark)."""
+    if name not in rows.column_names:
+        return pa.nulls(n, pa.int32())
+    return rows.column(name).cast(pa.int32())
+
+
+def _headers(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """The Kafka ``headers`` column in the log's type (only the list's field name may differ)."""
+    return column if column.type == HEADERS_TYPE else column.cast(HEADERS_TYPE)
+
+
 def _to_ts(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
@@ -152,16 +146,18 @@ def process_partition(
         st.kafka_last = int(offsets[-1])
     base = pa.table(
         {
+            "key": rows.column("key").cast(pa.binary()),
+            "value": rows.column("value").cast(pa.binary()),
             "topic": pa.repeat(pa.scalar(topic, pa.string()), n),
             "partition": pa.array(np.full(n, partition, dtype=np.int32)),
-            "log_offset": pa.nulls(n, pa.int64()),
+            "offset": pa.array(offsets, pa.int64()),
+            "timestamp": ts,
+            "timestampType": _int32(rows, "timestampType", n),
+            "headers": _headers(rows.column("headers")),
             "pid": pa.array(res.pid),
             "generation": pa.array(res.generation),
             "seq": pa.array(res.seq),
-            "key": rows.column("key").cast(pa.binary()),
-            "value": rows.column("value").cast(pa.binary()),
-            "kafka_offset": pa.array(offsets, pa.int64()),
-            "timestamp": ts,
+            "log_offset": pa.nulls(n, pa.int64()),
         },
         schema=LOG_SCHEMA,
     )
@@ -176,7 +172,7 @@ def process_partition(
         source, take = base, order
     log = source.take(pa.array(take, pa.int64()))
     log_offsets = np.arange(st.next_log, st.next_log + len(take), dtype=np.int64)
-    log = log.set_column(2, "log_offset", pa.array(log_offsets))
+    log = log.set_column(_LOG_OFFSET, "log_offset", pa.array(log_offsets))
     st.next_log += len(take)
 
     verdict = res.verdict
@@ -209,7 +205,7 @@ def process_partition(
             .append_column("verdict", pa.array([v.name for _, v in late], pa.string()))
             .append_column("pf", held_rejects.column("pf"))
         )
-    rejects = pa.concat_tables(reject_parts).sort_by("kafka_offset")
+    rejects = pa.concat_tables(reject_parts).sort_by("offset")
     counts: dict[str, int] = {}
     per_code = np.bincount(verdict, minlength=len(VERDICT_CODES))
     for code in np.flatnonzero(per_code).tolist():
@@ -249,8 +245,9 @@ def _with_non_idempotent(order: np.ndarray, verdict: np.ndarray) -> np.ndarray:
 def _held_row(base: pa.Table, i: int) -> HeldRow:
     row = base.slice(i, 1).to_pylist()[0]
     ts_us = int(base.column("timestamp").slice(i, 1).cast(pa.int64())[0].as_py())
-    return (row["kafka_offset"], row["key"], row["value"], ts_us, row["pid"],
-            row["generation"], row["seq"], row["pf"])  # fmt: skip
+    return (row["offset"], row["key"], row["value"], ts_us, row["pid"],
+            row["generation"], row["seq"], row["pf"], row["timestampType"],
+            row["headers"])  # fmt: skip
 
 
 def _held_table(held: list[HeldRow], topic: str, partition: int) -> pa.Table:
@@ -258,16 +255,18 @@ def _held_table(held: list[HeldRow], topic: str, partition: int) -> pa.Table:
     m = len(held)
     return pa.table(
         {
+            "key": pa.array([h[1] for h in held], pa.binary()),
+            "value": pa.array([h[2] for h in held], pa.binary()),
             "topic": pa.array([topic] * m, pa.string()),
             "partition": pa.array([partition] * m, pa.int32()),
-            "log_offset": pa.nulls(m, pa.int64()),
+            "offset": pa.array([h[0] for h in held], pa.int64()),
+            "timestamp": pa.array([h[3] for h in held], pa.int64()).cast(TS_TYPE),
+            "timestampType": pa.array([h[8] for h in held], pa.int32()),
+            "headers": pa.array([h[9] for h in held], HEADERS_TYPE),
             "pid": pa.array([h[4] for h in held], pa.int64()),
             "generation": pa.array([h[5] for h in held], pa.int64()),
             "seq": pa.array([h[6] for h in held], pa.int64()),
-            "key": pa.array([h[1] for h in held], pa.binary()),
-            "value": pa.array([h[2] for h in held], pa.binary()),
-            "kafka_offset": pa.array([h[0] for h in held], pa.int64()),
-            "timestamp": pa.array([h[3] for h in held], pa.int64()).cast(TS_TYPE),
+            "log_offset": pa.nulls(m, pa.int64()),
             "pf": pa.array([h[7] for h in held], pa.binary()),
         },
         schema=HELD_SCHEMA,

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from pidfence.spark_sink.layout import part_file
 from pidfence.spark_sink.output import is_delta
-from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_SCHEMA
+from pidfence.spark_sink.schema import LOG_SCHEMA, REJECTS_SCHEMA, conform
 from pidfence.spark_sink.storage import Store, manifest_ids, read_manifest
 
 
@@ -39,21 +39,20 @@ def _read(path: str, rejects_path: str | None, table: str) -> pa.Table:
     pieces = [owner.read_table(f) for f in committed_files(store, rejects, table)]
     if not pieces:
         return schema.empty_table()
-    return pa.concat_tables([p.select(schema.names).cast(schema) for p in pieces])
+    return pa.concat_tables([conform(p, schema) for p in pieces])
 
 
 def _read_delta(path: str, rejects_path: str | None, table: str) -> pa.Table:
     from deltalake.exceptions import TableNotFoundError
 
-    from pidfence.spark_sink.delta_readers import read_delta_log, read_delta_rejects
+    from pidfence.spark_sink.delta.readers import read_table
 
     if table != "rejects":
-        return read_delta_log(path).cast(LOG_SCHEMA)
+        return read_table(path, "log")
     try:
-        rows = read_delta_rejects(rejects_path or f"{path.rstrip('/')}/_rejects")
+        return read_table(rejects_path or f"{path.rstrip('/')}/_rejects", "rejects")
     except TableNotFoundError:
         return REJECTS_SCHEMA.empty_table()
-    return rows.cast(REJECTS_SCHEMA)
 
 
 def read_gaps(path: str) -> pa.Table:
@@ -78,6 +77,11 @@ def read_gaps(path: str) -> pa.Table:
 def read_log(path: str) -> pa.Table:
     """The committed output log, sorted by (topic, partition, log_offset).
 
+    Columns: :data:`~pidfence.spark_sink.schema.LOG_SCHEMA` (the Kafka source's, then ``pid,
+    generation, seq, log_offset``), then any column another writer added to a Delta output.
+    Rows another writer appended to a Delta output are included (``pidfence verify`` tells them
+    apart with :func:`read_written`).
+
     Args:
         path: the sink's ``path`` option.
     """
@@ -87,12 +91,73 @@ def read_log(path: str) -> pa.Table:
 
 
 def read_rejects(path: str, rejects_path: str | None = None) -> pa.Table:
-    """The committed rejects (with ``verdict``), sorted by (topic, partition, kafka_offset).
+    """The committed rejects (the log's columns plus ``verdict``), sorted by (topic,
+    partition, offset).
 
     Args:
         path: the sink's ``path`` option.
         rejects_path: the sink's ``rejectsPath`` option if it was set.
     """
     return _read(path, rejects_path, "rejects").sort_by(
-        [("topic", "ascending"), ("partition", "ascending"), ("kafka_offset", "ascending")]
+        [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
+    )
+
+
+WRITTEN_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("log_offset", pa.int64()),
+        ("offset", pa.int64()),
+        ("pid", pa.int64()),
+        ("generation", pa.int64()),
+        ("seq", pa.int64()),
+        ("batch", pa.int64()),
+    ]
+)
+
+
+def read_written(path: str, rejects_path: str | None = None) -> pa.Table:
+    """Every row the sink appended, by identity, from its own account of its commits.
+
+    Whatever happened to the table since (rows others appended, rows users deleted), this is
+    what the sink wrote: ``topic, partition, log_offset, offset, pid, generation, seq`` and the
+    ``batch`` that committed it, sorted by (topic, partition, log_offset).
+
+    Args:
+        path: the sink's ``path`` option.
+        rejects_path: the sink's ``rejectsPath`` option if it was set.
+    """
+    from pidfence.spark_sink.decisions import appended
+    from pidfence.spark_sink.output import reading_layout
+
+    layout = reading_layout(path, rejects_path)
+    pieces = []
+    for bid in layout.committed_ids():
+        manifest = layout.committed(bid)
+        for part in manifest["parts"] if manifest is not None else []:
+            decided = layout.read_decided(bid, part)
+            if decided is None:
+                continue
+            rows = appended(decided)
+            n = rows.num_rows
+            pieces.append(
+                pa.table(
+                    {
+                        "topic": pa.array([str(part["topic"])] * n, pa.string()),
+                        "partition": pa.array([int(part["partition"])] * n, pa.int32()),
+                        "log_offset": rows.column("log_offset"),
+                        "offset": rows.column("offset"),
+                        "pid": rows.column("pid"),
+                        "generation": rows.column("generation"),
+                        "seq": rows.column("seq"),
+                        "batch": pa.array([bid] * n, pa.int64()),
+                    },
+                    schema=WRITTEN_SCHEMA,
+                )
+            )
+    if not pieces:
+        return WRITTEN_SCHEMA.empty_table()
+    return pa.concat_tables(pieces).sort_by(
+        [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "ascending")]
     )

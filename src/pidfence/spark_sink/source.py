@@ -10,20 +10,22 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from pidfence.spark_sink.delta_table import TableKind
+from pidfence.spark_sink.delta.table import TableKind
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import is_delta
-from pidfence.spark_sink.owner import checkpoint_query_id
+from pidfence.spark_sink.owner import checkpoint_committed, checkpoint_query_id
 from pidfence.spark_sink.readers import committed_files
-from pidfence.spark_sink.storage import Store
-from pidfence.spark_sink.writer import KAFKA_COLUMNS, PidfenceStreamWriter
-
-LOG_DDL = (
-    "topic STRING, partition INT, log_offset BIGINT, pid BIGINT, generation BIGINT, seq BIGINT, "
-    "key BINARY, value BINARY, kafka_offset BIGINT, timestamp TIMESTAMP"
+from pidfence.spark_sink.schema import (
+    KAFKA_COLUMNS,
+    LOG_DDL,
+    LOG_SCHEMA,
+    REJECTS_DDL,
+    REJECTS_SCHEMA,
+    conform,
 )
-REJECTS_DDL = LOG_DDL + ", verdict STRING"
+from pidfence.spark_sink.storage import Store
+from pidfence.spark_sink.writer import PidfenceStreamWriter
 
 
 class PidfenceDataSource(DataSource):
@@ -61,7 +63,11 @@ class PidfenceDataSource(DataSource):
         checkpoint = next((v for k, v in options.items() if k.lower() == "checkpointlocation"),
                           None)  # fmt: skip
         # Claims the path for this query (one query per path) before any batch runs.
-        return PidfenceStreamWriter(SinkOptions.parse(options), checkpoint_query_id(checkpoint))
+        return PidfenceStreamWriter(
+            SinkOptions.parse(options),
+            checkpoint_query_id(checkpoint),
+            committed_before=checkpoint_committed(checkpoint),
+        )
 
     def reader(self, schema: StructType) -> PidfenceReader:
         """A batch reader of the committed log."""
@@ -99,12 +105,12 @@ class PidfenceReader(DataSourceReader):
     def _delta_partitions(self) -> list[FilePartition]:
         from deltalake.exceptions import TableNotFoundError
 
-        from pidfence.spark_sink.delta_table import Location, open_table
+        from pidfence.spark_sink.delta.table import Location, open_table
 
         kind: TableKind = "rejects" if self.table == "rejects" else "log"
         root = self._root()
         try:
-            dt = open_table(root, kind, create=False)
+            dt = open_table(root, kind, create=False, reading=True)
         except TableNotFoundError:
             return []
         loc = Location.at(root)
@@ -113,14 +119,12 @@ class PidfenceReader(DataSourceReader):
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         """Stream one file's record batches (the public columns only)."""
-        from pidfence.spark_sink.process import LOG_SCHEMA, REJECTS_SCHEMA
-
         schema = REJECTS_SCHEMA if self.table == "rejects" else LOG_SCHEMA
         if "://" in partition.root and not partition.root.startswith("file://"):
             store = Store.at(partition.root)
         else:
             store = Store.at(partition.root.removeprefix("file://"))
-        table = store.read_table(partition.path).select(schema.names).cast(schema)
+        table = conform(store.read_table(partition.path), schema)
         yield from table.to_batches()
 
 

@@ -7,23 +7,15 @@ state file is missing, damaged or from another attempt, it restores the newest i
 (or nothing) and replays the committed batches after it through the broker rules
 (:func:`pidfence.broker_plugin.replay_batch`), which gives the same table, held records included.
 
-A state file is ``b"PFS1" + crc32 (4 bytes, big endian) + msgpack`` of::
-
-    {"kind": "full"|"delta", "prev": batch id the delta applies to (or None),
-     "prev_tag": that batch's attempt tag, "tag": this batch's attempt tag,
-     "table": ProducerStateTable snapshot bytes, "next_log": next log_offset}
-
-Held payloads are not in it: they are committed with the batch (its ``held`` file).
+The state files themselves (their codec, names and clean-up) are :mod:`~pidfence.spark_sink.
+state_files`; held payloads are committed with each batch (its ``held`` file).
 """
 
 from __future__ import annotations
 
-import struct
-import zlib
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,14 +26,26 @@ from pidfence.broker_plugin import (
     Verifier,
     replay_batch,
 )
+from pidfence.spark_sink.decisions import replay_rows
 from pidfence.spark_sink.layout import BatchLayout
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.storage import STATE, Store, batch_name, part_name
-from pidfence.wire import Verdict, encode_pf
+from pidfence.spark_sink.state_files import (
+    StateFile,
+    decode_state,
+    drop_old_chains,
+    encode_state,
+    state_dir,
+    state_files,
+)
+from pidfence.spark_sink.storage import Store, batch_name, part_name
+from pidfence.wire import Verdict
 
-_MAGIC: Final = b"PFS1"
-#: (kafka_offset, key, value, timestamp_us, pid, generation, seq, raw pf header)
-HeldRow = tuple[int, bytes | None, bytes | None, int, int, int, int, bytes | None]
+#: (offset, key, value, timestamp_us, pid, generation, seq, raw pf header, timestampType,
+#: headers as Kafka's source gives them: a list of {"key", "value"} or None)
+HeldRow = tuple[
+    int, bytes | None, bytes | None, int, int, int, int, bytes | None, int | None,
+    list[dict[str, Any]] | None,
+]  # fmt: skip
 
 
 @dataclass
@@ -61,72 +65,6 @@ class PartitionState:
     last_batch: int | None = None
     #: the highest Kafka offset of the partition the committed batches read (None: none).
     kafka_last: int | None = None
-
-
-@dataclass(frozen=True)
-class StateFile:
-    """A decoded state file."""
-
-    kind: str
-    prev: int | None
-    prev_tag: str | None
-    tag: str | None
-    table: bytes
-    next_log: int
-
-
-def encode_state(sf: StateFile) -> bytes:
-    """State file bytes."""
-    body = msgpack.packb(
-        {
-            "kind": sf.kind,
-            "prev": sf.prev,
-            "prev_tag": sf.prev_tag,
-            "tag": sf.tag,
-            "table": sf.table,
-            "next_log": sf.next_log,
-        },
-        use_bin_type=True,
-    )
-    return _MAGIC + struct.pack(">I", zlib.crc32(body)) + body
-
-
-def decode_state(data: bytes) -> StateFile:
-    """Parse state file bytes; :class:`CorruptSnapshot` on any damage."""
-    if len(data) < 8 or data[:4] != _MAGIC:
-        raise CorruptSnapshot("sink state file has no PFS1 header; it will be rebuilt")
-    body = data[8:]
-    if struct.unpack(">I", data[4:8])[0] != zlib.crc32(body):
-        raise CorruptSnapshot("sink state file fails its CRC; it will be rebuilt")
-    try:
-        obj = msgpack.unpackb(body, raw=False)
-        return StateFile(
-            kind=str(obj["kind"]),
-            prev=None if obj["prev"] is None else int(obj["prev"]),
-            prev_tag=None if obj.get("prev_tag") is None else str(obj["prev_tag"]),
-            tag=None if obj.get("tag") is None else str(obj["tag"]),
-            table=bytes(obj["table"]),
-            next_log=int(obj["next_log"]),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptSnapshot(
-            f"sink state file is not readable ({exc}); it will be rebuilt"
-        ) from exc
-
-
-def state_dir(store: Store, topic: str, partition: int) -> str:
-    """Directory of one partition's state files."""
-    return store.join(STATE, part_name(topic, partition))
-
-
-def state_files(store: Store, topic: str, partition: int) -> dict[int, str]:
-    """Batch id → file name of the partition's state files."""
-    out: dict[int, str] = {}
-    for name in store.listdir(state_dir(store, topic, partition)):
-        stem, _, kind = name.partition(".")
-        if kind in ("full", "delta") and stem.isdigit():
-            out[int(stem)] = name
-    return out
 
 
 def new_table(opts: SinkOptions, verifier: Verifier | None = None) -> ProducerStateTable:
@@ -237,9 +175,10 @@ def _held_payloads(layout: BatchLayout, batch_id: int, part: dict[str, Any]) -> 
     rows: dict[int, HeldRow] = {}
     ts = table.column("timestamp").cast(pa.int64()).to_pylist()
     for row, ts_us in zip(table.to_pylist(), ts, strict=True):
-        rows[int(row["kafka_offset"])] = (
-            int(row["kafka_offset"]), row["key"], row["value"], int(ts_us), int(row["pid"]),
-            int(row["generation"]), int(row["seq"]), row["pf"],
+        rows[int(row["offset"])] = (
+            int(row["offset"]), row["key"], row["value"], int(ts_us), int(row["pid"]),
+            int(row["generation"]), int(row["seq"]), row["pf"], row["timestampType"],
+            row["headers"],
         )  # fmt: skip
     return rows
 
@@ -304,23 +243,25 @@ def _replay(
     top_part: dict[str, Any],
     after: int,
 ) -> None:
-    """Replay every record of ``batches`` (Kafka offsets > ``after``) batch by batch."""
+    """Replay every record of ``batches`` (Kafka offsets > ``after``) batch by batch.
+
+    The records come from the batches' decisions (:mod:`decisions`), the sink's own account of
+    what it committed: rows deleted from the table later, or appended by another writer, do not
+    change it.
+    """
     pieces: list[pa.Table] = []
     for bid, part in batches:
-        log = layout.read_part(bid, part, "log")
-        if log is not None:
-            pieces.append(_replay_rows(log, None))
-        rejects = layout.read_part(bid, part, "rejects")
-        if rejects is not None:
-            pieces.append(_replay_rows(rejects, rejects.column("verdict")))
+        decided = layout.read_decided(bid, part)
+        if decided is not None:
+            pieces.append(replay_rows(decided))
     held = layout.read_part(top, top_part, "held")
     if held is not None:
-        pieces.append(_replay_rows(held, pa.array([Verdict.BUFFERED.value] * held.num_rows)))
+        pieces.append(replay_rows(held, Verdict.BUFFERED.value))
     if not pieces:
         return
-    rows = pa.concat_tables(pieces).sort_by("kafka_offset")
-    rows = rows.filter(pc.greater(rows["kafka_offset"], after))
-    offsets = rows.column("kafka_offset").to_numpy()
+    rows = pa.concat_tables(pieces).sort_by("offset")
+    rows = rows.filter(pc.greater(rows["offset"], after))
+    offsets = rows.column("offset").to_numpy()
     for _, part in batches:
         lo, hi = int(part["kafka_first"]), int(part["kafka_last"])
         a, b = np.searchsorted(offsets, [lo, hi + 1])
@@ -330,43 +271,10 @@ def _replay(
             chunk.column("pf").to_pylist(),
             chunk.column("ts_ms").to_pylist(),
             chunk.column("verdict").to_pylist(),
-            chunk.column("kafka_offset").to_pylist(),
+            chunk.column("offset").to_pylist(),
             flush=bool(part.get("flushed")),
             horizon_ms=part.get("horizon_ms"),
         )
-
-
-def _replay_rows(table: pa.Table, verdicts: Any) -> pa.Table:
-    """(kafka_offset, pf, ts_ms, verdict) of committed rows; log rows get their header back."""
-    n = table.num_rows
-    if "pf" in table.column_names:
-        pf = table.column("pf").combine_chunks()
-    else:
-        pf = pa.array(
-            [
-                encode_pf(p, g, s) if p else None
-                for p, g, s in zip(
-                    table.column("pid").to_pylist(),
-                    table.column("generation").to_pylist(),
-                    table.column("seq").to_pylist(),
-                    strict=True,
-                )
-            ],
-            pa.binary(),
-        )
-    ts_us = table.column("timestamp").cast(pa.int64()).to_numpy()
-    ts_ms = pa.array(ts_us // 1000, pa.int64())  # exactly as the live run derived it
-    verdict = verdicts if verdicts is not None else pa.array([Verdict.APPENDED.value] * n)
-    return pa.table(
-        {
-            "kafka_offset": table.column("kafka_offset").cast(pa.int64()),
-            "pf": pf.cast(pa.binary()),
-            "ts_ms": ts_ms,
-            "verdict": pa.array(verdict, pa.string())
-            if not isinstance(verdict, pa.ChunkedArray)
-            else verdict.cast(pa.string()),
-        }
-    )
 
 
 def save_state(
@@ -402,35 +310,3 @@ def save_state(
     if full:
         drop_old_chains(store, directory, batch_id)
     return name
-
-
-def drop_old_chains(store: Store, directory: str, batch_id: int) -> None:
-    """Keep the newest *intact* older full chain as a fallback; drop files older than it.
-
-    A damaged older full snapshot is no fallback, so the search goes on to the next older one
-    (otherwise the only intact chain could be deleted).
-    """
-    fulls = sorted(
-        (
-            int(n.partition(".")[0])
-            for n in store.listdir(directory)
-            if n.endswith(".full") and n.partition(".")[0].isdigit()
-        ),
-        reverse=True,
-    )
-    keep_from: int | None = None
-    for bid in fulls:
-        if bid >= batch_id:
-            continue
-        try:
-            decode_state(store.read_bytes(f"{directory}/{batch_name(bid)}.full"))
-        except (CorruptSnapshot, OSError):
-            continue
-        keep_from = bid
-        break
-    if keep_from is None:
-        return
-    for n in store.listdir(directory):
-        stem = n.partition(".")[0]
-        if stem.isdigit() and int(stem) < keep_from:
-            store.delete_file(f"{directory}/{n}")

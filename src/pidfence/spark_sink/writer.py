@@ -20,7 +20,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink import owner
-from pidfence.spark_sink.delta_layout import DeltaLayout, open_layout
+from pidfence.spark_sink.delta.layout import DeltaLayout, open_layout
 from pidfence.spark_sink.errors import (
     CommittedBatchMismatch,
     SinkError,
@@ -36,10 +36,10 @@ from pidfence.spark_sink.layout import (
 )
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.process import process_partition
+from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import load_state, save_state
-from pidfence.spark_sink.storage import DATA, HELD, Store, manifest_ids, part_name
+from pidfence.spark_sink.storage import DATA, DECIDED, HELD, Store, manifest_ids, part_name
 
-KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
 #: Query id used when Spark gives none (only outside structured streaming, i.e. in unit tests).
 NO_QUERY = "noquery0"
 
@@ -159,15 +159,20 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         options: the sink's options.
         query_id: the streaming query's id when known at start (read from the checkpoint); the
             path is claimed for it before any task runs.
+        committed_before: the checkpoint says the query committed batches already.
     """
 
-    def __init__(self, options: SinkOptions, query_id: str | None = None) -> None:
+    def __init__(
+        self, options: SinkOptions, query_id: str | None = None, committed_before: bool = False
+    ) -> None:
         self.options = options
         self.query_id = query_id
         if options.delta:
             # Refuses another writer's table (or the manifest layout) before anything is
-            # written, and creates both tables, so the first batch's tasks find them.
-            open_layout(options.path, options.rejects_path, query_id or NO_QUERY)
+            # written, and creates both tables, so the first batch's tasks find them (unless
+            # the query committed batches before: then a missing table is a lost one).
+            open_layout(options.path, options.rejects_path, query_id or NO_QUERY,
+                        committed_before=committed_before)  # fmt: skip
         if query_id is not None:
             # Spark builds a writer at start and again in the process that runs commit(), so
             # this only claims; leftovers of a dead attempt go when its batch commits.
@@ -187,7 +192,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         message = SinkCommitMessage(batch_id, query=query)
         layout = self.layout(query)
         owner.claim(layout.store, query)
-        rows = pa.Table.from_batches(batches).select(list(KAFKA_COLUMNS)) if batches else None
+        rows = _kafka_rows(batches)
         manifest = layout.committed(batch_id)
         if manifest is not None:
             return _committed_message(manifest, rows, batch_id, query)
@@ -301,6 +306,14 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
                 layout.discard(batchId, message.tag, keep=set())
 
 
+def _kafka_rows(batches: list[pa.RecordBatch]) -> pa.Table | None:
+    """The task's rows, the Kafka source's columns only (None for no batches)."""
+    if not batches:
+        return None
+    rows = pa.Table.from_batches(batches)
+    return rows.select([c for c in KAFKA_COLUMNS if c in rows.column_names])
+
+
 def _prefix(query_id: str) -> str:
     return new_tag(query_id)[:QUERY_PREFIX]
 
@@ -360,7 +373,7 @@ def cleanup_uncommitted(
     committed = set(manifest_ids(store) if committed_ids is None else committed_ids)
     layout = ParquetLayout.of(store, rejects)
     seen: set[int] = set()
-    for root, folder in ((store, DATA), (store, HELD), (rejects, "")):
+    for root, folder in ((store, DATA), (store, HELD), (store, DECIDED), (rejects, "")):
         for name in root.listdir(root.join(folder) if folder else root.root):
             if name.isdigit() and int(name) not in committed:
                 seen.add(int(name))

@@ -6,11 +6,13 @@ from pidfence.verify.check import (
     LOG_COLUMNS,
     REJECT_COLUMNS,
     CheckReport,
-    Finding,
     check,
 )
 from pidfence.verify.downstream import truth_from_ledger, unique_users_per_minute
+from pidfence.verify.errors import VerifyInputError
+from pidfence.verify.finding import Finding
 from pidfence.verify.ledger import LedgerEntry, LedgerWriter, read_ledger, value_digest
+from pidfence.verify.output import verify_output
 
 __all__ = [
     "ANOMALIES",
@@ -21,9 +23,11 @@ __all__ = [
     "Finding",
     "LedgerEntry",
     "LedgerWriter",
+    "VerifyInputError",
     "check",
     "read_ledger",
     "truth_from_ledger",
     "unique_users_per_minute",
     "value_digest",
+    "verify_output",
 ]

@@ -14,7 +14,7 @@ Anomalies (each must be 0 for a run to pass):
 * ``reordered``: within (topic, partition, pid), in ``log_offset`` order, a seq not greater than
   the one before it (equal seqs are reported as ``duplicate`` only).
 * ``zombie``: a record of generation g appended after a record or ``FENCE`` of the same pid with a
-  generation > g reached that partition (``kafka_offset`` order of log + rejects).
+  generation > g reached that partition (Kafka ``offset`` order of log + rejects).
 * ``unexpected``: in the log with pid != 0 under an identity the ledger has with another digest.
 * ``event_duplicate`` (DESIGN §9): one upstream event appended more than once, under any
   identities (a zombie that re-sent its work under a fresh pid shows up here and nowhere else).
@@ -36,22 +36,30 @@ Informational counts (never fail a run):
 * ``superseded``: an acknowledged record the rules dropped (say ``OUT_OF_ORDER`` behind a gap its
   dead predecessor never filled) whose event reached the log under another identity: a resume
   re-sent it; per event nothing is lost.
-* ``upstream_gap``: a gap the sink reported (DESIGN §4 amended again: seqs Kafka never delivered,
-  a producer's head before the sink's horizon, offsets it never read), with its range and how
-  many acknowledged records fall in it. An acknowledged record inside a gap is still ``lost``
-  (its example names the gap); a gap of records nobody acknowledged is information only.
+* ``foreign``: rows another writer appended to a shared (Delta) output, copies of the sink's rows
+  included; they are not judged (:mod:`pidfence.verify.provenance`).
+* ``deleted``: acknowledged records the sink appended that were deleted from the output after
+  commit (retention, GDPR): neither lost nor re-appended.
+* ``upstream_gap``: a gap the sink reported (DESIGN §4 amended again) with its range and how many
+  acknowledged records fall inside it (:mod:`pidfence.verify.gaps`); an acknowledged record
+  inside a gap is still ``lost`` and its example names the gap.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
 from pidfence.ledger import LedgerEntry, value_digest
+from pidfence.verify.errors import VerifyInputError
+from pidfence.verify.events import Identity, check_events, events_in_log, identity
+from pidfence.verify.finding import Finding
+from pidfence.verify.gaps import gap_of, report_gaps, seq_gaps
+from pidfence.verify.provenance import split
 from pidfence.wire import Verdict
 
 if TYPE_CHECKING:
@@ -68,9 +76,9 @@ ANOMALIES: Final = (
     "event_lost",
 )
 #: Counts shown for information only.
-INFORMATIONAL: Final = ("expired", "unacknowledged", "superseded", "upstream_gap")
-#: How many examples each anomaly keeps.
-MAX_EXAMPLES: Final = 10
+INFORMATIONAL: Final = (
+    "expired", "unacknowledged", "superseded", "foreign", "deleted", "upstream_gap",
+)  # fmt: skip
 
 LOG_COLUMNS: Final = (
     "topic",
@@ -81,30 +89,15 @@ LOG_COLUMNS: Final = (
     "seq",
     "key",
     "value",
-    "kafka_offset",
+    "offset",
     "timestamp",
 )
 REJECT_COLUMNS: Final = (*LOG_COLUMNS, "verdict")
 
-Identity = tuple[int, str, int, int]
 
 # Verdicts that move a partition's known generation forward (DESIGN §4 state changes).
 _GENERATION_WITNESSES: Final = frozenset({Verdict.FENCE.value, Verdict.DUPLICATE.value})
 _EXPIRY_VERDICTS: Final = frozenset({Verdict.UNKNOWN_PID.value, Verdict.OUT_OF_ORDER.value})
-
-
-@dataclass(slots=True)
-class Finding:
-    """One anomaly's total and the first few cases (plain dicts, ready for JSON)."""
-
-    count: int = 0
-    examples: list[dict[str, Any]] = field(default_factory=list)
-
-    def add(self, example: dict[str, Any]) -> None:
-        """Count one case and keep it when fewer than ``MAX_EXAMPLES`` are kept."""
-        self.count += 1
-        if len(self.examples) < MAX_EXAMPLES:
-            self.examples.append(example)
 
 
 @dataclass(slots=True)
@@ -169,6 +162,7 @@ def check(
     ledger: Iterable[LedgerEntry],
     log: pa.Table,
     rejects: pa.Table,
+    written: pa.Table | None = None,
     gaps: pa.Table | None = None,
 ) -> CheckReport:
     """Compare acknowledged sends with the output log and the rejects (DESIGN §8).
@@ -177,17 +171,31 @@ def check(
         ledger: acknowledged records (any order; a resent record may appear twice).
         log: the output log, columns ``LOG_COLUMNS`` (extra columns are ignored).
         rejects: the rejects log, columns ``REJECT_COLUMNS``.
-        gaps: the gaps the sink reported (:func:`pidfence.spark_sink.read_gaps`), if any.
+        written: the rows the sink itself appended (``pidfence.spark_sink.read_written``), for
+            an output other writers share: rows of others are counted as ``foreign``, written
+            rows no longer in ``log`` as ``deleted``; None judges every log row.
+        gaps: the gaps the sink reported (``pidfence.spark_sink.read_gaps``), if any.
 
     Returns:
         The report; ``report.ok`` is the pass/fail answer.
 
     Raises:
-        ValueError: a table lacks a required column (the message names it).
+        VerifyInputError: a table lacks a required column (the message names it).
     """
+    findings = {name: Finding() for name in (*ANOMALIES, *INFORMATIONAL)}
+    deleted: set[tuple[Identity, int]] = set()
+    if written is not None:
+        _need(log, ("topic", "partition", "log_offset", "offset", "pid", "generation", "seq"),
+              "log")  # fmt: skip
+        parts = split(log, written)
+        log = parts.own
+        for row in _rows(parts.foreign, (), "log"):
+            findings["foreign"].add(_example(row))
+        for row in parts.deleted.to_pylist():
+            findings["deleted"].add(_example(row))
+            deleted.add((identity(row), int(row["generation"])))
     log_rows = _rows(log, LOG_COLUMNS, "log")
     reject_rows = _rows(rejects, REJECT_COLUMNS, "rejects")
-    findings = {name: Finding() for name in (*ANOMALIES, *INFORMATIONAL)}
 
     # One identity may be acknowledged more than once: a resend, or a zombie and its replacement
     # sending the same seq under two generations. Each distinct (generation, digest) is judged.
@@ -212,7 +220,7 @@ def check(
     for row in log_rows:
         if row["pid"] == 0:
             continue
-        ident = _identity(row)
+        ident = identity(row)
         digest = value_digest(row["value"])
         seen[ident] += 1
         if seen[ident] == 2:
@@ -239,18 +247,20 @@ def check(
     # that was fenced, not a replacement's send of the same seq under a newer generation.
     rejected: dict[Identity, set[tuple[str, int, str]]] = defaultdict(set)
     for row in reject_rows:
-        rejected[_identity(row)].add(
+        rejected[identity(row)].add(
             (str(row["verdict"]), int(row["generation"]), value_digest(row["value"]))
         )
 
-    seq_gaps = _seq_gaps(gaps)
-    events_in_log = _events_in_log(data, log_rows)
+    in_gaps = seq_gaps(gaps)
+    logged_events = events_in_log(data, log_rows)
     for ident, sends in acked.items():
         logged = in_log.get(ident)
         drops = rejected.get(ident, set())
         for (generation, digest), entry in sends.items():
             if logged == digest or (Verdict.FENCED.value, generation, digest) in drops:
                 continue
+            if (ident, generation) in deleted:
+                continue  # appended, then deleted by the output's owner: counted as deleted
             verdicts = {v for v, g, d in drops if g == generation and d == digest}
             example = {
                 "pid": entry.pid,
@@ -258,23 +268,25 @@ def check(
                 "topic": entry.topic,
                 "partition": entry.partition,
                 "seq": entry.seq,
-                "kafka_offset": entry.offset,
+                "offset": entry.offset,
                 "verdicts": sorted(verdicts),
             }
             if 0 < entry.expire_ms < entry.ts_ms and verdicts & _EXPIRY_VERDICTS:
                 findings["expired"].add(example)
-            elif verdicts and entry.event_id in events_in_log:
+            elif verdicts and entry.event_id in logged_events:
                 # The rules dropped it (a gap its predecessor never filled, ...) and a resume
                 # re-sent its event under another identity: per event, nothing is lost.
                 findings["superseded"].add({**example, "event": entry.event_id})
             else:
-                gap = _gap_of(seq_gaps, ident)
+                gap = gap_of(in_gaps, ident)
                 findings["lost"].add(example if gap is None else {**example, "in_gap": gap})
 
-    _report_gaps(gaps, acked, findings["upstream_gap"])
+    report_gaps(gaps, acked, findings["upstream_gap"])
     _check_order(log_rows, findings["reordered"])
     _check_zombies(log_rows, reject_rows, findings["zombie"])
-    events = _check_events(data, log_rows, findings["event_duplicate"], findings["event_lost"])
+    gone = {e.event_id for e in data
+            if ((e.pid, e.topic, e.partition, e.seq), e.generation) in deleted}  # fmt: skip
+    events = check_events(data, log_rows, findings["event_duplicate"], findings["event_lost"], gone)
     return CheckReport(
         findings,
         {
@@ -286,87 +298,12 @@ def check(
     )
 
 
-def _row_events(
-    data: list[LedgerEntry], log_rows: list[dict[str, Any]]
-) -> list[tuple[str, dict[str, Any]]]:
-    """``(event, row)`` per appended idempotent row, in (topic, partition, log_offset) order."""
-    by_record: dict[tuple[Identity, str], str] = {}
-    by_digest: dict[str, set[str]] = defaultdict(set)
-    for entry in data:
-        event = entry.event_id
-        by_record[((entry.pid, entry.topic, entry.partition, entry.seq), entry.digest)] = event
-        by_digest[entry.digest].add(event)
-    out = []
-    for row in sorted(log_rows, key=lambda r: (r["topic"], r["partition"], r["log_offset"])):
-        if row["pid"] == 0:
-            continue
-        digest = value_digest(row["value"])
-        known = by_record.get((_identity(row), digest))
-        if known is not None:
-            event = known
-        else:
-            candidates = by_digest.get(digest, set())
-            event = next(iter(candidates)) if len(candidates) == 1 else digest
-        out.append((event, row))
-    return out
-
-
-def _events_in_log(data: list[LedgerEntry], log_rows: list[dict[str, Any]]) -> set[str]:
-    return {event for event, _ in _row_events(data, log_rows)}
-
-
-def _check_events(
-    data: list[LedgerEntry],
-    log_rows: list[dict[str, Any]],
-    duplicate: Finding,
-    lost: Finding,
-) -> int:
-    """DESIGN §9: every acknowledged event appended exactly once, whatever its identities.
-
-    Returns the number of distinct acknowledged events.
-    """
-    sends: dict[str, list[LedgerEntry]] = defaultdict(list)
-    for entry in data:
-        sends[entry.event_id].append(entry)
-    appended: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for event, row in _row_events(data, log_rows):
-        copies = appended[event]
-        copies.append(row)
-        if len(copies) == 2:
-            duplicate.add({"event": event, "copies": [_identity_text(r) for r in copies]})
-        elif len(copies) > 2:
-            duplicate.count += 1
-            if duplicate.examples and duplicate.examples[-1]["event"] == event:
-                duplicate.examples[-1]["copies"].append(_identity_text(row))
-    for event, entries in sends.items():
-        if event in appended:
-            continue
-        lost.add(
-            {
-                "event": event,
-                "sent_as": sorted({_entry_text(e) for e in entries})[:4],
-            }
-        )
-    return len(sends)
-
-
-def _identity_text(row: Mapping[str, Any]) -> str:
-    return (
-        f"pid={row['pid']} g={row['generation']} {row['topic']}[{row['partition']}] "
-        f"seq={row['seq']} log_offset={row['log_offset']}"
-    )
-
-
-def _entry_text(entry: LedgerEntry) -> str:
-    return f"pid={entry.pid} g={entry.generation} {entry.topic}[{entry.partition}] seq={entry.seq}"
-
-
 def _check_order(log_rows: list[dict[str, Any]], finding: Finding) -> None:
     last: dict[tuple[int, str, int], int] = {}
     for row in sorted(log_rows, key=lambda r: (r["topic"], r["partition"], r["log_offset"])):
         if row["pid"] == 0:
             continue
-        stream = _identity(row)[:3]
+        stream = identity(row)[:3]
         before = last.get(stream)
         if before is not None and row["seq"] < before:
             finding.add({**_example(row), "after_seq": before})
@@ -378,75 +315,39 @@ def _check_zombies(
 ) -> None:
     events = [(r, True) for r in log_rows if r["pid"] != 0]
     events += [(r, False) for r in reject_rows if str(r["verdict"]) in _GENERATION_WITNESSES]
-    events.sort(key=lambda e: (e[0]["topic"], e[0]["partition"], e[0]["kafka_offset"], not e[1]))
+    events.sort(key=lambda e: (e[0]["topic"], e[0]["partition"], e[0]["offset"], not e[1]))
     newest: dict[tuple[int, str, int], int] = {}
     for row, appended in events:
-        stream = _identity(row)[:3]
+        stream = identity(row)[:3]
         top = newest.get(stream, -1)
         if appended and row["generation"] < top:
             finding.add({**_example(row), "fenced_by_generation": top})
         newest[stream] = max(top, row["generation"])
 
 
-GapKey = tuple[int, str, int]
-
-
-def _seq_gaps(gaps: pa.Table | None) -> dict[GapKey, list[tuple[int, int, str]]]:
-    """(pid, topic, partition) -> [(first seq, last seq, kind)] of the reported seq gaps."""
-    out: dict[GapKey, list[tuple[int, int, str]]] = defaultdict(list)
-    if gaps is None or not gaps.num_rows:
-        return out
-    for row in gaps.to_pylist():
-        if row.get("pid") is not None and row.get("seq_first") is not None:
-            key = (int(row["pid"]), str(row["topic"]), int(row["partition"]))
-            out[key].append((int(row["seq_first"]), int(row["seq_last"]), str(row["kind"])))
-    return out
-
-
-def _gap_of(seq_gaps: dict[GapKey, list[tuple[int, int, str]]], ident: Identity) -> str | None:
-    for first, last, kind in seq_gaps.get(ident[:3], ()):
-        if first <= ident[3] <= last:
-            return f"{kind} seq {first}..{last}"
-    return None
-
-
-def _report_gaps(gaps: pa.Table | None, acked: Mapping[Identity, Any], finding: Finding) -> None:
-    """One informational case per reported gap, with the acknowledged records inside it."""
-    if gaps is None or not gaps.num_rows:
-        return
-    by_stream: dict[GapKey, list[int]] = defaultdict(list)
-    for pid, topic, partition, seq in acked:
-        by_stream[(pid, topic, partition)].append(seq)
-    for row in gaps.to_pylist():
-        example = {k: v for k, v in row.items() if v is not None}
-        if row.get("pid") is not None and row.get("seq_first") is not None:
-            seqs = by_stream.get((int(row["pid"]), str(row["topic"]), int(row["partition"])), [])
-            example["acknowledged_inside"] = sum(
-                1 for s in seqs if row["seq_first"] <= s <= row["seq_last"]
-            )
-        finding.add(example)
-
-
 def _one_line(example: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in example.items())
 
 
-def _identity(row: Mapping[str, Any]) -> Identity:
-    return (int(row["pid"]), str(row["topic"]), int(row["partition"]), int(row["seq"]))
-
-
 def _example(row: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("topic", "partition", "log_offset", "pid", "generation", "seq", "kafka_offset")
+    keys = ("topic", "partition", "log_offset", "pid", "generation", "seq", "offset")
     return {k: row[k] for k in keys if k in row}
 
 
-def _rows(table: pa.Table, columns: tuple[str, ...], name: str) -> list[dict[str, Any]]:
+def _need(table: pa.Table, columns: tuple[str, ...], name: str) -> None:
     missing = [c for c in columns if c not in table.column_names and c not in ("key", "timestamp")]
     if missing:
-        raise ValueError(
+        raise VerifyInputError(
             f"{name} table lacks column(s) {missing}; expected {list(columns)} "
             "(read it with pidfence.spark_sink.read_log / read_rejects)"
         )
+
+
+def _rows(table: pa.Table, columns: tuple[str, ...], name: str) -> list[dict[str, Any]]:
+    """The rows as dicts of ``columns`` (every column but key and timestamp when empty)."""
+    if not columns:
+        columns = tuple(c for c in table.column_names if c not in ("key", "timestamp"))
+    _need(table, columns, name)
     wanted = [c for c in columns if c in table.column_names and c not in ("key", "timestamp")]
     data = {c: table.column(c).to_pylist() for c in wanted}
     return [dict(zip(wanted, values, strict=True)) for values in zip(*data.values(), strict=True)]

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from pidfence.verify.errors import VerifyInputError
 from pidfence.verify.ledger import LedgerEntry, value_digest
 
 _SECONDS_BELOW: Final = 10**11
@@ -36,7 +37,7 @@ def event_ms(ts: Any) -> int:
     """Event time in epoch milliseconds from a ``ts`` in seconds or milliseconds (see module)."""
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
         # json.loads accepts NaN and Infinity; int() of them raises OverflowError, not ValueError.
-        raise ValueError(f"ts must be a number of seconds or milliseconds, got {ts!r}")
+        raise VerifyInputError(f"ts must be a number of seconds or milliseconds, got {ts!r}")
     if isinstance(ts, int):
         return ts * 1000 if abs(ts) < _SECONDS_BELOW else ts
     # round, not truncate: 0.57 * 1000 is 569.99... in binary floating point.
@@ -68,7 +69,7 @@ def unique_users_per_minute(table: pa.Table) -> pa.Table:
         of values that were not events.
     """
     if "value" not in table.column_names:
-        raise ValueError("unique_users_per_minute needs a 'value' column of JSON records")
+        raise VerifyInputError("unique_users_per_minute needs a 'value' column of JSON records")
     return _aggregate(table.column("value").to_pylist())
 
 
@@ -111,7 +112,7 @@ def truth_from_ledger(ledger: Iterable[LedgerEntry], values: pa.Table) -> pa.Tab
             found[ident] = value
     missing = [ident for ident in wanted if ident not in found]
     if missing:
-        raise ValueError(
+        raise VerifyInputError(
             f"{len(missing)} acknowledged record(s) have no value in the table, e.g. "
             f"{missing[:3]} (pid, topic, partition, seq); pass the raw topic's records"
         )

@@ -6,8 +6,9 @@ the default (lite) vacuum deletes only files the log removed, and the full vacuu
 deletes files no commit ever added — keeps every file of a batch its query has not committed
 yet (a batch whose files were moved into ``data/`` just before a crash).
 
-Checkpoints of the Delta log are written by every commit's post-commit hook at the table's
-``delta.checkpointInterval`` (default 100 commits); :func:`checkpoint` writes one now.
+Checkpoints of the Delta log are written after the sink's commits at the table's
+``delta.checkpointInterval`` (Delta Lake's default, 10: :mod:`checkpoints`); :func:`checkpoint`
+writes one now. Other engines may do any of this too, while the sink runs.
 """
 
 from __future__ import annotations
@@ -16,8 +17,16 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from pidfence.spark_sink.delta_commit import committed_version
-from pidfence.spark_sink.delta_table import DATA_DIR, Location, TableKind, marker, open_table
+from pidfence.spark_sink.delta.commit import committed_version
+from pidfence.spark_sink.delta.errors import NotPidfenceTable
+from pidfence.spark_sink.delta.table import (
+    DATA_DIR,
+    Location,
+    TableKind,
+    holds_delta,
+    marker,
+    open_table,
+)
 
 
 def compact(
@@ -121,3 +130,22 @@ def checkpoint(path: str, kind: TableKind = "log", **kwargs: Any) -> int:
     dt = open_table(path, kind, create=False, storage_options=kwargs.get("storage_options"))
     dt.create_checkpoint()
     return dt.version()
+
+
+def tables_of(path: str, rejects_path: str | None = None) -> list[tuple[TableKind, str]]:
+    """``(kind, root)`` of an output's Delta tables: the log, and the rejects once they exist.
+
+    Raises:
+        NotPidfenceTable: ``path`` holds no Delta table.
+    """
+    path = path.rstrip("/")
+    rejects = (rejects_path or f"{path}/_rejects").rstrip("/")
+    if not holds_delta(path):
+        raise NotPidfenceTable(
+            f"{path} holds no Delta table: table care is for outputs written with "
+            "--table-format delta"
+        )
+    tables: list[tuple[TableKind, str]] = [("log", path)]
+    if holds_delta(rejects):
+        tables.append(("rejects", rejects))
+    return tables

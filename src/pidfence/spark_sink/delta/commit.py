@@ -8,12 +8,15 @@ Two roles, as in Spark's writer protocol:
   depend only on (query, batch, topic, partition) and the bytes only on the rows, so a re-run
   rewrites the same file.
 * **driver** — :func:`commit_batch` moves the staged files to ``data/QUERY/BATCH/`` and adds
-  them in ONE Delta commit carrying the transaction id (app id = query id, version = batch id).
-  A batch whose id is at or below the table's transaction version for that query is already
-  committed: the call is a no-op. The commit never retries over another writer's commit: any
-  commit that landed since the table was read fails it with :class:`DeltaCommitConflict`
-  (retriable: re-run the batch), except pure table care (``OPTIMIZE``, ``VACUUM``), which it
-  commits over.
+  them in ONE Delta commit carrying the transaction id (app id = query id, version = batch id),
+  named in the history as Spark's Delta sink names its commits (``operationParameters``
+  ``queryId`` and ``epochId``, plus ``userMetadata``). A batch whose id is at or below the
+  table's transaction version for that query is already committed: the call is a no-op.
+
+Other writers share the table (:mod:`history`): the commit lands on exactly the version it
+checked (``max_commit_retries=0``); when another commit wins the race, it checks the new commits
+and tries again. After a commit it writes a Delta checkpoint when one is due
+(:mod:`checkpoints`).
 
 A crash anywhere leaves either nothing of the batch in the table or all of it: files moved but
 not added are invisible (Delta readers read only the files its log adds), and the re-run moves
@@ -22,45 +25,44 @@ the re-staged files over them and commits; after the Delta commit the re-run is 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaProtocolError, TableNotFoundError
 from deltalake.transaction import AddAction, PostCommitHookProperties
 
-from pidfence.spark_sink.delta_table import (
+from pidfence.spark_sink.delta.checkpoints import maybe_checkpoint
+from pidfence.spark_sink.delta.constraints import check_rows, constraints_of
+from pidfence.spark_sink.delta.errors import (
+    CannotContinue,
+    DeltaCommitConflict,
+    StagedFileMissing,
+    TableGone,
+)
+from pidfence.spark_sink.delta.history import BATCH_KEY, QUERY_KEY, check_shared, remember_own
+from pidfence.spark_sink.delta.stats import file_stats, footer_stats
+from pidfence.spark_sink.delta.table import (
     DATA_DIR,
     STAGING_DIR,
     WRITER,
     WRITER_KEY,
-    DeltaCommitConflict,
-    ForeignCommit,
     Location,
-    StagedFileMissing,
     TableKind,
     cached_table,
     open_table,
     schema_of,
 )
-from pidfence.spark_sink.process import TS_TYPE
 from pidfence.spark_sink.storage import write_parquet
 
-#: Operations that change no rows; a sink commit may land after them.
-CARE_OPERATIONS: Final = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
-#: Columns without min/max statistics (Delta keeps none for binary columns).
-NO_STATS: Final = frozenset({"key", "value", "pf"})
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-#: Commit attempts over concurrent table care before giving up with a conflict.
-MAX_ATTEMPTS: Final = 8
+#: Commit attempts before giving up with a (retriable) conflict: each lost race means another
+#: writer's commit landed between the check and the commit.
+MAX_ATTEMPTS: Final = 32
 
 Hook = Callable[[str], None]
 
@@ -103,100 +105,8 @@ class StagedFile:
         return {"name": self.name, "rows": self.rows, "size": self.size, "stats": self.stats}
 
 
-def _stat(value: pa.Scalar, bound: str) -> Any:
-    if pa.types.is_timestamp(value.type):
-        # Delta keeps timestamp statistics in milliseconds: round outwards so they still bound.
-        micros = int(value.cast(pa.int64()).as_py())
-        millis = micros // 1000 if bound == "min" else -(-micros // 1000)
-        stamp = pa.scalar(millis * 1000, pa.int64()).cast(TS_TYPE).as_py()
-        return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z"
-    return value.as_py()
-
-
-def file_stats(table: pa.Table) -> str:
-    """Delta ``stats`` JSON of a file: record count, min/max and null counts.
-
-    Every non-binary column gets bounds (strings in full, not truncated): deltalake's pyarrow
-    dataset turns a missing bound into a guarantee that prunes the file from any filter on that
-    column, so a reader filtering on it would silently miss rows.
-    """
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for name in table.column_names:
-        if name in NO_STATS:
-            continue
-        col = table.column(name)
-        nulls[name] = col.null_count
-        if table.num_rows and col.null_count < table.num_rows:
-            bounds = pc.min_max(col)
-            mins[name] = _stat(bounds["min"], "min")
-            maxs[name] = _stat(bounds["max"], "max")
-    return json.dumps(
-        {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
-        sort_keys=True,
-    )
-
-
-def _bound(value: Any, bound: str) -> Any:
-    if isinstance(value, datetime):
-        micros = (value - _EPOCH) // timedelta(microseconds=1)
-        return _stat(pa.scalar(micros, pa.int64()).cast(TS_TYPE), bound)
-    return value
-
-
-def footer_stats(loc: Location, rel: str) -> str:
-    """Delta ``stats`` JSON of a Parquet file from its footer (no data read).
-
-    Falls back to reading the file's non-binary columns when a row group has no statistics for
-    one of them (a missing bound would hide the file from filtered reads, see
-    :func:`file_stats`).
-    """
-    meta = pq.read_metadata(loc.join(rel), filesystem=loc.fs)
-    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for i, name in enumerate(names):
-        if name in NO_STATS:
-            continue
-        count = 0
-        for g in range(meta.num_row_groups):
-            st = meta.row_group(g).column(i).statistics
-            if st is None or not st.has_null_count:
-                table = pq.read_table(
-                    loc.join(rel),
-                    filesystem=loc.fs,
-                    columns=[n for n in names if n not in NO_STATS],
-                )
-                return file_stats(table)
-            count += st.null_count
-            if st.has_min_max:
-                lo, hi = _bound(st.min, "min"), _bound(st.max, "max")
-                mins[name] = lo if name not in mins else min(mins[name], lo)
-                maxs[name] = hi if name not in maxs else max(maxs[name], hi)
-            elif st.null_count < meta.row_group(g).num_rows:
-                table = pq.read_table(
-                    loc.join(rel),
-                    filesystem=loc.fs,
-                    columns=[n for n in names if n not in NO_STATS],
-                )
-                return file_stats(table)
-        nulls[name] = count
-    return json.dumps(
-        {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
-        sort_keys=True,
-    )
-
-
-def with_private_columns(rows: pa.Table, kind: TableKind, batch_id: int) -> pa.Table:
-    """``rows`` in the table's column order and types; a rejects table gets ``batch`` (and a
-    null ``pf`` when the rows have none)."""
-    if kind == "rejects":
-        if "pf" not in rows.column_names:
-            rows = rows.append_column("pf", pa.nulls(rows.num_rows, pa.binary()))
-        if "batch" not in rows.column_names:
-            rows = rows.append_column("batch", pa.array([batch_id] * rows.num_rows, pa.int64()))
+def table_rows(rows: pa.Table, kind: TableKind) -> pa.Table:
+    """``rows`` in the table's column order and types (other columns dropped)."""
     return rows.select(schema_of(kind).names).cast(schema_of(kind))
 
 
@@ -218,7 +128,7 @@ def stage_file(
         rows: the rows, in the table's column order and types (cast here otherwise).
     """
     loc = Location.at(path, storage_options)
-    table = with_private_columns(rows, kind, batch_id)
+    table = table_rows(rows, kind)
     name = file_name(topic, partition)
     directory = loc.join(staging_dir(query_id, batch_id))
     loc.fs.create_dir(directory, recursive=True)
@@ -267,41 +177,6 @@ def is_committed(dt: DeltaTable, query_id: str, batch_id: int) -> bool:
     """Whether batch ``batch_id`` of ``query_id`` is in the table (batch ids only grow)."""
     version = committed_version(dt, query_id)
     return version is not None and version >= batch_id
-
-
-def _commits_since(dt: DeltaTable, version: int) -> list[dict[str, Any]]:
-    """Commit infos of the versions after ``version`` (newest first)."""
-    latest = dt.version()
-    if latest <= version:
-        return []
-    return [c for c in dt.history(latest - version) if int(c.get("version", -1)) > version]
-
-
-def _ours(commit: dict[str, Any]) -> bool:
-    return commit.get(WRITER_KEY) == WRITER or commit.get("operation") in CARE_OPERATIONS
-
-
-def check_no_foreign_commits(dt: DeltaTable, where: str) -> None:
-    """Raise :class:`ForeignCommit` if a commit after pidfence's last batch changed data.
-
-    Walks back from the newest commit to the newest commit pidfence made (normally the newest
-    one, so this reads one commit file).
-    """
-    limit = 1
-    while True:
-        history = dt.history(limit)
-        for commit in history:
-            if commit.get(WRITER_KEY) == WRITER:
-                return
-            if commit.get("operation") not in CARE_OPERATIONS:
-                raise ForeignCommit(
-                    f"{where}: version {commit.get('version')} ({commit.get('operation')}, "
-                    f"by {commit.get('engineInfo', 'an unknown engine')}) was not written by "
-                    "pidfence; refusing to append to a table another writer changes"
-                )
-        if len(history) < limit:
-            return
-        limit *= 8
 
 
 def _drop_staging(loc: Location, query_id: str, batch_id: int) -> None:
@@ -368,66 +243,117 @@ def commit_moves(
             (Delta commit done, staging not yet cleaned): the crash tests kill the process there.
 
     Raises:
-        DeltaCommitConflict: another commit landed meanwhile and it was not table care;
-            nothing was committed (retriable).
-        ForeignCommit: another writer changed the table's data since pidfence's last batch.
+        CannotContinue: the table's columns changed, a RESTORE went back before the sink's
+            last batch, the table is gone, a constraint rejects the batch's rows, or the table
+            needs a writer feature deltalake lacks (not retriable; the message says what to do).
+        DeltaCommitConflict: other commits kept winning the race; nothing was committed
+            (retriable).
         StagedFileMissing: a staged file is gone (retriable by re-running the whole batch).
         NotPidfenceTable: the path holds something else.
     """
     loc = Location.at(path, storage_options)
-    dt = cached_table(path, kind, storage_options=storage_options)
-    schema = schema_of(kind)
+    try:
+        dt = cached_table(path, kind, create=False, storage_options=storage_options)
+    except TableNotFoundError as exc:
+        raise TableGone(
+            f"{loc.uri}: the Delta table the sink commits to is gone; batch {batch_id} cannot "
+            "be committed. Restore the table from a backup, or start a new --output with a new "
+            "--checkpoint"
+        ) from exc
     extra = {f"pidfence.{k}": v for k, v in (info or {}).items()}
     for _attempt in range(MAX_ATTEMPTS):
         read_version = dt.version()
+        _check_log(loc, read_version)
         if is_committed(dt, query_id, batch_id):
             _drop_staging(loc, query_id, batch_id)
             return False
-        check_no_foreign_commits(dt, loc.uri)
+        check_shared(dt, kind, loc.uri, loc.uri)
         adds = [_publish(loc, query_id, batch_id, m) for m in moves]
+        constraints = constraints_of(dt.metadata().configuration)
+        if constraints:
+            rows = _added_rows(loc, adds, kind)
+            check_rows(rows, constraints, loc.uri, batch_id)
         if hook is not None:
             hook("published")
-        props = CommitProperties(
-            custom_metadata={
-                WRITER_KEY: WRITER,
-                "pidfence.query": query_id,
-                "pidfence.batch": batch_id,
-                **extra,
-            },
-            max_commit_retries=0,
-            app_transactions=[Transaction(query_id, batch_id, int(time.time() * 1000))],
-        )
         try:
             dt.create_write_transaction(
                 list(adds),
                 "append",
-                schema,
-                commit_properties=props,
-                post_commithook_properties=PostCommitHookProperties(create_checkpoint=True),
+                schema_of(kind),
+                commit_properties=_properties(query_id, batch_id, extra),
+                post_commithook_properties=PostCommitHookProperties(
+                    create_checkpoint=False, cleanup_expired_logs=False
+                ),
             )
-        except CommitFailedError as exc:
+        except CommitFailedError:
             dt.update_incremental()
             if is_committed(dt, query_id, batch_id):
                 # Another committer of this very batch won: it is in the table exactly once.
                 _drop_staging(loc, query_id, batch_id)
                 return False
-            others = [c for c in _commits_since(dt, read_version) if not _ours(c)]
-            if others or not _commits_since(dt, read_version):
-                first = others[-1] if others else {}
-                raise DeltaCommitConflict(
-                    f"{loc.uri}: batch {batch_id} of query {query_id} lost a commit race "
-                    f"against version {first.get('version', '?')} "
-                    f"({first.get('operation', exc)}); nothing was committed, re-run the batch"
-                ) from exc
-            continue
+            continue  # another writer's commit won: check what it did, then try again
+        except DeltaProtocolError as exc:
+            raise CannotContinue(
+                f"{loc.uri}: deltalake cannot write to this table as it is now ({exc}); "
+                f"nothing of batch {batch_id} was committed. Undo the table feature another "
+                "engine enabled (see DESCRIBE HISTORY) and run again"
+            ) from exc
+        version = read_version + 1
+        remember_own(loc.uri, version)
         if hook is not None:
             hook("committed")
         _drop_staging(loc, query_id, batch_id)
+        maybe_checkpoint(dt, loc, version)
         return True
     raise DeltaCommitConflict(
         f"{loc.uri}: batch {batch_id} of query {query_id} lost {MAX_ATTEMPTS} commit races "
-        "against table care; nothing was committed, re-run the batch"
+        "against other writers' commits; nothing was committed, re-run the batch"
     )
+
+
+def _properties(query_id: str, batch_id: int, extra: dict[str, Any]) -> CommitProperties:
+    """Commit info that names the query and batch as Spark's Delta sink does, the sink's
+    marker, and the transaction id that makes the commit exactly once."""
+    return CommitProperties(
+        custom_metadata={
+            WRITER_KEY: WRITER,
+            QUERY_KEY: query_id,
+            BATCH_KEY: batch_id,
+            **extra,
+            "operationParameters": {
+                "outputMode": "Append",
+                "queryId": query_id,
+                "epochId": str(batch_id),
+            },
+            "userMetadata": f"pidfence-sink query {query_id} batch {batch_id}",
+            "isBlindAppend": True,
+        },
+        max_commit_retries=0,
+        app_transactions=[Transaction(query_id, batch_id, int(time.time() * 1000))],
+    )
+
+
+def _check_log(loc: Location, version: int) -> None:
+    """Raise :class:`TableGone` when the commit the table was read at is no longer there (its
+    ``_delta_log`` was deleted): a commit now would start a broken table."""
+    log = loc.join("_delta_log", f"{version:020d}")
+    for suffix in (".json", ".checkpoint.parquet"):
+        if loc.fs.get_file_info(log + suffix).type == pafs.FileType.File:
+            return
+    if loc.fs.get_file_info(loc.join("_delta_log")).type == pafs.FileType.Directory:
+        return  # cleaned up behind a newer checkpoint: the table is there
+    raise TableGone(
+        f"{loc.uri}: the Delta table the sink commits to is gone (no _delta_log); its batches "
+        "cannot continue. Restore the table from a backup, or start a new --output with a new "
+        "--checkpoint"
+    )
+
+
+def _added_rows(loc: Location, adds: Sequence[AddAction], kind: TableKind) -> pa.Table:
+    tables = [pq.read_table(loc.join(a.path), filesystem=loc.fs) for a in adds]
+    if not tables:
+        return schema_of(kind).empty_table()
+    return pa.concat_tables(tables)
 
 
 def abort_batch(

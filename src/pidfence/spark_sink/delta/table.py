@@ -17,32 +17,27 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, Final, Literal
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from pidfence.spark_sink.errors import SinkError
-from pidfence.spark_sink.process import (
-    LOG_SCHEMA,
-    REJECTS_FILE_SCHEMA,
-    REJECTS_SCHEMA,
-    TS_TYPE,  # noqa: F401 - re-exported for Delta callers
-)
+from pidfence.spark_sink.delta.errors import NotPidfenceTable, OldTableFormat, SchemaChanged
+from pidfence.spark_sink.schema import LOG_SCHEMA, REJECTS_SCHEMA
 
 TableKind = Literal["log", "rejects"]
 
-#: Columns of the output log (DESIGN §7), as Delta stores them: the sink's own schema.
+#: Columns of the output log (DESIGN §7): the sink's one schema.
 DELTA_LOG_SCHEMA: Final = LOG_SCHEMA
-#: What ``read_rejects`` returns: the log's columns plus the verdict.
-REJECTS_PUBLIC_SCHEMA: Final = REJECTS_SCHEMA
-#: The rejects table also keeps the raw ``pf`` header (state replays re-check it) and the batch
-#: that committed each reject (a committed part's rejects are found by it after compaction).
-DELTA_REJECTS_SCHEMA: Final = REJECTS_FILE_SCHEMA.append(pa.field("batch", pa.int64()))
+#: Columns of the rejects table: the log's plus ``verdict``.
+DELTA_REJECTS_SCHEMA: Final = REJECTS_SCHEMA
 
-FORMAT_VERSION: Final = "1"
+#: Table format 2: the Kafka source's columns (``offset``, ``timestampType``, ``headers``).
+FORMAT_VERSION: Final = "2"
+#: Tables of this format open only after ``pidfence sink migrate``.
+MIGRATABLE_FORMATS: Final = frozenset({"1"})
 TABLE_KEY: Final = "pidfence.table"
 FORMAT_KEY: Final = "pidfence.format"
 WRITER_KEY: Final = "pidfence.writer"
@@ -51,49 +46,8 @@ WRITER: Final = "pidfence-sink"
 OWN_DIR: Final = "_pidfence"
 #: Where executors write a batch's files before the driver's commit moves them into place.
 STAGING_DIR: Final = f"{OWN_DIR}/staging"
-#: Where committed data files live: ``data/QUERY/BATCH/TOPIC~PARTITION.parquet``.
+#: Where committed data files live: ``data/QUERY/BATCH/TOPIC-PARTITION.parquet``.
 DATA_DIR: Final = "data"
-
-
-class DeltaTableError(SinkError):
-    """Base class of the Delta layer's errors."""
-
-    retriable: ClassVar[bool] = False
-
-
-class NotPidfenceTable(DeltaTableError):
-    """The path holds something other than a pidfence table of this kind; nothing was written."""
-
-    retriable: ClassVar[bool] = False
-
-
-class ForeignCommit(DeltaTableError):
-    """Another writer changed the table's data since pidfence's last batch; nothing was committed.
-
-    The log's offsets are dense and the producer state is derived from the committed rows, so
-    rows that pidfence did not write break both; a human has to decide what they are.
-    """
-
-    retriable: ClassVar[bool] = False
-
-
-class DeltaCommitConflict(DeltaTableError):
-    """A concurrent commit beat this batch's commit; nothing of the batch was committed.
-
-    Retriable: re-run the batch (Spark re-runs it from its checkpoint); a batch that turns out to
-    be committed already is then a no-op.
-    """
-
-    retriable: ClassVar[bool] = True
-
-
-class StagedFileMissing(DeltaTableError):
-    """A file the batch staged is gone (neither staged nor in place); nothing was committed.
-
-    Retriable: re-running the whole batch (its ``write()`` tasks too) stages the file again.
-    """
-
-    retriable: ClassVar[bool] = True
 
 
 def schema_of(kind: TableKind) -> pa.Schema:
@@ -138,25 +92,55 @@ class Location:
         return sorted(i.base_name for i in infos)
 
 
-def _same_schema(found: pa.Schema, expected: pa.Schema) -> bool:
-    if found.names != expected.names:
-        return False
-    return all(
-        found.field(name).type == expected.field(name).type
-        or (
-            pa.types.is_large_binary(found.field(name).type)
-            and expected.field(name).type == pa.binary()
-        )
-        or (
-            pa.types.is_large_string(found.field(name).type)
-            and expected.field(name).type == pa.string()
-        )
-        for name in expected.names
-    )
+def plain_type(t: pa.DataType) -> str:
+    """A type as Delta sees it: large and view variants, list field names and nullability do
+    not matter (delta-rs and Spark name a list's field differently)."""
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return "binary"
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return f"list<{plain_type(t.value_type)}>"
+    if pa.types.is_struct(t):
+        inner = ", ".join(f"{t.field(i).name}: {plain_type(t.field(i).type)}"
+                          for i in range(t.num_fields))  # fmt: skip
+        return f"struct<{inner}>"
+    return str(t)
 
 
-def check_table(dt: DeltaTable, kind: TableKind, where: str) -> None:
-    """Raise :class:`NotPidfenceTable` unless ``dt`` is a pidfence table of ``kind``."""
+def schema_problems(found: pa.Schema, expected: pa.Schema) -> list[str]:
+    """What keeps the sink from appending rows of ``expected`` to a table of ``found``.
+
+    Columns another writer added are fine when nullable (the sink's rows leave them null).
+    """
+    problems = []
+    for field in expected:
+        if field.name not in found.names:
+            problems.append(f"column {field.name} was removed")
+        elif plain_type(found.field(field.name).type) != plain_type(field.type):
+            problems.append(
+                f"column {field.name} is {plain_type(found.field(field.name).type)}, the sink "
+                f"writes {plain_type(field.type)}"
+            )
+    for field in found:
+        if field.name not in expected.names and not field.nullable:
+            problems.append(f"column {field.name} was added NOT NULL (the sink cannot fill it)")
+    return problems
+
+
+def table_schema(dt: DeltaTable) -> pa.Schema:
+    """The table's current schema as Arrow."""
+    return pa.schema(dt.schema().to_arrow())
+
+
+def check_marker(dt: DeltaTable, kind: TableKind, where: str, *, old: bool = False) -> None:
+    """Raise unless ``dt`` is a pidfence table of ``kind`` and of this table format (``old``:
+    or of a format this version migrates, which readers still read).
+
+    Raises:
+        NotPidfenceTable: another writer's table, the other kind or an unknown format.
+        OldTableFormat: a table of an older pidfence (migrate it).
+    """
     config = dt.metadata().configuration
     found_kind = config.get(TABLE_KEY)
     if found_kind is None:
@@ -169,18 +153,65 @@ def check_table(dt: DeltaTable, kind: TableKind, where: str) -> None:
             f"{where} is a pidfence {found_kind} table, not a {kind} table: point the "
             f"{'rejectsPath' if kind == 'rejects' else 'path'} option elsewhere"
         )
-    if config.get(FORMAT_KEY) != FORMAT_VERSION:
-        raise NotPidfenceTable(
-            f"{where} has pidfence table format {config.get(FORMAT_KEY)!r}; this version "
-            f"writes format {FORMAT_VERSION!r}"
+    version = config.get(FORMAT_KEY)
+    if old and version in MIGRATABLE_FORMATS:
+        return
+    if version in MIGRATABLE_FORMATS:
+        raise OldTableFormat(
+            f"{where} has pidfence table format {version} (column kafka_offset, no headers), "
+            f"this version writes format {FORMAT_VERSION} (Kafka's columns: offset, "
+            "timestampType, headers): stop the sink and run `pidfence sink migrate "
+            f"{where.removesuffix('/_rejects')}` once (docs/delta.md, Migrating)"
         )
-    found = pa.schema(dt.schema().to_arrow())
-    if not _same_schema(found, schema_of(kind)):
+    if version != FORMAT_VERSION:
         raise NotPidfenceTable(
-            f"{where} has columns {found.names} of types "
-            f"{[str(t) for t in found.types]}, not the pidfence {kind} schema "
-            f"{schema_of(kind).names}; refusing to append"
+            f"{where} has pidfence table format {version!r}; this version writes format "
+            f"{FORMAT_VERSION!r}"
         )
+
+
+def check_table(dt: DeltaTable, kind: TableKind, where: str) -> None:
+    """Raise unless the sink can append to ``dt``: a pidfence table of ``kind`` whose columns
+    still hold the sink's rows.
+
+    Raises:
+        NotPidfenceTable: see :func:`check_marker`.
+        SchemaChanged: a column the sink writes was removed or retyped.
+    """
+    check_marker(dt, kind, where)
+    problems = schema_problems(table_schema(dt), schema_of(kind))
+    if problems:
+        raise schema_changed(dt, where, problems)
+
+
+#: Operations that may change a table's columns (named when the sink's columns changed).
+SCHEMA_OPERATIONS: Final = frozenset(
+    {
+        "ADD COLUMNS", "ADD COLUMN", "CHANGE COLUMN", "CHANGE COLUMNS", "DROP COLUMNS",
+        "DROP COLUMN", "RENAME COLUMN", "REPLACE COLUMNS", "CREATE OR REPLACE TABLE",
+        "REPLACE TABLE", "REPLACE TABLE AS SELECT", "RESTORE", "UPDATE SCHEMA", "WRITE",
+        "CREATE TABLE AS SELECT",
+    }
+)  # fmt: skip
+
+
+def schema_changed(
+    dt: DeltaTable, where: str, problems: list[str], since: int | None = None
+) -> SchemaChanged:
+    """The error for columns the sink writes that were removed or retyped, naming the newest
+    commit (after version ``since``) of another writer that may have done it."""
+    latest = dt.version()
+    depth = latest - since if since is not None else min(latest + 1, 1000)
+    culprit = f"version {latest}"
+    for commit in dt.history(max(1, depth)):
+        if commit.get(WRITER_KEY) != WRITER and commit.get("operation") in SCHEMA_OPERATIONS:
+            culprit = f"version {commit['version']} ({commit['operation']})"
+            break
+    return SchemaChanged(
+        f"{where}: {culprit} left a schema the sink cannot append to: {'; '.join(problems)}. "
+        "Put the column back (or RESTORE the table to a version before that change, not before "
+        "the sink's last batch) and run again"
+    )
 
 
 def _refuse_non_delta(loc: Location, kind: TableKind) -> None:
@@ -206,12 +237,20 @@ def open_table(
     *,
     create: bool = True,
     storage_options: dict[str, str] | None = None,
+    reading: bool = False,
 ) -> DeltaTable:
     """The pidfence Delta table of ``kind`` at ``path``, created when absent (if ``create``).
 
+    Args:
+        reading: open it to read: tables of an older format and with changed columns open too
+            (the readers conform what they read).
+
     Raises:
-        NotPidfenceTable: the path holds another Delta table (other schema, other writer, the
-            other kind), pidfence's manifest layout, or other files. Nothing is written then.
+        NotPidfenceTable: the path holds another Delta table (other writer, the other kind, a
+            format this version does not know), pidfence's manifest layout, or other files.
+            Nothing is written then.
+        OldTableFormat: an older pidfence table (writing needs ``pidfence sink migrate``).
+        SchemaChanged: a column the sink writes was removed or retyped (not when reading).
         TableNotFoundError: no table there and ``create`` is False.
     """
     loc = Location.at(path, storage_options)
@@ -237,7 +276,10 @@ def open_table(
                 dt = DeltaTable(loc.uri, storage_options=storage_options)
             except TableNotFoundError:
                 raise exc from None
-    check_table(dt, kind, loc.uri)
+    if reading:
+        check_marker(dt, kind, loc.uri, old=True)
+    else:
+        check_table(dt, kind, loc.uri)
     return dt
 
 
@@ -283,7 +325,8 @@ def cached_table(
         except Exception:  # noqa: BLE001 - the table was replaced or removed: load it afresh
             dt = None
         else:
-            check_table(dt, kind, key[0])
+            # Columns are checked where they matter (a commit: history.check_shared).
+            check_marker(dt, kind, key[0])
             return dt
     dt = open_table(path, kind, create=create, storage_options=storage_options)
     with _CACHE_LOCK:

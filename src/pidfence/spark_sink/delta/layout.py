@@ -8,6 +8,8 @@ everything else the commit protocol keeps is pidfence's own and lives under ``P/
     R/_pidfence/BATCH/TOPIC~PART.TAG.parquet        staged rejects
     P/_pidfence/_held/BATCH/…                       records held for reordering (committed with
                                                     the batch, read only by the sink)
+    P/_pidfence/_decided/BATCH/…                    what the batch decided per record, by
+                                                    identity only (the sink's own account)
     P/_pidfence/_manifests/BATCH.json, _index/      the batch's manifest, the positions index
     P/_pidfence/_state/…, _owner.json               producer state, the owner record
 
@@ -21,9 +23,9 @@ does :meth:`committed` return its manifest. A crash between the two commits leav
 rejects committed and its log not: the re-run's rejects commit is a no-op (same transaction id)
 and the log commit lands.
 
-Committed rows are read back by content, not by file name (compaction rewrites files): a part's
-log rows are its ``[log_start, log_end)`` range, its rejects the rows whose ``batch`` column is
-the batch id.
+The sink never reads the tables' rows back: other writers append to them, OPTIMIZE rewrites
+them, users DELETE from them. Producer state derives from the batches' decisions files
+(:mod:`pidfence.spark_sink.decisions`), which only the sink writes.
 """
 
 from __future__ import annotations
@@ -33,26 +35,24 @@ import json
 from typing import Any, Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from pidfence.spark_sink.delta_commit import Move, commit_moves, data_dir, with_private_columns
-from pidfence.spark_sink.delta_table import (
-    DELTA_LOG_SCHEMA,
+from pidfence.spark_sink.decisions import decided_rows
+from pidfence.spark_sink.delta.commit import Move, commit_moves, data_dir, table_rows
+from pidfence.spark_sink.delta.errors import DeltaTableError, TableGone
+from pidfence.spark_sink.delta.table import (
     OWN_DIR,
-    DeltaTableError,
     Location,
     TableKind,
     cached_table,
     check_path,
-    schema_of,
 )
+from pidfence.spark_sink.errors import SinkError
 from pidfence.spark_sink.faults import crash_point
 from pidfence.spark_sink.layout import ParquetLayout, PartFiles, part_file
 from pidfence.spark_sink.storage import manifest_ids, manifest_path
 
-_KINDS: Final[dict[str, TableKind]] = {"log": "log", "rejects": "rejects"}
 #: How a staged name ``TOPIC~PART.TAG.parquet`` is named in ``data/``: ``~`` is percent-encoded
 #: by some Delta writers (compaction then cannot find the file).
 _SEPARATOR: Final = "-"
@@ -72,6 +72,10 @@ class DeltaLayout(ParquetLayout):
         storage_options: deltalake storage options for object stores (credentials, endpoint).
     """
 
+    #: Delta's own default codec (delta-rs and Spark write snappy): a quarter cheaper to write
+    #: than zstd (``bench/sink_task_cost.py``), files somewhat larger.
+    compression: str = "snappy"
+
     def __init__(
         self,
         path: str,
@@ -89,11 +93,28 @@ class DeltaLayout(ParquetLayout):
 
     # ----------------------------------------------------------------------------- tables
 
-    def open(self) -> None:
+    def open(self, committed_before: bool = False) -> None:
         """Create-or-open both tables (driver, at query start): refuses a non-pidfence table
-        at either path before anything is written at either."""
-        check_path(self.path, "log", self.storage_options)
-        check_path(self.rejects_path, "rejects", self.storage_options)
+        at either path before anything is written at either.
+
+        Args:
+            committed_before: the query's checkpoint says it committed batches already.
+
+        Raises:
+            TableGone: a table is missing although batches were committed to it (its manifests
+                or the checkpoint say so): creating an empty one would hide the loss.
+        """
+        found = [
+            check_path(self.path, "log", self.storage_options),
+            check_path(self.rejects_path, "rejects", self.storage_options),
+        ]
+        if not all(found) and (committed_before or manifest_ids(self.store)):
+            missing = self.path if not found[0] else self.rejects_path
+            raise TableGone(
+                f"{missing}: the sink committed batches to a Delta table here, and it is gone "
+                "(deleted, or its _delta_log removed). Restore it from a backup, or start a new "
+                "--output with a new --checkpoint"
+            )
         self._table("rejects")
         self._table("log")
 
@@ -155,14 +176,14 @@ class DeltaLayout(ParquetLayout):
         partition: int,
         tables: dict[str, pa.Table],
     ) -> PartFiles:
-        """Stage under ``_pidfence/`` (invisible to Delta); rejects get the ``batch`` column."""
+        """Stage under ``_pidfence/`` (invisible to Delta), with the part's decisions."""
         staged = dict(tables)
-        rejects = staged.get("rejects")
+        log, rejects = staged.get("log"), staged.get("rejects")
+        staged["decided"] = decided_rows(log, rejects)
         if rejects is not None and rejects.num_rows:
-            staged["rejects"] = _rejects_rows(rejects, batch_id)
-        log = staged.get("log")
+            staged["rejects"] = table_rows(rejects, "rejects")
         if log is not None and log.num_rows:
-            staged["log"] = log.select(DELTA_LOG_SCHEMA.names).cast(DELTA_LOG_SCHEMA)
+            staged["log"] = table_rows(log, "log")
         return super().stage_part(batch_id, tag, topic, partition, staged)
 
     def publish(self, batch_id: int, manifest: dict[str, Any]) -> bool:
@@ -215,31 +236,16 @@ class DeltaLayout(ParquetLayout):
     # ----------------------------------------------------------------------------- reading
 
     def read_part(self, batch_id: int, part: dict[str, Any], kind: str) -> pa.Table | None:
-        """A committed part's rows: log by its log offset range, rejects by batch, held from
-        pidfence's own file."""
-        if kind == "held":
-            return super().read_part(batch_id, part, kind)
-        topic, partition = str(part["topic"]), int(part["partition"])
-        where = (pc.field("topic") == topic) & (pc.field("partition") == partition)
-        if kind == "log":
-            if not int(part.get("appended", 0)):
-                return None
-            lo, hi = int(part["log_start"]), int(part["log_end"])
-            where = where & (pc.field("log_offset") >= lo) & (pc.field("log_offset") < hi)
-            order = "log_offset"
-        else:
-            if not int(part.get("rejected", 0)):
-                return None
-            where = where & (pc.field("batch") == batch_id)
-            order = "kafka_offset"
-        table = self._table(_KINDS[kind], create=False)
-        schema = schema_of(_KINDS[kind])
-        rows = table.to_pyarrow_dataset().to_table(filter=where)
-        return rows.select(schema.names).cast(schema).sort_by(order)
+        """A committed part's held records or decisions (pidfence's own files).
 
-
-def _rejects_rows(rejects: pa.Table, batch_id: int) -> pa.Table:
-    return with_private_columns(rejects, "rejects", batch_id)
+        The tables' rows are the users' (others append, OPTIMIZE, DELETE): read them with the
+        readers, never back into the sink.
+        """
+        if kind in ("log", "rejects"):
+            raise SinkError(
+                f"the Delta layout does not read {kind} rows back; use the part's decisions"
+            )
+        return super().read_part(batch_id, part, kind)
 
 
 def _manifest_bytes(manifest: dict[str, Any]) -> bytes:
@@ -247,11 +253,19 @@ def _manifest_bytes(manifest: dict[str, Any]) -> bytes:
 
 
 def open_layout(
-    path: str, rejects_path: str, query_id: str, storage_options: dict[str, str] | None = None
+    path: str,
+    rejects_path: str,
+    query_id: str,
+    storage_options: dict[str, str] | None = None,
+    committed_before: bool = False,
 ) -> DeltaLayout:
-    """A :class:`DeltaLayout` with both tables created-or-opened (refusals happen here)."""
+    """A :class:`DeltaLayout` with both tables created-or-opened (refusals happen here).
+
+    Args:
+        committed_before: the query's checkpoint says it committed batches already.
+    """
     layout = DeltaLayout(path, rejects_path, query_id, storage_options)
-    layout.open()
+    layout.open(committed_before)
     return layout
 
 

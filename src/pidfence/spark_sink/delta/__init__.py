@@ -1,0 +1,16 @@
+"""The sink's Delta Lake layer: the output log and the rejects log as two Delta tables.
+
+| module | concept |
+|---|---|
+| :mod:`.table` | the table spec (schema, marker, format), create-or-open, column check |
+| :mod:`.history` | sharing the table: what other writers' commits mean for the sink |
+| :mod:`.commit` | staging files (executors), exactly-once batch commits (driver) |
+| :mod:`.stats` | Delta file statistics |
+| :mod:`.constraints` | CHECK constraints enforced on the sink's rows |
+| :mod:`.checkpoints` | checkpoints and log cleanup after commits |
+| :mod:`.layout` | :class:`DeltaLayout`, the sink's ``BatchLayout`` over the two tables |
+| :mod:`.readers` | readers of the committed rows |
+| :mod:`.care` | compaction, vacuum, checkpoints on demand |
+| :mod:`.migrate` | tables of the older format to this one |
+| :mod:`.errors` | what the layer raises, each with ``retriable`` |
+"""

@@ -1,0 +1,90 @@
+"""Errors of the Delta layer. Each says whether a rerun can continue (``retriable``).
+
+What other writers do to the table never stops the sink (appends beside it, properties,
+comments, constraints its rows satisfy, OPTIMIZE, VACUUM, DELETE, checkpoints, log cleanup). The
+:class:`CannotContinue` errors are what it truly cannot continue from; their message names the
+commit version, the operation and what to do.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pidfence.spark_sink.errors import SinkError
+
+
+class DeltaTableError(SinkError):
+    """Base class of the Delta layer's errors."""
+
+    retriable: ClassVar[bool] = False
+
+
+class NotPidfenceTable(DeltaTableError):
+    """The path holds something other than a pidfence table of this kind; nothing was written."""
+
+    retriable: ClassVar[bool] = False
+
+
+class OldTableFormat(NotPidfenceTable):
+    """A pidfence table written by an older version (another table format); migrate it first."""
+
+    retriable: ClassVar[bool] = False
+
+
+class CannotContinue(DeltaTableError):
+    """Another writer changed the table in a way the sink cannot continue from.
+
+    Nothing of the running batch was committed; running again fails the same way until the
+    table is put right (the message says how).
+    """
+
+    retriable: ClassVar[bool] = False
+
+
+class SchemaChanged(CannotContinue):
+    """A column the sink writes was removed or retyped (added columns are fine)."""
+
+
+class RestoredPastSink(CannotContinue):
+    """A RESTORE took the table back to before the sink's last committed batch."""
+
+
+class TableGone(CannotContinue):
+    """The table the sink committed batches to is gone (deleted, or its Delta log removed)."""
+
+
+class ConstraintViolated(CannotContinue):
+    """A CHECK constraint of the table rejects rows of the batch (or cannot be evaluated)."""
+
+
+class DeltaCommitConflict(DeltaTableError):
+    """Concurrent commits beat this batch's commit too often; nothing of it was committed.
+
+    Retriable: re-run the batch (Spark re-runs it from its checkpoint); a batch that turns out to
+    be committed already is then a no-op.
+    """
+
+    retriable: ClassVar[bool] = True
+
+
+class StagedFileMissing(DeltaTableError):
+    """A file the batch staged is gone (neither staged nor in place); nothing was committed.
+
+    Retriable: re-running the whole batch (its ``write()`` tasks too) stages the file again.
+    """
+
+    retriable: ClassVar[bool] = True
+
+
+__all__ = [
+    "CannotContinue",
+    "ConstraintViolated",
+    "DeltaCommitConflict",
+    "DeltaTableError",
+    "NotPidfenceTable",
+    "OldTableFormat",
+    "RestoredPastSink",
+    "SchemaChanged",
+    "StagedFileMissing",
+    "TableGone",
+]

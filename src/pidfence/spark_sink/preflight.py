@@ -1,0 +1,103 @@
+"""What the sink requires of its output and checkpoint, checked before a JVM starts.
+
+``pidfence sink`` (and :func:`~pidfence.spark_sink.pipeline.start_sink`) refuse here, writing
+nothing, what the query would refuse later: an output the chosen table format cannot write
+(another writer's Delta table, the other layout, a table of an older format, columns removed),
+a path another query owns, a Delta table that is gone although batches were committed to it.
+And they learn where the run starts from Spark's checkpoint, for the progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pidfence.spark_sink import owner
+from pidfence.spark_sink.errors import SinkError
+from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.storage import Store
+
+
+class OutputFormatMismatch(SinkError):
+    """The output holds the other table format than the one asked for; nothing was written."""
+
+
+def check_output(options: SinkOptions, checkpoint: str | None) -> None:
+    """Refuse an output the sink cannot write with ``options``, before anything starts.
+
+    Raises:
+        NotPidfenceTable: another writer's Delta table, the other kind, stray files, or the
+            manifest layout where the Delta layout was asked for.
+        OldTableFormat: a Delta output of an older pidfence (``pidfence sink migrate``).
+        SchemaChanged: a column the sink writes was removed or retyped.
+        TableGone: the checkpoint committed batches, and the Delta table is gone.
+        OutputFormatMismatch: a Delta table where the manifest layout was asked for.
+        OutputOwnedError: another query owns the output.
+    """
+    from pidfence.spark_sink.delta.table import OWN_DIR, check_path
+    from pidfence.spark_sink.output import is_delta
+
+    if options.delta:
+        found = [check_path(options.path, "log"), check_path(options.rejects_path, "rejects")]
+        if not all(found) and owner.checkpoint_committed(checkpoint):
+            from pidfence.spark_sink.delta.errors import TableGone
+
+            missing = options.path if not found[0] else options.rejects_path
+            raise TableGone(
+                f"{missing}: checkpoint {checkpoint} committed batches to a Delta table here, "
+                "and it is gone. Restore it from a backup, or start a new --output with a new "
+                "--checkpoint"
+            )
+        owner.check_owner(Store.at(f"{options.path}/{OWN_DIR}"), checkpoint)
+        return
+    if is_delta(options.path):
+        raise OutputFormatMismatch(
+            f"output {options.path} holds a Delta table; run with --table-format delta (or "
+            "choose another --output)"
+        )
+    owner.check_owner(Store.at(options.path), checkpoint)
+
+
+def start_offsets(
+    checkpoint: str, watermarks: dict[tuple[str, int], tuple[int, int]], starting: str
+) -> dict[tuple[str, int], int]:
+    """Where this run starts reading each partition: after the checkpoint's last committed batch,
+    else ``starting`` (earliest: the low watermark, latest: the high one)."""
+    default = {
+        tp: (low if starting == "earliest" else high) for tp, (low, high) in watermarks.items()
+    }
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return default
+    root = Path(checkpoint.removeprefix("file://"))
+    commits = sorted(int(p.name) for p in (root / "commits").glob("[0-9]*") if p.name.isdigit())
+    if not commits:
+        return default
+    try:
+        lines = (root / "offsets" / str(commits[-1])).read_text().splitlines()
+    except OSError:
+        return default
+    out = dict(default)
+    for line in lines[2:]:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(doc, dict):
+            continue
+        for topic, parts in doc.items():
+            if isinstance(parts, dict):
+                for partition, offset in parts.items():
+                    out[(topic, int(partition))] = int(offset)
+    return out
+
+
+def records_to_read(
+    watermarks: dict[tuple[str, int], tuple[int, int]], starts: dict[tuple[str, int], int]
+) -> int:
+    """Records between each partition's start and its high watermark."""
+    return sum(
+        max(0, high - max(low, starts.get(tp, low))) for tp, (low, high) in watermarks.items()
+    )
+
+
+__all__ = ["OutputFormatMismatch", "check_output", "records_to_read", "start_offsets"]

@@ -1,0 +1,95 @@
+"""Exactly once per event (DESIGN §9): every acknowledged event appended once, whatever the
+pid, generation or seq it travelled under."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from pidfence.ledger import LedgerEntry, value_digest
+from pidfence.verify.finding import Finding
+
+Identity = tuple[int, str, int, int]
+
+
+def identity(row: Mapping[str, Any]) -> Identity:
+    """(pid, topic, partition, seq) of a log or rejects row."""
+    return (int(row["pid"]), str(row["topic"]), int(row["partition"]), int(row["seq"]))
+
+
+def _row_events(
+    data: list[LedgerEntry], log_rows: list[dict[str, Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(event, row)`` per appended idempotent row, in (topic, partition, log_offset) order."""
+    by_record: dict[tuple[Identity, str], str] = {}
+    by_digest: dict[str, set[str]] = defaultdict(set)
+    for entry in data:
+        event = entry.event_id
+        by_record[((entry.pid, entry.topic, entry.partition, entry.seq), entry.digest)] = event
+        by_digest[entry.digest].add(event)
+    out = []
+    for row in sorted(log_rows, key=lambda r: (r["topic"], r["partition"], r["log_offset"])):
+        if row["pid"] == 0:
+            continue
+        digest = value_digest(row["value"])
+        known = by_record.get((identity(row), digest))
+        if known is not None:
+            event = known
+        else:
+            candidates = by_digest.get(digest, set())
+            event = next(iter(candidates)) if len(candidates) == 1 else digest
+        out.append((event, row))
+    return out
+
+
+def events_in_log(data: list[LedgerEntry], log_rows: list[dict[str, Any]]) -> set[str]:
+    return {event for event, _ in _row_events(data, log_rows)}
+
+
+def check_events(
+    data: list[LedgerEntry],
+    log_rows: list[dict[str, Any]],
+    duplicate: Finding,
+    lost: Finding,
+    deleted: set[str] | None = None,
+) -> int:
+    """DESIGN §9: every acknowledged event appended exactly once, whatever its identities
+    (``deleted``: events appended, then deleted from the output after commit).
+
+    Returns the number of distinct acknowledged events.
+    """
+    sends: dict[str, list[LedgerEntry]] = defaultdict(list)
+    for entry in data:
+        sends[entry.event_id].append(entry)
+    appended: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for event, row in _row_events(data, log_rows):
+        copies = appended[event]
+        copies.append(row)
+        if len(copies) == 2:
+            duplicate.add({"event": event, "copies": [_identity_text(r) for r in copies]})
+        elif len(copies) > 2:
+            duplicate.count += 1
+            if duplicate.examples and duplicate.examples[-1]["event"] == event:
+                duplicate.examples[-1]["copies"].append(_identity_text(row))
+    for event, entries in sends.items():
+        if event in appended or event in (deleted or set()):
+            continue
+        lost.add(
+            {
+                "event": event,
+                "sent_as": sorted({_entry_text(e) for e in entries})[:4],
+            }
+        )
+    return len(sends)
+
+
+def _identity_text(row: Mapping[str, Any]) -> str:
+    return (
+        f"pid={row['pid']} g={row['generation']} {row['topic']}[{row['partition']}] "
+        f"seq={row['seq']} log_offset={row['log_offset']}"
+    )
+
+
+def _entry_text(entry: LedgerEntry) -> str:
+    return f"pid={entry.pid} g={entry.generation} {entry.topic}[{entry.partition}] seq={entry.seq}"

@@ -1,0 +1,56 @@
+"""A shared output: the checker judges the sink's rows, counts others' rows and deleted rows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from pidfence.verify import check
+from pidfence.verify.provenance import KEY, split
+from tests.unit.test_verify_check import NO_REJECTS, log_table, only, rec, sent
+
+
+def written_of(log: pa.Table) -> pa.Table:
+    """What the sink's own account says it appended: exactly these rows."""
+    return log.select(list(KEY))
+
+
+def test_rows_others_appended_are_counted_not_judged() -> None:
+    rows = [rec(s, 10 + s) for s in range(4)]
+    log = log_table(rows)
+    written = written_of(log)
+    # Another writer appends a copy of a sink row and a row claiming the producer's next seq,
+    # and one with nulls in pidfence's columns (its own schema's nulls).
+    copy = log.slice(1, 1)
+    claim = log_table([rec(9, 99)]).slice(0, 1)
+    blank = pa.Table.from_pylist(
+        [{"topic": "t", "partition": 0, "value": b"mine"}], schema=log.schema
+    )
+    shared = pa.concat_tables([log, copy, claim, blank])
+    ledger = [sent(s, 10 + s) for s in range(4)]
+    # Without the sink's account the copy is a duplicate and the claim unacknowledged...
+    assert check(ledger, shared.slice(0, 6), NO_REJECTS).counts()["duplicate"] == 1
+    # ...with it, both are another writer's.
+    report = check(ledger, shared, NO_REJECTS, written)
+    only(report, foreign=3)
+    assert report.ok
+
+
+def test_rows_deleted_after_commit_are_neither_lost_nor_anomalies() -> None:
+    rows = [rec(s, 10 + s) for s in range(5)]
+    log = log_table(rows)
+    written = written_of(log)
+    kept = log.filter(pa.compute.not_equal(log["seq"], 2))
+    ledger = [sent(s, 10 + s) for s in range(5)]
+    assert not check(ledger, kept, NO_REJECTS).ok  # a plain checker calls it lost
+    report = check(ledger, kept, NO_REJECTS, written)
+    only(report, deleted=1)
+    assert report.ok
+    assert report.findings["deleted"].examples[0]["seq"] == 2
+
+
+def test_split_keeps_one_copy_of_each_written_row() -> None:
+    log = log_table([rec(s, 10 + s) for s in range(3)])
+    doubled = pa.concat_tables([log, log.slice(0, 2)])
+    parts = split(doubled, written_of(log))
+    assert parts.own.num_rows == 3 and parts.foreign.num_rows == 2
+    assert parts.deleted.num_rows == 0
