@@ -118,12 +118,13 @@ def fill_topic(
     n: int,
     partitions: int,
     seed: int = 1,
-    sign: Callable[[int, int], bytes] | None = None,
+    sign: Callable[[str, int, int, int, int], bytes] | None = None,
 ) -> dict[str, int]:
     """Produce ``n`` raw records; returns what was sent (fresh, resent, certified).
 
     Every pid writes to partition ``pid % partitions``; with ``sign``, its first record carries
-    ``pfc`` = ``sign(pid, GENERATION)``, as ``IdempotentProducer`` does with signing on.
+    ``pfc`` = ``sign(topic, partition, pid, GENERATION, seq)``, a placed certificate, as
+    ``IdempotentProducer`` stamps it with signing on.
     """
     from confluent_kafka import Producer
 
@@ -158,7 +159,7 @@ def fill_topic(
         key = b"%d:%d" % (pid, seq)
         headers: list[tuple[str, str | bytes | None]] = [("pf", encode_pf(pid, GENERATION, seq))]
         if sign is not None and seq == 0 and next_seq[pid] == 1:
-            headers.append(("pfc", sign(pid, GENERATION)))
+            headers.append(("pfc", sign(topic, pid % partitions, pid, GENERATION, seq)))
             certified += 1
         while True:
             try:
@@ -171,16 +172,24 @@ def fill_topic(
     return {"fresh": n - resent, "resent": resent, "certified": certified}
 
 
-def _signer(key_dir: Path) -> tuple[Path, Callable[[int, int], bytes]]:
-    """A fresh lease signing key pair; returns the public key file and a cert maker."""
+def _signer(key_dir: Path) -> tuple[Path, Callable[[str, int, int, int, int], bytes]]:
+    """A fresh lease signing key pair; returns the public key file and a placed-pfc maker
+    (a version 2 certificate naming one producer key, and that key's statement)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     from pidfence.wire.cert import encode_cert, generate_keypair, load_private_key
+    from pidfence.wire.statement import encode_placed_pfc
 
     private_path, public_path = generate_keypair(key_dir)
     private_key = load_private_key(private_path)
+    producer = Ed25519PrivateKey.generate()
+    producer_key = producer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     expire_ms = int(time.time() * 1000) + CERT_LIFETIME_MS
 
-    def sign(pid: int, generation: int) -> bytes:
-        return encode_cert(private_key, pid, generation, expire_ms)
+    def sign(topic: str, partition: int, pid: int, generation: int, seq: int) -> bytes:
+        cert = encode_cert(private_key, pid, generation, expire_ms, producer_key=producer_key)
+        return encode_placed_pfc(cert, producer, topic, partition, pid, generation, seq, 0)
 
     return public_path, sign
 
@@ -288,7 +297,7 @@ def _at_million(progress: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
 
 def _chain_bytes(root: str, batch: int) -> tuple[int, int]:
     """(bytes, files) of every partition's state chain as of ``batch`` under ``root``."""
-    from pidfence.spark_sink.state import decode_state, state_dir, state_files
+    from pidfence.spark_sink.state_files import decode_state, state_dir, state_files
     from pidfence.spark_sink.storage import STATE, Store, parse_part_name
 
     store = Store.at(root)
