@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,3 +21,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for folder, marker in _TIERS.items():
             if folder in parts:
                 item.add_marker(getattr(pytest.mark, marker))
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_as_found() -> Iterator[None]:
+    """Give the root logger back as the test found it (handlers and level).
+
+    A command run in-process (typer's ``CliRunner``) may configure logging for a whole process:
+    ``pidfence lease-server`` puts a ``StreamHandler`` on the runner's stderr, which closes when
+    the run ends, and sets the root level to INFO. Left in place, every later record goes to a
+    closed stream: py4j's "Closing down clientserver connection", logged from a ``__del__`` at
+    interpreter exit, then printed a "--- Logging error ---" traceback after the summary.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            handler.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)
