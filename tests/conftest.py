@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.services", "tests.fixtures.lease"]
+pytest_plugins = [
+    "tests.fixtures.services",
+    "tests.fixtures.network",
+    "tests.fixtures.lease",
+    "tests.fixtures.parallel",
+]
 
 _TIERS = {"integration": "integration", "chaos": "chaos", "sim": "sim"}
 
@@ -21,6 +26,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for folder, marker in _TIERS.items():
             if folder in parts:
                 item.add_marker(getattr(pytest.mark, marker))
+
+
+#: Longer bytes values get a short id instead of their escaped text (see below).
+_LONG_BYTES = 48
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    """A bytes parameter longer than ``_LONG_BYTES`` gets the id ``ARGNAME-NB`` (N its length).
+
+    pytest-xdist runs a test on a worker by its id, and every worker must collect the same ids:
+    a value with random bytes (a signature made at import) would get a new id in each process.
+    """
+    del config
+    if isinstance(val, bytes) and len(val) > _LONG_BYTES:
+        return f"{argname}-{len(val)}B"
+    return None
 
 
 @pytest.fixture(autouse=True)
