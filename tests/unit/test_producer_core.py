@@ -131,6 +131,15 @@ def test_checkpoint_json_round_trip() -> None:
     assert back.lifetime_ms == 600
 
 
+def test_checkpoint_keeps_the_partitions_fenced_at_its_generation_only() -> None:
+    seq = Sequencer(11, 4, 12345)
+    seq.fenced = {("a", 0): 4, ("a", 1): 3}
+    cp = seq.checkpoint()
+    assert cp.fenced == {("a", 0): 4}
+    assert ProducerCheckpoint.from_json(cp.to_json()).fenced == {("a", 0): 4}
+    assert "fenced" not in Sequencer(11, 4, 12345).checkpoint().to_dict()
+
+
 @pytest.mark.parametrize(
     "text",
     [

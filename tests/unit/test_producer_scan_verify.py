@@ -81,3 +81,32 @@ def test_config_takes_one_path_or_several_and_reports_a_bad_key_on_resume(
     rig.config = ProducerConfig("127.0.0.1:9", lease_public_keys=(str(bad),))
     with pytest.raises(ProducerConfigError, match="lease_public_keys"):
         rig.resume(checkpoint)
+
+
+def _first_records(state: ScanState) -> None:
+    """Seqs 0..2 of the checkpoint's generation, none carrying a certificate."""
+    for seq in range(3):
+        state.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, seq))], 1000)
+
+
+def test_after_a_fresh_leases_checkpoint_a_first_record_must_prove_itself() -> None:
+    # Nothing FENCEd the partition: a verifying sink holds no entry there, so an uncertified
+    # record at seq 0 (an injection) is FORGED and must not count as the pid's own.
+    state = ScanState({PID}, {PID: {}}, {PID: GEN}, verifier=per_partition)
+    _first_records(state)
+    assert state.highs[PID].get(TP, -1) == -1
+
+
+def test_where_the_checkpoint_fenced_the_sink_holds_an_entry_and_no_proof_is_asked() -> None:
+    # The resume's FENCE of this generation landed there before the checkpoint: the sink
+    # appends the pid's records without a certificate, and so must the scan (else the resumer
+    # sends them again under another pid: a duplicate).
+    state = ScanState({PID}, {PID: {}}, {PID: GEN}, verifier=per_partition, fenced={TP: GEN})
+    _first_records(state)
+    assert state.highs[PID][TP] == 2
+
+
+def test_a_fence_of_an_older_generation_does_not_count() -> None:
+    state = ScanState({PID}, {PID: {}}, {PID: GEN}, verifier=per_partition, fenced={TP: GEN - 1})
+    _first_records(state)
+    assert state.highs[PID].get(TP, -1) == -1

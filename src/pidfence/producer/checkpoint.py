@@ -31,6 +31,9 @@ class ProducerCheckpoint:
         mac_key: the pid's record MAC key in the per-record mode (empty: none), stored like
             ``secret``: a resume's recovery scan checks the records written after the
             checkpoint with it, so an injected record never counts as one of its own.
+        fenced: the partitions a resume FENCEd, with the generation of that FENCE: there the
+            sink holds an entry for the pid, so the recovery scan need not ask the first record
+            after the checkpoint to prove itself with a certificate.
     """
 
     pid: int
@@ -44,22 +47,31 @@ class ProducerCheckpoint:
     ahead: Mapping[TopicPartition, int] = field(default_factory=dict)
     topics: tuple[str, ...] = ()
     mac_key: bytes = field(default=b"", repr=False)
+    fenced: Mapping[TopicPartition, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``next_seq`` as ``[[topic, partition, seq], ...]``, sorted)."""
-        return {
-            "v": CHECKPOINT_VERSION,
-            "pid": self.pid,
-            "generation": self.generation,
-            "expire_ms": self.expire_ms,
-            "lifetime_ms": self.lifetime_ms,
-            "next_seq": [[t, p, s] for (t, p), s in sorted(self.next_seq.items())],
-            "secret": self.secret.hex(),
-            "skip": [[t, p, n] for (t, p), n in sorted(self.skip.items()) if n],
-            "taken_ms": self.taken_ms,
-            "ahead": [[t, p, n] for (t, p), n in sorted(self.ahead.items())],
-            "topics": sorted(self.topics),
-        } | ({"mac_key": self.mac_key.hex()} if self.mac_key else {})
+        return (
+            {
+                "v": CHECKPOINT_VERSION,
+                "pid": self.pid,
+                "generation": self.generation,
+                "expire_ms": self.expire_ms,
+                "lifetime_ms": self.lifetime_ms,
+                "next_seq": [[t, p, s] for (t, p), s in sorted(self.next_seq.items())],
+                "secret": self.secret.hex(),
+                "skip": [[t, p, n] for (t, p), n in sorted(self.skip.items()) if n],
+                "taken_ms": self.taken_ms,
+                "ahead": [[t, p, n] for (t, p), n in sorted(self.ahead.items())],
+                "topics": sorted(self.topics),
+            }
+            | ({"mac_key": self.mac_key.hex()} if self.mac_key else {})
+            | (
+                {"fenced": [[t, p, g] for (t, p), g in sorted(self.fenced.items())]}
+                if self.fenced
+                else {}
+            )
+        )
 
     def to_json(self) -> str:
         """The checkpoint as one JSON document."""
@@ -78,6 +90,7 @@ class ProducerCheckpoint:
             next_seq = _per_partition(data["next_seq"], "next_seq")
             skip = _per_partition(data.get("skip", []), "skip")
             ahead = _per_partition(data.get("ahead", []), "ahead")
+            fenced = _per_partition(data.get("fenced", []), "fenced")
             topics = data.get("topics", [])
             if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
                 raise BadCheckpoint(f"topics must be a list of names, got {topics!r}")
@@ -113,6 +126,7 @@ class ProducerCheckpoint:
             ahead=ahead,
             topics=tuple(topics),
             mac_key=mac_key,
+            fenced=fenced,
             **fields,
         )
 

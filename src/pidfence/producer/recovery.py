@@ -63,6 +63,8 @@ class ScanState:
         macs: per pid, its record MAC key (the per-record mode): a record of that pid whose
             ``pfm`` does not verify does not count (the sink calls it ``FORGED``), so a record a
             topic writer injected at the pid's next seq is never taken for one of its own.
+        fenced: the checkpoint's FENCEd partitions and generations (the sink holds an entry
+            for the checkpoint's pid there).
     """
 
     def __init__(
@@ -74,8 +76,10 @@ class ScanState:
         verifier: CertVerifier | None = None,
         resolve_gaps: bool = True,
         macs: Mapping[int, bytes] | None = None,
+        fenced: Mapping[TopicPartition, int] | None = None,
     ) -> None:
         self.pids = pids
+        self._fenced = dict(fenced or {})
         self._resolve_gaps = resolve_gaps
         self._macs = dict(macs or {})
         self._verifier = verifier
@@ -110,9 +114,9 @@ class ScanState:
             for pid, generation in self._base_gen.items():
                 # The resume's FENCEs put the pid at its generation on every partition.
                 table.create(pid, generation, self._base[pid].get(tp, -1), 0)
-                if tp not in self._base[pid]:
-                    # Unless the checkpoint is a fresh lease's, which FENCEd nothing: there the
-                    # sink may hold no entry, and a first record must prove itself.
+                if tp not in self._base[pid] and self._fenced.get(tp) != generation:
+                    # Unless the checkpoint FENCEd nothing there (a fresh lease's): the sink
+                    # may hold no entry, and a first record must prove itself.
                     self._unsure.add((pid, tp))
         return table
 
@@ -222,7 +226,7 @@ def scan_state(
     base = {checkpoint.pid: {tp: n - 1 for tp, n in known.items()}}
     pids = {checkpoint.pid, successor} | ({followed} if followed is not None else set())
     return ScanState(pids, base, {checkpoint.pid: checkpoint.generation}, 5, verifier, resolve_gaps,
-                     macs)  # fmt: skip
+                     macs, checkpoint.fenced)  # fmt: skip
 
 
 def apply_scan(

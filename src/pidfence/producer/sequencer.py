@@ -55,6 +55,7 @@ class Sequencer:
         "cert",
         "certified",
         "expire_ms",
+        "fenced",
         "fixed",
         "generation",
         "lifetime_ms",
@@ -96,6 +97,8 @@ class Sequencer:
         self.mac_key: bytes | None = None
         #: After a roll, the rolled pid's MAC key (its records are scanned on a resume).
         self.prior_mac_key: bytes | None = None
+        #: Partitions a resume FENCEd, with that FENCE's generation (see the checkpoint's).
+        self.fenced: dict[TopicPartition, int] = {}
         self.certified: set[TopicPartition] = set()
         #: Records per partition not to send: already in Kafka under the predecessor pid.
         self.skip: dict[TopicPartition, int] = {}
@@ -288,4 +291,5 @@ class Sequencer:
             ahead={tp: n for tp, n in self.ahead.items() if n > counters.get(tp, 0)},
             topics=tuple(sorted(self.topics | {t for t, _ in counters})),
             mac_key=self.mac_key or b"",
+            fenced={tp: g for tp, g in self.fenced.items() if g == self.generation},
         )

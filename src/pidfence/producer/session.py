@@ -341,6 +341,8 @@ class ProducerSession:
             top = header == current.fence_header(topic, partition)
             pf = decode_pf(header)
             extras = self.extras(topic, partition, pf.seq, FLAG_FENCE, 0) if top else _NONE
+            if top:
+                current.fenced[(topic, partition)] = pf.generation
             extras += mac_headers(
                 current, topic, partition, pf.seq, FLAG_FENCE, None, b"", pf.generation
             )

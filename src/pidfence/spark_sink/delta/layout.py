@@ -235,6 +235,13 @@ class DeltaLayout(ParquetLayout):
 
     # ----------------------------------------------------------------------------- reading
 
+    def read_decided(self, batch_id: int, part: dict[str, Any]) -> pa.Table | None:
+        """What a committed part decided: its decisions file, written for every part that
+        decided a record (None: the part only held records, or read none)."""
+        if part_file(batch_id, part, "decided") is None:
+            return None
+        return self.read_part(batch_id, part, "decided")
+
     def read_part(self, batch_id: int, part: dict[str, Any], kind: str) -> pa.Table | None:
         """A committed part's held records or decisions (pidfence's own files).
 
