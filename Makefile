@@ -11,6 +11,9 @@ JARS   := .cache/jars/.complete
 TOXIPROXY := .cache/bin/toxiproxy-server
 TOXIPROXY_MODULE := github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test`, each with its own ZooKeeper, Kafka and Spark (tests/README.md);
+# TEST_WORKERS=0 runs the suite serially in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: setup test unit lint demo bench under-load clean distclean
 
@@ -36,7 +39,7 @@ $(TOXIPROXY):
 	fi
 
 test: setup
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -36,22 +36,22 @@ def _ns(fn: Callable[[], object], number: int, repeat: int) -> float:
 def run(quick: bool, progress: Progress) -> BenchReport:
     """Time the MAC of one record for each value size."""
     number, repeat = (20_000, 5) if quick else (200_000, 9)
-    key = derive_record_key(os.urandom(32), 123456789, 42)
+    key = derive_record_key(os.urandom(32), 123456789)
     hasher = record_hasher(key)
     rows = []
     task = progress.add_task("record MAC", total=len(SIZES))
     for size in SIZES:
         value, rkey = os.urandom(size), b"customer-00042"
-        mac = record_mac(key, "orders", 7, 1_000_000, 0, rkey, value)
+        mac = record_mac(key, "orders", 7, 123456789, 42, 1_000_000, 0, rkey, value)
 
         def one() -> bytes:
-            return record_mac(key, "orders", 7, 1_000_000, 0, rkey, value)  # noqa: B023
+            return record_mac(key, "orders", 7, 123456789, 42, 1_000_000, 0, rkey, value)  # noqa: B023
 
         def keyed() -> bytes:
-            return record_mac_from(hasher, "orders", 7, 1_000_000, 0, rkey, value)  # noqa: B023
+            return record_mac_from(hasher, "orders", 7, 123456789, 42, 1_000_000, 0, rkey, value)  # noqa: B023
 
         def check() -> bool:
-            return check_record_mac(key, "orders", 7, 1_000_000, 0, rkey, value, mac)  # noqa: B023
+            return check_record_mac(key, "orders", 7, 123456789, 42, 1_000_000, 0, rkey, value, mac)  # noqa: B023
 
         rows.append(
             {

@@ -22,7 +22,8 @@ round kept):
 Modes: ``local`` (``pidfence bench sink``: 4 partitions, ``local[2]``) and ``standalone64``
 (``pidfence bench sink_standalone64``: 64 partitions, a Spark standalone cluster of one master and
 two one-core workers started by the bench). ``PIDFENCE_BENCH_RECORDS`` overrides the record count
-and ``PIDFENCE_BENCH_ROUNDS`` the rounds (the smoke test runs tiny sizes this way).
+and ``PIDFENCE_BENCH_ROUNDS`` the rounds; ``PIDFENCE_BENCH_WARMUP=0`` skips the warm-up queries
+(the smoke test runs tiny sizes this way: it checks what the measured runs wrote, not their speed).
 
 State bytes are taken after the batch whose cumulative count is nearest to 1M and at the end:
 for (b) the state store's ``memoryUsedBytes`` from the query progress, for the pidfence sinks the
@@ -54,6 +55,7 @@ from pidfence.wire import encode_pf
 
 RECORDS_ENV = "PIDFENCE_BENCH_RECORDS"
 ROUNDS_ENV = "PIDFENCE_BENCH_ROUNDS"
+WARMUP_ENV = "PIDFENCE_BENCH_WARMUP"
 PIDS = 1_000
 GENERATION = 7
 DUP_RATE = 0.05
@@ -118,12 +120,13 @@ def fill_topic(
     n: int,
     partitions: int,
     seed: int = 1,
-    sign: Callable[[int, int], bytes] | None = None,
+    sign: Callable[[str, int, int, int, int], bytes] | None = None,
 ) -> dict[str, int]:
     """Produce ``n`` raw records; returns what was sent (fresh, resent, certified).
 
     Every pid writes to partition ``pid % partitions``; with ``sign``, its first record carries
-    ``pfc`` = ``sign(pid, GENERATION)``, as ``IdempotentProducer`` does with signing on.
+    ``pfc`` = ``sign(topic, partition, pid, GENERATION, seq)``, a placed certificate, as
+    ``IdempotentProducer`` stamps it with signing on.
     """
     from confluent_kafka import Producer
 
@@ -158,7 +161,7 @@ def fill_topic(
         key = b"%d:%d" % (pid, seq)
         headers: list[tuple[str, str | bytes | None]] = [("pf", encode_pf(pid, GENERATION, seq))]
         if sign is not None and seq == 0 and next_seq[pid] == 1:
-            headers.append(("pfc", sign(pid, GENERATION)))
+            headers.append(("pfc", sign(topic, pid % partitions, pid, GENERATION, seq)))
             certified += 1
         while True:
             try:
@@ -171,16 +174,24 @@ def fill_topic(
     return {"fresh": n - resent, "resent": resent, "certified": certified}
 
 
-def _signer(key_dir: Path) -> tuple[Path, Callable[[int, int], bytes]]:
-    """A fresh lease signing key pair; returns the public key file and a cert maker."""
+def _signer(key_dir: Path) -> tuple[Path, Callable[[str, int, int, int, int], bytes]]:
+    """A fresh lease signing key pair; returns the public key file and a placed-pfc maker
+    (a version 2 certificate naming one producer key, and that key's statement)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     from pidfence.wire.cert import encode_cert, generate_keypair, load_private_key
+    from pidfence.wire.statement import encode_placed_pfc
 
     private_path, public_path = generate_keypair(key_dir)
     private_key = load_private_key(private_path)
+    producer = Ed25519PrivateKey.generate()
+    producer_key = producer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     expire_ms = int(time.time() * 1000) + CERT_LIFETIME_MS
 
-    def sign(pid: int, generation: int) -> bytes:
-        return encode_cert(private_key, pid, generation, expire_ms)
+    def sign(topic: str, partition: int, pid: int, generation: int, seq: int) -> bytes:
+        cert = encode_cert(private_key, pid, generation, expire_ms, producer_key=producer_key)
+        return encode_placed_pfc(cert, producer, topic, partition, pid, generation, seq, 0)
 
     return public_path, sign
 
@@ -288,7 +299,7 @@ def _at_million(progress: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
 
 def _chain_bytes(root: str, batch: int) -> tuple[int, int]:
     """(bytes, files) of every partition's state chain as of ``batch`` under ``root``."""
-    from pidfence.spark_sink.state import decode_state, state_dir, state_files
+    from pidfence.spark_sink.state_files import decode_state, state_dir, state_files
     from pidfence.spark_sink.storage import STATE, Store, parse_part_name
 
     store = Store.at(root)
@@ -574,7 +585,9 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
     n = _env_int(RECORDS_ENV, 2_000_000 if quick else 10_000_000)
     rounds = _env_int(ROUNDS_ENV, ROUNDS)
     per_trigger = min(PER_TRIGGER, max(1_000, n // 4))
-    warmup = min(WARMUP, max(1_000, n // 10))
+    # Warm-up queries only make the timings fair; a smoke run (WARMUP=0) checks outputs alone.
+    warm_up = os.environ.get(WARMUP_ENV, "1").strip() != "0"
+    warmup = min(WARMUP, max(1_000, n // 10)) if warm_up else 0
     load_start = load_average()
     task = progress.add_task("starting Kafka", total=2 + rounds)
     work = Path(tempfile.mkdtemp(prefix="pidfence-bench-sink-"))
@@ -590,8 +603,10 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
         fill_s = time.perf_counter() - t0
         progress.advance(task)
 
-        warm = create_topic(kafka.bootstrap, "bench-warmup", mode.partitions)
-        fill_topic(kafka.bootstrap, warm, warmup, mode.partitions, seed=2, sign=sign)
+        warm = topic  # (no warm-up query reads it)
+        if warm_up:
+            warm = create_topic(kafka.bootstrap, "bench-warmup", mode.partitions)
+            fill_topic(kafka.bootstrap, warm, warmup, mode.partitions, seed=2, sign=sign)
         progress.advance(task)
 
         if mode.standalone:
@@ -613,8 +628,8 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
             warmers = contenders(kafka.bootstrap, warm, per_trigger, public_key)
             warm_of = {w.key: w for w in warmers}
             for w, c in zip(warmers, field_contenders, strict=True):
-                out = str(work / f"warm-{c.key}")
-                _attempt(c, _warm, w, spark, out)
+                if warm_up:
+                    _attempt(c, _warm, w, spark, str(work / f"warm-{c.key}"))
             for r in range(rounds):
                 # Interleaved rounds, best time kept, order reversed every other round: this
                 # machine is shared and noisy, and whichever query follows (b) runs ~7 s slower
@@ -629,10 +644,11 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
                     progress.update(task, description=f"round {r + 1}: {c.label}")
                     # Warm again right before: Spark ends Python workers idle for a minute, so
                     # a Python sink measured after (b) or (s) would pay fresh workers.
-                    rewarm = str(work / f"rewarm-{c.key}{r}")
-                    _attempt(c, _warm, warm_of[c.key], spark, rewarm)
-                    shutil.rmtree(rewarm, ignore_errors=True)
-                    shutil.rmtree(f"{rewarm}-ckpt", ignore_errors=True)
+                    if warm_up:
+                        rewarm = str(work / f"rewarm-{c.key}{r}")
+                        _attempt(c, _warm, warm_of[c.key], spark, rewarm)
+                        shutil.rmtree(rewarm, ignore_errors=True)
+                        shutil.rmtree(f"{rewarm}-ckpt", ignore_errors=True)
                     out = str(work / f"{c.key}{r}")
                     _attempt(c, _measure, c, spark, out)
                     shutil.rmtree(out, ignore_errors=True)
@@ -731,12 +747,17 @@ def _report(
         f"raw topic filled in {fill_s:.1f}s ({n / fill_s:,.0f} records/s, confluent-kafka); "
         f"{sent['certified']:,} records carry a pfc certificate (first record of each producer "
         "in its partition)",
-        "each query reads the topic from the start: same source, trigger and batch sizes; each "
-        f"kind of query first runs once over a {warmup:,}-record topic (JVM and Python workers "
-        f"warm); {rounds} interleaved rounds, order reversed every other round, best time shown "
-        "(per-round times in the JSON); right before each measured query its kind runs once more "
-        "on the small topic (Spark ends Python workers idle for a minute), dirty pages are written "
-        "back (sync), and the driver unloads the previous query's state stores and runs a full GC",
+        "each query reads the topic from the start: same source, trigger and batch sizes; "
+        f"{rounds} interleaved rounds, order reversed every other round, best time shown "
+        "(per-round times in the JSON); before each measured query dirty pages are written back "
+        "(sync), and the driver unloads the previous query's state stores and runs a full GC",
+        (
+            f"warm-up: each kind of query first runs once over a {warmup:,}-record topic (JVM and "
+            "Python workers warm), and once more right before each of its measured queries "
+            "(Spark ends Python workers idle for a minute)"
+            if warmup
+            else f"no warm-up query ({WARMUP_ENV}=0, a smoke run): the times mean nothing"
+        ),
         f"spark.sql.execution.arrow.maxRecordsPerBatch={ARROW_BATCH:,} (the Arrow batches the "
         "Python writers receive; only Arrow paths use it)",
         "(n) is the ceiling of any Python streaming writer on this Spark: the JVM converts the "

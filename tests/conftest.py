@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.services", "tests.fixtures.lease"]
+pytest_plugins = [
+    "tests.fixtures.services",
+    "tests.fixtures.network",
+    "tests.fixtures.lease",
+    "tests.fixtures.parallel",
+]
 
 _TIERS = {"integration": "integration", "chaos": "chaos", "sim": "sim"}
 
@@ -19,3 +26,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for folder, marker in _TIERS.items():
             if folder in parts:
                 item.add_marker(getattr(pytest.mark, marker))
+
+
+#: Longer bytes values get a short id instead of their escaped text (see below).
+_LONG_BYTES = 48
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    """A bytes parameter longer than ``_LONG_BYTES`` gets the id ``ARGNAME-NB`` (N its length).
+
+    pytest-xdist runs a test on a worker by its id, and every worker must collect the same ids:
+    a value with random bytes (a signature made at import) would get a new id in each process.
+    """
+    del config
+    if isinstance(val, bytes) and len(val) > _LONG_BYTES:
+        return f"{argname}-{len(val)}B"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_as_found() -> Iterator[None]:
+    """Give the root logger back as the test found it (handlers and level).
+
+    A command run in-process (typer's ``CliRunner``) may configure logging for a whole process:
+    ``pidfence lease-server`` puts a ``StreamHandler`` on the runner's stderr, which closes when
+    the run ends, and sets the root level to INFO. Left in place, every later record goes to a
+    closed stream: py4j's "Closing down clientserver connection", logged from a ``__del__`` at
+    interpreter exit, then printed a "--- Logging error ---" traceback after the summary.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            handler.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)

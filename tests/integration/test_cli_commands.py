@@ -62,6 +62,7 @@ def test_verify_missing_ledger_is_usage(tmp_path: Path) -> None:
     assert "does not exist" in last_line(result)
 
 
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_produce_without_a_lease_server_is_retriable(tmp_path: Path) -> None:
     result, took = pidfence("produce", "--bootstrap", dead(), "--lease-server", dead(),
                             "--topic", "raw", "--count", "10")  # fmt: skip
@@ -70,6 +71,7 @@ def test_produce_without_a_lease_server_is_retriable(tmp_path: Path) -> None:
     assert took < 15
 
 
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_copy_without_a_lease_server_is_retriable(tmp_path: Path) -> None:
     result, took = pidfence("copy", "--bootstrap", dead(), "--lease-server", dead(),
                             "--from-topic", "a", "--to-topic", "b", "--state",
@@ -101,6 +103,7 @@ def test_lease_server_without_zookeeper_is_exit_3(tmp_path: Path) -> None:
     assert "cannot reach ZooKeeper" in last_line(result)
 
 
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_demo_bad_option_is_usage(tmp_path: Path) -> None:
     result, took = pidfence("demo", "--records", "5", "--out", str(tmp_path))
     assert result.returncode == EXIT_USAGE
@@ -110,6 +113,7 @@ def test_demo_bad_option_is_usage(tmp_path: Path) -> None:
     assert took < 15
 
 
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_demo_with_kafka_down_is_one_line_exit_3_within_15_s(tmp_path: Path) -> None:
     gone = dead()
     result, took = pidfence("demo", "--bootstrap", gone, "--out", str(tmp_path))

@@ -55,6 +55,7 @@ def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *words:
     assert not JVM_LINE.search(result.stderr), result.stderr
 
 
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_kafka_down_is_one_line_and_exit_3_within_15_s(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"  # a port nothing listens on
     result, took = run_sink("--bootstrap", dead, "--topic", "raw", *paths(tmp_path),
@@ -63,6 +64,7 @@ def test_kafka_down_is_one_line_and_exit_3_within_15_s(tmp_path: Path) -> None:
     assert took < 15, f"took {took:.1f}s"
 
 
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_missing_topic_is_one_line_and_exit_3_within_15_s(kafka: Any, tmp_path: Path) -> None:
     result, took = run_sink("--bootstrap", kafka.bootstrap, "--topic", "no-such-topic-here",
                             *paths(tmp_path), "--available-now")  # fmt: skip
@@ -91,6 +93,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
             folder.chmod(0o755)
 
 
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_read_only_output_path_is_one_line_and_exit_3_within_15_s(
     kafka: Any, new_topic: Any, read_only_dir: Path, tmp_path: Path
 ) -> None:
@@ -114,6 +117,7 @@ def test_output_path_that_is_a_file_is_one_line_and_exit_3(
     assert_one_line(result, EXIT_UNAVAILABLE, "is a file, not a folder")
 
 
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_bad_option_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result, took = run_sink("--bootstrap", "127.0.0.1:1", "--topic", "raw", *paths(tmp_path),
                             "--lifetime", "soon")  # fmt: skip
@@ -205,6 +209,7 @@ def test_missing_options_and_a_bad_table_format_are_one_line_and_exit_2(tmp_path
     assert "iceberg" in result.stderr
 
 
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_a_table_of_the_old_format_is_refused_with_the_migrate_line(
     kafka: Any, new_topic: Any, tmp_path: Path
 ) -> None:

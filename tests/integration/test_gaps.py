@@ -19,13 +19,12 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from pyspark.errors import StreamingQueryException
 
 from pidfence.cli.exits import EXIT_UNAVAILABLE
 from pidfence.pid_allocator import LeaseClient
 from pidfence.producer import IdempotentProducer, ProducerConfig
 from pidfence.spark_sink import read_gaps, read_log, read_rejects, run_sink, start_sink
-from pidfence.spark_sink.data_loss import is_spark_data_loss
+from pidfence.spark_sink.data_loss import DataLost, is_spark_data_loss
 from pidfence.wire import FLAG_FENCE, encode_pf
 from tests.integration.test_cli_sink import run_sink as run_sink_cli
 
@@ -180,8 +179,9 @@ def test_retention_while_the_sink_is_stopped(
     assert len(line.splitlines()) == 1
     assert f"{topic}[0] offsets 100..149" in line and "--allow-data-loss" in line
 
-    with pytest.raises(StreamingQueryException) as failed:
+    with pytest.raises(DataLost, match="--allow-data-loss") as failed:
         run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    assert not failed.value.retriable
     assert is_spark_data_loss(str(failed.value)), str(failed.value)[:500]
     assert read_log(str(out)).num_rows == 100
 

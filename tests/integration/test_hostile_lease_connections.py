@@ -16,7 +16,8 @@ from pidfence.pid_allocator import LeaseClient, client_tls_context, load_token_f
 from pidfence.services.lease_server import LeasePki, LeaseServerProcess
 from tests.fixtures.lease import HostileProcess, RawLease, open_files, rss_bytes
 
-pytestmark = pytest.mark.timeout(300)
+# Each test asserts a wait or a deadline: no other test may run beside it (tests/README.md).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]
 
 CAP = 256
 MIB = 1 << 20

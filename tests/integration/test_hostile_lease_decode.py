@@ -57,6 +57,7 @@ def log_lines(server: LeaseServerProcess, text: str) -> list[str]:
     return [line for line in log.splitlines() if text in line]
 
 
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_decode_bombs_from_two_processes_leave_authenticated_pings_fast(
     lease_process_factory: Callable[..., LeaseServerProcess], hostile_pki: LeasePki, tmp_path: Path
 ) -> None:

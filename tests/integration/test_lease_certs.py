@@ -51,10 +51,13 @@ def test_grants_name_the_producer_key_and_carry_the_mac_key(
         check = verify_cert(grant.cert, keys, grant.pid, grant.generation, 0)
         assert (check.ok, check.version, check.producer_key) == (True, 2, key)
         assert check.expire_ms == grant.expire_ms
-        assert grant.mac_key == derive_record_key(secret, grant.pid, grant.generation)
+        assert grant.mac_key == derive_record_key(secret, grant.pid)
+    # A roll also answers the rolled pid's key: its owner's recovery scan checks its records.
+    assert rolled.prior_mac_key == derive_record_key(secret, bumped.pid)
+    assert lease.prior_mac_key is None and bumped.prior_mac_key is None
     check = verify_cert(plain.cert, keys, plain.pid, plain.generation, 0)
     assert (check.ok, check.version, check.producer_key) == (True, 1, None)
-    assert plain.mac_key == derive_record_key(secret, plain.pid, plain.generation)
+    assert plain.mac_key == derive_record_key(secret, plain.pid)
     assert "mac_key" not in repr(lease) and "secret" not in repr(lease)
 
 

@@ -202,6 +202,7 @@ def _answered(server: LeaseServerThread, op: str) -> float:
 
 
 @pytest.mark.parametrize("op", ["lease", "bump"])
+@pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_flood_on_one_connection_leaves_pings_on_another_answered(
     secured: LeaseServerThread, raw: Callable[[], RawLease], lease_pki: LeasePki, op: str
 ) -> None:

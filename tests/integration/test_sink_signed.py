@@ -17,14 +17,21 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from pidfence.spark_sink import read_log, read_rejects, run_sink
 from pidfence.spark_sink.pipeline import summarise
 from pidfence.wire import FLAG_FENCE, encode_pf
 from pidfence.wire.cert import encode_cert, generate_keypair, load_private_key
+from pidfence.wire.statement import encode_placed_pfc
 from tests.integration.test_sink import ON_EVERY_FORMAT, own_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900), ON_EVERY_FORMAT]
+
+
+def raw(key: Ed25519PrivateKey) -> bytes:
+    """A private key's raw public key (what a version 2 certificate names)."""
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
 def send(bootstrap: str, topic: str, recs: list[tuple[str, bytes, bytes | None]]) -> None:
@@ -53,25 +60,32 @@ def test_forged_fences_and_pids_are_refused_and_the_live_producer_is_untouched(
     rogue = Ed25519PrivateKey.generate()
     expire = int(time.time() * 1000) + 3_600_000
     pid, gen = 4242, 7
+    producer = Ed25519PrivateKey.generate()
+
+    def placed(server: Any, pid: int, g: int, seq: int, flags: int = 0) -> bytes:
+        """A placed pfc on partition 0, as IdempotentProducer stamps it, under ``server``."""
+        cert = encode_cert(server, pid, g, expire, producer_key=raw(producer))
+        return encode_placed_pfc(cert, producer, topic, 0, pid, g, seq, flags)
+
     legit = [encode_pf(pid, gen, s) for s in range(8)]
     first_run = [
-        ("l0", legit[0], encode_cert(key, pid, gen, expire)),
+        ("l0", legit[0], placed(key, pid, gen, 0)),
         ("l1", legit[1], None),
         ("fence-no-pfc", encode_pf(pid, gen + 1, 2, FLAG_FENCE), None),
         ("l2", legit[2], None),
         ("fence-rogue", encode_pf(pid, gen + 1, 3, FLAG_FENCE),
-         encode_cert(rogue, pid, gen + 1, expire)),
+         placed(rogue, pid, gen + 1, 3, FLAG_FENCE)),
         ("l3", legit[3], None),
     ]  # fmt: skip
     second_run = [
         ("fresh-no-pfc", encode_pf(9001, 0, 0), None),
         ("l4", legit[4], None),
-        ("fresh-rogue", encode_pf(9002, 0, 0), encode_cert(rogue, 9002, 0, expire)),
+        ("fresh-rogue", encode_pf(9002, 0, 0), placed(rogue, 9002, 0, 0)),
         ("l5", legit[5], None),
         ("fresh-rogue-fence", encode_pf(9003, 0, 0, FLAG_FENCE),
-         encode_cert(rogue, 9003, 0, expire)),
+         placed(rogue, 9003, 0, 0, FLAG_FENCE)),
         ("l6", legit[6], None),
-        ("next-gen-rogue", encode_pf(pid, gen + 1, 7), encode_cert(rogue, pid, gen + 1, expire)),
+        ("next-gen-rogue", encode_pf(pid, gen + 1, 7), placed(rogue, pid, gen + 1, 7)),
         ("l7", legit[7], None),
     ]  # fmt: skip
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"

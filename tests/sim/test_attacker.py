@@ -40,7 +40,10 @@ ATTACKED = {
     "attack_p": 0.08,
 }
 ATTACKED_SEEDS = range(8)
-REASONS = ("missing", "malformed", "wrong_length", "other_identity", "expired", "unknown_key")
+REASONS = (
+    "missing", "malformed", "wrong_length", "other_identity", "expired", "unknown_key",
+    "other_place", "unbound",
+)  # fmt: skip
 
 
 def assert_refused(result: SimResult) -> None:
@@ -53,7 +56,8 @@ def assert_refused(result: SimResult) -> None:
 @pytest.fixture(scope="module")
 def attacked() -> list[SimResult]:
     """The attacked schedules, run once for the checks below."""
-    return [run(seed, **ATTACKED) for seed in ATTACKED_SEEDS]
+    # Half of them on a LogAppendTime topic, where the attacker also back-dates.
+    return [run(seed, **ATTACKED, log_append_time=seed % 2 == 1) for seed in ATTACKED_SEEDS]
 
 
 def test_every_forgery_is_forged_and_every_event_lands_once(attacked: list[SimResult]) -> None:
@@ -198,7 +202,7 @@ def test_a_trusting_recovery_scan_is_caught(seed: int) -> None:
     assert result.report.findings["event_duplicate"].count > 0, result.describe()
 
 
-# --- the simulated sink's memoized verifier answers as verify_cert does -------------------------
+# --- the sink's memoized certificate check answers as verify_cert does ------------------------
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
@@ -211,7 +215,7 @@ def test_a_trusting_recovery_scan_is_caught(seed: int) -> None:
     times=st.lists(st.integers(-10, 200), min_size=1, max_size=6),
     foreign=st.booleans(),
 )
-def test_memoized_verifier_matches_verify_cert(
+def test_memoized_placed_check_matches_verify_cert(
     pid: int,
     generation: int,
     cert_pid: int,
@@ -222,15 +226,19 @@ def test_memoized_verifier_matches_verify_cert(
 ) -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from pidfence.sim.sink import cert_verifier
     from pidfence.wire.cert import encode_cert, verify_cert
+    from pidfence.wire.statement import PlacedCheck
 
     keys = [Ed25519PrivateKey.from_private_bytes(bytes([i]) * 32) for i in (1, 2)]
     signer = keys[1] if foreign else keys[0]
+    # Version 1 (accepted as legacy): the certificate's own answer, memoized across times.
     cert = encode_cert(signer, cert_pid, cert_generation, expire_ms)
     public = [keys[0].public_key()]
-    verify = cert_verifier(public)
+    verify = PlacedCheck(public, accept_unbound=True).for_partition("sim", 0)
     for now in times:
         direct = verify_cert(cert, public, pid, generation, now)
-        assert verify(pid, generation, cert, now) == (None if direct.ok else direct.reason)
-    assert verify(pid, generation, None, 0) == "missing"
+        assert verify(pid, generation, 0, 0, cert, now) == (None if direct.ok else direct.reason)
+    assert verify(pid, generation, 0, 0, None, 0) == "missing"
+    assert PlacedCheck(public).for_partition("sim", 0)(pid, generation, 0, 0, cert, 0) in (
+        "unbound", "other_identity", "unknown_key",
+    )  # fmt: skip

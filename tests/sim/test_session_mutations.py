@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from pidfence.producer import ProducerSession
+from pidfence.producer import ProducerSession, recovery
+from pidfence.producer.headers import Fence, Header
 from pidfence.producer.sender import Sender
 from pidfence.producer.sequencer import Sequencer
-from pidfence.producer.session import Fence, Header
 from pidfence.sim import SimResult, run
 from tests.sim.test_simulation import BUSY, assert_clean
 
@@ -70,7 +70,7 @@ MUTANTS: dict[str, tuple[type, str, Callable[..., Any], str, set[str]]] = {
         ProducerSession, "extras", no_first_record_cert, "crashy", {"lost", "event_lost"},
     ),
     "no_handover": (
-        ProducerSession, "handover", staticmethod(no_handover), "crashy", {"event_duplicate"},
+        recovery, "handover", no_handover, "crashy", {"event_duplicate"},
     ),
 }  # fmt: skip
 

@@ -158,7 +158,7 @@ class ReferenceTable:
         capacity: int,
         lifetime_ms: int,
         reorder_window: int = 5,
-        verifier: Callable[[int, int, bytes | None, int], str | None] | None = None,
+        verifier: Callable[[int, int, int, int, bytes | None, int], str | None] | None = None,
         resolve_gaps: bool = False,
     ) -> None:
         self.capacity = capacity
@@ -190,7 +190,9 @@ class ReferenceTable:
             else:
                 break
 
-    def _leap(self, pid: int, g: int, cert: bytes | None, ts: int) -> Verdict | None:
+    def _leap(
+        self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int
+    ) -> Verdict | None:
         """g > gE + 1: None if judged as gE + 1 (a verifier and a proof), else the verdict."""
         if self.verifier is None:
             return Verdict.INVALID_GENERATION
@@ -198,14 +200,17 @@ class ReferenceTable:
             return None
         if cert is None:
             return Verdict.INVALID_GENERATION
-        if self.verifier(pid, g, cert, max(self.clock, ts)) is not None:
+        if self.verifier(pid, g, s, flags, cert, max(self.clock, ts)) is not None:
             return Verdict.FORGED
         return None
 
-    def _ok(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
+    def _ok(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int) -> bool:
         if any(x["pid"] == pid and x["gen"] == g for x in self.held):
             return True  # a held record of this generation proved it
-        return self.verifier is None or self.verifier(pid, g, cert, max(self.clock, ts)) is None
+        return (
+            self.verifier is None
+            or self.verifier(pid, g, s, flags, cert, max(self.clock, ts)) is None
+        )
 
     def offer_header(
         self, header: bytes | None, ts: int, ref: Any, cert: bytes | None = None
@@ -232,6 +237,7 @@ class ReferenceTable:
         self, pid: int, g: int, s: int, fence: bool, ts: int, ref: Any, cert: bytes | None,
         out: list[tuple[Any, Verdict]],
     ) -> None:  # fmt: skip
+        flags = FLAG_FENCE if fence else 0
         at = max(self.clock, ts)
         e = self.entries.get(pid)
         if e is not None and e[2] + self.lifetime <= at:
@@ -240,7 +246,7 @@ class ReferenceTable:
             if sum(1 for x in self.entries.values() if x[2] + self.lifetime > at) >= self.capacity:
                 out.append((ref, Verdict.CAPACITY))
             elif (fence or s == 0) and not (
-                self.verifier is None or self.verifier(pid, g, cert, at) is None
+                self.verifier is None or self.verifier(pid, g, s, flags, cert, at) is None
             ):
                 out.append((ref, Verdict.FORGED))
             elif fence or s == 0:
@@ -252,7 +258,9 @@ class ReferenceTable:
                 out.append((ref, Verdict.UNKNOWN_PID))
             elif self.verifier is not None and cert is None:
                 out.append((ref, Verdict.UNVERIFIED))
-            elif self.verifier is not None and self.verifier(pid, g, cert, at) is not None:
+            elif (
+                self.verifier is not None and self.verifier(pid, g, s, flags, cert, at) is not None
+            ):
                 out.append((ref, Verdict.FORGED))
             else:  # adopted beyond the horizon: its unseen head is a gap
                 out.append((ref, Verdict.APPENDED))
@@ -262,13 +270,13 @@ class ReferenceTable:
                 self.gaps.append((pid, g, 0, s - 1, ref, "head"))
             return
         moves = g == e[0] + 1
-        leap = self._leap(pid, g, cert, ts) if g > e[0] + 1 else None
+        leap = self._leap(pid, g, s, flags, cert, ts) if g > e[0] + 1 else None
         if g < e[0]:
             out.append((ref, Verdict.FENCED))
         elif leap is not None:
             out.append((ref, leap))
         elif fence:
-            if moves and not self._ok(pid, g, cert, ts):
+            if moves and not self._ok(pid, g, s, flags, cert, ts):
                 out.append((ref, Verdict.FORGED))
                 return
             moved = g > e[0]
@@ -280,7 +288,7 @@ class ReferenceTable:
         elif s <= e[1]:
             out.append((ref, Verdict.DUPLICATE))
         elif s == e[1] + 1:
-            if moves and not self._ok(pid, g, cert, ts):
+            if moves and not self._ok(pid, g, s, flags, cert, ts):
                 out.append((ref, Verdict.FORGED))
                 return
             moved = g > e[0]
@@ -294,7 +302,7 @@ class ReferenceTable:
         elif s - e[1] - 1 > self.window and not self.resolve_gaps:
             out.append((ref, Verdict.OUT_OF_ORDER))
         elif s - e[1] - 1 > self.window:
-            if moves and not self._ok(pid, g, cert, ts):
+            if moves and not self._ok(pid, g, s, flags, cert, ts):
                 out.append((ref, Verdict.FORGED))
                 return
             mine = [x for x in self.held if x["pid"] == pid]
@@ -315,7 +323,7 @@ class ReferenceTable:
             if same and g < same[0]["gen"]:
                 out.append((ref, Verdict.FENCED))
                 return
-            if moves and not self._ok(pid, g, cert, ts):
+            if moves and not self._ok(pid, g, s, flags, cert, ts):
                 out.append((ref, Verdict.FORGED))
                 return
             # A successor's resend replaces a zombie's waiting copy of the same seq.
@@ -371,7 +379,9 @@ class FakeVerifier:
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []
 
-    def __call__(self, pid: int, g: int, cert: bytes | None, now_ms: int) -> str | None:
+    def __call__(
+        self, pid: int, g: int, s: int, flags: int, cert: bytes | None, now_ms: int
+    ) -> str | None:
         self.calls.append((pid, g))
         if cert is None:
             return "missing"

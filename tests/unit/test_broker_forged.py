@@ -104,7 +104,7 @@ def test_real_ed25519_certificates() -> None:
     key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     keys = [other.public_key(), key.public_key()]  # key rotation: either key is accepted
 
-    def verifier(pid: int, g: int, cert: bytes | None, now_ms: int) -> str | None:
+    def verifier(pid: int, g: int, s: int, f: int, cert: bytes | None, now_ms: int) -> str | None:
         if cert is None:
             return "missing"
         check = verify_cert(cert, keys, pid, g, now_ms)

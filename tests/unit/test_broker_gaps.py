@@ -243,7 +243,7 @@ def test_adoption_only_inside_the_horizon() -> None:
 
 
 def test_adoption_under_signing_needs_a_certificate() -> None:
-    def verifier(pid: int, g: int, cert: bytes | None, now: int) -> str | None:
+    def verifier(pid: int, g: int, s: int, f: int, cert: bytes | None, now: int) -> str | None:
         return None if cert == b"good" else "unknown_key"
 
     table = ProducerStateTable(16, 1_000, verifier=verifier)

@@ -134,7 +134,7 @@ def test_real_ed25519_certificates_for_a_leap() -> None:
     key, rogue = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     keys = [key.public_key()]
 
-    def verifier(pid: int, g: int, cert: bytes | None, now_ms: int) -> str | None:
+    def verifier(pid: int, g: int, s: int, f: int, cert: bytes | None, now_ms: int) -> str | None:
         if cert is None:
             return "malformed"
         check = verify_cert(cert, keys, pid, g, now_ms)

@@ -21,43 +21,58 @@ from pidfence.wire import (
     record_mac,
     record_mac_from,
 )
+from pidfence.wire.mac import RecordMacCheck
 
 SECRET = bytes(range(32))
-RECORD = ("orders", 3, 41, 0, b"k", b"value")
+RECORD = ("orders", 3, 5, 9, 41, 0, b"k", b"value")
 
 
-def test_record_keys_are_per_lease_and_per_secret() -> None:
-    key = derive_record_key(SECRET, 5, 9)
+def test_record_keys_are_per_pid_and_per_secret() -> None:
+    key = derive_record_key(SECRET, 5)
     assert len(key) == 32
-    assert key == derive_record_key(SECRET, 5, 9)
-    others = {
-        derive_record_key(SECRET, 5, 10),
-        derive_record_key(SECRET, 6, 9),
-        derive_record_key(bytes(32), 5, 9),
-    }
-    assert key not in others and len(others) == 3
+    assert key == derive_record_key(SECRET, 5)
+    others = {derive_record_key(SECRET, 6), derive_record_key(bytes(32), 5)}
+    assert key not in others and len(others) == 2
 
 
-def test_a_mac_covers_where_the_record_goes_and_what_it_holds() -> None:
-    key = derive_record_key(SECRET, 5, 9)
+@pytest.mark.parametrize(
+    "changed",
+    [
+        ("orders2", 3, 5, 9, 41, 0, b"k", b"value"),  # another topic
+        ("orders", 4, 5, 9, 41, 0, b"k", b"value"),  # another partition
+        ("orders", 3, 5, 10, 41, 0, b"k", b"value"),  # another generation of the pid
+        ("orders", 3, 5, 9, 42, 0, b"k", b"value"),  # another seq
+        ("orders", 3, 5, 9, 41, 1, b"k", b"value"),  # flags
+        ("orders", 3, 5, 9, 41, 0, b"kv", b"alue"),  # the key/value split moved
+        ("orders", 3, 5, 9, 41, 0, None, b"value"),  # no key instead of a key
+        ("orders", 3, 5, 9, 41, 0, b"k", b""),  # empty value
+        ("orders", 3, 5, 9, 41, 0, b"k", None),  # a tombstone
+    ],
+)
+def test_a_mac_covers_where_the_record_goes_and_what_it_holds(changed: tuple) -> None:  # type: ignore[type-arg]
+    key = derive_record_key(SECRET, 5)
     mac = record_mac(key, *RECORD)
     assert len(mac) == RECORD_MAC_BYTES
     assert check_record_mac(key, *RECORD, mac)
-    changed = [
-        ("orders2", 3, 41, 0, b"k", b"value"),  # another topic
-        ("orders", 4, 41, 0, b"k", b"value"),  # another partition
-        ("orders", 3, 42, 0, b"k", b"value"),  # another seq
-        ("orders", 3, 41, 1, b"k", b"value"),  # flags
-        ("orders", 3, 41, 0, b"kv", b"alue"),  # the key/value split moved
-        ("orders", 3, 41, 0, None, b"value"),  # no key instead of a key
-        ("orders", 3, 41, 0, b"k", b""),  # empty value
-        ("orders", 3, 41, 0, b"k", None),  # a tombstone
-    ]
-    for record in changed:
-        assert not check_record_mac(key, *record, mac), record
-    assert not check_record_mac(derive_record_key(SECRET, 5, 10), *RECORD, mac)
+    assert not check_record_mac(key, *changed, mac)
+    assert not check_record_mac(derive_record_key(SECRET, 6), *RECORD, mac)
     assert not check_record_mac(key, *RECORD, mac[:-1])
     assert not check_record_mac(key, *RECORD, None)
+
+
+def test_the_sink_check_derives_the_same_keys() -> None:
+    check = RecordMacCheck(SECRET, cache=1)
+    mac = record_mac(derive_record_key(SECRET, 5), *RECORD)
+    other = ("orders", 3, 6, 1, 0, 0, b"k", b"v")
+    other_mac = record_mac(derive_record_key(SECRET, 6), *other)
+    # Twice each, through a one-entry cache: evicted keys are derived again.
+    for _ in range(2):
+        assert check.valid(*RECORD, mac)
+        assert check.valid(*other, other_mac)
+    assert not check.valid(*RECORD, other_mac)
+    assert not check.valid(*RECORD, None)
+    with pytest.raises(ValueError, match="32 bytes"):
+        RecordMacCheck(b"short")
 
 
 @given(
@@ -70,11 +85,11 @@ def test_a_mac_covers_where_the_record_goes_and_what_it_holds() -> None:
 def test_the_keyed_state_gives_the_same_mac(
     topic: str, partition: int, seq: int, key: bytes | None, value: bytes | None
 ) -> None:
-    record_key = derive_record_key(SECRET, 1, 2)
+    record_key = derive_record_key(SECRET, 1)
     hasher = record_hasher(record_key)
-    first = record_mac_from(hasher, topic, partition, seq, 0, key, value)
-    assert first == record_mac(record_key, topic, partition, seq, 0, key, value)
-    assert record_mac_from(hasher, topic, partition, seq, 0, key, value) == first  # unchanged
+    first = record_mac_from(hasher, topic, partition, 1, 2, seq, 0, key, value)
+    assert first == record_mac(record_key, topic, partition, 1, 2, seq, 0, key, value)
+    assert record_mac_from(hasher, topic, partition, 1, 2, seq, 0, key, value) == first
 
 
 def test_secret_files_are_private_hex_and_never_overwritten(tmp_path: Path) -> None:

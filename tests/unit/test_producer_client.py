@@ -90,13 +90,17 @@ class FakeLeaseClient:
         if self.latest[pid] != generation:
             raise StaleGeneration(f"pid {pid} is at {self.latest[pid]}")
 
-    def lease(self, partitions: Sequence[tuple[str, int]] = ()) -> FakeLease:
+    def lease(
+        self, partitions: Sequence[tuple[str, int]] = (), *, key: bytes | None = None
+    ) -> FakeLease:
         self.calls.append("lease")
         if self.down:
             raise LeaseServerUnreachable("no lease server answered")
         return self._issue()
 
-    def bump(self, pid: int, generation: int, secret: bytes) -> FakeLease:
+    def bump(
+        self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None
+    ) -> FakeLease:
         self.calls.append(f"bump {pid} {generation}")
         self._check(pid, generation, secret)
         if self.expire[pid] <= self.clock():
@@ -104,7 +108,9 @@ class FakeLeaseClient:
         self.latest[pid] = generation + 1
         return self._reply(pid)
 
-    def roll(self, pid: int, generation: int, secret: bytes) -> FakeLease:
+    def roll(
+        self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None
+    ) -> FakeLease:
         self.calls.append(f"roll {pid} {generation}")
         self._check(pid, generation, secret)
         successor = self._issue()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,9 +17,16 @@ TP = ("t", 0)
 PID, GEN = 7, 3
 
 
-def only_ok(pid: int, generation: int, cert: bytes | None, now_ms: int) -> str | None:
-    """A stand-in for ``cert_verifier``: b"ok" proves anything, nothing else does."""
+def only_ok(
+    pid: int, generation: int, seq: int, flags: int, cert: bytes | None, now_ms: int
+) -> str | None:
+    """A stand-in for a partition's placed check: b"ok" proves anything, nothing else does."""
     return None if cert == b"ok" else "missing"
+
+
+def per_partition(topic: str, partition: int) -> Any:
+    """The scan's verifier factory: the same stand-in on every partition."""
+    return only_ok
 
 
 def feed(state: ScanState, forged_cert: bytes | None) -> None:
@@ -35,7 +43,7 @@ def feed(state: ScanState, forged_cert: bytes | None) -> None:
 
 @pytest.mark.parametrize("forged_cert", [None, b"signed by someone else"])
 def test_a_forged_fence_does_not_fence_the_pids_later_records(forged_cert: bytes | None) -> None:
-    state = ScanState({PID}, generations={PID: GEN}, verifier=only_ok)
+    state = ScanState({PID}, {PID: {TP: -1}}, {PID: GEN}, verifier=per_partition)
     feed(state, forged_cert)
     assert state.highs[PID][TP] == 9  # what a verifying sink appended
 
@@ -43,13 +51,13 @@ def test_a_forged_fence_does_not_fence_the_pids_later_records(forged_cert: bytes
 def test_without_a_verifier_the_scan_believes_the_forgery() -> None:
     # Why the option exists: the same topic read trustingly hides seqs 5..9, so a resumer
     # under a successor pid would send those events again.
-    state = ScanState({PID}, generations={PID: GEN})
+    state = ScanState({PID}, {PID: {TP: -1}}, {PID: GEN})
     feed(state, None)
     assert state.highs[PID][TP] == 4
 
 
 def test_a_proven_fence_still_fences() -> None:
-    state = ScanState({PID}, generations={PID: GEN}, verifier=only_ok)
+    state = ScanState({PID}, {PID: {TP: -1}}, {PID: GEN}, verifier=per_partition)
     feed(state, b"ok")
     assert state.highs[PID][TP] == 4
 

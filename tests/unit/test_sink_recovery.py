@@ -300,7 +300,10 @@ def test_signed_generations_through_the_sink(tmp_path: Path) -> None:
         "headers",
         pa.array(headers, rows.schema.field("headers").type),
     )
-    w = PidfenceStreamWriter(options(tmp_path, leasePublicKey=f"{old_pub},{pub}"))
+    # Version 1 certificates, from producers of before the binding (legacyCertificates).
+    w = PidfenceStreamWriter(
+        options(tmp_path, leasePublicKey=f"{old_pub},{pub}", legacyCertificates="true")
+    )
     w.commit([write(w, 0, rows.slice(0, 5))], 0)
     w.commit([write(w, 1, rows.slice(5))], 1)
     log = read_log(str(tmp_path))

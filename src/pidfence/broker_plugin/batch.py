@@ -36,6 +36,7 @@ _APPENDED: Final = CODE_OF[Verdict.APPENDED]
 _DUPLICATE: Final = CODE_OF[Verdict.DUPLICATE]
 _NON_IDEMPOTENT: Final = CODE_OF[Verdict.NON_IDEMPOTENT]
 _MALFORMED: Final = CODE_OF[Verdict.MALFORMED]
+_FORGED: Final = CODE_OF[Verdict.FORGED]
 _UNDECIDED: Final = 255
 # Sequences this large go through the exact path, so relative arithmetic cannot overflow.
 _SEQ_FAST_LIMIT: Final = 2**62
@@ -91,6 +92,8 @@ def offer_batch(
     ts_ms: Any,
     refs: Sequence[Any] | None = None,
     certs: pa.Array | Sequence[bytes | None] | None = None,
+    forged: BoolArr | Sequence[bool] | None = None,
+    forged_reason: str = "mac",
 ) -> BatchResult:
     """Decide a batch of records in order; identical to ``offer_header`` row by row.
 
@@ -103,6 +106,9 @@ def offer_batch(
             must be msgpack-serialisable if the table is snapshotted while they are held.
         certs: each record's ``pfc`` header value (``None`` when absent); read only for records
             the table's verifier must check.
+        forged: rows the caller already knows are forged (e.g. a per-record MAC that does not
+            verify): an idempotent one is ``FORGED`` without reaching the rules, so it changes
+            no state, and counts under ``forged_reason`` in ``table.forged``.
     """
     dec = decode_headers(headers)
     n = len(dec.pid)
@@ -118,6 +124,16 @@ def offer_batch(
     verdict[~dec.present | (dec.present & ~dec.malformed & (dec.pid == 0))] = _NON_IDEMPOTENT
     verdict[dec.malformed] = _MALFORMED
     candidate = dec.present & ~dec.malformed & (dec.pid != 0)
+    if forged is not None:
+        refused = np.asarray(forged, dtype=bool)
+        if refused.shape != (n,):
+            raise ValueError(f"forged has shape {refused.shape}, expected ({n},)")
+        refused = refused & candidate
+        count = int(refused.sum())
+        if count:
+            verdict[refused] = _FORGED
+            candidate &= ~refused
+            table.forged[forged_reason] = table.forged.get(forged_reason, 0) + count
     plan = _plan(table, dec, candidate, ts, certs)
     fast_rows, fast_codes, final_states, creations, slow_rows = plan
     verdict[fast_rows] = fast_codes
@@ -329,7 +345,7 @@ def _plan(
         for i in np.flatnonzero(~exists & ~bad).tolist():
             row = int(sr[starts[i]])
             cert = _cert_at(certs, row)
-            if table.verifier(upids[i], int(g_first[i]), cert, last_now) is not None:
+            if table.verifier(upids[i], int(g_first[i]), 0, 0, cert, last_now) is not None:
                 bad[i] = True
     row_bad = bad[gid]
     fast_sel = ~row_bad

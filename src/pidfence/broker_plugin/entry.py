@@ -16,9 +16,11 @@ NO_CLOCK: Final = -(2**63)
 
 #: Internal decision: (caller's ref, verdict, batch token of the record or None).
 Emit = tuple[Any, Verdict, "tuple[int, int] | None"]
-#: ``verifier(pid, generation, cert, now_ms)``: None when ``cert`` proves (pid, generation), else
-#: the reason it does not ("malformed", "wrong_length", "other_identity", "expired", ...).
-Verifier = Callable[[int, int, "bytes | None", int], "str | None"]
+#: ``verifier(pid, generation, seq, flags, cert, now_ms)``: None when ``cert`` (the record's
+#: ``pfc`` header) proves the record (pid, generation, seq, flags), else the reason it does not
+#: ("missing", "malformed", "other_identity", "expired", "other_place", ...). A verifier is made
+#: for one (topic, partition): placed statements name both (DESIGN §3 amended again).
+Verifier = Callable[[int, int, int, int, "bytes | None", int], "str | None"]
 
 APPENDED: Final = Verdict.APPENDED
 NON_IDEMPOTENT: Final = Verdict.NON_IDEMPOTENT

@@ -18,7 +18,7 @@ class Proofs:
     held: dict[int, dict[int, Held]]
     forged: dict[str, int]
 
-    def certified(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
+    def certified(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int) -> bool:
         """Whether (pid, g) is proven by ``cert`` (always, without a verifier); counts failures.
 
         Expiry is judged at ``max(clock, ts)``: a record cannot make a stale certificate fresh
@@ -26,13 +26,13 @@ class Proofs:
         """
         if self.verifier is None:
             return True
-        reason = self.verifier(pid, g, cert, max(self.clock, ts))
+        reason = self.verifier(pid, g, s, flags, cert, max(self.clock, ts))
         if reason is None:
             return True
         self.forged[reason] = self.forged.get(reason, 0) + 1
         return False
 
-    def proven(self, pid: int, g: int, cert: bytes | None, ts: int) -> bool:
+    def proven(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int) -> bool:
         """Whether the next generation ``g`` of ``pid`` may move ``gE`` (or be held).
 
         Held records of the next generation were proven when they were held (their release moves
@@ -42,9 +42,11 @@ class Proofs:
         held = self.held.get(pid)
         if held is not None and any(h.generation == g for h in held.values()):
             return True
-        return self.certified(pid, g, cert, ts)
+        return self.certified(pid, g, s, flags, cert, ts)
 
-    def leap(self, pid: int, g: int, cert: bytes | None, ts: int) -> Verdict | None:
+    def leap(
+        self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int
+    ) -> Verdict | None:
         """Whether a record of generation ``g > gE + 1`` may be judged as ``gE + 1``.
 
         Returns None when it may: a verifier is set and the generation is proven (by a held
@@ -59,4 +61,4 @@ class Proofs:
             return None
         if cert is None:
             return INVALID_GENERATION
-        return None if self.certified(pid, g, cert, ts) else FORGED
+        return None if self.certified(pid, g, s, flags, cert, ts) else FORGED

@@ -6,7 +6,10 @@ older snapshot (or from nothing) gives exactly the live table. Certificates are 
 output; the replay takes the committed verdicts as their proof instead: a record committed as
 ``FORGED`` fails verification again, one committed as ``INVALID_GENERATION`` replays without a
 certificate (so a leap of several generations is refused again), every other record carries a
-proof that passes (it was proven, or needed no proof, when it was decided).
+proof that passes (it was proven, or needed no proof, when it was decided). A ``FORGED`` verdict
+is decided on arrival and changes no state, so a replay also refuses such a record up front: one
+refused before the rules (a per-record MAC that did not verify) is refused again without the
+secret or the record's bytes.
 """
 
 from __future__ import annotations
@@ -37,13 +40,15 @@ def replay_cert(verdict: str | Verdict | None) -> bytes | None:
     return REPLAYED_FORGERY if verdict == Verdict.FORGED else REPLAYED_PROOF
 
 
-def replay_verifier(pid: int, generation: int, cert: bytes | None, now_ms: int) -> str | None:
+def replay_verifier(
+    pid: int, generation: int, seq: int, flags: int, cert: bytes | None, now_ms: int
+) -> str | None:
     """The verifier of a replay: a committed ``FORGED`` record fails again, nothing else does.
 
     (A committed ``INVALID_GENERATION`` record carries no certificate, so the table refuses its
     leap again without asking.)
     """
-    del pid, generation, now_ms
+    del pid, generation, seq, flags, now_ms
     return "replayed" if cert == REPLAYED_FORGERY else None
 
 
@@ -72,10 +77,11 @@ def replay_batch(
     if horizon_ms is not None:
         table.open_horizon(horizon_ms)
     certs = [replay_cert(v) for v in verdicts]
+    forged = [v == Verdict.FORGED for v in verdicts]
     live, table.verifier = table.verifier, replay_verifier
     try:
         table.offer_batch(list(headers), list(ts_ms), list(refs) if refs is not None else None,
-                          certs)  # fmt: skip
+                          certs, forged)  # fmt: skip
         if flush:
             table.flush(table.clock)
     finally:
@@ -132,6 +138,8 @@ def rebuild(
     for i, record in enumerate(records):
         header, ts_ms = record[0], record[1]
         verdict = record[2] if len(record) > 2 else None
+        if verdict == Verdict.FORGED:
+            continue  # decided on arrival, no state change (see the module docstring)
         table.offer_header(header, ts_ms, ref=i, cert=replay_cert(verdict))
     table.verifier = None
     table.forged.clear()

@@ -215,14 +215,14 @@ class RulesKernel(Proofs):
             return
         leapt = g > current + 1
         if leapt:
-            refused = self.leap(pid, g, cert, ts)
+            refused = self.leap(pid, g, s, flags, cert, ts)
             if refused is not None:
                 out.append((ref, refused, token))
                 return
         # A proven leap is judged as the next generation, its proof already given.
         moves = g != current and not leapt
         if fence:
-            if moves and not self.proven(pid, g, cert, ts):
+            if moves and not self.proven(pid, g, s, flags, cert, ts):
                 out.append((ref, FORGED, token))
                 return
             self.touched.add(pid)
@@ -238,7 +238,7 @@ class RulesKernel(Proofs):
             out.append((ref, DUPLICATE, token))
             return
         if s == high + 1:
-            if moves and not self.proven(pid, g, cert, ts):
+            if moves and not self.proven(pid, g, s, flags, cert, ts):
                 out.append((ref, FORGED, token))
                 return
             self.touched.add(pid)
@@ -256,7 +256,7 @@ class RulesKernel(Proofs):
             if not self.resolve_gaps:
                 out.append((ref, OUT_OF_ORDER, token))
                 return
-            if moves and not self.proven(pid, g, cert, ts):
+            if moves and not self.proven(pid, g, s, flags, cert, ts):
                 out.append((ref, FORGED, token))
                 return
             self.skip_gap(pid, entry, g, s, ref, out)
@@ -270,7 +270,7 @@ class RulesKernel(Proofs):
             # record a newer generation is already holding.
             out.append((ref, DUPLICATE if g == waiting.generation else FENCED, token))
             return
-        if moves and not self.proven(pid, g, cert, ts):
+        if moves and not self.proven(pid, g, s, flags, cert, ts):
             out.append((ref, FORGED, token))
             return
         self.touched.add(pid)
@@ -311,7 +311,7 @@ class RulesKernel(Proofs):
             if self.verifier is not None and cert is None:
                 out.append((ref, UNVERIFIED, token))
                 return
-        if not self.certified(pid, g, cert, ts):
+        if not self.certified(pid, g, s, fence, cert, ts):
             out.append((ref, FORGED, token))
             return
         out.append((ref, FENCE if fence else APPENDED, token))

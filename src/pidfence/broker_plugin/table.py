@@ -113,13 +113,19 @@ class ProducerStateTable(RulesKernel):
         return [Decision(r, v) for r, v, _ in out]
 
     def offer_batch(
-        self, headers: Any, ts_ms: Any, refs: Any = None, certs: Any = None
+        self,
+        headers: Any,
+        ts_ms: Any,
+        refs: Any = None,
+        certs: Any = None,
+        forged: Any = None,
+        forged_reason: str = "mac",
     ) -> BatchResult:
         """Decide many records at once; same decisions as :meth:`offer_header` one by one.
 
         See :func:`pidfence.broker_plugin.batch.offer_batch` for the arguments and result.
         """
-        return offer_batch(self, headers, ts_ms, refs, certs)
+        return offer_batch(self, headers, ts_ms, refs, certs, forged, forged_reason)
 
     def snapshot(self) -> bytes:
         """Full state as bytes (msgpack, versioned, CRC-checked)."""

@@ -53,11 +53,30 @@ class TopicReport:
         watermarks: (topic, partition) -> (low, high) offsets.
         sampled: records looked at for a ``pf`` header.
         with_pf: how many of them had one.
+        timestamp_types: topic -> its ``message.timestamp.type`` (``CreateTime`` or
+            ``LogAppendTime``; missing when Kafka did not say).
     """
 
     watermarks: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     sampled: int = 0
     with_pf: int = 0
+    timestamp_types: dict[str, str] = field(default_factory=dict)
+
+    def create_time_warning(self) -> str | None:
+        """With lease signing: a warning naming the topics whose records carry the producer's
+        own timestamp (``CreateTime``), at which certificate expiry is then judged."""
+        topics = sorted(t for t, kind in self.timestamp_types.items() if kind == "CreateTime")
+        if not topics:
+            return None
+        names = ", ".join(topics)
+        return (
+            f"{names} use CreateTime: a certificate's expiry is judged at the record's timestamp, "
+            "which the writer sets, so a writer who back-dates a record can use an expired "
+            "certificate on a partition where the sink has seen nothing newer. Set "
+            "message.timestamp.type=LogAppendTime on the topic (kafka-configs --alter "
+            "--entity-type topics --add-config message.timestamp.type=LogAppendTime); topics "
+            "pidfence creates use it"
+        )
 
     @property
     def no_pf_warning(self) -> str | None:
@@ -116,9 +135,30 @@ def check_kafka(
                 )
                 report.watermarks[(topic, partition)] = (int(low), int(high))
         _sample(consumer, report)
+        report.timestamp_types = _timestamp_types(bootstrap, topics, timeout_s)
         return report
     finally:
         consumer.close()
+
+
+def _timestamp_types(bootstrap: str, topics: list[str], timeout_s: float) -> dict[str, str]:
+    """Each topic's ``message.timestamp.type`` (empty where Kafka does not answer in time)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin._config import ConfigResource
+
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 0, "logger": _Silent()}
+    admin = AdminClient(conf)
+    found: dict[str, str] = {}
+    futures = admin.describe_configs([ConfigResource("topic", t) for t in topics])
+    for resource, future in futures.items():
+        try:
+            entry = future.result(timeout=timeout_s).get("message.timestamp.type")
+        except (KafkaException, TimeoutError, ValueError):
+            continue
+        if entry is not None and entry.value:
+            found[resource.name] = str(entry.value)
+    return found
 
 
 def check_zookeeper(hosts: str, timeout_s: float = METADATA_TIMEOUT_S) -> None:

@@ -115,6 +115,23 @@ def register(app: typer.Typer) -> None:
                 "must carry a valid lease certificate, else FORGED",
             ),
         ] = None,
+        legacy_certificates: Annotated[
+            bool,
+            typer.Option(
+                "--legacy-certificates",
+                help="With --lease-public-key, also accept version 1 lease certificates (bound "
+                "to no topic or partition) from producers older than 0.3; off by default: a "
+                "replayed v1 certificate admits records anywhere",
+            ),
+        ] = False,
+        record_mac_secret: Annotated[
+            str | None,
+            typer.Option(
+                "--record-mac-secret",
+                help="The lease servers' --record-mac-secret FILE: every idempotent record must "
+                "carry a valid per-record MAC (pfm header), else FORGED (reason mac)",
+            ),
+        ] = None,
         allow_data_loss: Annotated[
             bool,
             typer.Option(
@@ -124,6 +141,15 @@ def register(app: typer.Typer) -> None:
                 "adopted. Default: exit 3 naming the lost offsets",
             ),
         ] = False,
+        resolve_gaps: Annotated[
+            bool,
+            typer.Option(
+                "--resolve-gaps/--no-resolve-gaps",
+                help="When a producer's reorder window overflows, report the missing seqs as a "
+                "gap and continue after them (default); --no-resolve-gaps keeps the proposal's "
+                "strict rule: every later record is OUT_OF_ORDER until the generation moves",
+            ),
+        ] = True,
         table_format: Annotated[
             TableFormat | None,
             typer.Option(
@@ -169,12 +195,16 @@ def register(app: typer.Typer) -> None:
             "reorderWindow": None if reorder_window is None else str(reorder_window),
             "leasePublicKey": ",".join(key_paths(lease_public_key)) if lease_public_key else None,
             "tableFormat": None if table_format is None else table_format.value,
+            "legacyCertificates": "true" if legacy_certificates else None,
+            "recordMacSecret": record_mac_secret,
+            "resolveGaps": None if resolve_gaps else "false",
         }
         sink_options = {k: v for k, v in flags.items() if v is not None}
         topics = [t.strip() for t in topic.split(",") if t.strip()]
         with exit_cleanly("sink"):
             options = SinkOptions.parse({"path": output, **sink_options})
-            options.verifier()  # the key files load (a usage error otherwise)
+            options.certificates()  # the key files load (a usage error otherwise)
+            options.record_macs()
             found = preflight.check_kafka(bootstrap, topics)
             preflight.check_writable(output, "output")
             preflight.check_writable(checkpoint, "checkpoint")
@@ -186,6 +216,8 @@ def register(app: typer.Typer) -> None:
             if lost and not allow_data_loss:
                 raise data_lost(lost)
         if warning := found.no_pf_warning:
+            err.print(f"pidfence sink: warning: {warning}")
+        if lease_public_key and (warning := found.create_time_warning()):
             err.print(f"pidfence sink: warning: {warning}")
         if lost:
             gone = ", ".join(r.human() for r in lost)

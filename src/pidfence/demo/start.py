@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from pidfence.demo.config import DemoConfig, Fault
 from pidfence.demo.record import DemoPaths, Endpoints
-from pidfence.demo.topic import create_topic
+from pidfence.demo.topic import create_raw_topic, create_topic
 from pidfence.services.lease_server import LeaseServerProcess, make_lease_pki, spawn_lease_server
 from pidfence.testing.network import LinkFaults, ProxiedKafka, link_proxies
 from pidfence.testing.plan import Link
@@ -81,8 +81,8 @@ def start_services(config: DemoConfig, paths: DemoPaths, cleanups: Cleanups) -> 
             sink_bootstrap = kafka.bootstrap_for(Link.SINK_KAFKA)
             proxies |= {link: [proxy] for link, proxy in kafka.proxies.items()}
         pids.update({f"kafka-{i}": p for i, p in enumerate(kafka.pids())})
-    for topic in (raw, upstream):
-        create_topic(bootstrap, topic, config.partitions)
+    create_raw_topic(bootstrap, raw, config.partitions)
+    create_topic(bootstrap, upstream, config.partitions)
     lease_zk = zk_hosts
     if toxiproxy is not None:
         hosts, slash, chroot = zk_hosts.partition("/")

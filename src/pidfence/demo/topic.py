@@ -101,6 +101,16 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> pa.Table:
         consumer.close()
 
 
+#: What pidfence sets on the raw topics it creates: the broker stamps each record's time, so a
+#: certificate's expiry is judged at the append time, not at a time the writer chose.
+RAW_TOPIC_CONFIG: dict[str, str] = {"message.timestamp.type": "LogAppendTime"}
+
+
+def create_raw_topic(bootstrap: str, name: str, partitions: int, replication: int = 1) -> str:
+    """Create a raw topic (:data:`RAW_TOPIC_CONFIG`) and wait for its leaders."""
+    return create_topic(bootstrap, name, partitions, replication, dict(RAW_TOPIC_CONFIG))
+
+
 def create_topic(
     bootstrap: str,
     name: str,

@@ -39,8 +39,10 @@ class Lease:
         cert: the lease server's signature over (pid, generation, expire_ms) when it signs
             (``pidfence.wire.cert``; version 2 names the producer key the request sent), else
             None.
-        mac_key: the lease's record MAC key when the server runs with ``--record-mac-secret``
+        mac_key: the pid's record MAC key when the server runs with ``--record-mac-secret``
             (``pidfence.wire.mac``), else None. A secret like ``secret``; never in ``repr``.
+        prior_mac_key: on a roll's answer, the rolled pid's record MAC key (its owner's
+            recovery scan checks the records it wrote), else None.
     """
 
     pid: int
@@ -50,6 +52,7 @@ class Lease:
     secret: bytes = field(default=b"", repr=False)
     cert: bytes | None = field(default=None, repr=False)
     mac_key: bytes | None = field(default=None, repr=False)
+    prior_mac_key: bytes | None = field(default=None, repr=False)
 
 
 def _parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -340,6 +343,7 @@ def _lease(reply: dict[str, Any]) -> Lease:
     secret = reply.get("secret")
     cert = reply.get("cert")
     mac_key = reply.get("mac_key")
+    prior = reply.get("prior_mac_key")
     return Lease(
         reply["pid"],
         reply["generation"],
@@ -348,4 +352,5 @@ def _lease(reply: dict[str, Any]) -> Lease:
         secret if isinstance(secret, bytes) else b"",
         cert if isinstance(cert, bytes) else None,
         mac_key if isinstance(mac_key, bytes) else None,
+        prior if isinstance(prior, bytes) else None,
     )

@@ -374,4 +374,6 @@ def _grant_reply(request_id: RequestId, grant: Grant, **extra: Any) -> dict[str,
         fields["cert"] = grant.cert
     if grant.mac_key is not None:
         fields["mac_key"] = grant.mac_key
+    if grant.prior_mac_key is not None:
+        fields["prior_mac_key"] = grant.prior_mac_key
     return ok_reply(request_id, **fields, **extra)

@@ -18,7 +18,7 @@ import random
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -45,7 +45,8 @@ from pidfence.wire.mac import derive_record_key
 @dataclass(frozen=True, slots=True)
 class Grant:
     """A lease, bump or roll answer: the pid's identity, its secret and, when on, its cert and
-    record MAC key."""
+    record MAC key (a roll's also the rolled pid's: its owner's recovery scan checks what it
+    wrote)."""
 
     pid: int
     generation: int
@@ -53,6 +54,7 @@ class Grant:
     secret: bytes
     cert: bytes | None = None
     mac_key: bytes | None = None
+    prior_mac_key: bytes | None = None
 
 
 #: A lease as the server sends it: (pid, generation, expire_ms, secret, cert, mac_key).
@@ -130,7 +132,7 @@ class LeaseService:
             if signing_key is None
             else encode_cert(signing_key, pid, generation, expire_ms, key)
         )
-        mac_key = None if mac_secret is None else derive_record_key(mac_secret, pid, generation)
+        mac_key = None if mac_secret is None else derive_record_key(mac_secret, pid)
         return cert, mac_key
 
     def _grant(self, outcome: Outcome, key: bytes | None) -> Grant:
@@ -267,7 +269,7 @@ class LeaseService:
             client, self.lineage.check_roll, pid, generation, secret, token, now, local
         )
         if earlier is not None:
-            return self._grant(earlier, key)  # a retried roll that already landed
+            return self._rolled(pid, earlier, key)  # a retried roll that already landed
         # Only a checked owner gets here, so only owners spend pids and ring slots.
         self.ring.ensure_room(self.clock(), client)
         successor = self._issue(*await self.supply.take_pid(), client)
@@ -276,7 +278,13 @@ class LeaseService:
             client, self.lineage.roll, pid, generation, secret, token, now, successor, local
         )
         self.rolls += 1
-        return self._grant(outcome, key)
+        return self._rolled(pid, outcome, key)
+
+    def _rolled(self, pid: int, outcome: Outcome, key: bytes | None) -> Grant:
+        grant = self._grant(outcome, key)
+        if self.mac_secret is None:
+            return grant
+        return replace(grant, prior_mac_key=derive_record_key(self.mac_secret, pid))
 
     # -- housekeeping ---------------------------------------------------------------------------
 

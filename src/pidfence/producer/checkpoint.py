@@ -28,6 +28,9 @@ class ProducerCheckpoint:
         lifetime_ms: the lease lifetime when known (0: unknown), to time the rollover on resume.
         secret: the pid's capability from the lease server; ``bump`` and ``roll`` require it
             (stored as hex; the file holding a checkpoint is written with mode 0600).
+        mac_key: the pid's record MAC key in the per-record mode (empty: none), stored like
+            ``secret``: a resume's recovery scan checks the records written after the
+            checkpoint with it, so an injected record never counts as one of its own.
     """
 
     pid: int
@@ -40,6 +43,7 @@ class ProducerCheckpoint:
     taken_ms: int = 0
     ahead: Mapping[TopicPartition, int] = field(default_factory=dict)
     topics: tuple[str, ...] = ()
+    mac_key: bytes = field(default=b"", repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``next_seq`` as ``[[topic, partition, seq], ...]``, sorted)."""
@@ -55,7 +59,7 @@ class ProducerCheckpoint:
             "taken_ms": self.taken_ms,
             "ahead": [[t, p, n] for (t, p), n in sorted(self.ahead.items())],
             "topics": sorted(self.topics),
-        }
+        } | ({"mac_key": self.mac_key.hex()} if self.mac_key else {})
 
     def to_json(self) -> str:
         """The checkpoint as one JSON document."""
@@ -90,6 +94,10 @@ class ProducerCheckpoint:
             if not isinstance(secret_hex, str):
                 raise BadCheckpoint("secret must be a hex string")
             secret = bytes.fromhex(secret_hex)
+            mac_hex = data.get("mac_key", "")
+            if not isinstance(mac_hex, str):
+                raise BadCheckpoint("mac_key must be a hex string")
+            mac_key = bytes.fromhex(mac_hex)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadCheckpoint):
                 raise
@@ -104,6 +112,7 @@ class ProducerCheckpoint:
             taken_ms=taken_ms,
             ahead=ahead,
             topics=tuple(topics),
+            mac_key=mac_key,
             **fields,
         )
 

@@ -58,6 +58,13 @@ class ProducerConfig:
             does: a FENCE or a new pid without a valid certificate is ignored there (the sink
             calls it ``FORGED``), so a forged FENCE in the topic cannot make this producer
             re-send records under its successor pid. Set it whenever the sink verifies.
+        restamp_ms: with lease signing, every partition's next record carries the lease's
+            ``pfc`` again this often (besides every FENCE and the first record of each
+            generation), so a sink that starts reading mid-stream (retention, ``latest``) can
+            verify and adopt the producer within this bound; 0: never again.
+        sink_resolves_gaps: the sink's ``resolveGaps`` option (on by default there too). A
+            resume's recovery scan judges the topic with the sink's rules, so it must know whether
+            the sink reports an overflowed hole as a gap and goes on, or holds what follows it.
         extra: more librdkafka settings, passed through (secrets are masked in ``repr``).
     """
 
@@ -75,6 +82,8 @@ class ProducerConfig:
     lease_public_keys: tuple[str, ...] = ()
     message_timeout_ms: int = 300_000
     clock_skew_ms: int = 5_000
+    restamp_ms: int = 1_000
+    sink_resolves_gaps: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -97,6 +106,8 @@ class ProducerConfig:
             raise ProducerConfigError(
                 "sticky_records >= 1, resend_buffer >= 0, message_max_bytes >= 1"
             )
+        if self.restamp_ms < 0:
+            raise ProducerConfigError(f"restamp_ms must be >= 0 (0: never), got {self.restamp_ms}")
         if self.message_timeout_ms < 1 or self.clock_skew_ms < 0:
             raise ProducerConfigError(
                 f"message_timeout_ms must be >= 1 and clock_skew_ms >= 0, got "

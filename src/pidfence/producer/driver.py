@@ -23,6 +23,7 @@ from pidfence.producer.errors import (
     ReservedHeader,
     ValueTooLarge,
 )
+from pidfence.producer.headers import mac_headers
 from pidfence.producer.kafka_scan import KafkaScanner, consumer_conf
 from pidfence.producer.lease import How, LeaseKeeper
 from pidfence.producer.partitioner import Partitioner
@@ -31,7 +32,8 @@ from pidfence.producer.sender import Sender
 from pidfence.producer.sequencer import Sequencer
 from pidfence.producer.session import ProducerSession
 from pidfence.wire import CERT_HEADER_KEY, PF_HEADER_KEY, KeyFileError
-from pidfence.wire.cert import cert_verifier
+from pidfence.wire.mac import MAC_HEADER_KEY
+from pidfence.wire.statement import placed_check
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ SaveCheckpoint = Callable[[ProducerCheckpoint], None]
 #: Extra headers of a record, as ``produce`` takes them.
 Headers = Sequence[tuple[str, bytes | str | None]]
 
-_RESERVED = (PF_HEADER_KEY, CERT_HEADER_KEY)
+_RESERVED = (PF_HEADER_KEY, CERT_HEADER_KEY, MAC_HEADER_KEY)
 
 
 class SessionDriver:
@@ -135,7 +137,7 @@ class SessionDriver:
         if not keys:
             return None
         try:
-            return cert_verifier(keys)
+            return placed_check(keys).for_partition
         except KeyFileError as exc:
             raise ProducerConfigError(f"lease_public_keys: {exc}") from None
 
@@ -209,6 +211,9 @@ class SessionDriver:
         if stamped is None:
             return partition  # already in Kafka under the predecessor pid (recovery scan)
         pf, extras = stamped
+        if seq.mac_key is not None:
+            extras += mac_headers(seq, topic, partition, seq.peek(topic, partition) - 1, 0, key_b,
+                                  value_b)  # fmt: skip
         wire: list[tuple[str, bytes | str | None]] = [(PF_HEADER_KEY, pf), *extras]
         try:
             for name, header in headers or ():

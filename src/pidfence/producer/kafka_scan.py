@@ -115,7 +115,7 @@ class KafkaScanner:
             if msg.offset() >= ends[tp]:
                 open_parts.discard(tp)
                 continue
-            state.note(tp, msg.headers(), msg.timestamp()[1])
+            state.note(tp, msg.headers(), msg.timestamp()[1], msg.key(), msg.value())
             if msg.offset() + 1 >= ends[tp]:
                 open_parts.discard(tp)
 

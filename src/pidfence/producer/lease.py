@@ -24,6 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
 from pidfence.pid_allocator.errors import (
     LeaseServerUnreachable,
     LeaseServiceUnavailable,
@@ -35,6 +38,7 @@ from pidfence.pid_allocator.errors import (
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.errors import LeaseServerDown, ProducerFenced, ZooKeeperUnavailable
 from pidfence.producer.sequencer import Sequencer
+from pidfence.wire.cert import cert_producer_key
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +48,14 @@ How = Literal["bumped", "rolled", "followed", "fresh"]
 class LeaseClientLike(Protocol):
     """What the producer needs from :class:`pidfence.pid_allocator.LeaseClient`."""
 
-    def lease(self, partitions: Sequence[tuple[str, int]] = ()) -> Any:
-        """Lease a new pid (pid, generation, sequence, expire_ms, secret, cert)."""
+    def lease(self, partitions: Sequence[tuple[str, int]] = (), *, key: bytes | None = None) -> Any:
+        """Lease a new pid (pid, generation, sequence, expire_ms, secret, cert, mac_key);
+        ``key``: the producer's public key for the cert to name."""
 
-    def bump(self, pid: int, generation: int, secret: bytes) -> Any:
+    def bump(self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None) -> Any:
         """Bump ``pid`` from ``generation``."""
 
-    def roll(self, pid: int, generation: int, secret: bytes) -> Any:
+    def roll(self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None) -> Any:
         """Retire ``pid`` at ``generation`` and return its successor's lease."""
 
 
@@ -83,6 +88,10 @@ class _Probe:
 class LeaseKeeper:
     """Calls the lease server for the producer and maps its errors to producer errors.
 
+    Every call names this producer's own Ed25519 key (made here, never stored): a signing lease
+    server certifies it in the lease's cert (version 2), and the session signs placed statements
+    with it (DESIGN §3 amended again).
+
     Args:
         client: a :class:`pidfence.pid_allocator.LeaseClient` (or a fake).
         clock: epoch milliseconds.
@@ -91,6 +100,16 @@ class LeaseKeeper:
     def __init__(self, client: LeaseClientLike, clock: Callable[[], int]) -> None:
         self._client = client
         self._clock = clock
+        self._signer = Ed25519PrivateKey.generate()
+        self._key = self._signer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def _keyed(self, seq: Sequencer, lease: Any) -> Sequencer:
+        """``seq`` with this producer's signer when its cert names our key, and the MAC key."""
+        if cert_producer_key(seq.cert) == self._key:
+            seq.signer = self._signer
+        seq.mac_key = getattr(lease, "mac_key", None)
+        seq.prior_mac_key = getattr(lease, "prior_mac_key", None)
+        return seq
 
     def _call(self, call: Callable[[], Any]) -> Any:
         # Each message names the component that failed and says the fix once (issue 24).
@@ -112,7 +131,7 @@ class LeaseKeeper:
 
     def _sequencer(self, lease: Any, next_seq: Any = None, lifetime_ms: int = 0) -> Sequencer:
         lifetime = lifetime_ms or max(lease.expire_ms - self._clock(), 1)
-        return Sequencer(
+        seq = Sequencer(
             lease.pid,
             lease.generation,
             lease.expire_ms,
@@ -121,6 +140,7 @@ class LeaseKeeper:
             getattr(lease, "secret", b"") or b"",
             getattr(lease, "cert", None),
         )
+        return self._keyed(seq, lease)
 
     def lease_new(self) -> Sequencer:
         """A fresh pid.
@@ -128,7 +148,7 @@ class LeaseKeeper:
         Raises:
             LeaseServerDown: no lease server answered (retriable).
         """
-        return self._sequencer(self._call(lambda: self._client.lease(())))
+        return self._sequencer(self._call(lambda: self._client.lease((), key=self._key)))
 
     def roll(self, current: Sequencer) -> Sequencer:
         """Roll ``current`` into its successor (compare-and-set on its generation).
@@ -141,7 +161,9 @@ class LeaseKeeper:
         """
         try:
             lease = self._call(
-                lambda: self._client.roll(current.pid, current.generation, current.secret)
+                lambda: self._client.roll(
+                    current.pid, current.generation, current.secret, key=self._key
+                )
             )
         except (StaleGeneration, NotOwner, UnknownPid) as exc:
             raise ProducerFenced(
@@ -152,7 +174,7 @@ class LeaseKeeper:
 
     def _probe(
         self,
-        op: Callable[[int, int, bytes], Any],
+        op: Callable[..., Any],
         pid: int,
         generation: int,
         secret: bytes,
@@ -161,7 +183,9 @@ class LeaseKeeper:
         last: Exception | None = None
         for step in range(probe + 1):
             try:
-                lease = self._call(functools.partial(op, pid, generation + step, secret))
+                lease = self._call(
+                    functools.partial(op, pid, generation + step, secret, key=self._key)
+                )
                 return _Probe("ok", lease)
             except StaleGeneration as exc:
                 if exc.successor is not None:
@@ -197,7 +221,7 @@ class LeaseKeeper:
                     getattr(lease, "secret", b"") or cp.secret,
                     getattr(lease, "cert", None),
                 )
-                return Resumed(seq, cp.generation + 1, "bumped")
+                return Resumed(self._keyed(seq, lease), cp.generation + 1, "bumped")
         if result.outcome == "ended":
             expired = True
             result = self._probe(self._client.roll, cp.pid, cp.generation, cp.secret, probe)

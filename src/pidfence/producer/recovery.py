@@ -16,14 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from pidfence.broker_plugin import ProducerStateTable
+from pidfence.broker_plugin import ProducerStateTable, Verifier
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.sequencer import Sequencer
-from pidfence.wire import CERT_HEADER_KEY, PF_HEADER_KEY, MalformedHeader, decode_pf
+from pidfence.wire import CERT_HEADER_KEY, MAC_HEADER_KEY, PF_HEADER_KEY, MalformedHeader, decode_pf
+from pidfence.wire.mac import check_record_mac
 
-#: ``verifier(pid, generation, pfc, now_ms)``: None when ``pfc`` proves (pid, generation), else
-#: why not (the broker rules' ``Verifier``).
-CertVerifier = Callable[[int, int, "bytes | None", int], "str | None"]
+#: ``verifier(topic, partition)``: the broker rules' verifier of that partition (what the sink's
+#: ``leasePublicKey`` makes: :meth:`pidfence.wire.statement.PlacedCheck.for_partition`).
+CertVerifier = Callable[[str, int], Verifier]
 
 #: pid -> (topic, partition) -> highest seq of a data record seen.
 Highs = dict[int, dict[TopicPartition, int]]
@@ -43,8 +44,8 @@ class ScanState:
     """Per (pid, partition): the highest seq the sink's rules append, from raw records.
 
     Records are fed in offset order per partition and judged by the broker rules themselves
-    (:class:`~pidfence.broker_plugin.ProducerStateTable`, with the sink's defaults: gap
-    resolution on), for the scanned pids only. So a record counts exactly when the sink appends
+    (:class:`~pidfence.broker_plugin.ProducerStateTable`, with the sink's gap resolution,
+    on by default), for the scanned pids only. So a record counts exactly when the sink appends
     it: FENCED, held, refused and forged records do not, and a record past a hole the window
     overflowed does (the sink reports the hole as a gap and goes on). A record that does not
     count must still be re-sent; one that counts must not be sent again under another pid.
@@ -56,7 +57,12 @@ class ScanState:
         generations: per pid, the generation the rules already hold on every partition when
             the scan starts (a checkpoint's: it is taken after the resume's FENCEs landed).
         window: the sink's reorder window.
-        verifier: the sink's certificate check (``leasePublicKey``), or None.
+        verifier: the sink's certificate check per partition (``leasePublicKey``), or None.
+        resolve_gaps: the sink's ``resolveGaps``: with it off, a record past a hole stays held
+            (and a generation move FENCEs it) instead of counting.
+        macs: per pid, its record MAC key (the per-record mode): a record of that pid whose
+            ``pfm`` does not verify does not count (the sink calls it ``FORGED``), so a record a
+            topic writer injected at the pid's next seq is never taken for one of its own.
     """
 
     def __init__(
@@ -66,13 +72,18 @@ class ScanState:
         generations: Mapping[int, int] | None = None,
         window: int = 5,
         verifier: CertVerifier | None = None,
+        resolve_gaps: bool = True,
+        macs: Mapping[int, bytes] | None = None,
     ) -> None:
         self.pids = pids
+        self._resolve_gaps = resolve_gaps
+        self._macs = dict(macs or {})
         self._verifier = verifier
         self._base = {pid: dict((base or {}).get(pid, {})) for pid in pids}
         self._base_gen = dict(generations or {})
         self._window = window
         self._tables: dict[TopicPartition, ProducerStateTable] = {}
+        self._unsure: set[tuple[int, TopicPartition]] = set()
 
     @property
     def highs(self) -> Highs:
@@ -93,36 +104,95 @@ class ScanState:
                 capacity=len(self.pids) + 1,
                 lifetime_ms=_NEVER,
                 reorder_window=self._window,
-                verifier=self._verifier,
-                resolve_gaps=True,
+                verifier=None if self._verifier is None else self._verifier(*tp),
+                resolve_gaps=self._resolve_gaps,
             )
             for pid, generation in self._base_gen.items():
                 # The resume's FENCEs put the pid at its generation on every partition.
                 table.create(pid, generation, self._base[pid].get(tp, -1), 0)
+                if tp not in self._base[pid]:
+                    # Unless the checkpoint is a fresh lease's, which FENCEd nothing: there the
+                    # sink may hold no entry, and a first record must prove itself.
+                    self._unsure.add((pid, tp))
         return table
 
     def note(
-        self, tp: TopicPartition, headers: Iterable[tuple[str, Any]] | None, ts_ms: int = 0
+        self,
+        tp: TopicPartition,
+        headers: Iterable[tuple[str, Any]] | None,
+        ts_ms: int = 0,
+        key: bytes | None = None,
+        value: bytes | None = None,
     ) -> None:
-        """Feed one raw record of ``tp`` (its headers and timestamp), in offset order."""
-        pf_value: Any = None
-        cert: bytes | None = None
-        for key, value in headers or ():
-            if key == PF_HEADER_KEY and pf_value is None:
-                pf_value = value
-            elif key == CERT_HEADER_KEY and cert is None:
-                cert = value
+        """Feed one raw record of ``tp`` (its headers, timestamp, key and value), in offset
+        order."""
+        found: dict[str, Any] = {}
+        for name, header in headers or ():
+            found.setdefault(name, header)
+        pf_value = found.get(PF_HEADER_KEY)
         if pf_value is None:
             return
+        cert: bytes | None = found.get(CERT_HEADER_KEY)
         try:
             pf = decode_pf(pf_value)
         except MalformedHeader:
             return
+        mac_key = self._macs.get(pf.pid)
+        if mac_key is not None and not check_record_mac(
+            mac_key, tp[0], tp[1], pf.pid, pf.generation, pf.seq, pf.flags, key, value,
+            found.get(MAC_HEADER_KEY),
+        ):  # fmt: skip
+            return
         if pf.pid in self.pids:
             table = self._table(tp)
+            if (pf.pid, tp) in self._unsure:
+                if not self._first_proven(table, pf.pid, pf.generation, pf.seq, pf.flags, cert,
+                                          ts_ms):  # fmt: skip
+                    return
+                self._unsure.discard((pf.pid, tp))
             table.offer(pf.pid, pf.generation, pf.seq, ts_ms, pf.flags, cert=cert)
             table.forged.clear()
             table.gaps.clear()
+
+    def _first_proven(
+        self, table: ProducerStateTable, pid: int, g: int, seq: int, flags: int,
+        cert: bytes | None, ts_ms: int,
+    ) -> bool:  # fmt: skip
+        """Whether the first record of ``pid`` on an unsure partition counts: with a verifier,
+        a record of the checkpoint's generation must prove itself, as it must at a sink that
+        holds no entry there (an older generation is still judged, and FENCED, by the table)."""
+        verify = table.verifier
+        if verify is None or g != self._base_gen.get(pid):
+            return True
+        return verify(pid, g, seq, flags, cert, max(table.clock, ts_ms)) is None
+
+
+def handover(current: Sequencer) -> dict[TopicPartition, int]:
+    """What the successor of ``current`` must skip: ``current``'s unsent skips, plus the
+    records an earlier instance of its pid got into Kafka that it has not re-sent yet (the
+    recovery scan's ``ahead``): the successor's seqs would not deduplicate them."""
+    out = dict(current.skip)
+    for tp, target in current.ahead.items():
+        behind = target - current.peek(*tp)
+        if behind > 0:
+            out[tp] = out.get(tp, 0) + behind
+    return out
+
+
+def scan_keys(
+    checkpoint: ProducerCheckpoint, current: Sequencer, followed: int | None = None
+) -> dict[int, bytes]:
+    """The MAC keys a resume's scan checks records with (per-record mode): the checkpoint's
+    pid's (stored in it), the resumed lease's pid's, and a rolled pid's (the roll's answer
+    carries it: the checkpoint's pid, or ``followed`` when the resume rolled past it)."""
+    keys: dict[int, bytes] = {}
+    if current.prior_mac_key is not None:
+        keys[checkpoint.pid if followed is None else followed] = current.prior_mac_key
+    if checkpoint.mac_key:
+        keys[checkpoint.pid] = checkpoint.mac_key
+    if current.mac_key is not None:
+        keys[current.pid] = current.mac_key
+    return keys
 
 
 #: An entry lifetime no scan reaches (its records span minutes, not centuries).
@@ -134,6 +204,8 @@ def scan_state(
     successor: int,
     verifier: CertVerifier | None = None,
     followed: int | None = None,
+    resolve_gaps: bool = True,
+    macs: Mapping[int, bytes] | None = None,
 ) -> ScanState:
     """The state a resume's scan starts from: the checkpoint's pid appended below its next seqs
     and below its ``ahead`` targets; the pids followed are the checkpoint's, ``successor`` (the
@@ -149,7 +221,8 @@ def scan_state(
         known[tp] = max(known.get(tp, 0), target)
     base = {checkpoint.pid: {tp: n - 1 for tp, n in known.items()}}
     pids = {checkpoint.pid, successor} | ({followed} if followed is not None else set())
-    return ScanState(pids, base, {checkpoint.pid: checkpoint.generation}, 5, verifier)
+    return ScanState(pids, base, {checkpoint.pid: checkpoint.generation}, 5, verifier, resolve_gaps,
+                     macs)  # fmt: skip
 
 
 def apply_scan(

@@ -18,7 +18,7 @@ from pidfence.ledger import Ledger, LedgerError, LedgerWriter
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback, DeliveryTracker
 from pidfence.producer.errors import BrokerUnavailable, NotFlushed, ProducerConfigError
-from pidfence.producer.session import Fence
+from pidfence.producer.headers import Fence
 from pidfence.wire import PF_HEADER_KEY
 
 #: Builds the Kafka client from a librdkafka dict (``confluent_kafka.Producer``, or a stand-in

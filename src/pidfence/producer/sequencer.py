@@ -20,6 +20,7 @@ import struct
 from collections.abc import Mapping
 
 import msgpack
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.wire import FLAG_FENCE, GENERATION_LIMIT, PF_VERSION, PID_LIMIT, SEQ_LIMIT, encode_pf
@@ -57,10 +58,13 @@ class Sequencer:
         "fixed",
         "generation",
         "lifetime_ms",
+        "mac_key",
         "pid",
         "prefix16",
+        "prior_mac_key",
         "ready",
         "secret",
+        "signer",
         "skip",
         "topics",
     )
@@ -85,6 +89,13 @@ class Sequencer:
         self.lifetime_ms = lifetime_ms
         self.secret = secret
         self.cert = cert
+        #: The producer key a version 2 ``cert`` names (the session signs placed statements
+        #: with it), or None: the cert is stamped bare.
+        self.signer: Ed25519PrivateKey | None = None
+        #: The lease's per-record MAC key (the lease server's ``--record-mac-secret``), or None.
+        self.mac_key: bytes | None = None
+        #: After a roll, the rolled pid's MAC key (its records are scanned on a resume).
+        self.prior_mac_key: bytes | None = None
         self.certified: set[TopicPartition] = set()
         #: Records per partition not to send: already in Kafka under the predecessor pid.
         self.skip: dict[TopicPartition, int] = {}
@@ -276,4 +287,5 @@ class Sequencer:
             taken_ms=taken_ms,
             ahead={tp: n for tp, n in self.ahead.items() if n > counters.get(tp, 0)},
             topics=tuple(sorted(self.topics | {t for t, _ in counters})),
+            mac_key=self.mac_key or b"",
         )

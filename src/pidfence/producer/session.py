@@ -14,9 +14,9 @@ What it decides:
 * **the roll and its handover**: drain first (:meth:`begin_roll`, :meth:`drained`), then the
   successor inherits what it must not send again (:meth:`rolled`); a refused roll fences, an
   unanswered one keeps the old lease until it ends (:meth:`roll_unanswered`);
-* **which headers a record carries** besides ``pf`` (:meth:`extras`): ONE decision for FENCE and
-  data records, and the ``ready`` lanes the producer's stamping loop stamps inline because that
-  decision says "nothing extra" for them until :attr:`deadline_ns`;
+* **which headers a record carries** besides ``pf`` (:meth:`extras`, :mod:`.headers`): ONE
+  decision for FENCE and data records (placed certificates, re-stamped every ``restamp_ms``;
+  the record MAC), and the ``ready`` lanes stamped inline until :attr:`deadline_ns`;
 * **a resume**: the lifetime it continues with, the topics it fences and scans, the FENCE records
   (:meth:`fences`, under the pid and generation it continues, successor included), and what the
   recovery scan's findings mean (:meth:`scanned`: re-send under the same pid, skip after a
@@ -27,31 +27,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
 
+from pidfence.producer import recovery
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.errors import DrainFailed, LeaseExpired, ProducerError, ProducerFenced
+from pidfence.producer.headers import Fence, Header, cert_headers, mac_headers, owes_cert
 from pidfence.producer.lease import Resumed
 from pidfence.producer.recovery import CertVerifier, Highs, ScanState, apply_scan, scan_state
 from pidfence.producer.sequencer import Sequencer
 from pidfence.producer.state import LeaseState, LeaseStateMachine
-from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE
+from pidfence.wire import FLAG_FENCE, decode_pf
 
 log = logging.getLogger(__name__)
 
-#: One Kafka header as the producer sends it.
-Header = tuple[str, bytes]
 _NONE: tuple[Header, ...] = ()
-
-
-class Fence(NamedTuple):
-    """A FENCE record to write: where, its ``pf`` header and its extra headers."""
-
-    topic: str
-    partition: int
-    header: bytes
-    extras: tuple[Header, ...]
 
 
 class ProducerSession:
@@ -69,6 +59,10 @@ class ProducerSession:
         self._default_lifetime_ms = config.default_lifetime_ms
         self._message_timeout_ms = config.message_timeout_ms
         self._skew_ms = config.clock_skew_ms
+        self._restamp_ms = config.restamp_ms
+        self._resolve_gaps = config.sink_resolves_gaps
+        #: When every partition's next record carries the ``pfc`` again (epoch ms).
+        self._restamp_at = 0
         self._machine = LeaseStateMachine()
         self._seq: Sequencer | None = None
         #: The sequencer while ``LEASED``, else None: the stamping loop checks one attribute.
@@ -157,7 +151,28 @@ class ProducerSession:
             # The stamping loop checks the lease end only once the rollover point has passed.
             at_ms = min(at_ms, self._seq.expire_ms)
         self.rollover_at = at_ms
+        self._set_deadline()
+
+    def _set_deadline(self) -> None:
+        """Inline stamping stops at the rollover point, or at the next re-stamp (signing on)."""
+        at_ms = self.rollover_at
+        if self._restamps():
+            at_ms = min(at_ms, self._restamp_at)
         self.deadline_ns = at_ms * 1_000_000
+
+    def _restamps(self) -> bool:
+        return bool(self._restamp_ms) and self._seq is not None and self._seq.cert is not None
+
+    def _restamp(self, now_ms: int) -> None:
+        """Past the re-stamp time: every partition's next record carries the ``pfc`` again."""
+        if not self._restamps() or now_ms < self._restamp_at:
+            return
+        current = self.sequencer
+        for tp in current.certified:
+            current.unready(*tp)
+        current.certified.clear()
+        self._restamp_at = now_ms + self._restamp_ms
+        self._set_deadline()
 
     def rollover_due(self, now_ms: int) -> bool:
         """True once ``now_ms`` passed the rollover point."""
@@ -238,48 +253,32 @@ class ProducerSession:
     def rolled(self, successor: Sequencer, now_ms: int) -> ProducerCheckpoint:
         """The roll succeeded: hand over to ``successor``; returns its checkpoint to store.
 
-        The successor skips what its predecessor must not see sent twice (:meth:`handover`)
-        and inherits its topics.
+        The successor skips what its predecessor must not see sent twice
+        (:func:`~pidfence.producer.recovery.handover`) and inherits its topics.
         """
         current = self.sequencer
-        successor.with_skip(self.handover(current))
+        successor.with_skip(recovery.handover(current))
         successor.topics = current.topics | {t for t, _ in current.partitions()}
         self.leased(successor)
         self.rollovers += 1
         log.info("rolled pid %d over to pid %d", current.pid, successor.pid)
         return successor.checkpoint(now_ms)
 
-    @staticmethod
-    def handover(current: Sequencer) -> dict[tuple[str, int], int]:
-        """What the successor of ``current`` must skip: ``current``'s unsent skips, plus the
-        records an earlier instance of its pid got into Kafka that it has not re-sent yet (the
-        recovery scan's ``ahead``): the successor's seqs would not deduplicate them."""
-        out = dict(current.skip)
-        for tp, target in current.ahead.items():
-            behind = target - current.peek(*tp)
-            if behind > 0:
-                out[tp] = out.get(tp, 0) + behind
-        return out
-
     # ---- stamping -----------------------------------------------------------------------
+
+    def owes(self, topic: str, partition: int, flags: int) -> bool:
+        """Whether a record of (topic, partition) carries a ``pfc`` (cheap: no signature)."""
+        return owes_cert(self.sequencer, topic, partition, flags)
 
     def extras(
         self, topic: str, partition: int, seq: int, flags: int, now_ms: int
     ) -> tuple[Header, ...]:
-        """The headers a record carries besides ``pf``: the one decision, for every record.
-
-        Today (DESIGN §3 amended): the lease's ``pfc`` cert on every FENCE of the current
-        generation and on the first data record of each (pid, generation) per partition.
-        A partition whose next record needs nothing extra is stamped inline by the producer's
-        loop until :attr:`deadline_ns` (see :meth:`sent`), so this is asked on the slow path only.
-        """
-        current = self.sequencer
-        cert = current.cert
-        if cert is None:
-            return _NONE
-        if not flags & FLAG_FENCE and (topic, partition) in current.certified:
-            return _NONE
-        return ((CERT_HEADER_KEY, cert),)
+        """The headers a record carries besides ``pf``: the one decision, for every record
+        (:func:`~pidfence.producer.headers.cert_headers`). A partition whose next record needs
+        nothing is stamped inline by the producer's loop until :attr:`deadline_ns` (see
+        :meth:`sent`), so this is asked on the slow path only."""
+        del now_ms
+        return cert_headers(self.sequencer, topic, partition, seq, flags)
 
     def stamp(
         self, topic: str, partition: int, now_ms: int
@@ -290,6 +289,7 @@ class ProducerSession:
         if current.skip and current.take_skip(topic, partition):
             self.skipped += 1
             return None
+        self._restamp(now_ms)
         extras = self.extras(topic, partition, current.peek(topic, partition), 0, now_ms)
         if extras:
             current.certified.add((topic, partition))
@@ -305,10 +305,11 @@ class ProducerSession:
     def sent(self, topic: str, partition: int, now_ms: int) -> None:
         """A stamped record was handed to Kafka: let the loop stamp the partition inline from
         now on when its next record owes no skip and no extra header."""
+        del now_ms
         current = self.sequencer
-        if (topic, partition) in current.skip:
+        if (topic, partition) in current.skip or current.mac_key is not None:
             return
-        if self.extras(topic, partition, current.peek(topic, partition), 0, now_ms):
+        if self.owes(topic, partition, 0):
             return
         current.mark_ready(topic, partition)
 
@@ -338,7 +339,11 @@ class ProducerSession:
         for topic, partition, header in current.fences(walk_from, counts):
             # Only the current generation has a cert; the walk's lower FENCEs cannot carry one.
             top = header == current.fence_header(topic, partition)
-            extras = self.extras(topic, partition, 0, FLAG_FENCE, 0) if top else _NONE
+            pf = decode_pf(header)
+            extras = self.extras(topic, partition, pf.seq, FLAG_FENCE, 0) if top else _NONE
+            extras += mac_headers(
+                current, topic, partition, pf.seq, FLAG_FENCE, None, b"", pf.generation
+            )
             out.append(Fence(topic, partition, header, extras))
         return out
 
@@ -362,7 +367,11 @@ class ProducerSession:
         self, checkpoint: ProducerCheckpoint, verifier: CertVerifier | None
     ) -> tuple[ScanState, int]:
         """The scan's starting state and its start time (``taken_ms`` less the clock skew)."""
-        state = scan_state(checkpoint, self.sequencer.pid, verifier, self._followed)
+        current = self.sequencer
+        state = scan_state(
+            checkpoint, current.pid, verifier, self._followed, self._resolve_gaps,
+            recovery.scan_keys(checkpoint, current, self._followed),
+        )  # fmt: skip
         return state, checkpoint.taken_ms - self._skew_ms
 
     def scanned(self, checkpoint: ProducerCheckpoint, highs: Highs) -> None:

@@ -102,6 +102,36 @@ def stop_session(spark: Any) -> None:
     spark.stop()
 
 
+def stop_driver_jvm(timeout: float = 60.0) -> None:
+    """Stop the driver JVM pyspark launched in this process, by its pid, and wait for it.
+
+    ``SparkSession.stop()`` leaves that JVM running until the interpreter exits (it ends when its
+    stdin closes); a test session stops it at its end instead, so nothing it started outlives it
+    and no py4j connection is left to close during interpreter shutdown. Call it after the last
+    session of the process is stopped; a later ``spark_session()`` launches a new JVM.
+    """
+    import subprocess
+
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc: subprocess.Popen[bytes] | None = getattr(gateway, "proc", None)
+    gateway.close()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if proc is None:
+        return
+    if proc.stdin is not None:
+        proc.stdin.close()  # Spark's PythonGatewayServer exits at end of input
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def _launch_gateway_logging_to(
     log_file: Path, launch: dict[str, str], settings: dict[str, str]
 ) -> None:

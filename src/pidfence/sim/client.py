@@ -19,7 +19,7 @@ from pidfence.ledger import LedgerEntry
 from pidfence.producer.recovery import ScanState
 from pidfence.sim.kafka import SimKafka
 from pidfence.sim.knobs import Knobs
-from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE, PF_HEADER_KEY, decode_pf
+from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE, MAC_HEADER_KEY, PF_HEADER_KEY, decode_pf
 
 #: The one simulated topic.
 TOPIC = "sim"
@@ -39,10 +39,11 @@ class InFlight:
     fence: bool
     header: bytes
     cert: bytes | None
-    key: bytes
+    key: bytes | None
     value: bytes
     ts_ms: int
     callback: Callable[[Any, Any], None]
+    mac: bytes | None = None
 
 
 class SimMessage:
@@ -59,7 +60,7 @@ class SimMessage:
     def partition(self) -> int:
         return self._rec.partition
 
-    def key(self) -> bytes:
+    def key(self) -> bytes | None:
         return self._rec.key
 
     def value(self) -> bytes:
@@ -127,8 +128,8 @@ class SimClient:
         self.pending.append(
             InFlight(
                 partition, pf.pid, pf.seq, bool(pf.flags & FLAG_FENCE), header,
-                found.get(CERT_HEADER_KEY), key or b"", value or b"", self._clock(),
-                on_delivery or self._default,
+                found.get(CERT_HEADER_KEY), key, value or b"", self._clock(),
+                on_delivery or self._default, found.get(MAC_HEADER_KEY),
             )
         )  # fmt: skip
 
@@ -182,7 +183,9 @@ class KafkaReader:
                 headers = [(PF_HEADER_KEY, rec.header)]
                 if rec.cert is not None:
                     headers.append((CERT_HEADER_KEY, rec.cert))
-                state.note(tp, headers, rec.ts_ms)
+                if rec.mac is not None:
+                    headers.append((MAC_HEADER_KEY, rec.mac))
+                state.note(tp, headers, rec.ts_ms, rec.key, rec.value)
 
 
 class Network:
@@ -232,7 +235,7 @@ class Network:
             self.counts["overtakes"] += 1
         client.warm.add((rec.pid, rec.partition))
         offset = self.kafka.append(
-            rec.partition, rec.header, rec.key, rec.value, rec.ts_ms, rec.cert
+            rec.partition, rec.header, rec.key, rec.value, rec.ts_ms, rec.cert, rec.mac
         )
         if rng.random() < self.knobs.dup_p:
             self.counts["duplicates"] += 1
@@ -265,7 +268,7 @@ class Network:
             if self.rng.random() < 0.5:
                 landed += 1
                 self.kafka.append(
-                    rec.partition, rec.header, rec.key, rec.value, rec.ts_ms, rec.cert
+                    rec.partition, rec.header, rec.key, rec.value, rec.ts_ms, rec.cert, rec.mac
                 )
             elif ordered:
                 stopped.add(rec.partition)

@@ -24,10 +24,12 @@ class KafkaRecord:
 
     offset: int
     header: bytes | None
-    key: bytes
+    key: bytes | None
     value: bytes
     ts_ms: int
     cert: bytes | None = None
+    #: The ``pfm`` header (a per-record MAC) or None.
+    mac: bytes | None = None
 
 
 class SimKafka:
@@ -38,10 +40,16 @@ class SimKafka:
         lose_p: probability that an appended record is acknowledged and never stored.
         rng: the random source of the losses (its own stream, so a schedule without losses is
             the schedule it always was).
+        log_append_time: timestamps are the broker's append time (a writer cannot set them
+            back); producers' records are never stamped earlier than sent either way.
     """
 
     def __init__(
-        self, partitions: int, lose_p: float = 0.0, rng: random.Random | None = None
+        self,
+        partitions: int,
+        lose_p: float = 0.0,
+        rng: random.Random | None = None,
+        log_append_time: bool = False,
     ) -> None:
         self.partitions: list[list[KafkaRecord]] = [[] for _ in range(partitions)]
         # Kafka's time index: the largest timestamp up to each offset (non-decreasing).
@@ -54,6 +62,11 @@ class SimKafka:
         self.lost: list[tuple[int, KafkaRecord]] = []
         #: Records deleted by :meth:`trim` before anyone asked: (partition, record).
         self.trimmed: list[tuple[int, KafkaRecord]] = []
+        #: ``message.timestamp.type=LogAppendTime``: a record's timestamp is the broker's
+        #: :attr:`now` when it is appended, not what its writer set (CreateTime).
+        self.log_append_time = log_append_time
+        #: The broker's clock (the runner moves it every step).
+        self.now = 0
 
     def visible(self, partition: int) -> list[KafkaRecord]:
         """The records a reader can still fetch (from the log start on)."""
@@ -76,17 +89,22 @@ class SimKafka:
         self,
         partition: int,
         header: bytes | None,
-        key: bytes,
+        key: bytes | None,
         value: bytes,
         ts_ms: int,
         cert: bytes | None = None,
+        mac: bytes | None = None,
     ) -> int:
         """Append one record; returns its offset (for a lost record, the offset it was told)."""
+        if self.log_append_time:
+            ts_ms = self.now
         log = self.partitions[partition]
         if self.lose_p and _losable(header) and self._rng.random() < self.lose_p:
-            self.lost.append((partition, KafkaRecord(len(log), header, key, value, ts_ms, cert)))
+            self.lost.append(
+                (partition, KafkaRecord(len(log), header, key, value, ts_ms, cert, mac))
+            )
             return len(log)
-        log.append(KafkaRecord(len(log), header, key, value, ts_ms, cert))
+        log.append(KafkaRecord(len(log), header, key, value, ts_ms, cert, mac))
         times = self._max_ts[partition]
         times.append(max(times[-1], ts_ms) if times else ts_ms)
         return len(log) - 1

@@ -53,6 +53,14 @@ class Knobs:
         kafka_lose_p: Kafka acknowledges a record and never stores it (an unclean leader
             election, an ``acks=1`` failover); the sink must report the hole as a gap and go on
             (needs ``reorder=1``: gaps are resolved only for in-order sessions).
+        log_append_time: the topic's timestamps are the broker's append time
+            (``message.timestamp.type=LogAppendTime``, as pidfence creates raw topics); off:
+            each record keeps the timestamp its writer set (CreateTime). The attacker's
+            back-dated forgery is drawn only with it (CreateTime lets a writer back-date).
+        record_mac: the per-record mode (``--record-mac-secret``): the lease server hands each
+            lease a MAC key, the producer tags every record (``pfm``), the sink refuses a
+            record whose MAC does not verify; the attacker then also injects data records at a
+            live pid's next seq inside its generation (``inject_*``), which only the MAC stops.
         attack_p: per step, an attacker with write access to the topic writes one forged record
             (:mod:`pidfence.sim.attacker`): a FENCE one generation ahead of a live pid or a fresh
             pid with seq 0, without ``pfc`` or with a bad one. The lease server always signs and
@@ -92,6 +100,8 @@ class Knobs:
     attack_p: float = 0.0
     lease_down_p: float = 0.0
     kafka_lose_p: float = 0.0
+    log_append_time: bool = False
+    record_mac: bool = False
     lifetime_ms: int = 2400
     step_ms: int = 10
     checkpoint_every: int = 8

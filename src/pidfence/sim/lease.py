@@ -12,7 +12,7 @@ the lease ends. Time is the runner's fake clock (:attr:`now`). Like ``pidfence l
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -24,6 +24,7 @@ from pidfence.pid_allocator.errors import (
     UnknownPid,
 )
 from pidfence.wire.cert import encode_cert
+from pidfence.wire.mac import derive_record_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,10 @@ class Lease:
     secret: bytes = b""
     sequence: int = 0
     cert: bytes | None = None
+    #: The pid's record MAC key (``--record-mac-secret``), or None.
+    mac_key: bytes | None = None
+    #: On a roll's answer, the rolled pid's record MAC key.
+    prior_mac_key: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -60,6 +65,7 @@ class SimLeaseServer:
             of a lease lifetime (see :meth:`tick`): requests never arrive
             (``LeaseServerUnreachable``, as ``LeaseClient`` raises after its retries).
         outage_rng: the outages' own randomness (so schedules without outages stay the same).
+        mac_secret: the per-record MAC secret: every reply carries the lease's ``mac_key``.
     """
 
     def __init__(
@@ -70,7 +76,9 @@ class SimLeaseServer:
         signing_key: Ed25519PrivateKey | None = None,
         outage_p: float = 0.0,
         outage_rng: random.Random | None = None,
+        mac_secret: bytes | None = None,
     ) -> None:
+        self.mac_secret = mac_secret
         self._rng = rng
         self.signing_key = signing_key
         self.lifetime_ms = lifetime_ms
@@ -102,7 +110,7 @@ class SimLeaseServer:
             self.counts["unanswered"] += 1
             raise LeaseServerUnreachable("no lease server answered (simulated outage)")
 
-    def _issue(self, parent: int | None = None) -> Lease:
+    def _issue(self, parent: int | None = None, producer_key: bytes | None = None) -> Lease:
         pid = self._next_pid
         self._next_pid += 1
         record = _Record(
@@ -112,13 +120,19 @@ class SimLeaseServer:
             parent,
         )
         self._pids[pid] = record
-        return self._lease(pid)
+        return self._lease(pid, producer_key)
 
-    def _lease(self, pid: int) -> Lease:
+    def _lease(self, pid: int, producer_key: bytes | None = None) -> Lease:
         r = self._pids[pid]
         key = self.signing_key
-        cert = encode_cert(key, pid, r.generation, r.expire_ms) if key is not None else None
-        return Lease(pid, r.generation, r.expire_ms, r.secret, cert=cert)
+        cert = None
+        if key is not None:
+            # Version 2 when the producer named its key, as the real server signs.
+            cert = encode_cert(key, pid, r.generation, r.expire_ms, producer_key=producer_key)
+        mac_key = None
+        if self.mac_secret is not None:
+            mac_key = derive_record_key(self.mac_secret, pid)
+        return Lease(pid, r.generation, r.expire_ms, r.secret, cert=cert, mac_key=mac_key)
 
     def _owned(self, pid: int, generation: int, secret: bytes) -> _Record:
         record = self._pids.get(pid)
@@ -138,12 +152,12 @@ class SimLeaseServer:
             raise StaleGeneration(f"pid {pid} is at {record.generation}, not {generation}")
         return record
 
-    def lease(self, partitions: Any = ()) -> Lease:
+    def lease(self, partitions: Any = (), *, key: bytes | None = None) -> Lease:
         """A new pid, never issued before."""
         self._reachable()
-        return self._issue()
+        return self._issue(producer_key=key)
 
-    def bump(self, pid: int, generation: int, secret: bytes) -> Lease:
+    def bump(self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None) -> Lease:
         """The next generation of a live pid whose latest generation is ``generation``."""
         self._reachable()
         record = self._owned(pid, generation, secret)
@@ -152,15 +166,17 @@ class SimLeaseServer:
         if record.parent is not None and secret != record.secret:
             self.counts["follows"] += 1
         record.generation = generation + 1
-        return self._lease(pid)
+        return self._lease(pid, key)
 
-    def roll(self, pid: int, generation: int, secret: bytes) -> Lease:
+    def roll(self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None) -> Lease:
         """Retire ``pid`` at ``generation`` and return its successor (compare-and-set)."""
         self._reachable()
         if self.fresh_rollover:
-            return self._issue()
+            return self._issue(producer_key=key)
         record = self._owned(pid, generation, secret)
-        successor = self._issue(parent=pid)
+        successor = self._issue(parent=pid, producer_key=key)
         record.successor = (successor.pid, successor.generation)
         self.counts["rolls"] += 1
-        return successor
+        if self.mac_secret is None:
+            return successor
+        return replace(successor, prior_mac_key=derive_record_key(self.mac_secret, pid))

@@ -120,6 +120,8 @@ class Producers:
             default_lifetime_ms=knobs.lifetime_ms,
             message_timeout_ms=knobs.lifetime_ms // 24 - 1,
             clock_skew_ms=0,
+            # The simulated sink resolves gaps only for in-order sessions (SimSink.gaps_on).
+            sink_resolves_gaps=knobs.reorder == 1,
         )
         self.chains = [
             Chain(c, make_events(rng, c, knobs.events, knobs.partitions))

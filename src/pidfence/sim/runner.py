@@ -137,19 +137,26 @@ def run(seed: int, **knobs: Any) -> SimResult:
         random.Random(f"pidfence-sim-key:{seed}").randbytes(32)
     )
     kafka = SimKafka(
-        k.partitions, k.kafka_lose_p, random.Random(f"pidfence-sim-kafka-losses:{seed}")
+        k.partitions,
+        k.kafka_lose_p,
+        random.Random(f"pidfence-sim-kafka-losses:{seed}"),
+        log_append_time=k.log_append_time,
     )
+    mac_secret = random.Random(f"pidfence-sim-mac:{seed}").randbytes(32) if k.record_mac else None
     lease = SimLeaseServer(
         rng, k.lifetime_ms, fresh_rollover=k.mutation == "fresh_rollover", signing_key=signing,
         outage_p=k.lease_down_p, outage_rng=random.Random(f"pidfence-sim-lease-outages:{seed}"),
+        mac_secret=mac_secret,
     )  # fmt: skip
     net = Network(rng, k, kafka)
     # The sink draws nothing at construction: the producers' events come first, as always.
-    sink = SimSink(rng, k, kafka, TOPIC, [signing.public_key()])
+    sink = SimSink(rng, k, kafka, TOPIC, [signing.public_key()], mac_secret)
     # The producers' recovery scan checks pfc as the sink does (ProducerConfig.lease_public_keys).
-    verifier = None if k.mutation == "trusting_scan" else sink.verifier
-    producers = Producers(rng, k, lease, net, verifier)
-    attacker = Attacker(random.Random(f"pidfence-sim-attacker:{seed}"), kafka, k.lifetime_ms)
+    certs = None if k.mutation == "trusting_scan" else sink.certificates
+    producers = Producers(rng, k, lease, net, None if certs is None else certs.for_partition)
+    attacker = Attacker(
+        random.Random(f"pidfence-sim-attacker:{seed}"), kafka, k.lifetime_ms, k.record_mac
+    )
     now = START_MS
     steps = 0
     with contextlib.ExitStack() as variants:
@@ -159,6 +166,7 @@ def run(seed: int, **knobs: Any) -> SimResult:
             steps += 1
             if steps > MAX_STEPS:
                 raise RuntimeError(f"seed {seed}: schedule did not finish in {MAX_STEPS} steps")
+            kafka.now = now
             producers.step(now)
             if rng.random() < k.plain_p:
                 kafka.append(rng.randrange(k.partitions), None, b"", b"plain", now)

@@ -22,39 +22,14 @@ from pidfence.broker_plugin import ProducerStateTable, Verifier, rebuild
 from pidfence.sim.kafka import KafkaRecord, SimKafka
 from pidfence.sim.knobs import Knobs, Mutation
 from pidfence.wire import MalformedHeader, Verdict, decode_pf
-from pidfence.wire.cert import CertCheck, verify_cert
+from pidfence.wire.mac import RecordMacCheck
+from pidfence.wire.statement import PlacedCheck
 
 CAPACITY = 64
 
 
 class RebuildMismatch(AssertionError):
     """State rebuilt from a snapshot plus the Kafka suffix differs from the live state."""
-
-
-def cert_verifier(keys: list[Ed25519PublicKey]) -> Verifier:
-    """The broker rules' certificate check for ``keys`` (what ``leasePublicKey`` builds).
-
-    Memoized: sink restarts replay long suffixes, and an Ed25519 check per replayed proof would
-    triple the simulation's cost. :func:`verify_cert` checks identity, then the signature, then
-    expiry, so its answer at the earliest time plus the cert's own ``expire_ms`` gives the answer
-    at any time.
-    """
-    memo: dict[tuple[bytes, int, int], CertCheck] = {}
-
-    def verify(pid: int, generation: int, cert: bytes | None, now_ms: int) -> str | None:
-        if cert is None:
-            return "missing"
-        key = (cert, pid, generation)
-        check = memo.get(key)
-        if check is None:
-            check = memo[key] = verify_cert(cert, keys, pid, generation, -(2**63))
-        if not check.ok:
-            return check.reason
-        if check.expire_ms is not None and check.expire_ms <= now_ms:
-            return "expired"
-        return None
-
-    return verify
 
 
 def _mutator(mutation: Mutation | None) -> Callable[[Verdict, bool], Verdict]:
@@ -82,6 +57,7 @@ class SimSink:
         kafka: SimKafka,
         topic: str,
         public_keys: list[Ed25519PublicKey] | None = None,
+        mac_secret: bytes | None = None,
     ) -> None:
         self.rng = rng
         self.knobs = knobs
@@ -91,11 +67,14 @@ class SimSink:
         #: Gap resolution, as the real sink does by default, when sessions deliver in order
         #: (``reorder=1``); a reordering client pairs with the proposal's rules.
         self.gaps_on = knobs.reorder == 1
-        self.verifier: Verifier | None = None
+        #: The certificate check, as ``leasePublicKey`` makes it (None: signing off).
+        self.certificates: PlacedCheck | None = None
         if public_keys and knobs.mutation != "no_verify":
-            self.verifier = cert_verifier(public_keys)
+            self.certificates = PlacedCheck(public_keys)
+        #: The per-record MAC check, as ``recordMacSecret`` makes it (None: the mode is off).
+        self.macs = None if mac_secret is None else RecordMacCheck(mac_secret)
         n = len(kafka.partitions)
-        self.tables = [self._table() for _ in range(n)]
+        self.tables = [self._table(p) for p in range(n)]
         self.committed = [0] * n
         #: Per partition, every record the sink read, in order (its committed input).
         self.read: list[list[KafkaRecord]] = [[] for _ in range(n)]
@@ -118,9 +97,17 @@ class SimSink:
         #: ``FORGED`` verdicts by reason (what the real sink's per-batch line counts).
         self.forged_reasons: Counter[str] = Counter()
 
-    def _table(self) -> ProducerStateTable:
+    def verifier(self, partition: int) -> Verifier | None:
+        """The broker rules' verifier of ``partition`` (None: signing off)."""
+        check = self.certificates
+        return None if check is None else check.for_partition(self.topic, partition)
+
+    def _table(self, partition: int) -> ProducerStateTable:
         return ProducerStateTable(
-            CAPACITY, self.knobs.lifetime_ms, verifier=self.verifier, resolve_gaps=self.gaps_on
+            CAPACITY,
+            self.knobs.lifetime_ms,
+            verifier=self.verifier(partition),
+            resolve_gaps=self.gaps_on,
         )
 
     def batch(self, final: bool = False) -> None:
@@ -140,6 +127,11 @@ class SimSink:
             for rec in records:
                 header = rec.header
                 if self.knobs.mutation == "drop_fence" and _is_fence(header):
+                    continue
+                if self._mac_refused(p, rec):
+                    # FORGED before the rules, as the real sink refuses it (no state change).
+                    self._record(p, rec.offset, Verdict.FORGED)
+                    self.forged_reasons["mac"] += 1
                     continue
                 for decision in table.offer_header(header, rec.ts_ms, rec.offset, rec.cert):
                     self._record(p, decision.ref, decision.verdict)
@@ -221,12 +213,13 @@ class SimSink:
                 lifetime_ms=self.knobs.lifetime_ms,
                 resolve_gaps=self.gaps_on,
             )
-        table = base if base is not None else self._table()
-        table.verifier = self.verifier
+        table = base if base is not None else self._table(p)
+        table.verifier = self.verifier(p)
         for i, r in enumerate(suffix):
             if i in horizons:
                 table.open_horizon(horizons[i])
-            table.offer_header(r.header, r.ts_ms, r.offset, r.cert)
+            if not self._mac_refused(p, r):
+                table.offer_header(r.header, r.ts_ms, r.offset, r.cert)
         table.forged.clear()
         table.gaps.clear()
         live = self.tables[p].state()
@@ -236,6 +229,21 @@ class SimSink:
                 f"partition {p}: rebuild from offset {start} differs from the live state"
             )
         self.tables[p] = table
+
+    def _mac_refused(self, p: int, rec: KafkaRecord) -> bool:
+        """Whether the per-record mode refuses ``rec``: an idempotent record (a well-formed
+        ``pf`` with a pid) whose ``pfm`` does not verify."""
+        if self.macs is None or rec.header is None:
+            return False
+        try:
+            pf = decode_pf(rec.header)
+        except MalformedHeader:
+            return False
+        if not pf.pid:
+            return False
+        return not self.macs.valid(
+            self.topic, p, pf.pid, pf.generation, pf.seq, pf.flags, rec.key, rec.value, rec.mac
+        )
 
     def expired_entries(self) -> int:
         """(partition, pid) pairs the rules knew and have since expired (lease ended)."""

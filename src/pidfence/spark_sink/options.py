@@ -8,6 +8,8 @@ from typing import Final
 
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink.errors import SinkOptionError
+from pidfence.wire.mac import RecordMacCheck
+from pidfence.wire.statement import PlacedCheck
 
 _UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION: Final = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
@@ -77,6 +79,13 @@ class SinkOptions:
         resolve_gaps: when a producer's reorder window overflows, report the missing seqs as a
             gap and continue after them (``resolveGaps``, default true; false keeps the
             proposal's ``OUT_OF_ORDER`` for every later record).
+        legacy_certificates: with ``leasePublicKey``, also accept version 1 ``pfc`` headers
+            (bare certificates that name no topic or partition) from producers of before the
+            binding (``legacyCertificates``, default false: a copy of one admits records on
+            any partition).
+        record_mac_secret: the lease servers' ``--record-mac-secret`` file
+            (``recordMacSecret``): every idempotent record must then carry a valid per-record
+            MAC (``pfm``), else it is ``FORGED`` (reason ``mac``).
     """
 
     path: str
@@ -90,6 +99,8 @@ class SinkOptions:
     lease_public_keys: tuple[str, ...] = ()
     table_format: str = DEFAULT_TABLE_FORMAT
     resolve_gaps: bool = True
+    legacy_certificates: bool = False
+    record_mac_secret: str | None = None
 
     @property
     def delta(self) -> bool:
@@ -123,22 +134,47 @@ class SinkOptions:
             lease_public_keys=_keys(opts.get("leasepublickey")),
             table_format=_table_format(opts.get("tableformat"), path),
             resolve_gaps=_bool(opts, "resolvegaps", default=True),
+            legacy_certificates=_bool(opts, "legacycertificates"),
+            record_mac_secret=opts.get("recordmacsecret") or None,
         )
 
-    def verifier(self) -> Verifier | None:
-        """The certificate check for the broker rules (None when ``leasePublicKey`` is unset).
+    def certificates(self) -> PlacedCheck | None:
+        """The certificate check of the broker rules (None when ``leasePublicKey`` is unset);
+        its :meth:`~pidfence.wire.statement.PlacedCheck.for_partition` is a table's verifier.
 
         Raises:
             SinkOptionError: a key file is missing or not an Ed25519 public key.
         """
         if not self.lease_public_keys:
             return None
-        from pidfence.wire.cert import KeyFileError, cert_verifier
+        from pidfence.wire.cert import KeyFileError
+        from pidfence.wire.statement import placed_check
 
         try:
-            return cert_verifier(self.lease_public_keys)
+            return placed_check(self.lease_public_keys, self.legacy_certificates)
         except KeyFileError as exc:
             raise SinkOptionError(f"option leasePublicKey: {exc}") from None
+
+    def record_macs(self) -> RecordMacCheck | None:
+        """The per-record MAC check (None when ``recordMacSecret`` is unset).
+
+        Raises:
+            SinkOptionError: the secret file is missing, readable by others, or malformed.
+        """
+        if not self.record_mac_secret:
+            return None
+        from pidfence.wire.cert import KeyFileError
+        from pidfence.wire.mac import load_mac_secret
+
+        try:
+            return RecordMacCheck(load_mac_secret(self.record_mac_secret))
+        except KeyFileError as exc:
+            raise SinkOptionError(f"option recordMacSecret: {exc}") from None
+
+    def verifier(self, topic: str, partition: int) -> Verifier | None:
+        """The broker rules' verifier of one (topic, partition), or None without signing."""
+        check = self.certificates()
+        return None if check is None else check.for_partition(topic, partition)
 
 
 def found_format(path: str) -> str | None:

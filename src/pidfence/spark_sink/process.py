@@ -16,10 +16,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pidfence.broker_plugin import CODE_OF, VERDICT_CODES
+from pidfence.broker_plugin.decode import decode_headers
 from pidfence.spark_sink.gaps import GapReport, seq_gaps, unread_offsets
+from pidfence.spark_sink.record_macs import mac_forged
 from pidfence.spark_sink.schema import HEADERS_TYPE, HELD_SCHEMA, LOG_SCHEMA, TS_TYPE
 from pidfence.spark_sink.state import HeldRow, PartitionState
-from pidfence.wire import PF_HEADER_KEY, Verdict
+from pidfence.wire import MAC_HEADER_KEY, PF_HEADER_KEY, RecordMacCheck, Verdict
 
 CERT_HEADER_KEY: Final = "pfc"
 _BUFFERED: Final = CODE_OF[Verdict.BUFFERED]
@@ -112,12 +114,18 @@ def _to_ts(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def process_partition(
-    rows: pa.Table, topic: str, partition: int, st: PartitionState, flush_held: bool = False
+    rows: pa.Table,
+    topic: str,
+    partition: int,
+    st: PartitionState,
+    flush_held: bool = False,
+    macs: RecordMacCheck | None = None,
 ) -> PartitionOutput:
     """Apply the rules to one partition's rows (any order; sorted by Kafka offset here).
 
     ``st`` is updated in place: table, held payloads and the next log offset. With a verifier on
-    ``st.table``, the ``pfc`` header is handed to it.
+    ``st.table``, the ``pfc`` header is handed to it. With ``macs`` (per-record mode), an
+    idempotent record without a valid ``pfm`` is ``FORGED`` before the rules see it.
     """
     offsets = rows.column("offset").to_numpy()
     if len(offsets) > 1 and not bool(np.all(offsets[1:] > offsets[:-1])):
@@ -141,7 +149,13 @@ def process_partition(
         # The sink could not have seen producers start before this record (DESIGN §4).
         horizon_ms = int(ts_us[0] // 1000)
         st.table.open_horizon(horizon_ms)
-    res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist(), certs)
+    forged = None
+    if macs is not None and n:
+        forged = mac_forged(
+            macs, topic, partition, decode_headers(headers), rows.column("key"),
+            rows.column("value"), header_values(rows.column("headers"), MAC_HEADER_KEY),
+        )  # fmt: skip
+    res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist(), certs, forged)
     if n:
         st.kafka_last = int(offsets[-1])
     base = pa.table(

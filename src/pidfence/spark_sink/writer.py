@@ -39,6 +39,7 @@ from pidfence.spark_sink.process import process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import load_state, save_state
 from pidfence.spark_sink.storage import DATA, DECIDED, HELD, Store, manifest_ids, part_name
+from pidfence.wire.mac import RecordMacCheck
 
 #: Query id used when Spark gives none (only outside structured streaming, i.e. in unit tests).
 NO_QUERY = "noquery0"
@@ -198,7 +199,8 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             return _committed_message(manifest, rows, batch_id, query)
         if rows is None or rows.num_rows == 0:
             return message
-        verifier = self.options.verifier()
+        check = self.options.certificates()
+        macs = self.options.record_macs()
         message.tag = new_tag(query)
         keys = rows.group_by(["topic", "partition"]).aggregate([]).to_pylist()
         for key in sorted(keys, key=lambda k: (k["topic"], k["partition"])):
@@ -206,9 +208,10 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             mine = rows.filter(
                 pc.and_(pc.equal(rows["topic"], topic), pc.equal(rows["partition"], partition))
             )
+            verifier = None if check is None else check.for_partition(topic, partition)
             message.parts.append(
                 self._write_partition(
-                    layout, batch_id, message.tag, topic, partition, mine, verifier
+                    layout, batch_id, message.tag, topic, partition, mine, verifier, macs
                 )
             )
         crash_point("after_write")
@@ -223,11 +226,12 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         partition: int,
         rows: pa.Table,
         verifier: Verifier | None,
+        macs: RecordMacCheck | None = None,
     ) -> PartCommit:
         store = layout.store
         st = load_state(layout, store, topic, partition, batch_id, self.options, verifier)
         log_start = st.next_log
-        out = process_partition(rows, topic, partition, st, self.options.flush_held)
+        out = process_partition(rows, topic, partition, st, self.options.flush_held, macs)
         files = layout.stage_part(
             batch_id, tag, topic, partition,
             {"log": out.log, "rejects": out.rejects, "held": out.held},

@@ -25,7 +25,9 @@ from pidfence.wire.header import (
     encode_pf,
 )
 from pidfence.wire.mac import (
+    MAC_HEADER_KEY,
     RECORD_MAC_BYTES,
+    RecordMacCheck,
     check_record_mac,
     derive_record_key,
     generate_mac_secret,
@@ -48,7 +50,9 @@ __all__ = [
     "load_public_keys",
     "verify_cert",
     # per-record MACs
+    "MAC_HEADER_KEY",
     "RECORD_MAC_BYTES",
+    "RecordMacCheck",
     "check_record_mac",
     "derive_record_key",
     "generate_mac_secret",

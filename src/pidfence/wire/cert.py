@@ -162,6 +162,13 @@ def _fields(data: Any) -> tuple[CertReason, _Fields | None]:
     return "ok", _Fields(version, pid, generation, expire_ms, producer_key, signature)
 
 
+def cert_producer_key(data: Any) -> bytes | None:
+    """The producer key a version 2 cert names (None for v1 or anything unreadable); the
+    signature is not checked (a producer reads its own lease's cert with it)."""
+    reason, fields = _fields(data)
+    return fields.producer_key if fields is not None and reason == "ok" else None
+
+
 def verify_cert(
     data: bytes | None,
     public_keys: Sequence[Ed25519PublicKey],

@@ -1,20 +1,25 @@
-"""Per-record MACs: a key per lease, derived from a secret the lease server and the sink share.
+"""Per-record MACs: a key per pid, derived from a secret the lease server and the sink share.
 
 The optional per-record mode (DESIGN.md §3 amended again): the lease server runs with
-``--record-mac-secret FILE`` and hands each lease, bump and roll reply a ``mac_key`` =
-:func:`derive_record_key` (secret, pid, generation); the producer tags every record with
-:func:`record_mac` under that key; the sink, holding the same secret, derives the key again and
-checks each record with :func:`check_record_mac`. A topic writer who learns a live producer's next
-seq cannot write a record the sink accepts inside its generation without the key.
+``--record-mac-secret FILE`` and hands each lease, bump and roll reply the pid's ``mac_key`` =
+:func:`derive_record_key` (secret, pid) (a roll reply also the rolled pid's, ``prior_mac_key``);
+the producer tags every record with :func:`record_mac` under that key; the sink, holding the same
+secret, derives the key again and checks each record. A topic writer who learns a live producer's
+next seq cannot write a record the sink accepts inside its generation without the key.
+
+The key is per pid, not per generation, so a resumed producer can check what its crashed
+predecessor wrote (its recovery scan must not count an injected record as its own); the MAC binds
+the generation instead, so a record cannot be moved to another generation.
 
 Encodings (stable; changing them is a new version):
 
-* record key = BLAKE2b(msgpack ``[1, pid, generation]``, key=secret, digest_size=32,
+* record key = BLAKE2b(msgpack ``[2, pid]``, key=secret, digest_size=32,
   person=``b"pidfence-rmac"``);
 * record MAC = BLAKE2b(prefix ‖ key ‖ value, key=record key, digest_size=16,
-  person=``b"pidfence-record"``), where prefix = msgpack ``[topic, partition, seq, flags,
-  len(key) or -1, len(value) or -1]`` (-1 for None). The lengths in the prefix make the split
-  between key and value unambiguous; key and value are fed with ``update()``, never copied.
+  person=``b"pidfence-record"``), where prefix = msgpack ``[topic, partition, pid, generation,
+  seq, flags, len(key) or -1, len(value) or -1]`` (-1 for None). The lengths in the prefix make
+  the split between key and value unambiguous; key and value are fed with ``update()``, never
+  copied.
 
 Pure: no I/O beyond reading and creating the secret file.
 """
@@ -31,10 +36,12 @@ import msgpack
 from pidfence.wire.cert import KeyFileError, create_private_file, read_private_file
 
 #: Bytes of the shared secret, of a record key and of a record MAC.
+#: The Kafka header that carries a record's MAC.
+MAC_HEADER_KEY = "pfm"
 MAC_SECRET_BYTES = 32
 RECORD_KEY_BYTES = 32
 RECORD_MAC_BYTES = 16
-RECORD_MAC_VERSION = 1
+RECORD_MAC_VERSION = 2
 _KEY_PERSON = b"pidfence-rmac"
 _MAC_PERSON = b"pidfence-record"
 _WHAT = "record MAC secret"
@@ -69,9 +76,9 @@ def generate_mac_secret(path: str | Path) -> Path:
     return create_private_file(path, text.encode("ascii"), _WHAT)
 
 
-def derive_record_key(secret: bytes, pid: int, generation: int) -> bytes:
-    """The record key of lease ``(pid, generation)`` under ``secret``."""
-    message: bytes = msgpack.packb([RECORD_MAC_VERSION, pid, generation])
+def derive_record_key(secret: bytes, pid: int) -> bytes:
+    """The record key of ``pid`` under ``secret``."""
+    message: bytes = msgpack.packb([RECORD_MAC_VERSION, pid])
     return hashlib.blake2b(
         message, key=secret, digest_size=RECORD_KEY_BYTES, person=_KEY_PERSON
     ).digest()
@@ -87,6 +94,8 @@ def record_mac_from(
     hasher: hashlib.blake2b,
     topic: str,
     partition: int,
+    pid: int,
+    generation: int,
     seq: int,
     flags: int,
     key: bytes | None,
@@ -99,6 +108,8 @@ def record_mac_from(
             [
                 topic,
                 partition,
+                pid,
+                generation,
                 seq,
                 flags,
                 -1 if key is None else len(key),
@@ -117,29 +128,37 @@ def record_mac(
     record_key: bytes,
     topic: str,
     partition: int,
+    pid: int,
+    generation: int,
     seq: int,
     flags: int,
     key: bytes | None,
     value: bytes | None,
 ) -> bytes:
-    """The 16-byte MAC of one record (where it is written, its seq and flags, its key and value).
+    """The 16-byte MAC of one record (where it is written, its ``pf`` fields, key and value).
 
     Args:
-        record_key: the lease's key (:func:`derive_record_key`, the reply's ``mac_key``).
+        record_key: the pid's key (:func:`derive_record_key`, the reply's ``mac_key``).
         topic: the topic the record is written to.
         partition: its partition.
+        pid: its ``pf`` pid.
+        generation: its ``pf`` generation.
         seq: its ``pf`` seq.
         flags: its ``pf`` flags.
         key: the record's Kafka key (None: no key).
         value: the record's value (None: a tombstone).
     """
-    return record_mac_from(record_hasher(record_key), topic, partition, seq, flags, key, value)
+    return record_mac_from(
+        record_hasher(record_key), topic, partition, pid, generation, seq, flags, key, value
+    )
 
 
 def check_record_mac(
     record_key: bytes,
     topic: str,
     partition: int,
+    pid: int,
+    generation: int,
     seq: int,
     flags: int,
     key: bytes | None,
@@ -147,7 +166,58 @@ def check_record_mac(
     mac: bytes | None,
 ) -> bool:
     """Whether ``mac`` is the record's MAC under ``record_key`` (constant-time comparison)."""
-    if mac is None or len(mac) != RECORD_MAC_BYTES:
+    if mac is None:
         return False
-    expected = record_mac(record_key, topic, partition, seq, flags, key, value)
-    return hmac.compare_digest(expected, mac)
+    expected = record_mac(record_key, topic, partition, pid, generation, seq, flags, key, value)
+    return mac_matches(expected, mac)
+
+
+def mac_matches(expected: bytes, mac: bytes | None) -> bool:
+    """Whether a record's ``pfm`` value is ``expected`` (constant-time comparison)."""
+    return mac is not None and len(mac) == RECORD_MAC_BYTES and hmac.compare_digest(expected, mac)
+
+
+class RecordMacCheck:
+    """The sink's side of per-record MACs: checks records against keys derived from ``secret``.
+
+    Keyed hash states are cached per pid, most recently used kept, at most ``cache`` of them,
+    so a steady stream derives each pid's key once.
+    """
+
+    def __init__(self, secret: bytes, cache: int = 4096) -> None:
+        if len(secret) != MAC_SECRET_BYTES:
+            raise ValueError(f"a record MAC secret has {MAC_SECRET_BYTES} bytes")
+        self._secret = secret
+        self._cache = cache
+        self._hashers: dict[int, hashlib.blake2b] = {}
+
+    def hasher(self, pid: int) -> hashlib.blake2b:
+        """The keyed hash state of ``pid``."""
+        hashers = self._hashers
+        found = hashers.pop(pid, None)
+        if found is None:
+            found = record_hasher(derive_record_key(self._secret, pid))
+            if len(hashers) >= self._cache:
+                del hashers[next(iter(hashers))]
+        hashers[pid] = found
+        return found
+
+    def valid(
+        self,
+        topic: str,
+        partition: int,
+        pid: int,
+        generation: int,
+        seq: int,
+        flags: int,
+        key: bytes | None,
+        value: bytes | None,
+        mac: bytes | None,
+    ) -> bool:
+        """Whether ``mac`` is the record's MAC under ``pid``'s key."""
+        if mac is None:
+            return False
+        expected = record_mac_from(
+            self.hasher(pid), topic, partition, pid, generation, seq, flags, key, value
+        )
+        return mac_matches(expected, mac)

@@ -19,12 +19,16 @@ beyond (pid, generation).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from pidfence.wire.cert import CertCheck, load_public_keys, verify_cert
 
 STATEMENT_VERSION: Final = 2
 #: A placed ``pfc`` is a certificate (~140 bytes) plus a signature; anything far larger is junk.
@@ -115,10 +119,106 @@ def verify_statement(
     return True
 
 
+#: Certificates remembered by a :class:`PlacedCheck` (a live sink sees a few per producer).
+CACHE_SIZE: Final = 4096
+
+
+class PlacedCheck:
+    """Verifies ``pfc`` headers against the lease servers' keys, for any (topic, partition).
+
+    The broker rules ask for a proof only when a record would create an entry, move a generation
+    or adopt a producer, so this runs rarely; each certificate's Ed25519 check is still done once
+    (cached), and the statement's once per record asked about.
+
+    Args:
+        public_keys: the lease servers' public keys (several during a rotation).
+        accept_unbound: also accept a version 1 ``pfc`` (a bare certificate that names no place):
+            only while producers from before the binding are still running; a copy of such a
+            header admits records anywhere.
+    """
+
+    def __init__(
+        self, public_keys: Sequence[Ed25519PublicKey], accept_unbound: bool = False
+    ) -> None:
+        self._keys = list(public_keys)
+        self.accept_unbound = accept_unbound
+        self._certs: dict[tuple[bytes, int, int], CertCheck] = {}
+
+    def _cert(self, cert: bytes, pid: int, generation: int) -> CertCheck:
+        key = (cert, pid, generation)
+        check = self._certs.get(key)
+        if check is None:
+            if len(self._certs) >= CACHE_SIZE:
+                self._certs.clear()
+            # Checked at the earliest time: the answer at any time then follows from expire_ms.
+            check = self._certs[key] = verify_cert(cert, self._keys, pid, generation, -(2**63))
+        return check
+
+    def reason(
+        self,
+        topic: str,
+        partition: int,
+        pid: int,
+        generation: int,
+        seq: int,
+        flags: int,
+        pfc: bytes | None,
+        now_ms: int,
+    ) -> str | None:
+        """None when ``pfc`` proves this record at ``now_ms``, else why not: ``missing``,
+        ``malformed``, ``unbound`` (version 1, not accepted), a certificate's reason
+        (``other_identity``, ``unknown_key``, ``wrong_length``, ``expired``) or ``other_place``
+        (a genuine certificate whose statement names another topic, partition, seq or flags)."""
+        if pfc is None:
+            return "missing"
+        parts = decode_pfc(pfc)
+        if parts is None:
+            return "malformed"
+        if parts.version == 1 and not self.accept_unbound:
+            return "unbound"
+        check = self._cert(parts.cert, pid, generation)
+        if not check.ok:
+            return check.reason
+        if check.expire_ms is not None and check.expire_ms <= now_ms:
+            return "expired"
+        if parts.version == 1:
+            return None
+        if check.producer_key is None or parts.signature is None:
+            return "unbound"
+        if not verify_statement(
+            check.producer_key, parts.signature, topic, partition, pid, generation, seq, flags
+        ):
+            return "other_place"
+        return None
+
+    def for_partition(
+        self, topic: str, partition: int
+    ) -> Callable[[int, int, int, int, bytes | None, int], str | None]:
+        """The broker rules' verifier of one (topic, partition)."""
+
+        def verify(
+            pid: int, generation: int, seq: int, flags: int, pfc: bytes | None, now_ms: int
+        ) -> str | None:
+            return self.reason(topic, partition, pid, generation, seq, flags, pfc, now_ms)
+
+        return verify
+
+
+def placed_check(paths: Iterable[str | Path], accept_unbound: bool = False) -> PlacedCheck:
+    """A :class:`PlacedCheck` over the PEM public keys in ``paths``.
+
+    Raises:
+        KeyFileError: a file is missing or not an Ed25519 public key, or none given.
+    """
+    return PlacedCheck(load_public_keys(paths), accept_unbound)
+
+
 __all__ = [
     "PfcParts",
+    "PlacedCheck",
     "decode_pfc",
     "encode_placed_pfc",
+    "placed_check",
     "statement_bytes",
     "verify_statement",
 ]

@@ -112,7 +112,7 @@ class SoakRun:
         self.log(f"{name} done in {self.result.phases_s[name]:.1f} s")
 
     def _services(self) -> SoakServices:
-        from pidfence.demo.topic import create_topic
+        from pidfence.demo.topic import create_raw_topic
         from pidfence.services import KafkaCluster, ZooKeeperEnsemble
 
         config = self.config
@@ -134,7 +134,7 @@ class SoakRun:
             bootstrap = kafka.bootstrap
             trees["kafka"] = kafka.pids()
         self.topic = f"soak-raw-{os.getpid()}-{int(time.time())}"
-        create_topic(bootstrap, self.topic, config.partitions)
+        create_raw_topic(bootstrap, self.topic, config.partitions)
         for i in range(2):
             server = spawn_lease_server(
                 zk_hosts, self.logs, name=f"lease-{i}", wait=False,
