@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pidfence.demo.faults import CopierCrash, LeaseZombie, Zombie
+from pidfence.testing import ManualClock
 
 
 @dataclass
@@ -65,19 +66,11 @@ class FakeRole:
         return self.instances[-1]
 
 
-class Wall:
-    def __init__(self) -> None:
-        self.ms = 1_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-
 def test_lease_zombie_waits_for_the_lease_end_then_for_fences_then_for_the_zombie() -> None:
-    role, wall = FakeRole(), Wall()
+    role, wall = FakeRole(), ManualClock(1_000_000)
     script = LeaseZombie(role, at=100, margin_ms=500, wall_ms=wall)  # type: ignore[arg-type]
     zombie = role.current
-    zombie.acks, zombie.lease_end_ms = 100, wall.ms + 8_000
+    zombie.acks, zombie.lease_end_ms = 100, wall.now + 8_000
     script.poll()
     assert not zombie.paused  # no checkpoint yet
     role.saved = 50
@@ -86,10 +79,10 @@ def test_lease_zombie_waits_for_the_lease_end_then_for_fences_then_for_the_zombi
     for _ in range(5):  # however often it is polled, nothing happens before the lease end
         script.poll()
     assert len(role.instances) == 1
-    wall.ms += 8_499
+    wall.now += 8_499
     script.poll()
     assert len(role.instances) == 1
-    wall.ms += 1
+    wall.now += 1
     script.poll()
     replacement = role.current
     assert replacement.name == "p3.r1"
@@ -105,8 +98,8 @@ def test_lease_zombie_waits_for_the_lease_end_then_for_fences_then_for_the_zombi
 
 
 def test_lease_zombie_that_writes_on_is_reported_not_excused() -> None:
-    role, wall = FakeRole(), Wall()
-    role.saved, role.current.acks, role.current.lease_end_ms = 1, 10, wall.ms
+    role, wall = FakeRole(), ManualClock(1_000_000)
+    role.saved, role.current.acks, role.current.lease_end_ms = 1, 10, wall.now
     script = LeaseZombie(role, at=10, margin_ms=0, wall_ms=wall)  # type: ignore[arg-type]
     script.poll()
     script.poll()
@@ -120,13 +113,13 @@ def test_lease_zombie_that_writes_on_is_reported_not_excused() -> None:
 
 
 def test_zombie_pauses_only_under_a_lease_with_room_left() -> None:
-    role, wall = FakeRole(), Wall()
+    role, wall = FakeRole(), ManualClock(1_000_000)
     role.saved, role.current.acks = 1, 10
-    role.current.lease_end_ms = wall.ms + 3_000
+    role.current.lease_end_ms = wall.now + 3_000
     script = Zombie(role, at=10, lease_left_ms=5_000, wall_ms=wall)  # type: ignore[arg-type]
     script.poll()
     assert not role.current.paused
-    role.current.lease_end_ms = wall.ms + 20_000  # it rolled over: a fresh lease
+    role.current.lease_end_ms = wall.now + 20_000  # it rolled over: a fresh lease
     script.poll()
     assert role.current.paused
 

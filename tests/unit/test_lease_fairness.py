@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -21,12 +21,7 @@ from pidfence.pid_allocator import (
     RateLimited,
 )
 from pidfence.pid_allocator.zk_queue import ZkQueue
-
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+from tests.unit.lease_kit import asynchronous
 
 
 @pytest.fixture
@@ -56,65 +51,59 @@ class Gate:
             self._go.release()
 
 
-def test_clients_take_turns_whatever_the_flood(executor: ThreadPoolExecutor) -> None:
-    async def scenario() -> list[str]:
-        gate = Gate()
-        queue = ZkQueue(executor, limit=100, share=50, workers=1)
-        flood = [asyncio.ensure_future(queue.run("flooder", gate.job(f"f{i}"))) for i in range(20)]
-        await asyncio.sleep(0)
-        victim = [asyncio.ensure_future(queue.run("victim", gate.job(f"v{i}"))) for i in range(3)]
-        gate.release(10)
-        await asyncio.gather(*victim)
-        gate.release(20)
-        await asyncio.gather(*flood)
-        return gate.order
-
-    order = run(scenario())
+@asynchronous
+async def test_clients_take_turns_whatever_the_flood(executor: ThreadPoolExecutor) -> None:
+    gate = Gate()
+    queue = ZkQueue(executor, limit=100, share=50, workers=1)
+    flood = [asyncio.ensure_future(queue.run("flooder", gate.job(f"f{i}"))) for i in range(20)]
+    await asyncio.sleep(0)
+    victim = [asyncio.ensure_future(queue.run("victim", gate.job(f"v{i}"))) for i in range(3)]
+    gate.release(10)
+    await asyncio.gather(*victim)
+    gate.release(20)
+    await asyncio.gather(*flood)
     # f0 was running and the flooder's turn already queued when the victim came: from then on
     # the two alternate, one job each, however many the flooder has waiting.
-    assert order[:8] == ["f0", "f1", "v0", "f2", "v1", "f3", "v2", "f4"]
+    assert gate.order[:8] == ["f0", "f1", "v0", "f2", "v1", "f3", "v2", "f4"]
 
 
-def test_a_client_inside_its_quota_pushes_a_flooders_job_out(executor: ThreadPoolExecutor) -> None:
-    async def scenario() -> tuple[list[BaseException | str], str]:
-        gate = Gate()
-        queue = ZkQueue(executor, limit=8, share=4, workers=1)
-        floods = [
-            asyncio.ensure_future(queue.run(client, gate.job(f"{client}{i}")))
-            for client in ("a", "b")
-            for i in range(4)
-        ]
-        await asyncio.sleep(0)
-        assert queue.pending == 8
-        with pytest.raises(RateLimited, match="this client"):
-            await queue.run("a", gate.job("a-extra"))  # a holds its share
-        victim = asyncio.ensure_future(queue.run("victim", gate.job("v")))
-        await asyncio.sleep(0)
-        gate.release(8)
-        results = await asyncio.gather(*floods, return_exceptions=True)
-        return list(results), await victim
-
-    results, victim = run(scenario())
-    assert victim == "v"  # never refused: it held nothing while a and b flooded
+@asynchronous
+async def test_a_client_inside_its_quota_pushes_a_flooders_job_out(
+    executor: ThreadPoolExecutor,
+) -> None:
+    gate = Gate()
+    queue = ZkQueue(executor, limit=8, share=4, workers=1)
+    floods = [
+        asyncio.ensure_future(queue.run(client, gate.job(f"{client}{i}")))
+        for client in ("a", "b")
+        for i in range(4)
+    ]
+    await asyncio.sleep(0)
+    assert queue.pending == 8
+    with pytest.raises(RateLimited, match="this client"):
+        await queue.run("a", gate.job("a-extra"))  # a holds its share
+    victim = asyncio.ensure_future(queue.run("victim", gate.job("v")))
+    await asyncio.sleep(0)
+    gate.release(8)
+    results = await asyncio.gather(*floods, return_exceptions=True)
+    assert await victim == "v"  # never refused: it held nothing while a and b flooded
     refused = [r for r in results if isinstance(r, RateLimited)]
     assert len(refused) == 1 and "made room" in str(refused[0])
 
 
-def test_a_cancelled_waiting_job_never_runs(executor: ThreadPoolExecutor) -> None:
-    async def scenario() -> list[str]:
-        gate = Gate()
-        queue = ZkQueue(executor, limit=10, share=10, workers=1)
-        first = asyncio.ensure_future(queue.run("a", gate.job("first")))
-        second = asyncio.ensure_future(queue.run("a", gate.job("second")))
-        await asyncio.sleep(0)
-        second.cancel()
-        gate.release(2)
-        await first
-        await asyncio.sleep(0.05)
-        assert queue.pending == 0 and queue.held_by("a") == 0
-        return gate.order
-
-    assert run(scenario()) == ["first"]
+@asynchronous
+async def test_a_cancelled_waiting_job_never_runs(executor: ThreadPoolExecutor) -> None:
+    gate = Gate()
+    queue = ZkQueue(executor, limit=10, share=10, workers=1)
+    first = asyncio.ensure_future(queue.run("a", gate.job("first")))
+    second = asyncio.ensure_future(queue.run("a", gate.job("second")))
+    await asyncio.sleep(0)
+    second.cancel()
+    gate.release(2)
+    await first
+    await asyncio.sleep(0.05)
+    assert queue.pending == 0 and queue.held_by("a") == 0
+    assert gate.order == ["first"]
 
 
 class CountingCoordinator(MemoryCoordinator):
@@ -129,35 +118,33 @@ class CountingCoordinator(MemoryCoordinator):
         return super().read_lineage(pid)
 
 
-def test_non_owners_of_this_servers_pids_never_reach_zookeeper(
+@asynchronous
+async def test_non_owners_of_this_servers_pids_never_reach_zookeeper(
     executor: ThreadPoolExecutor,
 ) -> None:
-    async def scenario() -> None:
-        store = CountingCoordinator()
-        settings = LeaseServerSettings(block_size=10, lifetime_ms=60_000)
-        service = LeaseService(store, executor, settings, rng=random.Random(3))
-        lease = await service.lease()
-        other = await service.lease()
-        successor = await service.roll(other.pid, other.generation, other.secret)
-        reads, block_reads = store.lineage_reads, store.block_reads
-        wrong = bytearray(lease.secret)
-        wrong[-1] ^= 1
-        attempts = [
-            (lease.pid, b""),  # no secret
-            (lease.pid, bytes(wrong)),  # a forged one
-            (lease.pid, successor.secret),  # another pid's real secret
-            (lease.pid, b"\x00" * 28),  # block start 0
-            (10**12, b"short"),  # not a secret at all, any pid
-        ]
-        for pid, secret in attempts:
-            for op in (service.bump, service.roll):
-                with pytest.raises(NotOwner):
-                    await op(pid, 0, secret)
-        assert (store.lineage_reads, store.block_reads) == (reads, block_reads)
-        assert service.zk.pending == 0
-        # The owner and lineage authority still go through.
-        assert (await service.bump(lease.pid, lease.generation, lease.secret)).pid == lease.pid
-        bumped = await service.bump(successor.pid, successor.generation, other.secret)
-        assert bumped.secret == successor.secret  # the successor's own secret comes back
-
-    run(scenario())
+    store = CountingCoordinator()
+    settings = LeaseServerSettings(block_size=10, lifetime_ms=60_000)
+    service = LeaseService(store, executor, settings, rng=random.Random(3))
+    lease = await service.lease()
+    other = await service.lease()
+    successor = await service.roll(other.pid, other.generation, other.secret)
+    reads, block_reads = store.lineage_reads, store.block_reads
+    wrong = bytearray(lease.secret)
+    wrong[-1] ^= 1
+    attempts = [
+        (lease.pid, b""),  # no secret
+        (lease.pid, bytes(wrong)),  # a forged one
+        (lease.pid, successor.secret),  # another pid's real secret
+        (lease.pid, b"\x00" * 28),  # block start 0
+        (10**12, b"short"),  # not a secret at all, any pid
+    ]
+    for pid, secret in attempts:
+        for op in (service.bump, service.roll):
+            with pytest.raises(NotOwner):
+                await op(pid, 0, secret)
+    assert (store.lineage_reads, store.block_reads) == (reads, block_reads)
+    assert service.zk.pending == 0
+    # The owner and lineage authority still go through.
+    assert (await service.bump(lease.pid, lease.generation, lease.secret)).pid == lease.pid
+    bumped = await service.bump(successor.pid, successor.generation, other.secret)
+    assert bumped.secret == successor.secret  # the successor's own secret comes back

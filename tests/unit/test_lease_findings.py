@@ -10,9 +10,8 @@ import asyncio
 import random
 import socket
 import threading
-from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import msgpack
 import pytest
@@ -28,25 +27,13 @@ from pidfence.pid_allocator import (
 )
 from pidfence.pid_allocator.coordinator import Block, LineageRecord
 from pidfence.pid_allocator.protocol import LENGTH, encode_frame
-
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-@pytest.fixture(scope="module")
-def executor() -> Iterator[ThreadPoolExecutor]:
-    pool = ThreadPoolExecutor(2)
-    yield pool
-    pool.shutdown()
-
+from tests.unit.lease_kit import asynchronous
 
 # -- finding 2: the spin ------------------------------------------------------------------------
 
 
-def test_finished_claim_with_its_callback_pending_and_deadline_passed_does_not_spin(
+@asynchronous
+async def test_finished_claim_with_its_callback_pending_and_deadline_passed_does_not_spin(
     executor: ThreadPoolExecutor,
 ) -> None:
     """The exact state of finding 2: the claim future is done, its done-callback has not run,
@@ -65,17 +52,13 @@ def test_finished_claim_with_its_callback_pending_and_deadline_passed_does_not_s
         return original(now_ms)
 
     service.supply.pid_now = counted  # type: ignore[method-assign]
-
-    async def scenario() -> int:
-        block = Block(1, 11, "other", "t", service.clock(), 10_000, 10_000, b"s" * 16)
-        claim: asyncio.Future[Block] = asyncio.get_running_loop().create_future()
-        claim.set_result(block)  # finished; no done-callback has run (none was even added)
-        service.supply._claim = claim
-        store.up = False  # no new claim may start: only the finished one can serve
-        grant = await service.lease()
-        return grant.pid
-
-    assert run(scenario()) == 1
+    block = Block(1, 11, "other", "t", service.clock(), 10_000, 10_000, b"s" * 16)
+    claim: asyncio.Future[Block] = asyncio.get_running_loop().create_future()
+    claim.set_result(block)  # finished; no done-callback has run (none was even added)
+    service.supply._claim = claim
+    store.up = False  # no new claim may start: only the finished one can serve
+    grant = await service.lease()
+    assert grant.pid == 1
     assert calls <= 3
 
 
@@ -190,27 +173,25 @@ def test_zookeeper_queue_is_bounded_per_client_with_rate_limited() -> None:
 # -- finding 5: one client's share of the ring ------------------------------------------------
 
 
-def test_one_client_cannot_fill_the_ring(executor: ThreadPoolExecutor) -> None:
+@asynchronous
+async def test_one_client_cannot_fill_the_ring(executor: ThreadPoolExecutor) -> None:
     settings = LeaseServerSettings(block_size=100, capacity=10, client_share=0.5)
     service = LeaseService(MemoryCoordinator(), executor, settings, rng=random.Random())
-
-    async def scenario() -> None:
-        for _ in range(5):
-            await service.lease(client="addr:10.0.0.1")
-        with pytest.raises(LeaseCapacityExhausted, match="share"):
-            await service.lease(client="addr:10.0.0.1")
-        for _ in range(5):
-            await service.lease(client="token:billing")
-        with pytest.raises(LeaseCapacityExhausted, match="ring full"):
-            await service.lease(client="token:third")
-
-    run(scenario())
+    for _ in range(5):
+        await service.lease(client="addr:10.0.0.1")
+    with pytest.raises(LeaseCapacityExhausted, match="share"):
+        await service.lease(client="addr:10.0.0.1")
+    for _ in range(5):
+        await service.lease(client="token:billing")
+    with pytest.raises(LeaseCapacityExhausted, match="ring full"):
+        await service.lease(client="token:third")
 
 
 # -- finding 8: a wall-clock step ------------------------------------------------------------
 
 
-def test_wall_clock_step_does_not_drop_live_leases(executor: ThreadPoolExecutor) -> None:
+@asynchronous
+async def test_wall_clock_step_does_not_drop_live_leases(executor: ThreadPoolExecutor) -> None:
     wall = [1_000_000_000]
     mono = [0]
     clock = SteadyClock(wall=lambda: wall[0], monotonic=lambda: mono[0])
@@ -218,15 +199,11 @@ def test_wall_clock_step_does_not_drop_live_leases(executor: ThreadPoolExecutor)
     service = LeaseService(
         MemoryCoordinator(), executor, settings, clock=clock, rng=random.Random()
     )
-
-    async def scenario() -> None:
-        lease = await service.lease()
-        wall[0] += 10 * 60_000  # NTP steps the wall clock ten lifetimes ahead
-        mono[0] += 1_000
-        assert len(service.ring) == 1 and service.ring.find(lease.pid, clock()) is not None
-        bumped = await service.bump(lease.pid, lease.generation, lease.secret)
-        assert bumped.generation == lease.generation + 1
-        mono[0] += 60_000  # a lifetime of real time later it does expire
-        assert service.ring.find(lease.pid, clock()) is None
-
-    run(scenario())
+    lease = await service.lease()
+    wall[0] += 10 * 60_000  # NTP steps the wall clock ten lifetimes ahead
+    mono[0] += 1_000
+    assert len(service.ring) == 1 and service.ring.find(lease.pid, clock()) is not None
+    bumped = await service.bump(lease.pid, lease.generation, lease.secret)
+    assert bumped.generation == lease.generation + 1
+    mono[0] += 60_000  # a lifetime of real time later it does expire
+    assert service.ring.find(lease.pid, clock()) is None

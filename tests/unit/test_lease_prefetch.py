@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from pidfence.pid_allocator import LeaseServerSettings, LeaseService, MemoryCoordinator
 from pidfence.pid_allocator.blocks import CLAIM_MEMORY, MAX_RESERVE_BLOCKS, RESERVE_FACTOR
 from pidfence.pid_allocator.coordinator import Block, BlockRequest
+from tests.unit.lease_kit import asynchronous
 
 BLOCK = 10
 
@@ -43,6 +46,13 @@ def _service(coordinator: MemoryCoordinator, executor: ThreadPoolExecutor) -> Le
     return LeaseService(coordinator, executor, settings, rng=random.Random(1))
 
 
+@contextmanager
+def _gated_service() -> Iterator[tuple[GatedCoordinator, LeaseService]]:
+    coordinator = GatedCoordinator()
+    with ThreadPoolExecutor(1) as executor:
+        yield coordinator, _service(coordinator, executor)
+
+
 async def _settle(service: LeaseService) -> None:
     while service.claiming:
         await asyncio.sleep(0.001)
@@ -65,83 +75,71 @@ def test_reserve_and_claim_size_follow_the_busiest_recent_claim(uses: list[int])
         assert claimed - BLOCK < max(want, 1)  # whole blocks, never one more than needed
 
 
-def test_a_busy_server_claims_several_blocks_in_one_write() -> None:
-    async def scenario() -> None:
-        coordinator = GatedCoordinator()
-        with ThreadPoolExecutor(1) as executor:
-            service = _service(coordinator, executor)
-            await service.lease()
-            await _settle(service)
-            coordinator.gate.clear()
-            while not service.claiming:
-                assert service.lease_now() is not None
-            at_claim = service.leases - 1  # the lease that started the claim was issued in it
-            while service.supply.remaining() > 0:  # the held pids all go while the claim waits
-                assert service.lease_now() is not None
-            used = service.leases - at_claim
-            assert service.lease_now() is None  # dry: this one would wait
-            coordinator.gate.set()
-            await _settle(service)
-            expected_blocks = min(-(-RESERVE_FACTOR * used // BLOCK), MAX_RESERVE_BLOCKS)
-            assert service.supply.claim_blocks == expected_blocks > 1
-            writes = coordinator.writes
-            while not service.claiming:  # down to the new reserve: the bigger claim starts
-                assert service.lease_now() is not None
-            await _settle(service)
-            assert coordinator.writes == writes + 1  # one write for all of its blocks
-            newest = service.supply.blocks[-1]
-            assert newest.end - newest.start == expected_blocks * BLOCK
-            # Every pid is issued once, in order, across the bigger block too.
-            pids = [service.lease_now() for _ in range(expected_blocks * BLOCK)]
-            issued = [grant.pid for grant in pids if grant is not None]
-            assert issued == sorted(set(issued))
-
-    asyncio.run(scenario())
-
-
-def test_a_slow_claim_makes_the_next_one_start_earlier() -> None:
-    async def scenario() -> None:
-        coordinator = GatedCoordinator()
-        with ThreadPoolExecutor(1) as executor:
-            service = _service(coordinator, executor)
-            await service.lease()  # first block
-            await _settle(service)
-            # Issue down to half a block: the prefetch claim starts and is held open.
-            coordinator.gate.clear()
-            while not service.claiming:
-                assert service.lease_now() is not None
-            issued_before = service.leases
-            for _ in range(3):  # leases issued while the claim waits
-                assert service.lease_now() is not None
-            used = service.leases - issued_before
-            coordinator.gate.set()
-            await _settle(service)
-            assert service.supply.reserve == max(BLOCK // 2, RESERVE_FACTOR * (used + 1))
-            # The next claim starts as soon as the held pids drop to the new reserve.
-            while service.supply.remaining() > service.supply.reserve:
-                assert service.lease_now() is not None
-                assert not service.claiming
+@asynchronous
+async def test_a_busy_server_claims_several_blocks_in_one_write() -> None:
+    with _gated_service() as (coordinator, service):
+        await service.lease()
+        await _settle(service)
+        coordinator.gate.clear()
+        while not service.claiming:
             assert service.lease_now() is not None
-            assert service.claiming
-            await _settle(service)
+        at_claim = service.leases - 1  # the lease that started the claim was issued in it
+        while service.supply.remaining() > 0:  # the held pids all go while the claim waits
+            assert service.lease_now() is not None
+        used = service.leases - at_claim
+        assert service.lease_now() is None  # dry: this one would wait
+        coordinator.gate.set()
+        await _settle(service)
+        expected_blocks = min(-(-RESERVE_FACTOR * used // BLOCK), MAX_RESERVE_BLOCKS)
+        assert service.supply.claim_blocks == expected_blocks > 1
+        writes = coordinator.writes
+        while not service.claiming:  # down to the new reserve: the bigger claim starts
+            assert service.lease_now() is not None
+        await _settle(service)
+        assert coordinator.writes == writes + 1  # one write for all of its blocks
+        newest = service.supply.blocks[-1]
+        assert newest.end - newest.start == expected_blocks * BLOCK
+        # Every pid is issued once, in order, across the bigger block too.
+        pids = [service.lease_now() for _ in range(expected_blocks * BLOCK)]
+        issued = [grant.pid for grant in pids if grant is not None]
+        assert issued == sorted(set(issued))
 
-    asyncio.run(scenario())
+
+@asynchronous
+async def test_a_slow_claim_makes_the_next_one_start_earlier() -> None:
+    with _gated_service() as (coordinator, service):
+        await service.lease()  # first block
+        await _settle(service)
+        # Issue down to half a block: the prefetch claim starts and is held open.
+        coordinator.gate.clear()
+        while not service.claiming:
+            assert service.lease_now() is not None
+        issued_before = service.leases
+        for _ in range(3):  # leases issued while the claim waits
+            assert service.lease_now() is not None
+        used = service.leases - issued_before
+        coordinator.gate.set()
+        await _settle(service)
+        assert service.supply.reserve == max(BLOCK // 2, RESERVE_FACTOR * (used + 1))
+        # The next claim starts as soon as the held pids drop to the new reserve.
+        while service.supply.remaining() > service.supply.reserve:
+            assert service.lease_now() is not None
+            assert not service.claiming
+        assert service.lease_now() is not None
+        assert service.claiming
+        await _settle(service)
 
 
-def test_an_idle_server_keeps_the_half_block_rule() -> None:
-    async def scenario() -> None:
-        coordinator = GatedCoordinator()
-        with ThreadPoolExecutor(1) as executor:
-            service = _service(coordinator, executor)
+@asynchronous
+async def test_an_idle_server_keeps_the_half_block_rule() -> None:
+    with _gated_service() as (coordinator, service):
+        await service.lease()
+        await _settle(service)
+        for _ in range(BLOCK):
             await service.lease()
             await _settle(service)
-            for _ in range(BLOCK):
-                await service.lease()
-                await _settle(service)
-            assert service.supply.reserve == BLOCK // 2
-            assert coordinator.writes == coordinator.claims  # one write per claim
-
-    asyncio.run(scenario())
+        assert service.supply.reserve == BLOCK // 2
+        assert coordinator.writes == coordinator.claims  # one write per claim
 
 
 @given(st.lists(st.integers(0, 10 * BLOCK), min_size=1, max_size=CLAIM_MEMORY))

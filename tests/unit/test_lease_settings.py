@@ -131,15 +131,6 @@ def test_the_pending_pool_follows_the_connection_cap() -> None:
     assert LeaseServerSettings(max_connections=64, max_pending_connections=8).pending_cap == 8
 
 
-def test_cli_refuses_no_auth_off_loopback_with_usage_exit() -> None:
-    result = CliRunner().invoke(app, ["lease-server", "--zk", "h:1", "--listen", "0.0.0.0:0"])
-    assert result.exit_code == 2
-    assert "--insecure" in result.output
-    mac = CliRunner().invoke(app, ["lease-server", "--zk", "h:1", "--record-mac-secret", "s"])
-    assert mac.exit_code == 2
-    assert "TLS" in mac.output
-
-
 def test_cli_with_insecure_gets_past_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     """--insecure passes the loopback check: the server then tries ZooKeeper (none here: 3)."""
     monkeypatch.setenv("PIDFENCE_LEASE_SERVER_ZK_SESSION_TIMEOUT", "1s")

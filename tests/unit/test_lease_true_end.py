@@ -5,20 +5,12 @@ servers: ``tests/integration/test_lease_true_end.py``)."""
 
 from __future__ import annotations
 
-import asyncio
-import random
-from collections.abc import Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pidfence.pid_allocator import (
-    LeaseServerSettings,
     LeaseService,
-    MemoryCoordinator,
     NotOwner,
     UnknownPid,
 )
@@ -31,113 +23,76 @@ from pidfence.pid_allocator.capability import (
     secret_matches,
 )
 from pidfence.pid_allocator.coordinator import LineageRecord
+from tests.unit.lease_kit import LeaseServers, asynchronous
 
-T = TypeVar("T")
 LIFETIME = 90_000
 BLOCK_TTL = 600_000
 
 
-class Clock:
-    def __init__(self, now: int) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
+def _pair(servers: LeaseServers) -> tuple[LeaseService, LeaseService]:
+    """The issuer of the pids and another server of the cluster."""
+    settings = {"block_size": 50, "lifetime_ms": LIFETIME, "block_ttl_ms": BLOCK_TTL}
+    return servers.service(1, **settings), servers.service(2, **settings)
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+@asynchronous
+async def test_a_foreign_bump_and_roll_keep_the_issuers_end(servers: LeaseServers) -> None:
+    issuer, other = _pair(servers)
+    await issuer.lease()  # claims the block now
+    servers.clock.now += 50_000  # the next lease comes from the same block, 50 s after its claim
+    lease = await issuer.lease()
+    assert lease.expire_ms == servers.clock.now + LIFETIME
+    servers.clock.now += LIFETIME - 10_000  # past claim + lifetime: the old "earliest end"
+    bumped = await other.bump(lease.pid, lease.generation, lease.secret)
+    assert bumped.expire_ms == lease.expire_ms
+    assert bumped.secret == lease.secret
+    record = servers.store.read_lineage(lease.pid)
+    assert record is not None and record[0].expire_ms == lease.expire_ms  # for every server
+    again = await issuer.bump(lease.pid, bumped.generation, lease.secret)
+    assert again.expire_ms == lease.expire_ms
+    successor = await other.roll(lease.pid, again.generation, lease.secret)
+    assert successor.expire_ms == servers.clock.now + LIFETIME
+    retired = servers.store.read_lineage(lease.pid)
+    assert retired is not None and retired[0].expire_ms == lease.expire_ms
 
 
-@pytest.fixture
-def executor() -> Iterator[ThreadPoolExecutor]:
-    pool = ThreadPoolExecutor(2)
-    yield pool
-    pool.shutdown()
+@asynchronous
+async def test_an_ended_lease_is_still_refused_via_any_server(servers: LeaseServers) -> None:
+    issuer, other = _pair(servers)
+    lease = await issuer.lease()
+    servers.clock.now = lease.expire_ms
+    for service in (issuer, other):
+        with pytest.raises(UnknownPid):
+            await service.bump(lease.pid, lease.generation, lease.secret)
 
 
-def _pair(
-    executor: ThreadPoolExecutor, store: MemoryCoordinator
-) -> tuple[LeaseService, LeaseService, Clock]:
-    clock = Clock(1_000_000)
-    settings = LeaseServerSettings(block_size=50, lifetime_ms=LIFETIME, block_ttl_ms=BLOCK_TTL)
-    issuer = LeaseService(store, executor, settings, clock=clock, rng=random.Random(1))
-    other = LeaseService(store, executor, settings, clock=clock, rng=random.Random(2))
-    return issuer, other, clock
+@asynchronous
+async def test_a_version_1_secret_still_works_with_the_earliest_end(servers: LeaseServers) -> None:
+    issuer, other = _pair(servers)
+    lease = await issuer.lease()
+    block = servers.store.block_at(block_hint(lease.secret) or 0)
+    assert block is not None
+    old_secret = make_secret_v1(block.start, block.salt, lease.pid)  # an old checkpoint's
+    servers.clock.now += 1_000
+    bumped = await other.bump(lease.pid, lease.generation, old_secret)
+    assert bumped.expire_ms == block.claimed_ms + LIFETIME  # as before: the earliest end
+    assert bumped.secret == old_secret
+    with pytest.raises(NotOwner):
+        await other.bump(lease.pid, bumped.generation, old_secret[:-1] + b"\x01")
 
 
-def test_a_foreign_bump_and_roll_keep_the_issuers_end(executor: ThreadPoolExecutor) -> None:
-    async def scenario() -> None:
-        store = MemoryCoordinator()
-        issuer, other, clock = _pair(executor, store)
-        await issuer.lease()  # claims the block now
-        clock.now += 50_000  # the next lease comes from the same block, 50 s after its claim
-        lease = await issuer.lease()
-        assert lease.expire_ms == clock.now + LIFETIME
-        clock.now += LIFETIME - 10_000  # past claim + lifetime: the old "earliest end"
-        bumped = await other.bump(lease.pid, lease.generation, lease.secret)
-        assert bumped.expire_ms == lease.expire_ms
-        assert bumped.secret == lease.secret
-        record = store.read_lineage(lease.pid)
-        assert record is not None and record[0].expire_ms == lease.expire_ms  # for every server
-        again = await issuer.bump(lease.pid, bumped.generation, lease.secret)
-        assert again.expire_ms == lease.expire_ms
-        successor = await other.roll(lease.pid, again.generation, lease.secret)
-        assert successor.expire_ms == clock.now + LIFETIME
-        retired = store.read_lineage(lease.pid)
-        assert retired is not None and retired[0].expire_ms == lease.expire_ms
-
-    run(scenario())
-
-
-def test_an_ended_lease_is_still_refused_via_any_server(executor: ThreadPoolExecutor) -> None:
-    async def scenario() -> None:
-        store = MemoryCoordinator()
-        issuer, other, clock = _pair(executor, store)
-        lease = await issuer.lease()
-        clock.now = lease.expire_ms
-        for service in (issuer, other):
-            with pytest.raises(UnknownPid):
-                await service.bump(lease.pid, lease.generation, lease.secret)
-
-    run(scenario())
-
-
-def test_a_version_1_secret_still_works_with_the_earliest_end(
-    executor: ThreadPoolExecutor,
-) -> None:
-    async def scenario() -> None:
-        store = MemoryCoordinator()
-        issuer, other, clock = _pair(executor, store)
-        lease = await issuer.lease()
-        block = store.block_at(block_hint(lease.secret) or 0)
-        assert block is not None
-        old_secret = make_secret_v1(block.start, block.salt, lease.pid)  # an old checkpoint's
-        clock.now += 1_000
-        bumped = await other.bump(lease.pid, lease.generation, old_secret)
-        assert bumped.expire_ms == block.claimed_ms + LIFETIME  # as before: the earliest end
-        assert bumped.secret == old_secret
-        with pytest.raises(NotOwner):
-            await other.bump(lease.pid, bumped.generation, old_secret[:-1] + b"\x01")
-
-    run(scenario())
-
-
-def test_lineage_authority_gets_the_successors_own_secret(executor: ThreadPoolExecutor) -> None:
-    async def scenario() -> None:
-        store = MemoryCoordinator()
-        issuer, other, clock = _pair(executor, store)
-        lease = await issuer.lease()
-        clock.now += 7_000
-        successor = await issuer.roll(lease.pid, lease.generation, lease.secret)
-        record = store.read_lineage(successor.pid)
-        assert record is not None and record[0].offset == issue_offset(successor.secret)
-        # A resumer holding only the predecessor's secret, at a server that issued neither.
-        bumped = await other.bump(successor.pid, successor.generation, lease.secret)
-        assert bumped.secret == successor.secret
-        assert bumped.expire_ms == successor.expire_ms
-
-    run(scenario())
+@asynchronous
+async def test_lineage_authority_gets_the_successors_own_secret(servers: LeaseServers) -> None:
+    issuer, other = _pair(servers)
+    lease = await issuer.lease()
+    servers.clock.now += 7_000
+    successor = await issuer.roll(lease.pid, lease.generation, lease.secret)
+    record = servers.store.read_lineage(successor.pid)
+    assert record is not None and record[0].offset == issue_offset(successor.secret)
+    # A resumer holding only the predecessor's secret, at a server that issued neither.
+    bumped = await other.bump(successor.pid, successor.generation, lease.secret)
+    assert bumped.secret == successor.secret
+    assert bumped.expire_ms == successor.expire_ms
 
 
 @given(

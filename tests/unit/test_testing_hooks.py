@@ -19,6 +19,7 @@ from pidfence.testing import (
     FaultKind,
     FaultPlan,
     Link,
+    ManualClock,
     NetworkNemesis,
     SinkFaults,
     Supervisor,
@@ -120,16 +121,8 @@ class FakeProc:
         return self.code
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_the_supervisor_restarts_after_exit_75_and_is_done_after_exit_0() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     procs = [FakeProc("p")]
     supervisor = Supervisor(
         "p", lambda: procs[-1], lambda: procs.append(FakeProc(f"p.r{len(procs)}")),
@@ -139,7 +132,7 @@ def test_the_supervisor_restarts_after_exit_75_and_is_done_after_exit_0() -> Non
     procs[0].running, procs[0].code = False, 75
     supervisor.poll()
     assert len(procs) == 1  # backing off
-    clock.t += 1.5
+    clock.now += 1.5
     supervisor.poll()
     assert len(procs) == 2 and supervisor.restarts == 1
     procs[1].running, procs[1].code = False, 0
@@ -176,11 +169,11 @@ def test_the_nemesis_puts_toxics_on_and_off_at_their_times_and_skips_links_it_la
         ),
         seed=5,
     )
-    clock, links = Clock(), FakeLinks()
+    clock, links = ManualClock(100.0), FakeLinks()
     nemesis = NetworkNemesis(plan, links, clock=clock)
     assert "skipped" in nemesis.events[0]
     for t in (0.0, 1.0, 2.0, 3.0, 4.0):
-        clock.t = 100.0 + t
+        clock.now = 100.0 + t
         nemesis.poll()
     assert links.log == ["on 1", "on 2", "off 1", "off 2"]
     assert nemesis.done and nemesis.happened and nemesis.healed_at == 104.0

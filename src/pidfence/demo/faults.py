@@ -7,7 +7,7 @@ facts rather than durations); :func:`pidfence.testing.drive` runs them together.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pidfence.demo.procs import ProducerRole, Worker
@@ -15,14 +15,9 @@ from pidfence.services.process import ServiceFailed
 from pidfence.testing.script import FaultScript, drive
 
 
-class KillAndResume(FaultScript):
-    """(a) SIGKILL a producer once it has ``at`` records acknowledged; restart it from ``--state``.
-
-    The restarted instance resumes from the last checkpoint: it bumps the generation and writes
-    a FENCE to every partition, then re-sends what followed the checkpoint (DUPLICATE verdicts).
-    """
-
-    name = "kill"
+class ProducerFault(FaultScript):
+    """Base of the scripts that strike a producer role once it has ``at`` records acknowledged
+    and a stored checkpoint (a restarted instance needs one to resume from)."""
 
     def __init__(
         self, role: ProducerRole, at: int, clock: Callable[[], float] = time.monotonic
@@ -31,25 +26,90 @@ class KillAndResume(FaultScript):
         self.role = role
         self.at = at
 
-    def poll(self) -> None:
-        if self.done:
+    def _due(self) -> bool:
+        return self.role.acked() >= self.at and self.role.checkpointed() > 0
+
+
+class KillAndResume(ProducerFault):
+    """(a) SIGKILL a producer once it has ``at`` records acknowledged; restart it from ``--state``.
+
+    The restarted instance resumes from the last checkpoint: it bumps the generation and writes
+    a FENCE to every partition, then re-sends what followed the checkpoint (DUPLICATE verdicts).
+    """
+
+    name = "kill"
+
+    def _steps(self) -> Sequence[Callable[[], None]]:
+        return (self._kill_when_due, self._restart)
+
+    def _kill_when_due(self) -> None:
+        if not self._due():
             return
-        if self._step == 0:
-            if self.role.acked() < self.at or self.role.checkpointed() == 0:
-                return
-            victim = self.role.current
-            victim.kill()
-            victim.fate = "killed"
-            self.happened = True
-            self.note(f"SIGKILL {victim.name} after {self.role.acked()} acknowledged records")
-            self._next()
-        elif self._step == 1:
-            worker = self.role.spawn()
-            self.note(f"restarted as {worker.name} from {self.role.spec.state.name}")
-            self.done = True
+        victim = self.role.current
+        victim.kill()
+        victim.fate = "killed"
+        self.happened = True
+        self.note(f"SIGKILL {victim.name} after {self.role.acked()} acknowledged records")
+        self._next()
+
+    def _restart(self) -> None:
+        worker = self.role.spawn()
+        self.note(f"restarted as {worker.name} from {self.role.spec.state.name}")
+        self.done = True
 
 
-class Zombie(FaultScript):
+class Takeover(ProducerFault):
+    """Base of the zombie scripts: freeze the current instance, start its replacement from a
+    copy of its checkpoint, wake the old instance once the replacement has written.
+
+    Attributes:
+        zombie: the frozen (later woken) instance.
+        replacement: the instance resumed from the copy.
+        zombie_wrote: records the zombie got acknowledged after SIGCONT (its fenced writes).
+    """
+
+    def __init__(
+        self,
+        role: ProducerRole,
+        at: int,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        super().__init__(role, at, clock)
+        self.wall_ms = wall_ms
+        self.zombie: Worker | None = None
+        self.replacement: Worker | None = None
+        self._zombie_acked = 0
+        self.zombie_wrote = 0
+
+    def _freeze(self) -> Worker:
+        """SIGSTOP the current instance: the zombie-to-be."""
+        zombie = self.zombie = self.role.current
+        zombie.pause()
+        zombie.fate = "replaced"
+        return zombie
+
+    def _both(self) -> tuple[Worker, Worker]:
+        """The zombie and its replacement, once both exist."""
+        if self.replacement is None or self.zombie is None:
+            raise RuntimeError(f"{self.name} script lost its processes")
+        return self.zombie, self.replacement
+
+    @staticmethod
+    def _failed_before(worker: Worker, what: str) -> ServiceFailed:
+        """The error for a replacement that exited before ``what`` (its log attached)."""
+        return ServiceFailed(
+            f"replacement {worker.name} exited with {worker.exit_code()} before {what} "
+            f"(log {worker.proc.log_path})\n{worker.tail()}"
+        )
+
+    def _wake(self, zombie: Worker) -> None:
+        """SIGCONT the zombie, counting its writes from here."""
+        self._zombie_acked = zombie.acked()
+        zombie.resume()
+
+
+class Zombie(Takeover):
     """(b) SIGSTOP a producer, start its replacement from a copy of its checkpoint, wait until the
     replacement's FENCE records are acknowledged, SIGCONT the old instance and let it write with
     its fenced generation for ``zombie_records`` records (or ``zombie_s`` seconds), then SIGKILL it.
@@ -70,70 +130,56 @@ class Zombie(FaultScript):
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
-        super().__init__(clock)
-        self.role = role
-        self.at = at
+        super().__init__(role, at, clock, wall_ms)
         self.zombie_records = zombie_records
         self.zombie_s = zombie_s
         self.lease_left_ms = lease_left_ms
-        self.wall_ms = wall_ms
-        self.zombie: Worker | None = None
-        self.replacement: Worker | None = None
-        self._zombie_acked = 0
-        #: Records the zombie got acknowledged after SIGCONT (its fenced writes).
-        self.zombie_wrote = 0
 
-    def poll(self) -> None:
-        if self.done:
+    def _steps(self) -> Sequence[Callable[[], None]]:
+        return (self._pause_when_due, self._start_replacement, self._wake_once_fenced, self._end)
+
+    def _pause_when_due(self) -> None:
+        if not self._due():
             return
-        if self._step == 0:
-            if self.role.acked() < self.at or self.role.checkpointed() == 0:
-                return
-            # Pause only under a lease with room left, so the woken zombie writes under its
-            # fenced generation before its rollover point (a fact read from the ledger).
-            left = lease_end_ms(self.role.current) - self.wall_ms()
-            if self.lease_left_ms and left < self.lease_left_ms:
-                return
-            self.zombie = self.role.current
-            self.zombie.pause()
-            self.zombie.fate = "replaced"
-            self.note(f"SIGSTOP {self.zombie.name} after {self.role.acked()} acknowledged records")
-            self._next()
-        elif self._step == 1:
-            self.replacement = self.role.spawn_replacement()
-            self.note(f"replacement {self.replacement.name} resumes from a copy of the checkpoint")
-            self._next()
-        elif self._step == 2:
-            if self.replacement is None or self.zombie is None:
-                raise RuntimeError("zombie script lost its processes")
-            if self.replacement.fences() == 0 or self.replacement.acked() == 0:
-                if not self.replacement.running and self.replacement.fences() == 0:
-                    raise ServiceFailed(
-                        f"replacement {self.replacement.name} exited with "
-                        f"{self.replacement.exit_code()} before fencing (log "
-                        f"{self.replacement.proc.log_path})\n{self.replacement.tail()}"
-                    )
-                return
-            self._zombie_acked = self.zombie.acked()
-            self.zombie.resume()
-            self.happened = True
-            self.note(
-                f"SIGCONT {self.zombie.name}: replacement fenced "
-                f"{self.replacement.fences()} partition(s) and wrote {self.replacement.acked()}"
-            )
-            self._next()
-        elif self._step == 3:
-            if self.zombie is None:
-                raise RuntimeError("zombie script lost its process")
-            wrote = self.zombie.acked() - self._zombie_acked
-            timed_out = self.zombie_s is not None and self._waited() >= self.zombie_s
-            if wrote < self.zombie_records and not timed_out and self.zombie.running:
-                return
-            self.zombie.kill()
-            self.zombie_wrote = wrote
-            self.zombie.fate = "fenced" if wrote else "replaced"
-            self.note(f"zombie {self.zombie.name} wrote {wrote} records after SIGCONT, then killed")
-            self.done = True
+        # Pause only under a lease with room left, so the woken zombie writes under its
+        # fenced generation before its rollover point (a fact read from the ledger).
+        left = lease_end_ms(self.role.current) - self.wall_ms()
+        if self.lease_left_ms and left < self.lease_left_ms:
+            return
+        zombie = self._freeze()
+        self.note(f"SIGSTOP {zombie.name} after {self.role.acked()} acknowledged records")
+        self._next()
+
+    def _start_replacement(self) -> None:
+        self.replacement = self.role.spawn_replacement()
+        self.note(f"replacement {self.replacement.name} resumes from a copy of the checkpoint")
+        self._next()
+
+    def _wake_once_fenced(self) -> None:
+        zombie, replacement = self._both()
+        if replacement.fences() == 0 or replacement.acked() == 0:
+            if not replacement.running and replacement.fences() == 0:
+                raise self._failed_before(replacement, "fencing")
+            return
+        self._wake(zombie)
+        self.happened = True
+        self.note(
+            f"SIGCONT {zombie.name}: replacement fenced "
+            f"{replacement.fences()} partition(s) and wrote {replacement.acked()}"
+        )
+        self._next()
+
+    def _end(self) -> None:
+        zombie, _ = self._both()
+        wrote = zombie.acked() - self._zombie_acked
+        timed_out = self.zombie_s is not None and self._waited() >= self.zombie_s
+        if wrote < self.zombie_records and not timed_out and zombie.running:
+            return
+        zombie.kill()
+        self.zombie_wrote = wrote
+        zombie.fate = "fenced" if wrote else "replaced"
+        self.note(f"zombie {zombie.name} wrote {wrote} records after SIGCONT, then killed")
+        self.done = True
 
 
 def lease_end_ms(worker: Worker) -> int:
@@ -142,7 +188,7 @@ def lease_end_ms(worker: Worker) -> int:
     return worker.lease_end_ms
 
 
-class LeaseZombie(FaultScript):
+class LeaseZombie(Takeover):
     """(f) A zombie that outlives its lease: SIGSTOP a producer, keep it stopped until the wall
     clock is past the end of every lease it wrote under, start its replacement from a copy of its
     checkpoint (the replacement follows the pid's lineage), wait until the replacement's FENCE
@@ -164,82 +210,73 @@ class LeaseZombie(FaultScript):
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
-        super().__init__(clock)
-        self.role = role
-        self.at = at
+        super().__init__(role, at, clock, wall_ms)
         self.margin_ms = margin_ms
-        self.wall_ms = wall_ms
-        self.zombie: Worker | None = None
-        self.replacement: Worker | None = None
         self.lease_end = 0
-        self._zombie_acked = 0
-        #: Records the zombie got acknowledged after SIGCONT (none, when fencing works).
-        self.zombie_wrote = 0
 
-    def poll(self) -> None:
-        if self.done:
+    def _steps(self) -> Sequence[Callable[[], None]]:
+        return (
+            self._pause_when_due,
+            self._replace_after_lease,
+            self._wake_once_taken_over,
+            self._await_zombie_exit,
+        )
+
+    def _pause_when_due(self) -> None:
+        if not self._due():
             return
-        if self._step == 0:
-            if self.role.acked() < self.at or self.role.checkpointed() == 0:
-                return
-            self.zombie = self.role.current
-            self.zombie.pause()
-            self.zombie.fate = "replaced"
-            self.lease_end = lease_end_ms(self.zombie)
-            self.note(
-                f"SIGSTOP {self.zombie.name} after {self.role.acked()} acknowledged records; "
-                "its lease ends in "
-                f"{max(0, self.lease_end - self.wall_ms()) / 1000:.1f} s"
-            )
-            self._next()
-        elif self._step == 1:
-            if self.lease_end <= 0:
-                raise ServiceFailed("lease-zombie: the ledger carries no lease end (expire_ms)")
-            if self.wall_ms() < self.lease_end + self.margin_ms:
-                return
-            self.replacement = self.role.spawn_replacement()
-            self.note(
-                f"{self.zombie.name if self.zombie else '?'}'s lease has ended; replacement "
-                f"{self.replacement.name} resumes from a copy of the checkpoint"
-            )
-            self._next()
-        elif self._step == 2:
-            if self.replacement is None or self.zombie is None:
-                raise RuntimeError("lease-zombie script lost its processes")
-            # The replacement has taken over once Kafka acknowledged something it wrote: a
-            # FENCE when it continues the old pid's lineage, data under the successor pid.
-            if self.replacement.fences() + self.replacement.acked() == 0:
-                if not self.replacement.running:
-                    raise ServiceFailed(
-                        f"replacement {self.replacement.name} exited with "
-                        f"{self.replacement.exit_code()} before writing anything (log "
-                        f"{self.replacement.proc.log_path})\n{self.replacement.tail()}"
-                    )
-                return
-            self._zombie_acked = self.zombie.acked()
-            self.zombie.resume()
-            self.note(
-                f"SIGCONT {self.zombie.name} {(self.wall_ms() - self.lease_end) / 1000:.1f} s "
-                f"after its lease ended; the replacement wrote {self.replacement.fences()} "
-                f"FENCE(s) and {self.replacement.acked()} record(s)"
-            )
-            self._next()
-        elif self._step == 3:
-            if self.zombie is None:
-                raise RuntimeError("lease-zombie script lost its process")
-            if self.zombie.running:
-                return
-            self.zombie_wrote = self.zombie.acked() - self._zombie_acked
-            self.happened = True
-            code = self.zombie.exit_code()
-            fenced = "ProducerFenced" in self.zombie.tail(20)
-            self.zombie.fate = "fenced" if fenced else f"exited {code}"
-            self.note(
-                f"zombie {self.zombie.name} "
-                + ("stopped itself: its roll was refused" if fenced else f"exited with {code}")
-                + f" after writing {self.zombie_wrote} record(s) past its lease"
-            )
-            self.done = True
+        zombie = self._freeze()
+        self.lease_end = lease_end_ms(zombie)
+        self.note(
+            f"SIGSTOP {zombie.name} after {self.role.acked()} acknowledged records; "
+            "its lease ends in "
+            f"{max(0, self.lease_end - self.wall_ms()) / 1000:.1f} s"
+        )
+        self._next()
+
+    def _replace_after_lease(self) -> None:
+        if self.lease_end <= 0:
+            raise ServiceFailed("lease-zombie: the ledger carries no lease end (expire_ms)")
+        if self.wall_ms() < self.lease_end + self.margin_ms:
+            return
+        self.replacement = self.role.spawn_replacement()
+        self.note(
+            f"{self.zombie.name if self.zombie else '?'}'s lease has ended; replacement "
+            f"{self.replacement.name} resumes from a copy of the checkpoint"
+        )
+        self._next()
+
+    def _wake_once_taken_over(self) -> None:
+        zombie, replacement = self._both()
+        # The replacement has taken over once Kafka acknowledged something it wrote: a
+        # FENCE when it continues the old pid's lineage, data under the successor pid.
+        if replacement.fences() + replacement.acked() == 0:
+            if not replacement.running:
+                raise self._failed_before(replacement, "writing anything")
+            return
+        self._wake(zombie)
+        self.note(
+            f"SIGCONT {zombie.name} {(self.wall_ms() - self.lease_end) / 1000:.1f} s "
+            f"after its lease ended; the replacement wrote {replacement.fences()} "
+            f"FENCE(s) and {replacement.acked()} record(s)"
+        )
+        self._next()
+
+    def _await_zombie_exit(self) -> None:
+        zombie, _ = self._both()
+        if zombie.running:
+            return
+        self.zombie_wrote = zombie.acked() - self._zombie_acked
+        self.happened = True
+        code = zombie.exit_code()
+        fenced = "ProducerFenced" in zombie.tail(20)
+        zombie.fate = "fenced" if fenced else f"exited {code}"
+        self.note(
+            f"zombie {zombie.name} "
+            + ("stopped itself: its roll was refused" if fenced else f"exited with {code}")
+            + f" after writing {self.zombie_wrote} record(s) past its lease"
+        )
+        self.done = True
 
 
 class CopierCrash(FaultScript):
@@ -261,9 +298,10 @@ class CopierCrash(FaultScript):
         self.at = at
         self.instances: list[Worker] = [start()]
 
-    def poll(self) -> None:
-        if self.done:
-            return
+    def _steps(self) -> Sequence[Callable[[], None]]:
+        return (self._kill_and_restart,)
+
+    def _kill_and_restart(self) -> None:
         current = self.instances[-1]
         if not self.state.exists() or current.acked() < self.at:
             if not current.running:
@@ -302,20 +340,23 @@ class Bounce(FaultScript):
         self.restart = restart
         self.down_s = down_s
 
-    def poll(self) -> None:
-        if self.done:
+    def _steps(self) -> Sequence[Callable[[], None]]:
+        return (self._kill_when, self._restart_after_down)
+
+    def _kill_when(self) -> None:
+        if not self.when():
             return
-        if self._step == 0:
-            if not self.when():
-                return
-            self.kill()
-            self.happened = True
-            self.note(f"killed {self.name}")
-            self._next()
-        elif self._step == 1 and self._waited() >= self.down_s:
-            self.restart()
-            self.note(f"restarted {self.name} after {self._waited():.1f}s down")
-            self.done = True
+        self.kill()
+        self.happened = True
+        self.note(f"killed {self.name}")
+        self._next()
+
+    def _restart_after_down(self) -> None:
+        if self._waited() < self.down_s:
+            return
+        self.restart()
+        self.note(f"restarted {self.name} after {self._waited():.1f}s down")
+        self.done = True
 
 
 __all__ = [
@@ -324,6 +365,8 @@ __all__ = [
     "FaultScript",
     "KillAndResume",
     "LeaseZombie",
+    "ProducerFault",
+    "Takeover",
     "Zombie",
     "drive",
     "lease_end_ms",

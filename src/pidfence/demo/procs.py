@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pidfence.services.process import ManagedProcess, ServiceFailed, wait_until
+from pidfence.services.process import ManagedProcess, RunsProcess, ServiceFailed, wait_until
 from pidfence.testing.launch import run_argv
 
 #: Runs the ``pidfence`` CLI with this interpreter (works without the console script on PATH).
@@ -28,7 +28,7 @@ def pidfence_argv(*args: str) -> list[str]:
     return [*PIDFENCE, *args]
 
 
-class Worker:
+class Worker(RunsProcess):
     """One pidfence subprocess (producer, copier, sink) plus the ledger it writes, if any.
 
     Args:
@@ -60,40 +60,10 @@ class Worker:
         self._acked = 0
         self._fences = 0
 
-    @property
-    def pid(self) -> int | None:
-        """The OS pid while running."""
-        return self.proc.pid
-
     def start(self) -> Worker:
         """Start the process."""
         self.proc.start()
         return self
-
-    @property
-    def running(self) -> bool:
-        """True until the process exits."""
-        return self.proc.running
-
-    def exit_code(self) -> int | None:
-        """The exit code once exited."""
-        return self.proc.exit_code()
-
-    def kill(self) -> None:
-        """SIGKILL (a crash)."""
-        self.proc.kill()
-
-    def pause(self) -> None:
-        """SIGSTOP (a zombie-to-be: frozen, sockets open)."""
-        self.proc.pause()
-
-    def resume(self) -> None:
-        """SIGCONT."""
-        self.proc.resume()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout``."""
-        self.proc.stop(timeout)
 
     def wait(self, timeout: float) -> int:
         """Wait for the exit; :class:`ServiceFailed` (with the log tail) after ``timeout``."""

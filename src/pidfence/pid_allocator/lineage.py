@@ -221,17 +221,21 @@ class Lineage:
         Raises:
             NotOwner, StaleGeneration, LeaseServiceUnavailable.
         """
-        state = self._state(pid, secret, now_ms, local)
+        return self._landed_roll(self._state(pid, secret, now_ms, local), pid, generation, token)
+
+    def _landed_roll(self, state: _State, pid: int, generation: int, token: str) -> Outcome | None:
+        """The earlier successor when this ``token``'s roll already landed; None when ``pid`` may
+        still be rolled at ``generation``; else :class:`StaleGeneration`."""
         record = state.record
         if record is not None and record.retired:
             if record.token == token:
-                return self._landed_roll(record)
+                return self._successor_of(record)
             raise self._stale(pid, generation, record)
         if generation != state.generation:
             raise self._stale(pid, generation, record)
         return None
 
-    def _landed_roll(self, record: LineageRecord) -> Outcome:
+    def _successor_of(self, record: LineageRecord) -> Outcome:
         assert record.successor is not None and record.successor_generation is not None  # noqa: S101
         found = self.store.read_lineage(record.successor)
         block = None if found is None else self.store.block_at(found[0].block)
@@ -269,13 +273,10 @@ class Lineage:
         """
         for _ in range(_ATTEMPTS):
             state = self._state(pid, secret, now_ms, local)
+            landed = self._landed_roll(state, pid, generation, token)
+            if landed is not None:
+                return landed
             record = state.record
-            if record is not None and record.retired:
-                if record.token == token:
-                    return self._landed_roll(record)
-                raise self._stale(pid, generation, record)
-            if generation != state.generation:
-                raise self._stale(pid, generation, record)
             retired = LineageRecord(
                 state.generation,
                 state.expire_ms,

@@ -54,10 +54,10 @@ class LeaseRequest:
 
 
 @dataclass(slots=True)
-class BumpRequest:
-    """``op=bump``: the caller's pid, current generation and the pid's secret; ``token`` makes
-    a retry idempotent; ``key`` names the producer's key for a v2 ``cert``. A missing secret is
-    ``b""`` (answered NOT_OWNER, never MALFORMED)."""
+class PidRequest:
+    """A request about a leased pid: the caller's pid, current generation and the pid's secret;
+    ``token`` makes a retry idempotent; ``key`` names the producer's key for a v2 ``cert``. A
+    missing secret is ``b""`` (answered NOT_OWNER, never MALFORMED)."""
 
     id: RequestId
     pid: int
@@ -68,16 +68,14 @@ class BumpRequest:
 
 
 @dataclass(slots=True)
-class RollRequest:
+class BumpRequest(PidRequest):
+    """``op=bump``: hand out ``generation + 1`` of ``pid``."""
+
+
+@dataclass(slots=True)
+class RollRequest(PidRequest):
     """``op=roll``: retire ``pid`` at ``generation`` and issue its successor (its ``cert``
     naming ``key`` when given)."""
-
-    id: RequestId
-    pid: int
-    generation: int
-    secret: bytes
-    token: str | None
-    key: bytes | None = None
 
 
 @dataclass(slots=True)

@@ -313,22 +313,16 @@ class LeaseServer:
                 grant = await self.service.lease(request.partitions, client, request.key)
                 self.metrics.leases_issued += 1
                 reply = _grant_reply(request.id, grant, sequence=0)
-            elif isinstance(request, BumpRequest):
-                op = "bump"
-                grant = await self.service.bump(
+            elif isinstance(request, BumpRequest | RollRequest):
+                roll = isinstance(request, RollRequest)
+                op = "roll" if roll else "bump"
+                change = self.service.roll if roll else self.service.bump
+                grant = await change(
                     request.pid, request.generation, request.secret, request.token, client,
                     request.key,
                 )  # fmt: skip
-                self.metrics.bumps.inc()
-                reply = _grant_reply(request.id, grant)
-            elif isinstance(request, RollRequest):
-                op = "roll"
-                grant = await self.service.roll(
-                    request.pid, request.generation, request.secret, request.token, client,
-                    request.key,
-                )  # fmt: skip
-                self.metrics.rolls.inc()
-                reply = _grant_reply(request.id, grant, sequence=0)
+                (self.metrics.rolls if roll else self.metrics.bumps).inc()
+                reply = _grant_reply(request.id, grant, **({"sequence": 0} if roll else {}))
             else:
                 raise TypeError(f"{type(request).__name__} is answered by handle_now")
         except LeaseError as exc:

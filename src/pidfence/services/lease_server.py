@@ -15,14 +15,14 @@ from typing import Any
 from pidfence.pid_allocator import LeaseClient, LeaseError, LeaseServerSettings, client_tls_context
 from pidfence.pid_allocator.settings_sources import settings_argv
 from pidfence.services.ports import free_port
-from pidfence.services.process import ManagedProcess, ServiceFailed, wait_until
+from pidfence.services.process import ManagedProcess, RunsProcess, ServiceFailed, wait_until
 
 #: The ``pidfence`` CLI run by this interpreter (no console script on PATH needed).
 _PIDFENCE = (sys.executable, "-c", "from pidfence.cli import main; main()")
 
 
 @dataclass
-class LeaseServerProcess:
+class LeaseServerProcess(RunsProcess):
     """A ``pidfence lease-server`` subprocess on 127.0.0.1.
 
     Attributes:
@@ -39,16 +39,6 @@ class LeaseServerProcess:
     def address(self) -> str:
         """``127.0.0.1:PORT``."""
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        """The process id while running."""
-        return self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        """True until it exits."""
-        return self.proc.running
 
     def ping(self, timeout_s: float = 2.0) -> dict[str, Any]:
         """One ping (no retries).
@@ -87,26 +77,10 @@ class LeaseServerProcess:
 
         wait_until(ready, timeout, f"lease server {self.address}", 0.1, self.proc.log_tail())
 
-    def kill(self) -> None:
-        """SIGKILL: a crash."""
-        self.proc.kill()
-
-    def pause(self) -> None:
-        """SIGSTOP: frozen, sockets open."""
-        self.proc.pause()
-
-    def resume(self) -> None:
-        """SIGCONT."""
-        self.proc.resume()
-
     def restart(self, timeout: float = 60.0) -> None:
         """Start again on the same port; return once it answers pings."""
         self.proc.start()
         self.wait_listening(timeout)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL."""
-        self.proc.stop(10)
 
     def log_tail(self, lines: int = 40) -> str:
         """The end of its log."""

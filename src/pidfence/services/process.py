@@ -184,3 +184,40 @@ def wait_until(
         time.sleep(interval)
     detail = f" (last error: {last})" if last else ""
     raise ServiceFailed(f"{what} not ready after {timeout:.0f}s{detail}\n{tail}")
+
+
+class RunsProcess:
+    """For a wrapper of one :class:`ManagedProcess` (its ``proc``): its pid, state and fault
+    hooks, delegated."""
+
+    proc: ManagedProcess
+
+    @property
+    def pid(self) -> int | None:
+        """The OS pid while running."""
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        """True until the process exits."""
+        return self.proc.running
+
+    def exit_code(self) -> int | None:
+        """The exit code once exited."""
+        return self.proc.exit_code()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        self.proc.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP: frozen, sockets open (a zombie-to-be)."""
+        self.proc.pause()
+
+    def resume(self) -> None:
+        """SIGCONT."""
+        self.proc.resume()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds."""
+        self.proc.stop(timeout)

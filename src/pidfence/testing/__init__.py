@@ -5,6 +5,7 @@
   seeded network nemesis; :func:`sim_knobs` maps a plan onto the simulation's knobs.
 * :class:`FaultScript` and :func:`drive`: polled fault state machines and their loop;
   :class:`NetworkNemesis` runs a plan's toxics; :class:`Supervisor` restarts what exits 75.
+* :class:`ManualClock`: a clock that moves only when the test moves it (every ``clock=``).
 * :class:`ToxiproxyServer`, :class:`Toxiproxy`, :class:`Proxy`: the TCP fault proxy;
   :class:`ProxiedKafka` fronts Kafka's links with it; :class:`LinkFaults` applies toxics.
 * :class:`SinkFaults` and ``python -m pidfence.testing.run`` (:func:`run_argv`): the sink's crash
@@ -12,6 +13,7 @@
   starts; deliberately broken builds (``--mutation``) for proving a test has teeth.
 """
 
+from pidfence.testing.clock import ManualClock
 from pidfence.testing.knobs import sim_knobs, unmapped
 from pidfence.testing.launch import run_argv
 from pidfence.testing.mutations import MUTATIONS, UnknownMutation, install_mutation
@@ -54,6 +56,7 @@ __all__ = [
     "drive",
     "NetworkNemesis",
     "Supervisor",
+    "ManualClock",
     # the network
     "ToxiproxyServer",
     "Toxiproxy",

@@ -41,7 +41,14 @@ class FaultScript:
         return self.clock() - self._since
 
     def poll(self) -> None:
-        """Advance by at most one step."""
+        """Advance by at most one step: run the current one of :meth:`_steps`."""
+        if not self.done:
+            self._steps()[self._step]()
+
+    def _steps(self) -> Sequence[Callable[[], None]]:
+        """The script's steps in order. Each returns soon: it waits by returning, moves on with
+        ``_next()``, or ends the script by setting ``done``. Scripts that override
+        :meth:`poll` need none."""
         raise NotImplementedError
 
 

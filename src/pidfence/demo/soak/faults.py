@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -175,43 +175,45 @@ class SinkRestart(FaultScript):
         self._old = ""
         self._label = ""
 
-    def poll(self) -> None:
-        if self.done:
+    def _steps(self) -> Sequence[Callable[[], None]]:
+        return (self._stop_after_a_batch, self._start_next, self._await_first_batch)
+
+    def _stop_after_a_batch(self) -> None:
+        # Only a sink that is past its first batch is restarted: a fact, not a duration.
+        if self.sink.committed(self.sink.label) == 0:
             return
-        if self._step == 0:
-            # Only a sink that is past its first batch is restarted: a fact, not a duration.
-            if self.sink.committed(self.sink.label) == 0:
+        self._old = self.sink.label
+        if self.crash:
+            killed = self.sink.crash()
+            self.note(f"SIGKILL {self._old} and {killed - 1} process(es) below it")
+        else:
+            self.sink.terminate()
+            self.note(f"SIGTERM {self._old}: stop after the running batch")
+        self._next()
+
+    def _start_next(self) -> None:
+        if self.sink.running:
+            if self._waited() < self.stop_timeout_s:
                 return
-            self._old = self.sink.label
-            if self.crash:
-                killed = self.sink.crash()
-                self.note(f"SIGKILL {self._old} and {killed - 1} process(es) below it")
-            else:
-                self.sink.terminate()
-                self.note(f"SIGTERM {self._old}: stop after the running batch")
-            self._next()
-        elif self._step == 1:
-            if self.sink.running:
-                if self._waited() < self.stop_timeout_s:
-                    return
-                self.sink.crash()
-                self.note(f"{self._old} still running {self.stop_timeout_s:.0f} s after SIGTERM")
-            self.note(f"{self._old} exited with {self.sink.exit_code()}")
-            self.sink.start()
-            self._label = self.sink.label
-            self.happened = True
-            self.note(f"restarted as {self._label} from the checkpoint")
-            self._next()
-        elif self._step == 2:
-            if self.sink.committed(self._label) == 0:
-                if not self.sink.running:
-                    raise ServiceFailed(
-                        f"{self._label} exited with {self.sink.exit_code()} before its first "
-                        f"batch (log {self.sink.log_dir / self._label}.log)"
-                    )
-                return
-            self.note(f"{self._label} committed its first batch {self._waited():.1f} s later")
-            self.done = True
+            self.sink.crash()
+            self.note(f"{self._old} still running {self.stop_timeout_s:.0f} s after SIGTERM")
+        self.note(f"{self._old} exited with {self.sink.exit_code()}")
+        self.sink.start()
+        self._label = self.sink.label
+        self.happened = True
+        self.note(f"restarted as {self._label} from the checkpoint")
+        self._next()
+
+    def _await_first_batch(self) -> None:
+        if self.sink.committed(self._label) == 0:
+            if not self.sink.running:
+                raise ServiceFailed(
+                    f"{self._label} exited with {self.sink.exit_code()} before its first "
+                    f"batch (log {self.sink.log_dir / self._label}.log)"
+                )
+            return
+        self.note(f"{self._label} committed its first batch {self._waited():.1f} s later")
+        self.done = True
 
 
 def adopt_replacement(role: ProducerRole, replacement: Worker | None) -> None:
@@ -251,10 +253,7 @@ class SelfStoppedLeaseZombie(LeaseZombie):
     #: must not stop itself too); None keeps the role's spec as it is.
     restore_extra: tuple[str, ...] | None = None
 
-    def poll(self) -> None:
-        if self.done or self._step != 0:
-            super().poll()
-            return
+    def _pause_when_due(self) -> None:
         worker = self.role.current
         if worker.pid is None or not worker.running:
             raise ServiceFailed(
@@ -304,16 +303,13 @@ def checkpoint_has_partitions(role: ProducerRole) -> bool:
 class SoakKill(KillAndResume):
     """(a) with the victim stopped first: SIGKILL only when its checkpoint names partitions."""
 
-    def poll(self) -> None:
-        if self.done or self._step != 0:
-            super().poll()
-            return
-        if self.role.acked() < self.at or self.role.checkpointed() == 0:
+    def _kill_when_due(self) -> None:
+        if not self._due():
             return
         victim = self.role.current
         victim.pause()
         if checkpoint_has_partitions(self.role):
-            super().poll()
+            super()._kill_when_due()
             return
         victim.resume()
         self.note(f"{victim.name}'s checkpoint names no partition yet (just rolled): later")
@@ -323,12 +319,12 @@ class SoakZombie(Zombie):
     """(b) that wakes its victim and waits again when the paused victim's checkpoint names no
     partition (saved right after a rollover)."""
 
-    def poll(self) -> None:
-        if self._step == 1 and self.zombie is not None and not checkpoint_has_partitions(self.role):
+    def _start_replacement(self) -> None:
+        if self.zombie is not None and not checkpoint_has_partitions(self.role):
             self.zombie.resume()
             self.zombie.fate = None
             self.note(f"{self.zombie.name}'s checkpoint names no partition yet: woken, later")
             self.zombie = None
             self._step = 0
             return
-        super().poll()
+        super()._start_replacement()

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pidfence.demo.faults import FaultScript, LeaseZombie, Zombie
 from pidfence.demo.procs import ProducerRole, ProducerSpec
@@ -40,6 +40,11 @@ from pidfence.demo.soak.result import SoakResult, SoakServices
 from pidfence.demo.soak.sample import take_sample
 from pidfence.services.lease_server import LeaseServerProcess, spawn_lease_server
 from pidfence.services.process import ServiceFailed
+
+if TYPE_CHECKING:
+    from pidfence.services import KafkaCluster, ZooKeeperEnsemble
+
+_Cluster = TypeVar("_Cluster", "ZooKeeperEnsemble", "KafkaCluster")
 
 #: Producer roles by the fault each one gets, in order.
 ROLES = ("kill", "zombie", "lease-zombie", "resend")
@@ -117,22 +122,21 @@ class SoakRun:
 
         config = self.config
         trees: dict[str, list[int]] = {}
-        if config.zk_hosts:
-            zk_hosts = config.zk_hosts
-        else:
-            zk = ZooKeeperEnsemble(1, run_dir=config.out / "run" / "zookeeper")
-            self._cleanups.append(zk.stop)
-            zk.start()
-            zk_hosts = zk.hosts
-            trees["zookeeper"] = zk.pids()
-        if config.bootstrap:
-            bootstrap = config.bootstrap
-        else:
-            kafka = KafkaCluster(1, run_dir=config.out / "run" / "kafka")
-            self._cleanups.append(kafka.stop)
-            kafka.start()
-            bootstrap = kafka.bootstrap
-            trees["kafka"] = kafka.pids()
+
+        def own(name: str, cluster: _Cluster) -> _Cluster:
+            self._cleanups.append(cluster.stop)  # before start: a failed start is stopped too
+            cluster.start()
+            trees[name] = cluster.pids()
+            return cluster
+
+        run = config.out / "run"
+        zk_hosts = (
+            config.zk_hosts
+            or own("zookeeper", ZooKeeperEnsemble(1, run_dir=run / "zookeeper")).hosts
+        )
+        bootstrap = (
+            config.bootstrap or own("kafka", KafkaCluster(1, run_dir=run / "kafka")).bootstrap
+        )
         self.topic = f"soak-raw-{os.getpid()}-{int(time.time())}"
         create_raw_topic(bootstrap, self.topic, config.partitions)
         for i in range(2):
