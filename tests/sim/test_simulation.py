@@ -269,7 +269,11 @@ def test_regression_seed_2071981131_resume_follows_to_an_ended_successor(
 
     # The scan as it was: the successor rolled past is not read, nothing of it is skipped.
     state, apply = session.scan_state, session.apply_scan
-    monkeypatch.setattr(session, "scan_state", lambda cp, pid, v, _: state(cp, pid, v))
+    monkeypatch.setattr(
+        session,
+        "scan_state",
+        lambda cp, pid, v, _followed, *rest: state(cp, pid, v, None, *rest),
+    )
     monkeypatch.setattr(session, "apply_scan", lambda seq, cp, highs, _: apply(seq, cp, highs))
     assert run(2071981131, **knobs).report.findings["event_duplicate"].count > 0
 
