@@ -1,10 +1,11 @@
 """``pidfence bench produce``: producer throughput and CPU with and without ``pf`` headers.
 
-One ZooKeeper, one Kafka broker and two lease servers (one signing with a throw-away Ed25519 key,
-one not) are started for the run and stopped after. Every contender sends the same records
-(100-byte values, unkeyed, explicit partition round-robin over 4 partitions) with the same
-librdkafka settings (``acks=all``, ``linger.ms=5``), each timed from its first ``produce`` until
-``flush()`` returns (every record acknowledged):
+One ZooKeeper, one Kafka broker and three lease servers (one plain, one signing with a throw-away
+Ed25519 key, one signing and handing out per-record MAC keys from a throw-away
+``--record-mac-secret``) are started for the run and stopped after. Every contender sends the
+same records (100-byte values, unkeyed, explicit partition round-robin over 4 partitions) with
+the same librdkafka settings (``acks=all``, ``linger.ms=5``), each timed from its first
+``produce`` until ``flush()`` returns (every record acknowledged):
 
 1. plain confluent-kafka, no headers, librdkafka idempotence off;
 2. confluent-kafka with librdkafka idempotence on (``enable.idempotence=true``), no headers;
@@ -14,16 +15,20 @@ librdkafka settings (``acks=all``, ``linger.ms=5``), each timed from its first `
    confluent-kafka: ``IdempotentProducer``'s default counts each acknowledgement that way);
 5. ``IdempotentProducer`` with its defaults (a success report per record, no ledger), leases from
    the lease server without signing;
-6. the same with signing on: the lease carries a cert, stamped as ``pfc`` on the first record of
-   each (pid, generation, partition);
-7. ``IdempotentProducer`` with ``success_reports=False`` (librdkafka reports failures only, as
+6. the same with signing on: the lease carries a cert, stamped as a placed ``pfc`` on the first
+   record of each (pid, generation, partition) and again every ``restamp_ms`` (1 s);
+7. the same with per-record mode on as well (issue 22): every record also carries ``pfm``, its
+   keyed BLAKE2b MAC; the report states its cost against signing alone (CPU per record and
+   throughput, goal at most +10% CPU per record);
+8. ``IdempotentProducer`` with ``success_reports=False`` (librdkafka reports failures only, as
    plain confluent-kafka without a delivery callback effectively does; errors still raise);
-8. ``produce_many`` (one call per partition with that partition's records), defaults;
-9. ``produce_many`` with ``success_reports=False``.
+9. ``produce_many`` (one call per partition with that partition's records), defaults;
+10. ``produce_many`` with ``success_reports=False``.
 
 Contenders run interleaved for several rounds in the same run and the best round of each is
 kept, so a burst of load from elsewhere on the machine does not decide the ratio. After the
-rounds, each contender's last topic is read back to count the header bytes its records carry.
+rounds, each contender's last topic is read back to count the header bytes its records carry and
+how many carry ``pfc`` and ``pfm``.
 ``PIDFENCE_BENCH_RECORDS`` and ``PIDFENCE_BENCH_ROUNDS`` override the sizes (the smoke test).
 """
 
@@ -46,7 +51,14 @@ from pidfence.benchkit import BenchReport
 from pidfence.pid_allocator import LeaseClient, LeaseServerThread
 from pidfence.producer import IdempotentProducer, ProducerConfig
 from pidfence.services import KafkaCluster, ZooKeeperEnsemble, create_topic, new_chroot
-from pidfence.wire import CERT_HEADER_KEY, PF_HEADER_KEY, decode_pf, generate_keypair
+from pidfence.wire import (
+    CERT_HEADER_KEY,
+    MAC_HEADER_KEY,
+    PF_HEADER_KEY,
+    decode_pf,
+    generate_keypair,
+    generate_mac_secret,
+)
 
 PARTITIONS = 4
 VALUE_SIZE = 100
@@ -62,11 +74,14 @@ HEADER_ONLY = "confluent-kafka + idempotence + constant 12-byte header"
 HEADER_DR = "the same + a Python delivery callback per record"
 OURS = "IdempotentProducer (pf headers)"
 OURS_SIGNED = "IdempotentProducer, signing on (pfc)"
+OURS_MAC = "IdempotentProducer, signing + per-record MAC (pfc, pfm)"
 OURS_NO_RDK = "IdempotentProducer, success_reports=False"
 MANY = "IdempotentProducer.produce_many"
 MANY_NO_RDK = "IdempotentProducer.produce_many, success_reports=False"
 #: (contender, the contender its figures are compared with) for the target columns.
-TARGETS = (OURS, OURS_SIGNED, OURS_NO_RDK, MANY, MANY_NO_RDK)
+TARGETS = (OURS, OURS_SIGNED, OURS_MAC, OURS_NO_RDK, MANY, MANY_NO_RDK)
+#: Issue 22's goal for per-record mode: CPU per record at most this times signing alone's.
+MAC_CPU_GOAL = 1.10
 
 Send = Callable[[str, list[bytes]], tuple[float, float]]
 
@@ -161,7 +176,7 @@ def _varint_len(n: int) -> int:
 
 def _header_bytes(bootstrap: str, topic: str, records: int) -> dict[str, float]:
     """Read every record of ``topic`` back: mean bytes its headers add to a Kafka v2 record,
-    mean ``pf`` value bytes, and how many records carry ``pfc``.
+    mean ``pf`` value bytes, and how many records carry ``pfc`` and ``pfm``.
 
     A v2 record header is varint(key length) + key + varint(value length) + value; the
     header-count varint is 1 byte with or without headers.
@@ -180,7 +195,7 @@ def _header_bytes(bootstrap: str, topic: str, records: int) -> dict[str, float]:
             for p in range(PARTITIONS)
         ]
     )
-    seen = added = pf_bytes = pf_count = certified = 0
+    seen = added = pf_bytes = pf_count = certified = maced = 0
     open_parts = set(range(PARTITIONS))
     try:
         while open_parts:
@@ -206,6 +221,8 @@ def _header_bytes(bootstrap: str, topic: str, records: int) -> dict[str, float]:
                         pf_count += 1
                     elif key == CERT_HEADER_KEY:
                         certified += 1
+                    elif key == MAC_HEADER_KEY:
+                        maced += 1
     finally:
         consumer.close()
     # The prime record is in the topic too (records + 1 in all).
@@ -214,6 +231,7 @@ def _header_bytes(bootstrap: str, topic: str, records: int) -> dict[str, float]:
         "added": added / seen,
         "pf_value": pf_bytes / pf_count if pf_count else 0.0,
         "certified": float(certified),
+        "maced": float(maced),
     }
 
 
@@ -237,8 +255,16 @@ def run(quick: bool, progress: Progress) -> BenchReport:
         KafkaCluster(1) as kafka,
     ):
         private_key, _ = generate_keypair(Path(keys))
+        mac_secret = generate_mac_secret(Path(keys) / "record-mac.secret")
         lease = LeaseServerThread(_chroot(zk.hosts, "plain")).start()
         signed = LeaseServerThread(_chroot(zk.hosts, "signed"), signing_key=private_key).start()
+        # Loopback without TLS: the MAC keys cross no network (``insecure`` says so).
+        maced = LeaseServerThread(
+            _chroot(zk.hosts, "maced"),
+            signing_key=private_key,
+            record_mac_secret=mac_secret,
+            insecure=True,
+        ).start()
         try:
             bootstrap = kafka.bootstrap
             contenders: list[tuple[str, Send]] = [
@@ -248,6 +274,7 @@ def run(quick: bool, progress: Progress) -> BenchReport:
                 (HEADER_DR, _plain(bootstrap, True, CONSTANT_HEADER, report=True)),
                 (OURS, _ours(bootstrap, lease.address, True)),
                 (OURS_SIGNED, _ours(bootstrap, signed.address, True)),
+                (OURS_MAC, _ours(bootstrap, maced.address, True)),
                 (OURS_NO_RDK, _ours(bootstrap, lease.address, False)),
                 (MANY, _ours(bootstrap, lease.address, True, many=True)),
                 (MANY_NO_RDK, _ours(bootstrap, lease.address, False, many=True)),
@@ -271,6 +298,7 @@ def run(quick: bool, progress: Progress) -> BenchReport:
                 name: _header_bytes(bootstrap, last_topic[name], records) for name, _ in contenders
             }
         finally:
+            maced.stop()
             signed.stop()
             lease.stop()
     load_end = _loadavg()
@@ -296,6 +324,7 @@ def run(quick: bool, progress: Progress) -> BenchReport:
                 "cpu_vs_header_only": cpu / floor_cpu,
                 "header_bytes_per_record": sizes[name]["added"],
                 "pfc_records": int(sizes[name]["certified"]),
+                "pfm_records": int(sizes[name]["maced"]),
             }
         )
     met = [
@@ -307,6 +336,14 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     ]
     pf_value = sizes[OURS]["pf_value"]
     signed_cost = sizes[OURS_SIGNED]["added"] - sizes[OURS]["added"]
+    by_name = {row["contender"]: row for row in rows}
+    mac_cpu = by_name[OURS_MAC]["cpu_us_per_record"] / by_name[OURS_SIGNED]["cpu_us_per_record"]
+    mac_cpu_median = (
+        by_name[OURS_MAC]["cpu_us_per_record_median"]
+        / by_name[OURS_SIGNED]["cpu_us_per_record_median"]
+    )
+    mac_speed = by_name[OURS_MAC]["msgs_per_s"] / by_name[OURS_SIGNED]["msgs_per_s"]
+    mac_bytes = sizes[OURS_MAC]["added"] - sizes[OURS_SIGNED]["added"]
     return BenchReport(
         title=f"Producer throughput: {VALUE_SIZE}-byte values to one local broker",
         columns=[
@@ -322,6 +359,7 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             "cpu_vs_header_only",
             "header_bytes_per_record",
             "pfc_records",
+            "pfm_records",
         ],
         rows=rows,
         notes=[
@@ -344,9 +382,15 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             f"header_bytes_per_record: bytes the headers add to each Kafka v2 record, read back "
             f"from the contender's last topic ({records} records plus the prime record). pf "
             f"value: {pf_value:.1f} bytes on average (msgpack [1, pid, generation, seq, flags]). "
-            f"Signing (pfc on the first record of each (pid, generation, partition), "
+            f"Signing (pfc on each partition's first record, then every 1 s, "
             f"{sizes[OURS_SIGNED]['certified']:.0f} records here) adds {signed_cost:.3f} "
             "bytes per record on this run.",
+            f"Per-record mode (issue 22, goal: CPU per record <= {MAC_CPU_GOAL:.2f}x signing "
+            f"alone's): {by_name[OURS_MAC]['cpu_us_per_record']:.2f} vs "
+            f"{by_name[OURS_SIGNED]['cpu_us_per_record']:.2f} CPU us per record, "
+            f"{mac_cpu:.3f}x best round ({mac_cpu_median:.3f}x median); throughput "
+            f"{mac_speed:.3f}x signing alone's; pfm adds {mac_bytes:.1f} bytes per record. "
+            f"Goal {'met' if mac_cpu <= MAC_CPU_GOAL else 'NOT met'} here.",
             f"load average (1/5/15 min) at start {load_start}, at end {load_end}.",
         ],
         params={"records": records, "rounds": rounds, "value_size": VALUE_SIZE},

@@ -2,8 +2,8 @@
 
 The bench runs as ``pidfence bench produce --quick --bench-dir COPY`` in a subprocess, like a
 real run (its own ZooKeeper, Kafka and lease servers). Asserts only that it completes and what it
-wrote (every row, the header bytes read back, pfc on the signed producer's first records), never
-how fast.
+wrote (every row, the header bytes read back, pfc on the signed producers' first records, pfm on
+every record of the per-record mode's), never how fast.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_produce_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> Non
 
     written = json.loads((bench_dir / "results" / "produce.json").read_text())
     rows = {row["contender"]: row for row in written["rows"]}
-    assert len(rows) == 9 and all(row["records"] == RECORDS for row in rows.values())
+    assert len(rows) == 10 and all(row["records"] == RECORDS for row in rows.values())
     plain = rows["plain confluent-kafka (no headers)"]
     assert plain["header_bytes_per_record"] == 0 and plain["pfc_records"] == 0
     # The constant header: varint(2) + "pf" + varint(12) + 12 bytes on every timed record.
@@ -56,11 +56,18 @@ def test_produce_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> Non
         "header_bytes_per_record"
     ] == pytest.approx(16.0 * RECORDS / (RECORDS + 1))  # the prime record has none
     ours = [name for name in rows if name.startswith("IdempotentProducer")]
-    assert len(ours) == 5
+    assert len(ours) == 6
     for name in ours:
         assert rows[name]["header_bytes_per_record"] > 14, name
         assert rows[name]["cpu_vs_header_only"] > 0 and rows[name]["ratio_to_header_only"] > 0
-    # Signing on: exactly the first record of each of the 4 partitions carries pfc.
-    assert rows["IdempotentProducer, signing on (pfc)"]["pfc_records"] == 4
-    assert all(rows[name]["pfc_records"] == 0 for name in ours if "signing" not in name)
+    # Signing on: the first record of each of the 4 partitions carries pfc (more if the run
+    # outlasts the 1 s re-stamp interval).
+    signed = [name for name in ours if "signing" in name]
+    assert len(signed) == 2 and all(rows[name]["pfc_records"] >= 4 for name in signed)
+    assert all(rows[name]["pfc_records"] == 0 for name in ours if name not in signed)
+    # Per-record mode: every record carries pfm (the prime record too); no other contender's.
+    maced = "IdempotentProducer, signing + per-record MAC (pfc, pfm)"
+    assert rows[maced]["pfm_records"] == RECORDS + 1
+    assert all(rows[name]["pfm_records"] == 0 for name in rows if name != maced)
+    assert "Per-record mode" in " ".join(written["notes"])
     assert any(note.startswith("load average") for note in written["notes"])
