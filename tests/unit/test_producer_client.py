@@ -36,6 +36,7 @@ from pidfence.producer import (
 )
 from pidfence.producer.recovery import ScanState
 from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf
+from pidfence.wire.mac import MAC_HEADER_KEY, RecordMacCheck, derive_record_key
 
 LIFETIME = 24_000
 
@@ -48,6 +49,7 @@ class FakeLease:
     expire_ms: int
     secret: bytes = b""
     cert: bytes | None = None
+    mac_key: bytes | None = None
 
 
 class FakeLeaseClient:
@@ -63,6 +65,8 @@ class FakeLeaseClient:
         self.successor: dict[int, tuple[int, int]] = {}  # retired pid -> (successor, start gen)
         self.down = False
         self.sign = False
+        #: The per-record mode: every reply carries the pid's MAC key from this secret.
+        self.mac_secret: bytes | None = None
         self.calls: list[str] = []
 
     def _issue(self) -> FakeLease:
@@ -75,7 +79,8 @@ class FakeLeaseClient:
     def _reply(self, pid: int) -> FakeLease:
         gen, expire = self.latest[pid], self.expire[pid]
         cert = b"cert-%d-%d" % (pid, gen) if self.sign else None
-        return FakeLease(pid, gen, 0, expire, self.secret[pid], cert)
+        mac_key = None if self.mac_secret is None else derive_record_key(self.mac_secret, pid)
+        return FakeLease(pid, gen, 0, expire, self.secret[pid], cert, mac_key)
 
     def _check(self, pid: int, generation: int, secret: bytes) -> None:
         if self.down:
@@ -542,3 +547,38 @@ def test_success_reports_off_reports_errors_only_and_refuses_what_needs_successe
     producer.produce("t", b"z", partition=0)
     producer.flush()
     assert [pf.seq for pf in rig.headers()] == [1]
+
+
+def test_per_record_mode_puts_a_valid_mac_on_every_record_fast_path_or_not(rig: Rig) -> None:
+    # The inline loops (produce, produce_many) and the general path (first record of a
+    # partition, user headers, a resume's FENCEs) must all produce the MAC the sink checks.
+    secret = bytes(range(32))
+    rig.lease.mac_secret = secret
+    rig.config = ProducerConfig("127.0.0.1:9", sticky_records=3)  # no resend buffer: inline
+    producer = rig.producer()
+    for i in range(40):
+        producer.produce("t", b"v%d" % i, key=b"k%d" % i)
+    producer.produce("t", b"traced", partition=1, headers=[("trace", b"1")])
+    producer.produce_many("t", [b"m%d" % i for i in range(200)], partition=2)
+    producer.produce_many("u", [b"n%d" % i for i in range(10)], keys=[b"k"] * 10)
+    producer.flush()
+    assert rig.kafka is not None
+    log = list(rig.kafka.log)
+    resumed = rig.resume(producer.checkpoint())
+    resumed.produce("t", b"after", partition=0)
+    resumed.flush()
+    log += rig.kafka.log
+    assert len(log) == 251 + 4 + 1  # the resume FENCEs every partition of t and u
+    check = RecordMacCheck(secret)
+    for msg in log:
+        found = dict(msg.headers())
+        pf = decode_pf(found["pf"])
+        mac = found.get(MAC_HEADER_KEY)
+        assert check.valid(msg.topic(), msg.partition(), pf.pid, pf.generation, pf.seq,
+                           pf.flags, msg.key(), msg.value(), mac), pf  # fmt: skip
+    # Tampering with any covered field breaks it.
+    msg = log[-1]
+    found = dict(msg.headers())
+    pf = decode_pf(found["pf"])
+    assert not check.valid(msg.topic(), msg.partition(), pf.pid, pf.generation, pf.seq + 1, 0,
+                           msg.key(), msg.value(), found[MAC_HEADER_KEY])  # fmt: skip

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from pidfence.producer.sequencer import Sequencer
 from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE
-from pidfence.wire.mac import MAC_HEADER_KEY, record_mac
+from pidfence.wire.mac import MAC_HEADER_KEY, record_mac_from
 from pidfence.wire.statement import encode_placed_pfc
 
 #: One Kafka header as the producer sends it.
@@ -67,10 +67,10 @@ def mac_headers(
     """The ``pfm`` header when the lease carries a MAC key, else nothing; ``generation``
     defaults to the lease's (a resume's FENCE walk tags lower generations too: the key is the
     pid's)."""
-    mac_key = current.mac_key
-    if mac_key is None:
+    hasher = current.mac_hasher
+    if hasher is None:
         return _NONE
     if generation is None:
         generation = current.generation
-    mac = record_mac(mac_key, topic, partition, current.pid, generation, seq, flags, key, value)
+    mac = record_mac_from(hasher, topic, partition, current.pid, generation, seq, flags, key, value)
     return ((MAC_HEADER_KEY, mac),)

@@ -69,8 +69,8 @@ class IdempotentProducer:
         #: Stores the successor's checkpoint after each rollover ``produce`` starts itself.
         self.on_roll = on_roll
         keeper = LeaseKeeper(lease_client, clock)
-        driver = SessionDriver(config, session, keeper, sender, clock, lambda: self.on_roll)
-        self._driver = driver
+        self._driver = driver = SessionDriver(config, session, keeper, sender, clock,
+                                              lambda: self.on_roll)  # fmt: skip
         self._partitioner = driver.partitioner
         self._one = driver.one
         self._kafka_produce = sender.client.produce
@@ -78,8 +78,7 @@ class IdempotentProducer:
         self._now_ns: Callable[[], int] = (
             time.time_ns if clock is wall_clock_ms else (lambda: clock() * 1_000_000)
         )
-        self._tracking = sender.tracking
-        self._max_value = config.message_max_bytes
+        self._tracking, self._max_value = sender.tracking, config.message_max_bytes
         #: Values of the current (or last) :meth:`produce_many` handled so far.
         self.batch_done = self.resent = 0
         #: How :meth:`resume` continued: ``bumped``, ``rolled``, ``followed`` or ``fresh``.
@@ -226,12 +225,13 @@ class IdempotentProducer:
         else:
             pf = seq.header(n)
         cell[0] = n + 1
+        wire = [(PF_HEADER_KEY, pf)] if seq.mac_hasher is None else seq.with_mac(
+            topic, partition, n, pf, key, value)  # type: ignore[arg-type]  # fmt: skip
         try:
             try:
-                self._kafka_produce(topic, value, key, partition=partition,
-                                    headers=[(PF_HEADER_KEY, pf)])  # fmt: skip
+                self._kafka_produce(topic, value, key, partition=partition, headers=wire)
             except BufferError:
-                self._sender.send(topic, value, key, partition, [(PF_HEADER_KEY, pf)])  # type: ignore[arg-type]
+                self._sender.send(topic, value, key, partition, wire)  # type: ignore[arg-type]
         except BaseException:
             seq.rewind(topic, partition)
             raise
@@ -296,6 +296,7 @@ class IdempotentProducer:
                 own = None if lanes is None or partition is None else lanes.get(partition)
                 if seq is not None and lanes is not None and (partition is None or own):
                     fixed, prefix16, header, pid = seq.fixed, seq.prefix16, seq.header, seq.pid
+                    mac = seq.mac_hasher
                     deadline = session.deadline_ns
                     for i in range(i, count):  # noqa: B020 - the run resumes at i
                         value = values[i]
@@ -323,12 +324,13 @@ class IdempotentProducer:
                         else:
                             pf = header(n)
                         cell[0] = n + 1
+                        wire = [(PF_HEADER_KEY, pf)] if mac is None else seq.with_mac(
+                            topic, q, n, pf, key, value)  # fmt: skip
                         try:
                             try:
-                                kafka_produce(topic, value, key, partition=q,
-                                              headers=[(PF_HEADER_KEY, pf)])  # fmt: skip
+                                kafka_produce(topic, value, key, partition=q, headers=wire)
                             except BufferError:
-                                self._sender.send(topic, value, key, q, [(PF_HEADER_KEY, pf)])
+                                self._sender.send(topic, value, key, q, wire)
                         except BaseException:
                             seq.rewind(topic, q)
                             raise
@@ -347,8 +349,7 @@ class IdempotentProducer:
 
     def resend_acknowledged(self, n: int) -> int:
         """Fault hook: re-send each partition's last ``n`` acknowledged records as they were."""
-        sent = self._sender.resend_acknowledged(n)
-        self.resent += sent
+        self.resent += (sent := self._sender.resend_acknowledged(n))
         return sent
 
     @property
@@ -374,7 +375,7 @@ class IdempotentProducer:
         return self._sender.flush(timeout)
 
     def __len__(self) -> int:
-        return len(self._sender)
+        return len(self._sender)  # records in flight
 
     def checkpoint(self) -> ProducerCheckpoint:
         """The identity and next seqs to store atomically with the caller's upstream position

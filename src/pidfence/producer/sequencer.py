@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Mapping
 
@@ -23,7 +24,16 @@ import msgpack
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
-from pidfence.wire import FLAG_FENCE, GENERATION_LIMIT, PF_VERSION, PID_LIMIT, SEQ_LIMIT, encode_pf
+from pidfence.wire import (
+    FLAG_FENCE,
+    GENERATION_LIMIT,
+    PF_HEADER_KEY,
+    PF_VERSION,
+    PID_LIMIT,
+    SEQ_LIMIT,
+    encode_pf,
+)
+from pidfence.wire.mac import MAC_HEADER_KEY, record_hasher, record_mac_from
 
 #: Packs a seq in [0, 65536) as two big-endian bytes plus the flags byte 0 (``0xcd`` form).
 U16X = struct.Struct(">Hx").pack
@@ -47,6 +57,7 @@ class Sequencer:
 
     __slots__ = (
         "_lanes",
+        "_mac_key",
         "_prefix",
         "_prefix8",
         "_prefix32",
@@ -59,7 +70,7 @@ class Sequencer:
         "fixed",
         "generation",
         "lifetime_ms",
-        "mac_key",
+        "mac_hasher",
         "pid",
         "prefix16",
         "prior_mac_key",
@@ -93,8 +104,9 @@ class Sequencer:
         #: The producer key a version 2 ``cert`` names (the session signs placed statements
         #: with it), or None: the cert is stamped bare.
         self.signer: Ed25519PrivateKey | None = None
-        #: The lease's per-record MAC key (the lease server's ``--record-mac-secret``), or None.
-        self.mac_key: bytes | None = None
+        self._mac_key: bytes | None = None
+        #: The keyed hash state of :attr:`mac_key` (copied per record), or None.
+        self.mac_hasher: hashlib.blake2b | None = None
         #: After a roll, the rolled pid's MAC key (its records are scanned on a resume).
         self.prior_mac_key: bytes | None = None
         #: Partitions a resume FENCEd, with that FENCE's generation (see the checkpoint's).
@@ -128,6 +140,27 @@ class Sequencer:
         self._prefix8 = prefix + b"\xcc"
         self._prefix32 = prefix + b"\xce"
         self._prefix64 = prefix + b"\xcf"
+
+    @property
+    def mac_key(self) -> bytes | None:
+        """The lease's per-record MAC key (the lease server's ``--record-mac-secret``), or None."""
+        return self._mac_key
+
+    @mac_key.setter
+    def mac_key(self, key: bytes | None) -> None:
+        self._mac_key = key
+        self.mac_hasher = None if key is None else record_hasher(key)
+
+    def with_mac(
+        self, topic: str, partition: int, seq: int, pf: bytes, key: bytes | None,
+        value: bytes | None,
+    ) -> list[tuple[str, bytes]]:  # fmt: skip
+        """The headers of data record ``seq`` in the per-record mode: ``pf`` and its ``pfm``
+        (call it only when :attr:`mac_hasher` is set)."""
+        hasher: hashlib.blake2b = self.mac_hasher  # type: ignore[assignment]
+        mac = record_mac_from(hasher, topic, partition, self.pid, self.generation, seq, 0, key,
+                              value)  # fmt: skip
+        return [(PF_HEADER_KEY, pf), (MAC_HEADER_KEY, mac)]
 
     @classmethod
     def resumed(

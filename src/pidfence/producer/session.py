@@ -304,10 +304,11 @@ class ProducerSession:
 
     def sent(self, topic: str, partition: int, now_ms: int) -> None:
         """A stamped record was handed to Kafka: let the loop stamp the partition inline from
-        now on when its next record owes no skip and no extra header."""
+        now on when its next record owes no skip and no certificate (the loop adds the record
+        MAC itself, from :attr:`Sequencer.mac_hasher`)."""
         del now_ms
         current = self.sequencer
-        if (topic, partition) in current.skip or current.mac_key is not None:
+        if (topic, partition) in current.skip:
             return
         if self.owes(topic, partition, 0):
             return
