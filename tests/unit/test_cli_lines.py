@@ -151,3 +151,10 @@ def test_the_exit_table_names_pidfence_errors_and_decides_by_the_most_derived_cl
     assert code_of(RestoredPastSink("restored")) == EXIT_UNAVAILABLE
     assert code_of(SparkQueryFailed("spark")) == EXIT_RETRIABLE
     assert code_of(ValueError("not ours")) == EXIT_UNAVAILABLE
+
+
+def test_no_topic_asks_kafka_for_no_timestamp_type() -> None:
+    # pidfence demo checks Kafka with no topic yet; describe_configs refuses an empty list.
+    from pidfence.cli.preflight import _timestamp_types
+
+    assert _timestamp_types("127.0.0.1:9", [], 0.1) == {}
