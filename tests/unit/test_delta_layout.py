@@ -9,7 +9,7 @@ compaction, with every state file lost) continues the log exactly.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -116,17 +116,25 @@ class Crash(Exception):
     """The driver dies here."""
 
 
+def commit_moves_dying_at(kind: str) -> Callable[..., bool]:
+    """``layout.commit_moves`` that dies (raises :class:`Crash`) instead of committing ``kind``."""
+    real = layout_mod.commit_moves
+
+    def commit_moves(path: str, what: str, *args: Any, **kwargs: Any) -> bool:
+        if what == kind:
+            raise Crash(what)
+        return real(path, what, *args, **kwargs)  # type: ignore[arg-type]
+
+    return commit_moves
+
+
 def test_crash_between_the_rejects_and_the_log_commit(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(5, 300)
     chunks = micro_batches(records, 50)
     real = layout_mod.commit_moves
-
-    def die_before_log(path: str, kind: str, *args: Any, **kwargs: Any) -> bool:
-        if kind == "log":
-            raise Crash(kind)
-        return real(path, kind, *args, **kwargs)  # type: ignore[arg-type]
+    die_before_log = commit_moves_dying_at("log")
 
     for b, chunk in enumerate(chunks):
         msg = _write(monkeypatch, writer, b, chunk)

@@ -28,6 +28,7 @@ from pidfence.spark_sink.output import committed_ids, is_delta, reading_layout
 from pidfence.spark_sink.pipeline import BatchLine, BatchWatcher, SinkRunSummary, summarise
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, cleanup_uncommitted
+from tests.unit.test_delta_layout import Crash, commit_moves_dying_at
 from tests.unit.test_sink_process import (
     make_stream,
     micro_batches,
@@ -39,10 +40,6 @@ DELTA = {"tableFormat": "delta", "compactEvery": "2"}
 
 
 _write = partial(write_as_task, query=QUERY)
-
-
-class Crash(Exception):
-    """The driver dies here."""
 
 
 # ------------------------------------------------------------------------------ options
@@ -130,11 +127,7 @@ def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch
     records = make_stream(21, 300)
     chunks = micro_batches(records, 60)
     real = layout_mod.commit_moves
-
-    def die_before_log(path: str, kind: str, *args: Any, **kwargs: Any) -> bool:
-        if kind == "log":
-            raise Crash(kind)
-        return real(path, kind, *args, **kwargs)  # type: ignore[arg-type]
+    die_before_log = commit_moves_dying_at("log")
 
     watcher = BatchWatcher(str(out))
 
