@@ -8,45 +8,19 @@ every record of the per-record mode's), never how fast.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from pidfence.demo.procs import pidfence_argv
+from tests.fixtures.bench import run_quick_bench
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 RECORDS = 2_000
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def test_produce_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> None:
-    # A copy of the bench folder, so the smoke run never overwrites the recorded figures.
-    bench_dir = tmp_path / "bench"
-    bench_dir.mkdir()
-    shutil.copy(BENCH_DIR / "produce.py", bench_dir / "produce.py")
-    env = {
-        **os.environ,
-        "PIDFENCE_BENCH_RECORDS": str(RECORDS),
-        "PIDFENCE_BENCH_ROUNDS": "1",
-        "COLUMNS": "200",
-    }
-    result = subprocess.run(
-        pidfence_argv("bench", "produce", "--quick", "--bench-dir", str(bench_dir)),
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-
-    written = json.loads((bench_dir / "results" / "produce.json").read_text())
+    written = run_quick_bench("produce", tmp_path, RECORDS, timeout=540)
     rows = {row["contender"]: row for row in written["rows"]}
     assert len(rows) == 10 and all(row["records"] == RECORDS for row in rows.values())
     plain = rows["plain confluent-kafka (no headers)"]

@@ -9,47 +9,20 @@ timings fair (each contender still runs once, measured, on the whole topic).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from pidfence.demo.procs import pidfence_argv
+from tests.fixtures.bench import run_quick_bench
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 RECORDS = 20_000
 
 pytestmark = pytest.mark.timeout(900)
 
 
 def test_sink_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> None:
-    # A copy of the bench folder, so the smoke run never overwrites the recorded figures.
-    bench_dir = tmp_path / "bench"
-    bench_dir.mkdir()
-    shutil.copy(BENCH_DIR / "sink.py", bench_dir / "sink.py")
-    env = {
-        **os.environ,
-        "PIDFENCE_BENCH_RECORDS": str(RECORDS),
-        "PIDFENCE_BENCH_ROUNDS": "1",
-        # No warm-up queries: they only make timings fair, and this test asserts no timing.
-        "PIDFENCE_BENCH_WARMUP": "0",
-        "COLUMNS": "200",
-    }
-    result = subprocess.run(
-        pidfence_argv("bench", "sink", "--quick", "--bench-dir", str(bench_dir)),
-        capture_output=True,
-        text=True,
-        timeout=840,
-        check=False,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-
-    written = json.loads((bench_dir / "results" / "sink.json").read_text())
+    # No warm-up queries: they only make timings fair, and this test asserts no timing.
+    written = run_quick_bench("sink", tmp_path, RECORDS, timeout=840, PIDFENCE_BENCH_WARMUP="0")
     rows = {row["contender"][:3]: row for row in written["rows"]}
     assert {"(a)", "(n)", "(b)", "(c)", "(v)"} <= set(rows)
     assert all(row["records"] == RECORDS for row in rows.values())

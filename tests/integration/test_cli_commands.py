@@ -3,10 +3,8 @@ stderr and the documented code (the sink's and the services' cases have files of
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +17,15 @@ from pidfence.cli.exits import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
-from pidfence.demo.procs import pidfence_argv
 from pidfence.services import free_port
+from tests.fixtures.commands import timed_pidfence
 from tests.integration.test_cli_sink import JVM_LINE
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def pidfence(*args: str, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess[str], float]:
-    started = time.monotonic()
-    result = subprocess.run(
-        pidfence_argv(*args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    return result, time.monotonic() - started
+    return timed_pidfence(*args, timeout=timeout)
 
 
 def last_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -12,21 +12,14 @@ from pathlib import Path
 import pytest
 
 from pidfence.cli.exits import EXIT_OK, EXIT_UNAVAILABLE
-from pidfence.demo.procs import pidfence_argv
 from pidfence.services import same_process
+from tests.fixtures.commands import run_pidfence
 
 pytestmark = pytest.mark.timeout(400)
 
 
 def services(*args: str, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        pidfence_argv("services", *args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    return run_pidfence("services", *args, timeout=timeout)
 
 
 def test_up_is_idempotent_and_status_names_a_dead_node(tmp_path: Path) -> None:

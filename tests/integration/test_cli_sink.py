@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,8 @@ from typing import Any
 import pytest
 
 from pidfence.cli.exits import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
-from pidfence.demo.procs import pidfence_argv
 from pidfence.services import free_port
+from tests.fixtures.commands import timed_pidfence
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,16 +28,7 @@ JVM_LINE = re.compile(
 
 def run_sink(*args: str, timeout: float = 240.0) -> tuple[subprocess.CompletedProcess[str], float]:
     """``pidfence sink ARGS`` in a subprocess; (result, seconds it took)."""
-    started = time.monotonic()
-    result = subprocess.run(
-        pidfence_argv("sink", *args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    return result, time.monotonic() - started
+    return timed_pidfence("sink", *args, timeout=timeout)
 
 
 def paths(tmp_path: Path) -> list[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pidfence.pid_allocator import LeaseClient, client_tls_context, load_token_file
+from pidfence.pid_allocator import LeaseClient, load_token_file
 from pidfence.services.lease_server import LeasePki, LeaseServerProcess
 from tests.fixtures.lease import HostileProcess, RawLease, open_files, rss_bytes
 
@@ -34,18 +34,10 @@ def test_two_thousand_half_open_tls_connections_keep_no_client_out(
     tmp_path: Path,
     spread: str,
 ) -> None:
-    server = lease_process_factory(
-        "held",
-        auth_tokens_file=hostile_pki.tokens_file,
-        tls_cert=hostile_pki.server_cert,
-        tls_key=hostile_pki.server_key,
-        tls_ca=hostile_pki.ca,
-        max_connections=CAP,
-    )
+    server = lease_process_factory("held", **hostile_pki.server_options(), max_connections=CAP)
     assert server.pid is not None
-    token = load_token_file(hostile_pki.token_files["producer"])
-    tls = client_tls_context(hostile_pki.ca)
-    with LeaseClient(server.address, token=token, tls=tls, retries=0) as warm:
+    client_options = hostile_pki.client_options()
+    with LeaseClient(server.address, **client_options, retries=0) as warm:
         warm.lease()  # a block is held: leases below measure admission, not a first claim
     base_files, base_rss = open_files(server.pid), rss_bytes(server.pid)
     holder = HostileProcess(
@@ -57,7 +49,7 @@ def test_two_thousand_half_open_tls_connections_keep_no_client_out(
         for _ in range(20):
             started = time.monotonic()
             with LeaseClient(
-                server.address, token=token, tls=tls, retries=0, connect_timeout_s=5
+                server.address, **client_options, retries=0, connect_timeout_s=5
             ) as client:
                 assert client.lease().pid >= 1  # connect, TLS, hello, lease
             waits.append(time.monotonic() - started)
@@ -122,10 +114,7 @@ def test_a_handshake_that_never_ends_is_closed_at_its_deadline(
 ) -> None:
     server = lease_process_factory(
         "deadline",
-        auth_tokens_file=hostile_pki.tokens_file,
-        tls_cert=hostile_pki.server_cert,
-        tls_key=hostile_pki.server_key,
-        tls_ca=hostile_pki.ca,
+        **hostile_pki.server_options(),
         tls_handshake_timeout_s=1.0,
         hello_timeout_s=2.0,
     )

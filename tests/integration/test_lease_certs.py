@@ -15,8 +15,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pidfence.pid_allocator import (
     LeaseClient,
     MalformedRequest,
-    client_tls_context,
-    load_token_file,
 )
 from pidfence.services.lease_server import LeasePki, LeaseServerProcess
 from pidfence.wire import derive_record_key, load_mac_secret, load_public_keys, verify_cert
@@ -29,18 +27,14 @@ def test_grants_name_the_producer_key_and_carry_the_mac_key(
 ) -> None:
     server = lease_process_factory(
         "binding",
-        auth_tokens_file=lease_pki.tokens_file,
-        tls_cert=lease_pki.server_cert,
-        tls_key=lease_pki.server_key,
-        tls_ca=lease_pki.ca,
+        **lease_pki.server_options(),
         signing_key=lease_pki.signing_key,
         record_mac_secret=lease_pki.record_mac_secret,
     )
     keys = load_public_keys([lease_pki.public_key])
     secret = load_mac_secret(lease_pki.record_mac_secret)
-    token = load_token_file(lease_pki.token_files["producer"])
     producer = [Ed25519PrivateKey.generate().public_key().public_bytes_raw() for _ in range(3)]
-    with LeaseClient(server.address, token=token, tls=client_tls_context(lease_pki.ca)) as client:
+    with LeaseClient(server.address, **lease_pki.client_options()) as client:
         lease = client.lease(key=producer[0])
         bumped = client.bump(lease.pid, lease.generation, lease.secret, key=producer[1])
         rolled = client.roll(bumped.pid, bumped.generation, lease.secret, key=producer[2])

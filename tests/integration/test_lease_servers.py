@@ -15,8 +15,6 @@ from pidfence.pid_allocator import (
     LeaseServerThread,
     NotOwner,
     StaleGeneration,
-    client_tls_context,
-    load_token_file,
 )
 from pidfence.pid_allocator.blocks import MAX_RESERVE_BLOCKS
 from pidfence.services import started_pids
@@ -149,17 +147,12 @@ def test_spawned_server_with_every_defence_on(
         zk_chroot,
         tmp_path,
         "secured",
-        auth_tokens_file=lease_pki.tokens_file,
-        tls_cert=lease_pki.server_cert,
-        tls_key=lease_pki.server_key,
+        **lease_pki.server_options(),
         zk_auth_file=lease_pki.zk_auth_file,
         signing_key=lease_pki.signing_key,
-        tls_ca=lease_pki.ca,
     )
     try:
-        token = load_token_file(lease_pki.token_files["producer"])
-        tls = client_tls_context(lease_pki.ca)
-        with LeaseClient(handle.address, token=token, tls=tls) as client:
+        with LeaseClient(handle.address, **lease_pki.client_options()) as client:
             lease = client.lease()
             successor = client.roll(lease.pid, lease.generation, lease.secret)
         keys = load_public_keys([lease_pki.public_key])

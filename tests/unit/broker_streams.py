@@ -8,11 +8,16 @@ something obviously right.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from hypothesis import strategies as st
+
+from pidfence.broker_plugin import ProducerStateTable, Verifier
 from pidfence.wire import FLAG_FENCE, MalformedHeader, Verdict, decode_pf, encode_pf
+from pidfence.wire.cert import verify_cert
 
 
 @dataclass
@@ -388,6 +393,19 @@ class FakeVerifier:
         return None if cert == good(pid, g) else "other_identity"
 
 
+def cert_verifier(keys: Sequence[Ed25519PublicKey], missing: str = "missing") -> Verifier:
+    """A broker verifier that checks real lease certificates against ``keys``; a record without
+    one is refused with the reason ``missing``."""
+
+    def verifier(pid: int, g: int, s: int, f: int, cert: bytes | None, now_ms: int) -> str | None:
+        if cert is None:
+            return missing
+        check = verify_cert(cert, keys, pid, g, now_ms)
+        return None if check.ok else check.reason
+
+    return verifier
+
+
 def with_certs(rng: random.Random, stream: list[tuple[bytes | None, int]], forge: float
                ) -> list[bytes | None]:  # fmt: skip
     """A certificate per record: mostly valid for its header, sometimes absent or wrong."""
@@ -405,3 +423,67 @@ def with_certs(rng: random.Random, stream: list[tuple[bytes | None, int]], forge
         else:
             certs.append(good(pf.pid, pf.generation))
     return certs
+
+
+Stream = list[tuple[bytes | None, int]]
+
+
+def offer_alike(
+    table: ProducerStateTable,
+    ref: ReferenceTable,
+    stream: Stream,
+    certs: list[bytes | None] | None = None,
+    opens: Collection[int] = (),
+    where: str = "",
+) -> list[list[tuple[Any, Verdict]]]:
+    """Offer every record of ``stream`` (``ref=i``, with ``certs[i]`` when given) to ``table``
+    and to the reference model, asserting they decide alike; return each record's decisions.
+
+    A horizon is opened on both just before each record index in ``opens``; ``where`` prefixes
+    the failure message (e.g. the seed).
+    """
+    decided: list[list[tuple[Any, Verdict]]] = []
+    for i, (header, ts) in enumerate(stream):
+        if i in opens:
+            table.open_horizon(ts)
+            ref.open_horizon(ts)
+        cert = None if certs is None else certs[i]
+        got = [(d.ref, d.verdict) for d in table.offer_header(header, ts, i, cert)]
+        assert got == ref.offer_header(header, ts, i, cert), f"{where}record {i}"
+        decided.append(got)
+    return decided
+
+
+def flush_alike(table: ProducerStateTable, ref: ReferenceTable, stream: Stream) -> None:
+    """Flush both just past the stream's last record: they release alike and keep the same
+    (generation, highwater) per live pid."""
+    end = stream[-1][1] + 1 if stream else 0
+    assert [(d.ref, d.verdict) for d in table.flush(end)] == ref.flush(end)
+    live = {p: table.get(p)[:2] for p in table.entries}  # type: ignore[index]
+    assert live == {p: tuple(e[:2]) for p, e in ref.entries.items()}
+
+
+def knobs_strategy_of(
+    pids: int, records: int, odd_rate: float, **more: st.SearchStrategy[Any]
+) -> st.SearchStrategy[StreamKnobs]:
+    """:class:`StreamKnobs` with up to ``pids`` producers, ``records`` records and the usual
+    fault rates; ``more`` draws further knobs."""
+    return st.builds(
+        StreamKnobs,
+        pids=st.integers(1, pids),
+        records=st.integers(0, records),
+        dup_rate=st.floats(0, 0.3),
+        swap_rate=st.floats(0, 0.2),
+        bump_rate=st.floats(0, 0.1),
+        zombie_rate=st.floats(0, 0.1),
+        fence_rate=st.floats(0, 0.1),
+        odd_rate=st.floats(0, odd_rate),
+        ts_step_max=st.integers(0, 80),
+        ts_back_rate=st.floats(0, 0.2),
+        resend_rate=st.floats(0, 0.1),
+        **more,
+    )
+
+
+#: (capacity, lifetime, reorder window)
+table_args = st.tuples(st.integers(1, 8), st.integers(1, 3000), st.integers(0, 4))

@@ -18,16 +18,19 @@ from hypothesis import strategies as st
 
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.wire import FLAG_FENCE, Verdict, encode_pf
-from pidfence.wire.cert import encode_cert, verify_cert
+from pidfence.wire.cert import encode_cert
 from tests.unit.broker_streams import (
     FakeVerifier,
     ReferenceTable,
     StreamKnobs,
+    cert_verifier,
     good,
     make_stream,
+    offer_alike,
+    table_args,
     with_certs,
 )
-from tests.unit.test_broker_properties import knobs_strategy, table_args
+from tests.unit.test_broker_properties import knobs_strategy
 
 V = Verdict
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -104,13 +107,7 @@ def test_real_ed25519_certificates() -> None:
     key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     keys = [other.public_key(), key.public_key()]  # key rotation: either key is accepted
 
-    def verifier(pid: int, g: int, s: int, f: int, cert: bytes | None, now_ms: int) -> str | None:
-        if cert is None:
-            return "missing"
-        check = verify_cert(cert, keys, pid, g, now_ms)
-        return None if check.ok else check.reason
-
-    t = table_with(verifier)
+    t = table_with(cert_verifier(keys))
     assert decide(t, 7, 1, 0, encode_cert(key, 7, 1, 10_000), ts=5)[0][1] is V.APPENDED
     rogue = Ed25519PrivateKey.generate()
     assert decide(t, 7, 2, 0, encode_cert(rogue, 7, 2, 10_000), FLAG_FENCE)[0][1] is V.FORGED
@@ -143,9 +140,7 @@ def test_forged_cases_match_the_reference_and_the_batch_path(
     ref = ReferenceTable(capacity, lifetime, window, verifier=FakeVerifier())
     final: dict[int, Verdict] = {}
     log: list[int] = []
-    for i, ((header, ts), cert) in enumerate(zip(stream, certs, strict=True)):
-        got = [(d.ref, d.verdict) for d in one.offer_header(header, ts, i, cert)]
-        assert got == ref.offer_header(header, ts, i, cert), f"record {i}"
+    for got in offer_alike(one, ref, stream, certs):
         for r, v in got:
             final[r] = v
             if v.appended:

@@ -19,26 +19,19 @@ from hypothesis import strategies as st
 from pidfence.broker_plugin import Gap, ProducerStateTable, replay_batch
 from pidfence.broker_plugin.snapshot import MAGIC
 from pidfence.wire import Verdict, encode_pf
-from tests.unit.broker_streams import ReferenceTable, StreamKnobs, make_stream
-
-knobs_strategy = st.builds(
+from tests.unit.broker_streams import (
+    ReferenceTable,
     StreamKnobs,
-    pids=st.integers(1, 6),
-    records=st.integers(0, 220),
-    dup_rate=st.floats(0, 0.3),
-    swap_rate=st.floats(0, 0.2),
-    bump_rate=st.floats(0, 0.1),
-    zombie_rate=st.floats(0, 0.1),
-    fence_rate=st.floats(0, 0.1),
-    odd_rate=st.floats(0, 0.1),
-    ts_step_max=st.integers(0, 80),
-    ts_back_rate=st.floats(0, 0.2),
-    resend_rate=st.floats(0, 0.1),
-    loss_rate=st.floats(0, 0.15),
-    late_start_rate=st.floats(0, 1),
+    flush_alike,
+    knobs_strategy_of,
+    make_stream,
+    offer_alike,
+    table_args,
 )
-#: (capacity, lifetime, reorder window)
-table_args = st.tuples(st.integers(1, 8), st.integers(1, 3000), st.integers(0, 4))
+
+knobs_strategy = knobs_strategy_of(
+    6, 220, 0.1, loss_rate=st.floats(0, 0.15), late_start_rate=st.floats(0, 1)
+)
 #: Where the reader opens a horizon: before these record indexes (the stream's own time there).
 horizons = st.lists(st.integers(0, 220), max_size=3)
 
@@ -58,17 +51,9 @@ def test_extensions_match_the_reference_model(
     stream = make_stream(random.Random(seed), knobs)
     table = ProducerStateTable(capacity, lifetime, window, resolve_gaps=gaps_on)
     ref = ReferenceTable(capacity, lifetime, window, resolve_gaps=gaps_on)
-    for i, (header, ts) in enumerate(stream):
-        if i in opens:
-            table.open_horizon(ts)
-            ref.open_horizon(ts)
-        got = [(d.ref, d.verdict) for d in table.offer_header(header, ts, ref=i)]
-        assert got == ref.offer_header(header, ts, i), f"record {i}"
-    end = stream[-1][1] + 1 if stream else 0
-    assert [(d.ref, d.verdict) for d in table.flush(end)] == ref.flush(end)
+    offer_alike(table, ref, stream, opens=opens)
+    flush_alike(table, ref, stream)
     assert _gap_tuples(table.gaps) == ref.gaps
-    live = {p: table.get(p)[:2] for p in table.entries}  # type: ignore[index]
-    assert live == {p: tuple(e[:2]) for p, e in ref.entries.items()}
 
 
 def _one_by_one(

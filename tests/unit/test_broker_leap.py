@@ -17,13 +17,15 @@ import pytest
 
 from pidfence.broker_plugin import ProducerStateTable, rebuild, replay_batch
 from pidfence.wire import FLAG_FENCE, Verdict, decode_pf, encode_pf
-from pidfence.wire.cert import encode_cert, verify_cert
+from pidfence.wire.cert import encode_cert
 from tests.unit.broker_streams import (
     FakeVerifier,
     ReferenceTable,
     StreamKnobs,
+    cert_verifier,
     good,
     make_stream,
+    offer_alike,
     with_certs,
 )
 from tests.unit.test_broker_forged import decide, table_with
@@ -134,13 +136,7 @@ def test_real_ed25519_certificates_for_a_leap() -> None:
     key, rogue = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     keys = [key.public_key()]
 
-    def verifier(pid: int, g: int, s: int, f: int, cert: bytes | None, now_ms: int) -> str | None:
-        if cert is None:
-            return "malformed"
-        check = verify_cert(cert, keys, pid, g, now_ms)
-        return None if check.ok else check.reason
-
-    t = table_with(verifier)
+    t = table_with(cert_verifier(keys, missing="malformed"))
     assert decide(t, 7, 1, 0, encode_cert(key, 7, 1, 10_000), ts=5)[0][1] is V.APPENDED
     assert decide(t, 7, 5, 1, encode_cert(rogue, 7, 5, 10_000), FLAG_FENCE)[0][1] is V.FORGED
     assert decide(t, 7, 5, 1, encode_cert(key, 7, 5, 4), FLAG_FENCE)[0][1] is V.FORGED  # expired
@@ -221,9 +217,7 @@ def test_the_property_streams_exercise_signed_leaps() -> None:
         total_leaps += _leaps(stream, certs)
         one = ProducerStateTable(4, 10**9, 3, verifier=FakeVerifier())
         ref = ReferenceTable(4, 10**9, 3, verifier=FakeVerifier())
-        for i, ((h, ts), c) in enumerate(zip(stream, certs, strict=True)):
-            got = [(d.ref, d.verdict) for d in one.offer_header(h, ts, i, c)]
-            assert got == ref.offer_header(h, ts, i, c), f"seed {seed} record {i}"
+        for got in offer_alike(one, ref, stream, certs, where=f"seed {seed} "):
             seen.update(v for _, v in got)
         batched = ProducerStateTable(4, 10**9, 3, verifier=FakeVerifier())
         replayed = ProducerStateTable(4, 10**9, 3)

@@ -18,28 +18,22 @@ from tests.unit.broker_streams import (
     FakeVerifier,
     ReferenceTable,
     StreamKnobs,
+    flush_alike,
+    knobs_strategy_of,
     make_stream,
+    offer_alike,
+    table_args,
     with_certs,
 )
 
-knobs_strategy = st.builds(
-    StreamKnobs,
-    pids=st.integers(1, 8),
-    records=st.integers(0, 250),
-    dup_rate=st.floats(0, 0.3),
-    swap_rate=st.floats(0, 0.2),
-    bump_rate=st.floats(0, 0.1),
-    zombie_rate=st.floats(0, 0.1),
-    fence_rate=st.floats(0, 0.1),
-    odd_rate=st.floats(0, 0.15),
-    ts_step_max=st.integers(0, 80),
-    ts_back_rate=st.floats(0, 0.2),
-    resend_rate=st.floats(0, 0.1),
+knobs_strategy = knobs_strategy_of(
+    8,
+    250,
+    0.15,
     leap_rate=st.floats(0, 0.1),
     skew_rate=st.floats(0, 0.1),
     skew_ms=st.integers(0, 4000),
 )
-table_args = st.tuples(st.integers(1, 8), st.integers(1, 3000), st.integers(0, 4))
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -64,17 +58,8 @@ def test_table_matches_reference_model(seed: int, knobs: StreamKnobs, args: Any)
     stream = make_stream(random.Random(seed), knobs)
     table = ProducerStateTable(capacity, lifetime, window)
     ref = ReferenceTable(capacity, lifetime, window)
-    for i, (header, ts) in enumerate(stream):
-        got = [(d.ref, d.verdict) for d in table.offer_header(header, ts, ref=i)]
-        assert got == ref.offer_header(header, ts, i), f"record {i}"
-    end = stream[-1][1] + 1 if stream else 0
-    assert [(d.ref, d.verdict) for d in table.flush(end)] == ref.flush(end)
-    assert (
-        {p: table.get(p)[:2] for p in table.entries}
-        == {  # type: ignore[index]
-            p: tuple(e[:2]) for p, e in ref.entries.items()
-        }
-    )
+    offer_alike(table, ref, stream)
+    flush_alike(table, ref, stream)
 
 
 #: Multipliers that spread the stream's pids 1..8 over a span below 2**16, below 2**32 and

@@ -272,6 +272,10 @@ def test_restore_overrides_are_checked_as_settings_not_as_damage() -> None:
         ProducerStateTable.restore(snap, capacity=2)
     with pytest.raises(ValueError, match="lifetime_ms must be an int"):
         ProducerStateTable.restore(snap, lifetime_ms=0)
+    with pytest.raises(TypeError, match="capactiy"):
+        ProducerStateTable.restore(snap, capactiy=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="window"):
+        rebuild(None, [], capacity=4, lifetime_ms=1000, window=3)  # type: ignore[call-arg]
     bigger = ProducerStateTable.restore(snap, capacity=3, reorder_window=0)
     assert (bigger.capacity, bigger.reorder_window) == (3, 0)
     assert [bigger.get(p) for p in (1, 2, 3)] == [table.get(p) for p in (1, 2, 3)]

@@ -9,7 +9,8 @@ compaction, with every state file lost) continues the log exactly.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,21 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta import layout as layout_mod
 from pidfence.spark_sink.delta.care import compact
 from pidfence.spark_sink.delta.layout import DeltaLayout, open_layout
 from pidfence.spark_sink.delta.readers import read_delta_log, read_delta_rejects
 from pidfence.spark_sink.delta.table import NotPidfenceTable
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
+from pidfence.spark_sink.writer import PidfenceStreamWriter
 from pidfence.wire import encode_pf
-from tests.unit.test_sink_process import Record, kafka_rows, make_stream, reference
+from tests.unit.test_sink_process import (
+    Record,
+    make_stream,
+    micro_batches,
+    reference,
+    write_as_task,
+)
 
 SETTINGS = {
     "capacity": "64",
@@ -48,19 +54,7 @@ def writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pidfence
     yield PidfenceStreamWriter(options)
 
 
-def _write(
-    monkeypatch: pytest.MonkeyPatch,
-    w: PidfenceStreamWriter,
-    batch: int,
-    records: list[Record],
-    attempt: int = 0,
-) -> SinkCommitMessage:
-    monkeypatch.setattr(writer_mod, "_task_context", lambda: (batch, attempt, QUERY))
-    return w.write(iter(kafka_rows(records).to_batches(max_chunksize=17)))
-
-
-def _chunks(records: list[Record], size: int = 50) -> list[list[Record]]:
-    return [records[i : i + size] for i in range(0, len(records), size)]
+_write = partial(write_as_task, query=QUERY)
 
 
 def _check(path: Path, records: list[Record]) -> None:
@@ -79,11 +73,11 @@ def test_log_equals_reference_in_every_reader(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(11, 500)
-    for b, chunk in enumerate(_chunks(records)):
+    for b, chunk in enumerate(micro_batches(records, 50)):
         writer.commit([_write(monkeypatch, writer, b, chunk)], b)
     _check(tmp_path, records)
     dt = DeltaTable(str(tmp_path))
-    assert dt.transaction_version(QUERY) == len(_chunks(records)) - 1
+    assert dt.transaction_version(QUERY) == len(micro_batches(records, 50)) - 1
     assert pl.read_delta(str(tmp_path)).height == dt.to_pyarrow_table().num_rows
     assert read_delta_log(str(tmp_path)).num_rows == dt.to_pyarrow_table().num_rows
     # Only Delta's own files and pidfence's hidden directory under the table root.
@@ -99,7 +93,7 @@ def test_replayed_and_recommitted_batches_change_nothing(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(3, 200)
-    chunks = _chunks(records)
+    chunks = micro_batches(records, 50)
     for b, chunk in enumerate(chunks):
         writer.commit([_write(monkeypatch, writer, b, chunk)], b)
     versions = (
@@ -122,17 +116,25 @@ class Crash(Exception):
     """The driver dies here."""
 
 
+def commit_moves_dying_at(kind: str) -> Callable[..., bool]:
+    """``layout.commit_moves`` that dies (raises :class:`Crash`) instead of committing ``kind``."""
+    real = layout_mod.commit_moves
+
+    def commit_moves(path: str, what: str, *args: Any, **kwargs: Any) -> bool:
+        if what == kind:
+            raise Crash(what)
+        return real(path, what, *args, **kwargs)  # type: ignore[arg-type]
+
+    return commit_moves
+
+
 def test_crash_between_the_rejects_and_the_log_commit(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(5, 300)
-    chunks = _chunks(records)
+    chunks = micro_batches(records, 50)
     real = layout_mod.commit_moves
-
-    def die_before_log(path: str, kind: str, *args: Any, **kwargs: Any) -> bool:
-        if kind == "log":
-            raise Crash(kind)
-        return real(path, kind, *args, **kwargs)  # type: ignore[arg-type]
+    die_before_log = commit_moves_dying_at("log")
 
     for b, chunk in enumerate(chunks):
         msg = _write(monkeypatch, writer, b, chunk)
@@ -154,7 +156,7 @@ def test_crash_after_staging_then_rerun(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(7, 300)
-    chunks = _chunks(records)
+    chunks = micro_batches(records, 50)
     for b, chunk in enumerate(chunks):
         msg = _write(monkeypatch, writer, b, chunk)
         if b == 3:
@@ -170,7 +172,7 @@ def test_state_rebuilt_from_the_delta_output_after_compaction(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(13, 600)
-    chunks = _chunks(records, 40)
+    chunks = micro_batches(records, 40)
     half = len(chunks) // 2
     for b, chunk in enumerate(chunks[:half]):
         writer.commit([_write(monkeypatch, writer, b, chunk)], b)
@@ -188,7 +190,7 @@ def test_deleted_rows_stay_deleted_when_replayed_upstream_even_with_state_files_
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(17, 300)
-    chunks = _chunks(records)
+    chunks = micro_batches(records, 50)
     for b, chunk in enumerate(chunks):
         writer.commit([_write(monkeypatch, writer, b, chunk)], b)
     path = str(tmp_path)
@@ -232,7 +234,7 @@ def test_uncommitted_manifest_is_not_a_committed_batch(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(19, 150)
-    chunks = _chunks(records)
+    chunks = micro_batches(records, 50)
     writer.commit([_write(monkeypatch, writer, 0, chunks[0])], 0)
     msg = _write(monkeypatch, writer, 1, chunks[1])
     real = layout_mod.commit_moves
@@ -267,6 +269,6 @@ def test_file_uri_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     open_layout(options.path, options.rejects_path, QUERY)
     w = PidfenceStreamWriter(options)
     records = make_stream(29, 150)
-    for b, chunk in enumerate(_chunks(records)):
+    for b, chunk in enumerate(micro_batches(records, 50)):
         w.commit([_write(monkeypatch, w, b, chunk)], b)
     _check(tmp_path, records)

@@ -21,8 +21,8 @@ from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.readers import read_log, read_rejects
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from pidfence.wire import encode_pf
-from tests.unit.test_delta_layout import QUERY, SETTINGS, _chunks, _write
-from tests.unit.test_sink_process import make_stream, reference
+from tests.unit.test_delta_layout import QUERY, SETTINGS, _write
+from tests.unit.test_sink_process import make_stream, micro_batches, reference
 
 RULES = {"capacity": 64, "lifetime_ms": 10_000_000, "reorder_window": 3}
 
@@ -82,7 +82,7 @@ def test_an_old_output_migrates_and_the_sink_continues_it_exactly(
     open_layout(options.path, options.rejects_path, QUERY)
     writer = PidfenceStreamWriter(options)
     records = make_stream(23, 400)
-    chunks = _chunks(records)
+    chunks = micro_batches(records, 50)
     half = len(chunks) // 2
     for b, chunk in enumerate(chunks[:half]):
         writer.commit([_write(monkeypatch, writer, b, chunk)], b)

@@ -16,7 +16,7 @@ from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
 from pidfence.spark_sink.state_files import state_files
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
-from tests.unit.test_sink_process import Record, kafka_rows, make_stream, reference
+from tests.unit.test_sink_process import Record, kafka_rows, make_stream, micro_batches, reference
 
 #: These tests look at the manifest layout's files: the format is pinned, whatever the default.
 SETTINGS = {
@@ -47,10 +47,6 @@ def _run(
         w.commit([_write(monkeypatch, w, b, kafka_rows(chunk))], b)
 
 
-def _chunks(records: list[Record], size: int = 50) -> list[list[Record]]:
-    return [records[i : i + size] for i in range(0, len(records), size)]
-
-
 def _files(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
@@ -61,7 +57,7 @@ def test_log_across_batches_equals_reference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(11, 500)
-    _run(monkeypatch, _writer(tmp_path), _chunks(records))
+    _run(monkeypatch, _writer(tmp_path), micro_batches(records, 50))
     expected, dropped = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
     log = read_log(str(tmp_path))
     assert log["offset"].to_pylist() == expected
@@ -76,7 +72,7 @@ def test_replayed_batch_rewrites_identical_files_and_commit_is_idempotent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(3, 200)
-    chunks = _chunks(records)
+    chunks = micro_batches(records, 50)
     w = _writer(tmp_path)
     _run(monkeypatch, w, chunks)
     before = _files(tmp_path)
@@ -91,7 +87,7 @@ def test_uncommitted_batch_is_invisible_and_cleaned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(4, 120)
-    chunks = _chunks(records, 60)
+    chunks = micro_batches(records, 60)
     w = _writer(tmp_path)
     _run(monkeypatch, w, chunks[:1])
     visible = read_log(str(tmp_path))
@@ -147,7 +143,7 @@ def test_lost_newest_state_is_rebuilt_from_older_state_and_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
 ) -> None:
     records = make_stream(8, 600)
-    chunks = _chunks(records, 60)
+    chunks = micro_batches(records, 60)
     w = _writer(tmp_path)
     _run(monkeypatch, w, chunks[:-1])
     state_dir = tmp_path / "_state" / "t~0"
@@ -169,7 +165,7 @@ def test_lost_newest_state_is_rebuilt_from_older_state_and_log(
 def test_state_is_incremental_with_periodic_compaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _run(monkeypatch, _writer(tmp_path), _chunks(make_stream(9, 600), 40))
+    _run(monkeypatch, _writer(tmp_path), micro_batches(make_stream(9, 600), 40))
     kinds = [n.partition(".")[2] for n in sorted(os.listdir(tmp_path / "_state" / "t~0"))]
     assert "delta" in kinds and kinds.count("full") <= 2
     # compactEvery=2: never more than 2 deltas after a full.

@@ -7,6 +7,7 @@ The writer runs without Spark (``write()`` and ``commit()`` called directly, as 
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,6 @@ from typer.testing import CliRunner
 from pidfence.cli import app
 from pidfence.cli import sink as cli_sink
 from pidfence.spark_sink import read_log, read_rejects
-from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta import layout as layout_mod
 from pidfence.spark_sink.delta.readers import read_delta_log, read_delta_rejects
 from pidfence.spark_sink.delta.table import OWN_DIR, NotPidfenceTable
@@ -27,30 +27,19 @@ from pidfence.spark_sink.options import DEFAULT_TABLE_FORMAT, SinkOptions
 from pidfence.spark_sink.output import committed_ids, is_delta, reading_layout
 from pidfence.spark_sink.pipeline import BatchLine, BatchWatcher, SinkRunSummary, summarise
 from pidfence.spark_sink.storage import Store
-from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
-from tests.unit.test_sink_process import Record, kafka_rows, make_stream
+from pidfence.spark_sink.writer import PidfenceStreamWriter, cleanup_uncommitted
+from tests.unit.test_delta_layout import Crash, commit_moves_dying_at
+from tests.unit.test_sink_process import (
+    make_stream,
+    micro_batches,
+    write_as_task,
+)
 
 QUERY = "5a5a5a5a-wiring-query"
 DELTA = {"tableFormat": "delta", "compactEvery": "2"}
 
 
-def _write(
-    monkeypatch: pytest.MonkeyPatch,
-    w: PidfenceStreamWriter,
-    batch: int,
-    records: list[Record],
-    attempt: int = 0,
-) -> SinkCommitMessage:
-    monkeypatch.setattr(writer_mod, "_task_context", lambda: (batch, attempt, QUERY))
-    return w.write(iter(kafka_rows(records).to_batches(max_chunksize=17)))
-
-
-def _chunks(records: list[Record], size: int = 60) -> list[list[Record]]:
-    return [records[i : i + size] for i in range(0, len(records), size)]
-
-
-class Crash(Exception):
-    """The driver dies here."""
+_write = partial(write_as_task, query=QUERY)
 
 
 # ------------------------------------------------------------------------------ options
@@ -136,13 +125,9 @@ def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch
     w = PidfenceStreamWriter(options, QUERY)
     assert is_delta(str(out)) and (out / OWN_DIR / "_owner.json").is_file()
     records = make_stream(21, 300)
-    chunks = _chunks(records)
+    chunks = micro_batches(records, 60)
     real = layout_mod.commit_moves
-
-    def die_before_log(path: str, kind: str, *args: Any, **kwargs: Any) -> bool:
-        if kind == "log":
-            raise Crash(kind)
-        return real(path, kind, *args, **kwargs)  # type: ignore[arg-type]
+    die_before_log = commit_moves_dying_at("log")
 
     watcher = BatchWatcher(str(out))
 
@@ -198,7 +183,7 @@ def test_manifest_output_is_unchanged_by_the_wiring(
     options = SinkOptions.parse({"path": str(out), "tableFormat": "manifest"})
     w = PidfenceStreamWriter(options, QUERY)
     records = make_stream(4, 120)
-    for b, chunk in enumerate(_chunks(records)):
+    for b, chunk in enumerate(micro_batches(records, 60)):
         w.commit([_write(monkeypatch, w, b, chunk)], b)
     assert not is_delta(str(out)) and (out / "_manifests").is_dir() and (out / "_owner.json")
     assert committed_ids(str(out)) == [0, 1]
@@ -216,7 +201,7 @@ def test_cli_compact_and_vacuum_keep_the_rows_and_refuse_other_paths(
     out = tmp_path / "out"
     w = PidfenceStreamWriter(SinkOptions.parse({"path": str(out), **DELTA}), QUERY)
     records = make_stream(8, 400)
-    for b, chunk in enumerate(_chunks(records, 40)):
+    for b, chunk in enumerate(micro_batches(records, 40)):
         w.commit([_write(monkeypatch, w, b, chunk)], b)
     log, rejects = read_log(str(out)), read_rejects(str(out))
     files = len(DeltaTable(str(out)).file_uris())

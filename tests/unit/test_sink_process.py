@@ -9,8 +9,10 @@ import pyarrow as pa
 import pytest
 
 from pidfence.broker_plugin import ProducerStateTable
+from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.process import pf_headers, process_partition
 from pidfence.spark_sink.state import PartitionState
+from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from pidfence.wire import FLAG_FENCE, encode_pf
 
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -74,6 +76,25 @@ def kafka_rows(records: list[Record], topic: str = "t", partition: int = 0) -> p
             "headers": pa.array([record_headers(o, h) for o, h, _ in records], HEADERS_TYPE),
         }
     )
+
+
+def write_as_task(
+    monkeypatch: pytest.MonkeyPatch,
+    writer: PidfenceStreamWriter,
+    batch: int,
+    records: list[Record],
+    attempt: int = 0,
+    *,
+    query: str,
+) -> SinkCommitMessage:
+    """``writer.write()`` of ``records`` (chunks of 17 rows) as Spark's task of this batch."""
+    monkeypatch.setattr(writer_mod, "_task_context", lambda: (batch, attempt, query))
+    return writer.write(iter(kafka_rows(records).to_batches(max_chunksize=17)))
+
+
+def micro_batches(records: list[Record], size: int) -> list[list[Record]]:
+    """``records`` cut into micro-batches of ``size``."""
+    return [records[i : i + size] for i in range(0, len(records), size)]
 
 
 def record_headers(offset: int, pf: bytes | None) -> list[dict[str, Any]]:

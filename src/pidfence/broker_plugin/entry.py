@@ -8,7 +8,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict
 
 from pidfence.wire import FLAG_FENCE, GENERATION_LIMIT, PID_LIMIT, SEQ_LIMIT, Verdict
 
@@ -84,6 +84,36 @@ class Held:
 
 
 _SETTING_MINIMUM: Final = {"capacity": 1, "lifetime_ms": 1, "reorder_window": 0, "grace_ms": 0}
+
+
+class SettingOverrides(TypedDict, total=False):
+    """Settings that replace a snapshot's when a table is restored or rebuilt (absent or
+    ``None``: keep the snapshot's). Each is documented on
+    :class:`~pidfence.broker_plugin.rules.RulesKernel`."""
+
+    capacity: int | None
+    lifetime_ms: int | None
+    reorder_window: int | None
+    grace_ms: int | None
+    resolve_gaps: bool | None
+
+
+def check_overrides(overrides: SettingOverrides) -> None:
+    """Refuse unknown or impossible :class:`SettingOverrides`.
+
+    Raises:
+        TypeError: a keyword that is not a setting.
+        ValueError: a setting is not an int or is below its minimum.
+    """
+    unknown = sorted(set(overrides) - set(SettingOverrides.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(unknown)}")
+    check_settings(
+        capacity=overrides.get("capacity"),
+        lifetime_ms=overrides.get("lifetime_ms"),
+        reorder_window=overrides.get("reorder_window"),
+        grace_ms=overrides.get("grace_ms"),
+    )
 
 
 def check_settings(**settings: int | None) -> None:

@@ -15,8 +15,9 @@ secret or the record's bytes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
+from pidfence.broker_plugin.entry import SettingOverrides, check_overrides
 from pidfence.broker_plugin.table import ProducerStateTable
 from pidfence.wire import Verdict
 
@@ -93,12 +94,7 @@ def replay_batch(
 def rebuild(
     snapshot: bytes | None,
     records: Iterable[tuple[Any, ...]],
-    *,
-    capacity: int | None = None,
-    lifetime_ms: int | None = None,
-    reorder_window: int | None = None,
-    grace_ms: int | None = None,
-    resolve_gaps: bool | None = None,
+    **settings: Unpack[SettingOverrides],
 ) -> ProducerStateTable:
     """State after replaying ``records`` in order.
 
@@ -111,29 +107,28 @@ def rebuild(
             :func:`replay_cert`). Records of a signed run need their verdicts: without one a
             record replays without a certificate, so a leap of several generations that the live
             run accepted on its certificate would be refused.
+        **settings: the table's settings (:class:`~pidfence.broker_plugin.entry.SettingOverrides`):
+            without a snapshot, ``reorder_window`` defaults to 5, ``grace_ms`` to 0 and
+            ``resolve_gaps`` to off; with one, those given override the snapshot's.
 
     Raises:
         CorruptSnapshot: the snapshot is damaged (fall back to an older one or a full replay).
     """
+    check_overrides(settings)
     if snapshot is None:
+        capacity, lifetime_ms = settings.get("capacity"), settings.get("lifetime_ms")
         if capacity is None or lifetime_ms is None:
             raise ValueError("rebuild without a snapshot needs capacity and lifetime_ms")
+        reorder_window, grace_ms = settings.get("reorder_window"), settings.get("grace_ms")
         table = ProducerStateTable(
             capacity,
             lifetime_ms,
             5 if reorder_window is None else reorder_window,
             0 if grace_ms is None else grace_ms,
-            resolve_gaps=bool(resolve_gaps),
+            resolve_gaps=bool(settings.get("resolve_gaps")),
         )
     else:
-        table = ProducerStateTable.restore(
-            snapshot,
-            capacity=capacity,
-            lifetime_ms=lifetime_ms,
-            reorder_window=reorder_window,
-            grace_ms=grace_ms,
-            resolve_gaps=resolve_gaps,
-        )
+        table = ProducerStateTable.restore(snapshot, **settings)
     table.verifier = replay_verifier
     for i, record in enumerate(records):
         header, ts_ms = record[0], record[1]

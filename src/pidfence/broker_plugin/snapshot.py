@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, Unpack
 
 import msgpack
 
-from pidfence.broker_plugin.entry import NO_CLOCK, Entry, Held, check_settings
+from pidfence.broker_plugin.entry import NO_CLOCK, Entry, Held, SettingOverrides, check_overrides
 from pidfence.broker_plugin.errors import CorruptSnapshot
 from pidfence.broker_plugin.rules import RulesKernel
 
@@ -26,6 +26,7 @@ MAGIC: Final = b"PFS1"
 VERSION: Final = 2
 READABLE: Final = frozenset({1, 2})
 K = TypeVar("K", bound=RulesKernel)
+V = TypeVar("V")
 _HEADER = struct.Struct(">4sI")
 
 
@@ -162,6 +163,10 @@ class _CapacityOverride(Exception):
     """A capacity override too small for the snapshot (raised to the caller as ValueError)."""
 
 
+def _given(override: V | None, stored: V) -> V:
+    return stored if override is None else override
+
+
 def _int(value: Any, what: str) -> int:
     if type(value) is not int:
         raise CorruptSnapshot(f"{what}: expected int, got {type(value).__name__}")
@@ -175,15 +180,7 @@ def _entry_row(row: Any) -> list[int]:
 
 
 def restore_chain(
-    cls: type[K],
-    full: bytes,
-    deltas: list[bytes],
-    *,
-    capacity: int | None,
-    lifetime_ms: int | None,
-    reorder_window: int | None,
-    grace_ms: int | None,
-    resolve_gaps: bool | None = None,
+    cls: type[K], full: bytes, deltas: list[bytes], **overrides: Unpack[SettingOverrides]
 ) -> K:
     """Apply ``deltas`` to ``full`` and build the table (see module docstring).
 
@@ -193,16 +190,9 @@ def restore_chain(
             entries (a caller's mistake, not damage: falling back to an older snapshot would not
             help).
     """
-    check_settings(
-        capacity=capacity,
-        lifetime_ms=lifetime_ms,
-        reorder_window=reorder_window,
-        grace_ms=grace_ms,
-    )
+    check_overrides(overrides)
     try:
-        return _restore(
-            cls, full, deltas, capacity, lifetime_ms, reorder_window, grace_ms, resolve_gaps
-        )
+        return _restore(cls, full, deltas, overrides)
     except CorruptSnapshot:
         raise
     except _CapacityOverride as exc:
@@ -211,16 +201,7 @@ def restore_chain(
         raise CorruptSnapshot(f"inconsistent snapshot: {exc.__class__.__name__}: {exc}") from exc
 
 
-def _restore(
-    cls: type[K],
-    full: bytes,
-    deltas: list[bytes],
-    capacity: int | None,
-    lifetime_ms: int | None,
-    reorder_window: int | None,
-    grace_ms: int | None,
-    resolve_gaps: bool | None,
-) -> K:
+def _restore(cls: type[K], full: bytes, deltas: list[bytes], overrides: SettingOverrides) -> K:
     payload = _unframe(full, "full")
     cfg = payload["cfg"]
     # Version 1 has four settings; version 2 adds gap resolution.
@@ -254,12 +235,13 @@ def _restore(
             index[pid][2], index[pid][3] = gen, high
         rows.extend(_entry_row(r) for r in delta["new"])
         state = delta
+    capacity = overrides.get("capacity")
     table = cls(
-        capacity if capacity is not None else cap,
-        lifetime_ms if lifetime_ms is not None else life,
-        reorder_window if reorder_window is not None else window,
-        grace_ms if grace_ms is not None else grace,
-        resolve_gaps=gaps if resolve_gaps is None else resolve_gaps,
+        cap if capacity is None else capacity,
+        _given(overrides.get("lifetime_ms"), life),
+        _given(overrides.get("reorder_window"), window),
+        _given(overrides.get("grace_ms"), grace),
+        resolve_gaps=_given(overrides.get("resolve_gaps"), gaps),
     )
     if len(rows) > table.capacity:
         if capacity is not None and len(rows) <= cap:

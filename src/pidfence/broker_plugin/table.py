@@ -9,7 +9,7 @@ adds the calls users make: one record (:meth:`offer`, :meth:`offer_header`), man
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Unpack
 
 from pidfence.broker_plugin.batch import BatchResult, offer_batch
 from pidfence.broker_plugin.decision import Decision
@@ -17,6 +17,7 @@ from pidfence.broker_plugin.entry import (
     MALFORMED,
     NON_IDEMPOTENT,
     Emit,
+    SettingOverrides,
     as_int_fields,
     as_timestamp,
     valid_fields,
@@ -29,20 +30,9 @@ from pidfence.wire import MalformedHeader, decode_pf
 class ProducerStateTable(RulesKernel):
     """The broker-side rules for one (topic, partition).
 
-    Args:
-        capacity: most live producer entries kept (ring size); a new producer beyond it is refused
-            with ``CAPACITY``, live state is never evicted.
-        lifetime_ms: how long an entry lives after its first record (the lease lifetime).
-        reorder_window: how far past ``highwater + 1`` a record may be held for reordering
-            (0 disables holding: such records are ``OUT_OF_ORDER`` at once).
-        grace_ms: extra life added to every entry: at least how far ahead of real time a record
-            timestamp may be (Kafka's ``log.message.timestamp.after.max.ms``, 1 h by default), so
-            no accepted record can expire a producer whose lease is live.
-        verifier: checks ``pfc`` certificates (see :data:`~pidfence.broker_plugin.Verifier`);
-            ``None`` accepts every record (signing off). Not part of the state or of snapshots.
-        resolve_gaps: when a producer's reorder window overflows, report the missing seqs as a
-            :class:`~pidfence.broker_plugin.Gap` and continue after them (default: the
-            proposal's ``OUT_OF_ORDER``). See also :meth:`open_horizon` (adoption).
+    Constructed with the settings of :class:`~pidfence.broker_plugin.rules.RulesKernel`
+    (``capacity``, ``lifetime_ms``, ``reorder_window``, ``grace_ms``, ``verifier``,
+    ``resolve_gaps``), which documents each. See also :meth:`open_horizon` (adoption).
     """
 
     def __len__(self) -> int:
@@ -136,54 +126,20 @@ class ProducerStateTable(RulesKernel):
         return delta_snapshot(self)
 
     @classmethod
-    def restore(
-        cls,
-        data: bytes,
-        *,
-        capacity: int | None = None,
-        lifetime_ms: int | None = None,
-        reorder_window: int | None = None,
-        grace_ms: int | None = None,
-        resolve_gaps: bool | None = None,
-    ) -> ProducerStateTable:
+    def restore(cls, data: bytes, **overrides: Unpack[SettingOverrides]) -> ProducerStateTable:
         """Rebuild a table from :meth:`snapshot` bytes; ``CorruptSnapshot`` on any damage.
 
-        Keyword arguments override the snapshot's settings (a capacity smaller than the live
-        entries is refused).
+        Keyword arguments (:class:`~pidfence.broker_plugin.entry.SettingOverrides`) override the
+        snapshot's settings (a capacity smaller than the live entries is refused).
         """
-        return cls.restore_chain(
-            data,
-            (),
-            capacity=capacity,
-            lifetime_ms=lifetime_ms,
-            reorder_window=reorder_window,
-            grace_ms=grace_ms,
-            resolve_gaps=resolve_gaps,
-        )
+        return cls.restore_chain(data, (), **overrides)
 
     @classmethod
     def restore_chain(
-        cls,
-        full: bytes,
-        deltas: Iterable[bytes],
-        *,
-        capacity: int | None = None,
-        lifetime_ms: int | None = None,
-        reorder_window: int | None = None,
-        grace_ms: int | None = None,
-        resolve_gaps: bool | None = None,
+        cls, full: bytes, deltas: Iterable[bytes], **overrides: Unpack[SettingOverrides]
     ) -> ProducerStateTable:
         """Rebuild a table from a full snapshot and the deltas taken after it, in order."""
-        return restore_chain(
-            cls,
-            full,
-            list(deltas),
-            capacity=capacity,
-            lifetime_ms=lifetime_ms,
-            reorder_window=reorder_window,
-            grace_ms=grace_ms,
-            resolve_gaps=resolve_gaps,
-        )
+        return restore_chain(cls, full, list(deltas), **overrides)
 
     def state(self) -> tuple[Any, ...]:
         """A canonical, comparable view of the whole state (for tests and equality)."""

@@ -139,9 +139,8 @@ def _start_lease_servers(
     servers = []
     for i in range(2):
         server = spawn_lease_server(
-            zk_hosts, paths.logs, name=f"lease-{i}", wait=False, tls_ca=pki.ca,
-            auth_tokens_file=pki.tokens_file, tls_cert=pki.server_cert, tls_key=pki.server_key,
-            lifetime_ms=lifetime_ms,
+            zk_hosts, paths.logs, name=f"lease-{i}", wait=False, lifetime_ms=lifetime_ms,
+            **pki.server_options(),
         )  # fmt: skip
         cleanups.append(server.stop)
         servers.append(server)

@@ -10,9 +10,15 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from pidfence.pid_allocator import LeaseClient, LeaseError, LeaseServerSettings, client_tls_context
+from pidfence.pid_allocator import (
+    LeaseClient,
+    LeaseError,
+    LeaseServerSettings,
+    client_tls_context,
+    load_token_file,
+)
 from pidfence.pid_allocator.settings_sources import settings_argv
 from pidfence.services.ports import free_port
 from pidfence.services.process import ManagedProcess, RunsProcess, ServiceFailed, wait_until
@@ -131,6 +137,15 @@ def spawn_lease_server(
     return handle
 
 
+class SecuredServerOptions(TypedDict):
+    """The lease-server settings of :meth:`LeasePki.server_options`."""
+
+    auth_tokens_file: Path
+    tls_cert: Path
+    tls_key: Path
+    tls_ca: Path
+
+
 @dataclass(frozen=True)
 class LeasePki:
     """Everything a secured lease server and its clients need, made by :func:`make_lease_pki`.
@@ -162,6 +177,25 @@ class LeasePki:
     signing_key: Path
     public_key: Path
     record_mac_secret: Path
+
+    def server_options(self) -> SecuredServerOptions:
+        """Lease-server settings for token authentication over TLS: ``auth_tokens_file``,
+        ``tls_cert``, ``tls_key`` and ``tls_ca``."""
+        return {
+            "auth_tokens_file": self.tokens_file,
+            "tls_cert": self.server_cert,
+            "tls_key": self.server_key,
+            "tls_ca": self.ca,
+        }
+
+    def client_options(self, name: str = "producer") -> dict[str, Any]:
+        """:class:`~pidfence.pid_allocator.LeaseClient` options of client ``name``: its token
+        and a TLS context that trusts :attr:`ca`."""
+
+        return {
+            "token": load_token_file(self.token_files[name]),
+            "tls": client_tls_context(self.ca),
+        }
 
 
 def _write_private(path: Path, data: bytes) -> Path:
