@@ -5,13 +5,16 @@ as any consumer could, finds the live pids (their newest ``pfc`` certificate has
 for each partition a live pid has written, writes a ``FENCE`` one generation ahead of it:
 
 * ``fence_none``: without ``pfc``;
-* ``fence_foreign``: with a ``pfc`` signed by a key the attacker generated;
+* ``fence_foreign``: with a ``pfc`` placed on it whose certificate a key the attacker
+  generated signed;
 * ``fence_garbage``: with a ``pfc`` that is not msgpack;
-* ``fence_short``: with a ``pfc`` of the wrong length;
+* ``fence_short``: with a placed ``pfc`` whose certificate has the wrong length;
 * ``fence_stolen``: with the pid's own real ``pfc`` (of its current generation, not the next).
 
 Then it writes the first records of pids no lease server issued, on every partition:
-``fresh_none`` (seq 0, no ``pfc``) and ``fresh_foreign`` (seq 0, ``pfc`` signed by its key).
+``fresh_none`` (seq 0, no ``pfc``) and ``fresh_foreign`` (seq 0, a ``pfc`` placed and certified
+by its own key). Replays of a real ``pfc`` on other partitions and topics are covered by
+``tests/integration/test_sink_binding.py`` and the simulation's attacker.
 
 With signing on (the sink has ``leasePublicKey``) every one is ``FORGED``; without it the FENCEs
 fence the real producer and the fresh pids' records are appended. The report (JSON lines) says
@@ -34,9 +37,11 @@ from typing import Any
 import confluent_kafka
 import msgpack
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, MalformedHeader, decode_pf, encode_pf
 from pidfence.wire.cert import CERT_HEADER_KEY, encode_cert
+from pidfence.wire.statement import decode_pfc, encode_placed_pfc
 
 #: The reason the sink counts for each kind of forgery.
 EXPECTED_REASON = {
@@ -134,13 +139,16 @@ def _note(seen: dict[tuple[int, int], _Seen], partition: int, headers: list[Any]
             entry.expire_ms, entry.cert = expire, cert
 
 
-def _cert_expiry(cert: bytes) -> int | None:
+def _cert_expiry(pfc: bytes) -> int | None:
     """The lease end a ``pfc`` claims; None when it is not a lease cert (another forgery)."""
+    parts = decode_pfc(pfc)
+    if parts is None:
+        return None
     try:
-        fields = msgpack.unpackb(cert)
+        fields = msgpack.unpackb(parts.cert)
     except Exception:  # noqa: BLE001 - msgpack raises many types for bad bytes
         return None
-    if isinstance(fields, list) and len(fields) == 5 and type(fields[3]) is int:
+    if isinstance(fields, list) and len(fields) in (5, 6) and type(fields[3]) is int:
         return fields[3]
     return None
 
@@ -151,19 +159,27 @@ def forgeries(
     key: Ed25519PrivateKey,
     now_ms: int,
     fresh_pid: int,
+    topic: str = "",
 ) -> list[tuple[str, int, int, int, list[tuple[str, bytes]], bytes]]:
     """What to write: ``(kind, partition, pid, generation, headers, value)`` per forgery."""
     out: list[tuple[str, int, int, int, list[tuple[str, bytes]], bytes]] = []
     expire = now_ms + 3_600_000
+    mine = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def placed(cert: bytes, p: int, pid: int, g: int, seq: int, flags: int) -> bytes:
+        """A ``pfc`` the attacker places itself (its own key signs the statement)."""
+        return encode_placed_pfc(cert, key, topic, p, pid, g, seq, flags)
+
     live = sorted((k, s) for k, s in seen.items() if s.cert is not None and s.expire_ms > now_ms)
     for (pid, p), s in live:
         g = s.generation + 1
-        pf = encode_pf(pid, g, s.seq + 1, FLAG_FENCE)
+        seq = s.seq + 1
+        pf = encode_pf(pid, g, seq, FLAG_FENCE)
         certs = {
             "fence_none": None,
-            "fence_foreign": encode_cert(key, pid, g, expire),
+            "fence_foreign": placed(encode_cert(key, pid, g, expire, mine), p, pid, g, seq, 1),
             "fence_garbage": b"\xc1" + secrets.token_bytes(16),
-            "fence_short": msgpack.packb([1, pid, g, expire]),
+            "fence_short": placed(msgpack.packb([1, pid, g, expire]), p, pid, g, seq, 1),
             "fence_stolen": s.cert,
         }
         for kind, cert in certs.items():
@@ -175,7 +191,8 @@ def forgeries(
             fresh_pid += 1
             headers = [(PF_HEADER_KEY, encode_pf(pid, g, 0))]
             if kind == "fresh_foreign":
-                headers.append((CERT_HEADER_KEY, encode_cert(key, pid, g, expire)))
+                cert = encode_cert(key, pid, g, expire, mine)
+                headers.append((CERT_HEADER_KEY, placed(cert, p, pid, g, 0, 0)))
             out.append((kind, p, pid, g, headers, f"attack:{kind}:{p}".encode()))
     return out
 
@@ -193,7 +210,7 @@ def attack(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Forgery]
     finally:
         admin.close()
     key = Ed25519PrivateKey.generate()
-    plan = forgeries(seen, partitions, key, int(time.time() * 1000), FRESH_PID_BASE)
+    plan = forgeries(seen, partitions, key, int(time.time() * 1000), FRESH_PID_BASE, topic)
     producer = confluent_kafka.Producer(
         {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False}
     )
