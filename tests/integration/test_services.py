@@ -26,7 +26,7 @@ from pidfence.services import (
 from pidfence.services.process import wait_until
 from pidfence.services.stack import down as services_down
 from pidfence.services.stack import read_state
-from tests.fixtures.services import _STARTED_SERVICES
+from tests.fixtures.services import _STARTED_SERVICES, SESSION_SERVERS
 
 PIDFENCE = [sys.executable, "-c", "from pidfence.cli import main; main()"]
 
@@ -357,5 +357,5 @@ def test_no_process_left() -> None:
     """Only the session's shared servers may still run; they stop when the session ends."""
     shared = {
         node.pid for service in _STARTED_SERVICES for node in service.nodes if node.pid is not None
-    }
+    } | {server.pid for server in SESSION_SERVERS if server.pid is not None}
     assert started_pids() <= shared
