@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable, rebuild
@@ -303,7 +304,6 @@ def test_rebuild_from_a_damaged_snapshot_raises_corrupt_snapshot() -> None:
 
 
 def test_numpy_integers_are_accepted_and_bad_timestamps_refused() -> None:
-    np = pytest.importorskip("numpy")
     table = ProducerStateTable(capacity=2, lifetime_ms=1000)
     (d,) = table.offer(np.int64(1), np.int32(0), np.uint64(0), np.int64(5), ref="np")
     assert d.verdict is V.APPENDED
