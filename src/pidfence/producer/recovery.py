@@ -20,7 +20,7 @@ from pidfence.broker_plugin import ProducerStateTable, Verifier
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.sequencer import Sequencer
 from pidfence.wire import CERT_HEADER_KEY, MAC_HEADER_KEY, PF_HEADER_KEY, MalformedHeader, decode_pf
-from pidfence.wire.mac import check_record_mac
+from pidfence.wire.mac import mac_matches, record_hasher, record_mac_from
 
 #: ``verifier(topic, partition)``: the broker rules' verifier of that partition (what the sink's
 #: ``leasePublicKey`` makes: :meth:`pidfence.wire.statement.PlacedCheck.for_partition`).
@@ -81,7 +81,8 @@ class ScanState:
         self.pids = pids
         self._fenced = dict(fenced or {})
         self._resolve_gaps = resolve_gaps
-        self._macs = dict(macs or {})
+        # Keyed once per pid: a scan reads every record the predecessor wrote.
+        self._macs = {pid: record_hasher(key) for pid, key in (macs or {}).items()}
         self._verifier = verifier
         self._base = {pid: dict((base or {}).get(pid, {})) for pid in pids}
         self._base_gen = dict(generations or {})
@@ -141,9 +142,10 @@ class ScanState:
             pf = decode_pf(pf_value)
         except MalformedHeader:
             return
-        mac_key = self._macs.get(pf.pid)
-        if mac_key is not None and not check_record_mac(
-            mac_key, tp[0], tp[1], pf.pid, pf.generation, pf.seq, pf.flags, key, value,
+        hasher = self._macs.get(pf.pid)
+        if hasher is not None and not mac_matches(
+            record_mac_from(hasher, tp[0], tp[1], pf.pid, pf.generation, pf.seq, pf.flags, key,
+                            value),
             found.get(MAC_HEADER_KEY),
         ):  # fmt: skip
             return
