@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+from pidfence.services.process import JVM_OPTIONS_ENV
+
+# Property tests claim correctness, not speed: on a loaded machine (two xdist workers beside
+# JVMs) hypothesis's timing checks would fail a correct test. Speed is measured in bench/.
+settings.register_profile("pidfence", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("pidfence")
+
+# Every JVM of the suite (ZooKeeper, Kafka, Spark drivers of the session and of `pidfence sink`
+# runs, executors) lives minutes on small data: C1 only and the serial collector halve their CPU
+# (tests/README.md), and the suite is CPU-bound on two cores. Set before any fixture starts one;
+# child processes inherit it. A run may choose other options by setting the variable itself.
+os.environ.setdefault(JVM_OPTIONS_ENV, "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# The same for Spark drivers a test starts without pidfence (delta-spark readers): Spark's own
+# variable for the JVM that spark-submit starts.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", os.environ[JVM_OPTIONS_ENV])
 
 pytest_plugins = [
     "tests.fixtures.services",

@@ -14,7 +14,7 @@ from types import TracebackType
 from pidfence.services.jars import classpath
 from pidfence.services.node import Cluster, ServerNode
 from pidfence.services.ports import free_port
-from pidfence.services.process import ServiceFailed, java, wait_until
+from pidfence.services.process import ServiceFailed, java, jvm_options, wait_until
 
 _LOG4J2 = """status = warn
 appender.out.type = Console
@@ -96,7 +96,8 @@ class KafkaCluster(Cluster):
 
     def _jvm(self, node_dir: Path) -> list[str]:
         return [
-            java(), f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            java(), f"-Xmx{self.heap}", "-Xms128m",
+            *jvm_options(("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20")),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={node_dir / 'log4j2.properties'}",
             "-cp", classpath("kafka"),

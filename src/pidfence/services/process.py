@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -161,6 +162,21 @@ def java() -> str:
     if home and (Path(home) / "bin" / "java").exists():
         return str(Path(home) / "bin" / "java")
     return "java"
+
+
+#: Extra options for every JVM pidfence starts: ZooKeeper, Kafka, a Spark driver, executors and a
+#: standalone cluster. The test suite sets ``-XX:TieredStopAtLevel=1 -XX:+UseSerialGC``: its JVMs
+#: live minutes on small data, where C2 compilation and a parallel collector cost more CPU than
+#: they save (tests/README.md has the figures).
+JVM_OPTIONS_ENV = "PIDFENCE_JVM_OPTIONS"
+
+
+def jvm_options(default_gc: Sequence[str] = ()) -> list[str]:
+    """``default_gc`` plus the options of :data:`JVM_OPTIONS_ENV`; a collector chosen there
+    (``-XX:+Use...GC``) replaces ``default_gc``, since the JVM refuses two collectors."""
+    extra = shlex.split(os.environ.get(JVM_OPTIONS_ENV, ""))
+    chooses_gc = any(o.startswith("-XX:+Use") and o.endswith("GC") for o in extra)
+    return [*(() if chooses_gc else default_gc), *extra]
 
 
 def wait_until(

@@ -14,7 +14,7 @@ from typing import Any
 
 from pidfence.services.jars import jars
 from pidfence.services.ports import free_port
-from pidfence.services.process import ManagedProcess, ServiceFailed, wait_until
+from pidfence.services.process import ManagedProcess, ServiceFailed, jvm_options, wait_until
 
 
 def spark_home() -> Path:
@@ -77,6 +77,9 @@ def spark_session(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         **(conf or {}),
     }
+    if extra := " ".join(jvm_options()):
+        for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+            settings[key] = f"{settings[key]} {extra}" if settings.get(key) else extra
     if log_file is not None:
         _launch_gateway_logging_to(
             log_file, {"spark.master": master, "spark.app.name": app_name}, settings
@@ -201,6 +204,7 @@ class SparkStandaloneCluster:
             "SPARK_WORKER_DIR": str(self.run_dir / "work"),
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_NO_DAEMONIZE": "1",
+            "SPARK_DAEMON_JAVA_OPTS": " ".join(jvm_options()),
         }
 
     def start(self, timeout: float = 120.0) -> SparkStandaloneCluster:

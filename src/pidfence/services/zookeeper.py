@@ -12,7 +12,7 @@ from types import TracebackType
 from pidfence.services.jars import classpath
 from pidfence.services.node import Cluster, ServerNode
 from pidfence.services.ports import free_port
-from pidfence.services.process import ServiceFailed, java
+from pidfence.services.process import ServiceFailed, java, jvm_options
 
 
 class ZooKeeperEnsemble(Cluster):
@@ -73,7 +73,7 @@ class ZooKeeperEnsemble(Cluster):
         for i in range(self.size):
             cfg = self._configure(i)
             cmd = [
-                java(), "-Xmx256m", "-XX:+UseSerialGC",
+                java(), "-Xmx256m", *jvm_options(("-XX:+UseSerialGC",)),
                 "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
                 "-Dorg.slf4j.simpleLogger.showDateTime=true",
                 "-Dzookeeper.jmx.log4j.disable=true",
