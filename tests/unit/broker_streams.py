@@ -423,6 +423,30 @@ def with_certs(rng: random.Random, stream: list[tuple[bytes | None, int]], forge
 Stream = list[tuple[bytes | None, int]]
 
 
+def twin_tables(
+    args: tuple[int, int, int], *, signed: bool = False, resolve_gaps: bool = False
+) -> tuple[ProducerStateTable, ReferenceTable]:
+    """The real table and the reference model with the same settings, for :func:`offer_alike`.
+
+    Args:
+        args: capacity, lifetime (ms) and reorder window, as :data:`table_args` draws them.
+        signed: give each its own :class:`FakeVerifier`.
+        resolve_gaps: turn gap resolution on in both.
+    """
+    capacity, lifetime, window = args
+    table = ProducerStateTable(
+        capacity,
+        lifetime,
+        window,
+        verifier=FakeVerifier() if signed else None,
+        resolve_gaps=resolve_gaps,
+    )
+    ref = ReferenceTable(
+        capacity, lifetime, window, FakeVerifier() if signed else None, resolve_gaps
+    )
+    return table, ref
+
+
 def offer_alike(
     table: ProducerStateTable,
     ref: ReferenceTable,
