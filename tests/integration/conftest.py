@@ -1,4 +1,4 @@
-"""Fixtures of the sink's integration tests (``test_sink*.py``)."""
+"""Fixtures and helpers of the sink's integration tests (``test_sink*.py``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
 from pidfence.spark_sink import run_sink
 from tests.integration.test_sink import Rec, Sent, produce
+
+
+def produce_labelled(
+    bootstrap: str, topic: str, recs: Sequence[tuple[str, list[tuple[str, bytes]] | None, int]]
+) -> None:
+    """Produce (label, headers, timestamp in ms or 0 for now) to partition 0, in order; the
+    label is the value. Asserts every record was delivered."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    errors: list[Any] = []
+    for label, headers, ts in recs:
+        producer.produce(
+            topic,
+            value=label.encode(),
+            partition=0,
+            headers=headers,
+            timestamp=ts,
+            on_delivery=lambda err, _msg: errors.append(err) if err else None,
+        )
+    assert producer.flush(30) == 0 and not errors, errors
 
 
 @dataclass

@@ -155,25 +155,6 @@ def produce(bootstrap: str, topic: str, recs: Sequence[Rec], sent: Sent | None =
     return sent
 
 
-def produce_labelled(
-    bootstrap: str, topic: str, recs: Sequence[tuple[str, list[tuple[str, bytes]] | None, int]]
-) -> None:
-    """Produce (label, headers, timestamp in ms or 0 for now) to partition 0, in order; the
-    label is the value. Asserts every record was delivered."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    errors: list[Any] = []
-    for label, headers, ts in recs:
-        producer.produce(
-            topic,
-            value=label.encode(),
-            partition=0,
-            headers=headers,
-            timestamp=ts,
-            on_delivery=lambda err, _msg: errors.append(err) if err else None,
-        )
-    assert producer.flush(30) == 0 and not errors, errors
-
-
 def expected_log(
     topic: str, sent: Sent, logs: Sequence[dict[int, list[str]]]
 ) -> list[dict[str, Any]]:

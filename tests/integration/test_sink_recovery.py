@@ -23,8 +23,8 @@ from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.errors import OutputOwnedError
 from pidfence.spark_sink.storage import STATE, Store, part_name
 from pidfence.wire import FLAG_FENCE, encode_pf
-from tests.integration.conftest import SinkOver
-from tests.integration.test_sink import ON_EVERY_FORMAT, Rec, labels, own_root, produce_labelled
+from tests.integration.conftest import SinkOver, produce_labelled
+from tests.integration.test_sink import ON_EVERY_FORMAT, Rec, labels, own_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900), ON_EVERY_FORMAT]
 

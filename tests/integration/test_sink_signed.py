@@ -23,7 +23,8 @@ from pidfence.spark_sink.pipeline import summarise
 from pidfence.wire import FLAG_FENCE, encode_pf
 from pidfence.wire.cert import encode_cert, generate_keypair, load_private_key
 from pidfence.wire.statement import encode_placed_pfc
-from tests.integration.test_sink import ON_EVERY_FORMAT, own_root, produce_labelled
+from tests.integration.conftest import produce_labelled
+from tests.integration.test_sink import ON_EVERY_FORMAT, own_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900), ON_EVERY_FORMAT]
 
