@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,8 @@ class ChaosKit:
     """Builds producer roles under one test's tmp folder and checks the pipeline's outcome."""
 
     tmp: Path
+    #: Roles :meth:`start` spawned, stopped at teardown.
+    started: list[ProducerRole] = field(default_factory=list)
 
     @property
     def ledgers(self) -> Path:
@@ -68,27 +70,21 @@ class ChaosKit:
         return path
 
     def role(
-        self,
-        name: str,
-        bootstrap: str,
-        lease_servers: str,
-        topic: str,
-        count: int,
-        rate: float = 0.0,
-        **kwargs: Any,
+        self, name: str, bootstrap: str, lease_servers: str, topic: str, count: int, **options: Any
     ) -> ProducerRole:
-        """A producer role (not started)."""
-        spec = ProducerSpec(
-            name=name,
-            bootstrap=bootstrap,
-            lease_servers=lease_servers,
-            topic=topic,
-            count=count,
-            state=self.tmp / f"{name}.state.json",
-            rate=rate,
-            **kwargs,
-        )
+        """A producer role (not started): :class:`ProducerSpec` with its state file under tmp."""
+        state = self.tmp / f"{name}.state.json"
+        spec = ProducerSpec(name, bootstrap, lease_servers, topic, count, state, **options)
         return ProducerRole(spec, self.ledgers, self.logs)
+
+    def start(
+        self, name: str, bootstrap: str, lease_servers: str, topic: str, count: int, **options: Any
+    ) -> ProducerRole:
+        """:meth:`role`, spawned; the ``chaos`` fixture stops it at teardown."""
+        role = self.role(name, bootstrap, lease_servers, topic, count, **options)
+        self.started.append(role)
+        role.spawn()
+        return role
 
     def sink(self, spark: Any, bootstrap: str, topic: str, **kwargs: Any) -> Any:
         """One available-now pass of the sink over ``topic`` (continues from its checkpoint)."""
@@ -104,6 +100,13 @@ class ChaosKit:
             **kwargs,
         )
 
+    def clean_outcome(self, spark: Any, bootstrap: str, topic: str, **kwargs: Any) -> Outcome:
+        """:meth:`sink` then :meth:`outcome`, asserted clean (zero anomalies)."""
+        self.sink(spark, bootstrap, topic, **kwargs)
+        outcome = self.outcome()
+        outcome.assert_clean()
+        return outcome
+
     def outcome(self) -> Outcome:
         """The output log, the rejects and the checker's report over every ledger."""
         from pidfence.spark_sink import read_log, read_rejects
@@ -117,8 +120,11 @@ class ChaosKit:
 
 @pytest.fixture
 def chaos(tmp_path: Path) -> Iterator[ChaosKit]:
-    """A :class:`ChaosKit`; every worker it started is stopped at teardown."""
-    yield ChaosKit(tmp_path)
+    """A :class:`ChaosKit`; every role it started is stopped at teardown."""
+    kit = ChaosKit(tmp_path)
+    yield kit
+    for role in reversed(kit.started):
+        role.stop()
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ def test_kafka_broker_killed_and_restarted_loses_nothing(
     kafka_cluster3: Any,
     lease_server: Any,
     spark: Any,
-    stop_all: Any,
     request: Any,
 ) -> None:
     bootstrap = kafka_cluster3.bootstrap
@@ -34,9 +33,7 @@ def test_kafka_broker_killed_and_restarted_loses_nothing(
         replication=3,
         config={"min.insync.replicas": "2"},
     )
-    role = chaos.role("p", bootstrap, lease_server.address, topic, RECORDS, rate=300.0)
-    stop_all(role)
-    role.spawn()
+    role = chaos.start("p", bootstrap, lease_server.address, topic, RECORDS, rate=300.0)
     bounce = Bounce(
         "kafka broker 1",
         when=lambda: role.acked() >= RECORDS // 4,
@@ -51,22 +48,18 @@ def test_kafka_broker_killed_and_restarted_loses_nothing(
             kafka_cluster3.restart(1)
     assert role.current.exit_code() == 0, role.current.tail()
     assert bounce.events[0] == "killed kafka broker 1"
-    chaos.sink(spark, bootstrap, topic)
-    outcome = chaos.outcome()
-    outcome.assert_clean()
+    outcome = chaos.clean_outcome(spark, bootstrap, topic)
     assert outcome.log.num_rows == RECORDS
 
 
 def test_zookeeper_node_killed_while_producer_resumes(
-    chaos: ChaosKit, kafka: Any, new_topic: Any, zk_ensemble3: Any, spark: Any, stop_all: Any
+    chaos: ChaosKit, kafka: Any, new_topic: Any, zk_ensemble3: Any, spark: Any
 ) -> None:
     server = spawn_lease_server(zk_ensemble3.hosts, chaos.logs, name="lease", wait=False)
     try:
         server.wait_listening()
         topic = new_topic(partitions=2)
-        role = chaos.role("p", kafka.bootstrap, server.address, topic, 2000, rate=400.0)
-        stop_all(role)
-        role.spawn()
+        role = chaos.start("p", kafka.bootstrap, server.address, topic, 2000, rate=400.0)
         bounce = Bounce(
             "zookeeper node 0",
             when=lambda: role.acked() >= 400,
@@ -85,8 +78,6 @@ def test_zookeeper_node_killed_while_producer_resumes(
         assert role.instances[1].fences() >= 1
     finally:
         server.stop()
-    chaos.sink(spark, kafka.bootstrap, topic)
-    outcome = chaos.outcome()
-    outcome.assert_clean()
+    outcome = chaos.clean_outcome(spark, kafka.bootstrap, topic)
     assert outcome.verdicts["FENCE"] >= 1
     assert outcome.log.num_rows == 2000

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_one_of_two_lease_servers_killed_producer_fails_over(
-    chaos: ChaosKit, kafka: Any, new_topic: Any, zk_chroot: str, spark: Any, stop_all: Any
+    chaos: ChaosKit, kafka: Any, new_topic: Any, zk_chroot: str, spark: Any
 ) -> None:
     servers = [
         spawn_lease_server(zk_chroot, chaos.logs, name=f"lease-{i}", wait=False) for i in range(2)
@@ -32,9 +32,7 @@ def test_one_of_two_lease_servers_killed_producer_fails_over(
             server.wait_listening()
         topic = new_topic(partitions=2)
         both = ",".join(s.address for s in servers)
-        role = chaos.role("p", kafka.bootstrap, both, topic, 2000, rate=400.0)
-        stop_all(role)
-        role.spawn()
+        role = chaos.start("p", kafka.bootstrap, both, topic, 2000, rate=400.0)
         # Kill the first server, then crash the producer: its resume must bump through the other.
         servers[0].kill()
         fault = KillAndResume(role, at=600)
@@ -45,9 +43,7 @@ def test_one_of_two_lease_servers_killed_producer_fails_over(
     finally:
         for server in servers:
             server.stop()
-    chaos.sink(spark, kafka.bootstrap, topic)
-    outcome = chaos.outcome()
-    outcome.assert_clean()
+    outcome = chaos.clean_outcome(spark, kafka.bootstrap, topic)
     assert outcome.verdicts["FENCE"] >= 1
     assert outcome.log.num_rows == 2000
 
@@ -180,9 +176,9 @@ def test_lease_expiry_with_records_in_flight_refuses_to_roll_then_restarts(
         if broker_down:  # leave every node running for the next test
             kafka_cluster3.restart(2)
         server.stop()
-    chaos.sink(spark, bootstrap, topic, sink_options={"lifetime": f"{LIFETIME_S}s"})
-    outcome = chaos.outcome()
-    outcome.assert_clean()  # includes event_duplicate and event_lost
+    outcome = chaos.clean_outcome(
+        spark, bootstrap, topic, sink_options={"lifetime": f"{LIFETIME_S}s"}
+    )  # includes event_duplicate and event_lost
     assert outcome.log.num_rows == 6000
 
 

@@ -23,6 +23,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,14 +81,6 @@ class Producer:
             self.proc.wait(30)
 
 
-@pytest.fixture
-def producers() -> Iterator[list[Producer]]:
-    started: list[Producer] = []
-    yield started
-    for producer in started:
-        producer.stop()
-
-
 def produce(
     kit: ChaosKit,
     label: str,
@@ -115,22 +108,64 @@ def produce(
     return Producer(kit, label, env, argv, state)
 
 
+@dataclass
+class Relay:
+    """Producers A and B writing z0..z19 to one topic through one short-lease server."""
+
+    kit: ChaosKit
+    bootstrap: str
+    topic: str
+    lease: str
+    started: list[Producer] = field(default_factory=list)
+
+    def start(self, label: str, *extra: str) -> Producer:
+        """Producer ``label`` with the state file ``<tmp>/<label>.json``, stopped at teardown."""
+        producer = produce(
+            self.kit, label, self.topic, self.bootstrap, self.lease, self.state(label), *extra
+        )
+        self.started.append(producer)
+        return producer
+
+    def state(self, label: str) -> Path:
+        """Producer ``label``'s state file."""
+        return self.kit.tmp / f"{label}.json"
+
+    def heir_of(self, a: Producer) -> Producer:
+        """B, resuming a copy of the checkpoint A stored, run to its end."""
+        shutil.copy(a.state, self.state("b"))
+        b = self.start("b")
+        assert b.wait() == 0, b.tail()
+        return b
+
+
+@pytest.fixture
+def relay(
+    chaos: ChaosKit, kafka: Any, new_topic: Any, lease_server_factory: Any
+) -> Iterator[Relay]:
+    """A :class:`Relay` on a new two-partition topic; every producer it started is stopped."""
+    lease = lease_server_factory(lifetime_ms=LIFETIME_MS).address
+    relay = Relay(chaos, kafka.bootstrap, new_topic(partitions=2), lease)
+    yield relay
+    for producer in relay.started:
+        producer.stop()
+
+
 def wait_clock_past(epoch_ms: int) -> None:
     """Wait until the wall clock passes ``epoch_ms`` (the lease server's time base)."""
     while time.time() * 1000 <= epoch_ms:
         time.sleep(0.1)
 
 
-def z_values(kit: ChaosKit, spark: Any, bootstrap: str, topic: str) -> tuple[Counter[int], Any]:
-    """Run the sink over ``topic``; the output log's record indexes and the checker's outcome."""
-    kit.sink(spark, bootstrap, topic)
-    outcome = kit.outcome()
+def z_values(relay: Relay, spark: Any) -> tuple[Counter[int], Any]:
+    """Run the sink over the topic; the output log's record indexes and the checker's outcome."""
+    relay.kit.sink(spark, relay.bootstrap, relay.topic)
+    outcome = relay.kit.outcome()
     indexes = Counter(json.loads(v)["i"] for v in outcome.log.column("value").to_pylist())
     return indexes, outcome
 
 
-def assert_every_event_once(kit: ChaosKit, spark: Any, bootstrap: str, topic: str) -> Any:
-    indexes, outcome = z_values(kit, spark, bootstrap, topic)
+def assert_every_event_once(relay: Relay, spark: Any) -> Any:
+    indexes, outcome = z_values(relay, spark)
     assert indexes == Counter(range(EVENTS)), (sorted(indexes.items()), outcome.verdicts)
     counts = outcome.anomalies()
     assert counts["event_duplicate"] == 0 and counts["event_lost"] == 0, counts
@@ -140,29 +175,16 @@ def assert_every_event_once(kit: ChaosKit, spark: Any, bootstrap: str, topic: st
 
 @pytest.mark.parametrize("scenario", ["past_rollover", "past_expiry"])
 def test_zombie_woken_after_its_checkpoint_was_resumed_appends_nothing_twice(
-    chaos: ChaosKit,
-    kafka: Any,
-    new_topic: Any,
-    lease_server_factory: Any,
-    spark: Any,
-    producers: list[Producer],
-    scenario: str,
+    relay: Relay, spark: Any, scenario: str
 ) -> None:
-    topic = new_topic(partitions=2)
-    lease = lease_server_factory(lifetime_ms=LIFETIME_MS).address
-    a_state, b_state = chaos.tmp / "a.json", chaos.tmp / "b.json"
     # Save 1 is right after the producer opens, save 2 after z0..z9: A stops itself there.
-    a = produce(chaos, "a", topic, kafka.bootstrap, lease, a_state, "--stop-after-checkpoint", "2")
-    producers.append(a)
+    a = relay.start("a", "--stop-after-checkpoint", "2")
     a.wait_stopped()
     checkpoint = a.state_data()["checkpoint"]
     assert a.state_data()["next_i"] == 10
     if scenario == "past_expiry":
         wait_clock_past(checkpoint["expire_ms"])  # A's lease ends before B resumes
-    shutil.copy(a_state, b_state)  # B resumes the checkpoint A stored
-    b = produce(chaos, "b", topic, kafka.bootstrap, lease, b_state)
-    producers.append(b)
-    assert b.wait() == 0, b.tail()
+    b = relay.heir_of(a)
     assert "resumed=True" in b.tail()
     # Past A's rollover point (and, in scenario 2, its lease end): A's next step is a roll.
     margin = checkpoint["lifetime_ms"] // 2
@@ -176,39 +198,17 @@ def test_zombie_woken_after_its_checkpoint_was_resumed_appends_nothing_twice(
         assert b_pid != checkpoint["pid"], "B should have rolled the expired pid into a successor"
     else:
         assert b_pid == checkpoint["pid"]
-    outcome = assert_every_event_once(chaos, spark, kafka.bootstrap, topic)
+    outcome = assert_every_event_once(relay, spark)
     if scenario == "past_rollover":
         assert outcome.verdicts["FENCE"] >= 2  # B fenced both partitions
 
 
-def test_zombie_stopped_at_any_point_and_woken_past_its_rollover(
-    chaos: ChaosKit,
-    kafka: Any,
-    new_topic: Any,
-    lease_server_factory: Any,
-    spark: Any,
-    producers: list[Producer],
-) -> None:
+def test_zombie_stopped_at_any_point_and_woken_past_its_rollover(relay: Relay, spark: Any) -> None:
     """A is stopped from outside wherever it is (records in flight or acknowledged past its
     checkpoint); B resumes A's last stored checkpoint; the outcome must not depend on where."""
-    topic = new_topic(partitions=2)
-    lease = lease_server_factory(lifetime_ms=LIFETIME_MS).address
-    a_state, b_state = chaos.tmp / "a.json", chaos.tmp / "b.json"
-    a = produce(
-        chaos,
-        "a",
-        topic,
-        kafka.bootstrap,
-        lease,
-        a_state,
-        "--rate",
-        "10",
-        "--checkpoint-every",
-        "3",
-    )
-    producers.append(a)
+    a = relay.start("a", "--rate", "10", "--checkpoint-every", "3")
     deadline = time.monotonic() + 120
-    while not (a_state.exists() and a.state_data()["next_i"] >= 6):
+    while not (a.state.exists() and a.state_data()["next_i"] >= 6):
         assert a.proc.poll() is None, a.tail()
         assert time.monotonic() < deadline, a.tail()
         time.sleep(0.05)
@@ -216,13 +216,10 @@ def test_zombie_stopped_at_any_point_and_woken_past_its_rollover(
     a.wait_stopped()
     # At 10 records/s, 14 records were still to go when A stopped: it must roll when woken.
     assert a.state_data()["next_i"] < EVENTS - 5
-    shutil.copy(a_state, b_state)
     checkpoint = a.state_data()["checkpoint"]
-    b = produce(chaos, "b", topic, kafka.bootstrap, lease, b_state)
-    producers.append(b)
-    assert b.wait() == 0, b.tail()
+    relay.heir_of(a)
     wait_clock_past(checkpoint["expire_ms"] - checkpoint["lifetime_ms"] // 2)
     os.kill(a.proc.pid, signal.SIGCONT)
     assert a.wait() == 3, a.tail()  # fenced: a non-retriable failure
     assert "ProducerFenced" in a.tail(), a.tail()
-    assert_every_event_once(chaos, spark, kafka.bootstrap, topic)
+    assert_every_event_once(relay, spark)

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -172,17 +174,23 @@ def run_nemesis(
     )  # fmt: skip
 
 
-def test_network_nemesis_on_every_link_loses_and_duplicates_nothing(
+@pytest.fixture
+def nemesis(
     chaos: ChaosKit,
     kafka_proxied: Any,
     clean_network: Any,
     zk_chroot: str,
     spark: Any,
     stop_all: Any,
-    nemesis_seed: int,
-    capsys: pytest.CaptureFixture[str],
+) -> Callable[..., NemesisRun]:
+    """:func:`run_nemesis` on the proxied Kafka and a clean network: call it with the seed."""
+    return partial(run_nemesis, chaos, kafka_proxied, clean_network, zk_chroot, spark, stop_all)
+
+
+def test_network_nemesis_on_every_link_loses_and_duplicates_nothing(
+    nemesis: Callable[..., NemesisRun], nemesis_seed: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run = run_nemesis(chaos, kafka_proxied, clean_network, zk_chroot, spark, stop_all, nemesis_seed)
+    run = nemesis(nemesis_seed)
     story = run.story()
     with capsys.disabled():  # what the nemesis did, on the terminal (the seed replays it)
         exits = {s.name: s.exits for s in run.supervisors}
@@ -196,12 +204,7 @@ def test_network_nemesis_on_every_link_loses_and_duplicates_nothing(
 
 
 def test_a_producer_that_resends_under_a_new_seq_fails_the_nemesis(
-    chaos: ChaosKit,
-    kafka_proxied: Any,
-    clean_network: Any,
-    zk_chroot: str,
-    spark: Any,
-    stop_all: Any,
+    nemesis: Callable[..., NemesisRun],
 ) -> None:
     """The broken build re-sends a record not acknowledged within a second as a new record.
     The nemesis's one-way loss on the producers' link lets the first copies land while their
@@ -209,10 +212,7 @@ def test_a_producer_that_resends_under_a_new_seq_fails_the_nemesis(
     streaming sink is left out: this mutation does not touch it, the final pass reads all.)"""
     plan = FaultPlan.network(BROKEN_SEED, span_s=SPAN_S)
     assert plan.of_kind(FaultKind.ONE_WAY_LOSS), plan.describe()
-    run = run_nemesis(
-        chaos, kafka_proxied, clean_network, zk_chroot, spark, stop_all, BROKEN_SEED,
-        live_sink=False, mutations=("resend-new-seq-on-timeout",),
-    )  # fmt: skip
+    run = nemesis(BROKEN_SEED, live_sink=False, mutations=("resend-new-seq-on-timeout",))
     anomalies = run.outcome.anomalies()
     assert not run.outcome.report.ok, run.story()
     assert anomalies["event_duplicate"] > 0, (anomalies, run.story())

@@ -55,16 +55,21 @@ commit_batch(path, "log", Q, batch, files, hook=die)
 POINTS = ("staged", "published", "committed")
 
 
-def _killed_run(path: Path, batch: int, point: str, messages: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path), str(batch), point, str(messages)],
+def _child(code: str, *args: object, timeout: int) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with ``args`` in a fresh Python that imports this checkout and its tests."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"},
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=timeout,
     )
+
+
+def _killed_run(path: Path, batch: int, point: str, messages: Path) -> None:
+    proc = _child(CHILD, path, batch, point, messages, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
@@ -173,15 +178,7 @@ def sink_chunks() -> list[list[tuple[int, bytes | None, int]]]:
 
 
 def _sink_child(path: Path, start: int, kill_batch: int, point: str) -> int:
-    proc = subprocess.run(
-        [sys.executable, "-c", SINK_CHILD, str(path), str(start), str(kill_batch), point],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
+    proc = _child(SINK_CHILD, path, start, kill_batch, point, timeout=300)
     assert proc.returncode in (0, -signal.SIGKILL), proc.stderr[-3000:]
     return proc.returncode
 

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pidfence.pid_allocator import LeaseClient, load_token_file
 from pidfence.services.lease_server import LeasePki, LeaseServerProcess
 from pidfence.services.ports import free_port
-from tests.fixtures.lease import HostileProcess, RawLease, percentile
+from tests.fixtures.lease import AuditedServer, HostileProcess, RawLease, percentile
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -59,12 +59,9 @@ def log_lines(server: LeaseServerProcess, text: str) -> list[str]:
 
 @pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_decode_bombs_from_two_processes_leave_authenticated_pings_fast(
-    lease_process_factory: Callable[..., LeaseServerProcess], hostile_pki: LeasePki, tmp_path: Path
+    audited_server: Callable[[str], AuditedServer], hostile_pki: LeasePki, tmp_path: Path
 ) -> None:
-    metrics_port = free_port()
-    server = lease_process_factory(
-        "bombed", auth_tokens_file=hostile_pki.tokens_file, metrics_port=metrics_port
-    )
+    server, metrics_port = audited_server("bombed")
     token = load_token_file(hostile_pki.token_files["producer"])
     bomber_token = load_token_file(hostile_pki.token_files["bomber"])
     with LeaseClient(server.address, token=token, retries=0) as client:
@@ -102,12 +99,9 @@ def test_decode_bombs_from_two_processes_leave_authenticated_pings_fast(
 
 
 def test_refusals_are_counted_and_logged_once_per_peer(
-    lease_process_factory: Callable[..., LeaseServerProcess], hostile_pki: LeasePki
+    audited_server: Callable[[str], AuditedServer], hostile_pki: LeasePki
 ) -> None:
-    metrics_port = free_port()
-    server = lease_process_factory(
-        "audited", auth_tokens_file=hostile_pki.tokens_file, metrics_port=metrics_port
-    )
+    server, metrics_port = audited_server("audited")
     owner = RawLease(server.address)
     owner.call("hello", token=load_token_file(hostile_pki.token_files["producer"]))
     lease = owner.call("lease")

@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 from pidfence.pid_allocator import load_token_file
-from pidfence.services.lease_server import LeasePki, LeaseServerProcess
-from pidfence.services.ports import free_port
-from tests.fixtures.lease import HostileProcess, RawLease, percentile
+from pidfence.services.lease_server import LeasePki
+from tests.fixtures.lease import AuditedServer, HostileProcess, RawLease, percentile
 from tests.integration.test_hostile_lease_decode import audit_count, log_lines
 
 # Asserts a p99 latency against a baseline: no other test may run beside it (tests/README.md).
@@ -40,12 +39,9 @@ def _bumps(victim: RawLease, lease: dict[str, Any], count: int) -> tuple[list[fl
 
 
 def test_flooders_delay_only_themselves(
-    lease_process_factory: Callable[..., LeaseServerProcess], hostile_pki: LeasePki, tmp_path: Path
+    audited_server: Callable[[str], AuditedServer], hostile_pki: LeasePki, tmp_path: Path
 ) -> None:
-    metrics_port = free_port()
-    server = lease_process_factory(
-        "fair", auth_tokens_file=hostile_pki.tokens_file, metrics_port=metrics_port
-    )
+    server, metrics_port = audited_server("fair")
     victim = RawLease(server.address, timeout=30)
     assert (
         victim.call("hello", token=load_token_file(hostile_pki.token_files["victim"]))["client"]

@@ -40,6 +40,7 @@ from pidfence.producer import (
     key_partition,
     wall_clock_ms,
 )
+from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.services.jars import classpath
 from pidfence.services.ports import free_port
 from pidfence.services.process import java
@@ -149,6 +150,34 @@ def producer_for(
     return IdempotentProducer(ProducerConfig(kafka.bootstrap), client, **kwargs), client
 
 
+Producing = Callable[[int], tuple[str, IdempotentProducer, LeaseClient]]
+
+
+@pytest.fixture
+def producing(
+    kafka: Any, new_topic: Callable[..., str], lease_server: LeaseServerThread
+) -> Producing:
+    """Callable(partitions) -> (a new topic, a fresh producer, its lease client): close both."""
+    return lambda partitions: (new_topic(partitions=partitions), *producer_for(kafka, lease_server))
+
+
+def send_round_robin(
+    producer: IdempotentProducer, topic: str, prefix: str, indexes: range, partitions: int
+) -> None:
+    """Send ``<prefix><i>`` for each ``i`` of ``indexes`` to partition ``i % partitions``."""
+    for i in indexes:
+        producer.produce(topic, f"{prefix}{i}".encode(), partition=i % partitions)
+
+
+def checkpoint_after(
+    producer: IdempotentProducer, topic: str, count: int, partitions: int
+) -> ProducerCheckpoint:
+    """Send a0..a<count-1> round robin, wait until all are delivered, then checkpoint."""
+    send_round_robin(producer, topic, "a", range(count), partitions)
+    assert producer.flush(30) == 0
+    return producer.checkpoint()
+
+
 def assert_gap_free(records: list[Record]) -> None:
     """Each (pid, partition) carries data seqs 0, 1, 2, … in offset order, no gap, no repeat."""
     by_stream: dict[tuple[int, int], list[int]] = {}
@@ -255,25 +284,17 @@ def test_keyed_records_land_where_the_java_client_puts_them(
 # ---- resume and fencing ---------------------------------------------------------------------
 
 
-def test_resume_fences_a_zombie_that_keeps_writing(
-    kafka: Any, new_topic: Callable[..., str], lease_server: LeaseServerThread
-) -> None:
-    topic = new_topic(partitions=3)
-    zombie, client = producer_for(kafka, lease_server)
+def test_resume_fences_a_zombie_that_keeps_writing(kafka: Any, producing: Producing) -> None:
+    topic, zombie, client = producing(3)
     with client:
-        for i in range(30):
-            zombie.produce(topic, f"a{i}".encode(), partition=i % 3)
-        assert zombie.flush(30) == 0
-        checkpoint = zombie.checkpoint()
+        checkpoint = checkpoint_after(zombie, topic, 30, 3)
         heir = IdempotentProducer.resume(checkpoint, client, zombie.config)
         assert heir.sequencer.pid == checkpoint.pid
         assert heir.sequencer.generation > checkpoint.generation
         # The zombie never learns of the takeover and keeps writing under its old generation.
-        for i in range(30, 39):
-            zombie.produce(topic, f"a{i}".encode(), partition=i % 3)
+        send_round_robin(zombie, topic, "a", range(30, 39), 3)
         zombie.close()
-        for i in range(9):
-            heir.produce(topic, f"b{i}".encode(), partition=i % 3)
+        send_round_robin(heir, topic, "b", range(9), 3)
         heir.close()
     verdicts = replay(read_topic(kafka.bootstrap, topic))
     by_value: dict[bytes | None, list[Verdict]] = {}
@@ -405,8 +426,7 @@ def test_rollover_leases_a_new_pid_with_seqs_from_zero(
     with client:
         first_pid = producer.sequencer.pid
         lifetime = producer.sequencer.expire_ms - wall_clock_ms()
-        for i in range(10):
-            producer.produce(topic, f"a{i}".encode(), partition=i % 2)
+        send_round_robin(producer, topic, "a", range(10), 2)
         # 23/24 of the lifetime has passed: the next record goes out under a new pid (after the
         # old pid's records are drained). The successor's lease is issued on the server's clock,
         # so the producer's clock goes back to it right after the roll.
@@ -525,23 +545,18 @@ def test_expired_lease_without_lease_server_is_named_and_retriable(
 
 
 def test_resume_after_a_bump_that_wrote_no_fence_is_accepted_by_the_broker_rules(
-    kafka: Any, new_topic: Callable[..., str], lease_server: LeaseServerThread
+    kafka: Any, producing: Producing
 ) -> None:
     """A predecessor bumped, then died before its FENCEs: the heir walks the generation up."""
-    topic = new_topic(partitions=2)
-    first, client = producer_for(kafka, lease_server)
+    topic, first, client = producing(2)
     with client:
-        for i in range(6):
-            first.produce(topic, f"a{i}".encode(), partition=i % 2)
-        assert first.flush(30) == 0
-        checkpoint = first.checkpoint()
+        checkpoint = checkpoint_after(first, topic, 6, 2)
         first.close()
         # the dead predecessor's bump
         client.bump(checkpoint.pid, checkpoint.generation, checkpoint.secret)
         heir = IdempotentProducer.resume(checkpoint, client, first.config)
         assert heir.sequencer.generation == checkpoint.generation + 2
-        for i in range(4):
-            heir.produce(topic, f"b{i}".encode(), partition=i % 2)
+        send_round_robin(heir, topic, "b", range(4), 2)
         heir.close()
     verdicts = replay(read_topic(kafka.bootstrap, topic))
     assert Counter(v for _, v in verdicts) == {Verdict.APPENDED: 10, Verdict.FENCE: 4}

@@ -10,20 +10,23 @@ expected rows exactly, run after run.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-from pidfence.spark_sink import read_log, read_rejects, run_sink
+from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.storage import STATE, Store, part_name
 from pidfence.wire import FLAG_FENCE, encode_pf
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import SinkOver
 
 #: Every sink test runs on both table formats (``tableFormat``).
 ON_EVERY_FORMAT = pytest.mark.parametrize("table_format", ["manifest", "delta"])
@@ -253,32 +256,36 @@ def state_file_names(output: Path, topic: str, partition: int) -> list[str]:
     return store.listdir(store.join(STATE, part_name(topic, partition)))
 
 
-def test_crafted_topic_becomes_the_expected_log_run_after_run(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
-) -> None:
-    # The proposal's rules as DESIGN §4 states them (the sink resolves gaps by default).
-    fmt = {"tableFormat": table_format, "resolveGaps": "false"}
-    topic = new_topic(partitions=2)
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+@pytest.fixture
+def run1(sink_over: Callable[..., SinkOver]) -> tuple[SinkOver, Any]:
+    """RUN1 sent and sunk once, under the proposal's rules as DESIGN §4 states them (the sink
+    resolves gaps by default): the sink and that run's summary."""
+    sink = sink_over(resolveGaps="false")
+    sink.send(RUN1)
+    return sink, sink.run()
 
-    sent = produce(kafka.bootstrap, topic, RUN1)
-    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
+
+def test_crafted_topic_becomes_the_expected_log_run_after_run(
+    run1: tuple[SinkOver, Any], spark: Any, table_format: str
+) -> None:
+    sink, summary = run1
+    out, topic, sent = sink.out, sink.topic, sink.sent
     assert summary.records_in == len(RUN1)
     assert summary.appended == sum(len(v) for v in LOG1.values())
     assert_output(out, topic, sent, [LOG1], REJECTS1)
 
-    produce(kafka.bootstrap, topic, RUN2, sent)
-    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
+    sink.send(RUN2)
+    summary = sink.run()
     assert summary.records_in == len(RUN2)
     # c6 is neither appended nor rejected yet: it waits for c5 in the partition's state.
     assert_output(out, topic, sent, [LOG1, LOG2], REJECTS1 | REJECTS2)
 
-    produce(kafka.bootstrap, topic, RUN3, sent)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
+    sink.send(RUN3)
+    sink.run()
     assert_output(out, topic, sent, [LOG1, LOG2, LOG3], REJECTS1 | REJECTS2 | REJECTS3)
 
     # Nothing new in the topic: a run commits nothing and changes nothing.
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
+    sink.run()
     assert_output(out, topic, sent, [LOG1, LOG2, LOG3], REJECTS1 | REJECTS2 | REJECTS3)
 
     # Spark's reader returns the same committed rows.
@@ -325,18 +332,13 @@ def _spark_delta_reads(out: Path, expected: list[dict[str, Any]]) -> None:
 
 
 def test_lost_or_corrupt_newest_state_is_rebuilt_from_older_state_and_the_log(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
+    run1: tuple[SinkOver, Any], tmp_path: Path
 ) -> None:
-    # The proposal's rules as DESIGN §4 states them (the sink resolves gaps by default).
-    fmt = {"tableFormat": table_format, "resolveGaps": "false"}
-    topic = new_topic(partitions=2)
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    sent = produce(kafka.bootstrap, topic, RUN1)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
+    sink, _ = run1
+    out, topic, sent = sink.out, sink.topic, sink.sent
     # RUN2 without the held record: no payload waits in the state we are about to damage.
-    run2 = [r for r in RUN2 if r.label != "c6-held"]
-    produce(kafka.bootstrap, topic, run2, sent)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
+    sink.send([r for r in RUN2 if r.label != "c6-held"])
+    sink.run()
 
     store = Store.at(str(own_root(out)))
     p0 = state_file_names(out, topic, 0)
@@ -358,24 +360,23 @@ def test_lost_or_corrupt_newest_state_is_rebuilt_from_older_state_and_the_log(
         Rec("p1-d2-dup", 1, (4, 0, 2)),
         Rec("p1-d3", 1, (4, 0, 3)),
     ]
-    produce(kafka.bootstrap, topic, run3, sent)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
-    log2 = {0: ["c4", "a3"], 1: ["p1-d2"]}
+    sink.send(run3)
+    sink.run()
     log3 = {0: ["c5", "a4"], 1: ["p1-d3"]}
-    rejects = REJECTS1 | {
-        "c3-dup": "DUPLICATE",
-        "p1-d0-late-dup": "DUPLICATE",
-        "c4-dup": "DUPLICATE",
-        "a3-dup": "DUPLICATE",
-        "a2-zombie-2": "FENCED",
-        "p1-d2-dup": "DUPLICATE",
-    }
-    assert_output(out, topic, sent, [LOG1, log2, log3], rejects)
+    rejects = (
+        REJECTS1
+        | REJECTS2
+        | {
+            "c4-dup": "DUPLICATE",
+            "a3-dup": "DUPLICATE",
+            "a2-zombie-2": "FENCED",
+            "p1-d2-dup": "DUPLICATE",
+        }
+    )
+    assert_output(out, topic, sent, [LOG1, LOG2, log3], rejects)
 
     # A sink over the same topic from scratch (one batch, no damage) writes the same rows.
     ref_out = tmp_path / "ref"
-    run_sink(
-        spark, kafka.bootstrap, topic, str(ref_out), str(tmp_path / "ref-ckpt"), sink_options=fmt
-    )
+    sink.run(ref_out)
     assert read_log(str(ref_out)) == read_log(str(out))
     assert read_rejects(str(ref_out)) == read_rejects(str(out))

@@ -13,17 +13,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
-from pidfence.spark_sink import read_log, read_rejects, run_sink
+from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.errors import OutputOwnedError
 from pidfence.spark_sink.storage import STATE, Store, part_name
 from pidfence.wire import FLAG_FENCE, encode_pf
-from tests.integration.test_sink import ON_EVERY_FORMAT, Rec, labels, own_root, produce
+from tests.integration.conftest import SinkOver, produce_labelled
+from tests.integration.test_sink import ON_EVERY_FORMAT, Rec, labels, own_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900), ON_EVERY_FORMAT]
 
@@ -86,21 +87,20 @@ def by_partition(table: Any) -> dict[int, list[str]]:
 
 
 def test_two_outputs_one_losing_its_newest_state_files_commit_identical_output(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
+    sink_over: Callable[..., SinkOver], tmp_path: Path
 ) -> None:
-    fmt = {"tableFormat": table_format}
-    topic = new_topic(partitions=2)
+    sink = sink_over()
     a, b = tmp_path / "a", tmp_path / "b"
-    sent = produce(kafka.bootstrap, topic, CUT1)
+    sink.send(CUT1)
     for out in (a, b):
-        run_sink(spark, kafka.bootstrap, topic, str(out), str(out) + "-ckpt", sink_options=fmt)
+        sink.run(out)
     # x3 is held across the cut: neither in the log nor in the rejects yet.
     assert "x3-held" not in labels(read_log(str(a))) + labels(read_rejects(str(a)))
-    lose_newest_state_files(b, topic)
+    lose_newest_state_files(b, sink.topic)
 
-    produce(kafka.bootstrap, topic, CUT2, sent)
+    sink.send(CUT2)
     for out in (a, b):
-        run_sink(spark, kafka.bootstrap, topic, str(out), str(out) + "-ckpt", sink_options=fmt)
+        sink.run(out)
 
     log_a, log_b = read_log(str(a)), read_log(str(b))
     rej_a, rej_b = read_rejects(str(a)), read_rejects(str(b))
@@ -111,32 +111,24 @@ def test_two_outputs_one_losing_its_newest_state_files_commit_identical_output(
     assert log_a.column("log_offset").to_pylist() == [*range(8), *range(3)]
     # And the output after the loss equals a third output that read everything in one batch.
     c = tmp_path / "c"
-    run_sink(spark, kafka.bootstrap, topic, str(c), str(c) + "-ckpt", sink_options=fmt)
+    sink.run(c)
     assert read_log(str(c)).equals(log_a)
     assert read_rejects(str(c)).equals(rej_a)
 
 
 def produce_at(bootstrap: str, topic: str, recs: list[tuple[str, bytes | None, int]]) -> None:
     """Produce (label, pf header or None, timestamp ms) to partition 0, in order."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    errors: list[Any] = []
-    for label, pf, ts in recs:
-        producer.produce(
-            topic,
-            value=label.encode(),
-            partition=0,
-            headers=None if pf is None else [("pf", pf)],
-            timestamp=ts,
-            on_delivery=lambda err, _msg: errors.append(err) if err else None,
-        )
-    assert producer.flush(30) == 0 and not errors, errors
+    produce_labelled(
+        bootstrap,
+        topic,
+        [(label, None if pf is None else [("pf", pf)], ts) for label, pf, ts in recs],
+    )
 
 
 def test_a_header_less_record_40_minutes_ahead_expires_nobody(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
+    sink_over: Callable[..., SinkOver],
 ) -> None:
-    fmt = {"tableFormat": table_format}
-    topic = new_topic(partitions=1)
+    sink = sink_over(partitions=1, lifetime="30m")
     now = int(time.time() * 1000)
     minute = 60_000
     recs = [
@@ -145,16 +137,12 @@ def test_a_header_less_record_40_minutes_ahead_expires_nobody(
         ("p1", encode_pf(20, 3, 1), now + 1),
         ("p2", encode_pf(20, 3, 2), now + 2),
     ]
-    produce_at(kafka.bootstrap, topic, recs[:2])
-    out = tmp_path / "out"
-    options = {"lifetime": "30m"}
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt"),
-             sink_options={**fmt, **options})  # fmt: skip
-    produce_at(kafka.bootstrap, topic, recs[2:])
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt"),
-             sink_options={**fmt, **options})  # fmt: skip
-    assert labels(read_log(str(out))) == ["p0", "ahead", "p1", "p2"]
-    assert read_rejects(str(out)).num_rows == 0
+    produce_at(sink.bootstrap, sink.topic, recs[:2])
+    sink.run()
+    produce_at(sink.bootstrap, sink.topic, recs[2:])
+    sink.run()
+    assert labels(read_log(str(sink.out))) == ["p0", "ahead", "p1", "p2"]
+    assert read_rejects(str(sink.out)).num_rows == 0
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -163,15 +151,13 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def test_a_committed_batch_re_run_with_other_options_changes_no_byte(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
+    sink_over: Callable[..., SinkOver],
 ) -> None:
-    fmt = {"tableFormat": table_format}
-    topic = new_topic(partitions=2)
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    sent = produce(kafka.bootstrap, topic, CUT1)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
-    produce(kafka.bootstrap, topic, CUT2, sent)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=fmt)
+    sink = sink_over()
+    out, ckpt = sink.out, sink.ckpt
+    for cut in (CUT1, CUT2):
+        sink.send(cut)
+        sink.run()
     last = max(int(p.name) for p in (ckpt / "commits").iterdir() if p.name.isdigit())
     before = _files(out)
     # The driver "died" after the manifest of the last batch and before Spark's commit log.
@@ -179,27 +165,22 @@ def test_a_committed_batch_re_run_with_other_options_changes_no_byte(
     (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's checksum sidecar
     # The re-run has options that would decide differently (one producer per partition, no
     # reordering); the batch is committed, so it writes nothing.
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt),
-             sink_options={**fmt, "capacity": "1", "reorderWindow": "0"})  # fmt: skip
+    sink.run(capacity="1", reorderWindow="0")
     assert (ckpt / "commits" / str(last)).exists()
     assert _files(out) == before
 
 
 def test_a_second_query_on_the_output_fails_at_start_and_deletes_nothing(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
+    sink_over: Callable[..., SinkOver], tmp_path: Path
 ) -> None:
-    fmt = {"tableFormat": table_format}
-    topic = new_topic(partitions=2)
-    out = tmp_path / "out"
-    produce(kafka.bootstrap, topic, CUT1)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt-1"), sink_options=fmt)
-    before = _files(out)
+    sink = sink_over()
+    sink.send(CUT1)
+    sink.run()
+    before = _files(sink.out)
     with pytest.raises(OutputOwnedError, match="belongs to streaming query") as info:
-        run_sink(
-            spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt-2"), sink_options=fmt
-        )
+        sink.run(sink.out, tmp_path / "ckpt-2")
     assert not info.value.retriable
-    assert _files(out) == before
+    assert _files(sink.out) == before
     # The owner restarted from its own checkpoint takes over as usual.
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt-1"), sink_options=fmt)
-    assert _files(out) == before
+    sink.run()
+    assert _files(sink.out) == before

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
@@ -24,6 +23,7 @@ from pidfence.spark_sink.pipeline import summarise
 from pidfence.wire import FLAG_FENCE, encode_pf
 from pidfence.wire.cert import encode_cert, generate_keypair, load_private_key
 from pidfence.wire.statement import encode_placed_pfc
+from tests.integration.conftest import produce_labelled
 from tests.integration.test_sink import ON_EVERY_FORMAT, own_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900), ON_EVERY_FORMAT]
@@ -35,18 +35,9 @@ def raw(key: Ed25519PrivateKey) -> bytes:
 
 
 def send(bootstrap: str, topic: str, recs: list[tuple[str, bytes, bytes | None]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    errors: list[Any] = []
-    for label, pf, pfc in recs:
-        headers = [("pf", pf)] + ([("pfc", pfc)] if pfc is not None else [])
-        producer.produce(
-            topic,
-            value=label.encode(),
-            partition=0,
-            headers=headers,
-            on_delivery=lambda err, _msg: errors.append(err) if err else None,
-        )
-    assert producer.flush(30) == 0 and not errors, errors
+    """Produce (label, pf, pfc or None) to partition 0, now, in order."""
+    headers = [[("pf", pf), *([("pfc", pfc)] if pfc is not None else [])] for _, pf, pfc in recs]
+    produce_labelled(bootstrap, topic, [(r[0], h, 0) for r, h in zip(recs, headers, strict=True)])
 
 
 def test_forged_fences_and_pids_are_refused_and_the_live_producer_is_untouched(

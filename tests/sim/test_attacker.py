@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pidfence.sim import SimResult, run
 from pidfence.sim.attacker import ATTACKS, Forgery
-from tests.sim.test_simulation import EXPLORE, SEEDS, assert_clean, judged
+from tests.sim.schedules import SEEDS, assert_clean, explored, judged, knob_space
 
 # Every fault but producer crashes (see test_forged_fence_misleads_the_recovery_scan): lossy,
 # duplicating, reordering network, sink restarts rebuilding from snapshots, rollovers and broker
@@ -121,34 +121,19 @@ def test_without_verification_the_attacker_is_caught() -> None:
     assert appended and all(not r.exactly_once for r in appended)
 
 
-ATTACK_KNOBS = st.fixed_dictionaries(
-    {
-        "events": st.integers(1, 200),
-        "partitions": st.integers(1, 4),
-        "producers": st.integers(1, 3),
-        "drop_p": st.sampled_from([0.0, 0.2, 0.5]),
-        "dup_p": st.sampled_from([0.0, 0.2, 0.5]),
-        "reorder": st.integers(1, 6),
-        "restart_p": st.sampled_from([0.0, 0.1, 0.5]),
-        "plain_p": st.sampled_from([0.0, 0.05]),
-        "step_ms": st.integers(1, 20),
-        "lifetime_ms": st.sampled_from([1_920, 3_000, 10**8]),
-        "checkpoint_every": st.integers(1, 20),
-        "batch_every": st.integers(1, 6),
-        "attack_p": st.sampled_from([0.02, 0.1, 0.5]),
-        "crash_p": st.just(0.0),
-    }
+#: The simulation's schedules without crashes, zombies, pauses or lease outages, with attacks.
+ATTACK_KNOBS = knob_space(
+    without=("crash_p", "zombie_p", "pause_p", "down_p", "double_p"),
+    events=st.integers(1, 200),
+    drop_p=st.sampled_from([0.0, 0.2, 0.5]),
+    dup_p=st.sampled_from([0.0, 0.2, 0.5]),
+    lifetime_ms=st.sampled_from([1_920, 3_000, 10**8]),
+    attack_p=st.sampled_from([0.02, 0.1, 0.5]),
+    crash_p=st.just(0.0),
 )
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=not EXPLORE,
-    database=None if not EXPLORE else settings.default.database,
-    suppress_health_check=[HealthCheck.too_slow],
-    print_blob=True,
-)
+@explored(60)
 @given(seed=SEEDS, knobs=ATTACK_KNOBS)
 def test_every_attacked_schedule_is_exactly_once(seed: int, knobs: dict[str, Any]) -> None:
     result = judged(seed, **knobs)

@@ -15,8 +15,8 @@ import pytest
 from pidfence.producer import recovery
 from pidfence.sim import SimResult, run
 from pidfence.sim.attacker import INJECTIONS
+from tests.sim.schedules import assert_clean
 from tests.sim.test_attacker import assert_refused
-from tests.sim.test_simulation import assert_clean
 
 # Aggressive on purpose: an attack every few steps, crashes with long downtimes (resumes roll
 # and follow), paused zombies, short leases.

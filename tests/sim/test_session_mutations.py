@@ -20,7 +20,8 @@ from pidfence.producer.headers import Fence, Header
 from pidfence.producer.sender import Sender
 from pidfence.producer.sequencer import Sequencer
 from pidfence.sim import SimResult, run
-from tests.sim.test_simulation import BUSY, assert_clean
+from tests.sim.schedules import assert_clean
+from tests.sim.test_simulation import BUSY
 
 SEEDS = range(8)
 #: Crashes with zombies: resumes (bump, FENCE walk, recovery scan) and rollovers.

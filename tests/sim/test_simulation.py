@@ -6,75 +6,26 @@ over a simulated Kafka client and lease server: ``pidfence.sim.client``) and the
 with zombies, sink restarts that rebuild state from a snapshot plus the Kafka suffix, and lease
 rollover under a fake clock. ``test_session_mutations.py`` seeds bugs into that producer code.
 
-Reproducibility: by default the 1000 schedules are derandomized (the same ones on every run), so a
-red CI always means the change broke something, never that today's random draw found an old bug.
-Set ``PIDFENCE_SIM_EXPLORE=1`` to draw new schedules (and ``PIDFENCE_SIM_EXAMPLES=N`` for more);
-any failing schedule prints its seed and the exact ``pidfence.sim.run(...)`` /
-``python -m pidfence.sim ...`` call that replays it.
+Reproducibility: the 1000 schedules are derandomized unless ``PIDFENCE_SIM_EXPLORE=1``
+(``tests/sim/schedules.py``); any failing schedule prints its seed and the exact
+``pidfence.sim.run(...)`` / ``python -m pidfence.sim ...`` call that replays it.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, note, settings
-from hypothesis import strategies as st
+from hypothesis import Phase, given, settings
 
-from pidfence.sim import Knobs, SimResult, run
+from pidfence.sim import SimResult, run
 from pidfence.sim.__main__ import main as sim_main
-from pidfence.sim.runner import replay_hint
+from tests.sim.schedules import EXAMPLES, SEEDS, assert_clean, explored, judged, knob_space
 
-EXPLORE = os.environ.get("PIDFENCE_SIM_EXPLORE", "") not in ("", "0")
-EXAMPLES = int(os.environ.get("PIDFENCE_SIM_EXAMPLES", "1000"))
-
-SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
-KNOBS = st.fixed_dictionaries(
-    {
-        "events": st.integers(1, 250),
-        "partitions": st.integers(1, 4),
-        "producers": st.integers(1, 3),
-        "drop_p": st.sampled_from([0.0, 0.05, 0.2, 0.5, 0.8]),
-        "dup_p": st.sampled_from([0.0, 0.05, 0.2, 0.5]),
-        "reorder": st.integers(1, 6),
-        "crash_p": st.sampled_from([0.0, 0.02, 0.1, 0.3]),
-        "zombie_p": st.sampled_from([0.0, 0.5, 1.0]),
-        "pause_p": st.sampled_from([0.0, 0.3, 1.0]),
-        "down_p": st.sampled_from([0.0, 0.1, 0.5]),
-        "double_p": st.sampled_from([0.0, 0.1, 0.5]),
-        "restart_p": st.sampled_from([0.0, 0.1, 0.5]),
-        "plain_p": st.sampled_from([0.0, 0.05]),
-        "step_ms": st.integers(1, 20),
-        # >= 96 steps of 20 ms; short lifetimes force rollovers and broker-side expiry.
-        "lifetime_ms": st.sampled_from([1_920, 3_000, 10_000, 10**8]),
-        "checkpoint_every": st.integers(1, 20),
-        "batch_every": st.integers(1, 6),
-    }
-)
+KNOBS = knob_space()
 
 
-def judged(seed: int, **knobs: Any) -> SimResult:
-    """Run one schedule, with its replay call noted first (so even an exception replays)."""
-    note(f"seed {seed}; replay with:\n{replay_hint(seed, Knobs(**knobs))}")
-    return run(seed, **knobs)
-
-
-def assert_clean(result: SimResult) -> None:
-    """Zero anomalies and every upstream event in the log exactly once."""
-    examples = {n: f.examples[:3] for n, f in result.report.findings.items() if f.count}
-    assert result.report.ok, f"{result.describe()}\nexamples: {examples}"
-    assert result.exactly_once, result.describe()
-
-
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=not EXPLORE,
-    database=None if not EXPLORE else settings.default.database,
-    suppress_health_check=[HealthCheck.too_slow],
-    print_blob=True,
-)
+@explored(EXAMPLES)
 @given(seed=SEEDS, knobs=KNOBS)
 def test_every_schedule_is_exactly_once(seed: int, knobs: dict[str, Any]) -> None:
     assert_clean(judged(seed, **knobs))

@@ -151,33 +151,28 @@ def make_stream(rng: random.Random, knobs: StreamKnobs) -> list[tuple[bytes | No
     return out
 
 
+@dataclass
 class ReferenceTable:
     """DESIGN §4 (amended) with a plain dict and scans; held records as a list.
 
     A record is judged at max(clock, its timestamp); only a record that lands (appended, FENCE or
-    held) makes that the clock and expires entries; rejected records change nothing.
+    held) makes that the clock and expires entries; rejected records change nothing. Built as
+    ``ReferenceTable(capacity, lifetime_ms, reorder_window, verifier=..., resolve_gaps=...)``.
     """
 
-    def __init__(
-        self,
-        capacity: int,
-        lifetime_ms: int,
-        reorder_window: int = 5,
-        verifier: Callable[[int, int, int, int, bytes | None, int], str | None] | None = None,
-        resolve_gaps: bool = False,
-    ) -> None:
-        self.capacity = capacity
-        self.lifetime = lifetime_ms
-        self.window = reorder_window
-        self.verifier = verifier
-        self.resolve_gaps = resolve_gaps
-        self.entries: dict[int, list[int]] = {}  # pid -> [gen, high, first_seen, order]
-        self.held: list[dict[str, Any]] = []
-        self.clock = -(2**63)
-        self.horizon = -(2**63)
-        self.order = 0
-        #: (pid, generation, first, last, ref, kind) of every gap, in the order found.
-        self.gaps: list[tuple[int, int, int, int, Any, str]] = []
+    capacity: int
+    lifetime: int
+    window: int = 5
+    verifier: Callable[[int, int, int, int, bytes | None, int], str | None] | None = None
+    resolve_gaps: bool = False
+    entries: dict[int, list[int]] = field(default_factory=dict, init=False)
+    """pid -> [gen, high, first_seen, order]"""
+    held: list[dict[str, Any]] = field(default_factory=list, init=False)
+    clock: int = field(default=-(2**63), init=False)
+    horizon: int = field(default=-(2**63), init=False)
+    order: int = field(default=0, init=False)
+    #: (pid, generation, first, last, ref, kind) of every gap, in the order found.
+    gaps: list[tuple[int, int, int, int, Any, str]] = field(default_factory=list, init=False)
 
     def open_horizon(self, point: int) -> None:
         self.horizon = max(self.horizon, point + self.lifetime)
@@ -426,6 +421,30 @@ def with_certs(rng: random.Random, stream: list[tuple[bytes | None, int]], forge
 
 
 Stream = list[tuple[bytes | None, int]]
+
+
+def twin_tables(
+    args: tuple[int, int, int], *, signed: bool = False, resolve_gaps: bool = False
+) -> tuple[ProducerStateTable, ReferenceTable]:
+    """The real table and the reference model with the same settings, for :func:`offer_alike`.
+
+    Args:
+        args: capacity, lifetime (ms) and reorder window, as :data:`table_args` draws them.
+        signed: give each its own :class:`FakeVerifier`.
+        resolve_gaps: turn gap resolution on in both.
+    """
+    capacity, lifetime, window = args
+    table = ProducerStateTable(
+        capacity,
+        lifetime,
+        window,
+        verifier=FakeVerifier() if signed else None,
+        resolve_gaps=resolve_gaps,
+    )
+    ref = ReferenceTable(
+        capacity, lifetime, window, FakeVerifier() if signed else None, resolve_gaps
+    )
+    return table, ref
 
 
 def offer_alike(

@@ -21,13 +21,13 @@ from pidfence.wire import FLAG_FENCE, Verdict, encode_pf
 from pidfence.wire.cert import encode_cert
 from tests.unit.broker_streams import (
     FakeVerifier,
-    ReferenceTable,
     StreamKnobs,
     cert_verifier,
     good,
     make_stream,
     offer_alike,
     table_args,
+    twin_tables,
     with_certs,
 )
 from tests.unit.test_broker_properties import knobs_strategy
@@ -136,8 +136,7 @@ def test_forged_cases_match_the_reference_and_the_batch_path(
     rng = random.Random(seed)
     stream = make_stream(rng, knobs)
     certs = with_certs(rng, stream, forge)
-    one = ProducerStateTable(capacity, lifetime, window, verifier=FakeVerifier())
-    ref = ReferenceTable(capacity, lifetime, window, verifier=FakeVerifier())
+    one, ref = twin_tables(args, signed=True)
     final: dict[int, Verdict] = {}
     log: list[int] = []
     for got in offer_alike(one, ref, stream, certs):

@@ -20,13 +20,13 @@ from pidfence.broker_plugin import Gap, ProducerStateTable, replay_batch
 from pidfence.broker_plugin.snapshot import MAGIC
 from pidfence.wire import Verdict, encode_pf
 from tests.unit.broker_streams import (
-    ReferenceTable,
     StreamKnobs,
     flush_alike,
     knobs_strategy_of,
     make_stream,
     offer_alike,
     table_args,
+    twin_tables,
 )
 
 knobs_strategy = knobs_strategy_of(
@@ -47,10 +47,8 @@ def _gap_tuples(gaps: list[Gap]) -> list[tuple[Any, ...]]:
 def test_extensions_match_the_reference_model(
     seed: int, knobs: StreamKnobs, args: Any, opens: list[int], gaps_on: bool
 ) -> None:
-    capacity, lifetime, window = args
     stream = make_stream(random.Random(seed), knobs)
-    table = ProducerStateTable(capacity, lifetime, window, resolve_gaps=gaps_on)
-    ref = ReferenceTable(capacity, lifetime, window, resolve_gaps=gaps_on)
+    table, ref = twin_tables(args, resolve_gaps=gaps_on)
     offer_alike(table, ref, stream, opens=opens)
     flush_alike(table, ref, stream)
     assert _gap_tuples(table.gaps) == ref.gaps

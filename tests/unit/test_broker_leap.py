@@ -20,12 +20,12 @@ from pidfence.wire import FLAG_FENCE, Verdict, decode_pf, encode_pf
 from pidfence.wire.cert import encode_cert
 from tests.unit.broker_streams import (
     FakeVerifier,
-    ReferenceTable,
     StreamKnobs,
     cert_verifier,
     good,
     make_stream,
     offer_alike,
+    twin_tables,
     with_certs,
 )
 from tests.unit.test_broker_forged import decide, table_with
@@ -215,8 +215,7 @@ def test_the_property_streams_exercise_signed_leaps() -> None:
         stream = make_stream(rng, knobs)
         certs = with_certs(rng, stream, 0.3)
         total_leaps += _leaps(stream, certs)
-        one = ProducerStateTable(4, 10**9, 3, verifier=FakeVerifier())
-        ref = ReferenceTable(4, 10**9, 3, verifier=FakeVerifier())
+        one, ref = twin_tables((4, 10**9, 3), signed=True)
         for got in offer_alike(one, ref, stream, certs, where=f"seed {seed} "):
             seen.update(v for _, v in got)
         batched = ProducerStateTable(4, 10**9, 3, verifier=FakeVerifier())

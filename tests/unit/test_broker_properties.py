@@ -4,6 +4,7 @@ snapshots (full and incremental) against the live table, and corruption detectio
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,13 +17,13 @@ from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable, rebuild,
 from pidfence.wire import MalformedHeader, Verdict, decode_pf, encode_pf
 from tests.unit.broker_streams import (
     FakeVerifier,
-    ReferenceTable,
     StreamKnobs,
     flush_alike,
     knobs_strategy_of,
     make_stream,
     offer_alike,
     table_args,
+    twin_tables,
     with_certs,
 )
 
@@ -54,10 +55,8 @@ def sequential(
 @SETTINGS
 @given(st.integers(0, 2**32), knobs_strategy, table_args)
 def test_table_matches_reference_model(seed: int, knobs: StreamKnobs, args: Any) -> None:
-    capacity, lifetime, window = args
     stream = make_stream(random.Random(seed), knobs)
-    table = ProducerStateTable(capacity, lifetime, window)
-    ref = ReferenceTable(capacity, lifetime, window)
+    table, ref = twin_tables(args)
     offer_alike(table, ref, stream)
     flush_alike(table, ref, stream)
 
@@ -152,22 +151,44 @@ def test_batch_fast_path_on_a_long_in_order_stream() -> None:
     assert a == b
 
 
+@dataclass
+class Chain:
+    """A table's snapshot chain as the sink keeps it: a full snapshot, then a delta per batch."""
+
+    table: ProducerStateTable
+    full: bytes = b""
+    deltas: list[bytes] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        """Start a new chain with a full snapshot of the table as it is."""
+        self.full, self.deltas = self.table.snapshot(), []
+
+    def delta(self) -> None:
+        """Add what changed since the chain's last snapshot."""
+        self.deltas.append(self.table.snapshot_delta())
+
+    def restored(self) -> ProducerStateTable:
+        """The table the chain restores."""
+        return ProducerStateTable.restore_chain(self.full, self.deltas)
+
+
 @SETTINGS
 @given(st.integers(0, 2**32), knobs_strategy, table_args, st.integers(1, 6))
 def test_snapshots_and_delta_chains_restore_the_live_table(
     seed: int, knobs: StreamKnobs, args: Any, pieces: int
 ) -> None:
-    capacity, lifetime, window = args
     stream = make_stream(random.Random(seed), knobs)
-    table = ProducerStateTable(capacity, lifetime, window)
-    full = table.snapshot()
-    deltas: list[bytes] = []
+    chain = Chain(ProducerStateTable(*args))
+    table = chain.table
     step = max(1, len(stream) // pieces)
     for lo in range(0, len(stream), step):
         for i, (header, ts) in enumerate(stream[lo : lo + step]):
             table.offer_header(header, ts, ref=lo + i)
-        deltas.append(table.snapshot_delta())
-    restored = ProducerStateTable.restore_chain(full, deltas)
+        chain.delta()
+    restored = chain.restored()
     assert restored == table
     assert ProducerStateTable.restore(table.snapshot()) == table
     # The restored table keeps deciding like the original.
@@ -185,11 +206,9 @@ def test_batch_path_with_delta_chains_restores_the_live_table(
 ) -> None:
     # What the Spark sink does: offer_batch per micro-batch, then a delta (or, now and then, a
     # full snapshot that starts a new chain), restore_chain on the next batch.
-    capacity, lifetime, window = args
     stream = make_stream(random.Random(seed), knobs)
-    table = ProducerStateTable(capacity, lifetime, window)
-    full = table.snapshot()
-    deltas: list[bytes] = []
+    chain = Chain(ProducerStateTable(*args))
+    table = chain.table
     start = 0
     for i, size in enumerate([*cuts, len(stream)]):
         chunk = stream[start : start + size]
@@ -199,10 +218,10 @@ def test_batch_path_with_delta_chains_restores_the_live_table(
         )  # fmt: skip
         start += len(chunk)
         if i < len(fulls) and fulls[i]:
-            full, deltas = table.snapshot(), []
+            chain.restart()
         else:
-            deltas.append(table.snapshot_delta())
-        assert ProducerStateTable.restore_chain(full, deltas) == table
+            chain.delta()
+        assert chain.restored() == table
 
 
 @SETTINGS

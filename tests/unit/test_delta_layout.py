@@ -57,6 +57,32 @@ def writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pidfence
 _write = partial(write_as_task, query=QUERY)
 
 
+def _stream(seed: int, n: int, size: int = 50) -> tuple[list[Record], list[list[Record]]]:
+    """A crafted stream of ``n`` records (:func:`make_stream`) and its micro-batches."""
+    records = make_stream(seed, n)
+    return records, micro_batches(records, size)
+
+
+def _commit_batches(
+    monkeypatch: pytest.MonkeyPatch,
+    writer: PidfenceStreamWriter,
+    chunks: list[list[Record]],
+    start: int = 0,
+) -> None:
+    """Write and commit each chunk as one micro-batch, numbered from ``start``."""
+    for b, chunk in enumerate(chunks, start=start):
+        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+
+
+def _committed_stream(
+    monkeypatch: pytest.MonkeyPatch, writer: PidfenceStreamWriter, seed: int, n: int
+) -> tuple[list[Record], list[list[Record]]]:
+    """:func:`_stream` of micro-batches of 50, each written and committed."""
+    records, chunks = _stream(seed, n)
+    _commit_batches(monkeypatch, writer, chunks)
+    return records, chunks
+
+
 def _check(path: Path, records: list[Record]) -> None:
     """The Delta tables, read by deltalake alone, hold exactly the reference output."""
     expected, dropped = reference(records, **RULES)
@@ -72,12 +98,10 @@ def _check(path: Path, records: list[Record]) -> None:
 def test_log_equals_reference_in_every_reader(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = make_stream(11, 500)
-    for b, chunk in enumerate(micro_batches(records, 50)):
-        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+    records, chunks = _committed_stream(monkeypatch, writer, 11, 500)
     _check(tmp_path, records)
     dt = DeltaTable(str(tmp_path))
-    assert dt.transaction_version(QUERY) == len(micro_batches(records, 50)) - 1
+    assert dt.transaction_version(QUERY) == len(chunks) - 1
     assert pl.read_delta(str(tmp_path)).height == dt.to_pyarrow_table().num_rows
     assert read_delta_log(str(tmp_path)).num_rows == dt.to_pyarrow_table().num_rows
     # Only Delta's own files and pidfence's hidden directory under the table root.
@@ -92,23 +116,14 @@ def _versions(path: Path) -> tuple[int, int]:
 def test_replayed_and_recommitted_batches_change_nothing(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = make_stream(3, 200)
-    chunks = micro_batches(records, 50)
-    for b, chunk in enumerate(chunks):
-        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
-    versions = (
-        DeltaTable(str(tmp_path)).version(),
-        DeltaTable(str(tmp_path / "_rejects")).version(),
-    )
+    records, chunks = _committed_stream(monkeypatch, writer, 3, 200)
+    versions = _versions(tmp_path)
     last = len(chunks) - 1
     msg = _write(monkeypatch, writer, last, chunks[last], attempt=1)  # Spark re-runs the batch
     assert msg.committed
     writer.commit([msg], last)
     writer.commit([msg], last)
-    assert (
-        DeltaTable(str(tmp_path)).version(),
-        DeltaTable(str(tmp_path / "_rejects")).version(),
-    ) == versions
+    assert _versions(tmp_path) == versions
     _check(tmp_path, records)
 
 
@@ -131,8 +146,7 @@ def commit_moves_dying_at(kind: str) -> Callable[..., bool]:
 def test_crash_between_the_rejects_and_the_log_commit(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = make_stream(5, 300)
-    chunks = micro_batches(records, 50)
+    records, chunks = _stream(5, 300)
     real = layout_mod.commit_moves
     die_before_log = commit_moves_dying_at("log")
 
@@ -155,8 +169,7 @@ def test_crash_between_the_rejects_and_the_log_commit(
 def test_crash_after_staging_then_rerun(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = make_stream(7, 300)
-    chunks = micro_batches(records, 50)
+    records, chunks = _stream(7, 300)
     for b, chunk in enumerate(chunks):
         msg = _write(monkeypatch, writer, b, chunk)
         if b == 3:
@@ -171,28 +184,22 @@ def test_crash_after_staging_then_rerun(
 def test_state_rebuilt_from_the_delta_output_after_compaction(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = make_stream(13, 600)
-    chunks = micro_batches(records, 40)
+    records, chunks = _stream(13, 600, 40)
     half = len(chunks) // 2
-    for b, chunk in enumerate(chunks[:half]):
-        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+    _commit_batches(monkeypatch, writer, chunks[:half])
     compact(str(tmp_path))
     compact(str(tmp_path / "_rejects"), "rejects")
     # Every state file is lost: the next batch rebuilds the state from the committed output
     # (the compacted Delta rows plus the committed held records).
     shutil.rmtree(tmp_path / "_pidfence" / "_state")
-    for b, chunk in enumerate(chunks[half:], start=half):
-        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+    _commit_batches(monkeypatch, writer, chunks[half:], start=half)
     _check(tmp_path, records)
 
 
 def test_deleted_rows_stay_deleted_when_replayed_upstream_even_with_state_files_lost(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = make_stream(17, 300)
-    chunks = micro_batches(records, 50)
-    for b, chunk in enumerate(chunks):
-        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+    records, chunks = _committed_stream(monkeypatch, writer, 17, 300)
     path = str(tmp_path)
     before = read_delta_log(path)
     gone = before.filter(pa.compute.equal(before["pid"], 1))
@@ -233,8 +240,7 @@ def test_deleted_rows_stay_deleted_when_replayed_upstream_even_with_state_files_
 def test_uncommitted_manifest_is_not_a_committed_batch(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = make_stream(19, 150)
-    chunks = micro_batches(records, 50)
+    _, chunks = _stream(19, 150)
     writer.commit([_write(monkeypatch, writer, 0, chunks[0])], 0)
     msg = _write(monkeypatch, writer, 1, chunks[1])
     real = layout_mod.commit_moves
@@ -268,7 +274,5 @@ def test_file_uri_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     options = SinkOptions.parse({"path": uri, **SETTINGS})
     open_layout(options.path, options.rejects_path, QUERY)
     w = PidfenceStreamWriter(options)
-    records = make_stream(29, 150)
-    for b, chunk in enumerate(micro_batches(records, 50)):
-        w.commit([_write(monkeypatch, w, b, chunk)], b)
+    records, _ = _committed_stream(monkeypatch, w, 29, 150)
     _check(tmp_path, records)

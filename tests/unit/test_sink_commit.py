@@ -40,11 +40,14 @@ def _write(
     return w.write(iter(table.to_batches(max_chunksize=17)))
 
 
-def _run(
-    monkeypatch: pytest.MonkeyPatch, w: PidfenceStreamWriter, chunks: list[list[Record]]
-) -> None:
+def _committed(
+    monkeypatch: pytest.MonkeyPatch, path: Path, chunks: list[list[Record]]
+) -> PidfenceStreamWriter:
+    """A writer at ``path`` that has written and committed each chunk as one micro-batch."""
+    w = _writer(path)
     for b, chunk in enumerate(chunks):
         w.commit([_write(monkeypatch, w, b, kafka_rows(chunk))], b)
+    return w
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -57,7 +60,7 @@ def test_log_across_batches_equals_reference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records = make_stream(11, 500)
-    _run(monkeypatch, _writer(tmp_path), micro_batches(records, 50))
+    _committed(monkeypatch, tmp_path, micro_batches(records, 50))
     expected, dropped = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
     log = read_log(str(tmp_path))
     assert log["offset"].to_pylist() == expected
@@ -71,10 +74,8 @@ def test_log_across_batches_equals_reference(
 def test_replayed_batch_rewrites_identical_files_and_commit_is_idempotent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = make_stream(3, 200)
-    chunks = micro_batches(records, 50)
-    w = _writer(tmp_path)
-    _run(monkeypatch, w, chunks)
+    chunks = micro_batches(make_stream(3, 200), 50)
+    w = _committed(monkeypatch, tmp_path, chunks)
     before = _files(tmp_path)
     last = len(chunks) - 1
     msg = _write(monkeypatch, w, last, kafka_rows(chunks[last]))  # Spark re-runs the last batch
@@ -86,10 +87,8 @@ def test_replayed_batch_rewrites_identical_files_and_commit_is_idempotent(
 def test_uncommitted_batch_is_invisible_and_cleaned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = make_stream(4, 120)
-    chunks = micro_batches(records, 60)
-    w = _writer(tmp_path)
-    _run(monkeypatch, w, chunks[:1])
+    chunks = micro_batches(make_stream(4, 120), 60)
+    w = _committed(monkeypatch, tmp_path, chunks[:1])
     visible = read_log(str(tmp_path))
     _write(monkeypatch, w, 1, kafka_rows(chunks[1]))  # written, never committed
     assert read_log(str(tmp_path)).equals(visible)
@@ -144,8 +143,7 @@ def test_lost_newest_state_is_rebuilt_from_older_state_and_log(
 ) -> None:
     records = make_stream(8, 600)
     chunks = micro_batches(records, 60)
-    w = _writer(tmp_path)
-    _run(monkeypatch, w, chunks[:-1])
+    w = _committed(monkeypatch, tmp_path, chunks[:-1])
     state_dir = tmp_path / "_state" / "t~0"
     newest = sorted(state_dir.iterdir())[-1]
     if damage == "delete":
@@ -165,7 +163,7 @@ def test_lost_newest_state_is_rebuilt_from_older_state_and_log(
 def test_state_is_incremental_with_periodic_compaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _run(monkeypatch, _writer(tmp_path), micro_batches(make_stream(9, 600), 40))
+    _committed(monkeypatch, tmp_path, micro_batches(make_stream(9, 600), 40))
     kinds = [n.partition(".")[2] for n in sorted(os.listdir(tmp_path / "_state" / "t~0"))]
     assert "delta" in kinds and kinds.count("full") <= 2
     # compactEvery=2: never more than 2 deltas after a full.

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import pyarrow as pa
 import pytest
 from rich.console import Console
 
-from pidfence.verify import ANOMALIES, INFORMATIONAL, CheckReport, LedgerEntry, check
+from pidfence.spark_sink.schema import LOG_SCHEMA as SINK_LOG_SCHEMA
+from pidfence.verify import ANOMALIES, INFORMATIONAL, LOG_COLUMNS, CheckReport, LedgerEntry, check
 from pidfence.verify.errors import VerifyInputError
 from pidfence.verify.finding import MAX_EXAMPLES
 from pidfence.verify.ledger import LedgerWriter, ledger_files, read_ledger, value_digest
@@ -19,20 +20,8 @@ TOPIC = "t"
 PID = 7
 GEN = 3
 
-LOG_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("log_offset", pa.int64()),
-        ("pid", pa.int64()),
-        ("generation", pa.int64()),
-        ("seq", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.int64()),
-    ]
-)
+#: The sink's log (its types), with the columns the checker reads, in the checker's order.
+LOG_SCHEMA = pa.schema([SINK_LOG_SCHEMA.field(name) for name in LOG_COLUMNS])
 REJECTS_SCHEMA = LOG_SCHEMA.append(pa.field("verdict", pa.string()))
 
 
@@ -84,29 +73,35 @@ def rejects_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist([{**row, "log_offset": 0} for row in rows], schema=REJECTS_SCHEMA)
 
 
+class Sent(TypedDict, total=False):
+    """Which record :func:`sent` acknowledges: :func:`rec`'s keywords but ``verdict``."""
+
+    pid: int
+    gen: int
+    partition: int
+    val: bytes | None
+
+
 def sent(
     seq: int,
     offset: int,
     *,
-    pid: int = PID,
-    gen: int = GEN,
-    partition: int = 0,
-    val: bytes | None = None,
     fence: bool = False,
     ts_ms: int | None = None,
     expire_ms: int = 0,
+    **record: Unpack[Sent],
 ) -> LedgerEntry:
-    """A ledger entry: Kafka acknowledged this record at ``offset``."""
-    data = b"" if fence else (value(seq, pid, partition) if val is None else val)
+    """A ledger entry: Kafka acknowledged ``rec(seq, offset, **record)`` (empty if a FENCE)."""
+    row = rec(seq, offset, **({**record, "val": b""} if fence else record))
     return LedgerEntry(
-        pid=pid,
-        generation=gen,
-        topic=TOPIC,
-        partition=partition,
+        pid=row["pid"],
+        generation=row["generation"],
+        topic=row["topic"],
+        partition=row["partition"],
         seq=seq,
-        digest=value_digest(data),
+        digest=value_digest(row["value"]),
         offset=offset,
-        ts_ms=1_000 + offset if ts_ms is None else ts_ms,
+        ts_ms=row["timestamp"] if ts_ms is None else ts_ms,
         fence=fence,
         expire_ms=expire_ms,
     )

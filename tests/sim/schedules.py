@@ -1,0 +1,79 @@
+"""What the simulation tests share: the space of schedules Hypothesis draws, and how one is judged.
+
+Reproducibility: by default the schedules are derandomized (the same ones on every run), so a red
+CI always means the change broke something, never that today's random draw found an old bug. Set
+``PIDFENCE_SIM_EXPLORE=1`` to draw new schedules (and ``PIDFENCE_SIM_EXAMPLES=N`` for more).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from typing import Any
+
+from hypothesis import HealthCheck, note, settings
+from hypothesis import strategies as st
+
+from pidfence.sim import Knobs, SimResult, run
+from pidfence.sim.runner import replay_hint
+
+EXPLORE = os.environ.get("PIDFENCE_SIM_EXPLORE", "") not in ("", "0")
+EXAMPLES = int(os.environ.get("PIDFENCE_SIM_EXAMPLES", "1000"))
+
+SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
+#: Every fault of the simulation, each knob with the values worth drawing.
+SCHEDULE_SPACE: dict[str, st.SearchStrategy[Any]] = {
+    "events": st.integers(1, 250),
+    "partitions": st.integers(1, 4),
+    "producers": st.integers(1, 3),
+    "drop_p": st.sampled_from([0.0, 0.05, 0.2, 0.5, 0.8]),
+    "dup_p": st.sampled_from([0.0, 0.05, 0.2, 0.5]),
+    "reorder": st.integers(1, 6),
+    "crash_p": st.sampled_from([0.0, 0.02, 0.1, 0.3]),
+    "zombie_p": st.sampled_from([0.0, 0.5, 1.0]),
+    "pause_p": st.sampled_from([0.0, 0.3, 1.0]),
+    "down_p": st.sampled_from([0.0, 0.1, 0.5]),
+    "double_p": st.sampled_from([0.0, 0.1, 0.5]),
+    "restart_p": st.sampled_from([0.0, 0.1, 0.5]),
+    "plain_p": st.sampled_from([0.0, 0.05]),
+    "step_ms": st.integers(1, 20),
+    # >= 96 steps of 20 ms; short lifetimes force rollovers and broker-side expiry.
+    "lifetime_ms": st.sampled_from([1_920, 3_000, 10_000, 10**8]),
+    "checkpoint_every": st.integers(1, 20),
+    "batch_every": st.integers(1, 6),
+}
+
+
+def knob_space(
+    without: Collection[str] = (), **changes: st.SearchStrategy[Any]
+) -> st.SearchStrategy[dict[str, Any]]:
+    """:data:`SCHEDULE_SPACE` with the knobs ``without`` left at their defaults and ``changes``
+    drawn instead (new knobs after the others)."""
+    kept = {name: values for name, values in SCHEDULE_SPACE.items() if name not in without}
+    return st.fixed_dictionaries({**kept, **changes})
+
+
+def explored(max_examples: int) -> settings:
+    """Hypothesis settings for drawing ``max_examples`` schedules (derandomized unless
+    ``PIDFENCE_SIM_EXPLORE``); a failure prints its blob to reproduce it."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=not EXPLORE,
+        database=None if not EXPLORE else settings.default.database,
+        suppress_health_check=[HealthCheck.too_slow],
+        print_blob=True,
+    )
+
+
+def judged(seed: int, **knobs: Any) -> SimResult:
+    """Run one schedule, with its replay call noted first (so even an exception replays)."""
+    note(f"seed {seed}; replay with:\n{replay_hint(seed, Knobs(**knobs))}")
+    return run(seed, **knobs)
+
+
+def assert_clean(result: SimResult) -> None:
+    """Zero anomalies and every upstream event in the log exactly once."""
+    examples = {n: f.examples[:3] for n, f in result.report.findings.items() if f.count}
+    assert result.report.ok, f"{result.describe()}\nexamples: {examples}"
+    assert result.exactly_once, result.describe()
