@@ -24,16 +24,15 @@ from typing import Any, Final
 import pyarrow as pa
 
 from pidfence.broker_plugin import Gap
+from pidfence.spark_sink.schema import PLACE_FIELDS, WRITER_FIELDS
 
 #: One row per reported gap, as :func:`read_gaps` returns them.
 GAP_SCHEMA: Final = pa.schema(
     [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
+        *PLACE_FIELDS,
         ("batch", pa.int64()),
         ("kind", pa.string()),
-        ("pid", pa.int64()),
-        ("generation", pa.int64()),
+        *WRITER_FIELDS[:2],
         ("seq_first", pa.int64()),
         ("seq_last", pa.int64()),
         ("offset_before", pa.int64()),
