@@ -61,16 +61,7 @@ class MemoryCoordinator:
         with self._lock:
             self._check_up()
             start = self._next
-            block = Block(
-                start,
-                start + request.size,
-                request.owner,
-                request.token,
-                request.claimed_ms,
-                request.lifetime_ms,
-                request.ttl_ms,
-                request.salt,
-            )
+            block = request.placed(start)
             self._next = block.end
             self._blocks[start] = block
             self._writes += 1
