@@ -38,10 +38,7 @@ class KafkaCluster(Cluster):
     kind = "kafka"
 
     def __init__(self, size: int = 1, run_dir: Path | None = None, heap: str = "512m") -> None:
-        if not 1 <= size <= 3:
-            raise ValueError(f"size must be 1..3, got {size}")
-        super().__init__(run_dir, "pidfence-kafka-")
-        self.size = size
+        super().__init__(size, run_dir, "pidfence-kafka-")
         self.heap = heap
         self.ports = [free_port() for _ in range(size)]
         self.controller_ports = [free_port() for _ in range(size)]

@@ -100,7 +100,12 @@ class Cluster(ProcessGroup[ServerNode]):
 
     #: The nodes' names and logs: ``kafka`` gives ``kafka-0`` logging to ``kafka.log``.
     kind: str
-    size: int
+
+    def __init__(self, size: int, run_dir: Path | None, prefix: str) -> None:
+        if not 1 <= size <= 3:
+            raise ValueError(f"size must be 1..3, got {size}")
+        super().__init__(run_dir, prefix)
+        self.size = size
 
     @abstractmethod
     def _node(self, i: int) -> tuple[list[str], Path, int, str]:

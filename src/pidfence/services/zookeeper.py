@@ -24,10 +24,7 @@ class ZooKeeperEnsemble(Cluster):
     kind = "zookeeper"
 
     def __init__(self, size: int = 1, run_dir: Path | None = None, tick_ms: int = 500) -> None:
-        if not 1 <= size <= 3:
-            raise ValueError(f"size must be 1..3, got {size}")
-        super().__init__(run_dir, "pidfence-zk-")
-        self.size = size
+        super().__init__(size, run_dir, "pidfence-zk-")
         self.tick_ms = tick_ms
         self.client_ports = [free_port() for _ in range(size)]
         self._peer_ports = [(free_port(), free_port()) for _ in range(size)]
