@@ -74,8 +74,10 @@ class ZkCoordinator:
         self._block_path = f"{self.root}/pid_block"
         self._blocks_path = f"{self.root}/blocks"
         self._gens_path = f"{self.root}/generations"
-        self._writes = 0
-        self._errors = 0
+        #: Write transactions sent (a claim's multi counts once, as ZooKeeper logs one txn).
+        self.writes = 0
+        #: ZooKeeper calls that failed with a connection error or timeout.
+        self.errors = 0
         self._connected = threading.Event()
         self._state = "LOST"
         self._closing = False
@@ -136,16 +138,6 @@ class ZkCoordinator:
         """kazoo's last state: CONNECTED, SUSPENDED or LOST."""
         return self._state
 
-    @property
-    def writes(self) -> int:
-        """Write transactions sent (a claim's multi counts once, as ZooKeeper logs one txn)."""
-        return self._writes
-
-    @property
-    def errors(self) -> int:
-        """ZooKeeper calls that failed with a connection error or timeout."""
-        return self._errors
-
     def close(self) -> None:
         """Stop the kazoo client."""
         self._closing = True
@@ -156,7 +148,7 @@ class ZkCoordinator:
         return async_result.get(timeout=self.op_timeout_s)
 
     def _unavailable(self, what: str, exc: BaseException) -> LeaseServiceUnavailable:
-        self._errors += 1
+        self.errors += 1
         return LeaseServiceUnavailable(
             f"ZooKeeper unreachable during {what} ({type(exc).__name__}); retry shortly"
         )
@@ -201,7 +193,7 @@ class ZkCoordinator:
             txn = self._zk.transaction()
             txn.set_data(self._block_path, msgpack.packb({"next": block.end}), version=stat.version)
             txn.create(self._record_path(start), block.encode())
-            self._writes += 1
+            self.writes += 1
             try:
                 results = self._wait(txn.commit_async())
             except Exception as exc:  # noqa: BLE001 - ambiguous: settle by re-reading
@@ -223,7 +215,7 @@ class ZkCoordinator:
         raise LeaseServiceUnavailable(f"pid block contention: {_CAS_ATTEMPTS} failed claims; retry")
 
     def _claim_landed(self, block: Block, cause: BaseException) -> bool:
-        self._errors += 1
+        self.errors += 1
         log.warning("ambiguous block claim at %d (%r); re-reading", block.start, cause)
         self._await_connection("a block claim")
         found = self._get(self._record_path(block.start), "claim re-read")
@@ -269,7 +261,7 @@ class ZkCoordinator:
         return LineageRecord.decode(data), int(stat.version)
 
     def _ambiguous(self, what: str, exc: BaseException) -> Ambiguous:
-        self._errors += 1
+        self.errors += 1
         log.warning("ambiguous %s (%r); re-reading", what, exc)
         self._await_connection(what)
         return Ambiguous(what)
@@ -279,7 +271,7 @@ class ZkCoordinator:
         from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
         path = self._lineage_path(pid)
-        self._writes += 1
+        self.writes += 1
         try:
             if version is None:
                 self._wait(self._zk.create_async(path, record.encode()))
@@ -305,7 +297,7 @@ class ZkCoordinator:
         else:
             txn.set_data(self._lineage_path(pid), record.encode(), version=version)
         txn.create(self._lineage_path(successor), successor_record.encode())
-        self._writes += 1
+        self.writes += 1
         try:
             results = self._wait(txn.commit_async())
         except Exception as exc:
@@ -356,6 +348,6 @@ class ZkCoordinator:
                     raise self._unavailable("garbage collection", exc) from exc
                 if kind == "block":
                     self._forget(block.start)
-                self._writes += 1
+                self.writes += 1
                 deleted += 1
         return deleted
