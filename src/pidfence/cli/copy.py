@@ -28,9 +28,7 @@ def register(app: typer.Typer) -> None:
         idle_exit: Annotated[
             float, typer.Option(min=0, help="Stop after SECONDS without a record (0: never)")
         ] = 10.0,
-        checkpoint_every: Annotated[
-            int, typer.Option(min=1, help="Flush and save --state every N records")
-        ] = 200,
+        checkpoint_every: producing.CheckpointEvery = 200,
         ledger: producing.Ledger = None,
         lease_public_key: ProducerPublicKeys = None,
         message_timeout: producing.MessageTimeout = None,

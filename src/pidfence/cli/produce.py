@@ -33,9 +33,7 @@ def register(app: typer.Typer) -> None:
         lifetime_rollover: Annotated[
             float, typer.Option(help="Lease a new pid after this fraction of the lease lifetime")
         ] = 23 / 24,
-        checkpoint_every: Annotated[
-            int, typer.Option(min=1, help="Flush and save --state every N records")
-        ] = 500,
+        checkpoint_every: producing.CheckpointEvery = 500,
         name: Annotated[str, typer.Option(help="Producer name written into every value")] = "p",
         stop_after_checkpoint: Annotated[
             int,

@@ -24,6 +24,7 @@ Bootstrap = Annotated[str, typer.Option(help="Kafka bootstrap servers HOST:PORT[
 LeaseServers = Annotated[
     str, typer.Option("--lease-server", help="Lease servers HOST:PORT[,HOST:PORT]")
 ]
+CheckpointEvery = Annotated[int, typer.Option(min=1, help="Flush and save --state every N records")]
 Ledger = Annotated[
     Path | None, typer.Option(help="Send ledger (JSON lines) of acknowledged records")
 ]

@@ -242,15 +242,18 @@ def register(app: typer.Typer) -> None:
         )
 
 
+#: The output a care command (compact, vacuum, migrate) works on, and its rejects table.
+DeltaOutput = Annotated[str, typer.Argument(help="The sink's output path (a Delta layout)")]
+RejectsPath = Annotated[str | None, typer.Option(help="The rejects table (default PATH/_rejects)")]
+
+
 def _register_care(group: typer.Typer) -> None:
     """``sink compact``, ``sink vacuum`` and ``sink migrate``: care of a Delta output."""
 
     @group.command("compact")
     def compact(
-        path: Annotated[str, typer.Argument(help="The sink's output path (a Delta layout)")],
-        rejects_path: Annotated[
-            str | None, typer.Option(help="The rejects table (default PATH/_rejects)")
-        ] = None,
+        path: DeltaOutput,
+        rejects_path: RejectsPath = None,
         target_size: Annotated[
             int | None, typer.Option(min=1, help="Target file size in bytes (default ~100 MB)")
         ] = None,
@@ -273,10 +276,8 @@ def _register_care(group: typer.Typer) -> None:
 
     @group.command("vacuum")
     def vacuum(
-        path: Annotated[str, typer.Argument(help="The sink's output path (a Delta layout)")],
-        rejects_path: Annotated[
-            str | None, typer.Option(help="The rejects table (default PATH/_rejects)")
-        ] = None,
+        path: DeltaOutput,
+        rejects_path: RejectsPath = None,
         retention_hours: Annotated[
             int | None,
             typer.Option(min=0, help="Keep removed files this long (default: 7 days)"),
@@ -314,10 +315,8 @@ def _register_care(group: typer.Typer) -> None:
 
     @group.command("migrate")
     def migrate(
-        path: Annotated[str, typer.Argument(help="The sink's output path (a Delta layout)")],
-        rejects_path: Annotated[
-            str | None, typer.Option(help="The rejects table (default PATH/_rejects)")
-        ] = None,
+        path: DeltaOutput,
+        rejects_path: RejectsPath = None,
     ) -> None:
         """Bring a Delta output written by an older pidfence to today's table format.
 

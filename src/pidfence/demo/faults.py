@@ -49,8 +49,7 @@ class KillAndResume(ProducerFault):
         victim.kill()
         victim.fate = "killed"
         self.happened = True
-        self.note(f"SIGKILL {victim.name} after {self.role.acked()} acknowledged records")
-        self._next()
+        self._next(f"SIGKILL {victim.name} after {self.role.acked()} acknowledged records")
 
     def _restart(self) -> None:
         worker = self.role.spawn()
@@ -147,13 +146,11 @@ class Zombie(Takeover):
         if self.lease_left_ms and left < self.lease_left_ms:
             return
         zombie = self._freeze()
-        self.note(f"SIGSTOP {zombie.name} after {self.role.acked()} acknowledged records")
-        self._next()
+        self._next(f"SIGSTOP {zombie.name} after {self.role.acked()} acknowledged records")
 
     def _start_replacement(self) -> None:
         self.replacement = self.role.spawn_replacement()
-        self.note(f"replacement {self.replacement.name} resumes from a copy of the checkpoint")
-        self._next()
+        self._next(f"replacement {self.replacement.name} resumes from a copy of the checkpoint")
 
     def _wake_once_fenced(self) -> None:
         zombie, replacement = self._both()
@@ -163,11 +160,10 @@ class Zombie(Takeover):
             return
         self._wake(zombie)
         self.happened = True
-        self.note(
+        self._next(
             f"SIGCONT {zombie.name}: replacement fenced "
             f"{replacement.fences()} partition(s) and wrote {replacement.acked()}"
         )
-        self._next()
 
     def _end(self) -> None:
         zombie, _ = self._both()
@@ -227,12 +223,11 @@ class LeaseZombie(Takeover):
             return
         zombie = self._freeze()
         self.lease_end = lease_end_ms(zombie)
-        self.note(
+        self._next(
             f"SIGSTOP {zombie.name} after {self.role.acked()} acknowledged records; "
             "its lease ends in "
             f"{max(0, self.lease_end - self.wall_ms()) / 1000:.1f} s"
         )
-        self._next()
 
     def _replace_after_lease(self) -> None:
         if self.lease_end <= 0:
@@ -240,11 +235,10 @@ class LeaseZombie(Takeover):
         if self.wall_ms() < self.lease_end + self.margin_ms:
             return
         self.replacement = self.role.spawn_replacement()
-        self.note(
+        self._next(
             f"{self.zombie.name if self.zombie else '?'}'s lease has ended; replacement "
             f"{self.replacement.name} resumes from a copy of the checkpoint"
         )
-        self._next()
 
     def _wake_once_taken_over(self) -> None:
         zombie, replacement = self._both()
@@ -255,12 +249,11 @@ class LeaseZombie(Takeover):
                 raise self._failed_before(replacement, "writing anything")
             return
         self._wake(zombie)
-        self.note(
+        self._next(
             f"SIGCONT {zombie.name} {(self.wall_ms() - self.lease_end) / 1000:.1f} s "
             f"after its lease ended; the replacement wrote {replacement.fences()} "
             f"FENCE(s) and {replacement.acked()} record(s)"
         )
-        self._next()
 
     def _await_zombie_exit(self) -> None:
         zombie, _ = self._both()
@@ -348,8 +341,7 @@ class Bounce(FaultScript):
             return
         self.kill()
         self.happened = True
-        self.note(f"killed {self.name}")
-        self._next()
+        self._next(f"killed {self.name}")
 
     def _restart_after_down(self) -> None:
         if self._waited() < self.down_s:

@@ -15,41 +15,29 @@ from pidfence.demo.config import DemoConfig
 from pidfence.demo.procs import Worker
 
 
+class _Folder:
+    """A read-only attribute of :class:`DemoPaths`: the folder ``name`` under its ``out``."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name = name
+        self.__doc__ = doc
+
+    def __get__(self, paths: DemoPaths, owner: type[DemoPaths] | None = None) -> Path:
+        return paths.out / self.name
+
+
 @dataclass(frozen=True)
 class DemoPaths:
     """The files under ``out``."""
 
     out: Path
 
-    @property
-    def ledgers(self) -> Path:
-        """One send ledger per producer instance."""
-        return self.out / "ledgers"
-
-    @property
-    def logs(self) -> Path:
-        """One log per process."""
-        return self.out / "logs"
-
-    @property
-    def state(self) -> Path:
-        """Producer and copier checkpoints."""
-        return self.out / "state"
-
-    @property
-    def run(self) -> Path:
-        """ZooKeeper and Kafka data."""
-        return self.out / "run"
-
-    @property
-    def sink_output(self) -> Path:
-        """The output log (and rejects) the sink writes."""
-        return self.out / "output"
-
-    @property
-    def sink_checkpoint(self) -> Path:
-        """Spark's checkpoint."""
-        return self.out / "checkpoint"
+    ledgers = _Folder("ledgers", "One send ledger per producer instance.")
+    logs = _Folder("logs", "One log per process.")
+    state = _Folder("state", "Producer and copier checkpoints.")
+    run = _Folder("run", "ZooKeeper and Kafka data.")
+    sink_output = _Folder("output", "The output log (and rejects) the sink writes.")
+    sink_checkpoint = _Folder("checkpoint", "Spark's checkpoint.")
 
     def reset(self) -> None:
         """Remove a previous run's data; keep anything else in ``out``."""

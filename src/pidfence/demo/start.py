@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from pidfence.demo.config import DemoConfig, Fault
 from pidfence.demo.record import DemoPaths, Endpoints
-from pidfence.demo.topic import create_raw_topic, create_topic
+from pidfence.demo.topic import create_raw_topic
+from pidfence.services.kafka import create_topic
 from pidfence.services.lease_server import LeaseServerProcess, make_lease_pki, spawn_lease_server
 from pidfence.testing.network import LinkFaults, ProxiedKafka, link_proxies
 from pidfence.testing.plan import Link

@@ -6,20 +6,19 @@ from typing import Any
 
 import pyarrow as pa
 
+from pidfence.services.kafka import create_topic
+from pidfence.spark_sink.schema import PLACE_FIELDS, WRITER_FIELDS
 from pidfence.wire import PF_HEADER_KEY
 
 RAW_SCHEMA = pa.schema(
     [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
+        *PLACE_FIELDS,
         ("offset", pa.int64()),
         ("timestamp", pa.int64()),
         ("key", pa.binary()),
         ("value", pa.binary()),
         ("pf", pa.binary()),
-        ("pid", pa.int64()),
-        ("generation", pa.int64()),
-        ("seq", pa.int64()),
+        *WRITER_FIELDS,
         ("flags", pa.int64()),
     ]
 )
@@ -109,36 +108,3 @@ RAW_TOPIC_CONFIG: dict[str, str] = {"message.timestamp.type": "LogAppendTime"}
 def create_raw_topic(bootstrap: str, name: str, partitions: int, replication: int = 1) -> str:
     """Create a raw topic (:data:`RAW_TOPIC_CONFIG`) and wait for its leaders."""
     return create_topic(bootstrap, name, partitions, replication, dict(RAW_TOPIC_CONFIG))
-
-
-def create_topic(
-    bootstrap: str,
-    name: str,
-    partitions: int,
-    replication: int = 1,
-    config: dict[str, str] | None = None,
-    timeout_s: float = 60.0,
-) -> str:
-    """Create ``name`` and wait until every partition has a leader; return the name."""
-    import time
-
-    from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewTopic
-
-    admin: Any = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics(
-        [NewTopic(name, partitions, replication, config=config or {})], operation_timeout=30
-    )
-    futures[name].result(timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        topic = admin.list_topics(name, timeout=5).topics.get(name)
-        if (
-            topic is not None
-            and topic.error is None
-            and len(topic.partitions) == partitions
-            and all(p.leader >= 0 for p in topic.partitions.values())
-        ):
-            return name
-        time.sleep(0.2)
-    raise TimeoutError(f"topic {name} has no leader for every partition after {timeout_s:.0f}s")

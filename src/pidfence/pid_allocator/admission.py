@@ -43,24 +43,16 @@ class Admission:
         self.max_per_address = max_per_address
         # stage -> address -> its pending connections at that stage, oldest first
         self._pending: tuple[dict[str, dict[Slot, None]], ...] = ({}, {})
-        self._pending_count = 0
+        #: Pending connections now.
+        self.pending = 0
         self._admitted: dict[str, set[Slot]] = {}
-        self._admitted_count = 0
-
-    @property
-    def pending(self) -> int:
-        """Pending connections now."""
-        return self._pending_count
-
-    @property
-    def admitted(self) -> int:
-        """Admitted connections now."""
-        return self._admitted_count
+        #: Admitted connections now.
+        self.admitted = 0
 
     def accept(self, slot: Slot) -> list[Slot]:
         """Count a new connection as pending; return the connections to close to make room."""
         evicted: list[Slot] = []
-        if self._pending_count >= self.max_pending:
+        if self.pending >= self.max_pending:
             victim = self._victim()
             if victim is not None:
                 self.release(victim)
@@ -78,7 +70,7 @@ class Admission:
 
     def _add(self, slot: Slot) -> None:
         self._pending[slot.stage].setdefault(slot.address, {})[slot] = None
-        self._pending_count += 1
+        self.pending += 1
 
     def _remove_pending(self, slot: Slot) -> bool:
         stage = self._pending[slot.stage]
@@ -88,7 +80,7 @@ class Admission:
         del mine[slot]
         if not mine:
             del stage[slot.address]
-        self._pending_count -= 1
+        self.pending -= 1
         return True
 
     def advance(self, slot: Slot) -> None:
@@ -103,7 +95,7 @@ class Admission:
         mine = self._admitted.get(slot.address)
         if mine is not None and slot in mine:
             return None
-        if self._admitted_count >= self.max_connections:
+        if self.admitted >= self.max_connections:
             return "connection limit reached; try another lease server"
         if mine is not None and len(mine) >= self.max_per_address:
             return (
@@ -112,7 +104,7 @@ class Admission:
             )
         self._remove_pending(slot)
         self._admitted.setdefault(slot.address, set()).add(slot)
-        self._admitted_count += 1
+        self.admitted += 1
         return None
 
     def release(self, slot: Slot) -> None:
@@ -122,6 +114,6 @@ class Admission:
         mine = self._admitted.get(slot.address)
         if mine is not None and slot in mine:
             mine.discard(slot)
-            self._admitted_count -= 1
+            self.admitted -= 1
             if not mine:
                 del self._admitted[slot.address]

@@ -96,6 +96,19 @@ class BlockRequest:
     ttl_ms: int
     salt: bytes
 
+    def placed(self, start: int) -> Block:
+        """The block this request becomes when the store places it at ``start``."""
+        return Block(
+            start,
+            start + self.size,
+            self.owner,
+            self.token,
+            self.claimed_ms,
+            self.lifetime_ms,
+            self.ttl_ms,
+            self.salt,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class LineageRecord:

@@ -28,7 +28,8 @@ class MemoryCoordinator:
         self._next = 1
         self._blocks: dict[int, Block] = {}
         self._records: dict[int, tuple[LineageRecord, int]] = {}
-        self._writes = 0
+        #: Write transactions so far.
+        self.writes = 0
         self._lost_after = 0
         self._lost_before = 0
         self.block_reads = 0
@@ -38,11 +39,6 @@ class MemoryCoordinator:
     def connected(self) -> bool:
         """False while a test says the store is down."""
         return self.up
-
-    @property
-    def writes(self) -> int:
-        """Write transactions so far."""
-        return self._writes
 
     def lose_after_write(self, count: int = 1) -> None:
         """The next ``count`` writes land, then report an ambiguous outcome."""
@@ -61,19 +57,10 @@ class MemoryCoordinator:
         with self._lock:
             self._check_up()
             start = self._next
-            block = Block(
-                start,
-                start + request.size,
-                request.owner,
-                request.token,
-                request.claimed_ms,
-                request.lifetime_ms,
-                request.ttl_ms,
-                request.salt,
-            )
+            block = request.placed(start)
             self._next = block.end
             self._blocks[start] = block
-            self._writes += 1
+            self.writes += 1
             return block
 
     def block_at(self, start: int) -> Block | None:
@@ -116,7 +103,7 @@ class MemoryCoordinator:
             ambiguous = self._fault()
             new_version = self._check_version(pid, version)
             self._records[pid] = (record, new_version)
-            self._writes += 1
+            self.writes += 1
         if ambiguous:
             raise Ambiguous("write landed; reply lost (test hook)")
 
@@ -136,7 +123,7 @@ class MemoryCoordinator:
             self._check_version(successor, None)
             self._records[pid] = (record, new_version)
             self._records[successor] = (successor_record, 0)
-            self._writes += 1
+            self.writes += 1
         if ambiguous:
             raise Ambiguous("roll landed; reply lost (test hook)")
 

@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
+from pidfence.lifecycle import Startable
 from pidfence.pid_allocator.coordinator import Coordinator
 from pidfence.pid_allocator.errors import LeaseServerUnreachable
 from pidfence.pid_allocator.loops import loop_factory
@@ -158,7 +158,7 @@ async def start_server(
     return running
 
 
-class LeaseServerThread:
+class LeaseServerThread(Startable):
     """A lease server on its own event loop thread, for tests and the demo.
 
     Args:
@@ -211,7 +211,7 @@ class LeaseServerThread:
             raise ServerNotStarted("the lease server is not started; call start() first")
         return self._loop
 
-    def start(self, timeout_s: float = 30.0) -> LeaseServerThread:
+    def start(self, timeout_s: float = 30.0) -> Self:
         """Start and return once listening; re-raise a startup error."""
         self._thread = threading.Thread(target=self._run, name="lease-server", daemon=True)
         self._thread.start()
@@ -261,11 +261,3 @@ class LeaseServerThread:
                 self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(30)
-
-    def __enter__(self) -> LeaseServerThread:
-        return self.start()
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -74,8 +74,10 @@ class ZkCoordinator:
         self._block_path = f"{self.root}/pid_block"
         self._blocks_path = f"{self.root}/blocks"
         self._gens_path = f"{self.root}/generations"
-        self._writes = 0
-        self._errors = 0
+        #: Write transactions sent (a claim's multi counts once, as ZooKeeper logs one txn).
+        self.writes = 0
+        #: ZooKeeper calls that failed with a connection error or timeout.
+        self.errors = 0
         self._connected = threading.Event()
         self._state = "LOST"
         self._closing = False
@@ -136,16 +138,6 @@ class ZkCoordinator:
         """kazoo's last state: CONNECTED, SUSPENDED or LOST."""
         return self._state
 
-    @property
-    def writes(self) -> int:
-        """Write transactions sent (a claim's multi counts once, as ZooKeeper logs one txn)."""
-        return self._writes
-
-    @property
-    def errors(self) -> int:
-        """ZooKeeper calls that failed with a connection error or timeout."""
-        return self._errors
-
     def close(self) -> None:
         """Stop the kazoo client."""
         self._closing = True
@@ -156,10 +148,26 @@ class ZkCoordinator:
         return async_result.get(timeout=self.op_timeout_s)
 
     def _unavailable(self, what: str, exc: BaseException) -> LeaseServiceUnavailable:
-        self._errors += 1
+        self.errors += 1
         return LeaseServiceUnavailable(
             f"ZooKeeper unreachable during {what} ({type(exc).__name__}); retry shortly"
         )
+
+    def _get(self, path: str, what: str) -> tuple[bytes, Any] | None:
+        """(data, stat) of the znode at ``path``, None when there is none.
+
+        Raises:
+            LeaseServiceUnavailable: ZooKeeper did not answer (``what`` names the read).
+        """
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, stat = self._wait(self._zk.get_async(path))
+        except NoNodeError:
+            return None
+        except Exception as exc:
+            raise self._unavailable(what, exc) from exc
+        return data, stat
 
     def _await_connection(self, what: str) -> None:
         if not self._connected.wait(self.op_timeout_s):
@@ -181,20 +189,11 @@ class ZkCoordinator:
             except Exception as exc:
                 raise self._unavailable("block read", exc) from exc
             start = int(msgpack.unpackb(data)["next"])
-            block = Block(
-                start,
-                start + request.size,
-                request.owner,
-                request.token,
-                request.claimed_ms,
-                request.lifetime_ms,
-                request.ttl_ms,
-                request.salt,
-            )
+            block = request.placed(start)
             txn = self._zk.transaction()
             txn.set_data(self._block_path, msgpack.packb({"next": block.end}), version=stat.version)
             txn.create(self._record_path(start), block.encode())
-            self._writes += 1
+            self.writes += 1
             try:
                 results = self._wait(txn.commit_async())
             except Exception as exc:  # noqa: BLE001 - ambiguous: settle by re-reading
@@ -216,18 +215,11 @@ class ZkCoordinator:
         raise LeaseServiceUnavailable(f"pid block contention: {_CAS_ATTEMPTS} failed claims; retry")
 
     def _claim_landed(self, block: Block, cause: BaseException) -> bool:
-        from kazoo.exceptions import NoNodeError
-
-        self._errors += 1
+        self.errors += 1
         log.warning("ambiguous block claim at %d (%r); re-reading", block.start, cause)
         self._await_connection("a block claim")
-        try:
-            data, _ = self._wait(self._zk.get_async(self._record_path(block.start)))
-        except NoNodeError:
-            return False
-        except Exception as exc:
-            raise self._unavailable("claim re-read", exc) from exc
-        return Block.decode(data).token == block.token
+        found = self._get(self._record_path(block.start), "claim re-read")
+        return found is not None and Block.decode(found[0]).token == block.token
 
     def _record_path(self, start: int) -> str:
         return f"{self._blocks_path}/{start:019d}"
@@ -242,19 +234,14 @@ class ZkCoordinator:
 
     def block_at(self, start: int) -> Block | None:
         """The block record starting at ``start`` (cached; block records never change)."""
-        from kazoo.exceptions import NoNodeError
-
         with self._cache_lock:
             block = self._cache.get(start)
         if block is not None:
             return block
-        try:
-            data, _ = self._wait(self._zk.get_async(self._record_path(start)))
-        except NoNodeError:
+        found = self._get(self._record_path(start), "block lookup")
+        if found is None:
             return None
-        except Exception as exc:
-            raise self._unavailable("block lookup", exc) from exc
-        block = Block.decode(data)
+        block = Block.decode(found[0])
         self._remember(block)
         return block
 
@@ -265,20 +252,16 @@ class ZkCoordinator:
 
     def read_lineage(self, pid: int) -> tuple[LineageRecord, int] | None:
         """(record, version) of ``generations/<pid>``."""
-        from kazoo.exceptions import NoNodeError
-
         if not self.connected:
             raise LeaseServiceUnavailable(f"ZooKeeper {self._state}; bumps and rolls need it")
-        try:
-            data, stat = self._wait(self._zk.get_async(self._lineage_path(pid)))
-        except NoNodeError:
+        found = self._get(self._lineage_path(pid), "lineage read")
+        if found is None:
             return None
-        except Exception as exc:
-            raise self._unavailable("lineage read", exc) from exc
+        data, stat = found
         return LineageRecord.decode(data), int(stat.version)
 
     def _ambiguous(self, what: str, exc: BaseException) -> Ambiguous:
-        self._errors += 1
+        self.errors += 1
         log.warning("ambiguous %s (%r); re-reading", what, exc)
         self._await_connection(what)
         return Ambiguous(what)
@@ -288,7 +271,7 @@ class ZkCoordinator:
         from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
         path = self._lineage_path(pid)
-        self._writes += 1
+        self.writes += 1
         try:
             if version is None:
                 self._wait(self._zk.create_async(path, record.encode()))
@@ -314,7 +297,7 @@ class ZkCoordinator:
         else:
             txn.set_data(self._lineage_path(pid), record.encode(), version=version)
         txn.create(self._lineage_path(successor), successor_record.encode())
-        self._writes += 1
+        self.writes += 1
         try:
             results = self._wait(txn.commit_async())
         except Exception as exc:
@@ -342,20 +325,19 @@ class ZkCoordinator:
                 raise self._unavailable("garbage collection", exc) from exc
             for child in children:
                 path = f"{folder}/{child}"
+                found = self._get(path, "garbage collection")
+                if found is None:
+                    continue
+                data, stat = found
                 try:
-                    data, stat = self._wait(self._zk.get_async(path))
                     if kind == "block":
                         block = Block.decode(data)
                         ended = block.last_expiry_ms
                     else:
                         ended = LineageRecord.decode(data).expire_ms
-                except NoNodeError:
-                    continue
                 except (KeyError, ValueError, TypeError):
                     log.warning("garbage collection skips unreadable %s", path)
                     continue
-                except Exception as exc:
-                    raise self._unavailable("garbage collection", exc) from exc
                 if ended + retention_ms > now_ms:
                     continue
                 try:
@@ -366,6 +348,6 @@ class ZkCoordinator:
                     raise self._unavailable("garbage collection", exc) from exc
                 if kind == "block":
                     self._forget(block.start)
-                self._writes += 1
+                self.writes += 1
                 deleted += 1
         return deleted

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pidfence.producer.errors import BadCheckpoint
+
+T = TypeVar("T")
 
 TopicPartition = tuple[str, int]
 
@@ -94,23 +96,13 @@ class ProducerCheckpoint:
             topics = data.get("topics", [])
             if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
                 raise BadCheckpoint(f"topics must be a list of names, got {topics!r}")
-            taken_ms = data.get("taken_ms", 0)
-            if type(taken_ms) is not int:
-                raise BadCheckpoint(f"taken_ms must be an int, got {taken_ms!r}")
             fields = {k: data[k] for k in ("pid", "generation", "expire_ms")}
             if any(type(v) is not int or v < 0 for v in fields.values()):
                 raise BadCheckpoint(f"pid, generation and expire_ms must be ints >= 0: {fields}")
-            lifetime = data.get("lifetime_ms", 0)
-            if type(lifetime) is not int:
-                raise BadCheckpoint(f"lifetime_ms must be an int, got {lifetime!r}")
-            secret_hex = data.get("secret", "")
-            if not isinstance(secret_hex, str):
-                raise BadCheckpoint("secret must be a hex string")
-            secret = bytes.fromhex(secret_hex)
-            mac_hex = data.get("mac_key", "")
-            if not isinstance(mac_hex, str):
-                raise BadCheckpoint("mac_key must be a hex string")
-            mac_key = bytes.fromhex(mac_hex)
+            lifetime_ms = _optional(data, "lifetime_ms", 0, "an int")
+            taken_ms = _optional(data, "taken_ms", 0, "an int")
+            secret = bytes.fromhex(_optional(data, "secret", "", "a hex string"))
+            mac_key = bytes.fromhex(_optional(data, "mac_key", "", "a hex string"))
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadCheckpoint):
                 raise
@@ -119,7 +111,7 @@ class ProducerCheckpoint:
             ) from exc
         return cls(
             next_seq=next_seq,
-            lifetime_ms=lifetime,
+            lifetime_ms=lifetime_ms,
             secret=secret,
             skip=skip,
             taken_ms=taken_ms,
@@ -142,6 +134,14 @@ class ProducerCheckpoint:
         except ValueError as exc:
             raise BadCheckpoint(f"checkpoint is not JSON ({exc}); restore a good copy") from exc
         return cls.from_dict(data)
+
+
+def _optional(data: Any, key: str, default: T, what: str) -> T:
+    """``data[key]`` (``default`` when absent), of exactly the default's type (``what``)."""
+    value = data.get(key, default)
+    if type(value) is not type(default):
+        raise BadCheckpoint(f"{key} must be {what}, got {value!r}")
+    return value
 
 
 def _per_partition(items: Any, name: str) -> dict[TopicPartition, int]:

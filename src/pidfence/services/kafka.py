@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 
 from pidfence.services.jars import classpath
-from pidfence.services.node import Cluster, ServerNode
+from pidfence.services.node import Cluster
 from pidfence.services.ports import free_port
 from pidfence.services.process import ServiceFailed, java, jvm_options, wait_until
 
@@ -39,17 +35,14 @@ class KafkaCluster(Cluster):
         heap: JVM heap per node.
     """
 
+    kind = "kafka"
+
     def __init__(self, size: int = 1, run_dir: Path | None = None, heap: str = "512m") -> None:
-        if not 1 <= size <= 3:
-            raise ValueError(f"size must be 1..3, got {size}")
-        self.size = size
-        self._owns_dir = run_dir is None
-        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="pidfence-kafka-"))
+        super().__init__(size, run_dir, "pidfence-kafka-")
         self.heap = heap
         self.ports = [free_port() for _ in range(size)]
         self.controller_ports = [free_port() for _ in range(size)]
         self.cluster_id = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
-        self.nodes: list[ServerNode] = []
 
     @property
     def bootstrap(self) -> str:
@@ -103,43 +96,22 @@ class KafkaCluster(Cluster):
             "-cp", classpath("kafka"),
         ]  # fmt: skip
 
-    def start(self, timeout: float = 120.0) -> KafkaCluster:
-        """Format storage, start every node, and return once every broker is in the metadata."""
-        for i in range(self.size):
-            cfg = self._configure(i)
-            fmt = subprocess.run(
-                [*self._jvm(cfg.parent), "kafka.tools.StorageTool", "format",
-                 f"--cluster-id={self.cluster_id}", "-c", str(cfg), "--ignore-formatted"],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            if fmt.returncode != 0:
-                raise ServiceFailed(f"kafka storage format failed: {fmt.stdout}{fmt.stderr}")
-            cmd = [*self._jvm(cfg.parent), "kafka.Kafka", str(cfg)]
-            self.nodes.append(
-                ServerNode(
-                    f"kafka-{i}",
-                    cmd,
-                    cfg.parent / "kafka.log",
-                    ready=self._probe(i),
-                    what=f"Kafka node {i} (127.0.0.1:{self.ports[i]})",
-                    port=self.ports[i],
-                )
-            )
-        for node in self.nodes:
-            node.start()
-        try:
-            self.wait_ready(timeout)
-        except ServiceFailed:
-            self.stop()
-            raise
-        return self
+    def _node(self, i: int) -> tuple[list[str], Path, int, str]:
+        """Format node ``i``'s storage; its broker command line."""
+        cfg = self._configure(i)
+        fmt = subprocess.run(
+            [*self._jvm(cfg.parent), "kafka.tools.StorageTool", "format",
+             f"--cluster-id={self.cluster_id}", "-c", str(cfg), "--ignore-formatted"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if fmt.returncode != 0:
+            raise ServiceFailed(f"kafka storage format failed: {fmt.stdout}{fmt.stderr}")
+        cmd = [*self._jvm(cfg.parent), "kafka.Kafka", str(cfg)]
+        return cmd, cfg.parent, self.ports[i], f"Kafka node {i} (127.0.0.1:{self.ports[i]})"
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until every running node answers metadata itself and is in the cluster view."""
         self.wait_all_ready(timeout)
-
-    def _probe(self, i: int) -> Callable[[], bool]:
-        return lambda: self._node_ready(i)
 
     def _node_ready(self, i: int) -> bool:
         from confluent_kafka.admin import AdminClient
@@ -179,16 +151,7 @@ class KafkaCluster(Cluster):
             node.terminate()
         for node in self.nodes:
             node.stop(timeout=20)
-        if self._owns_dir:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-
-    def __enter__(self) -> KafkaCluster:
-        return self.start()
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        self._remove_run_dir()
 
 
 def create_topic(

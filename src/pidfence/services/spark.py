@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import urllib.request
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from pidfence.services.jars import jars
+from pidfence.services.node import ProcessGroup
 from pidfence.services.ports import free_port
-from pidfence.services.process import ManagedProcess, ServiceFailed, jvm_options, wait_until
+from pidfence.services.process import ManagedProcess, jvm_options, wait_until
 
 
 def spark_home() -> Path:
@@ -177,19 +175,17 @@ def _launch_gateway_logging_to(
     SparkContext._ensure_initialized(gateway=gateway)
 
 
-class SparkStandaloneCluster:
+class SparkStandaloneCluster(ProcessGroup[ManagedProcess]):
     """A Spark standalone master and ``workers`` workers on 127.0.0.1 (pyspark's spark-class)."""
 
     def __init__(
         self, workers: int = 2, run_dir: Path | None = None, worker_memory: str = "1g"
     ) -> None:
+        super().__init__(run_dir, "pidfence-spark-")
         self.workers = workers
-        self._owns_dir = run_dir is None
-        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="pidfence-spark-"))
         self.port = free_port()
         self.ui_port = free_port()
         self.worker_memory = worker_memory
-        self.nodes: list[ManagedProcess] = []
 
     @property
     def master_url(self) -> str:
@@ -207,7 +203,7 @@ class SparkStandaloneCluster:
             "SPARK_DAEMON_JAVA_OPTS": " ".join(jvm_options()),
         }
 
-    def start(self, timeout: float = 120.0) -> SparkStandaloneCluster:
+    def start(self, timeout: float = 120.0) -> Self:
         """Start the master and workers; return once every worker is ALIVE."""
         spark_class = str(spark_home() / "bin" / "spark-class")
         env = self._env()
@@ -240,21 +236,19 @@ class SparkStandaloneCluster:
                 )
             )
         master.start()
-        try:
-            wait_until(self._master_up, timeout, "Spark master", tail=master.log_tail())
-            for node in self.nodes[1:]:
-                node.start()
-            wait_until(
-                lambda: self.alive_workers() >= self.workers,
-                timeout,
-                f"{self.workers} Spark workers",
-                interval=0.5,
-                tail="\n".join(n.log_tail(10) for n in self.nodes),
-            )
-        except ServiceFailed:
-            self.stop()
-            raise
-        return self
+        return self._started(lambda: self._start_workers(master, timeout))
+
+    def _start_workers(self, master: ManagedProcess, timeout: float) -> None:
+        wait_until(self._master_up, timeout, "Spark master", tail=master.log_tail())
+        for node in self.nodes[1:]:
+            node.start()
+        wait_until(
+            lambda: self.alive_workers() >= self.workers,
+            timeout,
+            f"{self.workers} Spark workers",
+            interval=0.5,
+            tail="\n".join(n.log_tail(10) for n in self.nodes),
+        )
 
     def _state(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.ui_port}/json/"
@@ -269,21 +263,8 @@ class SparkStandaloneCluster:
         """Workers the master lists as ALIVE."""
         return sum(1 for w in self._state().get("workers", []) if w.get("state") == "ALIVE")
 
-    def pids(self) -> list[int]:
-        """Pids of running master and workers."""
-        return [n.pid for n in self.nodes if n.running and n.pid is not None]
-
     def stop(self) -> None:
         """Stop workers, then the master."""
         for node in reversed(self.nodes):
             node.stop()
-        if self._owns_dir:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-
-    def __enter__(self) -> SparkStandaloneCluster:
-        return self.start()
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        self._remove_run_dir()

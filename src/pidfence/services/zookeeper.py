@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 from pidfence.services.jars import classpath
-from pidfence.services.node import Cluster, ServerNode
+from pidfence.services.node import Cluster
 from pidfence.services.ports import free_port
-from pidfence.services.process import ServiceFailed, java, jvm_options
+from pidfence.services.process import java, jvm_options
 
 
 class ZooKeeperEnsemble(Cluster):
@@ -24,16 +21,13 @@ class ZooKeeperEnsemble(Cluster):
         tick_ms: ZooKeeper's tick; small so sessions expire and elections finish quickly.
     """
 
+    kind = "zookeeper"
+
     def __init__(self, size: int = 1, run_dir: Path | None = None, tick_ms: int = 500) -> None:
-        if not 1 <= size <= 3:
-            raise ValueError(f"size must be 1..3, got {size}")
-        self.size = size
-        self._owns_dir = run_dir is None
-        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="pidfence-zk-"))
+        super().__init__(size, run_dir, "pidfence-zk-")
         self.tick_ms = tick_ms
         self.client_ports = [free_port() for _ in range(size)]
         self._peer_ports = [(free_port(), free_port()) for _ in range(size)]
-        self.nodes: list[ServerNode] = []
 
     @property
     def hosts(self) -> str:
@@ -67,59 +61,29 @@ class ZooKeeperEnsemble(Cluster):
         cfg.write_text("\n".join(lines) + "\n")
         return cfg
 
-    def start(self, timeout: float = 90.0) -> ZooKeeperEnsemble:
+    def start(self, timeout: float = 90.0) -> Self:
         """Start every node; return once each one serves a write and a read."""
-        cp = classpath("zookeeper")
-        for i in range(self.size):
-            cfg = self._configure(i)
-            cmd = [
-                java(), "-Xmx256m", *jvm_options(("-XX:+UseSerialGC",)),
-                "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
-                "-Dorg.slf4j.simpleLogger.showDateTime=true",
-                "-Dzookeeper.jmx.log4j.disable=true",
-                "-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg),
-            ]  # fmt: skip
-            self.nodes.append(
-                ServerNode(
-                    f"zookeeper-{i}",
-                    cmd,
-                    cfg.parent / "zookeeper.log",
-                    ready=self._probe(i),
-                    what=f"ZooKeeper node {i} ({self.node_hosts(i)})",
-                    port=self.client_ports[i],
-                )
-            )
-        for node in self.nodes:
-            node.start()
-        try:
-            for i in range(self.size):
-                self.wait_ready(i, timeout)
-        except ServiceFailed:
-            self.stop()
-            raise
-        return self
+        return super().start(timeout)
 
-    def _probe(self, i: int) -> Callable[[], bool]:
-        return lambda: _round_trip(self.node_hosts(i))
+    def _node(self, i: int) -> tuple[list[str], Path, int, str]:
+        cfg = self._configure(i)
+        cmd = [
+            java(), "-Xmx256m", *jvm_options(("-XX:+UseSerialGC",)),
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            "-cp", classpath("zookeeper"), "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            str(cfg),
+        ]  # fmt: skip
+        what = f"ZooKeeper node {i} ({self.node_hosts(i)})"
+        return cmd, cfg.parent, self.client_ports[i], what
+
+    def _node_ready(self, i: int) -> bool:
+        return _round_trip(self.node_hosts(i))
 
     def wait_ready(self, i: int, timeout: float = 60.0) -> None:
         """Block until node ``i`` answers a znode write and read."""
         self.nodes[i].wait_ready(timeout)
-
-    def stop(self) -> None:
-        """Stop every node (SIGTERM, then SIGKILL) and remove the run folder if we made it."""
-        for node in self.nodes:
-            node.stop()
-        if self._owns_dir:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-
-    def __enter__(self) -> ZooKeeperEnsemble:
-        return self.start()
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 #: Readiness probes fail by design until a node is up; their connection errors are not news.

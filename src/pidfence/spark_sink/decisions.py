@@ -20,7 +20,7 @@ from typing import Final
 import numpy as np
 import pyarrow as pa
 
-from pidfence.spark_sink.schema import TS_TYPE
+from pidfence.spark_sink.schema import TS_TYPE, WRITER_FIELDS
 from pidfence.spark_sink.storage import DELTA_ENCODED
 from pidfence.wire import Verdict, encode_pf
 
@@ -28,9 +28,7 @@ DECIDED_SCHEMA: Final = pa.schema(
     [
         ("offset", pa.int64()),
         ("log_offset", pa.int64()),
-        ("pid", pa.int64()),
-        ("generation", pa.int64()),
-        ("seq", pa.int64()),
+        *WRITER_FIELDS,
         ("timestamp", TS_TYPE),
         # Null for appended rows (the log's): only rejects need their verdict and raw header.
         ("verdict", pa.string()),

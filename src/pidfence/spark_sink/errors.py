@@ -1,4 +1,4 @@
-"""Errors of the Spark sink."""
+"""Errors of the Spark sink: not retriable unless a class says so (``retriable``)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,13 @@ from pidfence.wire import PidfenceError
 class SinkError(PidfenceError):
     """Base class of the sink's errors."""
 
-    retriable: ClassVar[bool] = False
-
 
 class SinkOptionError(SinkError):
     """An option of ``format("pidfence")`` or of the pipeline helpers is invalid."""
 
-    retriable: ClassVar[bool] = False
-
 
 class SplitPartitionError(SinkError):
     """One Kafka partition's records reached two tasks of one batch; nothing was published."""
-
-    retriable: ClassVar[bool] = False
 
 
 class InjectedFault(SinkError):
@@ -38,8 +32,6 @@ class OutputOwnedError(SinkError):
     takes the path over.
     """
 
-    retriable: ClassVar[bool] = False
-
 
 class CommittedBatchMismatch(SinkError):
     """Spark re-ran a committed batch with other Kafka offsets than its manifest records.
@@ -47,5 +39,3 @@ class CommittedBatchMismatch(SinkError):
     A committed batch is immutable; this means the checkpoint and the output path disagree
     (e.g. a checkpoint from another run). Nothing was written.
     """
-
-    retriable: ClassVar[bool] = False

@@ -18,28 +18,13 @@ replay decides exactly as the live run did, and :func:`read_gaps` lists them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Final
 
 import pyarrow as pa
 
 from pidfence.broker_plugin import Gap
-
-#: One row per reported gap, as :func:`read_gaps` returns them.
-GAP_SCHEMA: Final = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("batch", pa.int64()),
-        ("kind", pa.string()),
-        ("pid", pa.int64()),
-        ("generation", pa.int64()),
-        ("seq_first", pa.int64()),
-        ("seq_last", pa.int64()),
-        ("offset_before", pa.int64()),
-        ("offset_after", pa.int64()),
-    ]
-)
+from pidfence.spark_sink.schema import PLACE_FIELDS
 
 
 @dataclass(frozen=True)
@@ -70,15 +55,8 @@ class GapReport:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GapReport:
         """A manifest entry back as a report."""
-        return cls(
-            kind=str(data["kind"]),
-            pid=data.get("pid"),
-            generation=data.get("generation"),
-            seq_first=data.get("seq_first"),
-            seq_last=data.get("seq_last"),
-            offset_before=data.get("offset_before"),
-            offset_after=data.get("offset_after"),
-        )
+        numbers = {name: data.get(name) for name in _NUMBERS}
+        return cls(kind=str(data["kind"]), **numbers)
 
     def human(self) -> str:
         """``pid 7 gen 3: seq 50..50 lost`` or ``offsets 11..49 not read``."""
@@ -89,6 +67,15 @@ class GapReport:
             f"pid {self.pid} gen {self.generation}: seq {self.seq_first}..{self.seq_last} "
             f"{self.kind}"
         )
+
+
+#: Every field of a report but ``kind`` is an integer or None.
+_NUMBERS: Final = tuple(f.name for f in fields(GapReport) if f.name != "kind")
+#: One row per reported gap, as :func:`read_gaps` returns them.
+GAP_SCHEMA: Final = pa.schema(
+    [*PLACE_FIELDS, ("batch", pa.int64()), ("kind", pa.string())]
+    + [(name, pa.int64()) for name in _NUMBERS]
+)
 
 
 def unread_offsets(first_offset: int, last_read: int | None) -> GapReport | None:

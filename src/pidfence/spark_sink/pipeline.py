@@ -159,14 +159,12 @@ def run_sink(
     topic: str,
     output: str,
     checkpoint: str,
-    available_now: bool = True,
     **kwargs: Any,
 ) -> SinkRunSummary:
-    """Run the sink to completion (``available_now``) and summarise what it committed."""
+    """Run the sink to completion (``available_now``, the default) and summarise what it
+    committed; ``kwargs`` as :func:`build_query`'s."""
     before = max(committed_ids(output), default=-1)
-    query = start_sink(
-        spark, bootstrap, topic, output, checkpoint, available_now=available_now, **kwargs
-    )
+    query = start_sink(spark, bootstrap, topic, output, checkpoint, **kwargs)
     try:
         query.awaitTermination()
     except Exception as exc:

@@ -10,7 +10,13 @@ import pyarrow as pa
 
 from pidfence.spark_sink.layout import part_file
 from pidfence.spark_sink.output import is_delta
-from pidfence.spark_sink.schema import LOG_SCHEMA, REJECTS_SCHEMA, conform
+from pidfence.spark_sink.schema import (
+    LOG_SCHEMA,
+    PLACE_FIELDS,
+    REJECTS_SCHEMA,
+    WRITER_FIELDS,
+    conform,
+)
 from pidfence.spark_sink.storage import Store, manifest_ids, read_manifest
 
 
@@ -105,13 +111,10 @@ def read_rejects(path: str, rejects_path: str | None = None) -> pa.Table:
 
 WRITTEN_SCHEMA = pa.schema(
     [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
+        *PLACE_FIELDS,
         ("log_offset", pa.int64()),
         ("offset", pa.int64()),
-        ("pid", pa.int64()),
-        ("generation", pa.int64()),
-        ("seq", pa.int64()),
+        *WRITER_FIELDS,
         ("batch", pa.int64()),
     ]
 )

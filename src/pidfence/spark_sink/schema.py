@@ -42,6 +42,10 @@ PIDFENCE_FIELDS: Final = (
     pa.field("log_offset", pa.int64()),
 )
 LOG_SCHEMA: Final = pa.schema([*KAFKA_FIELDS, *PIDFENCE_FIELDS])
+#: Where a record is (``topic``, ``partition``), for the other tables that name records.
+PLACE_FIELDS: Final = KAFKA_FIELDS[2:4]
+#: Who wrote a record and where in its sequence (``pid``, ``generation``, ``seq``).
+WRITER_FIELDS: Final = PIDFENCE_FIELDS[:3]
 REJECTS_SCHEMA: Final = LOG_SCHEMA.append(pa.field("verdict", pa.string()))
 #: What the manifest layout's rejects files hold: the public columns plus the raw ``pf`` header.
 REJECTS_FILE_SCHEMA: Final = REJECTS_SCHEMA.append(pa.field("pf", pa.binary()))

@@ -33,7 +33,10 @@ class FaultScript:
         """Record an event (shown by the demo, asserted by tests)."""
         self.events.append(text)
 
-    def _next(self) -> None:
+    def _next(self, event: str | None = None) -> None:
+        """Move on to the next step, first noting ``event`` (what this step did) if given."""
+        if event is not None:
+            self.note(event)
         self._step += 1
         self._since = self.clock()
 

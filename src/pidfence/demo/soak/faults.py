@@ -201,8 +201,7 @@ class SinkRestart(FaultScript):
         self.sink.start()
         self._label = self.sink.label
         self.happened = True
-        self.note(f"restarted as {self._label} from the checkpoint")
-        self._next()
+        self._next(f"restarted as {self._label} from the checkpoint")
 
     def _await_first_batch(self) -> None:
         if self.sink.committed(self._label) == 0:
@@ -277,12 +276,11 @@ class SelfStoppedLeaseZombie(LeaseZombie):
         self.zombie = worker
         worker.fate = "replaced"
         self.lease_end = lease_end_ms(worker)
-        self.note(
+        self._next(
             f"{worker.name} stopped itself after a state save with {self.role.acked()} "
             f"acknowledged records; its lease ends in "
             f"{max(0, self.lease_end - self.wall_ms()) / 1000:.1f} s"
         )
-        self._next()
 
 
 def checkpoint_has_partitions(role: ProducerRole) -> bool:

@@ -1,4 +1,4 @@
-"""Errors of the Delta layer. Each says whether a rerun can continue (``retriable``).
+"""Errors of the Delta layer: not retriable unless a class says so (``retriable``).
 
 What other writers do to the table never stops the sink (appends beside it, properties,
 comments, constraints its rows satisfy, OPTIMIZE, VACUUM, DELETE, checkpoints, log cleanup). The
@@ -16,19 +16,13 @@ from pidfence.spark_sink.errors import SinkError
 class DeltaTableError(SinkError):
     """Base class of the Delta layer's errors."""
 
-    retriable: ClassVar[bool] = False
-
 
 class NotPidfenceTable(DeltaTableError):
     """The path holds something other than a pidfence table of this kind; nothing was written."""
 
-    retriable: ClassVar[bool] = False
-
 
 class OldTableFormat(NotPidfenceTable):
     """A pidfence table written by an older version (another table format); migrate it first."""
-
-    retriable: ClassVar[bool] = False
 
 
 class CannotContinue(DeltaTableError):
@@ -37,8 +31,6 @@ class CannotContinue(DeltaTableError):
     Nothing of the running batch was committed; running again fails the same way until the
     table is put right (the message says how).
     """
-
-    retriable: ClassVar[bool] = False
 
 
 class SchemaChanged(CannotContinue):
