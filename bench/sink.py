@@ -6,7 +6,7 @@ generation) in its partition (what ``IdempotentProducer`` stamps with signing on
 contender reads it from the start with the same trigger (available-now, the same
 ``maxOffsetsPerTrigger``) on one SparkSession, in interleaved rounds whose order is reversed every
 other round (each measured query right after a warm-up query of its kind on a small topic; best
-round kept):
+round and median shown):
 
 (a) Spark's plain Parquet file sink, no deduplication;
 (n) a no-op ``DataSourceStreamArrowWriter``: a Python data source whose writer only consumes the
@@ -36,6 +36,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -62,7 +63,8 @@ DUP_RATE = 0.05
 PER_TRIGGER = 500_000
 WARMUP = 200_000
 ARROW_BATCH = 100_000
-ROUNDS = 2
+#: Enough interleaved rounds that the best and the median tell the same story on a shared machine.
+ROUNDS = 4
 VALUE = b"x" * 64
 #: The certificates outlive the run by far: the bench measures verification, not expiry.
 CERT_LIFETIME_MS = 7 * 86_400_000
@@ -346,6 +348,8 @@ class Contender:
     build: Callable[[Any, str, str], Any]
     outcome: Callable[[str, list[dict[str, Any]]], Outcome]
     times: list[float] = field(default_factory=list)
+    #: Per measured round, each query-progress phase (``durationMs``) summed over its batches.
+    phases: list[dict[str, int]] = field(default_factory=list)
     last: Outcome | None = None
     #: An optional contender (work in progress elsewhere) that fails is reported, not fatal.
     optional: bool = False
@@ -555,7 +559,23 @@ def _measure(c: Contender, spark: Any, out: str) -> None:
     seconds, query_progress = _run(c.build(spark, out, f"{out}-ckpt"))
     outcome = c.outcome(out, query_progress)
     c.times.append(seconds)
+    c.phases.append(_phase_sums(query_progress))
     c.last = outcome
+
+
+def _phase_sums(progress: list[dict[str, Any]]) -> dict[str, int]:
+    """Each ``durationMs`` phase (addBatch: the sink's tasks and commit; walCommit,
+    commitOffsets: Spark's checkpoint) summed over a query's batches."""
+    sums: dict[str, int] = {}
+    for p in progress:
+        for phase, ms in (p.get("durationMs") or {}).items():
+            sums[phase] = sums.get(phase, 0) + int(ms)
+    return sums
+
+
+def _median_phases(rounds: list[dict[str, int]]) -> dict[str, float]:
+    phases = sorted({k for r in rounds for k in r})
+    return {k: float(statistics.median(r.get(k, 0) for r in rounds)) for k in phases}
 
 
 def _warm(c: Contender, spark: Any, out: str) -> None:
@@ -681,6 +701,7 @@ def _report(
     failed = [c for c in entries if c.failed is not None]
     entries = [c for c in entries if c.failed is None]
     best = {c.key: min(c.times) for c in entries}
+    median = {c.key: statistics.median(c.times) for c in entries}
     by_key = {c.key: c for c in entries}
     plain_s, noop_s = best["plain"], best["noop"]
     rows: list[dict[str, Any]] = []
@@ -695,6 +716,8 @@ def _report(
                 "records/s": n / s,
                 "vs (a)": plain_s / s,
                 "vs (n)": noop_s / s,
+                "median s": median[c.key],
+                "median vs (a)": median["plain"] / median[c.key],
                 "rows out": c.last.rows_out,
                 "state bytes @1M": c.last.state_at_1m,
                 "state bytes @end": c.last.state_at_end,
@@ -717,6 +740,8 @@ def _report(
     }
     if "delta" in best:
         ratios["delta_vs_manifest_layout"] = best["pidfence"] / best["delta"]
+        ratios["delta_vs_plain"] = plain_s / best["delta"]
+        ratios["delta_vs_plain_median"] = median["plain"] / median["delta"]
     dedup = by_key["dedup"].last
     assert dedup is not None
     master = "local[2]" if not mode.standalone else (
@@ -744,13 +769,22 @@ def _report(
             if "delta_vs_manifest_layout" in ratios
             else ""
         ),
+        *(
+            [
+                f"Delta layout (d) vs plain Parquet (a): best {ratios['delta_vs_plain']:.3f}, "
+                f"median {ratios['delta_vs_plain_median']:.3f} (target >= 1.0); per-phase "
+                "query-progress durations (median over rounds) in params.durations_ms"
+            ]
+            if "delta_vs_plain" in ratios
+            else []
+        ),
         f"raw topic filled in {fill_s:.1f}s ({n / fill_s:,.0f} records/s, confluent-kafka); "
         f"{sent['certified']:,} records carry a pfc certificate (first record of each producer "
         "in its partition)",
         "each query reads the topic from the start: same source, trigger and batch sizes; "
-        f"{rounds} interleaved rounds, order reversed every other round, best time shown "
-        "(per-round times in the JSON); before each measured query dirty pages are written back "
-        "(sync), and the driver unloads the previous query's state stores and runs a full GC",
+        f"{rounds} interleaved rounds, order reversed every other round, best time and median "
+        "shown (per-round times in the JSON); before each measured query dirty pages are written "
+        "back (sync), and the driver unloads the previous query's state stores and runs a full GC",
         (
             f"warm-up: each kind of query first runs once over a {warmup:,}-record topic (JVM and "
             "Python workers warm), and once more right before each of its measured queries "
@@ -792,6 +826,7 @@ def _report(
             "rounds": rounds,
             "warmup_records": warmup,
             "seconds_per_round": {c.key: [round(t, 2) for t in c.times] for c in entries},
+            "durations_ms": {c.key: _median_phases(c.phases) for c in entries},
             "arrow_max_records_per_batch": ARROW_BATCH,
             "sent": sent,
             "ratios": {k: round(v, 4) for k, v in ratios.items()},

@@ -8,6 +8,7 @@ compaction, with every state file lost) continues the log exactly.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -19,11 +20,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from pidfence.spark_sink.delta import commit as commit_mod
 from pidfence.spark_sink.delta import layout as layout_mod
 from pidfence.spark_sink.delta.care import compact
+from pidfence.spark_sink.delta.errors import TableGone
 from pidfence.spark_sink.delta.layout import DeltaLayout, open_layout
 from pidfence.spark_sink.delta.readers import read_delta_log, read_delta_rejects
-from pidfence.spark_sink.delta.table import NotPidfenceTable
+from pidfence.spark_sink.delta.stats import footer_stats
+from pidfence.spark_sink.delta.table import Location, NotPidfenceTable
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from pidfence.wire import encode_pf
@@ -276,3 +280,50 @@ def test_file_uri_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     w = PidfenceStreamWriter(options)
     records, _ = _committed_stream(monkeypatch, w, 29, 150)
     _check(tmp_path, records)
+
+
+def test_commit_adds_the_statistics_the_tasks_took(
+    tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tasks take each file's Delta statistics from the rows they wrote; the driver's commit
+    # reads no footer, and adds exactly what the footers say.
+    def no_footer(*args: Any, **kwargs: Any) -> str:
+        raise AssertionError("the commit read a footer")
+
+    monkeypatch.setattr(commit_mod, "footer_stats", no_footer)
+    records = make_stream(31, 300)
+    for b, chunk in enumerate(micro_batches(records, 100)):
+        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+    monkeypatch.undo()
+    layout = DeltaLayout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
+    parts = [p for b in layout.committed_ids() for p in layout.committed(b)["parts"]]  # type: ignore[index]
+    assert all("log" in p["stats"] for p in parts)
+    assert any("rejects" in p["stats"] for p in parts)
+    for root in (tmp_path, tmp_path / "_rejects"):
+        adds = [
+            action["add"]
+            for commit in sorted((root / "_delta_log").glob("*.json"))
+            for action in map(json.loads, commit.read_text().splitlines())
+            if "add" in action
+        ]
+        assert adds
+        for add in adds:
+            footer = footer_stats(Location.at(str(root)), add["path"])
+            assert json.loads(add["stats"]) == json.loads(footer), add["path"]
+
+
+def test_open_again_in_the_same_process_refuses_what_a_fresh_open_refuses(
+    tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spark builds a writer per batch: a process that opened the tables re-checks its kept
+    # ones, and anything different (a table replaced or deleted) is still refused.
+    writer.commit([_write(monkeypatch, writer, 0, make_stream(37, 50))], 0)
+    path, rejects = str(tmp_path), str(tmp_path / "_rejects")
+    open_layout(path, rejects, QUERY, committed_before=True)
+    shutil.rmtree(tmp_path / "_rejects")
+    with pytest.raises(TableGone):
+        open_layout(path, rejects, QUERY, committed_before=True)
+    shutil.rmtree(tmp_path / "_delta_log")
+    write_deltalake(path, pa.table({"x": [1]}))
+    with pytest.raises(NotPidfenceTable):
+        open_layout(path, rejects, QUERY)

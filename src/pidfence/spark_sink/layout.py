@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import pyarrow as pa
@@ -63,6 +63,9 @@ class PartFiles:
     rejects: str | None
     held: str | None
     decided: str | None = None
+    #: Delta ``stats`` JSON of the staged ``log`` and ``rejects`` files, where the layout
+    #: keeps them (the Delta layout: its commit then reads no footer).
+    stats: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, str | None]:
         """As stored in the manifest (``decided`` only where the layout writes it)."""

@@ -35,7 +35,7 @@ from pidfence.spark_sink.layout import (
     new_tag,
 )
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.process import process_partition
+from pidfence.spark_sink.process import by_partition, process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import load_state, save_state
 from pidfence.spark_sink.storage import DATA, DECIDED, HELD, Store, manifest_ids, part_name
@@ -68,14 +68,18 @@ class PartCommit:
     prev: int | None = None
     gaps: list[dict[str, Any]] = field(default_factory=list)
     horizon_ms: int | None = None
+    stats: dict[str, str] = field(default_factory=dict)
 
     def manifest_entry(self) -> dict[str, Any]:
-        """This part as stored in the manifest (``gaps`` and ``horizon_ms`` only when set)."""
+        """This part as stored in the manifest (``gaps``, ``horizon_ms`` and ``stats`` only
+        when set)."""
         extra: dict[str, Any] = {}
         if self.gaps:
             extra["gaps"] = self.gaps
         if self.horizon_ms is not None:
             extra["horizon_ms"] = self.horizon_ms
+        if self.stats:
+            extra["stats"] = self.stats
         return {
             **extra,
             "topic": self.topic,
@@ -120,6 +124,7 @@ class PartCommit:
             prev=entry.get("prev"),
             gaps=list(entry.get("gaps") or []),
             horizon_ms=entry.get("horizon_ms"),
+            stats=dict(entry.get("stats") or {}),
         )
 
 
@@ -177,7 +182,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         if query_id is not None:
             # Spark builds a writer at start and again in the process that runs commit(), so
             # this only claims; leftovers of a dead attempt go when its batch commits.
-            owner.claim(self.layout(query_id).store, query_id)
+            _claim(self.layout(query_id).store, query_id)
 
     def layout(self, query: str = NO_QUERY) -> ParquetLayout:
         """The storage layout of this sink (the Delta layout commits as ``query``)."""
@@ -192,7 +197,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         batches = list(iterator)
         message = SinkCommitMessage(batch_id, query=query)
         layout = self.layout(query)
-        owner.claim(layout.store, query)
+        _claim(layout.store, query)
         rows = _kafka_rows(batches)
         manifest = layout.committed(batch_id)
         if manifest is not None:
@@ -202,12 +207,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         check = self.options.certificates()
         macs = self.options.record_macs()
         message.tag = new_tag(query)
-        keys = rows.group_by(["topic", "partition"]).aggregate([]).to_pylist()
-        for key in sorted(keys, key=lambda k: (k["topic"], k["partition"])):
-            topic, partition = str(key["topic"]), int(key["partition"])
-            mine = rows.filter(
-                pc.and_(pc.equal(rows["topic"], topic), pc.equal(rows["partition"], partition))
-            )
+        for topic, partition, mine in by_partition(rows):
             verifier = None if check is None else check.for_partition(topic, partition)
             message.parts.append(
                 self._write_partition(
@@ -258,6 +258,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             prev=st.last_batch,
             gaps=[g.to_dict() for g in out.gaps],
             horizon_ms=out.horizon_ms,
+            stats=files.stats,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -308,6 +309,13 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         for message in messages:
             if isinstance(message, SinkCommitMessage) and message.tag:
                 layout.discard(batchId, message.tag, keep=set())
+
+
+def _claim(store: Store, query: str) -> None:
+    """:func:`owner.claim`, reading the owner record first: a task and every batch's writer
+    claim the path, and all but the first find it theirs (no temporary file, no fsync)."""
+    if owner.owner_of(store) != query:
+        owner.claim(store, query)
 
 
 def _kafka_rows(batches: list[pa.RecordBatch]) -> pa.Table | None:

@@ -263,7 +263,7 @@ def commit_moves(
     extra = {f"pidfence.{k}": v for k, v in (info or {}).items()}
     for _attempt in range(MAX_ATTEMPTS):
         read_version = dt.version()
-        _check_log(loc, read_version)
+        check_log(loc, read_version)
         if is_committed(dt, query_id, batch_id):
             _drop_staging(loc, query_id, batch_id)
             return False
@@ -333,7 +333,7 @@ def _properties(query_id: str, batch_id: int, extra: dict[str, Any]) -> CommitPr
     )
 
 
-def _check_log(loc: Location, version: int) -> None:
+def check_log(loc: Location, version: int) -> None:
     """Raise :class:`TableGone` when the commit the table was read at is no longer there (its
     ``_delta_log`` was deleted): a commit now would start a broken table."""
     log = loc.join("_delta_log", f"{version:020d}")

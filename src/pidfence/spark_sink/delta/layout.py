@@ -31,28 +31,34 @@ them, users DELETE from them. Producer state derives from the batches' decisions
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from typing import Any, Final
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from pidfence.spark_sink.decisions import decided_rows
-from pidfence.spark_sink.delta.commit import Move, commit_moves, data_dir, table_rows
+from pidfence.spark_sink.delta.commit import Move, check_log, commit_moves, data_dir, table_rows
 from pidfence.spark_sink.delta.errors import DeltaTableError, TableGone
+from pidfence.spark_sink.delta.stats import file_stats
 from pidfence.spark_sink.delta.table import (
     OWN_DIR,
     Location,
     TableKind,
     cached_table,
     check_path,
+    check_table,
 )
 from pidfence.spark_sink.errors import SinkError
 from pidfence.spark_sink.faults import crash_point
 from pidfence.spark_sink.layout import ParquetLayout, PartFiles, part_file
 from pidfence.spark_sink.storage import manifest_ids, manifest_path
+from pidfence.wire import PidfenceError
 
+#: (log path, rejects path) of the layouts this process opened.
+_OPENED: set[tuple[str, str]] = set()
 #: How a staged name ``TOPIC~PART.TAG.parquet`` is named in ``data/``: ``~`` is percent-encoded
 #: by some Delta writers (compaction then cannot find the file).
 _SEPARATOR: Final = "-"
@@ -104,6 +110,9 @@ class DeltaLayout(ParquetLayout):
             TableGone: a table is missing although batches were committed to it (its manifests
                 or the checkpoint say so): creating an empty one would hide the loss.
         """
+        key = (self.path, self.rejects_path)
+        if key in _OPENED and self._reopen():
+            return
         found = [
             check_path(self.path, "log", self.storage_options),
             check_path(self.rejects_path, "rejects", self.storage_options),
@@ -117,6 +126,28 @@ class DeltaLayout(ParquetLayout):
             )
         self._table("rejects")
         self._table("log")
+        _OPENED.add(key)
+
+    def _reopen(self) -> bool:
+        """Open both tables again in a process that opened them before (Spark builds a writer
+        for every batch, in the driver and in the commit process): bring the kept tables up
+        to date and check them as a fresh open would, without replaying their logs. False when
+        anything looks different (then the fresh open decides)."""
+        tables: dict[str, DeltaTable] = {}
+        kinds: tuple[TableKind, TableKind] = ("rejects", "log")
+        try:
+            for kind in kinds:
+                path = self.rejects_path if kind == "rejects" else self.path
+                dt = cached_table(path, kind, create=False, storage_options=self.storage_options)
+                loc = Location.at(path, self.storage_options)
+                check_table(dt, kind, loc.uri)
+                # A kept table whose log was deleted still answers from memory.
+                check_log(loc, dt.version())
+                tables[kind] = dt
+        except (PidfenceError, DeltaError, OSError):
+            return False
+        self._tables.update(tables)
+        return True
 
     def _table(self, kind: TableKind, create: bool = True) -> DeltaTable:
         if kind not in self._tables:
@@ -184,7 +215,11 @@ class DeltaLayout(ParquetLayout):
             staged["rejects"] = table_rows(rejects, "rejects")
         if log is not None and log.num_rows:
             staged["log"] = table_rows(log, "log")
-        return super().stage_part(batch_id, tag, topic, partition, staged)
+        files = super().stage_part(batch_id, tag, topic, partition, staged)
+        # The commit adds the files with these statistics (taken here, in parallel tasks,
+        # rather than from each file's footer on the driver).
+        stats = {k: file_stats(staged[k]) for k in ("log", "rejects") if getattr(files, k)}
+        return dataclasses.replace(files, stats=stats)
 
     def publish(self, batch_id: int, manifest: dict[str, Any]) -> bool:
         """Write the manifest, commit the rejects table, then the log table (the commit point).
@@ -199,7 +234,7 @@ class DeltaLayout(ParquetLayout):
         kinds: tuple[TableKind, TableKind] = ("rejects", "log")
         for kind in kinds:
             moves = [
-                self._move(kind, batch_id, rel)
+                self._move(kind, batch_id, rel, (part.get("stats") or {}).get(kind))
                 for part in manifest["parts"]
                 if (rel := part_file(batch_id, part, kind)) is not None
             ]
@@ -229,9 +264,9 @@ class DeltaLayout(ParquetLayout):
             with contextlib.suppress(FileNotFoundError):
                 loc.fs.delete_file(loc.join(move.src))
 
-    def _move(self, kind: str, batch_id: int, rel: str) -> Move:
+    def _move(self, kind: str, batch_id: int, rel: str, stats: str | None) -> Move:
         name = rel.rpartition("/")[2].replace("~", _SEPARATOR)
-        return Move(f"{OWN_DIR}/{rel}", f"{data_dir(self.query_id, batch_id)}/{name}")
+        return Move(f"{OWN_DIR}/{rel}", f"{data_dir(self.query_id, batch_id)}/{name}", stats)
 
     # ----------------------------------------------------------------------------- reading
 
