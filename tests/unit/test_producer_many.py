@@ -177,6 +177,16 @@ def test_sequencer_header_is_encode_pf_for_every_seq(seq: int) -> None:
     assert Sequencer(5, 3, 0).header(seq) == encode_pf(5, 3, seq)
 
 
+def test_sequencer_header_table_and_uint16_range_are_encode_pf() -> None:
+    """The precomputed headers (seqs 0..255: fixint, then uint8) and the whole uint16 range,
+    byte for byte, for a small and a wide pid and generation."""
+    for pid, generation in ((5, 3), (2**40, 70_000)):
+        seq = Sequencer(pid, generation, 0)
+        assert len(seq.fixed) == 256
+        for n in range(0x10001):
+            assert seq.header(n) == encode_pf(pid, generation, n)
+
+
 def test_sequencer_header_refuses_seq_past_the_limit() -> None:
     with pytest.raises(OverflowError):
         Sequencer(5, 3, 0).header(SEQ_LIMIT)

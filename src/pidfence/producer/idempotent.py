@@ -197,30 +197,34 @@ class IdempotentProducer:
             ReservedHeader / ValueTooLarge / UnknownTopic / BrokerUnavailable: as named;
             DrainFailed / ProducerFenced / LeaseExpired: from a rollover due now (:meth:`roll`).
         """
-        seq = self._session.live
+        # Locals: CPython 3.11 does not specialise calls of callables kept in attributes.
+        session, now_ns, kafka_produce = self._session, self._now_ns, self._kafka_produce
+        seq = session.live
         if (
             seq is None
             or headers
             or on_delivery is not None
             or self._tracking
-            or value.__class__ is not bytes
+            or type(value) is not bytes
             or len(value) > self._max_value
-            or self._now_ns() >= self._session.deadline_ns
+            or now_ns() >= session.deadline_ns
         ):
             return self._one(topic, value, key, partition, headers, on_delivery, event_id)
-        if key.__class__ is str:
+        if key is not None and type(key) is str:
             key = key.encode()
         if partition is None:
             partition = self._partitioner.pick(topic, key, seq.pid)  # type: ignore[arg-type]
-        lanes = seq.ready.get(topic)
-        cell = None if lanes is None else lanes.get(partition)
+        try:
+            cell = seq.ready[topic][partition]
+        except KeyError:  # (not ready: the general path, outside the except block)
+            cell = None
         if cell is None:
             return self._one(topic, value, key, partition, None, None, event_id)
         # _stamp_loop's body for one record: entering the loop costs +60% (docs/producer.md).
         n = cell[0]
-        if n < 128:
+        if n < 256:
             pf = seq.fixed[n]
-        elif 0xFF < n < 0x10000:
+        elif n < 0x10000:
             pf = seq.prefix16 + U16X(n)
         else:
             pf = seq.header(n)
@@ -229,7 +233,7 @@ class IdempotentProducer:
             topic, partition, n, pf, key, value)  # type: ignore[arg-type]  # fmt: skip
         try:
             try:
-                self._kafka_produce(topic, value, key, partition=partition, headers=wire)
+                kafka_produce(topic, value, key, partition=partition, headers=wire)
             except BufferError:
                 self._sender.send(topic, value, key, partition, wire)  # type: ignore[arg-type]
         except BaseException:
@@ -270,14 +274,9 @@ class IdempotentProducer:
         self._stamp_loop(topic, values, keys, partition, event_ids)
         return count - (self.skipped - skipped)
 
-    def _stamp_loop(
-        self,
-        topic: str,
-        values: Sequence[bytes | str | None],
-        keys: Sequence[bytes | str | None] | None,
-        partition: int | None,
-        event_ids: Sequence[str | None] | None,
-    ) -> None:
+    def _stamp_loop(self, topic: str, values: Sequence[bytes | str | None],
+                    keys: Sequence[bytes | str | None] | None, partition: int | None,
+                    event_ids: Sequence[str | None] | None) -> None:  # fmt: skip
         """The stamping loop (:meth:`produce` is its one-record form): records to lanes the
         session made ready (nothing to skip, no extra header until ``deadline_ns``) are stamped
         inline, any other goes the driver's general path, then the loop goes on."""
@@ -302,9 +301,9 @@ class IdempotentProducer:
                         value = values[i]
                         key = None if keys is None else keys[i]
                         if (
-                            value.__class__ is not bytes
+                            type(value) is not bytes
                             or len(value) > max_value
-                            or (key is not None and key.__class__ is not bytes)
+                            or (key is not None and type(key) is not bytes)
                             or now_ns() >= deadline
                         ):
                             break
@@ -317,9 +316,9 @@ class IdempotentProducer:
                         else:
                             q, cell = fixed_partition, own
                         n = cell[0]
-                        if n < 128:
+                        if n < 256:
                             pf = fixed[n]
-                        elif 0xFF < n < 0x10000:
+                        elif n < 0x10000:
                             pf = prefix16 + U16X(n)
                         else:
                             pf = header(n)

@@ -59,7 +59,6 @@ class Sequencer:
         "_lanes",
         "_mac_key",
         "_prefix",
-        "_prefix8",
         "_prefix32",
         "_prefix64",
         "ahead",
@@ -132,12 +131,13 @@ class Sequencer:
         packer = msgpack.Packer()
         prefix = b"\x95" + b"".join(map(packer.pack, (PF_VERSION, pid, generation)))
         self._prefix = prefix
-        #: The complete headers of seqs 0..127 (msgpack positive fixints).
-        self.fixed: tuple[bytes, ...] = tuple(prefix + bytes((n, 0)) for n in range(128))
-        #: ``prefix + 0xcd``: the header of a seq in [128, 65536) is this plus ``U16X(seq)``;
-        #: of a seq in [128, 256), the smallest msgpack form is ``0xcc`` (see :meth:`header`).
+        #: The complete headers of seqs 0..255 (msgpack positive fixints below 128, then the
+        #: ``0xcc`` uint8 form).
+        self.fixed: tuple[bytes, ...] = tuple(prefix + bytes((n, 0)) for n in range(128)) + tuple(
+            prefix + bytes((0xCC, n, 0)) for n in range(128, 256)
+        )
+        #: ``prefix + 0xcd``: the header of a seq in [256, 65536) is this plus ``U16X(seq)``.
         self.prefix16 = prefix + b"\xcd"
-        self._prefix8 = prefix + b"\xcc"
         self._prefix32 = prefix + b"\xce"
         self._prefix64 = prefix + b"\xcf"
 
@@ -211,11 +211,9 @@ class Sequencer:
         Raises:
             OverflowError: ``seq`` reached ``2**63``.
         """
-        if seq < 128:
+        if seq < 0x100:
             return self.fixed[seq]
         # msgpack's smallest unsigned form, as msgpack.packb writes it (a unit test checks it).
-        if seq < 0x100:
-            return self._prefix8 + bytes((seq, 0))
         if seq < 0x10000:
             return self.prefix16 + U16X(seq)
         if seq < 0x1_0000_0000:
@@ -255,7 +253,7 @@ class Sequencer:
         no extra header).
 
         The inline stamp must do exactly what :meth:`stamp` does: ``cell[0]`` is the seq,
-        :meth:`header` (``fixed[seq]`` below 128) the header, then ``cell[0] += 1``.
+        :meth:`header` (``fixed[seq]`` below 256) the header, then ``cell[0] += 1``.
         """
         cell = self._lanes.get(topic, {}).get(partition)
         if cell is not None:
