@@ -473,6 +473,24 @@ def offer_alike(
     return decided
 
 
+def offer_one_by_one(
+    table: ProducerStateTable, stream: Stream, opens: Collection[int] = ()
+) -> tuple[dict[int, Verdict], list[int]]:
+    """Offer every record of ``stream`` to ``table`` alone (``ref=i``), opening the horizon just
+    before each record index in ``opens``: each record's final verdict, and the refs in the
+    order they went to the log (``APPENDED`` and ``NON_IDEMPOTENT`` both do)."""
+    final: dict[int, Verdict] = {}
+    log: list[int] = []
+    for i, (header, ts) in enumerate(stream):
+        if i in opens:
+            table.open_horizon(ts)
+        for d in table.offer_header(header, ts, ref=i):
+            final[d.ref] = d.verdict
+            if d.verdict.appended:
+                log.append(d.ref)
+    return final, log
+
+
 def flush_alike(table: ProducerStateTable, ref: ReferenceTable, stream: Stream) -> None:
     """Flush both just past the stream's last record: they release alike and keep the same
     (generation, highwater) per live pid."""

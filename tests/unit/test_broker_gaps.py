@@ -25,6 +25,7 @@ from tests.unit.broker_streams import (
     knobs_strategy_of,
     make_stream,
     offer_alike,
+    offer_one_by_one,
     table_args,
     twin_tables,
 )
@@ -54,21 +55,6 @@ def test_extensions_match_the_reference_model(
     assert _gap_tuples(table.gaps) == ref.gaps
 
 
-def _one_by_one(
-    table: ProducerStateTable, stream: list[tuple[bytes | None, int]], opens: list[int]
-) -> tuple[dict[int, Verdict], list[int]]:
-    final: dict[int, Verdict] = {}
-    log: list[int] = []
-    for i, (header, ts) in enumerate(stream):
-        if i in opens:
-            table.open_horizon(ts)
-        for d in table.offer_header(header, ts, ref=i):
-            final[d.ref] = d.verdict
-            if d.verdict.appended:
-                log.append(d.ref)
-    return final, log
-
-
 @SETTINGS
 @given(st.integers(0, 2**32), knobs_strategy, table_args, st.lists(st.integers(1, 60), max_size=8),
        st.booleans())  # fmt: skip
@@ -81,7 +67,7 @@ def test_batch_path_with_extensions_decides_exactly_like_offer(
     bounds = np.cumsum([0, *cuts]).tolist()
     opens = [b for b in bounds if b < len(stream)][:2]
     one = ProducerStateTable(capacity, lifetime, window, resolve_gaps=gaps_on)
-    expected_final, expected_log = _one_by_one(one, stream, opens)
+    expected_final, expected_log = offer_one_by_one(one, stream, opens)
 
     batched = ProducerStateTable(capacity, lifetime, window, resolve_gaps=gaps_on)
     final: dict[int, Verdict] = {}
