@@ -15,7 +15,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from hypothesis import strategies as st
 
-from pidfence.broker_plugin import ProducerStateTable, Verifier
+from pidfence.broker_plugin import BatchResult, ProducerStateTable, Verifier
 from pidfence.wire import FLAG_FENCE, MalformedHeader, Verdict, decode_pf, encode_pf
 from pidfence.wire.cert import verify_cert
 
@@ -489,6 +489,18 @@ def offer_one_by_one(
             if d.verdict.appended:
                 log.append(d.ref)
     return final, log
+
+
+def note_batch(result: BatchResult, start: int, final: dict[int, Verdict], log: list[int]) -> None:
+    """Note a batch of the stream's records from index ``start`` on (``refs`` = their indexes)
+    as :func:`offer_one_by_one` reports records: each decided record's verdict (held records
+    it released included) into ``final``, the refs it sent to the log, in order, onto ``log``."""
+    for d in result.released:
+        final[d.ref] = d.verdict
+    for row, verdict in enumerate(result.verdicts()):
+        final[start + row] = verdict
+    for idx in result.log_order.tolist():
+        log.append(start + idx if idx >= 0 else result.released[-idx - 1].ref)
 
 
 def flush_alike(table: ProducerStateTable, ref: ReferenceTable, stream: Stream) -> None:

@@ -24,6 +24,7 @@ from tests.unit.broker_streams import (
     flush_alike,
     knobs_strategy_of,
     make_stream,
+    note_batch,
     offer_alike,
     offer_one_by_one,
     table_args,
@@ -81,12 +82,7 @@ def test_batch_path_with_extensions_decides_exactly_like_offer(
             [h for h, _ in chunk], np.array([t for _, t in chunk], np.int64),
             refs=list(range(lo, hi)),
         )  # fmt: skip
-        for d in result.released:
-            final[d.ref] = d.verdict
-        for row, verdict in enumerate(result.verdicts()):
-            final[lo + row] = verdict
-        for idx in result.log_order.tolist():
-            log.append(lo + idx if idx >= 0 else result.released[-idx - 1].ref)
+        note_batch(result, lo, final, log)
     assert final == expected_final
     assert log == expected_log
     assert batched == one

@@ -61,22 +61,13 @@ def spread_pids(
 
 
 @SETTINGS
-@given(
-    st.integers(0, 2**32),
-    knobs_strategy,
-    streams.table_args,
-    st.lists(st.integers(1, 60), max_size=8),
-    st.booleans(),
-    st.sampled_from(PID_SPREADS),
-)
+@given(st.integers(0, 2**32), knobs_strategy, streams.table_args,
+       st.lists(st.integers(1, 60), max_size=8), st.booleans(),
+       st.sampled_from(PID_SPREADS))  # fmt: skip
 def test_batch_path_decides_exactly_like_offer(
-    seed: int,
-    knobs: streams.StreamKnobs,
-    args: Any,
-    cuts: list[int],
-    as_arrow: bool,
+    seed: int, knobs: streams.StreamKnobs, args: Any, cuts: list[int], as_arrow: bool,
     spread: int,
-) -> None:
+) -> None:  # fmt: skip
     capacity, lifetime, window = args
     stream = spread_pids(streams.make_stream(random.Random(seed), knobs), spread)
     one_by_one = ProducerStateTable(capacity, lifetime, window)
@@ -97,12 +88,7 @@ def test_batch_path_decides_exactly_like_offer(
             headers, np.array([t for _, t in chunk], dtype=np.int64),
             refs=list(range(start, start + len(chunk))),
         )  # fmt: skip
-        for d in result.released:
-            final[d.ref] = d.verdict
-        for row, verdict in enumerate(result.verdicts()):
-            final[start + row] = verdict
-        for idx in result.log_order.tolist():
-            log.append(start + idx if idx >= 0 else result.released[-idx - 1].ref)
+        streams.note_batch(result, start, final, log)
         start += len(chunk)
         if not chunk:
             break
@@ -187,13 +173,8 @@ def test_snapshots_and_delta_chains_restore_the_live_table(
 
 
 @SETTINGS
-@given(
-    st.integers(0, 2**32),
-    knobs_strategy,
-    streams.table_args,
-    st.lists(st.integers(1, 60), max_size=8),
-    st.lists(st.booleans(), max_size=8),
-)
+@given(st.integers(0, 2**32), knobs_strategy, streams.table_args,
+       st.lists(st.integers(1, 60), max_size=8), st.lists(st.booleans(), max_size=8))  # fmt: skip
 def test_batch_path_with_delta_chains_restores_the_live_table(
     seed: int, knobs: streams.StreamKnobs, args: Any, cuts: list[int], fulls: list[bool]
 ) -> None:
@@ -276,15 +257,9 @@ def test_rebuild_replays_the_log_after_a_snapshot() -> None:
 
 
 @SETTINGS
-@given(
-    st.integers(0, 2**32),
-    knobs_strategy,
-    streams.table_args,
-    st.lists(st.integers(0, 60), max_size=8),
-    st.lists(st.booleans(), max_size=9),
-    st.floats(0, 0.5),
-    st.data(),
-)
+@given(st.integers(0, 2**32), knobs_strategy, streams.table_args,
+       st.lists(st.integers(0, 60), max_size=8), st.lists(st.booleans(), max_size=9),
+       st.floats(0, 0.5), st.data())  # fmt: skip
 def test_state_is_a_function_of_the_committed_output(
     seed: int, knobs: streams.StreamKnobs, args: Any, cuts: list[int], flushes: list[bool],
     forge: float, data: st.DataObject,
