@@ -15,7 +15,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from hypothesis import strategies as st
 
-from pidfence.broker_plugin import ProducerStateTable, Verifier
+from pidfence.broker_plugin import BatchResult, ProducerStateTable, Verifier
 from pidfence.wire import FLAG_FENCE, MalformedHeader, Verdict, decode_pf, encode_pf
 from pidfence.wire.cert import verify_cert
 
@@ -471,6 +471,36 @@ def offer_alike(
         assert got == ref.offer_header(header, ts, i, cert), f"{where}record {i}"
         decided.append(got)
     return decided
+
+
+def offer_one_by_one(
+    table: ProducerStateTable, stream: Stream, opens: Collection[int] = ()
+) -> tuple[dict[int, Verdict], list[int]]:
+    """Offer every record of ``stream`` to ``table`` alone (``ref=i``), opening the horizon just
+    before each record index in ``opens``: each record's final verdict, and the refs in the
+    order they went to the log (``APPENDED`` and ``NON_IDEMPOTENT`` both do)."""
+    final: dict[int, Verdict] = {}
+    log: list[int] = []
+    for i, (header, ts) in enumerate(stream):
+        if i in opens:
+            table.open_horizon(ts)
+        for d in table.offer_header(header, ts, ref=i):
+            final[d.ref] = d.verdict
+            if d.verdict.appended:
+                log.append(d.ref)
+    return final, log
+
+
+def note_batch(result: BatchResult, start: int, final: dict[int, Verdict], log: list[int]) -> None:
+    """Note a batch of the stream's records from index ``start`` on (``refs`` = their indexes)
+    as :func:`offer_one_by_one` reports records: each decided record's verdict (held records
+    it released included) into ``final``, the refs it sent to the log, in order, onto ``log``."""
+    for d in result.released:
+        final[d.ref] = d.verdict
+    for row, verdict in enumerate(result.verdicts()):
+        final[start + row] = verdict
+    for idx in result.log_order.tolist():
+        log.append(start + idx if idx >= 0 else result.released[-idx - 1].ref)
 
 
 def flush_alike(table: ProducerStateTable, ref: ReferenceTable, stream: Stream) -> None:

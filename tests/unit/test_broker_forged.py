@@ -19,17 +19,7 @@ from hypothesis import strategies as st
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.wire import FLAG_FENCE, Verdict, encode_pf
 from pidfence.wire.cert import encode_cert
-from tests.unit.broker_streams import (
-    FakeVerifier,
-    StreamKnobs,
-    cert_verifier,
-    good,
-    make_stream,
-    offer_alike,
-    table_args,
-    twin_tables,
-    with_certs,
-)
+from tests.unit import broker_streams as streams
 from tests.unit.test_broker_properties import knobs_strategy
 
 V = Verdict
@@ -50,19 +40,19 @@ def decide(t: ProducerStateTable, pid: int, g: int, s: int, cert: bytes | None =
     ("flags", "seq", "verdict"), [(0, 0, V.APPENDED), (FLAG_FENCE, 4, V.FENCE)]
 )
 def test_a_new_entry_needs_a_certificate(flags: int, seq: int, verdict: Verdict) -> None:
-    t = table_with(FakeVerifier())
+    t = table_with(streams.FakeVerifier())
     before = t.state()
     assert decide(t, 1, 3, seq, None, flags, ts=50) == [("r", V.FORGED)]
-    assert decide(t, 1, 3, seq, good(1, 4), flags, ts=60) == [("r", V.FORGED)]
+    assert decide(t, 1, 3, seq, streams.good(1, 4), flags, ts=60) == [("r", V.FORGED)]
     assert t.state() == before  # nothing changed, not even the clock
     assert t.forged == {"missing": 1, "other_identity": 1}
-    assert decide(t, 1, 3, seq, good(1, 3), flags) == [("r", verdict)]
+    assert decide(t, 1, 3, seq, streams.good(1, 3), flags) == [("r", verdict)]
 
 
 def test_moving_the_generation_needs_a_certificate_once() -> None:
-    v = FakeVerifier()
+    v = streams.FakeVerifier()
     t = table_with(v)
-    decide(t, 1, 3, 0, good(1, 3))
+    decide(t, 1, 3, 0, streams.good(1, 3))
     decide(t, 1, 3, 1)  # same generation: no verification
     assert v.calls == [(1, 3)]
     before = t.state()
@@ -74,16 +64,16 @@ def test_moving_the_generation_needs_a_certificate_once() -> None:
     assert decide(t, 1, 3, 2) == [("r", V.APPENDED)]  # the real producer is not fenced
     v.calls.clear()
     assert decide(t, 1, 4, 3, None, FLAG_FENCE) == [("r", V.FORGED)]
-    assert decide(t, 1, 4, 3, good(1, 4), FLAG_FENCE) == [("r", V.FENCE)]
+    assert decide(t, 1, 4, 3, streams.good(1, 4), FLAG_FENCE) == [("r", V.FENCE)]
     assert decide(t, 1, 4, 3) == [("r", V.APPENDED)]  # gE = 4 now: no certificate needed
     assert decide(t, 1, 3, 4) == [("r", V.FENCED)]
     assert v.calls == [(1, 4), (1, 4)]
 
 
 def test_a_proven_held_record_proves_its_siblings() -> None:
-    t = table_with(FakeVerifier())
-    decide(t, 1, 3, 0, good(1, 3))
-    assert decide(t, 1, 4, 2, good(1, 4), ref="s2") == [("s2", V.BUFFERED)]
+    t = table_with(streams.FakeVerifier())
+    decide(t, 1, 3, 0, streams.good(1, 3))
+    assert decide(t, 1, 4, 2, streams.good(1, 4), ref="s2") == [("s2", V.BUFFERED)]
     assert decide(t, 1, 4, 3, None, ref="s3") == [("s3", V.BUFFERED)]
     assert decide(t, 1, 4, 1, None, ref="s1") == [
         ("s1", V.APPENDED),
@@ -94,8 +84,8 @@ def test_a_proven_held_record_proves_its_siblings() -> None:
 
 
 def test_a_forged_resend_does_not_fence_a_waiting_record() -> None:
-    t = table_with(FakeVerifier())
-    decide(t, 1, 3, 0, good(1, 3))
+    t = table_with(streams.FakeVerifier())
+    decide(t, 1, 3, 0, streams.good(1, 3))
     assert decide(t, 1, 3, 2, ref="real s2") == [("real s2", V.BUFFERED)]
     assert decide(t, 1, 4, 2, b"junk", ref="forged s2") == [("forged s2", V.FORGED)]
     assert decide(t, 1, 3, 1, ref="s1") == [("s1", V.APPENDED), ("real s2", V.APPENDED)]
@@ -107,7 +97,7 @@ def test_real_ed25519_certificates() -> None:
     key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     keys = [other.public_key(), key.public_key()]  # key rotation: either key is accepted
 
-    t = table_with(cert_verifier(keys))
+    t = table_with(streams.cert_verifier(keys))
     assert decide(t, 7, 1, 0, encode_cert(key, 7, 1, 10_000), ts=5)[0][1] is V.APPENDED
     rogue = Ed25519PrivateKey.generate()
     assert decide(t, 7, 2, 0, encode_cert(rogue, 7, 2, 10_000), FLAG_FENCE)[0][1] is V.FORGED
@@ -127,24 +117,24 @@ def test_real_ed25519_certificates() -> None:
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, table_args, st.floats(0, 1),
+@given(st.integers(0, 2**32), knobs_strategy, streams.table_args, st.floats(0, 1),
        st.lists(st.integers(1, 60), max_size=8))  # fmt: skip
 def test_forged_cases_match_the_reference_and_the_batch_path(
-    seed: int, knobs: StreamKnobs, args: Any, forge: float, cuts: list[int]
+    seed: int, knobs: streams.StreamKnobs, args: Any, forge: float, cuts: list[int]
 ) -> None:
     capacity, lifetime, window = args
     rng = random.Random(seed)
-    stream = make_stream(rng, knobs)
-    certs = with_certs(rng, stream, forge)
-    one, ref = twin_tables(args, signed=True)
+    stream = streams.make_stream(rng, knobs)
+    certs = streams.with_certs(rng, stream, forge)
+    one, ref = streams.twin_tables(args, signed=True)
     final: dict[int, Verdict] = {}
     log: list[int] = []
-    for got in offer_alike(one, ref, stream, certs):
+    for got in streams.offer_alike(one, ref, stream, certs):
         for r, v in got:
             final[r] = v
             if v.appended:
                 log.append(r)
-    batched = ProducerStateTable(capacity, lifetime, window, verifier=FakeVerifier())
+    batched = ProducerStateTable(capacity, lifetime, window, verifier=streams.FakeVerifier())
     b_final: dict[int, Verdict] = {}
     b_log: list[int] = []
     start = 0
@@ -166,8 +156,8 @@ def test_forged_cases_match_the_reference_and_the_batch_path(
 
 
 def test_fresh_pid_of_a_signed_stream_takes_the_exact_path_and_still_appends() -> None:
-    t = table_with(FakeVerifier())
+    t = table_with(streams.FakeVerifier())
     headers = [encode_pf(5, 2, s) for s in range(100)]
-    certs = [good(5, 2)] + [None] * 99
+    certs = [streams.good(5, 2)] + [None] * 99
     res = t.offer_batch(headers, np.arange(100), None, certs)
     assert res.verdicts() == [V.APPENDED] * 100

@@ -24,7 +24,9 @@ from tests.unit.broker_streams import (
     flush_alike,
     knobs_strategy_of,
     make_stream,
+    note_batch,
     offer_alike,
+    offer_one_by_one,
     table_args,
     twin_tables,
 )
@@ -54,21 +56,6 @@ def test_extensions_match_the_reference_model(
     assert _gap_tuples(table.gaps) == ref.gaps
 
 
-def _one_by_one(
-    table: ProducerStateTable, stream: list[tuple[bytes | None, int]], opens: list[int]
-) -> tuple[dict[int, Verdict], list[int]]:
-    final: dict[int, Verdict] = {}
-    log: list[int] = []
-    for i, (header, ts) in enumerate(stream):
-        if i in opens:
-            table.open_horizon(ts)
-        for d in table.offer_header(header, ts, ref=i):
-            final[d.ref] = d.verdict
-            if d.verdict.appended:
-                log.append(d.ref)
-    return final, log
-
-
 @SETTINGS
 @given(st.integers(0, 2**32), knobs_strategy, table_args, st.lists(st.integers(1, 60), max_size=8),
        st.booleans())  # fmt: skip
@@ -81,7 +68,7 @@ def test_batch_path_with_extensions_decides_exactly_like_offer(
     bounds = np.cumsum([0, *cuts]).tolist()
     opens = [b for b in bounds if b < len(stream)][:2]
     one = ProducerStateTable(capacity, lifetime, window, resolve_gaps=gaps_on)
-    expected_final, expected_log = _one_by_one(one, stream, opens)
+    expected_final, expected_log = offer_one_by_one(one, stream, opens)
 
     batched = ProducerStateTable(capacity, lifetime, window, resolve_gaps=gaps_on)
     final: dict[int, Verdict] = {}
@@ -95,12 +82,7 @@ def test_batch_path_with_extensions_decides_exactly_like_offer(
             [h for h, _ in chunk], np.array([t for _, t in chunk], np.int64),
             refs=list(range(lo, hi)),
         )  # fmt: skip
-        for d in result.released:
-            final[d.ref] = d.verdict
-        for row, verdict in enumerate(result.verdicts()):
-            final[lo + row] = verdict
-        for idx in result.log_order.tolist():
-            log.append(lo + idx if idx >= 0 else result.released[-idx - 1].ref)
+        note_batch(result, lo, final, log)
     assert final == expected_final
     assert log == expected_log
     assert batched == one

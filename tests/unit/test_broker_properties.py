@@ -15,19 +15,9 @@ from hypothesis import strategies as st
 
 from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable, rebuild, replay_batch
 from pidfence.wire import MalformedHeader, Verdict, decode_pf, encode_pf
-from tests.unit.broker_streams import (
-    FakeVerifier,
-    StreamKnobs,
-    flush_alike,
-    knobs_strategy_of,
-    make_stream,
-    offer_alike,
-    table_args,
-    twin_tables,
-    with_certs,
-)
+from tests.unit import broker_streams as streams
 
-knobs_strategy = knobs_strategy_of(
+knobs_strategy = streams.knobs_strategy_of(
     8,
     250,
     0.15,
@@ -39,26 +29,13 @@ knobs_strategy = knobs_strategy_of(
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def sequential(
-    table: ProducerStateTable, stream: list[tuple[bytes | None, int]]
-) -> tuple[dict[int, Verdict], list[int]]:
-    final: dict[int, Verdict] = {}
-    appended: list[int] = []
-    for i, (header, ts) in enumerate(stream):
-        for d in table.offer_header(header, ts, ref=i):
-            final[d.ref] = d.verdict
-            if d.verdict.appended:  # APPENDED and NON_IDEMPOTENT both go to the log
-                appended.append(d.ref)
-    return final, appended
-
-
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, table_args)
-def test_table_matches_reference_model(seed: int, knobs: StreamKnobs, args: Any) -> None:
-    stream = make_stream(random.Random(seed), knobs)
-    table, ref = twin_tables(args)
-    offer_alike(table, ref, stream)
-    flush_alike(table, ref, stream)
+@given(st.integers(0, 2**32), knobs_strategy, streams.table_args)
+def test_table_matches_reference_model(seed: int, knobs: streams.StreamKnobs, args: Any) -> None:
+    stream = streams.make_stream(random.Random(seed), knobs)
+    table, ref = streams.twin_tables(args)
+    streams.offer_alike(table, ref, stream)
+    streams.flush_alike(table, ref, stream)
 
 
 #: Multipliers that spread the stream's pids 1..8 over a span below 2**16, below 2**32 and
@@ -84,15 +61,17 @@ def spread_pids(
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, table_args, st.lists(st.integers(1, 60), max_size=8),
-       st.booleans(), st.sampled_from(PID_SPREADS))  # fmt: skip
+@given(st.integers(0, 2**32), knobs_strategy, streams.table_args,
+       st.lists(st.integers(1, 60), max_size=8), st.booleans(),
+       st.sampled_from(PID_SPREADS))  # fmt: skip
 def test_batch_path_decides_exactly_like_offer(
-    seed: int, knobs: StreamKnobs, args: Any, cuts: list[int], as_arrow: bool, spread: int
-) -> None:
+    seed: int, knobs: streams.StreamKnobs, args: Any, cuts: list[int], as_arrow: bool,
+    spread: int,
+) -> None:  # fmt: skip
     capacity, lifetime, window = args
-    stream = spread_pids(make_stream(random.Random(seed), knobs), spread)
+    stream = spread_pids(streams.make_stream(random.Random(seed), knobs), spread)
     one_by_one = ProducerStateTable(capacity, lifetime, window)
-    expected_final, expected_log = sequential(one_by_one, stream)
+    expected_final, expected_log = streams.offer_one_by_one(one_by_one, stream)
 
     batched = ProducerStateTable(capacity, lifetime, window)
     final: dict[int, Verdict] = {}
@@ -109,12 +88,7 @@ def test_batch_path_decides_exactly_like_offer(
             headers, np.array([t for _, t in chunk], dtype=np.int64),
             refs=list(range(start, start + len(chunk))),
         )  # fmt: skip
-        for d in result.released:
-            final[d.ref] = d.verdict
-        for row, verdict in enumerate(result.verdicts()):
-            final[start + row] = verdict
-        for idx in result.log_order.tolist():
-            log.append(start + idx if idx >= 0 else result.released[-idx - 1].ref)
+        streams.note_batch(result, start, final, log)
         start += len(chunk)
         if not chunk:
             break
@@ -136,7 +110,7 @@ def test_batch_fast_path_on_a_long_in_order_stream() -> None:
             next_seq[pid] += 1
         records.append((encode_pf(pid, 3, seq), i))
     a = ProducerStateTable(100, 10**9)
-    expected_final, expected_log = sequential(a, records)
+    expected_final, expected_log = streams.offer_one_by_one(a, records)
     b = ProducerStateTable(100, 10**9)
     for lo in range(0, len(records), 5000):
         chunk = records[lo : lo + 5000]
@@ -176,11 +150,11 @@ class Chain:
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, table_args, st.integers(1, 6))
+@given(st.integers(0, 2**32), knobs_strategy, streams.table_args, st.integers(1, 6))
 def test_snapshots_and_delta_chains_restore_the_live_table(
-    seed: int, knobs: StreamKnobs, args: Any, pieces: int
+    seed: int, knobs: streams.StreamKnobs, args: Any, pieces: int
 ) -> None:
-    stream = make_stream(random.Random(seed), knobs)
+    stream = streams.make_stream(random.Random(seed), knobs)
     chain = Chain(ProducerStateTable(*args))
     table = chain.table
     step = max(1, len(stream) // pieces)
@@ -199,14 +173,14 @@ def test_snapshots_and_delta_chains_restore_the_live_table(
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, table_args, st.lists(st.integers(1, 60), max_size=8),
-       st.lists(st.booleans(), max_size=8))  # fmt: skip
+@given(st.integers(0, 2**32), knobs_strategy, streams.table_args,
+       st.lists(st.integers(1, 60), max_size=8), st.lists(st.booleans(), max_size=8))  # fmt: skip
 def test_batch_path_with_delta_chains_restores_the_live_table(
-    seed: int, knobs: StreamKnobs, args: Any, cuts: list[int], fulls: list[bool]
+    seed: int, knobs: streams.StreamKnobs, args: Any, cuts: list[int], fulls: list[bool]
 ) -> None:
     # What the Spark sink does: offer_batch per micro-batch, then a delta (or, now and then, a
     # full snapshot that starts a new chain), restore_chain on the next batch.
-    stream = make_stream(random.Random(seed), knobs)
+    stream = streams.make_stream(random.Random(seed), knobs)
     chain = Chain(ProducerStateTable(*args))
     table = chain.table
     start = 0
@@ -227,10 +201,10 @@ def test_batch_path_with_delta_chains_restores_the_live_table(
 @SETTINGS
 @given(st.integers(0, 2**32), knobs_strategy, st.data())
 def test_damaged_snapshots_raise_corrupt_snapshot_or_restore_identically(
-    seed: int, knobs: StreamKnobs, data: st.DataObject
+    seed: int, knobs: streams.StreamKnobs, data: st.DataObject
 ) -> None:
     table = ProducerStateTable(6, 500, 3)
-    for i, (header, ts) in enumerate(make_stream(random.Random(seed), knobs)):
+    for i, (header, ts) in enumerate(streams.make_stream(random.Random(seed), knobs)):
         table.offer_header(header, ts, ref=i)
     snap = bytearray(table.snapshot())
     mode = data.draw(st.sampled_from(["flip", "truncate", "extend", "garbage"]))
@@ -283,10 +257,11 @@ def test_rebuild_replays_the_log_after_a_snapshot() -> None:
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, table_args, st.lists(st.integers(0, 60), max_size=8),
-       st.lists(st.booleans(), max_size=9), st.floats(0, 0.5), st.data())  # fmt: skip
+@given(st.integers(0, 2**32), knobs_strategy, streams.table_args,
+       st.lists(st.integers(0, 60), max_size=8), st.lists(st.booleans(), max_size=9),
+       st.floats(0, 0.5), st.data())  # fmt: skip
 def test_state_is_a_function_of_the_committed_output(
-    seed: int, knobs: StreamKnobs, args: Any, cuts: list[int], flushes: list[bool],
+    seed: int, knobs: streams.StreamKnobs, args: Any, cuts: list[int], flushes: list[bool],
     forge: float, data: st.DataObject,
 ) -> None:  # fmt: skip
     """DESIGN §4 amended: for any stream and batch cut, the state rebuilt from any older snapshot
@@ -298,9 +273,9 @@ def test_state_is_a_function_of_the_committed_output(
 
     capacity, lifetime, window = args
     rng = random.Random(seed)
-    stream = make_stream(rng, knobs)
-    certs = with_certs(rng, stream, forge)
-    live = ProducerStateTable(capacity, lifetime, window, verifier=FakeVerifier())
+    stream = streams.make_stream(rng, knobs)
+    certs = streams.with_certs(rng, stream, forge)
+    live = ProducerStateTable(capacity, lifetime, window, verifier=streams.FakeVerifier())
     snapshots: list[bytes | None] = [None]
     committed: list[tuple[list[Any], list[int], list[str], list[int], bool]] = []
     start = 0
@@ -326,9 +301,9 @@ def test_state_is_a_function_of_the_committed_output(
     for headers, stamps, verdicts, refs, flush in committed[k:]:
         replay_batch(rebuilt, headers, stamps, verdicts, refs, flush)
     assert rebuilt == live
-    rebuilt.verifier = FakeVerifier()
-    more = make_stream(random.Random(seed + 1), knobs)
-    more_certs = with_certs(random.Random(seed + 2), more, forge)
+    rebuilt.verifier = streams.FakeVerifier()
+    more = streams.make_stream(random.Random(seed + 1), knobs)
+    more_certs = streams.with_certs(random.Random(seed + 2), more, forge)
     base = live.clock if live.clock > -(2**62) else 0
     for i, ((header, ts), cert) in enumerate(zip(more, more_certs, strict=True)):
         a = live.offer_header(header, base + ts, 10_000 + i, cert)

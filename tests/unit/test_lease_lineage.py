@@ -12,14 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pidfence.pid_allocator import (
-    LeaseError,
-    LeaseService,
-    LeaseServiceUnavailable,
-    NotOwner,
-    StaleGeneration,
-    UnknownPid,
-)
+from pidfence.pid_allocator import LeaseService, errors
 from pidfence.pid_allocator.lineage import NOT_OWNER_MESSAGE
 from tests.unit.lease_kit import LeaseServers, asynchronous
 
@@ -33,11 +26,11 @@ async def test_roll_retires_the_pid_and_issues_a_successor(servers: LeaseServers
     assert successor.secret != lease.secret
     assert successor.expire_ms == servers.clock.now + 1000
     for server in (a, b):  # a zombie's second roll, or its bump, fails on every server
-        with pytest.raises(StaleGeneration) as stale:
+        with pytest.raises(errors.StaleGeneration) as stale:
             await server.roll(lease.pid, lease.generation, lease.secret)
         assert stale.value.successor == successor.pid
         assert stale.value.successor_generation == successor.generation
-        with pytest.raises(StaleGeneration):
+        with pytest.raises(errors.StaleGeneration):
             await server.bump(lease.pid, lease.generation, lease.secret)
     # The successor is a normal pid: its owner bumps and rolls it.
     bumped = await a.bump(successor.pid, successor.generation, successor.secret)
@@ -50,7 +43,7 @@ async def test_roll_from_a_fenced_generation_fails(
 ) -> None:
     lease = await service.lease()
     await service.bump(lease.pid, lease.generation, lease.secret)  # a resumer fences us
-    with pytest.raises(StaleGeneration) as stale:
+    with pytest.raises(errors.StaleGeneration) as stale:
         await service.roll(lease.pid, lease.generation, lease.secret)
     assert stale.value.successor is None
     assert servers.store.writes == 2  # the claim and the bump: the refused roll wrote nothing
@@ -62,20 +55,20 @@ async def test_lineage_authority_lets_a_resumer_fence_the_successor(service: Lea
     resumers of that checkpoint cannot both continue."""
     p = await service.lease()
     p2 = await service.roll(p.pid, p.generation, p.secret)  # zombie A rolls
-    with pytest.raises(StaleGeneration) as stale:  # resumer R1 from the checkpoint of P
+    with pytest.raises(errors.StaleGeneration) as stale:  # resumer R1 from the checkpoint of P
         await service.bump(p.pid, p.generation, p.secret)
     assert stale.value.successor == p2.pid
     g = stale.value.successor_generation
     assert g == p2.generation
     fenced = await service.bump(p2.pid, g, p.secret)  # R1 fences A's successor
     assert fenced.secret == p2.secret  # and now holds P' outright
-    with pytest.raises(StaleGeneration):  # resumer R2 from the same checkpoint: too late
+    with pytest.raises(errors.StaleGeneration):  # resumer R2 from the same checkpoint: too late
         await service.bump(p2.pid, g, p.secret)
-    with pytest.raises(StaleGeneration):  # A, under P', is fenced
+    with pytest.raises(errors.StaleGeneration):  # A, under P', is fenced
         await service.roll(p2.pid, p2.generation, p2.secret)
     # One step only: P's secret does not reach the successor of P'.
     p3 = await service.roll(p2.pid, fenced.generation, fenced.secret)
-    with pytest.raises(NotOwner):
+    with pytest.raises(errors.NotOwner):
         await service.bump(p3.pid, p3.generation, p.secret)
 
 
@@ -84,14 +77,14 @@ async def test_expired_pid_can_be_rolled_within_retention_only(servers: LeaseSer
     service = servers.service(lifetime_ms=1000, retention_ms=5000, block_ttl_ms=100)
     lease = await service.lease()
     servers.clock.now += 1000
-    with pytest.raises(UnknownPid, match="roll it"):
+    with pytest.raises(errors.UnknownPid, match="roll it"):
         await service.bump(lease.pid, lease.generation, lease.secret)
     successor = await service.roll(lease.pid, lease.generation, lease.secret)
-    with pytest.raises(StaleGeneration):  # the zombie's later roll
+    with pytest.raises(errors.StaleGeneration):  # the zombie's later roll
         await service.roll(lease.pid, lease.generation, lease.secret)
     late = await service.lease()
     servers.clock.now = late.expire_ms + 5000 + 1000  # both past lease end plus retention
-    with pytest.raises(NotOwner):
+    with pytest.raises(errors.NotOwner):
         await service.roll(late.pid, late.generation, late.secret)
     assert successor.pid != late.pid
 
@@ -115,7 +108,7 @@ async def test_non_owners_learn_nothing(service: LeaseService) -> None:
     messages = []
     for pid, generation, secret in attempts:
         for op in (service.bump, service.roll):
-            with pytest.raises(NotOwner) as caught:
+            with pytest.raises(errors.NotOwner) as caught:
                 await op(pid, generation, secret)
             messages.append(str(caught.value))
     assert set(messages) == {NOT_OWNER_MESSAGE}
@@ -149,7 +142,7 @@ async def test_store_down_during_a_roll_is_retriable_and_changes_nothing(
     service = servers.service()
     lease = await service.lease()
     servers.store.up = False
-    with pytest.raises(LeaseServiceUnavailable) as caught:
+    with pytest.raises(errors.LeaseServiceUnavailable) as caught:
         await service.roll(lease.pid, lease.generation, lease.secret)
     assert caught.value.retriable
     servers.store.up = True
@@ -193,11 +186,11 @@ async def test_lineage_invariants(executor: ThreadPoolExecutor, ops: list[Any]) 
                 grant = await service.roll(view.pid, view.generation, secret)
                 assert view.pid not in successors, "a pid was rolled twice"
                 successors[view.pid] = grant.pid
-        except NotOwner:
+        except errors.NotOwner:
             # An owner is refused only once the pid is forgotten (past retention).
             assert holder != "own" or servers.clock.now >= view.expire_ms + 3000
             continue
-        except LeaseError:
+        except errors.LeaseError:
             continue
         assert holder == "own", "a non-owner was granted"
         assert (grant.pid, grant.generation) not in granted, "an identity granted twice"

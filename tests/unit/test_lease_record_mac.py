@@ -10,28 +10,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pidfence.wire import (
-    RECORD_MAC_BYTES,
-    KeyFileError,
-    check_record_mac,
-    derive_record_key,
-    generate_mac_secret,
-    load_mac_secret,
-    record_hasher,
-    record_mac,
-    record_mac_from,
-)
-from pidfence.wire.mac import RecordMacCheck
+from pidfence.wire import mac as wire_mac
+from pidfence.wire.cert import KeyFileError
 
 SECRET = bytes(range(32))
 RECORD = ("orders", 3, 5, 9, 41, 0, b"k", b"value")
 
 
 def test_record_keys_are_per_pid_and_per_secret() -> None:
-    key = derive_record_key(SECRET, 5)
+    key = wire_mac.derive_record_key(SECRET, 5)
     assert len(key) == 32
-    assert key == derive_record_key(SECRET, 5)
-    others = {derive_record_key(SECRET, 6), derive_record_key(bytes(32), 5)}
+    assert key == wire_mac.derive_record_key(SECRET, 5)
+    others = {wire_mac.derive_record_key(SECRET, 6), wire_mac.derive_record_key(bytes(32), 5)}
     assert key not in others and len(others) == 2
 
 
@@ -50,21 +40,21 @@ def test_record_keys_are_per_pid_and_per_secret() -> None:
     ],
 )
 def test_a_mac_covers_where_the_record_goes_and_what_it_holds(changed: tuple) -> None:  # type: ignore[type-arg]
-    key = derive_record_key(SECRET, 5)
-    mac = record_mac(key, *RECORD)
-    assert len(mac) == RECORD_MAC_BYTES
-    assert check_record_mac(key, *RECORD, mac)
-    assert not check_record_mac(key, *changed, mac)
-    assert not check_record_mac(derive_record_key(SECRET, 6), *RECORD, mac)
-    assert not check_record_mac(key, *RECORD, mac[:-1])
-    assert not check_record_mac(key, *RECORD, None)
+    key = wire_mac.derive_record_key(SECRET, 5)
+    mac = wire_mac.record_mac(key, *RECORD)
+    assert len(mac) == wire_mac.RECORD_MAC_BYTES
+    assert wire_mac.check_record_mac(key, *RECORD, mac)
+    assert not wire_mac.check_record_mac(key, *changed, mac)
+    assert not wire_mac.check_record_mac(wire_mac.derive_record_key(SECRET, 6), *RECORD, mac)
+    assert not wire_mac.check_record_mac(key, *RECORD, mac[:-1])
+    assert not wire_mac.check_record_mac(key, *RECORD, None)
 
 
 def test_the_sink_check_derives_the_same_keys() -> None:
-    check = RecordMacCheck(SECRET, cache=1)
-    mac = record_mac(derive_record_key(SECRET, 5), *RECORD)
+    check = wire_mac.RecordMacCheck(SECRET, cache=1)
+    mac = wire_mac.record_mac(wire_mac.derive_record_key(SECRET, 5), *RECORD)
     other = ("orders", 3, 6, 1, 0, 0, b"k", b"v")
-    other_mac = record_mac(derive_record_key(SECRET, 6), *other)
+    other_mac = wire_mac.record_mac(wire_mac.derive_record_key(SECRET, 6), *other)
     # Twice each, through a one-entry cache: evicted keys are derived again.
     for _ in range(2):
         assert check.valid(*RECORD, mac)
@@ -72,7 +62,7 @@ def test_the_sink_check_derives_the_same_keys() -> None:
     assert not check.valid(*RECORD, other_mac)
     assert not check.valid(*RECORD, None)
     with pytest.raises(ValueError, match="32 bytes"):
-        RecordMacCheck(b"short")
+        wire_mac.RecordMacCheck(b"short")
 
 
 @given(
@@ -85,27 +75,27 @@ def test_the_sink_check_derives_the_same_keys() -> None:
 def test_the_keyed_state_gives_the_same_mac(
     topic: str, partition: int, seq: int, key: bytes | None, value: bytes | None
 ) -> None:
-    record_key = derive_record_key(SECRET, 1)
-    hasher = record_hasher(record_key)
-    first = record_mac_from(hasher, topic, partition, 1, 2, seq, 0, key, value)
-    assert first == record_mac(record_key, topic, partition, 1, 2, seq, 0, key, value)
-    assert record_mac_from(hasher, topic, partition, 1, 2, seq, 0, key, value) == first
+    record_key = wire_mac.derive_record_key(SECRET, 1)
+    hasher = wire_mac.record_hasher(record_key)
+    first = wire_mac.record_mac_from(hasher, topic, partition, 1, 2, seq, 0, key, value)
+    assert first == wire_mac.record_mac(record_key, topic, partition, 1, 2, seq, 0, key, value)
+    assert wire_mac.record_mac_from(hasher, topic, partition, 1, 2, seq, 0, key, value) == first
 
 
 def test_secret_files_are_private_hex_and_never_overwritten(tmp_path: Path) -> None:
-    path = generate_mac_secret(tmp_path / "record-mac.secret")
+    path = wire_mac.generate_mac_secret(tmp_path / "record-mac.secret")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    secret = load_mac_secret(path)
+    secret = wire_mac.load_mac_secret(path)
     assert len(secret) == 32
     with pytest.raises(KeyFileError, match="never overwritten"):
-        generate_mac_secret(path)
+        wire_mac.generate_mac_secret(path)
     path.chmod(0o640)
     with pytest.raises(KeyFileError, match="chmod 600"):
-        load_mac_secret(path)
+        wire_mac.load_mac_secret(path)
     short = tmp_path / "short"
     short.write_text("abcd\n")
     short.chmod(0o600)
     with pytest.raises(KeyFileError, match="64 hex digits"):
-        load_mac_secret(short)
+        wire_mac.load_mac_secret(short)
     with pytest.raises(KeyFileError, match="cannot read"):
-        load_mac_secret(tmp_path / "missing")
+        wire_mac.load_mac_secret(tmp_path / "missing")

@@ -10,27 +10,14 @@ import pytest
 from typer.testing import CliRunner
 
 from pidfence.cli import app
-from pidfence.services import (
-    NodeRecord,
-    Services,
-    ServicesAlreadyUp,
-    ServicesError,
-    ServicesPartlyDown,
-    ServicesState,
-    default_run_dir,
-    down,
-    proc_start_time,
-    same_process,
-    status,
-)
-from pidfence.services.stack import STATE_FILE, read_state, stop_recorded, write_state
+from pidfence.services import stack
 
 #: Above the largest pid_max Linux allows (2**22), so no process can ever have this pid.
 NO_SUCH_PID = 2**22 + 1
 
 
-def _state(run_dir: Path, nodes: list[NodeRecord]) -> ServicesState:
-    return ServicesState(
+def _state(run_dir: Path, nodes: list[stack.NodeRecord]) -> stack.ServicesState:
+    return stack.ServicesState(
         run_dir=str(run_dir),
         zookeeper="127.0.0.1:2181,127.0.0.1:2182",
         kafka="127.0.0.1:9092",
@@ -39,22 +26,22 @@ def _state(run_dir: Path, nodes: list[NodeRecord]) -> ServicesState:
     )
 
 
-def _dead(name: str, port: int = 1) -> NodeRecord:
-    return NodeRecord(name, NO_SUCH_PID, 12345, port, f"/tmp/{name}.log")
+def _dead(name: str, port: int = 1) -> stack.NodeRecord:
+    return stack.NodeRecord(name, NO_SUCH_PID, 12345, port, f"/tmp/{name}.log")
 
 
 def test_state_round_trips(tmp_path: Path) -> None:
     state = _state(tmp_path, [_dead("zookeeper-0", 2181), _dead("kafka-0", 9092)])
-    path = write_state(tmp_path, state)
-    assert path == tmp_path / STATE_FILE
+    path = stack.write_state(tmp_path, state)
+    assert path == tmp_path / stack.STATE_FILE
     assert not list(tmp_path.glob("*.tmp"))
-    assert read_state(tmp_path) == state
+    assert stack.read_state(tmp_path) == state
     assert json.loads(path.read_text())["version"] == 1
 
 
 def test_missing_state_is_none(tmp_path: Path) -> None:
-    assert read_state(tmp_path) is None
-    assert status(tmp_path) is None
+    assert stack.read_state(tmp_path) is None
+    assert stack.status(tmp_path) is None
 
 
 @pytest.mark.parametrize(
@@ -63,9 +50,9 @@ def test_missing_state_is_none(tmp_path: Path) -> None:
      '{"version": 1, "run_dir": "x", "zookeeper": "", "kafka": "", "nodes": [{"pid": 1}]}'],
 )  # fmt: skip
 def test_unreadable_state_is_an_error(tmp_path: Path, text: str) -> None:
-    (tmp_path / STATE_FILE).write_text(text)
-    with pytest.raises(ServicesError):
-        read_state(tmp_path)
+    (tmp_path / stack.STATE_FILE).write_text(text)
+    with pytest.raises(stack.ServicesError):
+        stack.read_state(tmp_path)
 
 
 def test_status_document(tmp_path: Path) -> None:
@@ -79,79 +66,79 @@ def test_status_document(tmp_path: Path) -> None:
 
 def test_start_time_identifies_a_process() -> None:
     me = os.getpid()
-    start = proc_start_time(me)
+    start = stack.proc_start_time(me)
     assert isinstance(start, int)
-    assert same_process(me, start)
-    assert not same_process(me, start + 1)
-    assert proc_start_time(NO_SUCH_PID) is None
+    assert stack.same_process(me, start)
+    assert not stack.same_process(me, start + 1)
+    assert stack.proc_start_time(NO_SUCH_PID) is None
 
 
 def test_a_reused_pid_is_never_signalled() -> None:
     me = os.getpid()
-    start = proc_start_time(me)
+    start = stack.proc_start_time(me)
     assert start is not None
     # Our own pid with another start time: a recorded server whose pid the kernel gave to us.
-    impostor = NodeRecord("kafka-0", me, start + 1, 9092, "/tmp/x.log")
-    assert stop_recorded([impostor, _dead("zookeeper-0")], timeout=0.1) == []
+    impostor = stack.NodeRecord("kafka-0", me, start + 1, 9092, "/tmp/x.log")
+    assert stack.stop_recorded([impostor, _dead("zookeeper-0")], timeout=0.1) == []
 
 
 def test_down_removes_state_of_dead_services(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     for sub in ("zookeeper", "kafka"):
         (run_dir / sub / "data").mkdir(parents=True)
-    write_state(run_dir, _state(run_dir, [_dead("zookeeper-0"), _dead("kafka-0")]))
+    stack.write_state(run_dir, _state(run_dir, [_dead("zookeeper-0"), _dead("kafka-0")]))
     (tmp_path / "keep").write_text("not ours")
-    assert down(run_dir, timeout=0.1) == []
+    assert stack.down(run_dir, timeout=0.1) == []
     assert not run_dir.exists()
     assert (tmp_path / "keep").exists()
 
 
 def test_down_keeps_foreign_files(tmp_path: Path) -> None:
-    write_state(tmp_path, _state(tmp_path, [_dead("kafka-0")]))
+    stack.write_state(tmp_path, _state(tmp_path, [_dead("kafka-0")]))
     (tmp_path / "notes.txt").write_text("user file")
-    down(tmp_path, timeout=0.1)
-    assert not (tmp_path / STATE_FILE).exists()
+    stack.down(tmp_path, timeout=0.1)
+    assert not (tmp_path / stack.STATE_FILE).exists()
     assert (tmp_path / "notes.txt").exists()
 
 
 def test_default_run_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PIDFENCE_RUN_DIR", str(tmp_path / "x"))
-    assert default_run_dir() == tmp_path / "x"
+    assert stack.default_run_dir() == tmp_path / "x"
     monkeypatch.delenv("PIDFENCE_RUN_DIR")
-    assert default_run_dir().parts[-2:] == (".cache", "services")
+    assert stack.default_run_dir().parts[-2:] == (".cache", "services")
 
 
 def test_node_names_are_checked(tmp_path: Path) -> None:
-    stack = Services(zookeeper=1, kafka=1, run_dir=tmp_path)
+    services = stack.Services(zookeeper=1, kafka=1, run_dir=tmp_path)
     for bad in ("spark-0", "kafka", "kafka-x", "zookeeper-5"):
-        with pytest.raises(ServicesError):
-            stack.kill(bad)
+        with pytest.raises(stack.ServicesError):
+            services.kill(bad)
     with pytest.raises(ValueError, match=r"1\.\.3"):
-        Services(zookeeper=4)
+        stack.Services(zookeeper=4)
 
 
-def _me(name: str) -> NodeRecord:
-    start = proc_start_time(os.getpid())
+def _me(name: str) -> stack.NodeRecord:
+    start = stack.proc_start_time(os.getpid())
     assert start is not None
-    return NodeRecord(name, os.getpid(), start, 1, "")
+    return stack.NodeRecord(name, os.getpid(), start, 1, "")
 
 
 def test_up_with_live_services_starts_nothing_and_says_already_up(tmp_path: Path) -> None:
-    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
-    with pytest.raises(ServicesAlreadyUp) as caught:
-        Services(run_dir=tmp_path).up()
+    stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
+    with pytest.raises(stack.ServicesAlreadyUp) as caught:
+        stack.Services(run_dir=tmp_path).up()
     assert caught.value.state.pids() == {"zookeeper-0": os.getpid(), "kafka-0": os.getpid()}
 
 
 def test_up_with_a_dead_node_names_it(tmp_path: Path) -> None:
-    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
-    with pytest.raises(ServicesPartlyDown, match="kafka-0") as caught:
-        Services(run_dir=tmp_path).up()
+    stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
+    with pytest.raises(stack.ServicesPartlyDown, match="kafka-0") as caught:
+        stack.Services(run_dir=tmp_path).up()
     assert [n.name for n in caught.value.dead] == ["kafka-0"]
 
 
 def test_cli_up_when_already_up_exits_0_with_status(tmp_path: Path) -> None:
-    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
+    stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
     result = CliRunner().invoke(app, ["services", "up", "--run-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("already up")
@@ -159,14 +146,14 @@ def test_cli_up_when_already_up_exits_0_with_status(tmp_path: Path) -> None:
 
 
 def test_cli_up_when_already_up_with_another_shape_exits_3(tmp_path: Path) -> None:
-    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
+    stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
     result = CliRunner().invoke(app, ["services", "up", "--kafka", "3", "--run-dir", str(tmp_path)])
     assert result.exit_code == 3
     assert "1 ZooKeeper and 1 Kafka" in result.stderr
 
 
 def test_cli_up_with_a_dead_node_exits_3_naming_it(tmp_path: Path) -> None:
-    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
+    stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
     result = CliRunner().invoke(app, ["services", "up", "--run-dir", str(tmp_path)])
     assert result.exit_code == 3
     assert "kafka-0" in result.stderr and "partly down" in result.stderr
@@ -178,7 +165,7 @@ def test_cli_status(tmp_path: Path) -> None:
     result = runner.invoke(app, ["services", "status", "--json", "--run-dir", str(tmp_path)])
     assert result.exit_code == 3
     assert "no services recorded" in result.stderr
-    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
+    stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
     result = runner.invoke(app, ["services", "status", "--json", "--run-dir", str(tmp_path)])
     assert result.exit_code == 3, result.output
     doc = json.loads(result.stdout)
@@ -192,7 +179,7 @@ def test_cli_status(tmp_path: Path) -> None:
     result = runner.invoke(app, ["services", "status", "--run-dir", str(tmp_path)])
     assert result.exit_code == 3
     assert "DEAD" in result.stdout
-    write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
+    stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
     result = runner.invoke(app, ["services", "status", "--run-dir", str(tmp_path)])
     assert result.exit_code == 0
     assert "kafka-0" in result.stdout

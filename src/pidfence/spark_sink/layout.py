@@ -55,6 +55,17 @@ def new_tag(query_id: str) -> str:
     return prefix + uuid.uuid4().hex[:12]
 
 
+@dataclass(frozen=True, slots=True)
+class PartAttempt:
+    """One (topic, partition)'s part of a batch as one task attempt stages it: its files carry
+    the attempt's ``tag`` (:func:`new_tag`)."""
+
+    batch_id: int
+    tag: str
+    topic: str
+    partition: int
+
+
 @dataclass(frozen=True)
 class PartFiles:
     """The files one attempt staged for one partition: kind → path relative to its root."""
@@ -87,14 +98,7 @@ class BatchLayout(Protocol):
     def committed_ids(self) -> list[int]:
         """Every committed batch id, ascending (read afresh on each call)."""
 
-    def stage_part(
-        self,
-        batch_id: int,
-        tag: str,
-        topic: str,
-        partition: int,
-        tables: dict[str, pa.Table],
-    ) -> PartFiles:
+    def stage_part(self, part: PartAttempt, tables: dict[str, pa.Table]) -> PartFiles:
         """Write one partition's ``log``/``rejects``/``held`` tables (empty ones are skipped)
         under attempt-unique names, durably, invisible until published."""
 
@@ -170,21 +174,14 @@ class ParquetLayout:
 
     # ----------------------------------------------------------------------------- writing
 
-    def stage_part(
-        self,
-        batch_id: int,
-        tag: str,
-        topic: str,
-        partition: int,
-        tables: dict[str, pa.Table],
-    ) -> PartFiles:
+    def stage_part(self, part: PartAttempt, tables: dict[str, pa.Table]) -> PartFiles:
         """Write the non-empty tables under attempt-unique names (fsynced)."""
         names: dict[str, str | None] = dict.fromkeys(KINDS)
         for kind in KINDS:
             table = tables.get(kind)
             if table is None or not table.num_rows:
                 continue
-            rel = self._relative(kind, batch_id, topic, partition, tag)
+            rel = self._relative(kind, part.batch_id, part.topic, part.partition, part.tag)
             root = self._root(kind)
             codec = self.compression if kind in ("log", "rejects") else "zstd"
             root.write_table(root.join(rel), table, codec)
@@ -304,6 +301,7 @@ __all__ = [
     "MANIFEST_VERSION",
     "BatchLayout",
     "ParquetLayout",
+    "PartAttempt",
     "PartFiles",
     "new_tag",
     "part_file",

@@ -32,6 +32,7 @@ from pidfence.spark_sink.layout import (
     MANIFEST_VERSION,
     QUERY_PREFIX,
     ParquetLayout,
+    PartAttempt,
     new_tag,
 )
 from pidfence.spark_sink.options import SinkOptions
@@ -233,9 +234,9 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         log_start = st.next_log
         out = process_partition(rows, topic, partition, st, self.options.flush_held, macs)
         files = layout.stage_part(
-            batch_id, tag, topic, partition,
+            PartAttempt(batch_id, tag, topic, partition),
             {"log": out.log, "rejects": out.rejects, "held": out.held},
-        )  # fmt: skip
+        )
         state_file = save_state(store, topic, partition, batch_id, st, self.options, tag)
         offsets = rows.column("offset")
         return PartCommit(

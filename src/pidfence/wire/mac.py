@@ -34,6 +34,7 @@ from pathlib import Path
 import msgpack
 
 from pidfence.wire.cert import KeyFileError, create_private_file, read_private_file
+from pidfence.wire.statement import RecordPlace
 
 #: Bytes of the shared secret, of a record key and of a record MAC.
 #: The Kafka header that carries a record's MAC.
@@ -45,6 +46,11 @@ RECORD_MAC_VERSION = 2
 _KEY_PERSON = b"pidfence-rmac"
 _MAC_PERSON = b"pidfence-record"
 _WHAT = "record MAC secret"
+
+#: What a record MAC covers: the record's place (:data:`~pidfence.wire.statement.RecordPlace`,
+#: ``topic, partition, pid, generation, seq, flags``), then its Kafka key (None: no key) and its
+#: value (None: a tombstone).
+MacedRecord = tuple[*RecordPlace, bytes | None, bytes | None]
 
 
 def load_mac_secret(path: str | Path) -> bytes:
@@ -102,6 +108,7 @@ def record_mac_from(
     value: bytes | None,
 ) -> bytes:
     """:func:`record_mac` from a :func:`record_hasher` state (left unchanged)."""
+    # Parameters spelled out rather than *record: the producer calls this for every record.
     h = hasher.copy()
     h.update(
         msgpack.packb(
@@ -124,33 +131,11 @@ def record_mac_from(
     return h.digest()
 
 
-def record_mac(
-    record_key: bytes,
-    topic: str,
-    partition: int,
-    pid: int,
-    generation: int,
-    seq: int,
-    flags: int,
-    key: bytes | None,
-    value: bytes | None,
-) -> bytes:
-    """The 16-byte MAC of one record (where it is written, its ``pf`` fields, key and value).
-
-    Args:
-        record_key: the pid's key (:func:`derive_record_key`, the reply's ``mac_key``).
-        topic: the topic the record is written to.
-        partition: its partition.
-        pid: its ``pf`` pid.
-        generation: its ``pf`` generation.
-        seq: its ``pf`` seq.
-        flags: its ``pf`` flags.
-        key: the record's Kafka key (None: no key).
-        value: the record's value (None: a tombstone).
-    """
-    return record_mac_from(
-        record_hasher(record_key), topic, partition, pid, generation, seq, flags, key, value
-    )
+def record_mac(record_key: bytes, *record: *MacedRecord) -> bytes:
+    """The 16-byte MAC of one ``record`` (:data:`MacedRecord`: where it is written, its ``pf``
+    fields, key and value) under ``record_key``, the pid's key (:func:`derive_record_key`, the
+    reply's ``mac_key``)."""
+    return record_mac_from(record_hasher(record_key), *record)
 
 
 def check_record_mac(
@@ -215,6 +200,7 @@ class RecordMacCheck:
         mac: bytes | None,
     ) -> bool:
         """Whether ``mac`` is the record's MAC under ``pid``'s key."""
+        # Parameters spelled out rather than *record: the sink calls this for every record.
         if mac is None:
             return False
         expected = record_mac_from(

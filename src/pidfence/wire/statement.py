@@ -36,6 +36,10 @@ MAX_PFC_BYTES: Final = 512
 SIGNATURE_BYTES: Final = 64
 PUBLIC_KEY_BYTES: Final = 32
 
+#: A record's place, what a statement names: ``(topic, partition, pid, generation, seq,
+#: flags)``, the topic and partition it is written to and its ``pf`` fields.
+RecordPlace = tuple[str, int, int, int, int, int]
+
 
 def statement_bytes(
     topic: str, partition: int, pid: int, generation: int, seq: int, flags: int
@@ -47,18 +51,10 @@ def statement_bytes(
     return data
 
 
-def encode_placed_pfc(
-    cert: bytes,
-    producer_key: Ed25519PrivateKey,
-    topic: str,
-    partition: int,
-    pid: int,
-    generation: int,
-    seq: int,
-    flags: int,
-) -> bytes:
-    """The ``pfc`` header value of one placed record: the certificate and the signed statement."""
-    signature = producer_key.sign(statement_bytes(topic, partition, pid, generation, seq, flags))
+def encode_placed_pfc(cert: bytes, producer_key: Ed25519PrivateKey, *place: *RecordPlace) -> bytes:
+    """The ``pfc`` header value of one placed record: the certificate and the signed statement
+    of its ``place`` (:data:`RecordPlace`)."""
+    signature = producer_key.sign(statement_bytes(*place))
     data: bytes = msgpack.packb([STATEMENT_VERSION, cert, signature], use_bin_type=True)
     return data
 
@@ -98,22 +94,14 @@ def decode_pfc(data: Any) -> PfcParts | None:
     return None
 
 
-def verify_statement(
-    producer_public_key: bytes,
-    signature: bytes,
-    topic: str,
-    partition: int,
-    pid: int,
-    generation: int,
-    seq: int,
-    flags: int,
-) -> bool:
-    """Whether ``signature`` is the producer key's statement of exactly this record."""
+def verify_statement(producer_public_key: bytes, signature: bytes, *place: *RecordPlace) -> bool:
+    """Whether ``signature`` is the producer key's statement of exactly the record at ``place``
+    (:data:`RecordPlace`)."""
     if len(producer_public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:
         return False
     public = Ed25519PublicKey.from_public_bytes(producer_public_key)
     try:
-        public.verify(signature, statement_bytes(topic, partition, pid, generation, seq, flags))
+        public.verify(signature, statement_bytes(*place))
     except InvalidSignature:
         return False
     return True
@@ -154,21 +142,12 @@ class PlacedCheck:
             check = self._certs[key] = verify_cert(cert, self._keys, pid, generation, -(2**63))
         return check
 
-    def reason(
-        self,
-        topic: str,
-        partition: int,
-        pid: int,
-        generation: int,
-        seq: int,
-        flags: int,
-        pfc: bytes | None,
-        now_ms: int,
-    ) -> str | None:
-        """None when ``pfc`` proves this record at ``now_ms``, else why not: ``missing``,
-        ``malformed``, ``unbound`` (version 1, not accepted), a certificate's reason
-        (``other_identity``, ``unknown_key``, ``wrong_length``, ``expired``) or ``other_place``
-        (a genuine certificate whose statement names another topic, partition, seq or flags)."""
+    def reason(self, place: RecordPlace, pfc: bytes | None, now_ms: int) -> str | None:
+        """None when ``pfc`` proves the record at ``place`` (:data:`RecordPlace`) at ``now_ms``,
+        else why not: ``missing``, ``malformed``, ``unbound`` (version 1, not accepted), a
+        certificate's reason (``other_identity``, ``unknown_key``, ``wrong_length``,
+        ``expired``) or ``other_place`` (a genuine certificate whose statement names another
+        topic, partition, seq or flags)."""
         if pfc is None:
             return "missing"
         parts = decode_pfc(pfc)
@@ -176,6 +155,7 @@ class PlacedCheck:
             return "malformed"
         if parts.version == 1 and not self.accept_unbound:
             return "unbound"
+        _, _, pid, generation, _, _ = place
         check = self._cert(parts.cert, pid, generation)
         if not check.ok:
             return check.reason
@@ -185,9 +165,7 @@ class PlacedCheck:
             return None
         if check.producer_key is None or parts.signature is None:
             return "unbound"
-        if not verify_statement(
-            check.producer_key, parts.signature, topic, partition, pid, generation, seq, flags
-        ):
+        if not verify_statement(check.producer_key, parts.signature, *place):
             return "other_place"
         return None
 
@@ -199,7 +177,7 @@ class PlacedCheck:
         def verify(
             pid: int, generation: int, seq: int, flags: int, pfc: bytes | None, now_ms: int
         ) -> str | None:
-            return self.reason(topic, partition, pid, generation, seq, flags, pfc, now_ms)
+            return self.reason((topic, partition, pid, generation, seq, flags), pfc, now_ms)
 
         return verify
 
@@ -216,6 +194,7 @@ def placed_check(paths: Iterable[str | Path], accept_unbound: bool = False) -> P
 __all__ = [
     "PfcParts",
     "PlacedCheck",
+    "RecordPlace",
     "decode_pfc",
     "encode_placed_pfc",
     "placed_check",

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -65,6 +65,15 @@ from pidfence.spark_sink.storage import write_parquet
 MAX_ATTEMPTS: Final = 32
 
 Hook = Callable[[str], None]
+
+
+class CommitOptions(TypedDict, total=False):
+    """The keyword options of :func:`commit_moves`, which documents each; :func:`commit_batch`
+    passes them on."""
+
+    storage_options: dict[str, str] | None
+    info: dict[str, Any] | None
+    hook: Hook | None
 
 
 def _batch_name(batch_id: int) -> str:
@@ -191,10 +200,7 @@ def commit_batch(
     query_id: str,
     batch_id: int,
     files: Sequence[StagedFile],
-    *,
-    storage_options: dict[str, str] | None = None,
-    info: dict[str, Any] | None = None,
-    hook: Hook | None = None,
+    **options: Unpack[CommitOptions],
 ) -> bool:
     """Driver side: add the files :func:`stage_file` staged for a batch, in one Delta commit.
 
@@ -208,16 +214,7 @@ def commit_batch(
         )
         for f in files
     ]
-    return commit_moves(
-        path,
-        kind,
-        query_id,
-        batch_id,
-        moves,
-        storage_options=storage_options,
-        info=info,
-        hook=hook,
-    )
+    return commit_moves(path, kind, query_id, batch_id, moves, **options)
 
 
 def commit_moves(

@@ -53,7 +53,7 @@ from pidfence.spark_sink.delta.table import (
 )
 from pidfence.spark_sink.errors import SinkError
 from pidfence.spark_sink.faults import crash_point
-from pidfence.spark_sink.layout import ParquetLayout, PartFiles, part_file
+from pidfence.spark_sink.layout import ParquetLayout, PartAttempt, PartFiles, part_file
 from pidfence.spark_sink.storage import manifest_ids, manifest_path
 from pidfence.wire import PidfenceError
 
@@ -199,14 +199,7 @@ class DeltaLayout(ParquetLayout):
 
     # ----------------------------------------------------------------------------- writing
 
-    def stage_part(
-        self,
-        batch_id: int,
-        tag: str,
-        topic: str,
-        partition: int,
-        tables: dict[str, pa.Table],
-    ) -> PartFiles:
+    def stage_part(self, part: PartAttempt, tables: dict[str, pa.Table]) -> PartFiles:
         """Stage under ``_pidfence/`` (invisible to Delta), with the part's decisions."""
         staged = dict(tables)
         log, rejects = staged.get("log"), staged.get("rejects")
@@ -215,7 +208,7 @@ class DeltaLayout(ParquetLayout):
             staged["rejects"] = table_rows(rejects, "rejects")
         if log is not None and log.num_rows:
             staged["log"] = table_rows(log, "log")
-        files = super().stage_part(batch_id, tag, topic, partition, staged)
+        files = super().stage_part(part, staged)
         # The commit adds the files with these statistics (taken here, in parallel tasks,
         # rather than from each file's footer on the driver).
         stats = {k: file_stats(staged[k]) for k in ("log", "rejects") if getattr(files, k)}
