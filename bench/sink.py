@@ -423,56 +423,43 @@ def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -
     source: Callable[[Any], Any] = lambda spark: _kafka_df(spark, bootstrap, topic, per_trigger)  # noqa: E731
     with_format = _sink_has_table_format()
 
-    def parquet(spark: Any, out: str, ckpt: str) -> Any:
-        return (
-            source(spark)
-            .writeStream.format("parquet")
-            .option("path", out)
-            .option("checkpointLocation", ckpt)
-        )
+    def writer(
+        fmt: str, options: dict[str, str] | None = None, dedup: bool = False
+    ) -> Callable[[Any, str, str], Any]:
+        """A contender's query: the topic (deduplicated by key with ``dedup``) into ``fmt``."""
 
-    def noop(spark: Any, out: str, ckpt: str) -> Any:
-        return (
-            source(spark)
-            .writeStream.format("pidfence_bench_noop")
-            .option("path", out)
-            .option("checkpointLocation", ckpt)
-        )
-
-    def dedup(spark: Any, out: str, ckpt: str) -> Any:
-        return (
-            source(spark)
-            .withWatermark("timestamp", "10 minutes")
-            .dropDuplicatesWithinWatermark(["key"])
-            .writeStream.format("parquet")
-            .option("path", out)
-            .option("checkpointLocation", ckpt)
-        )
-
-    def pidfence(extra: dict[str, str]) -> Callable[[Any, str, str], Any]:
         def build(spark: Any, out: str, ckpt: str) -> Any:
-            writer = (
-                source(spark)
-                .writeStream.format("pidfence")
-                .option("path", out)
-                .option("checkpointLocation", ckpt)
-            )
-            for k, v in extra.items():
-                writer = writer.option(k, v)
-            return writer
+            df = source(spark)
+            if dedup:
+                df = df.withWatermark("timestamp", "10 minutes").dropDuplicatesWithinWatermark(
+                    ["key"]
+                )
+            stream = df.writeStream.format(fmt)
+            for k, v in {"path": out, "checkpointLocation": ckpt, **(options or {})}.items():
+                stream = stream.option(k, v)
+            return stream
 
         return build
 
     manifest = {"tableFormat": "manifest"} if with_format else {}
     rows = [
-        Contender("plain", "(a) Parquet sink, no dedup", parquet, _parquet_rows),
-        Contender("noop", "(n) no-op Python Arrow writer", noop, _noop_outcome),
-        Contender("dedup", "(b) dropDuplicatesWithinWatermark", dedup, _dedup_outcome),
-        Contender("pidfence", "(c) pidfence sink", pidfence(manifest), _pidfence_outcome("")),
+        Contender("plain", "(a) Parquet sink, no dedup", writer("parquet"), _parquet_rows),
+        Contender(
+            "noop", "(n) no-op Python Arrow writer", writer("pidfence_bench_noop"), _noop_outcome
+        ),
+        Contender(
+            "dedup",
+            "(b) dropDuplicatesWithinWatermark",
+            writer("parquet", dedup=True),
+            _dedup_outcome,
+        ),
+        Contender(
+            "pidfence", "(c) pidfence sink", writer("pidfence", manifest), _pidfence_outcome("")
+        ),
         Contender(
             "verify",
             "(v) pidfence, leasePublicKey on",
-            pidfence({**manifest, "leasePublicKey": str(public_key)}),
+            writer("pidfence", {**manifest, "leasePublicKey": str(public_key)}),
             _pidfence_outcome(""),
         ),
     ]
@@ -483,20 +470,12 @@ def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -
             Contender(
                 "delta",
                 "(d) pidfence, tableFormat=delta",
-                pidfence({"tableFormat": "delta"}),
+                writer("pidfence", {"tableFormat": "delta"}),
                 _pidfence_outcome(OWN_DIR),
                 optional=True,
             )
         )
     if _delta_spark_jars():
-
-        def spark_delta(spark: Any, out: str, ckpt: str) -> Any:
-            return (
-                source(spark)
-                .writeStream.format("delta")
-                .option("path", out)
-                .option("checkpointLocation", ckpt)
-            )
 
         def delta_rows(out: str, progress: list[dict[str, Any]]) -> Outcome:
             del progress
@@ -505,7 +484,7 @@ def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -
             return Outcome(int(DeltaTable(out).to_pyarrow_dataset().count_rows()))
 
         rows.append(
-            Contender("sparkdelta", "(s) Spark Delta sink, no dedup", spark_delta, delta_rows)
+            Contender("sparkdelta", "(s) Spark Delta sink, no dedup", writer("delta"), delta_rows)
         )
     return rows
 

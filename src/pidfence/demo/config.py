@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -53,7 +53,21 @@ def parse_faults(text: str) -> frozenset[Fault]:
 
 
 @dataclass(frozen=True)
-class DemoConfig:
+class ExistingServices:
+    """The services a run uses instead of starting its own (keyword-only, after the run's own
+    options).
+
+    Args:
+        bootstrap: use this Kafka instead of starting one.
+        zk_hosts: use this ZooKeeper instead of starting one.
+    """
+
+    bootstrap: str | None = field(default=None, kw_only=True)
+    zk_hosts: str | None = field(default=None, kw_only=True)
+
+
+@dataclass(frozen=True)
+class DemoConfig(ExistingServices):
     """What ``pidfence demo`` runs.
 
     Args:
@@ -69,7 +83,7 @@ class DemoConfig:
         copier_records: records the upstream producer writes for the copier (0: no copier).
         sink_master: Spark master of the sink.
         bootstrap: use this Kafka instead of starting one (topics get a unique suffix).
-        zk_hosts: use this ZooKeeper instead of starting one.
+        zk_hosts: use this ZooKeeper instead of starting one (:class:`ExistingServices`).
         seed: the network nemesis's seed (``net``); the same seed replays the same faults.
     """
 
@@ -83,8 +97,6 @@ class DemoConfig:
     produce_seconds: float = 26.0
     copier_records: int = 2000
     sink_master: str = "local[2]"
-    bootstrap: str | None = None
-    zk_hosts: str | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:

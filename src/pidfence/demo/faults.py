@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pidfence.demo.procs import ProducerRole, Worker
@@ -15,16 +16,13 @@ from pidfence.services.process import ServiceFailed
 from pidfence.testing.script import FaultScript, drive
 
 
+@dataclass(eq=False)
 class ProducerFault(FaultScript):
     """Base of the scripts that strike a producer role once it has ``at`` records acknowledged
     and a stored checkpoint (a restarted instance needs one to resume from)."""
 
-    def __init__(
-        self, role: ProducerRole, at: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        super().__init__(clock)
-        self.role = role
-        self.at = at
+    role: ProducerRole
+    at: int
 
     def _due(self) -> bool:
         return self.role.acked() >= self.at and self.role.checkpointed() > 0
@@ -57,6 +55,11 @@ class KillAndResume(ProducerFault):
         self.done = True
 
 
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(eq=False)
 class Takeover(ProducerFault):
     """Base of the zombie scripts: freeze the current instance, start its replacement from a
     copy of its checkpoint, wake the old instance once the replacement has written.
@@ -67,19 +70,11 @@ class Takeover(ProducerFault):
         zombie_wrote: records the zombie got acknowledged after SIGCONT (its fenced writes).
     """
 
-    def __init__(
-        self,
-        role: ProducerRole,
-        at: int,
-        clock: Callable[[], float] = time.monotonic,
-        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-    ) -> None:
-        super().__init__(role, at, clock)
-        self.wall_ms = wall_ms
-        self.zombie: Worker | None = None
-        self.replacement: Worker | None = None
-        self._zombie_acked = 0
-        self.zombie_wrote = 0
+    wall_ms: Callable[[], int] = field(default=_wall_ms, kw_only=True)
+    zombie: Worker | None = field(default=None, init=False)
+    replacement: Worker | None = field(default=None, init=False)
+    _zombie_acked: int = field(default=0, init=False)
+    zombie_wrote: int = field(default=0, init=False)
 
     def _freeze(self) -> Worker:
         """SIGSTOP the current instance: the zombie-to-be."""
@@ -108,6 +103,7 @@ class Takeover(ProducerFault):
         zombie.resume()
 
 
+@dataclass(eq=False)
 class Zombie(Takeover):
     """(b) SIGSTOP a producer, start its replacement from a copy of its checkpoint, wait until the
     replacement's FENCE records are acknowledged, SIGCONT the old instance and let it write with
@@ -119,20 +115,9 @@ class Zombie(Takeover):
 
     name = "zombie"
 
-    def __init__(
-        self,
-        role: ProducerRole,
-        at: int,
-        zombie_records: int = 50,
-        zombie_s: float | None = None,
-        lease_left_ms: int = 0,
-        clock: Callable[[], float] = time.monotonic,
-        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-    ) -> None:
-        super().__init__(role, at, clock, wall_ms)
-        self.zombie_records = zombie_records
-        self.zombie_s = zombie_s
-        self.lease_left_ms = lease_left_ms
+    zombie_records: int = 50
+    zombie_s: float | None = None
+    lease_left_ms: int = 0
 
     def _steps(self) -> Sequence[Callable[[], None]]:
         return (self._pause_when_due, self._start_replacement, self._wake_once_fenced, self._end)
@@ -184,6 +169,7 @@ def lease_end_ms(worker: Worker) -> int:
     return worker.lease_end_ms
 
 
+@dataclass(eq=False)
 class LeaseZombie(Takeover):
     """(f) A zombie that outlives its lease: SIGSTOP a producer, keep it stopped until the wall
     clock is past the end of every lease it wrote under, start its replacement from a copy of its
@@ -198,17 +184,8 @@ class LeaseZombie(Takeover):
 
     name = "lease-zombie"
 
-    def __init__(
-        self,
-        role: ProducerRole,
-        at: int,
-        margin_ms: int = 1000,
-        clock: Callable[[], float] = time.monotonic,
-        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-    ) -> None:
-        super().__init__(role, at, clock, wall_ms)
-        self.margin_ms = margin_ms
-        self.lease_end = 0
+    margin_ms: int = 1000
+    lease_end: int = field(default=0, init=False)
 
     def _steps(self) -> Sequence[Callable[[], None]]:
         return (
@@ -272,24 +249,20 @@ class LeaseZombie(Takeover):
         self.done = True
 
 
+@dataclass(eq=False)
 class CopierCrash(FaultScript):
     """(e) SIGKILL the copier once it has stored a checkpoint and got ``at`` records acknowledged;
     restart it: it resumes (bump + FENCE) and seeks upstream to the stored offsets."""
 
     name = "copier"
 
-    def __init__(
-        self,
-        start: Callable[[], Worker],
-        state: Path,
-        at: int = 1,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(clock)
-        self.start = start
-        self.state = state
-        self.at = at
-        self.instances: list[Worker] = [start()]
+    start: Callable[[], Worker]
+    state: Path
+    at: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.instances: list[Worker] = [self.start()]
 
     def _steps(self) -> Sequence[Callable[[], None]]:
         return (self._kill_and_restart,)
@@ -310,6 +283,7 @@ class CopierCrash(FaultScript):
         self.done = True
 
 
+@dataclass(eq=False)
 class Bounce(FaultScript):
     """Kill a server once ``when()`` holds, keep it down ``down_s`` seconds, restart it.
 
@@ -317,21 +291,12 @@ class Bounce(FaultScript):
     service's own fault hooks; ``restart`` may block until the server is ready).
     """
 
-    def __init__(
-        self,
-        name: str,
-        when: Callable[[], bool],
-        kill: Callable[[], None],
-        restart: Callable[[], None],
-        down_s: float = 3.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(clock)
-        self.name = name
-        self.when = when
-        self.kill = kill
-        self.restart = restart
-        self.down_s = down_s
+    #: field(): a required argument, not defaulting to FaultScript.name.
+    name: str = field()
+    when: Callable[[], bool]
+    kill: Callable[[], None]
+    restart: Callable[[], None]
+    down_s: float = 3.0
 
     def _steps(self) -> Sequence[Callable[[], None]]:
         return (self._kill_when, self._restart_after_down)

@@ -12,7 +12,7 @@ the lease ends. Time is the runner's fake clock (:attr:`now`). Like ``pidfence l
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -52,6 +52,11 @@ class _Record:
     successor: tuple[int, int] | None = None
 
 
+#: What the lease server did, counted.
+_COUNTS = ("rolls", "follows", "refused", "outages", "unanswered")
+
+
+@dataclass(eq=False)
 class SimLeaseServer:
     """Unique pids, unique generations per pid, fixed lifetime, lineage (DESIGN §5, §9).
 
@@ -68,29 +73,22 @@ class SimLeaseServer:
         mac_secret: the per-record MAC secret: every reply carries the lease's ``mac_key``.
     """
 
-    def __init__(
-        self,
-        rng: random.Random,
-        lifetime_ms: int,
-        fresh_rollover: bool = False,
-        signing_key: Ed25519PrivateKey | None = None,
-        outage_p: float = 0.0,
-        outage_rng: random.Random | None = None,
-        mac_secret: bytes | None = None,
-    ) -> None:
-        self.mac_secret = mac_secret
-        self._rng = rng
-        self.signing_key = signing_key
-        self.lifetime_ms = lifetime_ms
-        self.fresh_rollover = fresh_rollover
-        self._outage_p = outage_p
-        self._outage_rng = outage_rng or random.Random(0)
-        self.now = 0
-        self._next_pid = rng.randrange(1, 1 << 40)
-        self._pids: dict[int, _Record] = {}
-        self.counts = {"rolls": 0, "follows": 0, "refused": 0, "outages": 0, "unanswered": 0}
-        #: No lease server answers before this time.
-        self.down_until = 0
+    rng: random.Random
+    lifetime_ms: int
+    fresh_rollover: bool = False
+    signing_key: Ed25519PrivateKey | None = None
+    outage_p: float = 0.0
+    outage_rng: random.Random = field(default_factory=lambda: random.Random(0))
+    mac_secret: bytes | None = None
+    now: int = field(default=0, init=False)
+    _next_pid: int = field(init=False)
+    _pids: dict[int, _Record] = field(default_factory=dict, init=False)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTS, 0), init=False)
+    #: No lease server answers before this time.
+    down_until: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._next_pid = self.rng.randrange(1, 1 << 40)
 
     def tick(self, now: int) -> None:
         """Move the clock to ``now``; maybe start an outage.
@@ -100,8 +98,8 @@ class SimLeaseServer:
         retention, as docs/producer.md asks of their supervisors).
         """
         self.now = now
-        rng, quarter = self._outage_rng, max(self.lifetime_ms // 4, 2)
-        if self._outage_p and now >= self.down_until + quarter and rng.random() < self._outage_p:
+        rng, quarter = self.outage_rng, max(self.lifetime_ms // 4, 2)
+        if self.outage_p and now >= self.down_until + quarter and rng.random() < self.outage_p:
             self.down_until = now + rng.randrange(1, quarter)
             self.counts["outages"] += 1
 
@@ -114,9 +112,9 @@ class SimLeaseServer:
         pid = self._next_pid
         self._next_pid += 1
         record = _Record(
-            self._rng.randrange(0, 1 << 20),
+            self.rng.randrange(0, 1 << 20),
             self.now + self.lifetime_ms,
-            self._rng.randbytes(8),
+            self.rng.randbytes(8),
             parent,
         )
         self._pids[pid] = record

@@ -88,6 +88,7 @@ def make_events(
     return out
 
 
+@dataclass(eq=False)
 class Producers:
     """Runs every chain's processes over one network, lease server and Kafka.
 
@@ -99,20 +100,15 @@ class Producers:
         scan_verifier: checks ``pfc`` in a resume's recovery scan (None: trusts every header).
     """
 
-    def __init__(
-        self,
-        rng: random.Random,
-        knobs: Knobs,
-        lease: SimLeaseServer,
-        network: Network,
-        scan_verifier: CertVerifier | None = None,
-    ) -> None:
-        self.rng = rng
-        self.knobs = knobs
-        self.lease = lease
-        self.net = network
-        self.scan_verifier = scan_verifier
-        self._scanner = KafkaReader(network.kafka)
+    rng: random.Random
+    knobs: Knobs
+    lease: SimLeaseServer
+    network: Network
+    scan_verifier: CertVerifier | None = None
+
+    def __post_init__(self) -> None:
+        knobs = self.knobs
+        self._scanner = KafkaReader(self.network.kafka)
         # The processes' clocks are the simulation's: exact, so the scan needs no skew, and
         # librdkafka times records out just inside the rollover margin.
         self.config = ProducerConfig(
@@ -124,7 +120,7 @@ class Producers:
             sink_resolves_gaps=knobs.reorder == 1,
         )
         self.chains = [
-            Chain(c, make_events(rng, c, knobs.events, knobs.partitions))
+            Chain(c, make_events(self.rng, c, knobs.events, knobs.partitions))
             for c in range(knobs.producers)
         ]
         self.counts = dict.fromkeys(COUNTS, 0)
@@ -154,7 +150,7 @@ class Producers:
 
     def _client_factory(self, made: list[SimClient]) -> Any:
         def factory(conf: dict[str, Any]) -> SimClient:
-            client = SimClient(conf, self.knobs.partitions, self._clock, self.net)
+            client = SimClient(conf, self.knobs.partitions, self._clock, self.network)
             made.append(client)
             return client
 
@@ -164,7 +160,7 @@ class Producers:
         made: list[SimClient] = []
         try:
             producer = IdempotentProducer(
-                self.config, self.lease, ledger=MemoryLedger(self.net.ledger),
+                self.config, self.lease, ledger=MemoryLedger(self.network.ledger),
                 clock=self._clock, producer_factory=self._client_factory(made),
             )  # fmt: skip
         except LeaseServerDown:
@@ -176,7 +172,7 @@ class Producers:
         made: list[SimClient] = []
         try:
             producer = IdempotentProducer.resume(
-                cp, self.lease, self.config, ledger=MemoryLedger(self.net.ledger),
+                cp, self.lease, self.config, ledger=MemoryLedger(self.network.ledger),
                 clock=self._clock, producer_factory=self._client_factory(made),
                 scanner=self._scanner, topics=[TOPIC], scan_verifier=self.scan_verifier,
             )  # fmt: skip
@@ -232,7 +228,7 @@ class Producers:
             self._checkpoint(chain, inst)
         for _ in range(2):
             if inst.client.pending:
-                self.net.deliver_one(inst.client)
+                self.network.deliver_one(inst.client)
         finished = inst.pos >= len(chain.events) and not inst.client.pending
         # A finished producer has exited: nothing left to crash.
         if not finished and rng.random() < knobs.crash_p:
@@ -265,7 +261,7 @@ class Producers:
     def _rollover(self, chain: Chain, inst: Instance, now: int) -> None:
         # producer.roll(save) drains, rolls, stores the successor's checkpoint. A crash between
         # the roll and the store resumes the older checkpoint (it follows the lineage).
-        self.net.flush(inst.client)
+        self.network.flush(inst.client)
         if self.rng.random() < self.knobs.crash_p:
             if self.rng.random() < 0.5:
                 self._roll(inst, chain, lambda checkpoint: None)
@@ -348,7 +344,7 @@ class Producers:
                     other.budget = 0
             if not other.client.acks:
                 # A dead process: whatever is still on the wire lands now or never.
-                self.counts["dead_landings"] += self.net.land_or_lose(other.client)
+                self.counts["dead_landings"] += self.network.land_or_lose(other.client)
                 chain.others.remove(other)
                 continue
             if other.budget > 0 and other.pos < len(chain.events):
@@ -364,10 +360,10 @@ class Producers:
             else:
                 other.budget = 0
             if other.client.pending:
-                self.net.deliver_one(other.client)
+                self.network.deliver_one(other.client)
             if other.budget == 0 and other in chain.others:
                 # A zombie's retries finish (librdkafka delivers what it holds).
-                self.net.flush(other.client)
+                self.network.flush(other.client)
                 chain.others.remove(other)
 
     def _zombie_roll(self, chain: Chain, zombie: Instance) -> None:
@@ -377,7 +373,7 @@ class Producers:
         rolls and stores the successor's checkpoint like any live process (under the
         ``fresh_rollover`` mutation a fenced zombie gets there too and re-sends its work).
         """
-        self.net.flush(zombie.client)
+        self.network.flush(zombie.client)
         try:
             if not self._roll(zombie, chain, self._store(chain, zombie.pos)):
                 zombie.budget = 0

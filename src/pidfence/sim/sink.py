@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -43,6 +44,7 @@ def _mutator(mutation: Mutation | None) -> Callable[[Verdict, bool], Verdict]:
     return mutate
 
 
+@dataclass(eq=False)
 class SimSink:
     """Decides every Kafka record once per committed batch, in Kafka-offset order (DESIGN §7).
 
@@ -50,30 +52,26 @@ class SimSink:
     ``public_keys`` (and no ``no_verify`` mutation) the rules verify ``pfc`` certificates.
     """
 
-    def __init__(
-        self,
-        rng: random.Random,
-        knobs: Knobs,
-        kafka: SimKafka,
-        topic: str,
-        public_keys: list[Ed25519PublicKey] | None = None,
-        mac_secret: bytes | None = None,
-    ) -> None:
-        self.rng = rng
-        self.knobs = knobs
-        self.kafka = kafka
-        self.topic = topic
+    rng: random.Random
+    knobs: Knobs
+    kafka: SimKafka
+    topic: str
+    public_keys: list[Ed25519PublicKey] | None = None
+    mac_secret: bytes | None = None
+
+    def __post_init__(self) -> None:
+        knobs = self.knobs
         self.mutate = _mutator(knobs.mutation)
         #: Gap resolution, as the real sink does by default, when sessions deliver in order
         #: (``reorder=1``); a reordering client pairs with the proposal's rules.
         self.gaps_on = knobs.reorder == 1
         #: The certificate check, as ``leasePublicKey`` makes it (None: signing off).
         self.certificates: PlacedCheck | None = None
-        if public_keys and knobs.mutation != "no_verify":
-            self.certificates = PlacedCheck(public_keys)
+        if self.public_keys and knobs.mutation != "no_verify":
+            self.certificates = PlacedCheck(self.public_keys)
         #: The per-record MAC check, as ``recordMacSecret`` makes it (None: the mode is off).
-        self.macs = None if mac_secret is None else RecordMacCheck(mac_secret)
-        n = len(kafka.partitions)
+        self.macs = None if self.mac_secret is None else RecordMacCheck(self.mac_secret)
+        n = len(self.kafka.partitions)
         self.tables = [self._table(p) for p in range(n)]
         self.committed = [0] * n
         #: Per partition, every record the sink read, in order (its committed input).

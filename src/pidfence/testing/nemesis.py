@@ -8,14 +8,14 @@ whatever is still on (call it in ``finally``).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from pidfence.testing.network import LinkFaults, describe_toxics
 from pidfence.testing.plan import FaultPlan
 from pidfence.testing.script import FaultScript
 
 
+@dataclass(eq=False)
 class NetworkNemesis(FaultScript):
     """Runs the network steps of ``plan`` on ``links``, timed from the first :meth:`poll`.
 
@@ -27,20 +27,19 @@ class NetworkNemesis(FaultScript):
 
     name = "net"
 
-    def __init__(
-        self, plan: FaultPlan, links: LinkFaults, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        super().__init__(clock)
-        self.plan = plan
-        self.links = links
-        self.steps = list(enumerate(plan.network_steps))
-        self.started: float | None = None
-        #: Clock reading when the last toxic came off (None while any is on or to come).
-        self.healed_at: float | None = None
-        self._on: set[int] = set()
-        self._off: set[int] = set()
+    plan: FaultPlan
+    links: LinkFaults
+    started: float | None = field(default=None, init=False)
+    #: Clock reading when the last toxic came off (None while any is on or to come).
+    healed_at: float | None = field(default=None, init=False)
+    _on: set[int] = field(default_factory=set, init=False)
+    _off: set[int] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.steps = list(enumerate(self.plan.network_steps))
         for index, fault in self.steps:
-            if not links.covers(fault):
+            if not self.links.covers(fault):
                 self._off.add(index)
                 self.note(f"skipped (no proxy on {fault.target}): {fault.describe()}")
 

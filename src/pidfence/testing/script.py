@@ -10,24 +10,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from pidfence.services.process import ServiceFailed
 
 
+@dataclass(eq=False)
 class FaultScript:
-    """Base of the fault scripts: ``done``, a log of what happened, and ``poll()``."""
+    """Base of the fault scripts: ``done``, a log of what happened, and ``poll()``.
+
+    Its subclasses are dataclasses too; ``clock`` (monotonic seconds) is keyword-only, so it
+    comes after each subclass's own arguments.
+    """
 
     name = "fault"
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self.done = False
-        #: True once the fault's action really happened (a test asserts it, so a run where the
-        #: victim finished first cannot pass by luck).
-        self.happened = False
-        self.events: list[str] = []
-        self._step = 0
-        self._since = clock()
+    clock: Callable[[], float] = field(default=time.monotonic, kw_only=True)
+    done: bool = field(default=False, init=False)
+    #: True once the fault's action really happened (a test asserts it, so a run where the
+    #: victim finished first cannot pass by luck).
+    happened: bool = field(default=False, init=False)
+    events: list[str] = field(default_factory=list, init=False)
+    _step: int = field(default=0, init=False)
+    _since: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._since = self.clock()
 
     def note(self, text: str) -> None:
         """Record an event (shown by the demo, asserted by tests)."""

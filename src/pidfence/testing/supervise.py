@@ -7,8 +7,8 @@ exit so a test can judge it (no other non-zero exit, no hang after the network h
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pidfence.services.process import ServiceFailed
@@ -31,6 +31,7 @@ class Supervised(Protocol):
         """Its exit code once exited."""
 
 
+@dataclass(eq=False)
 class Supervisor(FaultScript):
     """Watch the process ``current()`` returns; restart it with ``restart()`` after exit 75.
 
@@ -44,28 +45,20 @@ class Supervisor(FaultScript):
         restart: start a new instance (it becomes ``current()``).
         max_restarts: give up (ServiceFailed) after this many restarts.
         backoff_s: wait this long after an exit 75 before the restart.
+        clock: monotonic seconds.
     """
 
-    def __init__(
-        self,
-        name: str,
-        current: Callable[[], Supervised],
-        restart: Callable[[], object],
-        max_restarts: int = 20,
-        backoff_s: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(clock)
-        self.name = name
-        self.current = current
-        self.restart = restart
-        self.max_restarts = max_restarts
-        self.backoff_s = backoff_s
-        self.restarts = 0
-        #: (instance name, exit code) of every exit seen.
-        self.exits: list[tuple[str, int]] = []
-        self._seen: Supervised | None = None
-        self._exited_at = 0.0
+    #: field(): a required argument, not defaulting to FaultScript.name.
+    name: str = field()
+    current: Callable[[], Supervised]
+    restart: Callable[[], object]
+    max_restarts: int = 20
+    backoff_s: float = 1.0
+    restarts: int = field(default=0, init=False)
+    #: (instance name, exit code) of every exit seen.
+    exits: list[tuple[str, int]] = field(default_factory=list, init=False)
+    _seen: Supervised | None = field(default=None, init=False)
+    _exited_at: float = field(default=0.0, init=False)
 
     @property
     def pending(self) -> bool:

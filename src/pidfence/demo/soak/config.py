@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pidfence.demo.config import BadDemoOption
+from pidfence.demo.config import BadDemoOption, ExistingServices
 
 #: Environment variable that overrides the soak's duration in minutes (fractions allowed).
 MINUTES_ENV = "PIDFENCE_SOAK_MINUTES"
@@ -17,7 +17,7 @@ OUT_ENV = "PIDFENCE_SOAK_OUT"
 
 
 @dataclass(frozen=True)
-class SoakConfig:
+class SoakConfig(ExistingServices):
     """One soak run.
 
     Args:
@@ -36,7 +36,7 @@ class SoakConfig:
         resend_every: the resend producer re-sends one acknowledged record every N records.
         master: the sink's Spark master.
         bootstrap: use this Kafka instead of starting one (its RSS is then not sampled).
-        zk_hosts: use this ZooKeeper instead of starting one.
+        zk_hosts: use this ZooKeeper instead of starting one (:class:`ExistingServices`).
     """
 
     minutes: float = 30.0
@@ -52,8 +52,6 @@ class SoakConfig:
     trigger_s: float = 2.0
     resend_every: int = 100
     master: str = "local[2]"
-    bootstrap: str | None = None
-    zk_hosts: str | None = None
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.minutes <= 24 * 60:

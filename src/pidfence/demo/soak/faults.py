@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,7 @@ def soak_sink_argv(
     return argv
 
 
+@dataclass(eq=False)
 class SinkRestart(FaultScript):
     """Stop the running sink (gracefully with SIGTERM, or crash it with SIGKILL), start the next
     instance from the same checkpoint, and be done once that instance has committed a batch.
@@ -164,16 +165,15 @@ class SinkRestart(FaultScript):
         crash: SIGKILL instead of SIGTERM.
     """
 
-    def __init__(
-        self, sink: SinkProc, crash: bool, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        super().__init__(clock)
-        self.sink = sink
-        self.crash = crash
-        self.name = "sink-crash" if crash else "sink-restart"
-        self.stop_timeout_s = 120.0
-        self._old = ""
-        self._label = ""
+    sink: SinkProc
+    crash: bool
+    stop_timeout_s: float = field(default=120.0, init=False)
+    _old: str = field(default="", init=False)
+    _label: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.name = "sink-crash" if self.crash else "sink-restart"
 
     def _steps(self) -> Sequence[Callable[[], None]]:
         return (self._stop_after_a_batch, self._start_next, self._await_first_batch)
