@@ -107,7 +107,8 @@ def verify_statement(producer_public_key: bytes, signature: bytes, *place: *Reco
     return True
 
 
-#: Certificates remembered by a :class:`PlacedCheck` (a live sink sees a few per producer).
+#: Certificates, and statements, remembered by a :class:`PlacedCheck` (a live sink sees a few
+#: per producer).
 CACHE_SIZE: Final = 4096
 
 
@@ -115,8 +116,9 @@ class PlacedCheck:
     """Verifies ``pfc`` headers against the lease servers' keys, for any (topic, partition).
 
     The broker rules ask for a proof only when a record would create an entry, move a generation
-    or adopt a producer, so this runs rarely; each certificate's Ed25519 check is still done once
-    (cached), and the statement's once per record asked about.
+    or adopt a producer, so this runs rarely; each certificate's Ed25519 check is done once
+    (cached), and each statement's once per (key, signature, place): a rebuild that replays the
+    log asks about the same records again.
 
     Args:
         public_keys: the lease servers' public keys (several during a rotation).
@@ -131,6 +133,7 @@ class PlacedCheck:
         self._keys = list(public_keys)
         self.accept_unbound = accept_unbound
         self._certs: dict[tuple[bytes, int, int], CertCheck] = {}
+        self._statements: dict[tuple[bytes, bytes, RecordPlace], bool] = {}
 
     def _cert(self, cert: bytes, pid: int, generation: int) -> CertCheck:
         key = (cert, pid, generation)
@@ -141,6 +144,15 @@ class PlacedCheck:
             # Checked at the earliest time: the answer at any time then follows from expire_ms.
             check = self._certs[key] = verify_cert(cert, self._keys, pid, generation, -(2**63))
         return check
+
+    def _statement(self, producer_key: bytes, signature: bytes, place: RecordPlace) -> bool:
+        key = (producer_key, signature, place)
+        valid = self._statements.get(key)
+        if valid is None:
+            if len(self._statements) >= CACHE_SIZE:
+                self._statements.clear()
+            valid = self._statements[key] = verify_statement(producer_key, signature, *place)
+        return valid
 
     def reason(self, place: RecordPlace, pfc: bytes | None, now_ms: int) -> str | None:
         """None when ``pfc`` proves the record at ``place`` (:data:`RecordPlace`) at ``now_ms``,
@@ -165,7 +177,7 @@ class PlacedCheck:
             return None
         if check.producer_key is None or parts.signature is None:
             return "unbound"
-        if not verify_statement(check.producer_key, parts.signature, *place):
+        if not self._statement(check.producer_key, parts.signature, place):
             return "other_place"
         return None
 
