@@ -28,6 +28,7 @@ from pidfence.pid_allocator.coordinator import (
     Conflict,
     Coordinator,
     LineageRecord,
+    RollWrite,
 )
 from pidfence.pid_allocator.errors import (
     LeaseCapacityExhausted,
@@ -296,7 +297,9 @@ class Lineage:
                 offset=issue_offset(successor.secret),
             )
             try:
-                self.store.write_roll(pid, retired, state.version, successor.pid, created)
+                self.store.write_roll(
+                    RollWrite(pid, retired, state.version, successor.pid, created)
+                )
             except (Conflict, Ambiguous):
                 continue
             return successor
