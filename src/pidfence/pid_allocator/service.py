@@ -116,11 +116,6 @@ class LeaseService:
         """Whether a block claim is in flight."""
         return self.supply.claiming
 
-    @property
-    def blocks_claimed(self) -> int:
-        """Block claims that landed."""
-        return self.supply.blocks_claimed
-
     # -- grants ---------------------------------------------------------------------------------
 
     def _extras(
