@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import confluent_kafka
 
@@ -31,6 +32,15 @@ from pidfence.wire import PF_HEADER_KEY
 def wall_clock_ms() -> int:
     """Epoch milliseconds (the lease server's time base)."""
     return time.time_ns() // 1_000_000
+
+
+class ProducerOptions(TypedDict, total=False):
+    """The keyword options :class:`IdempotentProducer` and its ``resume`` both take."""
+
+    ledger: str | Path | Ledger | None
+    clock: Callable[[], int]
+    producer_factory: ClientFactory
+    on_roll: SaveCheckpoint | None
 
 
 class IdempotentProducer:
@@ -93,15 +103,12 @@ class IdempotentProducer:
         lease_client: LeaseClientLike,
         config: ProducerConfig,
         *,
-        ledger: str | Path | Ledger | None = None,
-        clock: Callable[[], int] = wall_clock_ms,
-        producer_factory: ClientFactory = confluent_kafka.Producer,
-        on_roll: SaveCheckpoint | None = None,
         fence_timeout_s: float = 60.0,
         stale_probe: int = 8,
         scanner: Scanner | None = None,
         topics: Sequence[str] = (),
         scan_verifier: CertVerifier | None = None,
+        **options: Unpack[ProducerOptions],
     ) -> IdempotentProducer:
         """Continue ``checkpoint`` through its lineage (DESIGN §9), FENCE, scan, then go on.
 
@@ -109,16 +116,14 @@ class IdempotentProducer:
         lineage"), FENCEs every partition of the checkpoint's topics and of ``topics``, then the
         recovery scan (``scanner``: default over Kafka; ``scan_verifier``: default from
         ``config.lease_public_keys``) finds what the previous instance got into Kafka after it.
-        ``stale_probe``: generations tried past the checkpoint's. Store a checkpoint next.
+        ``stale_probe``: generations tried past the checkpoint's. ``options``: the constructor's
+        (``ledger``, ``clock``, ``producer_factory``, ``on_roll``). Store a checkpoint next.
 
         Raises:
             ProducerFenced: another owner holds the lineage, or the checkpoint is stale.
             LeaseServerDown / DeliveryFailed / BrokerUnavailable / UnknownTopic: retry later.
         """
-        self = cls(
-            config, lease_client, ledger=ledger, clock=clock, producer_factory=producer_factory,
-            on_roll=on_roll, _lease_now=False,
-        )  # fmt: skip
+        self = cls(config, lease_client, **options, _lease_now=False)
         self.resumed_how = self._driver.resume(
             checkpoint, stale_probe=stale_probe, topics=topics, fence_timeout_s=fence_timeout_s,
             scanner=scanner, scan_verifier=scan_verifier,
