@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import Unpack
 
 import confluent_kafka
 
@@ -18,7 +18,7 @@ from pidfence.ledger import Ledger
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback
-from pidfence.producer.driver import Headers, SaveCheckpoint, SessionDriver
+from pidfence.producer.driver import Headers, ProducerOptions, SaveCheckpoint, SessionDriver
 from pidfence.producer.errors import BatchMismatch
 from pidfence.producer.lease import LeaseClientLike, LeaseKeeper
 from pidfence.producer.recovery import CertVerifier, Scanner
@@ -32,15 +32,6 @@ from pidfence.wire import PF_HEADER_KEY
 def wall_clock_ms() -> int:
     """Epoch milliseconds (the lease server's time base)."""
     return time.time_ns() // 1_000_000
-
-
-class ProducerOptions(TypedDict, total=False):
-    """The keyword options :class:`IdempotentProducer` and its ``resume`` both take."""
-
-    ledger: str | Path | Ledger | None
-    clock: Callable[[], int]
-    producer_factory: ClientFactory
-    on_roll: SaveCheckpoint | None
 
 
 class IdempotentProducer:
