@@ -17,6 +17,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 from pidfence.pid_allocator.coordinator import Block, BlockRequest, Coordinator
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
@@ -37,6 +38,7 @@ CLAIM_MEMORY = 8
 RESERVE_FACTOR = 4
 
 
+@dataclass(eq=False, repr=False)
 class BlockSupply:
     """Claimed blocks of one server and the next pid to issue.
 
@@ -49,26 +51,19 @@ class BlockSupply:
         rng: random source for claim tokens and salts (must be unpredictable).
     """
 
-    def __init__(
-        self,
-        coordinator: Coordinator,
-        executor: Executor,
-        settings: LeaseServerSettings,
-        server_id: str,
-        clock: Callable[[], int],
-        rng: random.Random,
-    ) -> None:
-        self.coordinator = coordinator
-        self.settings = settings
-        self.server_id = server_id
-        self._executor = executor
-        self._clock = clock
-        self._rng = rng
+    coordinator: Coordinator
+    executor: Executor
+    settings: LeaseServerSettings
+    server_id: str
+    clock: Callable[[], int]
+    rng: random.Random
+
+    def __post_init__(self) -> None:
         self.blocks: deque[Block] = deque()
         self.next_pid = 0
         self._claim: asyncio.Future[Block] | None = None
         #: Prefetch threshold: half a block, or more once claims are seen to take long.
-        self.reserve = max(1, settings.block_size // 2)
+        self.reserve = max(1, self.settings.block_size // 2)
         #: Blocks taken per claim (one write whatever the count): enough to outpace the leases.
         self.claim_blocks = 1
         self._claim_use: deque[int] = deque(maxlen=CLAIM_MEMORY)
@@ -108,14 +103,14 @@ class BlockSupply:
             request = BlockRequest(
                 self.settings.block_size * self.claim_blocks,
                 self.server_id,
-                uuid.UUID(int=self._rng.getrandbits(128)).hex,
-                self._clock(),
+                uuid.UUID(int=self.rng.getrandbits(128)).hex,
+                self.clock(),
                 self.settings.lifetime_ms,
                 self.settings.block_ttl_ms,
-                self._rng.getrandbits(128).to_bytes(16, "big"),
+                self.rng.getrandbits(128).to_bytes(16, "big"),
             )
             loop = asyncio.get_running_loop()
-            claim = loop.run_in_executor(self._executor, self.coordinator.claim_block, request)
+            claim = loop.run_in_executor(self.executor, self.coordinator.claim_block, request)
             claim.add_done_callback(self.absorb)
             self._claim = claim
             self._taken_at_claim = self.taken
@@ -183,7 +178,7 @@ class BlockSupply:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.claim_timeout_s
         while True:
-            taken = self.pid_now(self._clock())
+            taken = self.pid_now(self.clock())
             if taken is not None:
                 return taken
             claim = self.start_claim()
@@ -209,7 +204,7 @@ class BlockSupply:
     # -- blocks this server issued from --------------------------------------------------------
 
     def _remember(self, block: Block) -> None:
-        now = self._clock()
+        now = self.clock()
         while self._issued and self._issued[0].last_expiry_ms <= now:
             self._issued.pop(0)  # every lease it issued has ended: nothing live to check
             self._issued_starts.pop(0)

@@ -158,7 +158,7 @@ async def _serve(settings: LeaseServerSettings, loop_name: str) -> None:
             "leases": service.leases,
             "bumps": service.bumps,
             "rolls": service.rolls,
-            "blocks_claimed": service.blocks_claimed,
+            "blocks_claimed": service.supply.blocks_claimed,
             "shutdown_s": round(time.monotonic() - started, 3),
         },
     )

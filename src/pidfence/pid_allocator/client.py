@@ -8,7 +8,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -72,6 +72,7 @@ class _Broken(Exception):
     pass
 
 
+@dataclass(eq=False, repr=False)
 class LeaseClient:
     """Talks to one of several lease servers, failing over and retrying retriable errors.
 
@@ -89,33 +90,24 @@ class LeaseClient:
             client certificate into it for mutual TLS).
     """
 
-    def __init__(
-        self,
-        servers: str | Sequence[str],
-        connect_timeout_s: float = 2.0,
-        request_timeout_s: float = 5.0,
-        retries: int = 5,
-        backoff_s: float = 0.1,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
-        *,
-        token: str | None = None,
-        tls: ssl.SSLContext | None = None,
-    ) -> None:
-        if retries < 0:
-            raise InvalidServerList(f"retries must be >= 0, got {retries}")
-        self.servers = _parse_servers(servers)
-        self.connect_timeout_s = connect_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self._sleep = sleep
-        self._clock = clock
+    servers: str | Sequence[str]
+    connect_timeout_s: float = 2.0
+    request_timeout_s: float = 5.0
+    retries: int = 5
+    backoff_s: float = 0.1
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    _: KW_ONLY
+    token: str | None = None
+    tls: ssl.SSLContext | None = None
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise InvalidServerList(f"retries must be >= 0, got {self.retries}")
+        self._addresses = _parse_servers(self.servers)
         self._index = 0
         self._sock: socket.socket | None = None
         self._ids = itertools.count(1)
-        self._token = token
-        self._tls = tls
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -226,8 +218,8 @@ class LeaseClient:
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             if attempt:
-                self._sleep(min(self.backoff_s * 2 ** (attempt - 1), 2.0))
-            host, port = self.servers[self._index]
+                self.sleep(min(self.backoff_s * 2 ** (attempt - 1), 2.0))
+            host, port = self._addresses[self._index]
             tried.append(f"{host}:{port}")
             try:
                 reply = self._exchange(frame, request_id)
@@ -254,28 +246,28 @@ class LeaseClient:
 
     def _failover(self) -> None:
         self.close()
-        self._index = (self._index + 1) % len(self.servers)
+        self._index = (self._index + 1) % len(self._addresses)
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
-            host, port = self.servers[self._index]
+            host, port = self._addresses[self._index]
             try:
                 sock = socket.create_connection((host, port), timeout=self.connect_timeout_s)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if self._tls is not None:
-                    name = host if self._tls.check_hostname else None
-                    sock = self._tls.wrap_socket(sock, server_hostname=name)
+                if self.tls is not None:
+                    name = host if self.tls.check_hostname else None
+                    sock = self.tls.wrap_socket(sock, server_hostname=name)
             except (OSError, ssl.SSLError) as exc:
                 raise _Broken(f"connect to {host}:{port} failed: {exc}") from exc
             self._sock = sock
-            if self._token is not None:
+            if self.token is not None:
                 self._hello(sock)
         return self._sock
 
     def _hello(self, sock: socket.socket) -> None:
         request_id = next(self._ids)
         frame = encode_frame(
-            {"v": PROTOCOL_VERSION, "op": "hello", "id": request_id, "token": self._token}
+            {"v": PROTOCOL_VERSION, "op": "hello", "id": request_id, "token": self.token}
         )
         reply = self._exchange_on(sock, frame, request_id)
         code = reply.get("error")
@@ -295,7 +287,7 @@ class LeaseClient:
         return self._exchange_on(self._connect(), frame, request_id)
 
     def _exchange_on(self, sock: socket.socket, frame: bytes, request_id: int) -> dict[str, Any]:
-        deadline = self._clock() + self.request_timeout_s
+        deadline = self.clock() + self.request_timeout_s
         try:
             sock.settimeout(self.request_timeout_s)
             sock.sendall(frame)
@@ -324,7 +316,7 @@ class LeaseClient:
     def _read_exactly(self, sock: socket.socket, n: int, deadline: float) -> bytes:
         chunks = bytearray()
         while len(chunks) < n:
-            remaining = deadline - self._clock()
+            remaining = deadline - self.clock()
             if remaining <= 0:
                 raise _Broken("request timed out")
             sock.settimeout(remaining)

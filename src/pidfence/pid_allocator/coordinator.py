@@ -177,6 +177,25 @@ class LineageRecord:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class RollWrite:
+    """The two records one roll writes, both or neither.
+
+    Attributes:
+        pid: the pid retired.
+        record: its retired record, written by compare-and-set on ``version`` (None: create).
+        version: the version of ``pid``'s record the roll read.
+        successor: the pid it is rolled into.
+        successor_record: the successor's new record (created: it must not exist yet).
+    """
+
+    pid: int
+    record: LineageRecord
+    version: int | None
+    successor: int
+    successor_record: LineageRecord
+
+
 class Conflict(Exception):
     """A compare-and-set lost to another writer: re-read and decide again."""
 
@@ -229,15 +248,8 @@ class Coordinator(Protocol):
         """
         ...
 
-    def write_roll(
-        self,
-        pid: int,
-        record: LineageRecord,
-        version: int | None,
-        successor: int,
-        successor_record: LineageRecord,
-    ) -> None:
-        """Atomically retire ``pid`` (as ``write_lineage``) and create its successor's record.
+    def write_roll(self, roll: RollWrite) -> None:
+        """Atomically retire ``roll.pid`` (as ``write_lineage``) and create its successor's record.
 
         Raises:
             Conflict, Ambiguous, LeaseServiceUnavailable: as ``write_lineage``.

@@ -28,6 +28,7 @@ from pidfence.pid_allocator.coordinator import (
     Conflict,
     Coordinator,
     LineageRecord,
+    RollWrite,
 )
 from pidfence.pid_allocator.errors import (
     LeaseCapacityExhausted,
@@ -50,6 +51,27 @@ class LocalLease:
 
     generation: int
     expire_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One bump or roll as a lease server received it.
+
+    Attributes:
+        pid: the pid to move on.
+        generation: the caller's current generation of it.
+        secret: its secret, or that of the pid rolled into it (lineage authority).
+        token: the idempotency token stored with the write (a retry with it is answered).
+        now_ms: the server's time of the request.
+        local: what this server's ring knows of the pid, if it issued it.
+    """
+
+    pid: int
+    generation: int
+    secret: bytes
+    token: str
+    now_ms: int
+    local: LocalLease | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +118,8 @@ class Lineage:
 
     # -- ownership ------------------------------------------------------------------------------
 
-    def _state(self, pid: int, secret: bytes, now_ms: int, local: LocalLease | None) -> _State:
+    def _state(self, change: Change) -> _State:
+        pid, secret, now_ms = change.pid, change.secret, change.now_ms
         hint = block_hint(secret)
         given = self.store.block_at(hint) if hint is not None else None
         found = self.store.read_lineage(pid)
@@ -126,6 +149,7 @@ class Lineage:
             return _State(record, version, record.generation, record.expire_ms, block, own)
         if now_ms >= block.last_expiry_ms + self.retention_ms:
             raise NotOwner(NOT_OWNER_MESSAGE)
+        local = change.local
         if local is not None:
             return _State(None, None, local.generation, local.expire_ms, block, own)
         # Another server issued it: a version 2 secret says exactly when, so this server grants
@@ -150,23 +174,16 @@ class Lineage:
 
     # -- bump -----------------------------------------------------------------------------------
 
-    def bump(
-        self,
-        pid: int,
-        generation: int,
-        secret: bytes,
-        token: str,
-        now_ms: int,
-        local: LocalLease | None = None,
-    ) -> Outcome:
-        """Move ``pid`` from ``generation`` (its current one) to ``generation + 1``.
+    def bump(self, change: Change) -> Outcome:
+        """Move ``change.pid`` from ``change.generation`` (its current one) to the next one.
 
         Raises:
             NotOwner, StaleGeneration, UnknownPid (expired: roll it), LeaseCapacityExhausted,
             LeaseServiceUnavailable.
         """
+        pid, generation, token = change.pid, change.generation, change.token
         for _ in range(_ATTEMPTS):
-            state = self._state(pid, secret, now_ms, local)
+            state = self._state(change)
             record = state.record
             if record is not None and record.retired:
                 raise self._stale(pid, generation, record)
@@ -180,7 +197,7 @@ class Lineage:
                         pid, record.generation, record.expire_ms, state.block, state.secret
                     )
                 raise self._stale(pid, generation, record)
-            if state.expire_ms <= now_ms:
+            if state.expire_ms <= change.now_ms:
                 raise UnknownPid(
                     f"the lease of pid {pid} ended at {state.expire_ms}: roll it to continue its "
                     "lineage, or lease a new pid"
@@ -204,15 +221,7 @@ class Lineage:
 
     # -- roll -----------------------------------------------------------------------------------
 
-    def check_roll(
-        self,
-        pid: int,
-        generation: int,
-        secret: bytes,
-        token: str,
-        now_ms: int,
-        local: LocalLease | None = None,
-    ) -> Outcome | None:
+    def check_roll(self, change: Change) -> Outcome | None:
         """Refuse a roll that cannot succeed before a successor pid is taken for it.
 
         Returns:
@@ -221,11 +230,12 @@ class Lineage:
         Raises:
             NotOwner, StaleGeneration, LeaseServiceUnavailable.
         """
-        return self._landed_roll(self._state(pid, secret, now_ms, local), pid, generation, token)
+        return self._landed_roll(self._state(change), change)
 
-    def _landed_roll(self, state: _State, pid: int, generation: int, token: str) -> Outcome | None:
-        """The earlier successor when this ``token``'s roll already landed; None when ``pid`` may
-        still be rolled at ``generation``; else :class:`StaleGeneration`."""
+    def _landed_roll(self, state: _State, change: Change) -> Outcome | None:
+        """The earlier successor when this ``change.token``'s roll already landed; None when the
+        pid may still be rolled at ``change.generation``; else :class:`StaleGeneration`."""
+        pid, generation, token = change.pid, change.generation, change.token
         record = state.record
         if record is not None and record.retired:
             if record.token == token:
@@ -250,17 +260,9 @@ class Lineage:
             own_secret(block, record.successor, successor),
         )
 
-    def roll(
-        self,
-        pid: int,
-        generation: int,
-        secret: bytes,
-        token: str,
-        now_ms: int,
-        successor: Outcome,
-        local: LocalLease | None = None,
-    ) -> Outcome:
-        """Retire ``pid`` at ``generation`` (its current one) and record ``successor``.
+    def roll(self, change: Change, successor: Outcome) -> Outcome:
+        """Retire ``change.pid`` at ``change.generation`` (its current one) and record
+        ``successor``.
 
         A pid whose lease ended may still be rolled during its retention: that is how a resumer
         of an expired checkpoint continues its lineage (and fences a zombie's later roll).
@@ -271,9 +273,10 @@ class Lineage:
         Raises:
             NotOwner, StaleGeneration, LeaseServiceUnavailable.
         """
+        pid, token = change.pid, change.token
         for _ in range(_ATTEMPTS):
-            state = self._state(pid, secret, now_ms, local)
-            landed = self._landed_roll(state, pid, generation, token)
+            state = self._state(change)
+            landed = self._landed_roll(state, change)
             if landed is not None:
                 return landed
             record = state.record
@@ -296,7 +299,9 @@ class Lineage:
                 offset=issue_offset(successor.secret),
             )
             try:
-                self.store.write_roll(pid, retired, state.version, successor.pid, created)
+                self.store.write_roll(
+                    RollWrite(pid, retired, state.version, successor.pid, created)
+                )
             except (Conflict, Ambiguous):
                 continue
             return successor

@@ -10,6 +10,7 @@ from pidfence.pid_allocator.coordinator import (
     BlockRequest,
     Conflict,
     LineageRecord,
+    RollWrite,
 )
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
 
@@ -107,22 +108,15 @@ class MemoryCoordinator:
         if ambiguous:
             raise Ambiguous("write landed; reply lost (test hook)")
 
-    def write_roll(
-        self,
-        pid: int,
-        record: LineageRecord,
-        version: int | None,
-        successor: int,
-        successor_record: LineageRecord,
-    ) -> None:
-        """Retire ``pid`` and create its successor's record, both or neither."""
+    def write_roll(self, roll: RollWrite) -> None:
+        """Retire ``roll.pid`` and create its successor's record, both or neither."""
         with self._lock:
             self._check_up()
             ambiguous = self._fault()
-            new_version = self._check_version(pid, version)
-            self._check_version(successor, None)
-            self._records[pid] = (record, new_version)
-            self._records[successor] = (successor_record, 0)
+            new_version = self._check_version(roll.pid, roll.version)
+            self._check_version(roll.successor, None)
+            self._records[roll.pid] = (roll.record, new_version)
+            self._records[roll.successor] = (roll.successor_record, 0)
             self.writes += 1
         if ambiguous:
             raise Ambiguous("roll landed; reply lost (test hook)")

@@ -351,7 +351,7 @@ class LeaseServer:
         """Blocks claimed, ZooKeeper writes and ZooKeeper errors, read when metrics are scraped."""
         coordinator = self.service.coordinator
         return (
-            self.service.blocks_claimed,
+            self.service.supply.blocks_claimed,
             coordinator.writes,
             int(getattr(coordinator, "errors", 0)),
         )

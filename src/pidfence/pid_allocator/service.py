@@ -33,7 +33,13 @@ from pidfence.pid_allocator.generations import (
     generation_hasher,
     initial_generation,
 )
-from pidfence.pid_allocator.lineage import NOT_OWNER_MESSAGE, Lineage, LocalLease, Outcome
+from pidfence.pid_allocator.lineage import (
+    NOT_OWNER_MESSAGE,
+    Change,
+    Lineage,
+    LocalLease,
+    Outcome,
+)
 from pidfence.pid_allocator.owners import LocalOwners
 from pidfence.pid_allocator.ring import LeaseRing
 from pidfence.pid_allocator.settings import LeaseServerSettings
@@ -115,11 +121,6 @@ class LeaseService:
     def claiming(self) -> bool:
         """Whether a block claim is in flight."""
         return self.supply.claiming
-
-    @property
-    def blocks_claimed(self) -> int:
-        """Block claims that landed."""
-        return self.supply.blocks_claimed
 
     # -- grants ---------------------------------------------------------------------------------
 
@@ -233,16 +234,8 @@ class LeaseService:
         """
         now = self.clock()
         self._check_owner(pid, secret, now, "bumps")
-        outcome = await self.zk.run(
-            client,
-            self.lineage.bump,
-            pid,
-            generation,
-            secret,
-            self._token(token),
-            now,
-            self._local(pid, now),
-        )
+        change = Change(pid, generation, secret, self._token(token), now, self._local(pid, now))
+        outcome = await self.zk.run(client, self.lineage.bump, change)
         self.bumps += 1
         return self._grant(outcome, key)
 
@@ -263,20 +256,15 @@ class LeaseService:
         """
         now = self.clock()
         self._check_owner(pid, secret, now, "rolls")
-        token = self._token(token)
-        local = self._local(pid, now)
-        earlier = await self.zk.run(
-            client, self.lineage.check_roll, pid, generation, secret, token, now, local
-        )
+        change = Change(pid, generation, secret, self._token(token), now, self._local(pid, now))
+        earlier = await self.zk.run(client, self.lineage.check_roll, change)
         if earlier is not None:
             return self._rolled(pid, earlier, key)  # a retried roll that already landed
         # Only a checked owner gets here, so only owners spend pids and ring slots.
         self.ring.ensure_room(self.clock(), client)
         successor = self._issue(*await self.supply.take_pid(), client)
         self.owners.add_successor(successor.pid, pid, successor.expire_ms, now)
-        outcome = await self.zk.run(
-            client, self.lineage.roll, pid, generation, secret, token, now, successor, local
-        )
+        outcome = await self.zk.run(client, self.lineage.roll, change, successor)
         self.rolls += 1
         return self._rolled(pid, outcome, key)
 

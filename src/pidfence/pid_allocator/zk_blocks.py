@@ -34,6 +34,7 @@ from pidfence.pid_allocator.coordinator import (
     BlockRequest,
     Conflict,
     LineageRecord,
+    RollWrite,
 )
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
 
@@ -282,21 +283,15 @@ class ZkCoordinator:
         except Exception as exc:
             raise self._ambiguous(f"write of pid {pid}", exc) from exc
 
-    def write_roll(
-        self,
-        pid: int,
-        record: LineageRecord,
-        version: int | None,
-        successor: int,
-        successor_record: LineageRecord,
-    ) -> None:
-        """One multi: retire ``pid`` (versioned) and create its successor's record."""
+    def write_roll(self, roll: RollWrite) -> None:
+        """One multi: retire ``roll.pid`` (versioned) and create its successor's record."""
+        pid, record, version = roll.pid, roll.record, roll.version
         txn = self._zk.transaction()
         if version is None:
             txn.create(self._lineage_path(pid), record.encode())
         else:
             txn.set_data(self._lineage_path(pid), record.encode(), version=version)
-        txn.create(self._lineage_path(successor), successor_record.encode())
+        txn.create(self._lineage_path(roll.successor), roll.successor_record.encode())
         self.writes += 1
         try:
             results = self._wait(txn.commit_async())

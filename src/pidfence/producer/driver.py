@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypedDict
 
+from pidfence.ledger import Ledger
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback
@@ -28,7 +31,7 @@ from pidfence.producer.kafka_scan import KafkaScanner, consumer_conf
 from pidfence.producer.lease import How, LeaseKeeper
 from pidfence.producer.partitioner import Partitioner
 from pidfence.producer.recovery import CertVerifier, Scanner
-from pidfence.producer.sender import Sender
+from pidfence.producer.sender import ClientFactory, Sender
 from pidfence.producer.sequencer import Sequencer
 from pidfence.producer.session import ProducerSession
 from pidfence.wire import CERT_HEADER_KEY, PF_HEADER_KEY, KeyFileError
@@ -41,6 +44,16 @@ log = logging.getLogger(__name__)
 SaveCheckpoint = Callable[[ProducerCheckpoint], None]
 #: Extra headers of a record, as ``produce`` takes them.
 Headers = Sequence[tuple[str, bytes | str | None]]
+
+
+class ProducerOptions(TypedDict, total=False):
+    """The keyword options ``IdempotentProducer`` and its ``resume`` both take."""
+
+    ledger: str | Path | Ledger | None
+    clock: Callable[[], int]
+    producer_factory: ClientFactory
+    on_roll: SaveCheckpoint | None
+
 
 _RESERVED = (PF_HEADER_KEY, CERT_HEADER_KEY, MAC_HEADER_KEY)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Unpack
 
 import confluent_kafka
 
@@ -17,7 +18,7 @@ from pidfence.ledger import Ledger
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback
-from pidfence.producer.driver import Headers, SaveCheckpoint, SessionDriver
+from pidfence.producer.driver import Headers, ProducerOptions, SaveCheckpoint, SessionDriver
 from pidfence.producer.errors import BatchMismatch
 from pidfence.producer.lease import LeaseClientLike, LeaseKeeper
 from pidfence.producer.recovery import CertVerifier, Scanner
@@ -93,15 +94,12 @@ class IdempotentProducer:
         lease_client: LeaseClientLike,
         config: ProducerConfig,
         *,
-        ledger: str | Path | Ledger | None = None,
-        clock: Callable[[], int] = wall_clock_ms,
-        producer_factory: ClientFactory = confluent_kafka.Producer,
-        on_roll: SaveCheckpoint | None = None,
         fence_timeout_s: float = 60.0,
         stale_probe: int = 8,
         scanner: Scanner | None = None,
         topics: Sequence[str] = (),
         scan_verifier: CertVerifier | None = None,
+        **options: Unpack[ProducerOptions],
     ) -> IdempotentProducer:
         """Continue ``checkpoint`` through its lineage (DESIGN §9), FENCE, scan, then go on.
 
@@ -109,16 +107,14 @@ class IdempotentProducer:
         lineage"), FENCEs every partition of the checkpoint's topics and of ``topics``, then the
         recovery scan (``scanner``: default over Kafka; ``scan_verifier``: default from
         ``config.lease_public_keys``) finds what the previous instance got into Kafka after it.
-        ``stale_probe``: generations tried past the checkpoint's. Store a checkpoint next.
+        ``stale_probe``: generations tried past the checkpoint's. ``options``: the constructor's
+        (``ledger``, ``clock``, ``producer_factory``, ``on_roll``). Store a checkpoint next.
 
         Raises:
             ProducerFenced: another owner holds the lineage, or the checkpoint is stale.
             LeaseServerDown / DeliveryFailed / BrokerUnavailable / UnknownTopic: retry later.
         """
-        self = cls(
-            config, lease_client, ledger=ledger, clock=clock, producer_factory=producer_factory,
-            on_roll=on_roll, _lease_now=False,
-        )  # fmt: skip
+        self = cls(config, lease_client, **options, _lease_now=False)
         self.resumed_how = self._driver.resume(
             checkpoint, stale_probe=stale_probe, topics=topics, fence_timeout_s=fence_timeout_s,
             scanner=scanner, scan_verifier=scan_verifier,

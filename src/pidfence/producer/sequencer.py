@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Mapping
+from dataclasses import InitVar, dataclass, field
 
 import msgpack
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -41,6 +42,7 @@ _U32X = struct.Struct(">Ix").pack
 _U64X = struct.Struct(">Qx").pack
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Sequencer:
     """Per-partition sequence counters for one (pid, generation).
 
@@ -55,88 +57,62 @@ class Sequencer:
             session stamps it as ``pfc`` (``certified`` holds the partitions that carried it).
     """
 
-    __slots__ = (
-        "_lanes",
-        "_mac_key",
-        "_prefix",
-        "_prefix32",
-        "_prefix64",
-        "ahead",
-        "cert",
-        "certified",
-        "expire_ms",
-        "fenced",
-        "fixed",
-        "generation",
-        "lifetime_ms",
-        "mac_hasher",
-        "pid",
-        "prefix16",
-        "prior_mac_key",
-        "ready",
-        "secret",
-        "signer",
-        "skip",
-        "topics",
-    )
+    pid: int
+    generation: int
+    expire_ms: int
+    next_seq: InitVar[Mapping[TopicPartition, int] | None] = None
+    lifetime_ms: int = 0
+    secret: bytes = b""
+    cert: bytes | None = None
+    #: The producer key a version 2 ``cert`` names (the session signs placed statements with
+    #: it), or None: the cert is stamped bare.
+    signer: Ed25519PrivateKey | None = field(init=False, default=None)
+    _mac_key: bytes | None = field(init=False, default=None)
+    #: The keyed hash state of :attr:`mac_key` (copied per record), or None.
+    mac_hasher: hashlib.blake2b | None = field(init=False, default=None)
+    #: After a roll, the rolled pid's MAC key (its records are scanned on a resume).
+    prior_mac_key: bytes | None = field(init=False, default=None)
+    #: Partitions a resume FENCEd, with that FENCE's generation (see the checkpoint's).
+    fenced: dict[TopicPartition, int] = field(init=False, default_factory=dict)
+    certified: set[TopicPartition] = field(init=False, default_factory=set)
+    #: Records per partition not to send: already in Kafka under the predecessor pid.
+    skip: dict[TopicPartition, int] = field(init=False, default_factory=dict)
+    #: Per partition, the next seq after the highest one an earlier instance of this pid got
+    #: into Kafka (recovery scan): below it, re-sent records are DUPLICATEs.
+    ahead: dict[TopicPartition, int] = field(init=False, default_factory=dict)
+    #: Topics written under this lineage before this sequencer (carried over rollovers).
+    topics: set[str] = field(init=False, default_factory=set)
+    #: Per topic, per partition: a one-element list holding the next seq (a mutable cell, so
+    #: the producer's fast path advances it without building a (topic, partition) key).
+    _lanes: dict[str, dict[int, list[int]]] = field(init=False, default_factory=dict)
+    #: The cells of partitions whose next record needs no skip and no extra header: the
+    #: producer's stamping loop stamps those inline (see :meth:`mark_ready`, :meth:`header`).
+    ready: dict[str, dict[int, list[int]]] = field(init=False, default_factory=dict)
+    _prefix: bytes = field(init=False)
+    #: The complete headers of seqs 0..255 (msgpack positive fixints below 128, then the
+    #: ``0xcc`` uint8 form).
+    fixed: tuple[bytes, ...] = field(init=False)
+    #: ``prefix + 0xcd``: the header of a seq in [256, 65536) is this plus ``U16X(seq)``.
+    prefix16: bytes = field(init=False)
+    _prefix32: bytes = field(init=False)
+    _prefix64: bytes = field(init=False)
 
-    def __init__(
-        self,
-        pid: int,
-        generation: int,
-        expire_ms: int,
-        next_seq: Mapping[TopicPartition, int] | None = None,
-        lifetime_ms: int = 0,
-        secret: bytes = b"",
-        cert: bytes | None = None,
-    ) -> None:
+    def __post_init__(self, next_seq: Mapping[TopicPartition, int] | None) -> None:
+        pid, generation = self.pid, self.generation
         if type(pid) is not int or not 1 <= pid < PID_LIMIT:
             raise ValueError(f"pid must be an int in [1, 2**63), got {pid!r}")
         if type(generation) is not int or not 0 <= generation < GENERATION_LIMIT:
             raise ValueError(f"generation must be an int in [0, 2**31), got {generation!r}")
-        self.pid = pid
-        self.generation = generation
-        self.expire_ms = expire_ms
-        self.lifetime_ms = lifetime_ms
-        self.secret = secret
-        self.cert = cert
-        #: The producer key a version 2 ``cert`` names (the session signs placed statements
-        #: with it), or None: the cert is stamped bare.
-        self.signer: Ed25519PrivateKey | None = None
-        self._mac_key: bytes | None = None
-        #: The keyed hash state of :attr:`mac_key` (copied per record), or None.
-        self.mac_hasher: hashlib.blake2b | None = None
-        #: After a roll, the rolled pid's MAC key (its records are scanned on a resume).
-        self.prior_mac_key: bytes | None = None
-        #: Partitions a resume FENCEd, with that FENCE's generation (see the checkpoint's).
-        self.fenced: dict[TopicPartition, int] = {}
-        self.certified: set[TopicPartition] = set()
-        #: Records per partition not to send: already in Kafka under the predecessor pid.
-        self.skip: dict[TopicPartition, int] = {}
-        #: Per partition, the next seq after the highest one an earlier instance of this pid got
-        #: into Kafka (recovery scan): below it, re-sent records are DUPLICATEs.
-        self.ahead: dict[TopicPartition, int] = {}
-        #: Topics written under this lineage before this sequencer (carried over rollovers).
-        self.topics: set[str] = set()
-        #: Per topic, per partition: a one-element list holding the next seq (a mutable cell,
-        #: so the producer's fast path advances it without building a (topic, partition) key).
-        self._lanes: dict[str, dict[int, list[int]]] = {}
         for (topic, partition), n in (next_seq or {}).items():
             self._lanes.setdefault(topic, {})[partition] = [n]
-        #: The cells of partitions whose next record needs no skip and no extra header: the
-        #: producer's stamping loop stamps those inline (see :meth:`mark_ready`, :meth:`header`).
-        self.ready: dict[str, dict[int, list[int]]] = {}
         # [version, pid, generation, seq, flags] as msgpack: everything before seq is fixed for
         # this sequencer, so a header is a prefix plus the packed seq plus the flags byte.
         packer = msgpack.Packer()
         prefix = b"\x95" + b"".join(map(packer.pack, (PF_VERSION, pid, generation)))
         self._prefix = prefix
-        #: The complete headers of seqs 0..255 (msgpack positive fixints below 128, then the
-        #: ``0xcc`` uint8 form).
-        self.fixed: tuple[bytes, ...] = tuple(prefix + bytes((n, 0)) for n in range(128)) + tuple(
+        self.fixed = tuple(prefix + bytes((n, 0)) for n in range(128)) + tuple(
             prefix + bytes((0xCC, n, 0)) for n in range(128, 256)
         )
-        #: ``prefix + 0xcd``: the header of a seq in [256, 65536) is this plus ``U16X(seq)``.
         self.prefix16 = prefix + b"\xcd"
         self._prefix32 = prefix + b"\xce"
         self._prefix64 = prefix + b"\xcf"
