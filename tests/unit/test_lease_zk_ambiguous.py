@@ -13,7 +13,7 @@ from pidfence.pid_allocator import NotOwner, StaleGeneration, ZkCoordinator
 from pidfence.pid_allocator.capability import make_secret
 from pidfence.pid_allocator.coordinator import BlockRequest
 from pidfence.pid_allocator.generations import initial_generation
-from pidfence.pid_allocator.lineage import Lineage, Outcome
+from pidfence.pid_allocator.lineage import Change, Lineage, Outcome
 
 
 @dataclass
@@ -220,11 +220,11 @@ def test_ambiguous_bump_is_settled_by_its_token(
     lineage, (_, fake) = _lineage(zk), zk
     secret, g0 = make_secret(1, SALT, 5, 0), initial_generation(SALT, 5)
     fake.faults = [fault]
-    assert lineage.bump(5, g0, secret, "tok", 1000).generation == g0 + 1
+    assert lineage.bump(Change(5, g0, secret, "tok", 1000)).generation == g0 + 1
     fake.faults = [fault]
-    assert lineage.bump(5, g0 + 1, secret, "tok2", 1000).generation == g0 + 2
+    assert lineage.bump(Change(5, g0 + 1, secret, "tok2", 1000)).generation == g0 + 2
     with pytest.raises(StaleGeneration):
-        lineage.bump(5, g0 + 1, secret, "other", 1000)
+        lineage.bump(Change(5, g0 + 1, secret, "other", 1000))
 
 
 @pytest.mark.parametrize("fault", ["lost-after", "lost-before"])
@@ -237,7 +237,7 @@ def test_ambiguous_roll_is_re_read_never_guessed(
     secret, g0 = make_secret(1, SALT, 5, 0), initial_generation(SALT, 5)
     successor = Outcome(7, initial_generation(SALT, 7), 9000, block, make_secret(1, SALT, 7, 0))
     fake.faults = [fault]
-    assert lineage.roll(5, g0, secret, "roll-1", 1000, successor) == successor
+    assert lineage.roll(Change(5, g0, secret, "roll-1", 1000), successor) == successor
     found = coordinator.read_lineage(5)
     assert found is not None
     assert (found[0].successor, found[0].generation) == (7, g0)
@@ -247,7 +247,7 @@ def test_ambiguous_roll_is_re_read_never_guessed(
     # A second roll of the same generation (a zombie) is refused and told the successor.
     other = Outcome(8, initial_generation(SALT, 8), 9000, block, make_secret(1, SALT, 8, 0))
     with pytest.raises(StaleGeneration) as stale:
-        lineage.roll(5, g0, secret, "roll-2", 1000, other)
+        lineage.roll(Change(5, g0, secret, "roll-2", 1000), other)
     assert stale.value.successor == 7
     assert coordinator.read_lineage(8) is None
 
@@ -262,6 +262,6 @@ def test_bumps_and_rolls_of_unknown_pids_never_list_a_directory(
     assert block is not None
     for pid, secret in [(10**12, b""), (10**12, make_secret(1, SALT, 5, 0)), (5, b"\x00" * 28)]:
         with pytest.raises(NotOwner):
-            lineage.bump(pid, 0, secret, "t", 1000)
+            lineage.bump(Change(pid, 0, secret, "t", 1000))
         with pytest.raises(NotOwner):
-            lineage.roll(pid, 0, secret, "t", 1000, Outcome(7, 0, 9000, block, b""))
+            lineage.roll(Change(pid, 0, secret, "t", 1000), Outcome(7, 0, 9000, block, b""))
