@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
@@ -111,6 +112,19 @@ def verify_statement(producer_public_key: bytes, signature: bytes, *place: *Reco
 #: per producer).
 CACHE_SIZE: Final = 4096
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _remembered(cache: dict[K, V], key: K, compute: Callable[[], V]) -> V:
+    """``cache[key]``, computed on a miss; the cache is emptied when it holds CACHE_SIZE."""
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= CACHE_SIZE:
+            cache.clear()
+        value = cache[key] = compute()
+    return value
+
 
 class PlacedCheck:
     """Verifies ``pfc`` headers against the lease servers' keys, for any (topic, partition).
@@ -135,25 +149,6 @@ class PlacedCheck:
         self._certs: dict[tuple[bytes, int, int], CertCheck] = {}
         self._statements: dict[tuple[bytes, bytes, RecordPlace], bool] = {}
 
-    def _cert(self, cert: bytes, pid: int, generation: int) -> CertCheck:
-        key = (cert, pid, generation)
-        check = self._certs.get(key)
-        if check is None:
-            if len(self._certs) >= CACHE_SIZE:
-                self._certs.clear()
-            # Checked at the earliest time: the answer at any time then follows from expire_ms.
-            check = self._certs[key] = verify_cert(cert, self._keys, pid, generation, -(2**63))
-        return check
-
-    def _statement(self, producer_key: bytes, signature: bytes, place: RecordPlace) -> bool:
-        key = (producer_key, signature, place)
-        valid = self._statements.get(key)
-        if valid is None:
-            if len(self._statements) >= CACHE_SIZE:
-                self._statements.clear()
-            valid = self._statements[key] = verify_statement(producer_key, signature, *place)
-        return valid
-
     def reason(self, place: RecordPlace, pfc: bytes | None, now_ms: int) -> str | None:
         """None when ``pfc`` proves the record at ``place`` (:data:`RecordPlace`) at ``now_ms``,
         else why not: ``missing``, ``malformed``, ``unbound`` (version 1, not accepted), a
@@ -168,7 +163,13 @@ class PlacedCheck:
         if parts.version == 1 and not self.accept_unbound:
             return "unbound"
         _, _, pid, generation, _, _ = place
-        check = self._cert(parts.cert, pid, generation)
+        cert = parts.cert
+        # Checked at the earliest time: the answer at any time then follows from expire_ms.
+        check = _remembered(
+            self._certs,
+            (cert, pid, generation),
+            lambda: verify_cert(cert, self._keys, pid, generation, -(2**63)),
+        )
         if not check.ok:
             return check.reason
         if check.expire_ms is not None and check.expire_ms <= now_ms:
@@ -177,7 +178,9 @@ class PlacedCheck:
             return None
         if check.producer_key is None or parts.signature is None:
             return "unbound"
-        if not self._statement(check.producer_key, parts.signature, place):
+        key, signature = check.producer_key, parts.signature
+        verify = partial(verify_statement, key, signature, *place)
+        if not _remembered(self._statements, (key, signature, place), verify):
             return "other_place"
         return None
 
