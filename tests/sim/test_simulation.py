@@ -44,8 +44,9 @@ SCHEDULES_SEED = int(
     "2486807365933034829899790895060"
 )
 #: The schedules are judged in this many test items, each every SHARDS-th of one sequence, so
-#: pytest-xdist spreads the tier's longest test over its workers (as one item: ~4 min of CPU).
-SHARDS = 4
+#: pytest-xdist spreads the tier's longest test over its workers (as one item: several minutes of
+#: CPU; a shard is well under a minute).
+SHARDS = 8
 
 
 @pytest.mark.parametrize("shard", range(SHARDS))
