@@ -13,7 +13,7 @@ TOXIPROXY_MODULE := github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0
 PYTEST_ARGS ?=
 # pytest-xdist workers of `make test`, each with its own ZooKeeper, Kafka and Spark (tests/README.md);
 # TEST_WORKERS=0 runs the suite serially in one process.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 .PHONY: setup test unit lint demo bench under-load clean distclean
 

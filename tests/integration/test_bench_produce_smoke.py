@@ -16,7 +16,8 @@ from tests.fixtures.bench import run_quick_bench
 
 RECORDS = 2_000
 
-pytestmark = pytest.mark.timeout(600)
+# Over a minute: handed out first under xdist (tests/README.md).
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def test_produce_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from pidfence.services.process import started_pids
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
+@pytest.mark.slow  # over a minute: handed out first under xdist (tests/README.md)
 def test_soak_bench_runs_every_fault_and_finds_no_anomaly(tmp_path: Path) -> None:
     before = started_pids()
     bench = load_bench("soak", BENCH_DIR)

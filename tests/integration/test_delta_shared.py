@@ -174,6 +174,7 @@ def spark_sql(path: Path, statements: list[str]) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow  # over a minute: handed out first under xdist (tests/README.md)
 def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_batch(
     sink_and_upstream: tuple[Sink, Upstream, Path], tmp_path: Path
 ) -> None:

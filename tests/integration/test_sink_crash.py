@@ -98,6 +98,7 @@ def committed(output: Path, batch: int) -> bool:
     return batch in committed_ids(str(output))
 
 
+@pytest.mark.slow  # over a minute: handed out first under xdist (tests/README.md)
 @ON_EVERY_FORMAT
 def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
     kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
