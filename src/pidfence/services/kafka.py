@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from pidfence.services.class_archive import archive_options
 from pidfence.services.jars import classpath
 from pidfence.services.node import Cluster
 from pidfence.services.ports import free_port
@@ -88,12 +89,14 @@ class KafkaCluster(Cluster):
         return cfg
 
     def _jvm(self, node_dir: Path) -> list[str]:
+        jars = classpath("kafka")
         return [
             java(), f"-Xmx{self.heap}", "-Xms128m",
             *jvm_options(("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20")),
+            *archive_options("kafka", jars),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={node_dir / 'log4j2.properties'}",
-            "-cp", classpath("kafka"),
+            "-cp", jars,
         ]  # fmt: skip
 
     def _node(self, i: int) -> tuple[list[str], Path, int, str]:

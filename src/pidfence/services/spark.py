@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Self
 
+from pidfence.services.class_archive import archive_options
 from pidfence.services.jars import jars
 from pidfence.services.node import ProcessGroup
 from pidfence.services.ports import free_port
@@ -25,6 +26,14 @@ def spark_home() -> Path:
 def connector_jars() -> str:
     """``spark.jars`` value: the Kafka connector and what pyspark lacks, from the cache."""
     return ",".join(str(p) for p in jars("spark-kafka"))
+
+
+def driver_classpath_identity() -> str:
+    """What the driver JVM loads its classes from: pyspark's jars and the connector's (the key of
+    its class archive, :mod:`pidfence.services.class_archive`)."""
+    import pyspark
+
+    return f"{spark_home() / 'jars'} {pyspark.__version__}\n{connector_jars()}"
 
 
 #: Spark's own log4j2 configuration when its output goes to a file: WARN and above only.
@@ -78,6 +87,9 @@ def spark_session(
     if extra := " ".join(jvm_options()):
         for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
             settings[key] = f"{settings[key]} {extra}" if settings.get(key) else extra
+    if driver := " ".join(archive_options("spark", driver_classpath_identity())):
+        key = "spark.driver.extraJavaOptions"
+        settings[key] = f"{settings[key]} {driver}" if settings.get(key) else driver
     if log_file is not None:
         _launch_gateway_logging_to(
             log_file, {"spark.master": master, "spark.app.name": app_name}, settings

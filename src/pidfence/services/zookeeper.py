@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Self
 
+from pidfence.services.class_archive import archive_options
 from pidfence.services.jars import classpath
 from pidfence.services.node import Cluster
 from pidfence.services.ports import free_port
@@ -67,12 +68,14 @@ class ZooKeeperEnsemble(Cluster):
 
     def _node(self, i: int) -> tuple[list[str], Path, int, str]:
         cfg = self._configure(i)
+        jars = classpath("zookeeper")
         cmd = [
             java(), "-Xmx256m", *jvm_options(("-XX:+UseSerialGC",)),
+            *archive_options("zookeeper", jars),
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
             "-Dzookeeper.jmx.log4j.disable=true",
-            "-cp", classpath("zookeeper"), "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            "-cp", jars, "org.apache.zookeeper.server.quorum.QuorumPeerMain",
             str(cfg),
         ]  # fmt: skip
         what = f"ZooKeeper node {i} ({self.node_hosts(i)})"

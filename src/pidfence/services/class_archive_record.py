@@ -1,0 +1,151 @@
+"""``make setup``'s last step: record the JVMs' class archives by running a small pipeline once.
+
+``python -m pidfence.services.class_archive_record`` starts ZooKeeper and Kafka, produces a few
+hundred records with ``pf`` headers, runs ``pidfence sink --available-now`` over them into a
+Delta table, and stops everything cleanly: each JVM writes the classes it loaded at its exit
+(:mod:`pidfence.services.class_archive`). It takes about a minute once; every later start of
+those JVMs is faster. A failure here only costs speed: JVMs start as they would without it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pidfence.services.class_archive import (
+    CLASS_ARCHIVE_ENV,
+    archive_path,
+    recording_path,
+)
+from pidfence.services.jars import classpath
+from pidfence.services.kafka import KafkaCluster, create_topic
+from pidfence.services.node import Cluster
+from pidfence.services.spark import driver_classpath_identity
+from pidfence.services.zookeeper import ZooKeeperEnsemble
+from pidfence.wire import encode_pf
+
+#: A recording JVM writes its archive at exit (the Spark driver's is ~150 MB, several seconds).
+EXIT_LIMIT_S = 180.0
+RECORDS_PER_PRODUCER = 100
+TOPIC = "pidfence-class-archive"
+
+
+def _produce(bootstrap: str) -> None:
+    from confluent_kafka import Producer
+
+    create_topic(bootstrap, TOPIC, partitions=2)
+    # log_level 3: "coordinator load in progress" while the new broker warms up is not news.
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "log_level": 3}
+    )
+    for pid in (1, 2):
+        for seq in range(RECORDS_PER_PRODUCER):
+            producer.produce(
+                TOPIC, value=f"{pid}:{seq}".encode(), key=str(pid).encode(),
+                partition=pid - 1, headers=[("pf", encode_pf(pid, 0, seq))],
+            )  # fmt: skip
+    if producer.flush(60):
+        raise RuntimeError("class archive: records not delivered to the local Kafka")
+
+
+def _run_sink(bootstrap: str, run: Path) -> None:
+    argv = [
+        sys.executable, "-c", "from pidfence.cli import main; main()", "sink",
+        "--bootstrap", bootstrap, "--topic", TOPIC,
+        "--output", str(run / "out"), "--checkpoint", str(run / "ckpt"), "--master", "local[2]",
+        "--available-now", "--starting-offsets", "earliest",
+    ]  # fmt: skip
+    with (run / "sink.log").open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        code = proc.wait(EXIT_LIMIT_S)
+    # The driver JVM writes its archive after the Python driver has gone: wait for the group.
+    _wait_group_gone(proc.pid)
+    if code != 0:
+        tail = (run / "sink.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"class archive: the sink run exited {code}\n{tail}")
+
+
+def _wait_group_gone(pgid: int) -> None:
+    deadline = time.monotonic() + EXIT_LIMIT_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(pgid, signal.SIGKILL)
+
+
+def _stop_slowly(cluster: Cluster) -> None:
+    for node in cluster.nodes:
+        node.stop(EXIT_LIMIT_S)
+    cluster.stop()
+
+
+def _publish(application: str, key: str) -> Path | None:
+    archive = archive_path(application, key)
+    recorded = recording_path(archive)
+    if not recorded.is_file():
+        return None
+    recorded.replace(archive)
+    return archive
+
+
+def record(progress: Callable[[str], None] = print) -> list[Path]:
+    """Record every application's archive; the archives written (missing ones failed to dump)."""
+    keys = {
+        "zookeeper": classpath("zookeeper"),
+        "kafka": classpath("kafka"),
+        "spark": driver_classpath_identity(),
+    }
+    archive_path("spark", keys["spark"]).parent.mkdir(parents=True, exist_ok=True)
+    previous = os.environ.get(CLASS_ARCHIVE_ENV)
+    os.environ[CLASS_ARCHIVE_ENV] = "record"
+    try:
+        with tempfile.TemporaryDirectory(prefix="pidfence-cds-") as tmp:
+            run = Path(tmp)
+            progress("class archives: starting ZooKeeper and Kafka")
+            zookeeper = ZooKeeperEnsemble(1, run / "zk").start()
+            try:
+                kafka = KafkaCluster(1, run / "kafka").start()
+                try:
+                    _produce(kafka.bootstrap)
+                    progress("class archives: running the sink once")
+                    _run_sink(kafka.bootstrap, run)
+                finally:
+                    _stop_slowly(kafka)
+            finally:
+                _stop_slowly(zookeeper)
+    finally:
+        if previous is None:
+            os.environ.pop(CLASS_ARCHIVE_ENV, None)
+        else:
+            os.environ[CLASS_ARCHIVE_ENV] = previous
+        # What did record is good even when a later step failed.
+        written = [a for app, key in keys.items() if (a := _publish(app, key)) is not None]
+    return written
+
+
+def main() -> None:
+    """What ``make setup`` runs: record the archives, or say why not and carry on (exit 0)."""
+    started = time.monotonic()
+    try:
+        written = record(lambda line: print(line, flush=True))  # noqa: T201
+    except Exception as exc:  # noqa: BLE001 - an archive is an optimisation, never a setup failure
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"note: class archives not recorded ({first}); JVMs start without them")  # noqa: T201
+        return
+    sizes = ", ".join(f"{a.name.split('-')[0]} {a.stat().st_size // 2**20} MB" for a in written)
+    took = time.monotonic() - started
+    where = written[0].parent if written else "nowhere"
+    print(f"class archives ready in {where} ({sizes}) in {took:.0f} s")  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()
