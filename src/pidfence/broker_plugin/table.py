@@ -24,7 +24,7 @@ from pidfence.broker_plugin.entry import (
 )
 from pidfence.broker_plugin.rules import RulesKernel
 from pidfence.broker_plugin.snapshot import delta_snapshot, full_snapshot, restore_chain
-from pidfence.wire import MalformedHeader, decode_pf
+from pidfence.wire import MalformedHeader, decode_pf_fields
 
 
 class ProducerStateTable(RulesKernel):
@@ -84,10 +84,10 @@ class ProducerStateTable(RulesKernel):
         """Decide one record from its raw ``pf`` header value (``None`` when absent)."""
         if header is not None:
             try:
-                pf = decode_pf(header)
+                pid, generation, seq, flags = decode_pf_fields(header)
             except MalformedHeader:
                 return [Decision(ref, MALFORMED)]
-            return self.offer(pf.pid, pf.generation, pf.seq, ts_ms, pf.flags, ref, cert)
+            return self.offer(pid, generation, seq, ts_ms, flags, ref, cert)
         out: list[Emit] = [(ref, NON_IDEMPOTENT, None)]
         self.advance(as_timestamp(ts_ms), out)
         return [Decision(r, v) for r, v, _ in out]

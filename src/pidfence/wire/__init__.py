@@ -22,6 +22,7 @@ from pidfence.wire.header import (
     SEQ_LIMIT,
     PfHeader,
     decode_pf,
+    decode_pf_fields,
     encode_pf,
 )
 from pidfence.wire.mac import (
@@ -75,5 +76,6 @@ __all__ = [
     # types
     "Verdict",
     "decode_pf",
+    "decode_pf_fields",
     "encode_pf",
 ]

@@ -82,23 +82,47 @@ def decode_pf(data: bytes) -> PfHeader:
     Raises:
         MalformedHeader: for anything that is not exactly a version-1 header, with the reason.
     """
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise MalformedHeader(f"expected bytes, got {type(data).__name__}")
+    return PfHeader(*decode_pf_fields(data))
+
+
+def decode_pf_fields(data: bytes) -> tuple[int, int, int, int]:
+    """``(pid, generation, seq, flags)`` of a ``pf`` header value: :func:`decode_pf` without
+    building the object, for the rules' per-record path (a rebuild replays every record).
+
+    Raises:
+        MalformedHeader: for anything that is not exactly a version-1 header, with the reason.
+    """
+    if type(data) is not bytes:
+        if not isinstance(data, bytearray | memoryview):
+            raise MalformedHeader(f"expected bytes, got {type(data).__name__}")
+        data = bytes(data)
     if len(data) > MAX_HEADER_BYTES:
         raise MalformedHeader(f"{len(data)} bytes exceeds the {MAX_HEADER_BYTES}-byte limit")
     try:
         # The 64-byte limit above bounds nesting and sizes, so unpacking cannot blow up.
-        value = msgpack.unpackb(bytes(data), raw=True, strict_map_key=False)
+        value = msgpack.unpackb(data, raw=True, strict_map_key=False)
     except msgpack.ExtraData as exc:
         raise MalformedHeader("trailing bytes after the header") from exc
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
         raise MalformedHeader(f"not msgpack ({exc.__class__.__name__}: {exc})") from exc
-    if not isinstance(value, list):
+    if type(value) is not list:
         raise MalformedHeader(f"expected a msgpack array, got {type(value).__name__}")
     if len(value) != 5:
         raise MalformedHeader(f"expected 5 elements, got {len(value)}")
     version, pid, generation, seq, flags = value
     if type(version) is not int or version != PF_VERSION:
         raise MalformedHeader(f"unsupported version {version!r}")
-    _check(pid, generation, seq, flags)
-    return PfHeader(pid, generation, seq, flags)
+    # One chained test for the valid case; _check names what is wrong otherwise.
+    if not (
+        type(pid) is int
+        and type(generation) is int
+        and type(seq) is int
+        and type(flags) is int
+        and 0 <= pid < PID_LIMIT
+        and 0 <= generation < GENERATION_LIMIT
+        and 0 <= seq < SEQ_LIMIT
+        and 0 <= flags
+        and not flags & ~KNOWN_FLAGS
+    ):
+        _check(pid, generation, seq, flags)
+    return pid, generation, seq, flags
