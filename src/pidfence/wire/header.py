@@ -121,7 +121,7 @@ def decode_pf_fields(data: bytes) -> tuple[int, int, int, int]:
         and 0 <= pid < PID_LIMIT
         and 0 <= generation < GENERATION_LIMIT
         and 0 <= seq < SEQ_LIMIT
-        and 0 <= flags
+        and flags >= 0
         and not flags & ~KNOWN_FLAGS
     ):
         _check(pid, generation, seq, flags)
