@@ -140,6 +140,19 @@ def test_the_supervisor_restarts_after_exit_75_and_is_done_after_exit_0() -> Non
     assert supervisor.done and supervisor.exits == [("p", 75), ("p.r1", 0)]
 
 
+def test_an_exit_75_the_supervisor_has_not_polled_yet_is_pending() -> None:
+    # The demo blocks on its mid-run sink pass; producers that exit 75 meanwhile must still be
+    # waited for and restarted, not taken for finished.
+    procs = [FakeProc("p")]
+    supervisor = Supervisor("p", lambda: procs[-1], lambda: procs.append(FakeProc("p.r1")))
+    supervisor.poll()
+    assert not supervisor.pending
+    procs[0].running, procs[0].code = False, 75
+    assert supervisor.pending  # before any poll saw it
+    procs[0].code = 0
+    assert not supervisor.pending
+
+
 def test_the_supervisor_fails_on_any_other_exit() -> None:
     proc = FakeProc("p", running=False, code=3)
     with pytest.raises(ServiceFailed, match="exited with 3"):

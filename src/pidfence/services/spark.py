@@ -99,7 +99,31 @@ def spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    _quiet_accumulator_eof(session.sparkContext)
     return session
+
+
+def _quiet_accumulator_eof(context: Any) -> None:
+    """No traceback when the JVM closes its accumulator connection first.
+
+    pyspark's accumulator server reads updates from the driver JVM over one connection; when the
+    JVM closes it (while it stops, sometimes before :func:`stop_session` has shut the server
+    down), the handler reads EOF and ``socketserver`` prints the ``EOFError`` traceback to the
+    run's output. pidfence registers no accumulators, so that EOF loses nothing; any other error
+    is still printed.
+    """
+    server = getattr(context, "_accumulatorServer", None)
+    if server is None or getattr(server, "_pidfence_quiet_eof", False):
+        return
+    default = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], EOFError):
+            return
+        default(request, client_address)
+
+    server.handle_error = handle_error
+    server._pidfence_quiet_eof = True
 
 
 def stop_session(spark: Any) -> None:

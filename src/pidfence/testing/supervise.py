@@ -62,14 +62,13 @@ class Supervisor(FaultScript):
 
     @property
     def pending(self) -> bool:
-        """True while the current instance exited 75 and is not restarted yet."""
-        proc = self._seen
-        return (
-            not self.done
-            and proc is not None
-            and proc is self.current()
-            and proc.exit_code() == EXIT_RETRIABLE
-        )
+        """True while the current instance has exited 75 and is not restarted yet, whether or not
+        :meth:`poll` has seen the exit (a caller that blocked, e.g. on a sink pass, must still
+        wait for the restart)."""
+        if self.done:
+            return False
+        proc = self.current()
+        return not proc.running and proc.exit_code() == EXIT_RETRIABLE
 
     def poll(self) -> None:
         if self.done:
