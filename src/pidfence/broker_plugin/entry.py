@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypedDict
 
-from pidfence.wire import FLAG_FENCE, GENERATION_LIMIT, PID_LIMIT, SEQ_LIMIT, Verdict
+from pidfence.wire import Verdict
 
 NO_CLOCK: Final = -(2**63)
 
@@ -144,20 +144,6 @@ def _integral(value: Any) -> Any:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)
     return value
-
-
-def valid_fields(pid: Any, generation: Any, seq: Any, flags: Any) -> bool:
-    """Whether decoded header fields are ints in range with known flags."""
-    return (
-        type(pid) is int
-        and type(generation) is int
-        and type(seq) is int
-        and type(flags) is int
-        and 0 <= pid < PID_LIMIT
-        and 0 <= generation < GENERATION_LIMIT
-        and 0 <= seq < SEQ_LIMIT
-        and flags in (0, FLAG_FENCE)
-    )
 
 
 def as_int_fields(pid: Any, generation: Any, seq: Any, flags: Any) -> tuple[Any, Any, Any, Any]:

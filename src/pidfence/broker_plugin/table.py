@@ -20,11 +20,10 @@ from pidfence.broker_plugin.entry import (
     SettingOverrides,
     as_int_fields,
     as_timestamp,
-    valid_fields,
 )
 from pidfence.broker_plugin.rules import RulesKernel
 from pidfence.broker_plugin.snapshot import delta_snapshot, full_snapshot, restore_chain
-from pidfence.wire import MalformedHeader, decode_pf_fields
+from pidfence.wire import MalformedHeader, decode_pf_fields, valid_fields
 
 
 class ProducerStateTable(RulesKernel):

@@ -24,6 +24,7 @@ from pidfence.wire.header import (
     decode_pf,
     decode_pf_fields,
     encode_pf,
+    valid_fields,
 )
 from pidfence.wire.mac import (
     MAC_HEADER_KEY,
@@ -78,4 +79,5 @@ __all__ = [
     "decode_pf",
     "decode_pf_fields",
     "encode_pf",
+    "valid_fields",
 ]

@@ -60,6 +60,21 @@ def _check(pid: Any, generation: Any, seq: Any, flags: Any) -> None:
         raise MalformedHeader(f"unknown flag bits {flags:#x} (version 1 knows only FENCE=0x1)")
 
 
+def valid_fields(pid: Any, generation: Any, seq: Any, flags: Any) -> bool:
+    """Whether decoded header fields are ints in range with known flags (:func:`_check` says
+    what is wrong when they are not)."""
+    return (
+        type(pid) is int
+        and type(generation) is int
+        and type(seq) is int
+        and type(flags) is int
+        and 0 <= pid < PID_LIMIT
+        and 0 <= generation < GENERATION_LIMIT
+        and 0 <= seq < SEQ_LIMIT
+        and flags in (0, FLAG_FENCE)
+    )
+
+
 def encode_pf(pid: int, generation: int, seq: int, flags: int = 0) -> bytes:
     """Encode a version-1 ``pf`` header.
 
@@ -113,16 +128,6 @@ def decode_pf_fields(data: bytes) -> tuple[int, int, int, int]:
     if type(version) is not int or version != PF_VERSION:
         raise MalformedHeader(f"unsupported version {version!r}")
     # One chained test for the valid case; _check names what is wrong otherwise.
-    if not (
-        type(pid) is int
-        and type(generation) is int
-        and type(seq) is int
-        and type(flags) is int
-        and 0 <= pid < PID_LIMIT
-        and 0 <= generation < GENERATION_LIMIT
-        and 0 <= seq < SEQ_LIMIT
-        and flags >= 0
-        and not flags & ~KNOWN_FLAGS
-    ):
+    if not valid_fields(pid, generation, seq, flags):
         _check(pid, generation, seq, flags)
     return pid, generation, seq, flags
