@@ -65,6 +65,8 @@ VALUE_SIZE = 100
 LINGER_MS = 5
 RECORDS_ENV = "PIDFENCE_BENCH_RECORDS"
 ROUNDS_ENV = "PIDFENCE_BENCH_ROUNDS"
+#: Reading a topic back fails after this long without a record.
+READ_BACK_STALL_S = 10.0
 #: A pf value of the typical size: [1, pid (uint16), generation 0, seq (uint32), 0].
 CONSTANT_HEADER = b"\x95\x01\xcd\x01\x00\xce\x12\x34\x56\x78\x05\x00"
 
@@ -197,10 +199,15 @@ def _header_bytes(bootstrap: str, topic: str, records: int) -> dict[str, float]:
     )
     seen = added = pf_bytes = pf_count = certified = maced = 0
     open_parts = set(range(PARTITIONS))
+    stalled_at = time.monotonic() + READ_BACK_STALL_S
     try:
         while open_parts:
-            batch = consumer.consume(10_000, 10.0)
-            if not batch:
+            # A short wait per call: consume() waits its whole timeout unless it fills the batch,
+            # and the end of the topic (partition EOF) does not fill it.
+            batch = consumer.consume(10_000, 0.2)
+            if batch:
+                stalled_at = time.monotonic() + READ_BACK_STALL_S
+            elif time.monotonic() > stalled_at:
                 raise RuntimeError(f"reading {topic} back stalled after {seen} records")
             for msg in batch:
                 error = msg.error()

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,7 +34,7 @@ from pidfence.ledger import LedgerEntry, LedgerWriter, value_digest
 from pidfence.spark_sink import read_log, read_rejects, read_written
 from pidfence.spark_sink.delta.history import BATCH_KEY
 from pidfence.wire import encode_pf
-from tests.integration.test_delta_spark import ROOT, SESSION, _delta_jars
+from tests.fixtures.delta_spark import has_delta
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -135,48 +134,32 @@ def _rejected(out: Path, verdict: str) -> int:
     return int(pc.sum(pc.equal(rows["verdict"], verdict)).as_py() or 0)
 
 
-SPARK_SQL = (
-    SESSION
-    + """
-statements = json.loads(sys.argv[3])
-try:
+def spark_sql(spark: Any, path: Path, statements: list[str]) -> dict[str, Any]:
+    """Run SQL on the table with Spark's own Delta (``{t}`` names it), then read it."""
     for sql in statements:
         spark.sql(sql.replace("{t}", f"delta.`{path}`")).collect()
-    df = spark.read.format("delta").load(path)
+    df = spark.read.format("delta").load(str(path))
     rows = [
         [r.topic, r.partition, r.offset, r.pid, r.seq,
          [[h.key, bytes(h.value).hex()] for h in r.headers or []]]
         for r in df.where("pid >= 100").orderBy("topic", "partition", "offset").collect()
-    ]
+    ]  # fmt: skip
     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select(
-        "version", "operation", "userMetadata", "operationParameters").collect()
-    print(json.dumps({
+        "version", "operation", "userMetadata", "operationParameters"
+    )
+    return {
         "rows": rows,
         "columns": df.columns,
-        "history": [[h.version, h.operation, h.userMetadata, dict(h.operationParameters or {})]
-                    for h in history],
-    }))
-finally:
-    spark.stop()
-"""
-)
-
-
-def spark_sql(path: Path, statements: list[str]) -> dict[str, Any]:
-    """Run SQL on the table with Spark's own Delta (``{t}`` names it), then read it."""
-    jars = _delta_jars()
-    proc = subprocess.run(
-        [sys.executable, "-c", SPARK_SQL, str(path), ",".join(jars), json.dumps(statements)],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+        "history": [
+            [h.version, h.operation, h.userMetadata, dict(h.operationParameters or {})]
+            for h in history.collect()
+        ],
+    }
 
 
 @pytest.mark.slow  # over a minute: handed out first under xdist (tests/README.md)
 def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_batch(
-    sink_and_upstream: tuple[Sink, Upstream, Path], tmp_path: Path
+    sink_and_upstream: tuple[Sink, Upstream, Path], spark: Any, tmp_path: Path
 ) -> None:
     sink, up, out = sink_and_upstream
     up.send(101, range(0, 50), 0)
@@ -210,16 +193,16 @@ def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_b
     sink.wait_for("20 DUPLICATE", lambda: _rejected(out, "DUPLICATE") == 20)
 
     # Spark's own Delta: a property and a delete, then the replay of what it deleted.
-    jars = _delta_jars()
-    if jars:
-        spark_sql(out, [
+    spark_delta = has_delta(spark)
+    if spark_delta:
+        spark_sql(spark, out, [
             "ALTER TABLE {t} SET TBLPROPERTIES ('delta.deletedFileRetentionDuration' = "
             "'interval 2 days')",
             "DELETE FROM {t} WHERE pid = 101 AND seq < 5",
         ])  # fmt: skip
         up.send(101, range(0, 5), 0)
         sink.wait_for("25 DUPLICATE", lambda: _rejected(out, "DUPLICATE") == 25)
-    deleted = 20 + (5 if jars else 0)
+    deleted = 20 + (5 if spark_delta else 0)
     up.send(101, range(100, 120), 0)
     sink.wait_for("220 rows", lambda: _written(out) == 220)
 
@@ -249,8 +232,8 @@ def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_b
     commits = [c for c in DeltaTable(str(out)).history() if c.get(BATCH_KEY) is not None]
     assert all(c["userMetadata"].startswith("pidfence-sink query ") for c in commits)
     assert list((out / "_delta_log").glob("*.checkpoint.parquet"))
-    if jars:
-        seen = spark_sql(out, [])
+    if spark_delta:
+        seen = spark_sql(spark, out, [])
         assert len(seen["rows"]) == 220 - deleted + 2  # Spark sees the foreign rows too
         assert "headers" in seen["columns"] and "region" in seen["columns"]
         epochs = [h[3].get("epochId") for h in seen["history"] if h[2]]

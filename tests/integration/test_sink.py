@@ -303,7 +303,7 @@ def test_crafted_topic_becomes_the_expected_log_run_after_run(
         (REJECTS1 | REJECTS2 | REJECTS3).values()
     )
     if table_format == "delta":
-        _spark_delta_reads(out, expected)
+        _spark_delta_reads(spark, out, expected)
 
 
 def _plain(value: Any) -> Any:
@@ -317,14 +317,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _spark_delta_reads(out: Path, expected: list[dict[str, Any]]) -> None:
-    """With the delta-spark jars, Spark's own Delta reader returns exactly the expected rows."""
-    from tests.integration.test_delta_spark import _delta_jars, spark_reads_delta
+def _spark_delta_reads(spark: Any, out: Path, expected: list[dict[str, Any]]) -> None:
+    """With Spark's Delta in the session, its reader returns exactly the expected rows."""
+    from tests.fixtures.delta_spark import has_delta
+    from tests.integration.test_delta_spark import spark_reads_delta
 
-    jars = _delta_jars()
-    if not jars:
+    if not has_delta(spark):
         return  # test_delta_spark reports the missing jars (skipped there)
-    rows = spark_reads_delta(str(out), jars)["rows"]
+    rows = spark_reads_delta(spark, str(out))["rows"]
     assert rows == [
         [r["topic"], r["partition"], r["log_offset"], r["value"].decode(), r["offset"]]
         for r in expected
