@@ -22,9 +22,6 @@ settings.load_profile("pidfence")
 # (tests/README.md), and the suite is CPU-bound on two cores. Set before any fixture starts one;
 # child processes inherit it. A run may choose other options by setting the variable itself.
 os.environ.setdefault(JVM_OPTIONS_ENV, "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-# The same for Spark drivers a test starts without pidfence (delta-spark readers): Spark's own
-# variable for the JVM that spark-submit starts.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", os.environ[JVM_OPTIONS_ENV])
 
 pytest_plugins = [
     "tests.fixtures.services",

@@ -83,6 +83,9 @@ class SimSink:
         self.gaps: list[tuple[Any, ...]] = []
         #: Per partition, the state files in order: ``(is_full, bytes, records read)``.
         self.snapshots: list[list[tuple[bool, bytes, int]]] = [[] for _ in range(n)]
+        # Snapshots dropped from the front of each chain as the real sink drops old state files:
+        # a restart still draws from all of them, so every schedule draws the same numbers.
+        self.dropped = [0] * n
         self.snapshot_counts = {"full": 0, "delta": 0}
         self.log: list[list[tuple[KafkaRecord, Verdict]]] = [[] for _ in range(n)]
         self.rejects: list[list[tuple[KafkaRecord, Verdict]]] = [[] for _ in range(n)]
@@ -149,6 +152,11 @@ class SimSink:
                 # Mostly incremental, as the real sink stores state (a full file every so often).
                 full = not chain or self.rng.random() < 0.25
                 data = table.snapshot() if full else table.snapshot_delta()
+                if full and (fulls := [i for i, (f, _, _) in enumerate(chain) if f]):
+                    # What the real sink keeps when it writes a full file: the newest older full
+                    # chain as a fallback, nothing older (spark_sink.state_files.drop_old_chains).
+                    del chain[: fulls[-1]]
+                    self.dropped[p] += fulls[-1]
                 chain.append((full, data, len(self.read[p])))
                 self.snapshot_counts["full" if full else "delta"] += 1
 
@@ -168,15 +176,20 @@ class SimSink:
             self.rejects[p].append((rec, verdict))
 
     def _restart(self, p: int) -> None:
-        """Lose the in-memory table; rebuild it from a random older snapshot + the records the
-        sink read after it (reopening the horizons it opened there)."""
+        """Lose the in-memory table; rebuild it from a random snapshot the real sink still keeps
+        (the current chain or the one before it) + the records the sink read after it (reopening
+        the horizons it opened there)."""
         self.restarts += 1
         chain = self.snapshots[p]
         snap: bytes | None = None
         start = 0
         base: ProducerStateTable | None = None
         if chain:
-            pick = self.rng.randrange(len(chain))
+            drawn = self.rng.randrange(self.dropped[p] + len(chain))
+            pick = drawn - self.dropped[p]
+            if pick < 0:
+                # A state file the real sink no longer keeps: it starts from the oldest it keeps.
+                pick, self.dropped[p] = 0, drawn
             first = max(i for i in range(pick + 1) if chain[i][0])
             full, deltas = chain[first][1], [d for _, d, _ in chain[first + 1 : pick + 1]]
             start = chain[pick][2]
