@@ -6,7 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from collections.abc import Callable
@@ -209,67 +208,6 @@ def test_kafka_rf3_acks_all_loses_nothing_with_a_broker_killed(
     values = [int(m.value()) for m in _consume(kafka_cluster3.bootstrap, topic, total, 120)]
     assert sorted(values) == list(range(total))
     assert kafka_cluster3.broker_ids() == {1, 2, 3}
-
-
-_STANDALONE_QUERY = textwrap.dedent(
-    """
-    import json, sys
-    from pidfence.services import spark_session
-
-    master, bootstrap, topic, checkpoint = sys.argv[1:5]
-    spark = spark_session(
-        master=master, app_name="pidfence-standalone-test",
-        conf={"spark.executor.memory": "512m", "spark.cores.max": "2"},
-    )
-    query = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("includeHeaders", "true")
-        .load()
-        .selectExpr("CAST(value AS STRING) AS v", "headers[0].value AS h")
-        .writeStream.format("memory").queryName("standalone_out")
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(240)
-    rows = spark.sql("SELECT v, h FROM standalone_out").collect()
-    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
-    print(json.dumps({
-        "master": spark.sparkContext.master,
-        "executors": executors,
-        "values": sorted(r.v for r in rows),
-        "headers": sorted(bytes(r.h).hex() for r in rows),
-    }))
-    spark.stop()
-    """
-)
-
-
-def test_streaming_query_on_standalone_cluster(
-    spark_standalone: Any, kafka: Any, new_topic: Callable[..., str], tmp_path: Path
-) -> None:
-    from confluent_kafka import Producer
-
-    topic = new_topic(partitions=2)
-    producer = Producer({"bootstrap.servers": kafka.bootstrap})
-    for i in range(10):
-        producer.produce(topic, value=b"s%d" % i, headers=[("pf", bytes([i]))])
-    assert producer.flush(30) == 0
-    # One SparkContext per process: the test session already holds the local one.
-    result = subprocess.run(
-        [sys.executable, "-c", _STANDALONE_QUERY, spark_standalone.master_url, kafka.bootstrap,
-         topic, str(tmp_path / "checkpoint")],
-        capture_output=True, text=True, timeout=400, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    doc = json.loads(result.stdout.strip().splitlines()[-1])
-    assert doc["master"] == spark_standalone.master_url
-    assert doc["executors"] >= 1
-    assert doc["values"] == sorted(f"s{i}" for i in range(10))
-    assert doc["headers"] == sorted(bytes([i]).hex() for i in range(10))
 
 
 def test_services_cli_up_status_down(tmp_path: Path) -> None:

@@ -178,6 +178,9 @@ def test_cli_on_standalone_cluster_runs_until_sigterm(
     proc = SinkProc(argv, tmp_path / "standalone.log")
     try:
         _wait_for(proc, lambda: committed(out, 0))
+        # The batch ran on the cluster's executors: the master granted the sink's app cores.
+        apps = spark_standalone.running_apps()
+        assert any(app["cores"] > 0 for app in apps), apps
         produce(kafka.bootstrap, topic, RUN2, sent)
         _wait_for(proc, lambda: read_log(str(out)).num_rows == 15)
         # RUN2 may span batches; wait until the newest committed one is printed.

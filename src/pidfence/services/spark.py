@@ -299,6 +299,12 @@ class SparkStandaloneCluster(ProcessGroup[ManagedProcess]):
         """Workers the master lists as ALIVE."""
         return sum(1 for w in self._state().get("workers", []) if w.get("state") == "ALIVE")
 
+    def running_apps(self) -> list[dict[str, Any]]:
+        """Applications the master runs now, as its JSON API lists them (``name``, ``cores``
+        granted to their executors, ``state``, ...)."""
+        apps: list[dict[str, Any]] = self._state().get("activeapps", [])
+        return apps
+
     def stop(self) -> None:
         """Stop workers, then the master."""
         for node in reversed(self.nodes):
