@@ -14,6 +14,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from pidfence.services.spark import worker_python_script
 from pidfence.testing.sink_faults import SinkFaults
 
 
@@ -22,7 +23,7 @@ def python_wrapper(faults: SinkFaults, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "python"
     command = shlex.join([sys.executable, "-m", __name__, faults.to_json()])
-    script.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+    script.write_text(worker_python_script(f'exec {command} "$@"'))
     script.chmod(0o755)
     return script
 
