@@ -23,12 +23,10 @@ TEST_WORKERS ?= 3
 
 setup: $(STAMP) $(JARS) $(ARCHIVES) $(TOXIPROXY)
 
-# --no-compile: Python compiles a module when first imported; compiling every installed file up
-# front took 19 of the install's 52 s, for modules most runs never import.
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
 $(JARS): $(STAMP) infra/jvm/pom.xml infra/jvm/*/pom.xml
