@@ -21,6 +21,7 @@ from typing import Any
 import confluent_kafka
 
 from pidfence.producer.checkpoint import ProducerCheckpoint
+from pidfence.producer.client_log import librdkafka_logger
 from pidfence.producer.errors import BadCheckpoint, BrokerUnavailable, ProducerError, UnknownTopic
 from pidfence.producer.idempotent import IdempotentProducer
 from pidfence.producer.statefile import load_state, save_state
@@ -167,7 +168,7 @@ class Copier:
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
-                "logger": logging.getLogger("pidfence.producer.librdkafka"),
+                "logger": librdkafka_logger(),
                 **spec.consumer_extra,
             }
         )

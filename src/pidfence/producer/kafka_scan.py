@@ -9,6 +9,7 @@ from typing import Any
 import confluent_kafka
 
 from pidfence.producer.checkpoint import TopicPartition
+from pidfence.producer.client_log import librdkafka_logger
 from pidfence.producer.errors import BrokerUnavailable
 from pidfence.producer.recovery import ScanState
 
@@ -52,7 +53,7 @@ class KafkaScanner:
                 "group.id": "pidfence-recovery",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
-                "logger": logging.getLogger("pidfence.producer.librdkafka"),
+                "logger": librdkafka_logger(),
             }
         )
         try:

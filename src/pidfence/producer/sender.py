@@ -9,12 +9,12 @@ FENCE records a resume planned and re-sends acknowledged copies for the fault ho
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pidfence.ledger import Ledger, LedgerError, LedgerWriter
+from pidfence.producer.client_log import librdkafka_logger
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback, DeliveryTracker
 from pidfence.producer.errors import BrokerUnavailable, NotFlushed, ProducerConfigError
@@ -57,7 +57,7 @@ class Sender:
         self._success_reports = config.success_reports
         conf = config.to_librdkafka()
         conf.setdefault("allow.auto.create.topics", False)
-        conf.setdefault("logger", logging.getLogger("pidfence.producer.librdkafka"))
+        conf.setdefault("logger", librdkafka_logger())
         conf["on_delivery"] = self.delivery.on_delivery
         self.client = factory(conf)
         #: True when each record needs its own callback (ledger or resend buffer).
