@@ -9,14 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from pidfence.cli import preflight
 from pidfence.cli.preflight import (
     KafkaUnreachable,
     ZooKeeperUnreachable,
     check_kafka,
     check_zookeeper,
-    refused_everywhere,
 )
+from pidfence.reachability import parse_address, refused_everywhere
 from pidfence.services.ports import free_port
 
 
@@ -47,7 +46,7 @@ def test_what_is_not_a_refusal_is_left_to_the_client(servers: str) -> None:
      ("SASL_SSL://broker:9093", ("broker", 9093)), (" b:1 ", ("b", 1))],
 )  # fmt: skip
 def test_addresses_parse(entry: str, address: tuple[str, int]) -> None:
-    assert preflight._address(entry) == address
+    assert parse_address(entry) == address
 
 
 def test_a_server_binding_its_port_within_the_grace_is_not_refused() -> None:

@@ -9,21 +9,17 @@ starts) is the library's: :mod:`pidfence.spark_sink.preflight`.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pidfence.reachability import REFUSED_GRACE_S, refused_everywhere
 from pidfence.wire import PF_HEADER_KEY, PidfenceError
 
 #: How long the metadata request may take before Kafka counts as unreachable.
 METADATA_TIMEOUT_S = 10.0
-#: How long every address may refuse connections before the service counts as not running: a
-#: refusal is an answer (nothing listens there), so it needs no full metadata timeout, only a grace
-#: for a server that is binding its port just now.
-REFUSED_GRACE_S = 3.0
 #: Records sampled (from the end of each partition) to look for ``pf`` headers.
 SAMPLE_RECORDS = 200
 
@@ -204,37 +200,6 @@ def check_zookeeper(hosts: str, timeout_s: float = METADATA_TIMEOUT_S) -> None:
     finally:
         client.stop()
         client.close()
-
-
-def _address(entry: str) -> tuple[str, int] | None:
-    """``host:port`` (also ``[v6]:port`` and ``PROTOCOL://host:port``), None if not one."""
-    host, _, port = entry.strip().rpartition("://")[2].rpartition(":")
-    host = host.strip("[]")
-    return (host, int(port)) if host and port.isdigit() else None
-
-
-def refused_everywhere(servers: str, grace_s: float = REFUSED_GRACE_S) -> bool:
-    """True when every address of a comma-separated list refused every TCP connect for
-    ``grace_s``. Any other outcome (a connect, a timeout, a name that does not resolve, an entry
-    that is not ``host:port``) is False: the client's own request then decides, at its timeout.
-    """
-    parsed = [_address(entry) for entry in servers.split(",") if entry.strip()]
-    addresses = [address for address in parsed if address is not None]
-    if not parsed or len(addresses) != len(parsed):
-        return False
-    deadline = time.monotonic() + grace_s
-    while True:
-        for address in addresses:
-            try:
-                with socket.create_connection(address, timeout=1.0):
-                    return False
-            except ConnectionRefusedError:
-                continue
-            except OSError:
-                return False
-        if time.monotonic() >= deadline:
-            return True
-        time.sleep(0.25)
 
 
 class _Silent:

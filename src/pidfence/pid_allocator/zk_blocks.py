@@ -37,6 +37,7 @@ from pidfence.pid_allocator.coordinator import (
     RollWrite,
 )
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
+from pidfence.reachability import REFUSED_GRACE_S, refused_everywhere
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class ZkCoordinator:
                 "auth_data": [("digest", f"{user}:{password}")],
                 "default_acl": [make_digest_acl(user, password, all=True)],
             }
+        self._owns_client = client is None
         self._zk = client or KazooClient(
             hosts=hosts,
             timeout=session_timeout_s,
@@ -106,6 +108,12 @@ class ZkCoordinator:
         from kazoo.exceptions import NodeExistsError
 
         try:
+            if self._owns_client and refused_everywhere(self.hosts.split("/", 1)[0]):
+                # Nothing listens at any address (the part before a chroot): say so after the
+                # grace rather than at kazoo's session timeout.
+                raise ConnectionRefusedError(
+                    f"every server refused the connection for {REFUSED_GRACE_S:g} s"
+                )
             self._zk.start(timeout=timeout_s)
             for path in (self._blocks_path, self._gens_path):
                 self._zk.ensure_path(path)
