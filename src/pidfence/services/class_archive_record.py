@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pidfence.services.class_archive import (
@@ -54,7 +55,12 @@ def _produce(bootstrap: str) -> None:
         raise RuntimeError("class archive: records not delivered to the local Kafka")
 
 
-def _run_sink(bootstrap: str, run: Path) -> None:
+def _run_sink(bootstrap: str, run: Path) -> int:
+    """Run the sink once; its process group id (the driver JVM may still be writing its archive).
+
+    Raises:
+        RuntimeError: the sink failed (its log's tail in the message).
+    """
     argv = [
         sys.executable, "-c", "from pidfence.cli import main; main()", "sink",
         "--bootstrap", bootstrap, "--topic", TOPIC,
@@ -64,11 +70,11 @@ def _run_sink(bootstrap: str, run: Path) -> None:
     with (run / "sink.log").open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         code = proc.wait(EXIT_LIMIT_S)
-    # The driver JVM writes its archive after the Python driver has gone: wait for the group.
-    _wait_group_gone(proc.pid)
     if code != 0:
+        _wait_group_gone(proc.pid)
         tail = (run / "sink.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"class archive: the sink run exited {code}\n{tail}")
+    return proc.pid
 
 
 def _wait_group_gone(pgid: int) -> None:
@@ -111,17 +117,24 @@ def record(progress: Callable[[str], None] = print) -> list[Path]:
         with tempfile.TemporaryDirectory(prefix="pidfence-cds-") as tmp:
             run = Path(tmp)
             progress("class archives: starting ZooKeeper and Kafka")
-            zookeeper = ZooKeeperEnsemble(1, run / "zk").start()
-            try:
-                kafka = KafkaCluster(1, run / "kafka").start()
+            # Kafka runs in KRaft mode: ZooKeeper is started only to record its own archive, so
+            # the two start side by side, and stop side by side while the driver JVM writes.
+            kafka = KafkaCluster(1, run / "kafka")
+            clusters: list[Cluster] = [ZooKeeperEnsemble(1, run / "zk"), kafka]
+            with ThreadPoolExecutor(2, thread_name_prefix="pidfence-cds") as pool:
                 try:
+                    for start in [pool.submit(cluster.start) for cluster in clusters]:
+                        start.result()
                     _produce(kafka.bootstrap)
                     progress("class archives: running the sink once")
-                    _run_sink(kafka.bootstrap, run)
+                    driver_group = _run_sink(kafka.bootstrap, run)
+                    stops = [pool.submit(_stop_slowly, cluster) for cluster in clusters]
+                    _wait_group_gone(driver_group)
+                    for stop in stops:
+                        stop.result()
                 finally:
-                    _stop_slowly(kafka)
-            finally:
-                _stop_slowly(zookeeper)
+                    for cluster in clusters:  # a no-op for a cluster already stopped
+                        _stop_slowly(cluster)
     finally:
         if previous is None:
             os.environ.pop(CLASS_ARCHIVE_ENV, None)

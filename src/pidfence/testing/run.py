@@ -42,6 +42,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_FOLDER_PREFIX = "pidfence-testing-"
+
+
+def _sweep_folders_of_dead_runs() -> None:
+    """Remove the wrapper folders of earlier runs that died at a crash point (no ``atexit``)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(_FOLDER_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def main(argv: list[str] | None = None) -> None:
     """Install the faults, then run ``pidfence`` with the arguments after ``--``."""
     options = _parser().parse_args(argv)
@@ -52,8 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     faults = SinkFaults(options.crash_at, group, options.fail_first_attempt)
     if faults.active:
         faults.install()
-        folder = Path(tempfile.mkdtemp(prefix="pidfence-testing-"))
-        atexit.register(shutil.rmtree, folder, True)
+        _sweep_folders_of_dead_runs()
+        folder = Path(tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-"))
+        atexit.register(shutil.rmtree, folder, True)  # a crash point skips it: see the sweep
         os.environ["PYSPARK_PYTHON"] = str(python_wrapper(faults, folder))
     for name in options.mutation:
         install_mutation(name)
