@@ -21,9 +21,11 @@ round and median shown):
 
 Modes: ``local`` (``pidfence bench sink``: 4 partitions, ``local[2]``) and ``standalone64``
 (``pidfence bench sink_standalone64``: 64 partitions, a Spark standalone cluster of one master and
-two one-core workers started by the bench). ``PIDFENCE_BENCH_RECORDS`` overrides the record count
-and ``PIDFENCE_BENCH_ROUNDS`` the rounds; ``PIDFENCE_BENCH_WARMUP=0`` skips the warm-up queries
-(the smoke test runs tiny sizes this way: it checks what the measured runs wrote, not their speed).
+two one-core workers started by the bench). ``PIDFENCE_BENCH_RECORDS`` overrides the record count,
+``PIDFENCE_BENCH_ROUNDS`` the rounds, ``PIDFENCE_BENCH_CONTENDERS`` runs only the contenders named
+besides (a) and (n) (keys ``dedup``, ``pidfence``, ``verify``, ``delta``, ``sparkdelta``), and
+``PIDFENCE_BENCH_WARMUP=0`` skips the warm-up queries (the smoke test runs tiny sizes this way: it
+checks what the measured runs wrote, not their speed).
 
 State bytes are taken after the batch whose cumulative count is nearest to 1M and at the end:
 for (b) the state store's ``memoryUsedBytes`` from the query progress, for the pidfence sinks the
@@ -57,6 +59,9 @@ from pidfence.wire import encode_pf
 RECORDS_ENV = "PIDFENCE_BENCH_RECORDS"
 ROUNDS_ENV = "PIDFENCE_BENCH_ROUNDS"
 WARMUP_ENV = "PIDFENCE_BENCH_WARMUP"
+CONTENDERS_ENV = "PIDFENCE_BENCH_CONTENDERS"
+#: Every contender's key, in table order ((d) and (s) only where they can run).
+CONTENDER_KEYS = ("plain", "noop", "dedup", "pidfence", "verify", "delta", "sparkdelta")
 PIDS = 1_000
 GENERATION = 7
 DUP_RATE = 0.05
@@ -576,6 +581,24 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     return run_mode(LOCAL, quick, progress)
 
 
+def _chosen(found: list[Contender]) -> list[Contender]:
+    """The contenders ``PIDFENCE_BENCH_CONTENDERS`` names (comma-separated keys), else all; (a)
+    and (n) always run, as every ratio is taken against them.
+
+    Raises:
+        ValueError: a key that is no contender's.
+    """
+    raw = os.environ.get(CONTENDERS_ENV, "").strip()
+    if not raw:
+        return found
+    keys = [k.strip() for k in raw.split(",") if k.strip()]
+    known = {c.key for c in found}
+    if unknown := [k for k in keys if k not in known]:
+        there = ", ".join(sorted(known))
+        raise ValueError(f"{CONTENDERS_ENV}: no contender {', '.join(unknown)} (there are {there})")
+    return [c for c in found if c.key in {*keys, "plain", "noop"}]
+
+
 def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
     """Run the sink benchmark in ``mode`` (starts and stops its own Kafka and Spark cluster)."""
     from pidfence.services import KafkaCluster, SparkStandaloneCluster, create_topic
@@ -620,11 +643,11 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
         register(spark)
         _register_noop(spark)
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
-        field_contenders = contenders(kafka.bootstrap, topic, per_trigger, public_key)
+        field_contenders = _chosen(contenders(kafka.bootstrap, topic, per_trigger, public_key))
         try:
             # The first queries in a JVM (and its Python workers) pay class loading, JIT and
             # imports; no contender should. Each kind of query runs once on the small topic.
-            warmers = contenders(kafka.bootstrap, warm, per_trigger, public_key)
+            warmers = _chosen(contenders(kafka.bootstrap, warm, per_trigger, public_key))
             warm_of = {w.key: w for w in warmers}
             for w, c in zip(warmers, field_contenders, strict=True):
                 if warm_up:
@@ -702,36 +725,40 @@ def _report(
                 "state bytes @end": c.last.state_at_end,
             }
         )
-    pf = by_key["pidfence"].last
-    vf = by_key["verify"].last
-    assert pf is not None and vf is not None
-    if vf.rows_out != pf.rows_out:
+    pf = by_key["pidfence"].last if "pidfence" in by_key else None
+    vf = by_key["verify"].last if "verify" in by_key else None
+    if pf is not None and vf is not None and vf.rows_out != pf.rows_out:
         # Verification must refuse nothing here: every producer's first record is signed.
         raise RuntimeError(
             f"verification on appended {vf.rows_out:,}, off {pf.rows_out:,}: {vf.extra}"
         )
-    ratios = {
-        "pidfence_vs_plain": plain_s / best["pidfence"],
-        "verify_on_vs_off": best["pidfence"] / best["verify"],
-        "pidfence_share_of_noop_writer": noop_s / best["pidfence"],
-        "noop_writer_vs_plain": plain_s / noop_s,
-        "dedup_vs_plain": plain_s / best["dedup"],
-    }
+    ratios = {"noop_writer_vs_plain": plain_s / noop_s}
+    if "pidfence" in best:
+        ratios["pidfence_vs_plain"] = plain_s / best["pidfence"]
+        ratios["pidfence_share_of_noop_writer"] = noop_s / best["pidfence"]
+        if "verify" in best:
+            ratios["verify_on_vs_off"] = best["pidfence"] / best["verify"]
+    if "dedup" in best:
+        ratios["dedup_vs_plain"] = plain_s / best["dedup"]
     if "delta" in best:
-        ratios["delta_vs_manifest_layout"] = best["pidfence"] / best["delta"]
+        if "pidfence" in best:
+            ratios["delta_vs_manifest_layout"] = best["pidfence"] / best["delta"]
         ratios["delta_vs_plain"] = plain_s / best["delta"]
         ratios["delta_vs_plain_median"] = median["plain"] / median["delta"]
-    dedup = by_key["dedup"].last
-    assert dedup is not None
+    dedup = by_key["dedup"].last if "dedup" in by_key else None
     master = "local[2]" if not mode.standalone else (
         f"standalone: 1 master, {mode.standalone_workers} workers x 1 core, "
         f"executors {mode.executor_memory}"
     )  # fmt: skip
     load_start, load_rounds, load_end = loads
     skipped = [f"{c.label} failed, left out of the table: {c.failed}" for c in failed]
+    failed_keys = {c.key for c in failed}
     if "delta" not in by_key and not failed:
         skipped.append("(d) skipped: the sink has no tableFormat option in this checkout")
-    if "sparkdelta" not in by_key:
+    chosen = os.environ.get(CONTENDERS_ENV, "").strip()
+    if chosen and (left_out := [k for k in CONTENDER_KEYS if k not in {*by_key, *failed_keys}]):
+        skipped.append(f"not run ({CONTENDERS_ENV}): {', '.join(left_out)}")
+    if "sparkdelta" not in by_key and not _delta_spark_jars():
         skipped.append(
             "(s) skipped: no delta-spark jars in .cache/jars/delta*/ (none is resolved for "
             "Spark 4.2 here), so Spark's own Delta sink cannot run"
@@ -739,14 +766,25 @@ def _report(
     notes = [
         f"load average (1/5/15 min) at start {load_start}, after each round "
         f"{' | '.join(load_rounds)}, at end {load_end} (2 cores shared with other jobs)",
-        f"ratios from this one run: pidfence/plain {ratios['pidfence_vs_plain']:.3f} (target "
-        f">= 0.8), verification on/off {ratios['verify_on_vs_off']:.3f} (target >= 0.95), "
-        f"pidfence's share of the no-op Python writer {ratios['pidfence_share_of_noop_writer']:.3f}"
-        + (
-            f", Delta layout/manifest layout {ratios['delta_vs_manifest_layout']:.3f} "
-            "(target >= 0.9)"
-            if "delta_vs_manifest_layout" in ratios
-            else ""
+        *(
+            [
+                f"ratios from this one run: pidfence/plain {ratios['pidfence_vs_plain']:.3f} "
+                f"(target >= 0.8), pidfence's share of the no-op Python writer "
+                f"{ratios['pidfence_share_of_noop_writer']:.3f}"
+                + (
+                    f", verification on/off {ratios['verify_on_vs_off']:.3f} (target >= 0.95)"
+                    if "verify_on_vs_off" in ratios
+                    else ""
+                )
+                + (
+                    f", Delta layout/manifest layout {ratios['delta_vs_manifest_layout']:.3f} "
+                    "(target >= 0.9)"
+                    if "delta_vs_manifest_layout" in ratios
+                    else ""
+                )
+            ]
+            if "pidfence_vs_plain" in ratios
+            else []
         ),
         *(
             [
@@ -780,9 +818,20 @@ def _report(
         "message id for the 10-minute watermark delay, so it grows with the record count",
         "pidfence state: bytes of the state files a task reads to restore all partitions (full "
         "snapshot + deltas); it grows with producers and batches, not records",
-        f"(c) dropped {pf.extra['dropped']} of {n:,}; appended {pf.rows_out:,} (fresh records "
-        f"sent: {sent['fresh']:,}); (v) dropped {vf.extra['dropped']}, forged reasons "
-        f"{vf.extra['forged_reasons'] or 'none'}",
+        *(
+            [
+                f"(c) dropped {pf.extra['dropped']} of {n:,}; appended {pf.rows_out:,} (fresh "
+                f"records sent: {sent['fresh']:,})"
+                + (
+                    f"; (v) dropped {vf.extra['dropped']}, forged reasons "
+                    f"{vf.extra['forged_reasons'] or 'none'}"
+                    if vf is not None
+                    else ""
+                )
+            ]
+            if pf is not None
+            else []
+        ),
         *skipped,
     ]
     return BenchReport(
@@ -810,7 +859,11 @@ def _report(
             "sent": sent,
             "ratios": {k: round(v, 4) for k, v in ratios.items()},
             "load_average": {"start": load_start, "rounds": load_rounds, "end": load_end},
-            "dedup": {**dedup.extra, "state_sampled_at_records": dedup.sampled_at},
+            **(
+                {"dedup": {**dedup.extra, "state_sampled_at_records": dedup.sampled_at}}
+                if dedup is not None
+                else {}
+            ),
             **{
                 c.key: {**c.last.extra, "state_sampled_at_records": c.last.sampled_at}
                 for c in entries

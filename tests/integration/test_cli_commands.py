@@ -3,7 +3,6 @@ stderr and the documented code (the sink's and the services' cases have files of
 
 from __future__ import annotations
 
-import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -12,15 +11,12 @@ from typing import Any
 import pytest
 
 from pidfence.cli.exits import (
-    EXIT_ANOMALIES,
-    EXIT_OK,
     EXIT_RETRIABLE,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
 from pidfence.services import free_port
 from tests.fixtures.commands import timed_pidfence
-from tests.integration.test_cli_sink import JVM_LINE
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -130,28 +126,3 @@ def test_demo_with_kafka_down_is_one_line_exit_3_within_15_s(tmp_path: Path) -> 
         "(is it running? check --bootstrap)"
     ]
     assert took < 15
-
-
-def test_demo_console_shows_no_jvm_line(kafka: Any, zookeeper: Any, tmp_path: Path) -> None:
-    """What `make demo` prints, on the session's servers: the demo's own lines only; the JVM's
-    are in out/logs/spark.log."""
-    out = tmp_path / "out"
-    result, _ = pidfence(
-        "demo", "--records", "300", "--producers", "4", "--partitions", "2",
-        "--copier-records", "200", "--lease-lifetime", "8", "--produce-seconds", "10",
-        "--bootstrap", kafka.bootstrap, "--zk", zookeeper.hosts, "--out", str(out),
-        timeout=500,
-    )  # fmt: skip
-    console = result.stdout + result.stderr
-    # The run itself is judged by the demo smoke test; here it must have run to its verdict.
-    assert result.returncode in (EXIT_OK, EXIT_ANOMALIES), console
-    assert "pidfence demo" in result.stdout  # the summary table
-    assert not JVM_LINE.search(console), JVM_LINE.search(console)
-    assert re.search(r"sink pass \d: batch \d+: [\d,]+ in → [\d,]+ appended", console), console
-    spark_log = (out / "logs" / "spark.log").read_text()
-    assert "WARN" in spark_log  # Spark did talk, into the file
-    for name in ("p0", "p1", "p2", "upstream", "copier"):  # every bar ends in a final state
-        # The bars are printed again whenever a line is logged above them; the last print is
-        # their final state.
-        bars = re.findall(rf"^\s*{re.escape(name)} .*$", result.stdout, re.MULTILINE)
-        assert bars and "running" not in bars[-1], result.stdout
