@@ -195,8 +195,13 @@ class Store:
         self.sync_file(path)
 
     def read_table(self, path: str) -> pa.Table:
-        """Read one Parquet file."""
-        return pq.read_table(path, filesystem=self.fs)
+        """Read one Parquet file.
+
+        Through ``ParquetFile``: ``pq.read_table`` first builds a dataset, which costs 2.3x as
+        much on the small files a state rebuild reads by the thousand (600 vs 260 µs each).
+        """
+        with self.fs.open_input_file(path) as source:
+            return pq.ParquetFile(source).read()
 
 
 def write_parquet(
