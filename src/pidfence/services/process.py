@@ -25,10 +25,11 @@ class ServiceFailed(PidfenceError):
 def started_pids() -> set[int]:
     """Pids of processes started here that may still be running."""
     with _LOCK:
-        return {pid for pid in _STARTED if _alive(pid)}
+        return {pid for pid in _STARTED if pid_alive(pid)}
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (an exited, unreaped zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

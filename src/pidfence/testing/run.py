@@ -24,6 +24,7 @@ import tempfile
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from pidfence.services.process import pid_alive
 from pidfence.spark_sink.faults import POINTS
 from pidfence.testing.mutations import MUTATIONS, install_mutation
 from pidfence.testing.sink_faults import SinkFaults, lead_own_session
@@ -49,18 +50,8 @@ def _sweep_folders_of_dead_runs() -> None:
     """Remove the wrapper folders of earlier runs that died at a crash point (no ``atexit``)."""
     for folder in Path(tempfile.gettempdir()).glob(f"{_FOLDER_PREFIX}*-*"):
         pid = folder.name.removeprefix(_FOLDER_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> None:
