@@ -28,6 +28,11 @@ def parse_address(entry: str) -> tuple[str, int] | None:
     return (host, int(port)) if host and port.isdigit() else None
 
 
+def zookeeper_servers(connect: str) -> str:
+    """A ZooKeeper connect string's server list, without its chroot (``h1:2181,h2:2181/app``)."""
+    return connect.split("/", 1)[0]
+
+
 def refused_everywhere(servers: str, grace_s: float = REFUSED_GRACE_S) -> bool:
     """True when every address of a comma-separated list refused every TCP connect for
     ``grace_s``. Any other outcome (a connect, a timeout, a name that does not resolve, an entry

@@ -104,6 +104,8 @@ def test_lease_server_without_zookeeper_is_exit_3(tmp_path: Path) -> None:
     result, _ = pidfence("lease-server", "--zk", dead(), "--listen", f"127.0.0.1:{free_port()}")
     assert result.returncode == EXIT_UNAVAILABLE
     assert "cannot reach ZooKeeper" in last_line(result)
+    # Nothing listens there: the refusal is the answer, not kazoo's 15 s session wait.
+    assert "every server refused the connection for 3 s" in last_line(result)
 
 
 @pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)

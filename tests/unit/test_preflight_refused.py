@@ -15,7 +15,7 @@ from pidfence.cli.preflight import (
     check_kafka,
     check_zookeeper,
 )
-from pidfence.reachability import parse_address, refused_everywhere
+from pidfence.reachability import parse_address, refused_everywhere, zookeeper_servers
 from pidfence.services.ports import free_port
 
 
@@ -83,3 +83,8 @@ def test_zookeeper_refused_names_zookeeper() -> None:
     gone = f"127.0.0.1:{free_port()}"
     with pytest.raises(ZooKeeperUnreachable, match=r"ZooKeeper at .*/chroot: connection refused"):
         check_zookeeper(f"{gone}/chroot")
+
+
+def test_a_zookeeper_connect_string_loses_its_chroot() -> None:
+    assert zookeeper_servers("h1:2181,h2:2181/app/x") == "h1:2181,h2:2181"
+    assert zookeeper_servers("h1:2181") == "h1:2181"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pidfence.reachability import REFUSED_GRACE_S, refused_everywhere
+from pidfence.reachability import REFUSED_GRACE_S, refused_everywhere, zookeeper_servers
 from pidfence.wire import PF_HEADER_KEY, PidfenceError
 
 #: How long the metadata request may take before Kafka counts as unreachable.
@@ -179,7 +179,7 @@ def check_zookeeper(hosts: str, timeout_s: float = METADATA_TIMEOUT_S) -> None:
 
     from kazoo.client import KazooClient
 
-    if refused_everywhere(hosts.split("/", 1)[0]):  # the part before a chroot
+    if refused_everywhere(zookeeper_servers(hosts)):
         raise ZooKeeperUnreachable(
             f"cannot reach ZooKeeper at {hosts}: connection refused for {REFUSED_GRACE_S:g} s "
             "(is it running? check --zk)"

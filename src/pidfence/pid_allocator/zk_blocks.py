@@ -37,7 +37,7 @@ from pidfence.pid_allocator.coordinator import (
     RollWrite,
 )
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
-from pidfence.reachability import REFUSED_GRACE_S, refused_everywhere
+from pidfence.reachability import REFUSED_GRACE_S, refused_everywhere, zookeeper_servers
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +108,9 @@ class ZkCoordinator:
         from kazoo.exceptions import NodeExistsError
 
         try:
-            if self._owns_client and refused_everywhere(self.hosts.split("/", 1)[0]):
-                # Nothing listens at any address (the part before a chroot): say so after the
-                # grace rather than at kazoo's session timeout.
+            if self._owns_client and refused_everywhere(zookeeper_servers(self.hosts)):
+                # Nothing listens at any address: say so after the grace rather than at kazoo's
+                # session timeout.
                 raise ConnectionRefusedError(
                     f"every server refused the connection for {REFUSED_GRACE_S:g} s"
                 )
