@@ -23,9 +23,11 @@ Modes: ``local`` (``pidfence bench sink``: 4 partitions, ``local[2]``) and ``sta
 (``pidfence bench sink_standalone64``: 64 partitions, a Spark standalone cluster of one master and
 two one-core workers started by the bench). ``PIDFENCE_BENCH_RECORDS`` overrides the record count,
 ``PIDFENCE_BENCH_ROUNDS`` the rounds, ``PIDFENCE_BENCH_CONTENDERS`` runs only the contenders named
-besides (a) and (n) (keys ``dedup``, ``pidfence``, ``verify``, ``delta``, ``sparkdelta``), and
-``PIDFENCE_BENCH_WARMUP=0`` skips the warm-up queries (the smoke test runs tiny sizes this way: it
-checks what the measured runs wrote, not their speed).
+besides (a) and (n) (keys ``dedup``, ``pidfence``, ``verify``, ``delta``, ``sparkdelta``),
+``PIDFENCE_BENCH_ARROW_BATCH`` the Arrow batch size the Python writers receive
+(``spark.sql.execution.arrow.maxRecordsPerBatch``, default 100,000), and
+``PIDFENCE_BENCH_WARMUP=0`` skips the warm-up queries (the smoke test runs tiny sizes this way:
+it checks what the measured runs wrote, not their speed).
 
 State bytes are taken after the batch whose cumulative count is nearest to 1M and at the end:
 for (b) the state store's ``memoryUsedBytes`` from the query progress, for the pidfence sinks the
@@ -60,6 +62,7 @@ RECORDS_ENV = "PIDFENCE_BENCH_RECORDS"
 ROUNDS_ENV = "PIDFENCE_BENCH_ROUNDS"
 WARMUP_ENV = "PIDFENCE_BENCH_WARMUP"
 CONTENDERS_ENV = "PIDFENCE_BENCH_CONTENDERS"
+ARROW_BATCH_ENV = "PIDFENCE_BENCH_ARROW_BATCH"
 #: Every contender's key, in table order ((d) and (s) only where they can run).
 CONTENDER_KEYS = ("plain", "noop", "dedup", "pidfence", "verify", "delta", "sparkdelta")
 PIDS = 1_000
@@ -110,6 +113,11 @@ def _env_int(name: str, default: int) -> int:
     if value < 1:
         raise ValueError(f"{name}={raw!r} must be a positive integer")
     return value
+
+
+def _arrow_batch() -> int:
+    """Rows per Arrow batch handed to the Python writers (``PIDFENCE_BENCH_ARROW_BATCH``)."""
+    return _env_int(ARROW_BATCH_ENV, ARROW_BATCH)
 
 
 def load_average() -> str:
@@ -642,7 +650,7 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
         spark = _start_spark(mode, cluster)
         register(spark)
         _register_noop(spark)
-        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(_arrow_batch()))
         field_contenders = _chosen(contenders(kafka.bootstrap, topic, per_trigger, public_key))
         try:
             # The first queries in a JVM (and its Python workers) pay class loading, JIT and
@@ -809,7 +817,7 @@ def _report(
             if warmup
             else f"no warm-up query ({WARMUP_ENV}=0, a smoke run): the times mean nothing"
         ),
-        f"spark.sql.execution.arrow.maxRecordsPerBatch={ARROW_BATCH:,} (the Arrow batches the "
+        f"spark.sql.execution.arrow.maxRecordsPerBatch={_arrow_batch():,} (the Arrow batches the "
         "Python writers receive; only Arrow paths use it)",
         "(n) is the ceiling of any Python streaming writer on this Spark: the JVM converts the "
         "Kafka rows to Arrow and ships them to a Python worker, which only counts them; "
@@ -855,7 +863,7 @@ def _report(
             "warmup_records": warmup,
             "seconds_per_round": {c.key: [round(t, 2) for t in c.times] for c in entries},
             "durations_ms": {c.key: _median_phases(c.phases) for c in entries},
-            "arrow_max_records_per_batch": ARROW_BATCH,
+            "arrow_max_records_per_batch": _arrow_batch(),
             "sent": sent,
             "ratios": {k: round(v, 4) for k, v in ratios.items()},
             "load_average": {"start": load_start, "rounds": load_rounds, "end": load_end},
