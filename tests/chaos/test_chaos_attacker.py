@@ -67,9 +67,15 @@ def test_attacker_forgeries_are_forged_and_the_producer_appends_before_and_after
 
     # Part 1: z0..z9, checkpoint (everything acknowledged), then the producer stops itself.
     role: ProducerRole = chaos.role(
-        "z", kafka.bootstrap, lease.address, topic, EVENTS, keys=8, checkpoint_every=10,
+        "z",
+        kafka.bootstrap,
+        lease.address,
+        topic,
+        EVENTS,
+        keys=8,
+        checkpoint_every=10,
         extra=("--stop-after-checkpoint", "2"),
-    )  # fmt: skip
+    )
     stop_all(role)
     producer = role.spawn()
     wait_for(lambda: not producer.running or stopped(producer), 120, "z to stop itself")
@@ -82,10 +88,19 @@ def test_attacker_forgeries_are_forged_and_the_producer_appends_before_and_after
     report = chaos.tmp / "forgeries.jsonl"
     attacker = Worker(
         "attacker",
-        [sys.executable, "-m", "pidfence.demo.attacker", "--bootstrap", kafka.bootstrap,
-         "--topic", topic, "--report", str(report)],
+        [
+            sys.executable,
+            "-m",
+            "pidfence.demo.attacker",
+            "--bootstrap",
+            kafka.bootstrap,
+            "--topic",
+            topic,
+            "--report",
+            str(report),
+        ],
         chaos.logs,
-    ).start()  # fmt: skip
+    ).start()
     stop_all(attacker)
     assert attacker.wait(120) == 0, attacker.tail()
     forged = read_report(report)
@@ -108,12 +123,15 @@ def test_attacker_forgeries_are_forged_and_the_producer_appends_before_and_after
     sink = Worker(
         "sink",
         sink_argv(
-            kafka.bootstrap, topic, chaos.tmp / "output", chaos.tmp / "checkpoint",
+            kafka.bootstrap,
+            topic,
+            chaos.tmp / "output",
+            chaos.tmp / "checkpoint",
             ["--lease-public-key", str(public), "--master", "local[1]"],
         ),
         chaos.logs,
         env={"COLUMNS": "200"},
-    ).start()  # fmt: skip
+    ).start()
     stop_all(sink)
     assert sink.wait(300) == 0, sink.tail()
     console = (chaos.logs / "sink.log").read_text(errors="replace")
@@ -143,11 +161,14 @@ def test_attacker_forgeries_are_forged_and_the_producer_appends_before_and_after
     unverified = Worker(
         "sink-unverified",
         sink_argv(
-            kafka.bootstrap, topic, chaos.tmp / "output-unverified",
-            chaos.tmp / "checkpoint-unverified", ["--master", "local[1]"],
+            kafka.bootstrap,
+            topic,
+            chaos.tmp / "output-unverified",
+            chaos.tmp / "checkpoint-unverified",
+            ["--master", "local[1]"],
         ),
         chaos.logs,
-    ).start()  # fmt: skip
+    ).start()
     stop_all(unverified)
     assert unverified.wait(300) == 0, unverified.tail()
     from pidfence.spark_sink import read_log, read_rejects
@@ -200,8 +221,11 @@ def assert_every_forgery_forged(rejects: Any, forged: list[Forgery]) -> None:
             strict=True,
         )
     }
-    wrong = {(f.kind, f.partition, f.offset): verdict_at.get((f.partition, f.offset))
-             for f in forged if verdict_at.get((f.partition, f.offset)) != "FORGED"}  # fmt: skip
+    wrong = {
+        (f.kind, f.partition, f.offset): verdict_at.get((f.partition, f.offset))
+        for f in forged
+        if verdict_at.get((f.partition, f.offset)) != "FORGED"
+    }
     assert not wrong, wrong
     assert Counter(verdict_at.values())["FORGED"] == len(forged)
 

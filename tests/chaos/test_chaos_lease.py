@@ -100,9 +100,15 @@ def test_lease_expiry_while_paused_at_a_checkpoint_rolls_on(
         # It stops itself right after its third state save (at record 2000): everything it sent
         # is acknowledged, nothing is in flight when it wakes after its lease ended.
         role = chaos.role(
-            "p", kafka.bootstrap, server.address, topic, 6000, rate=2000.0,
-            checkpoint_every=1000, extra=("--stop-after-checkpoint", "3"),
-        )  # fmt: skip
+            "p",
+            kafka.bootstrap,
+            server.address,
+            topic,
+            6000,
+            rate=2000.0,
+            checkpoint_every=1000,
+            extra=("--stop-after-checkpoint", "3"),
+        )
         stop_all(role)
         worker = role.spawn()
         pause_past_expiry(worker)
@@ -147,9 +153,15 @@ def test_lease_expiry_with_records_in_flight_refuses_to_roll_then_restarts(
         # meanwhile the topic's only broker crashes; then it goes on at 500 records/s, so it
         # reaches its rollover point long before its 6,000 records are handed over.
         role = chaos.role(
-            "p", bootstrap, server.address, topic, 6000, rate=500.0,
-            checkpoint_every=6000, extra=("--stop-after-checkpoint", "1"),
-        )  # fmt: skip
+            "p",
+            bootstrap,
+            server.address,
+            topic,
+            6000,
+            rate=500.0,
+            checkpoint_every=6000,
+            extra=("--stop-after-checkpoint", "1"),
+        )
         stop_all(role)
         worker = role.spawn()
         wait_for(

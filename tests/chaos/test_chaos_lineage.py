@@ -92,18 +92,28 @@ def produce(
 ) -> Producer:
     argv = pidfence_argv(
         "produce",
-        "--bootstrap", bootstrap,
-        "--lease-server", lease,
-        "--topic", topic,
-        "--count", str(EVENTS),
-        "--keys", "0",
-        "--name", "z",
-        "--checkpoint-every", "10",
-        "--lifetime-rollover", "0.5",
-        "--state", str(state),
-        "--ledger", str(kit.ledgers / f"{label}.jsonl"),
+        "--bootstrap",
+        bootstrap,
+        "--lease-server",
+        lease,
+        "--topic",
+        topic,
+        "--count",
+        str(EVENTS),
+        "--keys",
+        "0",
+        "--name",
+        "z",
+        "--checkpoint-every",
+        "10",
+        "--lifetime-rollover",
+        "0.5",
+        "--state",
+        str(state),
+        "--ledger",
+        str(kit.ledgers / f"{label}.jsonl"),
         *extra,
-    )  # fmt: skip
+    )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return Producer(kit, label, env, argv, state)
 

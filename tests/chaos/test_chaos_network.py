@@ -105,21 +105,30 @@ def run_nemesis(
     roles: list[ProducerRole] = []
     for i in range(PRODUCERS):
         role = chaos.role(
-            f"p{i}", kafka.bootstrap_for(Link.PRODUCER_KAFKA),
-            proxies[Link.PRODUCER_LEASE].address, topic, RECORDS, rate=RATE,
-            extra=("--lifetime-rollover", "0.75"), mutations=mutations,
-        )  # fmt: skip
+            f"p{i}",
+            kafka.bootstrap_for(Link.PRODUCER_KAFKA),
+            proxies[Link.PRODUCER_LEASE].address,
+            topic,
+            RECORDS,
+            rate=RATE,
+            extra=("--lifetime-rollover", "0.75"),
+            mutations=mutations,
+        )
         stop_all(role)
         roles.append(role)
     sinks: list[Worker] = []
 
     def start_sink() -> Worker:
         argv = sink_argv(
-            kafka.bootstrap_for(Link.SINK_KAFKA), topic, chaos.tmp / "output",
-            chaos.tmp / "checkpoint", ["--trigger", "1", "--master", "local[2]"],
-        )  # fmt: skip
-        worker = Worker(f"sink.{len(sinks)}", [a for a in argv if a != "--available-now"],
-                        chaos.logs)  # fmt: skip
+            kafka.bootstrap_for(Link.SINK_KAFKA),
+            topic,
+            chaos.tmp / "output",
+            chaos.tmp / "checkpoint",
+            ["--trigger", "1", "--master", "local[2]"],
+        )
+        worker = Worker(
+            f"sink.{len(sinks)}", [a for a in argv if a != "--available-now"], chaos.logs
+        )
         stop_all(worker)
         sinks.append(worker.start())
         return worker
@@ -131,14 +140,20 @@ def run_nemesis(
         # a few warm-up records give it that first batch.
         warmup = WARMUP
         first = chaos.role(
-            "w", kafka.bootstrap_for(Link.PRODUCER_KAFKA), proxies[Link.PRODUCER_LEASE].address,
-            topic, warmup,
-        )  # fmt: skip
+            "w",
+            kafka.bootstrap_for(Link.PRODUCER_KAFKA),
+            proxies[Link.PRODUCER_LEASE].address,
+            topic,
+            warmup,
+        )
         stop_all(first)
         assert first.spawn().wait(120) == 0, first.current.tail()
         start_sink()
-        wait_for(lambda: "batch 0: " in sinks[0].tail(200) or not sinks[0].running, 300,
-                 "the sink's first batch")  # fmt: skip
+        wait_for(
+            lambda: "batch 0: " in sinks[0].tail(200) or not sinks[0].running,
+            300,
+            "the sink's first batch",
+        )
         assert sinks[0].running, sinks[0].tail()
         supervisors.append(Supervisor("sink", lambda: sinks[-1], start_sink))
     for role in roles:
@@ -169,9 +184,14 @@ def run_nemesis(
         if "Traceback (most recent call last)" in log.read_text(errors="replace")
     ]
     return NemesisRun(
-        plan, nemesis, supervisors, chaos.outcome(), PRODUCERS * RECORDS + warmup,
-        done_after_heal, tracebacks,
-    )  # fmt: skip
+        plan,
+        nemesis,
+        supervisors,
+        chaos.outcome(),
+        PRODUCERS * RECORDS + warmup,
+        done_after_heal,
+        tracebacks,
+    )
 
 
 @pytest.fixture

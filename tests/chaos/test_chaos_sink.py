@@ -39,9 +39,12 @@ def test_sink_driver_sigkill_mid_batch_then_restart_is_exactly_once(
     assert role.spawn().wait(120) == 0, role.current.tail()
 
     argv = sink_argv(
-        kafka.bootstrap, topic, chaos.tmp / "output", chaos.tmp / "checkpoint",
+        kafka.bootstrap,
+        topic,
+        chaos.tmp / "output",
+        chaos.tmp / "checkpoint",
         ["--table-format", table_format],
-    )  # fmt: skip
+    )
     # The sink under the fault harness: its hook SIGKILLs the process group the sink leads, at
     # each point in turn (the same batch each time, its earlier attempt's files left behind).
     for point in points:

@@ -42,16 +42,26 @@ def test_bench_unknown_name_is_usage() -> None:
 
 
 def test_verify_missing_ledger_is_usage(tmp_path: Path) -> None:
-    result, _ = pidfence("verify", "--ledger", str(tmp_path / "none.jsonl"), "--output",
-                         str(tmp_path))  # fmt: skip
+    result, _ = pidfence(
+        "verify", "--ledger", str(tmp_path / "none.jsonl"), "--output", str(tmp_path)
+    )
     assert result.returncode == EXIT_USAGE
     assert "does not exist" in last_line(result)
 
 
 @pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_produce_without_a_lease_server_is_retriable(tmp_path: Path) -> None:
-    result, took = pidfence("produce", "--bootstrap", dead(), "--lease-server", dead(),
-                            "--topic", "raw", "--count", "10")  # fmt: skip
+    result, took = pidfence(
+        "produce",
+        "--bootstrap",
+        dead(),
+        "--lease-server",
+        dead(),
+        "--topic",
+        "raw",
+        "--count",
+        "10",
+    )
     assert result.returncode == EXIT_RETRIABLE
     assert last_line(result).startswith("pidfence: retriable: ")
     assert took < 15
@@ -63,9 +73,19 @@ def test_copy_without_a_lease_server_is_retriable(
 ) -> None:
     """Kafka answers and the topics exist, so what fails is the lease server, and it is named."""
     gone = dead()
-    result, took = pidfence("copy", "--bootstrap", kafka.bootstrap, "--lease-server", gone,
-                            "--from-topic", new_topic(), "--to-topic", new_topic(), "--state",
-                            str(tmp_path / "s.json"))  # fmt: skip
+    result, took = pidfence(
+        "copy",
+        "--bootstrap",
+        kafka.bootstrap,
+        "--lease-server",
+        gone,
+        "--from-topic",
+        new_topic(),
+        "--to-topic",
+        new_topic(),
+        "--state",
+        str(tmp_path / "s.json"),
+    )
     assert result.returncode == EXIT_RETRIABLE
     assert last_line(result).startswith("pidfence: retriable: LeaseServerDown: ")
     assert gone in last_line(result)
@@ -76,9 +96,19 @@ def test_copy_with_kafka_down_is_retriable_with_one_librdkafka_line(tmp_path: Pa
     """librdkafka retries a refused connect every 100 ms or so; the user sees it once, then the
     verdict (about 150 lines before)."""
     gone = dead()
-    result, _ = pidfence("copy", "--bootstrap", gone, "--lease-server", dead(),
-                            "--from-topic", "a", "--to-topic", "b", "--state",
-                            str(tmp_path / "s.json"))  # fmt: skip
+    result, _ = pidfence(
+        "copy",
+        "--bootstrap",
+        gone,
+        "--lease-server",
+        dead(),
+        "--from-topic",
+        "a",
+        "--to-topic",
+        "b",
+        "--state",
+        str(tmp_path / "s.json"),
+    )
     assert result.returncode == EXIT_RETRIABLE
     assert last_line(result).startswith("pidfence: retriable: BrokerUnavailable: ")
     assert result.stderr.count("Connection refused") <= 2, result.stderr  # line + verdict
@@ -91,9 +121,16 @@ def test_produce_to_a_missing_topic_is_exit_3(kafka: Any, zk_chroot: str, tmp_pa
     try:
         server.wait_listening()
         result, _ = pidfence(
-            "produce", "--bootstrap", kafka.bootstrap, "--lease-server", server.address,
-            "--topic", "no-such-topic", "--count", "1",
-        )  # fmt: skip
+            "produce",
+            "--bootstrap",
+            kafka.bootstrap,
+            "--lease-server",
+            server.address,
+            "--topic",
+            "no-such-topic",
+            "--count",
+            "1",
+        )
     finally:
         server.stop()
     assert "does not exist" in last_line(result)

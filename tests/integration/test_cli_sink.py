@@ -48,16 +48,23 @@ def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *words:
 @pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_kafka_down_is_one_line_and_exit_3_within_15_s(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"  # a port nothing listens on
-    result, took = run_sink("--bootstrap", dead, "--topic", "raw", *paths(tmp_path),
-                            "--available-now")  # fmt: skip
+    result, took = run_sink(
+        "--bootstrap", dead, "--topic", "raw", *paths(tmp_path), "--available-now"
+    )
     assert_one_line(result, EXIT_UNAVAILABLE, "cannot reach Kafka", dead)
     assert took < 15, f"took {took:.1f}s"
 
 
 @pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_missing_topic_is_one_line_and_exit_3_within_15_s(kafka: Any, tmp_path: Path) -> None:
-    result, took = run_sink("--bootstrap", kafka.bootstrap, "--topic", "no-such-topic-here",
-                            *paths(tmp_path), "--available-now")  # fmt: skip
+    result, took = run_sink(
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        "no-such-topic-here",
+        *paths(tmp_path),
+        "--available-now",
+    )
     assert_one_line(result, EXIT_UNAVAILABLE, "'no-such-topic-here' does not exist")
     assert took < 15, f"took {took:.1f}s"
 
@@ -89,9 +96,17 @@ def test_read_only_output_path_is_one_line_and_exit_3_within_15_s(
 ) -> None:
     topic = new_topic()
     out = read_only_dir / "log"
-    result, took = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, "--output",
-                            str(out), "--checkpoint", str(tmp_path / "ckpt"),
-                            "--available-now")  # fmt: skip
+    result, took = run_sink(
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        topic,
+        "--output",
+        str(out),
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+        "--available-now",
+    )
     assert_one_line(result, EXIT_UNAVAILABLE, f"output {out} is not writable")
     assert took < 15, f"took {took:.1f}s"
 
@@ -101,16 +116,25 @@ def test_output_path_that_is_a_file_is_one_line_and_exit_3(
 ) -> None:
     topic = new_topic()
     (tmp_path / "file").write_text("x")
-    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, "--output",
-                         str(tmp_path / "file"), "--checkpoint", str(tmp_path / "ckpt"),
-                         "--available-now")  # fmt: skip
+    result, _ = run_sink(
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        topic,
+        "--output",
+        str(tmp_path / "file"),
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+        "--available-now",
+    )
     assert_one_line(result, EXIT_UNAVAILABLE, "is a file, not a folder")
 
 
 @pytest.mark.alone  # asserts a duration: no other test may run beside it (tests/README.md)
 def test_bad_option_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    result, took = run_sink("--bootstrap", "127.0.0.1:1", "--topic", "raw", *paths(tmp_path),
-                            "--lifetime", "soon")  # fmt: skip
+    result, took = run_sink(
+        "--bootstrap", "127.0.0.1:1", "--topic", "raw", *paths(tmp_path), "--lifetime", "soon"
+    )
     assert_one_line(result, EXIT_USAGE, "lifetime 'soon'")
     assert took < 15
 
@@ -125,8 +149,16 @@ def test_plain_topic_runs_with_a_warning_human_batch_lines_and_no_jvm_line(
     for i in range(300):
         producer.produce(topic, value=b"v%d" % i, key=b"k%d" % (i % 7))
     assert producer.flush(30) == 0
-    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
-                         "--available-now", "--master", "local[2]")  # fmt: skip
+    result, _ = run_sink(
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        topic,
+        *paths(tmp_path),
+        "--available-now",
+        "--master",
+        "local[2]",
+    )
     assert result.returncode == EXIT_OK, result.stderr + result.stdout
     warning = result.stderr.strip().splitlines()
     assert len(warning) == 1 and "has a `pf` header" in warning[0], result.stderr
@@ -153,8 +185,16 @@ def test_spark_failure_is_one_line_with_the_log_path(
     # A checkpoint that Spark cannot parse: the query fails inside the JVM.
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "metadata").write_text("not json\n")
-    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
-                         "--available-now", "--master", "local[1]")  # fmt: skip
+    result, _ = run_sink(
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        topic,
+        *paths(tmp_path),
+        "--available-now",
+        "--master",
+        "local[1]",
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == EXIT_UNAVAILABLE, result.stderr  # it failed at the start
     assert len(lines) == 2 and "has a `pf` header" in lines[0], result.stderr
@@ -173,18 +213,35 @@ def test_another_writers_delta_table_is_refused_at_start_with_exit_3_and_left_al
     out = tmp_path / "out"
     write_deltalake(str(out), pa.table({"topic": ["x"], "value": [b"v"]}))
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
-    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
-                         "--available-now", "--table-format", "delta")  # fmt: skip
+    result, _ = run_sink(
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        topic,
+        *paths(tmp_path),
+        "--available-now",
+        "--table-format",
+        "delta",
+    )
     assert_one_line(
         result, EXIT_UNAVAILABLE, f"{out} is a Delta table that pidfence did not create"
     )
     # The manifest layout refuses the Delta table too (it would hide it from Delta readers).
-    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
-                         "--available-now", "--table-format", "manifest")  # fmt: skip
+    result, _ = run_sink(
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        topic,
+        *paths(tmp_path),
+        "--available-now",
+        "--table-format",
+        "manifest",
+    )
     assert_one_line(result, EXIT_UNAVAILABLE, "holds a Delta table")
     # Without the option, the path's own format (Delta) is checked the same way.
-    result, _ = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
-                         "--available-now")  # fmt: skip
+    result, _ = run_sink(
+        "--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path), "--available-now"
+    )
     assert_one_line(result, EXIT_UNAVAILABLE, "pidfence did not create")
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
     assert DeltaTable(str(out)).version() == 0
@@ -193,8 +250,15 @@ def test_another_writers_delta_table_is_refused_at_start_with_exit_3_and_left_al
 def test_missing_options_and_a_bad_table_format_are_one_line_and_exit_2(tmp_path: Path) -> None:
     result, _ = run_sink("--topic", "raw", *paths(tmp_path))
     assert_one_line(result, EXIT_USAGE, "missing option --bootstrap")
-    result, _ = run_sink("--bootstrap", "127.0.0.1:1", "--topic", "raw", *paths(tmp_path),
-                         "--table-format", "iceberg")  # fmt: skip
+    result, _ = run_sink(
+        "--bootstrap",
+        "127.0.0.1:1",
+        "--topic",
+        "raw",
+        *paths(tmp_path),
+        "--table-format",
+        "iceberg",
+    )
     assert result.returncode == EXIT_USAGE, result.stderr
     assert "iceberg" in result.stderr
 
@@ -210,11 +274,14 @@ def test_a_table_of_the_old_format_is_refused_with_the_migrate_line(
     topic = new_topic()
     out = tmp_path / "out"
     DeltaTable.create(
-        str(out), DELTA_LOG_SCHEMA, configuration={TABLE_KEY: "log", FORMAT_KEY: "1"},
+        str(out),
+        DELTA_LOG_SCHEMA,
+        configuration={TABLE_KEY: "log", FORMAT_KEY: "1"},
         raise_if_key_not_exists=False,
-    )  # fmt: skip
-    result, took = run_sink("--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path),
-                            "--available-now")  # fmt: skip
+    )
+    result, took = run_sink(
+        "--bootstrap", kafka.bootstrap, "--topic", topic, *paths(tmp_path), "--available-now"
+    )
     assert_one_line(result, EXIT_UNAVAILABLE, "table format 1", f"pidfence sink migrate {out}")
     assert took < 15, f"took {took:.1f}s"
     assert DeltaTable(str(out)).version() == 0

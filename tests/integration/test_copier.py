@@ -68,10 +68,23 @@ def test_copier_killed_at_any_moment_copies_each_record_exactly_once(
     total = PARTITIONS * PER_PARTITION
     state = tmp_path / "copy-state.json"
     command = [
-        PIDFENCE, "copy", "--bootstrap", kafka.bootstrap, "--lease-server", lease_server.address,
-        "--from-topic", source, "--to-topic", target, "--state", str(state),
-        "--checkpoint-every", "50", "--idle-exit", "3",
-    ]  # fmt: skip
+        PIDFENCE,
+        "copy",
+        "--bootstrap",
+        kafka.bootstrap,
+        "--lease-server",
+        lease_server.address,
+        "--from-topic",
+        source,
+        "--to-topic",
+        target,
+        "--state",
+        str(state),
+        "--checkpoint-every",
+        "50",
+        "--idle-exit",
+        "3",
+    ]
     # Kill moments, as "copied" in the state file: right after the first save (the fresh lease,
     # nothing sent yet), then mid-run at several points; the last run copies to the end.
     kill_when = [0, total // 5, total // 2, (3 * total) // 4]

@@ -60,14 +60,26 @@ class Upstream:
             def acked(err: Any, msg: Any, seq: int = seq, value: bytes = value) -> None:
                 assert err is None, err
                 self.ledger.write(
-                    LedgerEntry(pid, GEN, self.topic, msg.partition(), seq, value_digest(value),
-                                msg.offset(), msg.timestamp()[1])
-                )  # fmt: skip
+                    LedgerEntry(
+                        pid,
+                        GEN,
+                        self.topic,
+                        msg.partition(),
+                        seq,
+                        value_digest(value),
+                        msg.offset(),
+                        msg.timestamp()[1],
+                    )
+                )
 
             self.producer.produce(
-                self.topic, value=value, key=b"k%d" % pid, partition=partition,
-                headers=headers, on_delivery=acked,
-            )  # fmt: skip
+                self.topic,
+                value=value,
+                key=b"k%d" % pid,
+                partition=partition,
+                headers=headers,
+                on_delivery=acked,
+            )
         assert self.producer.flush(60) == 0
         self.ledger.flush()
 
@@ -78,14 +90,28 @@ class Sink:
     def __init__(self, bootstrap: str, topic: str, out: Path, ckpt: Path, logs: Path) -> None:
         self.stdout, self.stderr = logs / "sink.out", logs / "sink.err"
         argv = pidfence_argv(
-            "sink", "--bootstrap", bootstrap, "--topic", topic, "--output", str(out),
-            "--checkpoint", str(ckpt), "--master", "local[2]", "--trigger", "1",
-        )  # fmt: skip
+            "sink",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic,
+            "--output",
+            str(out),
+            "--checkpoint",
+            str(ckpt),
+            "--master",
+            "local[2]",
+            "--trigger",
+            "1",
+        )
         with self.stdout.open("w") as so, self.stderr.open("w") as se:
             self.proc = subprocess.Popen(
-                argv, stdout=so, stderr=se, start_new_session=True,
+                argv,
+                stdout=so,
+                stderr=se,
+                start_new_session=True,
                 env={**os.environ, "COLUMNS": "200"},
-            )  # fmt: skip
+            )
 
     def output(self) -> str:
         return f"stdout:\n{self.stdout.read_text()}\nstderr:\n{self.stderr.read_text()}"
@@ -140,10 +166,16 @@ def spark_sql(spark: Any, path: Path, statements: list[str]) -> dict[str, Any]:
         spark.sql(sql.replace("{t}", f"delta.`{path}`")).collect()
     df = spark.read.format("delta").load(str(path))
     rows = [
-        [r.topic, r.partition, r.offset, r.pid, r.seq,
-         [[h.key, bytes(h.value).hex()] for h in r.headers or []]]
+        [
+            r.topic,
+            r.partition,
+            r.offset,
+            r.pid,
+            r.seq,
+            [[h.key, bytes(h.value).hex()] for h in r.headers or []],
+        ]
         for r in df.where("pid >= 100").orderBy("topic", "partition", "offset").collect()
-    ]  # fmt: skip
+    ]
     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select(
         "version", "operation", "userMetadata", "operationParameters"
     )
@@ -172,8 +204,9 @@ def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_b
     copy = mine.filter(pc.and_(pc.equal(mine["pid"], 101), pc.equal(mine["seq"], 30)))
     own = mine.slice(0, 1)  # another producer's row: no log offset, a pid no ledger knows
     own = own.set_column(own.schema.get_field_index("pid"), "pid", pa.array([555], pa.int64()))
-    own = own.set_column(own.schema.get_field_index("log_offset"), "log_offset",
-                         pa.nulls(1, pa.int64()))  # fmt: skip
+    own = own.set_column(
+        own.schema.get_field_index("log_offset"), "log_offset", pa.nulls(1, pa.int64())
+    )
     foreign = pa.concat_tables([copy, own])
     write_deltalake(str(out), foreign, mode="append")
     DeltaTable(str(out)).alter.set_table_properties(
@@ -195,11 +228,15 @@ def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_b
     # Spark's own Delta: a property and a delete, then the replay of what it deleted.
     spark_delta = has_delta(spark)
     if spark_delta:
-        spark_sql(spark, out, [
-            "ALTER TABLE {t} SET TBLPROPERTIES ('delta.deletedFileRetentionDuration' = "
-            "'interval 2 days')",
-            "DELETE FROM {t} WHERE pid = 101 AND seq < 5",
-        ])  # fmt: skip
+        spark_sql(
+            spark,
+            out,
+            [
+                "ALTER TABLE {t} SET TBLPROPERTIES ('delta.deletedFileRetentionDuration' = "
+                "'interval 2 days')",
+                "DELETE FROM {t} WHERE pid = 101 AND seq < 5",
+            ],
+        )
         up.send(101, range(0, 5), 0)
         sink.wait_for("25 DUPLICATE", lambda: _rejected(out, "DUPLICATE") == 25)
     deleted = 20 + (5 if spark_delta else 0)
@@ -208,10 +245,14 @@ def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_b
 
     # Exactly once: every acknowledged record in the table once, deleted ones gone for good.
     verify = subprocess.run(
-        pidfence_argv("verify", "--ledger", str(tmp_path / "ledger.jsonl"), "--output",
-                      str(out), "--json"),
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+        pidfence_argv(
+            "verify", "--ledger", str(tmp_path / "ledger.jsonl"), "--output", str(out), "--json"
+        ),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert verify.returncode == EXIT_OK, verify.stdout + verify.stderr
     report = json.loads(verify.stdout)
     counts = {name: f["count"] for name, f in report["findings"].items()}

@@ -30,9 +30,13 @@ def test_the_demo_faults_are_one_plan() -> None:
     plan = DemoConfig(faults=frozenset(Fault), seed=11, produce_seconds=20.0).plan
     kinds = {(s.kind, s.target) for s in plan if not s.network}
     assert kinds == {
-        (FaultKind.KILL, "p0"), (FaultKind.ZOMBIE, "p1"), (FaultKind.LEASE_ZOMBIE, "p2"),
-        (FaultKind.RESEND, "p3"), (FaultKind.ROLLOVER, "lease"), (FaultKind.KILL, "copier"),
-    }  # fmt: skip
+        (FaultKind.KILL, "p0"),
+        (FaultKind.ZOMBIE, "p1"),
+        (FaultKind.LEASE_ZOMBIE, "p2"),
+        (FaultKind.RESEND, "p3"),
+        (FaultKind.ROLLOVER, "lease"),
+        (FaultKind.KILL, "copier"),
+    }
     assert {Link(s.target) for s in plan.network_steps} == set(Link)
     assert plan == DemoConfig(faults=frozenset(Fault), seed=11, produce_seconds=20.0).plan
     assert plan.seed == 11

@@ -50,11 +50,27 @@ def test_demo_with_all_faults_reports_zero_anomalies_and_prints_only_its_own_lin
 ) -> None:
     out = tmp_path / "out"
     result, _ = timed_pidfence(
-        "demo", "--records", "400", "--producers", "4", "--partitions", "2",
-        "--copier-records", "300", "--lease-lifetime", "8", "--produce-seconds", "10",
-        "--bootstrap", kafka.bootstrap, "--zk", zookeeper.hosts, "--out", str(out),
+        "demo",
+        "--records",
+        "400",
+        "--producers",
+        "4",
+        "--partitions",
+        "2",
+        "--copier-records",
+        "300",
+        "--lease-lifetime",
+        "8",
+        "--produce-seconds",
+        "10",
+        "--bootstrap",
+        kafka.bootstrap,
+        "--zk",
+        zookeeper.hosts,
+        "--out",
+        str(out),
         timeout=500,
-    )  # fmt: skip
+    )
     console = result.stdout + result.stderr
     assert (out / "summary.json").exists(), console[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -65,8 +81,11 @@ def test_demo_with_all_faults_reports_zero_anomalies_and_prints_only_its_own_lin
     assert (out / "report.html").stat().st_size > 10_000
     # Every fault really happened.
     assert summary["faults_happened"] == {
-        "kill": True, "zombie": True, "lease-zombie": True, "copier": True,
-    }, summary["faults"]  # fmt: skip
+        "kill": True,
+        "zombie": True,
+        "lease-zombie": True,
+        "copier": True,
+    }, summary["faults"]
     assert summary["verdicts"].get("FENCE", 0) >= 1
     # The zombie inside its lease wrote under its fenced generation, and the sink refused it
     # (some of its acknowledgements after SIGCONT are for records sent before the FENCE).

@@ -56,14 +56,19 @@ def values(table: pa.Table) -> list[str]:
 
 
 def seqs_of(table: pa.Table, pid: int) -> list[int]:
-    return [s for p, s in zip(table["pid"].to_pylist(), table["seq"].to_pylist(), strict=True)
-            if p == pid]  # fmt: skip
+    return [
+        s
+        for p, s in zip(table["pid"].to_pylist(), table["seq"].to_pylist(), strict=True)
+        if p == pid
+    ]
 
 
 def gap_rows(path: Path) -> list[tuple[Any, ...]]:
     gaps = read_gaps(str(path))
-    return [(r["kind"], r["pid"], r["seq_first"], r["seq_last"], r["offset_before"],
-             r["offset_after"]) for r in gaps.to_pylist()]  # fmt: skip
+    return [
+        (r["kind"], r["pid"], r["seq_first"], r["seq_last"], r["offset_before"], r["offset_after"])
+        for r in gaps.to_pylist()
+    ]
 
 
 @pytest.fixture
@@ -124,9 +129,12 @@ def test_one_record_lost_by_kafka_is_a_gap_not_a_blocked_producer(
     assert seqs_of(log, pid) == [s for s in range(150) if s != 50]
     rejects = read_rejects(str(out))
     assert dict(zip(values(rejects), rejects["verdict"].to_pylist(), strict=True)) == {
-        "dup-s10": "DUPLICATE", "dup-s49": "DUPLICATE", "fence": "FENCE",
-        "zombie-s100": "FENCED", "dup-s120": "DUPLICATE",
-    }  # fmt: skip
+        "dup-s10": "DUPLICATE",
+        "dup-s49": "DUPLICATE",
+        "fence": "FENCE",
+        "zombie-s100": "FENCED",
+        "dup-s120": "DUPLICATE",
+    }
     assert gap_rows(out) == [("lost", pid, 50, 50, 49, 52)]  # offsets 50, 51 are the dups
 
 
@@ -136,8 +144,16 @@ def test_a_new_sink_started_at_latest_adopts_producers_mid_stream(
     topic = new_topic(partitions=1)
     produce_real(producer, topic, 0, 100)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    query = start_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), available_now=False,
-                       trigger_seconds=0.5, starting_offsets="latest")  # fmt: skip
+    query = start_sink(
+        spark,
+        kafka.bootstrap,
+        topic,
+        str(out),
+        str(ckpt),
+        available_now=False,
+        trigger_seconds=0.5,
+        starting_offsets="latest",
+    )
     try:
         # The source writes its initial (latest) offsets when the query starts.
         deadline = time.monotonic() + 120
@@ -172,8 +188,17 @@ def test_retention_while_the_sink_is_stopped(
     produce_real(producer, topic, 100, 100)
     delete_records_before(kafka.bootstrap, topic, 150)
 
-    result, _ = run_sink_cli("--bootstrap", kafka.bootstrap, "--topic", topic, "--output",
-                             str(out), "--checkpoint", str(ckpt), "--available-now")  # fmt: skip
+    result, _ = run_sink_cli(
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        topic,
+        "--output",
+        str(out),
+        "--checkpoint",
+        str(ckpt),
+        "--available-now",
+    )
     assert result.returncode == EXIT_UNAVAILABLE, result.stderr
     line = result.stderr.strip()
     assert len(line.splitlines()) == 1

@@ -58,8 +58,10 @@ def test_two_thousand_half_open_tls_connections_keep_no_client_out(
         counts = holder.stop()
     finally:
         holder.kill()
-    print(f"{spread}: waits max {max(waits):.3f} s, open files {base_files} -> max {max(files)}, "
-          f"RSS +{(max(rss) - base_rss) / MIB:.1f} MiB, holder {counts}")  # fmt: skip
+    print(
+        f"{spread}: waits max {max(waits):.3f} s, open files {base_files} -> max {max(files)}, "
+        f"RSS +{(max(rss) - base_rss) / MIB:.1f} MiB, holder {counts}"
+    )
     assert max(waits) < 1.0, waits
     assert max(files) <= CAP + 64, files
     assert max(rss) <= base_rss + 64 * MIB, (base_rss, rss)

@@ -69,9 +69,10 @@ def test_decode_bombs_from_two_processes_leave_authenticated_pings_fast(
         quiet = _pings(client, PINGS)
         bombers = [
             HostileProcess("bomb", tmp_path, "before-hello", address=server.address),
-            HostileProcess("bomb", tmp_path, "after-hello", address=server.address,
-                           token=bomber_token),
-        ]  # fmt: skip
+            HostileProcess(
+                "bomb", tmp_path, "after-hello", address=server.address, token=bomber_token
+            ),
+        ]
         try:
             for bomber in bombers:
                 bomber.wait_ready()

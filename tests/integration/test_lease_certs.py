@@ -59,11 +59,23 @@ def test_record_mac_keys_are_not_sent_in_clear_unless_told(
     lease_process_factory: Callable[..., LeaseServerProcess], lease_pki: LeasePki, zk_chroot: str
 ) -> None:
     refused = subprocess.run(
-        [sys.executable, "-c", "from pidfence.cli import main; main()", "lease-server",
-         "--zk", zk_chroot, "--listen", "127.0.0.1:0",
-         "--record-mac-secret", str(lease_pki.record_mac_secret)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "from pidfence.cli import main; main()",
+            "lease-server",
+            "--zk",
+            zk_chroot,
+            "--listen",
+            "127.0.0.1:0",
+            "--record-mac-secret",
+            str(lease_pki.record_mac_secret),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert refused.returncode == 2
     assert "--record-mac-secret" in refused.stderr and "TLS" in refused.stderr
     trusted = lease_process_factory(

@@ -214,9 +214,15 @@ def test_flood_on_one_connection_leaves_pings_on_another_answered(
         frame = encode_frame({"v": 1, "op": "lease", "id": 1})
     else:  # stale bumps by the owner: each one is a ZooKeeper read
         frame = encode_frame(
-            {"v": 1, "op": "bump", "id": 1, "pid": lease["pid"], "generation": 0,
-             "secret": lease["secret"]}
-        )  # fmt: skip
+            {
+                "v": 1,
+                "op": "bump",
+                "id": 1,
+                "pid": lease["pid"],
+                "generation": 0,
+                "secret": lease["secret"],
+            }
+        )
     flood = frame * 20_000
     sender = threading.Thread(target=lambda: _send_ignoring_reset(flooder.sock, flood))
     sender.start()  # never reads a reply: the server must push back, not buffer or spin

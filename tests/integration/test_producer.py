@@ -198,9 +198,20 @@ def test_produce_cli_writes_gap_free_sequences_from_zero(
     topic = new_topic(partitions=4)
     ledger = tmp_path / "ledger.jsonl"
     done = run_cli(
-        "produce", "--bootstrap", kafka.bootstrap, "--lease-server", lease_server.address,
-        "--topic", topic, "--count", "2000", "--keys", "100", "--ledger", str(ledger),
-    )  # fmt: skip
+        "produce",
+        "--bootstrap",
+        kafka.bootstrap,
+        "--lease-server",
+        lease_server.address,
+        "--topic",
+        topic,
+        "--count",
+        "2000",
+        "--keys",
+        "100",
+        "--ledger",
+        str(ledger),
+    )
     assert done.returncode == 0, done.stderr
     records = read_topic(kafka.bootstrap, topic)
     assert len(records) == 2000
@@ -270,8 +281,11 @@ def test_keyed_records_land_where_the_java_client_puts_them(
     # The empty key is an empty byte array in Java too (not null), so it is hashed.
     java_run = subprocess.run(
         [java(), "-cp", classpath("kafka"), str(source), kafka.bootstrap, theirs, *keys],
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert java_run.returncode == 0, java_run.stderr[-3000:]
     java_partitions: dict[str, int] = {}
     for line in java_run.stdout.splitlines():
@@ -331,14 +345,34 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
     """Process A is SIGSTOPped; B resumes A's checkpoint; A, continued, is FENCED everywhere."""
     topic = new_topic(partitions=2)
     state_a, state_b = tmp_path / "a.json", tmp_path / "b.json"
-    common = ["--bootstrap", kafka.bootstrap, "--lease-server", lease_server.address,
-              "--topic", topic, "--keys", "0", "--checkpoint-every", "20"]  # fmt: skip
+    common = [
+        "--bootstrap",
+        kafka.bootstrap,
+        "--lease-server",
+        lease_server.address,
+        "--topic",
+        topic,
+        "--keys",
+        "0",
+        "--checkpoint-every",
+        "20",
+    ]
     zombie_log = (tmp_path / "zombie.err").open("w")
     zombie = subprocess.Popen(
-        [PIDFENCE, "produce", *common, "--count", "1000000", "--rate", "400",
-         "--state", str(state_a)],
-        stdout=subprocess.DEVNULL, stderr=zombie_log,
-    )  # fmt: skip
+        [
+            PIDFENCE,
+            "produce",
+            *common,
+            "--count",
+            "1000000",
+            "--rate",
+            "400",
+            "--state",
+            str(state_a),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=zombie_log,
+    )
     try:
         while _state_next_i(state_a) < 100:
             assert zombie.poll() is None, (tmp_path / "zombie.err").read_text()
@@ -366,9 +400,10 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
     heir_generation = max(r.pf.generation for r, _ in verdicts if r.pf)
     assert sorted(fence_at) == [0, 1]
     late_zombie = [
-        (r, v) for r, v in verdicts
+        (r, v)
+        for r, v in verdicts
         if r.offset > fence_at[r.partition] and r.pf and r.pf.generation < heir_generation
-    ]  # fmt: skip
+    ]
     assert len(late_zombie) >= 20
     assert {v for _, v in late_zombie} == {Verdict.FENCED}
     # The appended log is records 0 .. taken_over_at+39 of the load, each exactly once.
@@ -502,9 +537,12 @@ def test_broker_down_at_start_is_named_and_retriable(lease_server: LeaseServerTh
 def test_lease_server_down_is_retried_then_named_and_retriable(kafka: Any) -> None:
     attempts: list[float] = []
     client = LeaseClient(
-        f"127.0.0.1:{free_port()}", connect_timeout_s=0.5, retries=3, backoff_s=0.01,
+        f"127.0.0.1:{free_port()}",
+        connect_timeout_s=0.5,
+        retries=3,
+        backoff_s=0.01,
         sleep=attempts.append,
-    )  # fmt: skip
+    )
     with client, pytest.raises(LeaseServerDown, match="lease server") as caught:
         IdempotentProducer(ProducerConfig(kafka.bootstrap), client)
     assert caught.value.retriable
@@ -513,9 +551,16 @@ def test_lease_server_down_is_retried_then_named_and_retriable(kafka: Any) -> No
 
 def test_lease_server_down_via_cli_exits_retriable(kafka: Any) -> None:
     done = run_cli(
-        "produce", "--bootstrap", kafka.bootstrap, "--lease-server", f"127.0.0.1:{free_port()}",
-        "--topic", "t", "--count", "1",
-    )  # fmt: skip
+        "produce",
+        "--bootstrap",
+        kafka.bootstrap,
+        "--lease-server",
+        f"127.0.0.1:{free_port()}",
+        "--topic",
+        "t",
+        "--count",
+        "1",
+    )
     assert done.returncode == 75, done.stderr
     assert "LeaseServerDown" in done.stderr
 
@@ -579,9 +624,16 @@ def test_zookeeper_down_behind_the_lease_server_is_named_not_the_lease_server() 
     server = LeaseServerThread(None, coordinator=store, block_size=1).start()
     try:
         done = run_cli(
-            "produce", "--bootstrap", dead_address(), "--lease-server", server.address,
-            "--topic", "t", "--count", "1",
-        )  # fmt: skip
+            "produce",
+            "--bootstrap",
+            dead_address(),
+            "--lease-server",
+            server.address,
+            "--topic",
+            "t",
+            "--count",
+            "1",
+        )
     finally:
         server.stop()
     assert done.returncode == 75, done.stderr
@@ -593,9 +645,16 @@ def test_zookeeper_down_behind_the_lease_server_is_named_not_the_lease_server() 
 
 def test_lease_server_down_says_how_to_start_one_once() -> None:
     done = run_cli(
-        "produce", "--bootstrap", dead_address(), "--lease-server", dead_address(),
-        "--topic", "t", "--count", "1",
-    )  # fmt: skip
+        "produce",
+        "--bootstrap",
+        dead_address(),
+        "--lease-server",
+        dead_address(),
+        "--topic",
+        "t",
+        "--count",
+        "1",
+    )
     assert done.returncode == 75, done.stderr
     assert "pidfence: retriable: LeaseServerDown: no lease server answered" in done.stderr
     assert done.stderr.count("pidfence lease-server") == 1, done.stderr
@@ -615,8 +674,19 @@ def test_produce_takes_the_message_timeout_so_short_leases_need_no_warning(
     kafka: Any, new_topic: Callable[..., str], short_leases: LeaseServerThread
 ) -> None:
     topic = new_topic(partitions=2)
-    common = ("produce", "--bootstrap", kafka.bootstrap, "--lease-server", short_leases.address,
-              "--topic", topic, "--count", "20", "--keys", "0")  # fmt: skip
+    common = (
+        "produce",
+        "--bootstrap",
+        kafka.bootstrap,
+        "--lease-server",
+        short_leases.address,
+        "--topic",
+        topic,
+        "--count",
+        "20",
+        "--keys",
+        "0",
+    )
     default = run_cli(*common)
     assert default.returncode == 0, default.stderr
     assert MARGIN_WARNING in default.stderr and "--message-timeout" in default.stderr
@@ -637,10 +707,22 @@ def test_copy_takes_the_message_timeout_so_short_leases_need_no_warning(
         plain.produce(source, b"v%d" % i, partition=i % 2)
     assert plain.flush(30) == 0
     done = run_cli(
-        "copy", "--bootstrap", kafka.bootstrap, "--lease-server", short_leases.address,
-        "--from-topic", source, "--to-topic", target, "--state", str(tmp_path / "copy.json"),
-        "--idle-exit", "2", "--message-timeout", "2s",
-    )  # fmt: skip
+        "copy",
+        "--bootstrap",
+        kafka.bootstrap,
+        "--lease-server",
+        short_leases.address,
+        "--from-topic",
+        source,
+        "--to-topic",
+        target,
+        "--state",
+        str(tmp_path / "copy.json"),
+        "--idle-exit",
+        "2",
+        "--message-timeout",
+        "2s",
+    )
     assert done.returncode == 0, done.stderr
     assert MARGIN_WARNING not in done.stderr
     assert sorted(r.value for r in read_topic(kafka.bootstrap, target) if r.value) == sorted(

@@ -173,9 +173,11 @@ def test_kafka_rf3_acks_all_loses_nothing_with_a_broker_killed(
     from confluent_kafka.admin import AdminClient
 
     topic = kafka_cluster3.create_topic(
-        f"rf3-{uuid.uuid4().hex[:10]}", partitions=2, replication=3,
+        f"rf3-{uuid.uuid4().hex[:10]}",
+        partitions=2,
+        replication=3,
         config={"min.insync.replicas": "2"},
-    )  # fmt: skip
+    )
     meta = AdminClient({"bootstrap.servers": kafka_cluster3.bootstrap}).list_topics(topic, 10)
     victim = meta.topics[topic].partitions[0].leader - 1
     errors: list[str] = []
@@ -218,13 +220,19 @@ def test_services_cli_up_status_down(tmp_path: Path) -> None:
     try:
         up = subprocess.run(
             [*PIDFENCE, "services", "up", "--run-dir", str(run_dir)],
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert up.returncode == 0, up.stderr
         status = subprocess.run(
             [*PIDFENCE, "services", "status", "--json", "--run-dir", str(run_dir)],
-            capture_output=True, text=True, timeout=60, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         doc = json.loads(status.stdout)
         assert set(doc["pids"]) == {"zookeeper-0", "kafka-0"}
         assert all(doc["alive"].values())
@@ -244,8 +252,11 @@ def test_services_cli_up_status_down(tmp_path: Path) -> None:
             zk.close()
         down = subprocess.run(
             [*PIDFENCE, "services", "down", "--run-dir", str(run_dir)],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert down.returncode == 0, down.stderr
         assert "kafka-0" in down.stdout
         assert not any(proc_start_time(n.pid) == n.start_time for n in records)
@@ -267,8 +278,9 @@ def test_services_api_fault_hooks(tmp_path: Path) -> None:
     try:
         first = state.pids()["zookeeper-0"]
         stack.kill("zookeeper-0")
-        assert not any(n.name == "zookeeper-0" and same_process(n.pid, n.start_time)
-                       for n in state.nodes)  # fmt: skip
+        assert not any(
+            n.name == "zookeeper-0" and same_process(n.pid, n.start_time) for n in state.nodes
+        )
         stack.restart("zookeeper-0")
         after = read_state(stack.run_dir)
         assert after is not None

@@ -218,8 +218,9 @@ def assert_output(
     assert dict(zip(labels(rej), rej.column("verdict").to_pylist(), strict=True)) == rejects
     assert rej.to_pylist() == expected_rejects(topic, sent, rejects)
     if (output / "_delta_log").is_dir():
-        assert_delta_alone(output, expected_log(topic, sent, logs),
-                           expected_rejects(topic, sent, rejects))  # fmt: skip
+        assert_delta_alone(
+            output, expected_log(topic, sent, logs), expected_rejects(topic, sent, rejects)
+        )
 
 
 def assert_delta_alone(

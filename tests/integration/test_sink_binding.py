@@ -150,9 +150,13 @@ def lease_client(signing_server: Any) -> Iterator[LeaseClient]:
 
 
 def test_a_certificate_copied_to_other_partitions_and_a_topic_admits_nothing(
-    spark: Any, kafka: Any, new_topic: Any, lease_client: LeaseClient, lease_pki: LeasePki,
+    spark: Any,
+    kafka: Any,
+    new_topic: Any,
+    lease_client: LeaseClient,
+    lease_pki: LeasePki,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     """Issue 22 case 2: was a FENCE at 2^62 silencing the producer there (its records
     ``DUPLICATE``) and a copied seq 0 appended in place of the producer's own."""
     topic, other = new_topic(partitions=3), new_topic(partitions=1)
@@ -166,26 +170,41 @@ def test_a_certificate_copied_to_other_partitions_and_a_topic_admits_nothing(
         # A FENCE on the three partitions and the other topic; the copied seq 0 record (pf and
         # pfc as they are) where the producer has not written yet.
         targets = [(topic, 1), (topic, 2), (other, 0)]
-        attacks = {f"fence-{t}-{p}": Injected(t, p, f"fence-{t}-{p}".encode(),
-                                              [(PF_HEADER_KEY, fence), (CERT_HEADER_KEY, stolen)])
-                   for t, p in [(topic, 0), *targets]}  # fmt: skip
-        attacks |= {f"copy-{t}-{p}": Injected(t, p, f"copy-{t}-{p}".encode(),
-                                              [(PF_HEADER_KEY, first[PF_HEADER_KEY]),
-                                               (CERT_HEADER_KEY, stolen)])
-                    for t, p in targets}  # fmt: skip
+        attacks = {
+            f"fence-{t}-{p}": Injected(
+                t, p, f"fence-{t}-{p}".encode(), [(PF_HEADER_KEY, fence), (CERT_HEADER_KEY, stolen)]
+            )
+            for t, p in [(topic, 0), *targets]
+        }
+        attacks |= {
+            f"copy-{t}-{p}": Injected(
+                t,
+                p,
+                f"copy-{t}-{p}".encode(),
+                [(PF_HEADER_KEY, first[PF_HEADER_KEY]), (CERT_HEADER_KEY, stolen)],
+            )
+            for t, p in targets
+        }
         inject(kafka.bootstrap, list(attacks.values()))
         # The producer goes on everywhere, its first record on each new place after the attack.
         legit = {(topic, 0): [f"t0-a{i}" for i in range(3, 8)]}
-        legit |= {(t, p): [f"{'t' if t == topic else 'u'}{p}-a{i}" for i in range(5)]
-                  for t, p in targets}  # fmt: skip
+        legit |= {
+            (t, p): [f"{'t' if t == topic else 'u'}{p}-a{i}" for i in range(5)] for t, p in targets
+        }
         for (t, p), labels in legit.items():
             produce(producer, t, p, labels)
     legit[(topic, 0)] = [f"t0-a{i}" for i in range(8)]
 
     out = tmp_path / "out"
     options = {"leasePublicKey": str(lease_pki.public_key)}
-    summary = run_sink(spark, kafka.bootstrap, f"{topic},{other}", str(out), str(tmp_path / "ckpt"),
-                       sink_options=options)  # fmt: skip
+    summary = run_sink(
+        spark,
+        kafka.bootstrap,
+        f"{topic},{other}",
+        str(out),
+        str(tmp_path / "ckpt"),
+        sink_options=options,
+    )
     log = read_log(str(out))
     assert by_place(log) == legit
     assert by_place(log, "seq") == {place: list(range(len(v))) for place, v in legit.items()}
@@ -199,9 +218,13 @@ def test_a_certificate_copied_to_other_partitions_and_a_topic_admits_nothing(
 
 
 def test_a_back_dated_expired_certificate_is_forged_on_a_log_append_time_topic(
-    spark: Any, kafka: Any, new_topic: Any, lease_server_factory: LeaseServerFactory,
-    lease_pki: LeasePki, tmp_path: Path,
-) -> None:  # fmt: skip
+    spark: Any,
+    kafka: Any,
+    new_topic: Any,
+    lease_server_factory: LeaseServerFactory,
+    lease_pki: LeasePki,
+    tmp_path: Path,
+) -> None:
     """Issue 22 case 3: was accepted as a new producer (expiry judged at the record's CreateTime).
 
     The lease's own statements are genuine, signed for exactly the place they are written to:
@@ -223,14 +246,23 @@ def test_a_back_dated_expired_certificate_is_forged_on_a_log_append_time_topic(
     while time.time() * 1000 <= lease.expire_ms:  # the state: the lease has ended
         time.sleep(0.1)
     back_dated = lease.expire_ms - 1_000
-    inject(kafka.bootstrap, [
-        Injected(topic, 0, b"expired-s0", placed(0, 0), timestamp_ms=back_dated),
-        Injected(topic, 0, b"expired-fence", placed(0, 1, FLAG_FENCE), timestamp_ms=back_dated),
-    ])  # fmt: skip
+    inject(
+        kafka.bootstrap,
+        [
+            Injected(topic, 0, b"expired-s0", placed(0, 0), timestamp_ms=back_dated),
+            Injected(topic, 0, b"expired-fence", placed(0, 1, FLAG_FENCE), timestamp_ms=back_dated),
+        ],
+    )
 
     out = tmp_path / "out"
-    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt"),
-                       sink_options={"leasePublicKey": str(lease_pki.public_key)})  # fmt: skip
+    summary = run_sink(
+        spark,
+        kafka.bootstrap,
+        topic,
+        str(out),
+        str(tmp_path / "ckpt"),
+        sink_options={"leasePublicKey": str(lease_pki.public_key)},
+    )
     assert values(read_log(str(out))) == ["live"]
     rejects = read_rejects(str(out))
     assert verdicts(rejects) == {"expired-s0": "FORGED", "expired-fence": "FORGED"}
@@ -241,9 +273,12 @@ def test_a_back_dated_expired_certificate_is_forged_on_a_log_append_time_topic(
 
 
 def test_records_injected_at_the_next_seq_are_forged_in_per_record_mode(
-    kafka: Any, new_topic: Any, lease_server_factory: LeaseServerFactory, lease_pki: LeasePki,
+    kafka: Any,
+    new_topic: Any,
+    lease_server_factory: LeaseServerFactory,
+    lease_pki: LeasePki,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     """Per-record mode through ``pidfence sink --record-mac-secret`` as a user starts it."""
     topic = new_topic(partitions=1)
     server = lease_server_factory(record_mac_secret=lease_pki.record_mac_secret, insecure=True)
@@ -257,21 +292,46 @@ def test_records_injected_at_the_next_seq_are_forged_in_per_record_mode(
         pf = decode_pf(headers_of(seen[-1])[PF_HEADER_KEY])
         nxt = encode_pf(pf.pid, pf.generation, pf.seq + 1)
         donor = seen[2]
-        inject(kafka.bootstrap, [
-            Injected(topic, 0, b"no-pfm", [(PF_HEADER_KEY, nxt)]),
-            Injected(topic, 0, b"random-pfm",
-                     [(PF_HEADER_KEY, nxt), (MAC_HEADER_KEY, os.urandom(RECORD_MAC_BYTES))]),
-            Injected(topic, 0, donor.value(), key=donor.key(),
-                     headers=[(PF_HEADER_KEY, nxt),
-                              (MAC_HEADER_KEY, headers_of(donor)[MAC_HEADER_KEY])]),
-        ])  # fmt: skip
+        inject(
+            kafka.bootstrap,
+            [
+                Injected(topic, 0, b"no-pfm", [(PF_HEADER_KEY, nxt)]),
+                Injected(
+                    topic,
+                    0,
+                    b"random-pfm",
+                    [(PF_HEADER_KEY, nxt), (MAC_HEADER_KEY, os.urandom(RECORD_MAC_BYTES))],
+                ),
+                Injected(
+                    topic,
+                    0,
+                    donor.value(),
+                    key=donor.key(),
+                    headers=[
+                        (PF_HEADER_KEY, nxt),
+                        (MAC_HEADER_KEY, headers_of(donor)[MAC_HEADER_KEY]),
+                    ],
+                ),
+            ],
+        )
         produce(producer, topic, 0, [f"e{i}" for i in range(5, 10)])
 
     out = tmp_path / "out"
-    result, _ = run_sink_cli("--bootstrap", kafka.bootstrap, "--topic", topic, "--output",
-                             str(out), "--checkpoint", str(tmp_path / "ckpt"), "--available-now",
-                             "--master", "local[2]",
-                             "--record-mac-secret", str(lease_pki.record_mac_secret))  # fmt: skip
+    result, _ = run_sink_cli(
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        topic,
+        "--output",
+        str(out),
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+        "--available-now",
+        "--master",
+        "local[2]",
+        "--record-mac-secret",
+        str(lease_pki.record_mac_secret),
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     assert "FORGED 3 (mac 3)" in result.stdout, result.stdout
     log = read_log(str(out))
@@ -283,15 +343,21 @@ def test_records_injected_at_the_next_seq_are_forged_in_per_record_mode(
     assert rejects["seq"].to_pylist() == [pf.seq + 1] * 3
     assert rejects["pid"].to_pylist() == [pf.pid] * 3
     assert [sorted(h["key"] for h in hs) for hs in rejects["headers"].to_pylist()] == [
-        [PF_HEADER_KEY], [PF_HEADER_KEY, MAC_HEADER_KEY], [PF_HEADER_KEY, MAC_HEADER_KEY],
-    ]  # fmt: skip
+        [PF_HEADER_KEY],
+        [PF_HEADER_KEY, MAC_HEADER_KEY],
+        [PF_HEADER_KEY, MAC_HEADER_KEY],
+    ]
     assert summarise(str(out)).forged == {"mac": 3}
 
 
 def test_a_late_sink_adopts_a_signed_producer_at_its_first_restamped_record(
-    spark: Any, kafka: Any, new_topic: Any, lease_client: LeaseClient, lease_pki: LeasePki,
+    spark: Any,
+    kafka: Any,
+    new_topic: Any,
+    lease_client: LeaseClient,
+    lease_pki: LeasePki,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     """Issue 26 with signing on: retention trimmed the head (and the producer's first ``pfc``)
     before the sink first read the partition. The producer's clock is stepped over its
     ``restamp_ms`` (1 s, the default) so where the re-stamp falls does not depend on load."""
@@ -303,8 +369,11 @@ def test_a_late_sink_adopts_a_signed_producer_at_its_first_restamped_record(
         now[0] += config.restamp_ms
         produce(producer, topic, 0, [f"e{i}" for i in range(120, 150)])
         pid = producer.checkpoint().pid
-        stamped = [m.offset() for m in read_partition(kafka.bootstrap, topic, 0)
-                   if CERT_HEADER_KEY in headers_of(m)]  # fmt: skip
+        stamped = [
+            m.offset()
+            for m in read_partition(kafka.bootstrap, topic, 0)
+            if CERT_HEADER_KEY in headers_of(m)
+        ]
         assert stamped == [0, 120]
         delete_records_before(kafka.bootstrap, topic, 50)
 

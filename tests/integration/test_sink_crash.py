@@ -106,9 +106,12 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
     topic = new_topic(partitions=2)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     argv = sink_argv(
-        kafka.bootstrap, topic, out, ckpt,
+        kafka.bootstrap,
+        topic,
+        out,
+        ckpt,
         ["--master", "local[2,3]", "--table-format", table_format, "--no-resolve-gaps"],
-    )  # fmt: skip
+    )
 
     # Every task's first attempt fails; Spark retries it and the log is still exact.
     sent = produce(kafka.bootstrap, topic, RUN1)
@@ -171,9 +174,17 @@ def test_cli_on_standalone_cluster_runs_until_sigterm(
     topic = new_topic(partitions=2)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     sent = produce(kafka.bootstrap, topic, RUN1)
-    argv = sink_argv(kafka.bootstrap, topic, out, ckpt, [
-        "--master", spark_standalone.master_url, "--no-resolve-gaps",
-    ])  # fmt: skip
+    argv = sink_argv(
+        kafka.bootstrap,
+        topic,
+        out,
+        ckpt,
+        [
+            "--master",
+            spark_standalone.master_url,
+            "--no-resolve-gaps",
+        ],
+    )
     argv = [a for a in argv if a != "--available-now"] + ["--trigger", "1"]
     proc = SinkProc(argv, tmp_path / "standalone.log")
     try:

@@ -64,21 +64,27 @@ def test_forged_fences_and_pids_are_refused_and_the_live_producer_is_untouched(
         ("l1", legit[1], None),
         ("fence-no-pfc", encode_pf(pid, gen + 1, 2, FLAG_FENCE), None),
         ("l2", legit[2], None),
-        ("fence-rogue", encode_pf(pid, gen + 1, 3, FLAG_FENCE),
-         placed(rogue, pid, gen + 1, 3, FLAG_FENCE)),
+        (
+            "fence-rogue",
+            encode_pf(pid, gen + 1, 3, FLAG_FENCE),
+            placed(rogue, pid, gen + 1, 3, FLAG_FENCE),
+        ),
         ("l3", legit[3], None),
-    ]  # fmt: skip
+    ]
     second_run = [
         ("fresh-no-pfc", encode_pf(9001, 0, 0), None),
         ("l4", legit[4], None),
         ("fresh-rogue", encode_pf(9002, 0, 0), placed(rogue, 9002, 0, 0)),
         ("l5", legit[5], None),
-        ("fresh-rogue-fence", encode_pf(9003, 0, 0, FLAG_FENCE),
-         placed(rogue, 9003, 0, 0, FLAG_FENCE)),
+        (
+            "fresh-rogue-fence",
+            encode_pf(9003, 0, 0, FLAG_FENCE),
+            placed(rogue, 9003, 0, 0, FLAG_FENCE),
+        ),
         ("l6", legit[6], None),
         ("next-gen-rogue", encode_pf(pid, gen + 1, 7), placed(rogue, pid, gen + 1, 7)),
         ("l7", legit[7], None),
-    ]  # fmt: skip
+    ]
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     options = {"leasePublicKey": f"{old_pub},{pub}"}
     send(kafka.bootstrap, topic, first_run)
@@ -97,8 +103,9 @@ def test_forged_fences_and_pids_are_refused_and_the_live_producer_is_untouched(
     rejects = read_rejects(str(out))
     assert {
         v.decode(): verdict
-        for v, verdict in zip(rejects["value"].to_pylist(), rejects["verdict"].to_pylist(),
-                              strict=True)
+        for v, verdict in zip(
+            rejects["value"].to_pylist(), rejects["verdict"].to_pylist(), strict=True
+        )
     } == {
         "fence-no-pfc": "FORGED",
         "fence-rogue": "FORGED",
@@ -106,6 +113,6 @@ def test_forged_fences_and_pids_are_refused_and_the_live_producer_is_untouched(
         "fresh-rogue": "FORGED",
         "fresh-rogue-fence": "FORGED",
         "next-gen-rogue": "FORGED",
-    }  # fmt: skip
+    }
     # The committed manifests count the reasons (the CLI's batch line prints them).
     assert summarise(str(out)).forged == {"missing": 2, "unknown_key": 4}

@@ -41,9 +41,15 @@ ATTACKED = {
 }
 ATTACKED_SEEDS = range(8)
 REASONS = (
-    "missing", "malformed", "wrong_length", "other_identity", "expired", "unknown_key",
-    "other_place", "unbound",
-)  # fmt: skip
+    "missing",
+    "malformed",
+    "wrong_length",
+    "other_identity",
+    "expired",
+    "unknown_key",
+    "other_place",
+    "unbound",
+)
 
 
 def assert_refused(result: SimResult) -> None:
@@ -225,5 +231,7 @@ def test_memoized_placed_check_matches_verify_cert(
         assert verify(pid, generation, 0, 0, cert, now) == (None if direct.ok else direct.reason)
     assert verify(pid, generation, 0, 0, None, 0) == "missing"
     assert PlacedCheck(public).for_partition("sim", 0)(pid, generation, 0, 0, cert, 0) in (
-        "unbound", "other_identity", "unknown_key",
-    )  # fmt: skip
+        "unbound",
+        "other_identity",
+        "unknown_key",
+    )

@@ -65,15 +65,27 @@ MUTANTS: dict[str, tuple[type, str, Callable[..., Any], str, set[str]]] = {
     "resume_without_fence": (ProducerSession, "fences", no_fences, "crashy", {"lost", "zombie"}),
     "fences_never_sent": (Sender, "send_fences", never_sends_fences, "crashy", {"lost", "zombie"}),
     "stamp_after_lease_end": (
-        ProducerSession, "ended", lease_never_ends, "outages", {"lost", "event_lost"},
+        ProducerSession,
+        "ended",
+        lease_never_ends,
+        "outages",
+        {"lost", "event_lost"},
     ),
     "no_first_record_cert": (
-        ProducerSession, "extras", no_first_record_cert, "crashy", {"lost", "event_lost"},
+        ProducerSession,
+        "extras",
+        no_first_record_cert,
+        "crashy",
+        {"lost", "event_lost"},
     ),
     "no_handover": (
-        recovery, "handover", no_handover, "crashy", {"event_duplicate"},
+        recovery,
+        "handover",
+        no_handover,
+        "crashy",
+        {"event_duplicate"},
     ),
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")

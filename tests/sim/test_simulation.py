@@ -225,10 +225,25 @@ def test_regression_seed_23294_scan_starts_from_the_checkpoints_ahead() -> None:
     # "fenced" it, and the expired pid's successor re-sent the event. The scan now starts from
     # max(next_seq, ahead) (recovery.scan_state; docs/design.md §9).
     result = run(
-        23294, events=178, partitions=2, producers=2, drop_p=0.05, dup_p=0.2, reorder=5,
-        crash_p=0.3, zombie_p=1.0, pause_p=1.0, down_p=0.5, double_p=0.0, restart_p=0.1,
-        plain_p=0.05, lifetime_ms=1920, step_ms=14, checkpoint_every=5, batch_every=1,
-    )  # fmt: skip
+        23294,
+        events=178,
+        partitions=2,
+        producers=2,
+        drop_p=0.05,
+        dup_p=0.2,
+        reorder=5,
+        crash_p=0.3,
+        zombie_p=1.0,
+        pause_p=1.0,
+        down_p=0.5,
+        double_p=0.0,
+        restart_p=0.1,
+        plain_p=0.05,
+        lifetime_ms=1920,
+        step_ms=14,
+        checkpoint_every=5,
+        batch_every=1,
+    )
     # The path is still exercised: paused zombies, bumped and rolled resumes, skips.
     assert result.stats["paused_zombies"] > 0 and result.stats["resumes_rolled"] > 0
     assert result.stats["skipped"] > 0
@@ -244,11 +259,24 @@ def test_regression_seed_2071981131_resume_follows_to_an_ended_successor(
     # rolled the successor in turn but its scan ignored the successor's records, so the new pid
     # sent those events again. The scan now reads them and the new pid skips them.
     knobs = {
-        "events": 125, "partitions": 3, "producers": 3, "drop_p": 0.0, "dup_p": 0.05,
-        "reorder": 6, "crash_p": 0.3, "zombie_p": 0.5, "pause_p": 1.0, "down_p": 0.5,
-        "double_p": 0.1, "restart_p": 0.1, "plain_p": 0.05, "step_ms": 15,
-        "lifetime_ms": 1920, "checkpoint_every": 18, "batch_every": 2,
-    }  # fmt: skip
+        "events": 125,
+        "partitions": 3,
+        "producers": 3,
+        "drop_p": 0.0,
+        "dup_p": 0.05,
+        "reorder": 6,
+        "crash_p": 0.3,
+        "zombie_p": 0.5,
+        "pause_p": 1.0,
+        "down_p": 0.5,
+        "double_p": 0.1,
+        "restart_p": 0.1,
+        "plain_p": 0.05,
+        "step_ms": 15,
+        "lifetime_ms": 1920,
+        "checkpoint_every": 18,
+        "batch_every": 2,
+    }
     assert_clean(run(2071981131, **knobs))
     from pidfence.producer import session
 

@@ -234,9 +234,16 @@ class ReferenceTable:
         return out
 
     def _decide(
-        self, pid: int, g: int, s: int, fence: bool, ts: int, ref: Any, cert: bytes | None,
+        self,
+        pid: int,
+        g: int,
+        s: int,
+        fence: bool,
+        ts: int,
+        ref: Any,
+        cert: bytes | None,
         out: list[tuple[Any, Verdict]],
-    ) -> None:  # fmt: skip
+    ) -> None:
         flags = FLAG_FENCE if fence else 0
         at = max(self.clock, ts)
         e = self.entries.get(pid)
@@ -336,8 +343,9 @@ class ReferenceTable:
 
     def _settle(self, pid: int, e: list[int], out: list[tuple[Any, Verdict]]) -> None:
         """The generation moved: older held records land after their holes (gap mode)."""
-        older = sorted((x for x in self.held if x["pid"] == pid and x["gen"] < e[0]),
-                       key=lambda x: x["seq"])  # fmt: skip
+        older = sorted(
+            (x for x in self.held if x["pid"] == pid and x["gen"] < e[0]), key=lambda x: x["seq"]
+        )
         for x in older:
             self.held.remove(x)
             if x["seq"] > e[1] + 1:
@@ -401,8 +409,9 @@ def cert_verifier(keys: Sequence[Ed25519PublicKey], missing: str = "missing") ->
     return verifier
 
 
-def with_certs(rng: random.Random, stream: list[tuple[bytes | None, int]], forge: float
-               ) -> list[bytes | None]:  # fmt: skip
+def with_certs(
+    rng: random.Random, stream: list[tuple[bytes | None, int]], forge: float
+) -> list[bytes | None]:
     """A certificate per record: mostly valid for its header, sometimes absent or wrong."""
     certs: list[bytes | None] = []
     for header, _ in stream:

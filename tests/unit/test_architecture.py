@@ -2,7 +2,9 @@
 
 The import-linter contracts in pyproject.toml: the layers (wire; rules, leases, ledger; producer,
 sink; checker; services; sim; testing; demo; cli, each importing only below itself) and no
-import circle among the modules of any package. And no module in ``src/`` over 400 lines.
+import circle among the modules of any package. No module in ``src/`` over 500 formatted lines
+(``ruff format`` decides the layout; a module that grows past that is split along a seam), and
+at most five ``fmt: skip``/``fmt: off`` in ``src/``, each with its reason.
 """
 
 from __future__ import annotations
@@ -23,15 +25,26 @@ def test_import_contracts_are_kept() -> None:
         "import sys; from importlinter.cli import lint_imports; "
         f"sys.exit(lint_imports(config_filename={config!r}, no_cache=True, no_logo=True))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_no_module_is_over_400_lines() -> None:
+def test_no_module_is_over_500_lines() -> None:
     long = {
         str(path.relative_to(SRC)): n
         for path in SRC.rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > 400
+        if (n := len(path.read_text().splitlines())) > 500
     }
     assert long == {}
+
+
+def test_layout_is_left_to_the_formatter() -> None:
+    skips = [
+        f"{path.relative_to(SRC)}:{n}"
+        for path in SRC.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "fmt: skip" in line or "fmt: off" in line
+    ]
+    assert len(skips) <= 5, skips

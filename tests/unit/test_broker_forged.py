@@ -27,12 +27,21 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 
 def table_with(verifier: Any, window: int = 3) -> ProducerStateTable:
-    return ProducerStateTable(capacity=4, lifetime_ms=10_000, reorder_window=window,
-                              verifier=verifier)  # fmt: skip
+    return ProducerStateTable(
+        capacity=4, lifetime_ms=10_000, reorder_window=window, verifier=verifier
+    )
 
 
-def decide(t: ProducerStateTable, pid: int, g: int, s: int, cert: bytes | None = None,
-           flags: int = 0, ts: int = 0, ref: Any = "r") -> list[tuple[Any, Verdict]]:  # fmt: skip
+def decide(
+    t: ProducerStateTable,
+    pid: int,
+    g: int,
+    s: int,
+    cert: bytes | None = None,
+    flags: int = 0,
+    ts: int = 0,
+    ref: Any = "r",
+) -> list[tuple[Any, Verdict]]:
     return [(d.ref, d.verdict) for d in t.offer(pid, g, s, ts, flags, ref, cert)]
 
 
@@ -117,8 +126,13 @@ def test_real_ed25519_certificates() -> None:
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, streams.table_args, st.floats(0, 1),
-       st.lists(st.integers(1, 60), max_size=8))  # fmt: skip
+@given(
+    st.integers(0, 2**32),
+    knobs_strategy,
+    streams.table_args,
+    st.floats(0, 1),
+    st.lists(st.integers(1, 60), max_size=8),
+)
 def test_forged_cases_match_the_reference_and_the_batch_path(
     seed: int, knobs: streams.StreamKnobs, args: Any, forge: float, cuts: list[int]
 ) -> None:
@@ -141,9 +155,11 @@ def test_forged_cases_match_the_reference_and_the_batch_path(
     for size in [*cuts, len(stream)]:
         lo, hi = start, min(len(stream), start + size)
         res = batched.offer_batch(
-            [h for h, _ in stream[lo:hi]], np.array([t for _, t in stream[lo:hi]], np.int64),
-            list(range(lo, hi)), certs[lo:hi],
-        )  # fmt: skip
+            [h for h, _ in stream[lo:hi]],
+            np.array([t for _, t in stream[lo:hi]], np.int64),
+            list(range(lo, hi)),
+            certs[lo:hi],
+        )
         for d in res.released:
             b_final[d.ref] = d.verdict
         for row, v in enumerate(res.verdicts()):

@@ -57,8 +57,13 @@ def test_extensions_match_the_reference_model(
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, table_args, st.lists(st.integers(1, 60), max_size=8),
-       st.booleans())  # fmt: skip
+@given(
+    st.integers(0, 2**32),
+    knobs_strategy,
+    table_args,
+    st.lists(st.integers(1, 60), max_size=8),
+    st.booleans(),
+)
 def test_batch_path_with_extensions_decides_exactly_like_offer(
     seed: int, knobs: StreamKnobs, args: Any, cuts: list[int], gaps_on: bool
 ) -> None:
@@ -79,9 +84,10 @@ def test_batch_path_with_extensions_decides_exactly_like_offer(
             batched.open_horizon(stream[lo][1])
         chunk = stream[lo:hi]
         result = batched.offer_batch(
-            [h for h, _ in chunk], np.array([t for _, t in chunk], np.int64),
+            [h for h, _ in chunk],
+            np.array([t for _, t in chunk], np.int64),
             refs=list(range(lo, hi)),
-        )  # fmt: skip
+        )
         note_batch(result, lo, final, log)
     assert final == expected_final
     assert log == expected_log
@@ -90,8 +96,13 @@ def test_batch_path_with_extensions_decides_exactly_like_offer(
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, table_args, st.lists(st.integers(0, 60), max_size=8),
-       st.data())  # fmt: skip
+@given(
+    st.integers(0, 2**32),
+    knobs_strategy,
+    table_args,
+    st.lists(st.integers(0, 60), max_size=8),
+    st.data(),
+)
 def test_state_with_extensions_is_a_function_of_the_committed_output(
     seed: int, knobs: StreamKnobs, args: Any, cuts: list[int], data: st.DataObject
 ) -> None:
@@ -110,8 +121,9 @@ def test_state_with_extensions_is_a_function_of_the_committed_output(
         if horizon is not None:
             live.open_horizon(horizon)
         res = live.offer_batch(headers, np.array(stamps, np.int64), list(range(lo, hi)))
-        committed.append((headers, stamps, [v.value for v in res.verdicts()],
-                          list(range(lo, hi)), horizon))  # fmt: skip
+        committed.append(
+            (headers, stamps, [v.value for v in res.verdicts()], list(range(lo, hi)), horizon)
+        )
         snapshots.append(live.snapshot())
         start = hi
     k = data.draw(st.integers(0, len(committed)), label="rebuild from snapshot")

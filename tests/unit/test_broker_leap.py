@@ -75,8 +75,11 @@ def test_a_held_leap_proves_its_unsigned_siblings() -> None:
     assert decide(t, 1, 6, 6, ref="b") == [("b", V.BUFFERED)]  # proven by the held sibling
     assert decide(t, 1, 5, 8, good(1, 5), ref="z") == [("z", V.BUFFERED)]  # generation 5 proven
     assert decide(t, 1, 6, 5, ref="c") == [
-        ("c", V.APPENDED), ("b", V.APPENDED), ("a", V.APPENDED), ("z", V.FENCED),
-    ]  # fmt: skip
+        ("c", V.APPENDED),
+        ("b", V.APPENDED),
+        ("a", V.APPENDED),
+        ("z", V.FENCED),
+    ]
     assert t.get(1) == (6, 7, 0)
 
 
@@ -182,8 +185,16 @@ def test_resume_batch_equals_per_record_and_replays_identically() -> None:
     replayed = ProducerStateTable(4, 10_000, 3)
     replay_batch(replayed, headers, stamps, [v.value for v in got], list(range(len(headers))))
     assert replayed == batched
-    assert rebuild(None, list(zip(headers, stamps, got, strict=True)), capacity=4,
-                   lifetime_ms=10_000, reorder_window=3) == batched  # fmt: skip
+    assert (
+        rebuild(
+            None,
+            list(zip(headers, stamps, got, strict=True)),
+            capacity=4,
+            lifetime_ms=10_000,
+            reorder_window=3,
+        )
+        == batched
+    )
     # Without verdicts a replay cannot know a leap was signed: it decides as an unsigned run.
     unsigned = rebuild(None, [(headers[0], 0), (headers[8], 1)], capacity=4, lifetime_ms=10_000)
     assert unsigned.get(1) == (3, 0, 0)

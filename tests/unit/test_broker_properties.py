@@ -61,13 +61,22 @@ def spread_pids(
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, streams.table_args,
-       st.lists(st.integers(1, 60), max_size=8), st.booleans(),
-       st.sampled_from(PID_SPREADS))  # fmt: skip
+@given(
+    st.integers(0, 2**32),
+    knobs_strategy,
+    streams.table_args,
+    st.lists(st.integers(1, 60), max_size=8),
+    st.booleans(),
+    st.sampled_from(PID_SPREADS),
+)
 def test_batch_path_decides_exactly_like_offer(
-    seed: int, knobs: streams.StreamKnobs, args: Any, cuts: list[int], as_arrow: bool,
+    seed: int,
+    knobs: streams.StreamKnobs,
+    args: Any,
+    cuts: list[int],
+    as_arrow: bool,
     spread: int,
-) -> None:  # fmt: skip
+) -> None:
     capacity, lifetime, window = args
     stream = spread_pids(streams.make_stream(random.Random(seed), knobs), spread)
     one_by_one = ProducerStateTable(capacity, lifetime, window)
@@ -85,9 +94,10 @@ def test_batch_path_decides_exactly_like_offer(
         if as_arrow:
             headers = pa.array(headers, type=pa.binary())
         result = batched.offer_batch(
-            headers, np.array([t for _, t in chunk], dtype=np.int64),
+            headers,
+            np.array([t for _, t in chunk], dtype=np.int64),
             refs=list(range(start, start + len(chunk))),
-        )  # fmt: skip
+        )
         streams.note_batch(result, start, final, log)
         start += len(chunk)
         if not chunk:
@@ -173,8 +183,13 @@ def test_snapshots_and_delta_chains_restore_the_live_table(
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, streams.table_args,
-       st.lists(st.integers(1, 60), max_size=8), st.lists(st.booleans(), max_size=8))  # fmt: skip
+@given(
+    st.integers(0, 2**32),
+    knobs_strategy,
+    streams.table_args,
+    st.lists(st.integers(1, 60), max_size=8),
+    st.lists(st.booleans(), max_size=8),
+)
 def test_batch_path_with_delta_chains_restores_the_live_table(
     seed: int, knobs: streams.StreamKnobs, args: Any, cuts: list[int], fulls: list[bool]
 ) -> None:
@@ -187,9 +202,10 @@ def test_batch_path_with_delta_chains_restores_the_live_table(
     for i, size in enumerate([*cuts, len(stream)]):
         chunk = stream[start : start + size]
         table.offer_batch(
-            [h for h, _ in chunk], np.array([t for _, t in chunk], dtype=np.int64),
+            [h for h, _ in chunk],
+            np.array([t for _, t in chunk], dtype=np.int64),
             refs=list(range(start, start + len(chunk))),
-        )  # fmt: skip
+        )
         start += len(chunk)
         if i < len(fulls) and fulls[i]:
             chain.restart()
@@ -257,13 +273,24 @@ def test_rebuild_replays_the_log_after_a_snapshot() -> None:
 
 
 @SETTINGS
-@given(st.integers(0, 2**32), knobs_strategy, streams.table_args,
-       st.lists(st.integers(0, 60), max_size=8), st.lists(st.booleans(), max_size=9),
-       st.floats(0, 0.5), st.data())  # fmt: skip
+@given(
+    st.integers(0, 2**32),
+    knobs_strategy,
+    streams.table_args,
+    st.lists(st.integers(0, 60), max_size=8),
+    st.lists(st.booleans(), max_size=9),
+    st.floats(0, 0.5),
+    st.data(),
+)
 def test_state_is_a_function_of_the_committed_output(
-    seed: int, knobs: streams.StreamKnobs, args: Any, cuts: list[int], flushes: list[bool],
-    forge: float, data: st.DataObject,
-) -> None:  # fmt: skip
+    seed: int,
+    knobs: streams.StreamKnobs,
+    args: Any,
+    cuts: list[int],
+    flushes: list[bool],
+    forge: float,
+    data: st.DataObject,
+) -> None:
     """DESIGN §4 amended: for any stream and batch cut, the state rebuilt from any older snapshot
     (or none) plus the committed records equals the live state, and decides the same from then on.
 
@@ -282,8 +309,9 @@ def test_state_is_a_function_of_the_committed_output(
     for i, size in enumerate([*cuts, len(stream)]):
         lo, hi = start, min(len(stream), start + size)
         headers, stamps = [h for h, _ in stream[lo:hi]], [t for _, t in stream[lo:hi]]
-        res = live.offer_batch(headers, np.array(stamps, np.int64), list(range(lo, hi)),
-                               certs[lo:hi])  # fmt: skip
+        res = live.offer_batch(
+            headers, np.array(stamps, np.int64), list(range(lo, hi)), certs[lo:hi]
+        )
         flush = i < len(flushes) and flushes[i]
         if flush:
             live.flush(live.clock)

@@ -118,8 +118,11 @@ def test_a_v2_cert_names_the_producer_key_and_verifies() -> None:
     assert msgpack.unpackb(cert)[:5] == [2, 7, 100, 5_000, PRODUCER]
     check = wire_cert.verify_cert(cert, PUBLIC, 7, 100, 4_999)
     assert (check.ok, check.version, check.producer_key, check.expire_ms) == (
-        True, 2, PRODUCER, 5_000,
-    )  # fmt: skip
+        True,
+        2,
+        PRODUCER,
+        5_000,
+    )
     v1 = wire_cert.verify_cert(wire_cert.encode_cert(KEY, 7, 100, 5_000), PUBLIC, 7, 100, 0)
     assert (v1.ok, v1.version, v1.producer_key) == (True, 1, None)
 

@@ -90,8 +90,13 @@ def test_log_heads_and_columns_another_writer_added(table_with_uncommitted: str)
     assert log_heads(path) == {("t", 0): 12, ("t", 1): 12}
     DeltaTable(path).alter.add_columns([Field("region", PrimitiveType("string"), nullable=True)])
     row = expected([0]).slice(0, 1).append_column("region", pa.array(["eu"]))
-    write_deltalake(path, row.set_column(row.schema.get_field_index("log_offset"), "log_offset",
-                                         pa.nulls(1, pa.int64())), mode="append")  # fmt: skip
+    write_deltalake(
+        path,
+        row.set_column(
+            row.schema.get_field_index("log_offset"), "log_offset", pa.nulls(1, pa.int64())
+        ),
+        mode="append",
+    )
     table = read_delta_log(path)
     assert table.column_names == [*DELTA_LOG_SCHEMA.names, "region"]
     assert table.num_rows == expected([0, 1, 2]).num_rows + 1

@@ -46,8 +46,9 @@ def test_properties_columns_constraints_and_table_care_never_stop_the_sink(
     dt.alter.add_columns([Field("note", PrimitiveType("string"), nullable=True)])
     dt.alter.add_constraint({"known_partition": "partition >= 0 AND `offset` >= 0"})
     assert run_batch(path, 1)
-    write_deltalake(path, log_rows("t", 8, 0, 2).append_column("note", pa.array(["x", "y"])),
-                    mode="append")  # fmt: skip
+    write_deltalake(
+        path, log_rows("t", 8, 0, 2).append_column("note", pa.array(["x", "y"])), mode="append"
+    )
     DeltaTable(path).optimize.z_order(["pid", "seq"])
     DeltaTable(path).vacuum(0, enforce_retention_duration=False, dry_run=False)
     DeltaTable(path).delete("partition = 0 AND log_offset < 2")

@@ -77,9 +77,19 @@ def test_schema_is_the_kafka_sources_plus_pidfences_columns() -> None:
     assert DELTA_REJECTS_SCHEMA.equals(REJECTS_SCHEMA)
     # Spark's Kafka source (includeHeaders=true), same names, types and order, then pidfence's.
     assert LOG_SCHEMA.names == [
-        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers",
-        "pid", "generation", "seq", "log_offset",
-    ]  # fmt: skip
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+        "headers",
+        "pid",
+        "generation",
+        "seq",
+        "log_offset",
+    ]
     assert str(LOG_SCHEMA.field("headers").type.value_type) == "struct<key: string, value: binary>"
     assert REJECTS_SCHEMA.names == [*LOG_SCHEMA.names, "verdict"]
 

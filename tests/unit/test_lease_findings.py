@@ -113,9 +113,15 @@ def test_pipelined_requests_are_bounded_per_connection() -> None:
             lease = client.lease()
         store.gate.clear()
         frame = encode_frame(
-            {"v": 1, "op": "bump", "id": 1, "pid": lease.pid, "generation": 0,
-             "secret": lease.secret}
-        )  # fmt: skip
+            {
+                "v": 1,
+                "op": "bump",
+                "id": 1,
+                "pid": lease.pid,
+                "generation": 0,
+                "secret": lease.secret,
+            }
+        )
         sock = socket.create_connection(tuple(server.address.rsplit(":", 1)), timeout=30)  # type: ignore[arg-type]
         sock.sendall(frame * 5000)
         limit = server.settings.max_in_flight
@@ -147,9 +153,15 @@ def test_zookeeper_queue_is_bounded_per_client_with_rate_limited() -> None:
         host, port = server.address.rsplit(":", 1)
         flooder = socket.create_connection((host, int(port)), timeout=30)
         frame = encode_frame(
-            {"v": 1, "op": "bump", "id": 1, "pid": lease.pid, "generation": 0,
-             "secret": lease.secret}
-        )  # fmt: skip
+            {
+                "v": 1,
+                "op": "bump",
+                "id": 1,
+                "pid": lease.pid,
+                "generation": 0,
+                "secret": lease.secret,
+            }
+        )
         flooder.sendall(frame * 20)
         refused = _frames(flooder, 16)  # 4 queued (this client's share of 8); 16 refused now
         assert {r["error"] for r in refused} == {"RATE_LIMITED"}

@@ -104,9 +104,17 @@ def test_every_field_has_one_option() -> None:
 
 @pytest.mark.parametrize(
     ("host", "loopback"),
-    [("127.0.0.1", True), ("127.5.6.7", True), ("::1", True), ("localhost", True),
-     ("0.0.0.0", False), ("", False), ("10.0.0.5", False), ("lease.example", False)],  # noqa: S104
-)  # fmt: skip
+    [
+        ("127.0.0.1", True),
+        ("127.5.6.7", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),  # noqa: S104
+        ("", False),
+        ("10.0.0.5", False),
+        ("lease.example", False),
+    ],
+)
 def test_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
 
@@ -136,9 +144,17 @@ def test_cli_with_insecure_gets_past_the_checks(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("PIDFENCE_LEASE_SERVER_ZK_SESSION_TIMEOUT", "1s")
     result = CliRunner().invoke(
         app,
-        ["lease-server", "--zk", "127.0.0.1:1", "--listen", "0.0.0.0:0", "--insecure",
-         "--zk-op-timeout", "1s"],
-    )  # fmt: skip
+        [
+            "lease-server",
+            "--zk",
+            "127.0.0.1:1",
+            "--listen",
+            "0.0.0.0:0",
+            "--insecure",
+            "--zk-op-timeout",
+            "1s",
+        ],
+    )
     assert result.exit_code == 3, result.output
     assert "ZooKeeper" in result.output
 

@@ -42,9 +42,13 @@ def test_what_is_not_a_refusal_is_left_to_the_client(servers: str) -> None:
 
 @pytest.mark.parametrize(
     ("entry", "address"),
-    [("127.0.0.1:9092", ("127.0.0.1", 9092)), ("[::1]:9092", ("::1", 9092)),
-     ("SASL_SSL://broker:9093", ("broker", 9093)), (" b:1 ", ("b", 1))],
-)  # fmt: skip
+    [
+        ("127.0.0.1:9092", ("127.0.0.1", 9092)),
+        ("[::1]:9092", ("::1", 9092)),
+        ("SASL_SSL://broker:9093", ("broker", 9093)),
+        (" b:1 ", ("b", 1)),
+    ],
+)
 def test_addresses_parse(entry: str, address: tuple[str, int]) -> None:
     assert parse_address(entry) == address
 

@@ -574,11 +574,29 @@ def test_per_record_mode_puts_a_valid_mac_on_every_record_fast_path_or_not(rig: 
         found = dict(msg.headers())
         pf = decode_pf(found["pf"])
         mac = found.get(MAC_HEADER_KEY)
-        assert check.valid(msg.topic(), msg.partition(), pf.pid, pf.generation, pf.seq,
-                           pf.flags, msg.key(), msg.value(), mac), pf  # fmt: skip
+        assert check.valid(
+            msg.topic(),
+            msg.partition(),
+            pf.pid,
+            pf.generation,
+            pf.seq,
+            pf.flags,
+            msg.key(),
+            msg.value(),
+            mac,
+        ), pf
     # Tampering with any covered field breaks it.
     msg = log[-1]
     found = dict(msg.headers())
     pf = decode_pf(found["pf"])
-    assert not check.valid(msg.topic(), msg.partition(), pf.pid, pf.generation, pf.seq + 1, 0,
-                           msg.key(), msg.value(), found[MAC_HEADER_KEY])  # fmt: skip
+    assert not check.valid(
+        msg.topic(),
+        msg.partition(),
+        pf.pid,
+        pf.generation,
+        pf.seq + 1,
+        0,
+        msg.key(),
+        msg.value(),
+        found[MAC_HEADER_KEY],
+    )

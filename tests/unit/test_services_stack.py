@@ -46,9 +46,14 @@ def test_missing_state_is_none(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["not json", "[]", '{"version": 2}', '{"version": 1, "run_dir": "x"}',
-     '{"version": 1, "run_dir": "x", "zookeeper": "", "kafka": "", "nodes": [{"pid": 1}]}'],
-)  # fmt: skip
+    [
+        "not json",
+        "[]",
+        '{"version": 2}',
+        '{"version": 1, "run_dir": "x"}',
+        '{"version": 1, "run_dir": "x", "zookeeper": "", "kafka": "", "nodes": [{"pid": 1}]}',
+    ],
+)
 def test_unreadable_state_is_an_error(tmp_path: Path, text: str) -> None:
     (tmp_path / stack.STATE_FILE).write_text(text)
     with pytest.raises(stack.ServicesError):

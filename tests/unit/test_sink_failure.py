@@ -42,8 +42,11 @@ def test_the_sinks_error_is_found_and_decides_the_exit_code() -> None:
     assert type(found) is RestoredPastSink
     assert str(found) == line
     assert code_of(found) == EXIT_UNAVAILABLE
-    retriable = failure_of(FakeStreamingQueryException(_spark_text(
-        _traceback_of(DeltaCommitConflict("lost 32 races")))))  # fmt: skip
+    retriable = failure_of(
+        FakeStreamingQueryException(
+            _spark_text(_traceback_of(DeltaCommitConflict("lost 32 races")))
+        )
+    )
     assert type(retriable) is DeltaCommitConflict and code_of(retriable) == EXIT_RETRIABLE
 
 

@@ -19,8 +19,13 @@ from pidfence.spark_sink.writer import PidfenceStreamWriter
 from pidfence.wire import encode_pf
 from tests.unit.test_sink_process import Record, kafka_rows
 
-SETTINGS = {"capacity": "64", "lifetime": "10000", "reorderWindow": "3", "compactEvery": "1",
-            "tableFormat": "manifest"}  # fmt: skip
+SETTINGS = {
+    "capacity": "64",
+    "lifetime": "10000",
+    "reorderWindow": "3",
+    "compactEvery": "1",
+    "tableFormat": "manifest",
+}
 QUERY = "0f1e2d3c-gaps-query"
 
 
@@ -28,8 +33,13 @@ def _producer(pid: int, seqs: list[int], first_offset: int, ts: int = 1_000) -> 
     return [(first_offset + i, encode_pf(pid, 2, s), ts + i) for i, s in enumerate(seqs)]
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, path: Path, batches: list[list[Record]],
-         start: int = 0, **extra: str) -> None:  # fmt: skip
+def _run(
+    monkeypatch: pytest.MonkeyPatch,
+    path: Path,
+    batches: list[list[Record]],
+    start: int = 0,
+    **extra: str,
+) -> None:
     writer = PidfenceStreamWriter(SinkOptions.parse({"path": str(path), **SETTINGS, **extra}))
     for b, records in enumerate(batches, start=start):
         monkeypatch.setattr(writer_mod, "_task_context", lambda b=b: (b, 0, QUERY))
@@ -76,8 +86,10 @@ def test_gaps_and_horizons_are_committed_and_survive_losing_every_state_file(
     p7 = _producer(7, list(range(20, 40)), first_offset=20)
     p8 = _producer(8, [*range(0, 10), *range(11, 30)], first_offset=40, ts=1_100)
     p9 = _producer(9, list(range(300, 310)), first_offset=100, ts=1_200)
-    later = [*_producer(7, list(range(40, 45)), 110, ts=1_300),
-             *_producer(9, [310, 311, 312], 115, ts=1_310)]  # fmt: skip
+    later = [
+        *_producer(7, list(range(40, 45)), 110, ts=1_300),
+        *_producer(9, [310, 311, 312], 115, ts=1_310),
+    ]
     batches = [p7, p8, p9, later]
     kept, lost = tmp_path / "kept", tmp_path / "lost"
     _run(monkeypatch, kept, batches)
@@ -89,20 +101,56 @@ def test_gaps_and_horizons_are_committed_and_survive_losing_every_state_file(
         assert log.num_rows == 20 + 29 + 10 + 5 + 3
         assert read_rejects(str(path)).num_rows == 0
     assert read_log(str(kept)).equals(read_log(str(lost)))
-    gaps = read_gaps(str(kept)).select(["batch", "kind", "pid", "seq_first", "seq_last",
-                                        "offset_before", "offset_after"])  # fmt: skip
+    gaps = read_gaps(str(kept)).select(
+        ["batch", "kind", "pid", "seq_first", "seq_last", "offset_before", "offset_after"]
+    )
     assert gaps.to_pylist() == [
-        {"batch": 0, "kind": "offsets", "pid": None, "seq_first": None, "seq_last": None,
-         "offset_before": None, "offset_after": 20},
-        {"batch": 0, "kind": "head", "pid": 7, "seq_first": 0, "seq_last": 19,
-         "offset_before": None, "offset_after": 20},
-        {"batch": 1, "kind": "lost", "pid": 8, "seq_first": 10, "seq_last": 10,
-         "offset_before": 49, "offset_after": 50},
-        {"batch": 2, "kind": "offsets", "pid": None, "seq_first": None, "seq_last": None,
-         "offset_before": 68, "offset_after": 100},
-        {"batch": 2, "kind": "head", "pid": 9, "seq_first": 0, "seq_last": 299,
-         "offset_before": None, "offset_after": 100},
-    ]  # fmt: skip
+        {
+            "batch": 0,
+            "kind": "offsets",
+            "pid": None,
+            "seq_first": None,
+            "seq_last": None,
+            "offset_before": None,
+            "offset_after": 20,
+        },
+        {
+            "batch": 0,
+            "kind": "head",
+            "pid": 7,
+            "seq_first": 0,
+            "seq_last": 19,
+            "offset_before": None,
+            "offset_after": 20,
+        },
+        {
+            "batch": 1,
+            "kind": "lost",
+            "pid": 8,
+            "seq_first": 10,
+            "seq_last": 10,
+            "offset_before": 49,
+            "offset_after": 50,
+        },
+        {
+            "batch": 2,
+            "kind": "offsets",
+            "pid": None,
+            "seq_first": None,
+            "seq_last": None,
+            "offset_before": 68,
+            "offset_after": 100,
+        },
+        {
+            "batch": 2,
+            "kind": "head",
+            "pid": 9,
+            "seq_first": 0,
+            "seq_last": 299,
+            "offset_before": None,
+            "offset_after": 100,
+        },
+    ]
     assert read_gaps(str(lost)).equals(read_gaps(str(kept)))
 
 

@@ -211,8 +211,10 @@ def test_held_records_are_part_of_the_batch_output() -> None:
 def test_each_records_own_headers_and_timestamp_type_reach_the_log_and_the_rejects() -> None:
     # c2 waits for c1 across two batches: a held record keeps its headers too.
     records: list[Record] = [
-        (0, encode_pf(7, 0, 0), 1), (1, encode_pf(7, 0, 2), 2), (2, encode_pf(7, 0, 0), 3),
-    ]  # fmt: skip
+        (0, encode_pf(7, 0, 0), 1),
+        (1, encode_pf(7, 0, 2), 2),
+        (2, encode_pf(7, 0, 0), 3),
+    ]
     st = PartitionState(ProducerStateTable(8, 1000, reorder_window=3))
     first = process_partition(kafka_rows(records), "t", 0, st)
     assert first.rejects.column("verdict").to_pylist() == ["DUPLICATE"]
@@ -226,5 +228,12 @@ def test_each_records_own_headers_and_timestamp_type_reach_the_log_and_the_rejec
     ]
     assert log.column("timestampType").to_pylist() == [0, 1, 1]
     assert log.column_names[:8] == [
-        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers",
-    ]  # fmt: skip
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+        "headers",
+    ]

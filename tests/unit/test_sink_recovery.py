@@ -52,8 +52,9 @@ def task(batch: int, query: str = QUERY_A) -> Iterator[None]:
         yield
 
 
-def write(w: PidfenceStreamWriter, batch: int, rows: pa.Table, query: str = QUERY_A
-          ) -> SinkCommitMessage:  # fmt: skip
+def write(
+    w: PidfenceStreamWriter, batch: int, rows: pa.Table, query: str = QUERY_A
+) -> SinkCommitMessage:
     with task(batch, query):
         return w.write(iter(rows.to_batches(max_chunksize=13)))
 
@@ -106,14 +107,30 @@ def test_lost_state_files_change_nothing(
 ) -> None:
     """Two outputs read the same stream; one loses state files between two batches. Logs,
     rejects and the state after every later batch are identical (DESIGN §4 amended)."""
-    knobs = StreamKnobs(pids=5, records=sum(cuts) + 40, dup_rate=0.15, swap_rate=0.1,
-                        bump_rate=0.05, zombie_rate=0.05, fence_rate=0.04, odd_rate=0.1,
-                        ts_step_max=40, ts_back_rate=0.1, resend_rate=0.05, skew_rate=0.05,
-                        skew_ms=2000)  # fmt: skip
+    knobs = StreamKnobs(
+        pids=5,
+        records=sum(cuts) + 40,
+        dup_rate=0.15,
+        swap_rate=0.1,
+        bump_rate=0.05,
+        zombie_rate=0.05,
+        fence_rate=0.04,
+        odd_rate=0.1,
+        ts_step_max=40,
+        ts_back_rate=0.1,
+        resend_rate=0.05,
+        skew_rate=0.05,
+        skew_ms=2000,
+    )
     rng = random.Random(seed)
     recs = records_of(make_stream(rng, knobs))
-    extra = {"lifetime": str(lifetime), "timestampSkew": "0", "reorderWindow": "3",
-             "capacity": "4", "flushHeld": str(flush).lower()}  # fmt: skip
+    extra = {
+        "lifetime": str(lifetime),
+        "timestampSkew": "0",
+        "reorderWindow": "3",
+        "capacity": "4",
+        "flushHeld": str(flush).lower(),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         a, b = Path(tmp) / "a", Path(tmp) / "b"
         wa, wb = (
@@ -312,8 +329,9 @@ def test_signed_generations_through_the_sink(tmp_path: Path) -> None:
     rej = read_rejects(str(tmp_path))
     assert rej["offset"].to_pylist() == [2, 4, 6, 7, 9]
     assert set(rej["verdict"].to_pylist()) == {"FORGED"}
-    manifests = [ParquetLayout(str(tmp_path), str(tmp_path / "_rejects")).committed(b)
-                 for b in (0, 1)]  # fmt: skip
+    manifests = [
+        ParquetLayout(str(tmp_path), str(tmp_path / "_rejects")).committed(b) for b in (0, 1)
+    ]
     forged: dict[str, Any] = {}
     for m in manifests:
         assert m is not None

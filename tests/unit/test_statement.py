@@ -51,8 +51,17 @@ def test_version_1_pfc_values_stay_readable() -> None:
 
 @pytest.mark.parametrize(
     "junk",
-    [None, b"", b"\xc1", msgpack.packb([3, b"c", b"s" * 64]), msgpack.packb([2, b"c", b"short"]),
-     msgpack.packb([2, "text", b"s" * 64]), msgpack.packb({"a": 1}), b"x" * 600, "str"],
-)  # fmt: skip
+    [
+        None,
+        b"",
+        b"\xc1",
+        msgpack.packb([3, b"c", b"s" * 64]),
+        msgpack.packb([2, b"c", b"short"]),
+        msgpack.packb([2, "text", b"s" * 64]),
+        msgpack.packb({"a": 1}),
+        b"x" * 600,
+        "str",
+    ],
+)
 def test_junk_is_none_never_an_exception(junk: object) -> None:
     assert decode_pfc(junk) is None

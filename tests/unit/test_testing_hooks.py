@@ -76,9 +76,13 @@ def test_a_crash_kills_the_group_it_leads(tmp_path: Path) -> None:
         "faults.crash_point('before_manifest'); print('not reached')"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", child], capture_output=True, text=True, start_new_session=True,
-        check=False, timeout=60,
-    )  # fmt: skip
+        [sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+        check=False,
+        timeout=60,
+    )
     assert proc.returncode == -9
     assert proc.stdout == "alive\n"
 
@@ -91,9 +95,13 @@ def test_the_spark_python_wrapper_installs_the_hook_then_runs_the_module(tmp_pat
     )
     python = python_wrapper(SinkFaults(fail_first_attempt=True), tmp_path / "bin")
     proc = subprocess.run(
-        [str(python), "-m", "probe_mod", "x", "y"], capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)}, check=False, timeout=60,
-    )  # fmt: skip
+        [str(python), "-m", "probe_mod", "x", "y"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        check=False,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True ['x', 'y']"
 
@@ -125,9 +133,12 @@ def test_the_supervisor_restarts_after_exit_75_and_is_done_after_exit_0() -> Non
     clock = ManualClock(100.0)
     procs = [FakeProc("p")]
     supervisor = Supervisor(
-        "p", lambda: procs[-1], lambda: procs.append(FakeProc(f"p.r{len(procs)}")),
-        backoff_s=1.0, clock=clock,
-    )  # fmt: skip
+        "p",
+        lambda: procs[-1],
+        lambda: procs.append(FakeProc(f"p.r{len(procs)}")),
+        backoff_s=1.0,
+        clock=clock,
+    )
     supervisor.poll()
     procs[0].running, procs[0].code = False, 75
     supervisor.poll()

@@ -58,8 +58,10 @@ def test_each_network_kind_maps_to_the_toxics_its_name_promises() -> None:
         ("timeout", "downstream", {"timeout": 0}),
     ]
     assert toxics(FaultKind.LATENCY, latency_ms=100, jitter_ms=30)[0] == (
-        "latency", "upstream", {"latency": 100, "jitter": 30},
-    )  # fmt: skip
+        "latency",
+        "upstream",
+        {"latency": 100, "jitter": 30},
+    )
     assert toxics(FaultKind.RESET, timeout_ms=5) == [("reset_peer", "upstream", {"timeout": 5})]
     assert toxics(FaultKind.BANDWIDTH, rate_kbps=32) == [("bandwidth", "upstream", {"rate": 32})]
     assert toxics(FaultKind.SLICE, average_size=20, delay_us=7) == [

@@ -158,9 +158,17 @@ def test_ledger_path_that_is_a_folder_is_refused(tmp_path: Path) -> None:
 def test_event_field_round_trips_and_old_lines_read_as_digest(tmp_path: Path) -> None:
     path = tmp_path / "l.jsonl"
     old = {
-        "pid": 7, "generation": 3, "topic": "t", "partition": 0, "seq": 0,
-        "digest": "ab", "offset": 0, "ts_ms": 1, "fence": False, "expire_ms": 0,
-    }  # fmt: skip
+        "pid": 7,
+        "generation": 3,
+        "topic": "t",
+        "partition": 0,
+        "seq": 0,
+        "digest": "ab",
+        "offset": 0,
+        "ts_ms": 1,
+        "fence": False,
+        "expire_ms": 0,
+    }
     path.write_text(json.dumps(old) + "\n", encoding="utf-8")
     with LedgerWriter(path) as writer:
         writer.write(LedgerEntry(7, 3, "t", 0, 1, "cd", 1, 1, event="in:0:1"))

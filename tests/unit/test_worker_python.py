@@ -14,10 +14,16 @@ def test_the_worker_python_drops_sparks_zips_and_keeps_the_rest_of_the_path() ->
     assert zips[0].endswith("/pyspark.zip") and len(zips) == 2
     path = ":".join([*zips, "/elsewhere", "/site/extra.zip"])
     shown = subprocess.run(
-        [worker_python(), "-c", "import os, pyspark; print(os.environ['PYTHONPATH']); "
-         "print(pyspark.__file__)"],
-        env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, check=True,
-    ).stdout.splitlines()  # fmt: skip
+        [
+            worker_python(),
+            "-c",
+            "import os, pyspark; print(os.environ['PYTHONPATH']); print(pyspark.__file__)",
+        ],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert shown[0] == "/elsewhere:/site/extra.zip"
     assert ".zip" not in shown[1] and shown[1].endswith("pyspark/__init__.py")
 
@@ -27,7 +33,10 @@ def test_the_script_runs_its_exec_line_with_the_arguments(tmp_path: Path) -> Non
     script.write_text(worker_python_script('exec printf "%s|" "$@"'))
     script.chmod(0o755)
     out = subprocess.run(
-        [str(script), "-m", "pyspark.daemon", "a b"], env={"PYTHONPATH": ""},
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [str(script), "-m", "pyspark.daemon", "a b"],
+        env={"PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out == "-m|pyspark.daemon|a b|"

@@ -119,8 +119,9 @@ def offer_batch(
         raise ValueError(f"refs has {len(refs)} items for {n} headers")
     verdict = np.full(n, _UNDECIDED, dtype=np.uint8)
     if n == 0:
-        return BatchResult(verdict, dec.pid, dec.generation, dec.seq, dec.flags,
-                           np.empty(0, np.int64))  # fmt: skip
+        return BatchResult(
+            verdict, dec.pid, dec.generation, dec.seq, dec.flags, np.empty(0, np.int64)
+        )
     verdict[~dec.present | (dec.present & ~dec.malformed & (dec.pid == 0))] = _NON_IDEMPOTENT
     verdict[dec.malformed] = _MALFORMED
     candidate = dec.present & ~dec.malformed & (dec.pid != 0)
@@ -192,8 +193,9 @@ def offer_batch(
         if r:
             table.advance(clock_l[r - 1], out)
         ref = refs[r] if refs is not None else r
-        table.decide(pid_l[r], gen_l[r], seq_l[r], flags_l[r], ts_l[r], ref, out, (call, r),
-                     cert_l[r])  # fmt: skip
+        table.decide(
+            pid_l[r], gen_l[r], seq_l[r], flags_l[r], ts_l[r], ref, out, (call, r), cert_l[r]
+        )
         collect(out, r)
     create_upto(n)
     for pid, gen, high in final_states:
@@ -320,8 +322,9 @@ def _plan(
         # CAPACITY or expiry of new entries within reach: decide everything exactly.
         return empty_i, np.empty(0, np.uint8), [], [], rows
     g_first = sg[starts]
-    bad |= np.logical_or.reduceat((sg != g_first[gid]) | (sf != 0) | (ss >= _SEQ_FAST_LIMIT),
-                                  starts)  # fmt: skip
+    bad |= np.logical_or.reduceat(
+        (sg != g_first[gid]) | (sf != 0) | (ss >= _SEQ_FAST_LIMIT), starts
+    )
     # A generation move (and, with a verifier, a new entry) is decided record by record.
     bad |= exists & (g_first != cur_gen)
     bad |= ~exists & (ss[starts] != 0)

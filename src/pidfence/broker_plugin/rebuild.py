@@ -81,8 +81,9 @@ def replay_batch(
     forged = [v == Verdict.FORGED for v in verdicts]
     live, table.verifier = table.verifier, replay_verifier
     try:
-        table.offer_batch(list(headers), list(ts_ms), list(refs) if refs is not None else None,
-                          certs, forged)  # fmt: skip
+        table.offer_batch(
+            list(headers), list(ts_ms), list(refs) if refs is not None else None, certs, forged
+        )
         if flush:
             table.flush(table.clock)
     finally:

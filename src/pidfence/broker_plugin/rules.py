@@ -342,8 +342,9 @@ class RulesKernel(Proofs):
         resumer re-sends what its checkpoint says was acknowledged.
         """
         held = self.held[pid]
-        older = sorted((h for h in held.values() if h.generation < entry.generation),
-                       key=lambda h: h.seq)  # fmt: skip
+        older = sorted(
+            (h for h in held.values() if h.generation < entry.generation), key=lambda h: h.seq
+        )
         for h in older:
             del held[h.seq]
             if h.seq > entry.highwater + 1:

@@ -160,10 +160,18 @@ class ProducerStateTable(RulesKernel):
             )
         )
         return (
-            self.capacity, self.lifetime_ms, self.reorder_window, self.grace_ms,
-            self.resolve_gaps, self.clock, self.horizon, self.next_serial, self.next_arrival,
-            ring, held,
-        )  # fmt: skip
+            self.capacity,
+            self.lifetime_ms,
+            self.reorder_window,
+            self.grace_ms,
+            self.resolve_gaps,
+            self.clock,
+            self.horizon,
+            self.next_serial,
+            self.next_arrival,
+            ring,
+            held,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ProducerStateTable):

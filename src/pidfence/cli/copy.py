@@ -54,9 +54,14 @@ def register(app: typer.Typer) -> None:
             return producing.with_progress(columns, None, Copier(spec, open_producer, state).run)
 
         result = producing.with_producer(
-            bootstrap, lease_server, topic=to_topic, ledger=ledger,
-            lease_public_key=lease_public_key, message_timeout=message_timeout, run=copy_all,
-        )  # fmt: skip
+            bootstrap,
+            lease_server,
+            topic=to_topic,
+            ledger=ledger,
+            lease_public_key=lease_public_key,
+            message_timeout=message_timeout,
+            run=copy_all,
+        )
         typer.echo(
             f"copied {result.copied} records in total; next offsets {result.offsets}; "
             f"resumed={result.resumed}"

@@ -67,9 +67,11 @@ def _parameter(option: Option) -> inspect.Parameter:
     kind: Any = bool | None if option.kind == "flag" else str | None
     annotation = Annotated[kind, typer.Option(option.flag, help=help_text, show_default=False)]
     return inspect.Parameter(
-        option.name.replace("-", "_"), inspect.Parameter.KEYWORD_ONLY, default=None,
+        option.name.replace("-", "_"),
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
         annotation=annotation,
-    )  # fmt: skip
+    )
 
 
 def _run(flags: dict[str, Any], config: Path | None) -> None:
@@ -106,29 +108,37 @@ def _command() -> Callable[..., None]:
 
     extra = [
         inspect.Parameter(
-            "config", inspect.Parameter.KEYWORD_ONLY, default=None,
+            "config",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
             annotation=Annotated[
                 Path | None, typer.Option("--config", help="TOML file of settings (option names)")
             ],
         ),
         inspect.Parameter(
-            "health", inspect.Parameter.KEYWORD_ONLY, default=None,
+            "health",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
             annotation=Annotated[
                 str | None,
                 typer.Option("--health", help="Ping HOST:PORT; exit 0 only on a reply"),
             ],
         ),
         inspect.Parameter(
-            "tls_ca", inspect.Parameter.KEYWORD_ONLY, default=None,
+            "tls_ca",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
             annotation=Annotated[
                 Path | None, typer.Option("--tls-ca", help="With --health: CA of the server's TLS")
             ],
         ),
         inspect.Parameter(
-            "timeout", inspect.Parameter.KEYWORD_ONLY, default=3.0,
+            "timeout",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=3.0,
             annotation=Annotated[float, typer.Option(help="With --health: seconds to wait")],
         ),
-    ]  # fmt: skip
+    ]
     parameters = [_parameter(option) for option in OPTIONS] + extra
     lease_server.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
     lease_server.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}

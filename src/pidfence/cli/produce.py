@@ -72,11 +72,17 @@ def register(app: typer.Typer) -> None:
             return producing.with_progress(columns, count, generator.run)
 
         result = producing.with_producer(
-            bootstrap, lease_server, topic=topic, ledger=ledger,
-            lease_public_key=lease_public_key, message_timeout=message_timeout, run=generate,
-            enable_idempotence=librdkafka_idempotence, rollover_fraction=lifetime_rollover,
+            bootstrap,
+            lease_server,
+            topic=topic,
+            ledger=ledger,
+            lease_public_key=lease_public_key,
+            message_timeout=message_timeout,
+            run=generate,
+            enable_idempotence=librdkafka_idempotence,
+            rollover_fraction=lifetime_rollover,
             resend_buffer=16 if resend_every else 0,
-        )  # fmt: skip
+        )
         typer.echo(
             f"produced {result.next_i - result.first_i} records (i {result.first_i}.."
             f"{result.next_i - 1}) as pid {result.pid} generation {result.generation}; "

@@ -176,8 +176,12 @@ def register(app: typer.Typer) -> None:
         if ctx.invoked_subcommand is not None:
             return
         if bootstrap is None or topic is None or output is None or checkpoint is None:
-            given = {"bootstrap": bootstrap, "topic": topic, "output": output,
-                     "checkpoint": checkpoint}  # fmt: skip
+            given = {
+                "bootstrap": bootstrap,
+                "topic": topic,
+                "output": output,
+                "checkpoint": checkpoint,
+            }
             missing = ", ".join(f"--{name}" for name, value in given.items() if value is None)
             fail("sink", f"missing option {missing} (see pidfence sink --help)", EXIT_USAGE)
         from rich.console import Console
@@ -230,11 +234,20 @@ def register(app: typer.Typer) -> None:
         if log_file is not None:
             console.print(f"Spark and JVM log: {log_file}")
         summary = _run(
-            console, master, bootstrap, topic, output, checkpoint, log_file, total,
-            available_now=available_now, trigger_seconds=trigger,
-            starting_offsets=starting_offsets.value, sink_options=sink_options,
+            console,
+            master,
+            bootstrap,
+            topic,
+            output,
+            checkpoint,
+            log_file,
+            total,
+            available_now=available_now,
+            trigger_seconds=trigger,
+            starting_offsets=starting_offsets.value,
+            sink_options=sink_options,
             allow_data_loss=allow_data_loss,
-        )  # fmt: skip
+        )
         dropped = sum(summary.dropped.values())
         console.print(
             f"committed {len(summary.batches)} batch(es): {summary.records_in:,} in → "
@@ -378,8 +391,9 @@ def _run(
     try:
         if total:
             bar.start()
-        return serve(spark, bootstrap, topic, output, checkpoint, on_batch=on_batch, stop=stop,
-                     **kwargs)  # fmt: skip
+        return serve(
+            spark, bootstrap, topic, output, checkpoint, on_batch=on_batch, stop=stop, **kwargs
+        )
     except PidfenceError as exc:
         # The sink's own error, found inside Spark's exception when the query ended on it.
         details = f"; details in {log_file}" if log_file is not None else ""

@@ -158,17 +158,27 @@ class ProducerSpec:
         """The ``pidfence produce`` command line writing ``ledger``."""
         args = [
             "produce",
-            "--bootstrap", self.bootstrap,
-            "--lease-server", self.lease_servers,
-            "--topic", self.topic,
-            "--count", str(self.count),
-            "--keys", str(self.keys),
-            "--value-size", str(self.value_size),
-            "--state", str(self.state),
-            "--ledger", str(ledger),
-            "--name", self.name,
-            "--checkpoint-every", str(self.checkpoint_every),
-        ]  # fmt: skip
+            "--bootstrap",
+            self.bootstrap,
+            "--lease-server",
+            self.lease_servers,
+            "--topic",
+            self.topic,
+            "--count",
+            str(self.count),
+            "--keys",
+            str(self.keys),
+            "--value-size",
+            str(self.value_size),
+            "--state",
+            str(self.state),
+            "--ledger",
+            str(ledger),
+            "--name",
+            self.name,
+            "--checkpoint-every",
+            str(self.checkpoint_every),
+        ]
         if self.rate > 0:
             args += ["--rate", f"{self.rate:g}"]
         if self.resend_every > 0:
@@ -258,13 +268,19 @@ def copier_argv(
     """The ``pidfence copy`` command line."""
     args = [
         "copy",
-        "--bootstrap", bootstrap,
-        "--lease-server", lease_servers,
-        "--from-topic", from_topic,
-        "--to-topic", to_topic,
-        "--state", str(state),
-        "--idle-exit", f"{idle_exit_s:g}",
-    ]  # fmt: skip
+        "--bootstrap",
+        bootstrap,
+        "--lease-server",
+        lease_servers,
+        "--from-topic",
+        from_topic,
+        "--to-topic",
+        to_topic,
+        "--state",
+        str(state),
+        "--idle-exit",
+        f"{idle_exit_s:g}",
+    ]
     if ledger is not None:
         args += ["--ledger", str(ledger)]
     if max_records:
@@ -282,14 +298,19 @@ def sink_argv(
     """The ``pidfence sink --available-now`` command line (a Spark driver of its own)."""
     return pidfence_argv(
         "sink",
-        "--bootstrap", bootstrap,
-        "--topic", topic,
-        "--output", str(output),
-        "--checkpoint", str(checkpoint),
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        topic,
+        "--output",
+        str(output),
+        "--checkpoint",
+        str(checkpoint),
         "--available-now",
-        "--starting-offsets", "earliest",
+        "--starting-offsets",
+        "earliest",
         *extra,
-    )  # fmt: skip
+    )
 
 
 def wait_for(

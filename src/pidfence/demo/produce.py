@@ -91,9 +91,10 @@ def produce(
     workers = [w for role in roles for w in role.instances]
     retried = {name for s in supervisors for name, code in s.exits if code == 75}
     failed = [
-        w for w in [*workers, *copiers]
+        w
+        for w in [*workers, *copiers]
         if w.exit_code() not in (0, None, -9) and w.fate != "fenced" and w.name not in retried
-    ]  # fmt: skip
+    ]
     if failed:
         first = ", ".join(
             f"{w.name} exited with {w.exit_code()} (log {w.proc.log_path})" for w in failed
@@ -119,14 +120,18 @@ def produce(
 
 def _role(config: DemoConfig, paths: DemoPaths, ends: Endpoints, i: int) -> ProducerRole:
     spec = ProducerSpec(
-        name=f"p{i}", bootstrap=ends.producer_bootstrap, lease_servers=ends.lease_servers,
-        topic=ends.raw_topic, count=config.records, state=paths.state / f"p{i}.json",
+        name=f"p{i}",
+        bootstrap=ends.producer_bootstrap,
+        lease_servers=ends.lease_servers,
+        topic=ends.raw_topic,
+        count=config.records,
+        state=paths.state / f"p{i}.json",
         rate=config.rate,
         # Roll over at 3/4 of the lease, not 23/24: the drain before a roll must finish inside
         # the lease, and with the demo's short leases 1/24 (333 ms of an 8 s lease) is less
         # than an acknowledgement can take on a loaded machine (DrainFailed).
         extra=("--lifetime-rollover", "0.75"),
-    )  # fmt: skip
+    )
     return ProducerRole(spec, paths.ledgers, paths.logs)
 
 
@@ -218,13 +223,17 @@ def _start_upstream(
 ) -> ProducerRole:
     upstream = ProducerRole(
         ProducerSpec(
-            name=UPSTREAM_PRODUCER, bootstrap=ends.producer_bootstrap,
-            lease_servers=ends.lease_servers, topic=ends.upstream_topic,
-            count=config.copier_records, state=paths.state / "upstream.json",
+            name=UPSTREAM_PRODUCER,
+            bootstrap=ends.producer_bootstrap,
+            lease_servers=ends.lease_servers,
+            topic=ends.upstream_topic,
+            count=config.copier_records,
+            state=paths.state / "upstream.json",
             rate=config.copier_records / max(5.0, config.produce_seconds / 2),
         ),
-        paths.ledgers / "upstream", paths.logs,
-    )  # fmt: skip
+        paths.ledgers / "upstream",
+        paths.logs,
+    )
     # The upstream topic's ledger is kept apart: the checker checks the raw topic only.
     upstream.ledger_dir.mkdir(parents=True, exist_ok=True)
     cleanups.append(upstream.stop)
@@ -244,9 +253,14 @@ def _copier(
         started += 1
         ledger = paths.ledgers / f"{name}.jsonl"
         argv = copier_argv(
-            ends.producer_bootstrap, ends.lease_servers, ends.upstream_topic, ends.raw_topic,
-            state, ledger=ledger, idle_exit_s=6.0,
-        )  # fmt: skip
+            ends.producer_bootstrap,
+            ends.lease_servers,
+            ends.upstream_topic,
+            ends.raw_topic,
+            state,
+            ledger=ledger,
+            idle_exit_s=6.0,
+        )
         worker = Worker(name, argv, paths.logs, ledger=ledger).start()
         cleanups.append(worker.stop)
         return worker

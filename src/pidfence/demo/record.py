@@ -42,8 +42,13 @@ class DemoPaths:
     def reset(self) -> None:
         """Remove a previous run's data; keep anything else in ``out``."""
         for path in (
-            self.ledgers, self.logs, self.state, self.run, self.sink_output, self.sink_checkpoint,
-        ):  # fmt: skip
+            self.ledgers,
+            self.logs,
+            self.state,
+            self.run,
+            self.sink_output,
+            self.sink_checkpoint,
+        ):
             shutil.rmtree(path, ignore_errors=True)
         for path in (self.ledgers, self.logs, self.state):
             path.mkdir(parents=True, exist_ok=True)

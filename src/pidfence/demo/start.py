@@ -66,8 +66,10 @@ def start_services(config: DemoConfig, paths: DemoPaths, cleanups: Cleanups) -> 
         suffix = uuid.uuid4().hex[:8]
         raw, upstream = f"pidfence-demo-raw-{suffix}", f"pidfence-demo-upstream-{suffix}"
         if toxiproxy is not None:
-            notes.append("Kafka links not proxied: --bootstrap names brokers this demo cannot "
-                         "make advertise a proxy")  # fmt: skip
+            notes.append(
+                "Kafka links not proxied: --bootstrap names brokers this demo cannot "
+                "make advertise a proxy"
+            )
     else:
         kafka: KafkaCluster
         if toxiproxy is not None:
@@ -93,8 +95,10 @@ def start_services(config: DemoConfig, paths: DemoPaths, cleanups: Cleanups) -> 
     servers = _start_lease_servers(config, paths, lease_zk, cleanups, pids)
     addresses = [s.address for s in servers]
     if toxiproxy is not None:
-        fronts = [link_proxies(toxiproxy, {Link.PRODUCER_LEASE: a})[Link.PRODUCER_LEASE]
-                  for a in addresses]  # fmt: skip
+        fronts = [
+            link_proxies(toxiproxy, {Link.PRODUCER_LEASE: a})[Link.PRODUCER_LEASE]
+            for a in addresses
+        ]
         proxies[Link.PRODUCER_LEASE] = fronts
         addresses = [p.address for p in fronts]
     endpoints = Endpoints(
@@ -140,9 +144,13 @@ def _start_lease_servers(
     servers = []
     for i in range(2):
         server = spawn_lease_server(
-            zk_hosts, paths.logs, name=f"lease-{i}", wait=False, lifetime_ms=lifetime_ms,
+            zk_hosts,
+            paths.logs,
+            name=f"lease-{i}",
+            wait=False,
+            lifetime_ms=lifetime_ms,
             **pki.server_options(),
-        )  # fmt: skip
+        )
         cleanups.append(server.stop)
         servers.append(server)
         if server.pid is not None:

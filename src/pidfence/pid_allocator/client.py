@@ -158,9 +158,13 @@ class LeaseClient:
             RateLimited, LeaseServiceUnavailable, LeaseServerUnreachable: retriable.
         """
         reply = self._call(
-            "bump", pid=pid, generation=generation, secret=bytes(secret),
-            token=token or uuid.uuid4().hex, **_key_field(key),
-        )  # fmt: skip
+            "bump",
+            pid=pid,
+            generation=generation,
+            secret=bytes(secret),
+            token=token or uuid.uuid4().hex,
+            **_key_field(key),
+        )
         return _lease(reply)
 
     def roll(self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None) -> Lease:
@@ -185,9 +189,13 @@ class LeaseClient:
             RateLimited, LeaseServiceUnavailable, LeaseServerUnreachable: retriable.
         """
         reply = self._call(
-            "roll", pid=pid, generation=generation, secret=bytes(secret), token=uuid.uuid4().hex,
+            "roll",
+            pid=pid,
+            generation=generation,
+            secret=bytes(secret),
+            token=uuid.uuid4().hex,
             **_key_field(key),
-        )  # fmt: skip
+        )
         return _lease(reply)
 
     def ping(self) -> dict[str, Any]:

@@ -155,9 +155,14 @@ class LeaseConnection(asyncio.Protocol):
             return
         if self.server.tls is not None:
             self._handshake = TlsStart(
-                self.loop, raw, self, self.server.tls, self.settings.tls_handshake_timeout_s,
-                self._tls_started, self._tls_failed,
-            )  # fmt: skip
+                self.loop,
+                raw,
+                self,
+                self.server.tls,
+                self.settings.tls_handshake_timeout_s,
+                self._tls_started,
+                self._tls_failed,
+            )
         self._arm_timer(self._next_check())
 
     def admit_as(self, name: str | None = None) -> str | None:

@@ -318,9 +318,13 @@ class LeaseServer:
                 op = "roll" if roll else "bump"
                 change = self.service.roll if roll else self.service.bump
                 grant = await change(
-                    request.pid, request.generation, request.secret, request.token, client,
+                    request.pid,
+                    request.generation,
+                    request.secret,
+                    request.token,
+                    client,
                     request.key,
-                )  # fmt: skip
+                )
                 (self.metrics.rolls if roll else self.metrics.bumps).inc()
                 reply = _grant_reply(request.id, grant, **({"sequence": 0} if roll else {}))
             else:

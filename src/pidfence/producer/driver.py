@@ -225,8 +225,9 @@ class SessionDriver:
             return partition  # already in Kafka under the predecessor pid (recovery scan)
         pf, extras = stamped
         if seq.mac_key is not None:
-            extras += mac_headers(seq, topic, partition, seq.peek(topic, partition) - 1, 0, key_b,
-                                  value_b)  # fmt: skip
+            extras += mac_headers(
+                seq, topic, partition, seq.peek(topic, partition) - 1, 0, key_b, value_b
+            )
         wire: list[tuple[str, bytes | str | None]] = [(PF_HEADER_KEY, pf), *extras]
         try:
             for name, header in headers or ():

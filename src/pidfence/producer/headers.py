@@ -49,8 +49,9 @@ def cert_headers(
     signer = current.signer
     if signer is None:
         return ((CERT_HEADER_KEY, cert),)
-    pfc = encode_placed_pfc(cert, signer, topic, partition, current.pid, current.generation,
-                            seq, flags)  # fmt: skip
+    pfc = encode_placed_pfc(
+        cert, signer, topic, partition, current.pid, current.generation, seq, flags
+    )
     return ((CERT_HEADER_KEY, pfc),)
 
 

@@ -70,8 +70,9 @@ class IdempotentProducer:
         #: Stores the successor's checkpoint after each rollover ``produce`` starts itself.
         self.on_roll = on_roll
         keeper = LeaseKeeper(lease_client, clock)
-        self._driver = driver = SessionDriver(config, session, keeper, sender, clock,
-                                              lambda: self.on_roll)  # fmt: skip
+        self._driver = driver = SessionDriver(
+            config, session, keeper, sender, clock, lambda: self.on_roll
+        )
         self._partitioner = driver.partitioner
         self._one = driver.one
         self._kafka_produce = sender.client.produce
@@ -116,9 +117,13 @@ class IdempotentProducer:
         """
         self = cls(config, lease_client, **options, _lease_now=False)
         self.resumed_how = self._driver.resume(
-            checkpoint, stale_probe=stale_probe, topics=topics, fence_timeout_s=fence_timeout_s,
-            scanner=scanner, scan_verifier=scan_verifier,
-        )  # fmt: skip
+            checkpoint,
+            stale_probe=stale_probe,
+            topics=topics,
+            fence_timeout_s=fence_timeout_s,
+            scanner=scanner,
+            scan_verifier=scan_verifier,
+        )
         return self
 
     @property
@@ -225,8 +230,11 @@ class IdempotentProducer:
         else:
             pf = seq.header(n)
         cell[0] = n + 1
-        wire = [(PF_HEADER_KEY, pf)] if seq.mac_hasher is None else seq.with_mac(
-            topic, partition, n, pf, key, value)  # type: ignore[arg-type]  # fmt: skip
+        wire = (
+            [(PF_HEADER_KEY, pf)]
+            if seq.mac_hasher is None
+            else seq.with_mac(topic, partition, n, pf, key, value)
+        )  # type: ignore[arg-type]
         try:
             try:
                 kafka_produce(topic, value, key, partition=partition, headers=wire)
@@ -270,9 +278,14 @@ class IdempotentProducer:
         self._stamp_loop(topic, values, keys, partition, event_ids)
         return count - (self.skipped - skipped)
 
-    def _stamp_loop(self, topic: str, values: Sequence[bytes | str | None],
-                    keys: Sequence[bytes | str | None] | None, partition: int | None,
-                    event_ids: Sequence[str | None] | None) -> None:  # fmt: skip
+    def _stamp_loop(
+        self,
+        topic: str,
+        values: Sequence[bytes | str | None],
+        keys: Sequence[bytes | str | None] | None,
+        partition: int | None,
+        event_ids: Sequence[str | None] | None,
+    ) -> None:
         """The stamping loop (:meth:`produce` is its one-record form): records to lanes the
         session made ready (nothing to skip, no extra header until ``deadline_ns``) are stamped
         inline, any other goes the driver's general path, then the loop goes on."""
@@ -319,8 +332,11 @@ class IdempotentProducer:
                         else:
                             pf = header(n)
                         cell[0] = n + 1
-                        wire = [(PF_HEADER_KEY, pf)] if mac is None else seq.with_mac(
-                            topic, q, n, pf, key, value)  # fmt: skip
+                        wire = (
+                            [(PF_HEADER_KEY, pf)]
+                            if mac is None
+                            else seq.with_mac(topic, q, n, pf, key, value)
+                        )
                         try:
                             try:
                                 kafka_produce(topic, value, key, partition=q, headers=wire)

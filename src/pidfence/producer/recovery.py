@@ -33,8 +33,13 @@ Highs = dict[int, dict[TopicPartition, int]]
 class Scanner(Protocol):
     """Reads the highest appended seq per (pid, partition) from the raw partitions."""
 
-    def __call__(self, state: ScanState, partitions: Iterable[TopicPartition], since_ms: int,
-                 until: Mapping[TopicPartition, int]) -> None:  # fmt: skip
+    def __call__(
+        self,
+        state: ScanState,
+        partitions: Iterable[TopicPartition],
+        since_ms: int,
+        until: Mapping[TopicPartition, int],
+    ) -> None:
         """Feed ``state`` the records of ``partitions`` from the first one at or after
         ``since_ms`` up to ``until`` (an exclusive end offset per partition: this resumer's
         FENCE record; partitions without one are read to their current end)."""
@@ -144,16 +149,18 @@ class ScanState:
             return
         hasher = self._macs.get(pf.pid)
         if hasher is not None and not mac_matches(
-            record_mac_from(hasher, tp[0], tp[1], pf.pid, pf.generation, pf.seq, pf.flags, key,
-                            value),
+            record_mac_from(
+                hasher, tp[0], tp[1], pf.pid, pf.generation, pf.seq, pf.flags, key, value
+            ),
             found.get(MAC_HEADER_KEY),
-        ):  # fmt: skip
+        ):
             return
         if pf.pid in self.pids:
             table = self._table(tp)
             if (pf.pid, tp) in self._unsure:
-                if not self._first_proven(table, pf.pid, pf.generation, pf.seq, pf.flags, cert,
-                                          ts_ms):  # fmt: skip
+                if not self._first_proven(
+                    table, pf.pid, pf.generation, pf.seq, pf.flags, cert, ts_ms
+                ):
                     return
                 self._unsure.discard((pf.pid, tp))
             table.offer(pf.pid, pf.generation, pf.seq, ts_ms, pf.flags, cert=cert)
@@ -161,9 +168,15 @@ class ScanState:
             table.gaps.clear()
 
     def _first_proven(
-        self, table: ProducerStateTable, pid: int, g: int, seq: int, flags: int,
-        cert: bytes | None, ts_ms: int,
-    ) -> bool:  # fmt: skip
+        self,
+        table: ProducerStateTable,
+        pid: int,
+        g: int,
+        seq: int,
+        flags: int,
+        cert: bytes | None,
+        ts_ms: int,
+    ) -> bool:
         """Whether the first record of ``pid`` on an unsure partition counts: with a verifier,
         a record of the checkpoint's generation must prove itself, as it must at a sink that
         holds no entry there (an older generation is still judged, and FENCED, by the table)."""
@@ -227,8 +240,16 @@ def scan_state(
         known[tp] = max(known.get(tp, 0), target)
     base = {checkpoint.pid: {tp: n - 1 for tp, n in known.items()}}
     pids = {checkpoint.pid, successor} | ({followed} if followed is not None else set())
-    return ScanState(pids, base, {checkpoint.pid: checkpoint.generation}, 5, verifier, resolve_gaps,
-                     macs, checkpoint.fenced)  # fmt: skip
+    return ScanState(
+        pids,
+        base,
+        {checkpoint.pid: checkpoint.generation},
+        5,
+        verifier,
+        resolve_gaps,
+        macs,
+        checkpoint.fenced,
+    )
 
 
 def apply_scan(

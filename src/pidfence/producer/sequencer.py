@@ -128,14 +128,20 @@ class Sequencer:
         self.mac_hasher = None if key is None else record_hasher(key)
 
     def with_mac(
-        self, topic: str, partition: int, seq: int, pf: bytes, key: bytes | None,
+        self,
+        topic: str,
+        partition: int,
+        seq: int,
+        pf: bytes,
+        key: bytes | None,
         value: bytes | None,
-    ) -> list[tuple[str, bytes]]:  # fmt: skip
+    ) -> list[tuple[str, bytes]]:
         """The headers of data record ``seq`` in the per-record mode: ``pf`` and its ``pfm``
         (call it only when :attr:`mac_hasher` is set)."""
         hasher: hashlib.blake2b = self.mac_hasher  # type: ignore[assignment]
-        mac = record_mac_from(hasher, topic, partition, self.pid, self.generation, seq, 0, key,
-                              value)  # fmt: skip
+        mac = record_mac_from(
+            hasher, topic, partition, self.pid, self.generation, seq, 0, key, value
+        )
         return [(PF_HEADER_KEY, pf), (MAC_HEADER_KEY, mac)]
 
     @classmethod

@@ -372,9 +372,13 @@ class ProducerSession:
         """The scan's starting state and its start time (``taken_ms`` less the clock skew)."""
         current = self.sequencer
         state = scan_state(
-            checkpoint, current.pid, verifier, self._followed, self._resolve_gaps,
+            checkpoint,
+            current.pid,
+            verifier,
+            self._followed,
+            self._resolve_gaps,
             recovery.scan_keys(checkpoint, current, self._followed),
-        )  # fmt: skip
+        )
         return state, checkpoint.taken_ms - self._skew_ms
 
     def scanned(self, checkpoint: ProducerCheckpoint, highs: Highs) -> None:

@@ -48,9 +48,12 @@ def _produce(bootstrap: str) -> None:
     for pid in (1, 2):
         for seq in range(RECORDS_PER_PRODUCER):
             producer.produce(
-                TOPIC, value=f"{pid}:{seq}".encode(), key=str(pid).encode(),
-                partition=pid - 1, headers=[("pf", encode_pf(pid, 0, seq))],
-            )  # fmt: skip
+                TOPIC,
+                value=f"{pid}:{seq}".encode(),
+                key=str(pid).encode(),
+                partition=pid - 1,
+                headers=[("pf", encode_pf(pid, 0, seq))],
+            )
     if producer.flush(60):
         raise RuntimeError("class archive: records not delivered to the local Kafka")
 
@@ -62,11 +65,24 @@ def _run_sink(bootstrap: str, run: Path) -> int:
         RuntimeError: the sink failed (its log's tail in the message).
     """
     argv = [
-        sys.executable, "-c", "from pidfence.cli import main; main()", "sink",
-        "--bootstrap", bootstrap, "--topic", TOPIC,
-        "--output", str(run / "out"), "--checkpoint", str(run / "ckpt"), "--master", "local[2]",
-        "--available-now", "--starting-offsets", "earliest",
-    ]  # fmt: skip
+        sys.executable,
+        "-c",
+        "from pidfence.cli import main; main()",
+        "sink",
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        TOPIC,
+        "--output",
+        str(run / "out"),
+        "--checkpoint",
+        str(run / "ckpt"),
+        "--master",
+        "local[2]",
+        "--available-now",
+        "--starting-offsets",
+        "earliest",
+    ]
     with (run / "sink.log").open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         code = proc.wait(EXIT_LIMIT_S)

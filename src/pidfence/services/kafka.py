@@ -94,22 +94,34 @@ class KafkaCluster(Cluster):
     def _jvm(self, node_dir: Path) -> list[str]:
         jars = classpath("kafka")
         return [
-            java(), f"-Xmx{self.heap}", "-Xms128m",
+            java(),
+            f"-Xmx{self.heap}",
+            "-Xms128m",
             *jvm_options(("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20")),
             *archive_options("kafka", jars),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={node_dir / 'log4j2.properties'}",
-            "-cp", jars,
-        ]  # fmt: skip
+            "-cp",
+            jars,
+        ]
 
     def _node(self, i: int) -> tuple[list[str], Path, int, str]:
         """Format node ``i``'s storage; its broker command line."""
         cfg = self._configure(i)
         fmt = subprocess.run(
-            [*self._jvm(cfg.parent), "kafka.tools.StorageTool", "format",
-             f"--cluster-id={self.cluster_id}", "-c", str(cfg), "--ignore-formatted"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [
+                *self._jvm(cfg.parent),
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={self.cluster_id}",
+                "-c",
+                str(cfg),
+                "--ignore-formatted",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if fmt.returncode != 0:
             raise ServiceFailed(f"kafka storage format failed: {fmt.stdout}{fmt.stderr}")
         cmd = [*self._jvm(cfg.parent), "kafka.Kafka", str(cfg)]
@@ -123,9 +135,12 @@ class KafkaCluster(Cluster):
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(
-            {"bootstrap.servers": f"127.0.0.1:{self.ports[i]}", "socket.timeout.ms": 3000,
-             "log_level": 0}
-        )  # fmt: skip
+            {
+                "bootstrap.servers": f"127.0.0.1:{self.ports[i]}",
+                "socket.timeout.ms": 3000,
+                "log_level": 0,
+            }
+        )
         meta = admin.list_topics(timeout=3)
         return bool(meta.orig_broker_id == i + 1 and (i + 1) in meta.brokers)
 

@@ -287,10 +287,19 @@ class SparkStandaloneCluster(ProcessGroup[ManagedProcess]):
         env = self._env()
         master = ManagedProcess(
             "spark-master",
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-             "--port", str(self.port), "--webui-port", str(self.ui_port)],
-            self.run_dir / "master.log", env=env,
-        )  # fmt: skip
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.ui_port),
+            ],
+            self.run_dir / "master.log",
+            env=env,
+        )
         self.nodes.append(master)
         for i in range(self.workers):
             self.nodes.append(

@@ -70,14 +70,18 @@ class ZooKeeperEnsemble(Cluster):
         cfg = self._configure(i)
         jars = classpath("zookeeper")
         cmd = [
-            java(), "-Xmx256m", *jvm_options(("-XX:+UseSerialGC",)),
+            java(),
+            "-Xmx256m",
+            *jvm_options(("-XX:+UseSerialGC",)),
             *archive_options("zookeeper", jars),
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
             "-Dzookeeper.jmx.log4j.disable=true",
-            "-cp", jars, "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            "-cp",
+            jars,
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
             str(cfg),
-        ]  # fmt: skip
+        ]
         what = f"ZooKeeper node {i} ({self.node_hosts(i)})"
         return cmd, cfg.parent, self.client_ports[i], what
 

@@ -127,11 +127,19 @@ class SimClient:
         pf = decode_pf(header)
         self.pending.append(
             InFlight(
-                partition, pf.pid, pf.seq, bool(pf.flags & FLAG_FENCE), header,
-                found.get(CERT_HEADER_KEY), key, value or b"", self._clock(),
-                on_delivery or self._default, found.get(MAC_HEADER_KEY),
+                partition,
+                pf.pid,
+                pf.seq,
+                bool(pf.flags & FLAG_FENCE),
+                header,
+                found.get(CERT_HEADER_KEY),
+                key,
+                value or b"",
+                self._clock(),
+                on_delivery or self._default,
+                found.get(MAC_HEADER_KEY),
             )
-        )  # fmt: skip
+        )
 
     def poll(self, timeout: float = 0.0) -> int:
         """Callbacks run when the network delivers; nothing waits here."""

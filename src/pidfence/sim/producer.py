@@ -35,11 +35,23 @@ __all__ = ["TOPIC", "Chain", "Instance", "Producers", "SimStuck", "make_events"]
 
 #: What the processes did, counted (the run's ``stats``).
 COUNTS = (
-    "crashes", "zombies", "paused_zombies", "zombie_rolls_refused", "zombies_expired",
-    "rollovers", "checkpoints", "dead_landings", "resumes_bumped", "resumes_rolled",
-    "resumes_followed", "resumes_fresh", "resumes_refused", "second_resumers", "skipped",
+    "crashes",
+    "zombies",
+    "paused_zombies",
+    "zombie_rolls_refused",
+    "zombies_expired",
+    "rollovers",
+    "checkpoints",
+    "dead_landings",
+    "resumes_bumped",
+    "resumes_rolled",
+    "resumes_followed",
+    "resumes_fresh",
+    "resumes_refused",
+    "second_resumers",
+    "skipped",
     "lease_expired_exits",
-)  # fmt: skip
+)
 
 
 @dataclass(slots=True)
@@ -160,9 +172,12 @@ class Producers:
         made: list[SimClient] = []
         try:
             producer = IdempotentProducer(
-                self.config, self.lease, ledger=MemoryLedger(self.network.ledger),
-                clock=self._clock, producer_factory=self._client_factory(made),
-            )  # fmt: skip
+                self.config,
+                self.lease,
+                ledger=MemoryLedger(self.network.ledger),
+                clock=self._clock,
+                producer_factory=self._client_factory(made),
+            )
         except LeaseServerDown:
             return None  # the next step tries again
         chain.checkpoint = (producer.checkpoint(), 0)
@@ -172,10 +187,16 @@ class Producers:
         made: list[SimClient] = []
         try:
             producer = IdempotentProducer.resume(
-                cp, self.lease, self.config, ledger=MemoryLedger(self.network.ledger),
-                clock=self._clock, producer_factory=self._client_factory(made),
-                scanner=self._scanner, topics=[TOPIC], scan_verifier=self.scan_verifier,
-            )  # fmt: skip
+                cp,
+                self.lease,
+                self.config,
+                ledger=MemoryLedger(self.network.ledger),
+                clock=self._clock,
+                producer_factory=self._client_factory(made),
+                scanner=self._scanner,
+                topics=[TOPIC],
+                scan_verifier=self.scan_verifier,
+            )
         except ProducerFenced:
             self.counts["resumes_refused"] += 1
             return None

@@ -144,10 +144,14 @@ def run(seed: int, **knobs: Any) -> SimResult:
     )
     mac_secret = random.Random(f"pidfence-sim-mac:{seed}").randbytes(32) if k.record_mac else None
     lease = SimLeaseServer(
-        rng, k.lifetime_ms, fresh_rollover=k.mutation == "fresh_rollover", signing_key=signing,
-        outage_p=k.lease_down_p, outage_rng=random.Random(f"pidfence-sim-lease-outages:{seed}"),
+        rng,
+        k.lifetime_ms,
+        fresh_rollover=k.mutation == "fresh_rollover",
+        signing_key=signing,
+        outage_p=k.lease_down_p,
+        outage_rng=random.Random(f"pidfence-sim-lease-outages:{seed}"),
         mac_secret=mac_secret,
-    )  # fmt: skip
+    )
     net = Network(rng, k, kafka)
     # The sink draws nothing at construction: the producers' events come first, as always.
     sink = SimSink(rng, k, kafka, TOPIC, [signing.public_key()], mac_secret)
@@ -229,5 +233,15 @@ def run(seed: int, **knobs: Any) -> SimResult:
     # Exactly once: nothing extra or twice, and nothing missing but what Kafka lost.
     exact = not (got - want) and all(value_digest(v) in gone for v in want - got)
     return SimResult(
-        seed, k, report, exact, log, rejects, net.ledger, upstream, stats, forgeries, losses,
-    )  # fmt: skip
+        seed,
+        k,
+        report,
+        exact,
+        log,
+        rejects,
+        net.ledger,
+        upstream,
+        stats,
+        forgeries,
+        losses,
+    )

@@ -274,9 +274,20 @@ class SimSink:
     def _arrow(self, parts: list[list[tuple[KafkaRecord, Verdict]]], verdicts: bool) -> pa.Table:
         cols: dict[str, list[object]] = {
             k: []
-            for k in ("topic", "partition", "log_offset", "pid", "generation", "seq", "key",
-                      "value", "offset", "timestamp", "verdict")
-        }  # fmt: skip
+            for k in (
+                "topic",
+                "partition",
+                "log_offset",
+                "pid",
+                "generation",
+                "seq",
+                "key",
+                "value",
+                "offset",
+                "timestamp",
+                "verdict",
+            )
+        }
         for p, rows in enumerate(parts):
             for i, (rec, verdict) in enumerate(rows):
                 pid = gen = seq = 0
@@ -287,11 +298,18 @@ class SimSink:
                     except MalformedHeader:
                         pass
                 for k, v in (
-                    ("topic", self.topic), ("partition", p), ("log_offset", i), ("pid", pid),
-                    ("generation", gen), ("seq", seq), ("key", rec.key), ("value", rec.value),
-                    ("offset", rec.offset), ("timestamp", rec.ts_ms),
+                    ("topic", self.topic),
+                    ("partition", p),
+                    ("log_offset", i),
+                    ("pid", pid),
+                    ("generation", gen),
+                    ("seq", seq),
+                    ("key", rec.key),
+                    ("value", rec.value),
+                    ("offset", rec.offset),
+                    ("timestamp", rec.ts_ms),
                     ("verdict", verdict.value),
-                ):  # fmt: skip
+                ):
                     cols[k].append(v)
         if not verdicts:
             del cols["verdict"]
@@ -300,11 +318,17 @@ class SimSink:
 
 def _schema(verdicts: bool) -> pa.Schema:
     fields = [
-        ("topic", pa.string()), ("partition", pa.int32()), ("log_offset", pa.int64()),
-        ("pid", pa.int64()), ("generation", pa.int32()), ("seq", pa.int64()),
-        ("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("log_offset", pa.int64()),
+        ("pid", pa.int64()),
+        ("generation", pa.int32()),
+        ("seq", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("offset", pa.int64()),
         ("timestamp", pa.int64()),
-    ]  # fmt: skip
+    ]
     if verdicts:
         fields.append(("verdict", pa.string()))
     return pa.schema(fields)

@@ -130,8 +130,9 @@ def build_query(
     return writer
 
 
-def start_sink(spark: Any, bootstrap: str, topic: str, output: str, checkpoint: str,
-               **kwargs: Any) -> Any:  # fmt: skip
+def start_sink(
+    spark: Any, bootstrap: str, topic: str, output: str, checkpoint: str, **kwargs: Any
+) -> Any:
     """Clean files of uncommitted batches, then start the query (see :func:`build_query`)."""
     from pidfence.spark_sink.options import SinkOptions
     from pidfence.spark_sink.owner import checkpoint_committed
@@ -146,8 +147,12 @@ def start_sink(spark: Any, bootstrap: str, topic: str, output: str, checkpoint: 
         from pidfence.spark_sink.delta.layout import open_layout
         from pidfence.spark_sink.output import NO_OWNER
 
-        open_layout(opts.path, opts.rejects_path, NO_OWNER,
-                    committed_before=checkpoint_committed(checkpoint))  # fmt: skip
+        open_layout(
+            opts.path,
+            opts.rejects_path,
+            NO_OWNER,
+            committed_before=checkpoint_committed(checkpoint),
+        )
     layout = reading_layout(opts.path, opts.rejects_path)
     cleanup_uncommitted(layout.store, layout.rejects, committed_ids=layout.committed_ids())
     return build_query(spark, bootstrap, topic, output, checkpoint, **kwargs).start()
@@ -282,10 +287,16 @@ class BatchWatcher:
             seen = progress.get(bid, _Progress(None, None))
             lines.append(
                 BatchLine(
-                    bid, one.records_in, one.appended, one.dropped, seen.lag, seen.seconds,
-                    one.forged, one.gaps,
+                    bid,
+                    one.records_in,
+                    one.appended,
+                    one.dropped,
+                    seen.lag,
+                    seen.seconds,
+                    one.forged,
+                    one.gaps,
                 )
-            )  # fmt: skip
+            )
             self.last = bid
         return lines
 

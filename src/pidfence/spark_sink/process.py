@@ -170,9 +170,14 @@ def process_partition(
     forged = None
     if macs is not None and n:
         forged = mac_forged(
-            macs, topic, partition, decode_headers(headers), rows.column("key"),
-            rows.column("value"), header_values(rows.column("headers"), MAC_HEADER_KEY),
-        )  # fmt: skip
+            macs,
+            topic,
+            partition,
+            decode_headers(headers),
+            rows.column("key"),
+            rows.column("value"),
+            header_values(rows.column("headers"), MAC_HEADER_KEY),
+        )
     res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist(), certs, forged)
     if n:
         st.kafka_last = int(offsets[-1])
@@ -251,9 +256,16 @@ def process_partition(
     if st.table.gaps:
         gaps += seq_gaps(st.table.gaps, res.pid.tolist(), res.seq.tolist(), offsets.tolist())
     return PartitionOutput(
-        log, rejects, held, n, counts, dict(sorted(st.table.forged.items())), flush_held,
-        gaps, horizon_ms,
-    )  # fmt: skip
+        log,
+        rejects,
+        held,
+        n,
+        counts,
+        dict(sorted(st.table.forged.items())),
+        flush_held,
+        gaps,
+        horizon_ms,
+    )
 
 
 def _with_non_idempotent(order: np.ndarray, verdict: np.ndarray) -> np.ndarray:
@@ -277,9 +289,18 @@ def _with_non_idempotent(order: np.ndarray, verdict: np.ndarray) -> np.ndarray:
 def _held_row(base: pa.Table, i: int) -> HeldRow:
     row = base.slice(i, 1).to_pylist()[0]
     ts_us = int(base.column("timestamp").slice(i, 1).cast(pa.int64())[0].as_py())
-    return (row["offset"], row["key"], row["value"], ts_us, row["pid"],
-            row["generation"], row["seq"], row["pf"], row["timestampType"],
-            row["headers"])  # fmt: skip
+    return (
+        row["offset"],
+        row["key"],
+        row["value"],
+        ts_us,
+        row["pid"],
+        row["generation"],
+        row["seq"],
+        row["pf"],
+        row["timestampType"],
+        row["headers"],
+    )
 
 
 def _held_table(held: list[HeldRow], topic: str, partition: int) -> pa.Table:

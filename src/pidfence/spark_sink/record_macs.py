@@ -40,12 +40,17 @@ def mac_forged(
     rows = np.flatnonzero(dec.present & ~dec.malformed & (dec.pid != 0))
     if not len(rows):
         return forged
-    pid, gen, seq, flags = dec.pid.tolist(), dec.generation.tolist(), dec.seq.tolist(), \
-        dec.flags.tolist()  # fmt: skip
+    pid, gen, seq, flags = (
+        dec.pid.tolist(),
+        dec.generation.tolist(),
+        dec.seq.tolist(),
+        dec.flags.tolist(),
+    )
     key_l, value_l, mac_l = keys.to_pylist(), values.to_pylist(), macs.to_pylist()
     valid = check.valid
     for r in rows.tolist():
-        if not valid(topic, partition, pid[r], gen[r], seq[r], flags[r], key_l[r], value_l[r],
-                     mac_l[r]):  # fmt: skip
+        if not valid(
+            topic, partition, pid[r], gen[r], seq[r], flags[r], key_l[r], value_l[r], mac_l[r]
+        ):
             forged[r] = True
     return forged

@@ -60,8 +60,9 @@ class PidfenceDataSource(DataSource):
                 "not drop columns"
             )
         options = dict(self.options)
-        checkpoint = next((v for k, v in options.items() if k.lower() == "checkpointlocation"),
-                          None)  # fmt: skip
+        checkpoint = next(
+            (v for k, v in options.items() if k.lower() == "checkpointlocation"), None
+        )
         # Claims the path for this query (one query per path) before any batch runs.
         return PidfenceStreamWriter(
             SinkOptions.parse(options),

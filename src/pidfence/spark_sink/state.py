@@ -43,9 +43,17 @@ from pidfence.wire import Verdict
 #: (offset, key, value, timestamp_us, pid, generation, seq, raw pf header, timestampType,
 #: headers as Kafka's source gives them: a list of {"key", "value"} or None)
 HeldRow = tuple[
-    int, bytes | None, bytes | None, int, int, int, int, bytes | None, int | None,
+    int,
+    bytes | None,
+    bytes | None,
+    int,
+    int,
+    int,
+    int,
+    bytes | None,
+    int | None,
     list[dict[str, Any]] | None,
-]  # fmt: skip
+]
 
 
 @dataclass
@@ -146,8 +154,9 @@ def load_state(
     files = state_files(store, topic, partition)
     held = _held_payloads(layout, top, pos)
     try:
-        table, sf, chain_len = _restore_chain(store, topic, partition, files, top,
-                                              pos.get("tag"), opts)  # fmt: skip
+        table, sf, chain_len = _restore_chain(
+            store, topic, partition, files, top, pos.get("tag"), opts
+        )
     except (CorruptSnapshot, OSError):
         pass
     else:
@@ -176,10 +185,17 @@ def _held_payloads(layout: BatchLayout, batch_id: int, part: dict[str, Any]) -> 
     ts = table.column("timestamp").cast(pa.int64()).to_pylist()
     for row, ts_us in zip(table.to_pylist(), ts, strict=True):
         rows[int(row["offset"])] = (
-            int(row["offset"]), row["key"], row["value"], int(ts_us), int(row["pid"]),
-            int(row["generation"]), int(row["seq"]), row["pf"], row["timestampType"],
+            int(row["offset"]),
+            row["key"],
+            row["value"],
+            int(ts_us),
+            int(row["pid"]),
+            int(row["generation"]),
+            int(row["seq"]),
+            row["pf"],
+            row["timestampType"],
             row["headers"],
-        )  # fmt: skip
+        )
     return rows
 
 
@@ -209,8 +225,7 @@ def _rebuild(
         if bid not in files:
             continue
         try:
-            table, _, _ = _restore_chain(store, topic, partition, files, bid,
-                                         part.get("tag"), opts)  # fmt: skip
+            table, _, _ = _restore_chain(store, topic, partition, files, bid, part.get("tag"), opts)
         except (CorruptSnapshot, OSError):
             continue
         start = i

@@ -218,8 +218,14 @@ def write_parquet(
             else "PLAIN"
             for f in table.schema
         }
-        pq.write_table(table, path, filesystem=fs, compression="none", use_dictionary=False,
-                       column_encoding=encoding)  # fmt: skip
+        pq.write_table(
+            table,
+            path,
+            filesystem=fs,
+            compression="none",
+            use_dictionary=False,
+            column_encoding=encoding,
+        )
         return
     dictionary = [name for name in table.column_names if name in DICTIONARY_COLUMNS]
     pq.write_table(table, path, filesystem=fs, compression=compression, use_dictionary=dictionary)

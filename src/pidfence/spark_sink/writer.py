@@ -178,8 +178,12 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             # Refuses another writer's table (or the manifest layout) before anything is
             # written, and creates both tables, so the first batch's tasks find them (unless
             # the query committed batches before: then a missing table is a lost one).
-            open_layout(options.path, options.rejects_path, query_id or NO_QUERY,
-                        committed_before=committed_before)  # fmt: skip
+            open_layout(
+                options.path,
+                options.rejects_path,
+                query_id or NO_QUERY,
+                committed_before=committed_before,
+            )
         if query_id is not None:
             # Spark builds a writer at start and again in the process that runs commit(), so
             # this only claims; leftovers of a dead attempt go when its batch commits.
@@ -346,9 +350,11 @@ def _committed_message(
         key = (str(row["topic"]), int(row["partition"]))
         part = by_key.get(key)
         seen = (int(row["offset_min"]), int(row["offset_max"]), int(row["offset_count"]))
-        want = None if part is None else (
-            int(part["kafka_first"]), int(part["kafka_last"]), int(part["rows_in"])
-        )  # fmt: skip
+        want = (
+            None
+            if part is None
+            else (int(part["kafka_first"]), int(part["kafka_last"]), int(part["rows_in"]))
+        )
         if seen != want:
             raise CommittedBatchMismatch(
                 f"batch {batch_id} is committed, but Spark re-ran it for {key[0]}[{key[1]}] with "

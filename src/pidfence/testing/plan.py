@@ -239,8 +239,9 @@ class FaultPlan:
         if Link.PRODUCER_KAFKA in chosen:
             duration = round(rng.uniform(2.5, 4.0), 1)
             at = round(rng.uniform(0.2, 0.6) * max(0.0, span_s - duration), 1)
-            steps.append(step(FaultKind.ONE_WAY_LOSS, Link.PRODUCER_KAFKA, at_s=at,
-                              duration_s=duration))  # fmt: skip
+            steps.append(
+                step(FaultKind.ONE_WAY_LOSS, Link.PRODUCER_KAFKA, at_s=at, duration_s=duration)
+            )
         return cls(tuple(sorted(steps, key=lambda s: (s.at_s, s.target))), seed)
 
 

@@ -193,9 +193,11 @@ class ToxiproxyServer:
         """Start it; return once its API answers."""
         self.proc.start()
         wait_until(
-            self.client.version, timeout, f"toxiproxy on {self.client.address}",
+            self.client.version,
+            timeout,
+            f"toxiproxy on {self.client.address}",
             tail=self.proc.log_tail(),
-        )  # fmt: skip
+        )
         return self
 
     def stop(self) -> None:

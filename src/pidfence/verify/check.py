@@ -77,8 +77,13 @@ ANOMALIES: Final = (
 )
 #: Counts shown for information only.
 INFORMATIONAL: Final = (
-    "expired", "unacknowledged", "superseded", "foreign", "deleted", "upstream_gap",
-)  # fmt: skip
+    "expired",
+    "unacknowledged",
+    "superseded",
+    "foreign",
+    "deleted",
+    "upstream_gap",
+)
 
 LOG_COLUMNS: Final = (
     "topic",
@@ -185,8 +190,9 @@ def check(
     findings = {name: Finding() for name in (*ANOMALIES, *INFORMATIONAL)}
     deleted: set[tuple[Identity, int]] = set()
     if written is not None:
-        _need(log, ("topic", "partition", "log_offset", "offset", "pid", "generation", "seq"),
-              "log")  # fmt: skip
+        _need(
+            log, ("topic", "partition", "log_offset", "offset", "pid", "generation", "seq"), "log"
+        )
         parts = split(log, written)
         log = parts.own
         for row in _rows(parts.foreign, (), "log"):
@@ -284,8 +290,9 @@ def check(
     report_gaps(gaps, acked, findings["upstream_gap"])
     _check_order(log_rows, findings["reordered"])
     _check_zombies(log_rows, reject_rows, findings["zombie"])
-    gone = {e.event_id for e in data
-            if ((e.pid, e.topic, e.partition, e.seq), e.generation) in deleted}  # fmt: skip
+    gone = {
+        e.event_id for e in data if ((e.pid, e.topic, e.partition, e.seq), e.generation) in deleted
+    }
     events = check_events(data, log_rows, findings["event_duplicate"], findings["event_lost"], gone)
     return CheckReport(
         findings,

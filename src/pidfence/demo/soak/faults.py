@@ -138,18 +138,30 @@ def soak_sink_argv(
 
     def argv(label: str, available_now: bool) -> list[str]:
         args = [
-            sys.executable, "-m", "pidfence.demo.soak.sink",
-            "--bootstrap", bootstrap,
-            "--topic", topic,
-            "--output", str(output),
-            "--checkpoint", str(checkpoint),
-            "--batches", str(batches),
-            "--label", label,
-            "--trigger", f"{trigger_s:g}",
-            "--lifetime", lifetime,
-            "--master", master,
-            "--spark-log", str(logs / f"{label}-spark.log"),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pidfence.demo.soak.sink",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic,
+            "--output",
+            str(output),
+            "--checkpoint",
+            str(checkpoint),
+            "--batches",
+            str(batches),
+            "--label",
+            label,
+            "--trigger",
+            f"{trigger_s:g}",
+            "--lifetime",
+            lifetime,
+            "--master",
+            master,
+            "--spark-log",
+            str(logs / f"{label}-spark.log"),
+        ]
         return [*args, "--available-now"] if available_now else args
 
     return argv

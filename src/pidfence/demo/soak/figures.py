@@ -45,9 +45,12 @@ def series(samples: Sequence[dict[str, Any]]) -> dict[str, tuple[str, list[tuple
         out[f"RSS {name}"] = ("MB", points)
     out["batch time (median)"] = (
         "s",
-        [(float(s["t_s"]), float(s["batch_s_median"])) for s in samples
-         if s.get("batch_s_median") is not None],
-    )  # fmt: skip
+        [
+            (float(s["t_s"]), float(s["batch_s_median"]))
+            for s in samples
+            if s.get("batch_s_median") is not None
+        ],
+    )
     out["state bytes"] = ("KB", [(float(s["t_s"]), s["state_bytes"] / 1024) for s in samples])
     return out
 

@@ -41,8 +41,14 @@ def write_plot(
         points = [(s["t_s"] / 60, s["rss"][name] / MB) for s in samples if s["rss"].get(name)]
         if points:
             px, py = zip(*points, strict=True)
-            ax_rss.plot(px, py, marker=".", label=name, color=palette[(2 * k) % 20 + k // 10],
-                        ls=("-", "--", ":")[k % 3])  # fmt: skip
+            ax_rss.plot(
+                px,
+                py,
+                marker=".",
+                label=name,
+                color=palette[(2 * k) % 20 + k // 10],
+                ls=("-", "--", ":")[k % 3],
+            )
     ax_rss.set_ylabel("RSS (MB)")
     ax_rss.set_yscale("log")
     ax_rss.legend(fontsize="x-small", ncol=3, loc="upper left")

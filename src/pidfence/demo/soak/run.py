@@ -141,9 +141,12 @@ class SoakRun:
         create_raw_topic(bootstrap, self.topic, config.partitions)
         for i in range(2):
             server = spawn_lease_server(
-                zk_hosts, self.logs, name=f"lease-{i}", wait=False,
+                zk_hosts,
+                self.logs,
+                name=f"lease-{i}",
+                wait=False,
                 lifetime_ms=round(config.lease_lifetime_s * 1000),
-            )  # fmt: skip
+            )
             self._cleanups.append(server.stop)
             self.lease_servers.append(server)
         for server in self.lease_servers:
@@ -157,9 +160,14 @@ class SoakRun:
         count = int(config.rate * (config.seconds + 3600))
         for i in range(config.producers):
             spec = ProducerSpec(
-                name=f"p{i}", bootstrap=services.bootstrap, lease_servers=lease, topic=self.topic,
-                count=count, state=self.state / f"p{i}.json", rate=config.rate,
-            )  # fmt: skip
+                name=f"p{i}",
+                bootstrap=services.bootstrap,
+                lease_servers=lease,
+                topic=self.topic,
+                count=count,
+                state=self.state / f"p{i}.json",
+                rate=config.rate,
+            )
             if i < len(ROLES) and ROLES[i] == "resend":
                 spec = replace(spec, resend_every=config.resend_every)
             if i < len(ROLES) and ROLES[i] == "lease-zombie":
@@ -169,13 +177,19 @@ class SoakRun:
             self._cleanups.append(role.stop)
         self.sink = SinkProc(
             soak_sink_argv(
-                services.bootstrap, self.topic, self.output, self.checkpoint,
-                self.config.out / "batches.jsonl", self.logs, trigger_s=config.trigger_s,
-                lifetime=config.lifetime, master=config.master,
+                services.bootstrap,
+                self.topic,
+                self.output,
+                self.checkpoint,
+                self.config.out / "batches.jsonl",
+                self.logs,
+                trigger_s=config.trigger_s,
+                lifetime=config.lifetime,
+                master=config.master,
             ),
             self.config.out / "batches.jsonl",
             self.logs,
-        )  # fmt: skip
+        )
         self._cleanups.append(self._crash_sink)
         self.sink.start()
         for role in self.roles:
@@ -320,9 +334,15 @@ class SoakRun:
         t = round(self.clock() - self._started, 1)
         since = self.result.samples[-1]["t_s"] if self.result.samples else -1.0
         sample = take_sample(
-            services.trees, self.lease_servers, self.roles, self.sink, self.output,
-            since_s=since, t_s=t, wall_started=self._wall_started,
-        )  # fmt: skip
+            services.trees,
+            self.lease_servers,
+            self.roles,
+            self.sink,
+            self.output,
+            since_s=since,
+            t_s=t,
+            wall_started=self._wall_started,
+        )
         self.result.samples.append(sample)
         with (self.config.out / "samples.jsonl").open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(sample) + "\n")

@@ -102,8 +102,9 @@ def plain_type(t: pa.DataType) -> str:
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
         return f"list<{plain_type(t.value_type)}>"
     if pa.types.is_struct(t):
-        inner = ", ".join(f"{t.field(i).name}: {plain_type(t.field(i).type)}"
-                          for i in range(t.num_fields))  # fmt: skip
+        inner = ", ".join(
+            f"{t.field(i).name}: {plain_type(t.field(i).type)}" for i in range(t.num_fields)
+        )
         return f"struct<{inner}>"
     return str(t)
 
@@ -187,12 +188,23 @@ def check_table(dt: DeltaTable, kind: TableKind, where: str) -> None:
 #: Operations that may change a table's columns (named when the sink's columns changed).
 SCHEMA_OPERATIONS: Final = frozenset(
     {
-        "ADD COLUMNS", "ADD COLUMN", "CHANGE COLUMN", "CHANGE COLUMNS", "DROP COLUMNS",
-        "DROP COLUMN", "RENAME COLUMN", "REPLACE COLUMNS", "CREATE OR REPLACE TABLE",
-        "REPLACE TABLE", "REPLACE TABLE AS SELECT", "RESTORE", "UPDATE SCHEMA", "WRITE",
+        "ADD COLUMNS",
+        "ADD COLUMN",
+        "CHANGE COLUMN",
+        "CHANGE COLUMNS",
+        "DROP COLUMNS",
+        "DROP COLUMN",
+        "RENAME COLUMN",
+        "REPLACE COLUMNS",
+        "CREATE OR REPLACE TABLE",
+        "REPLACE TABLE",
+        "REPLACE TABLE AS SELECT",
+        "RESTORE",
+        "UPDATE SCHEMA",
+        "WRITE",
         "CREATE TABLE AS SELECT",
     }
-)  # fmt: skip
+)
 
 
 def schema_changed(
