@@ -48,7 +48,6 @@ REASONS = (
     "expired",
     "unknown_key",
     "other_place",
-    "unbound",
 )
 
 
@@ -216,22 +215,22 @@ def test_memoized_placed_check_matches_verify_cert(
     foreign: bool,
 ) -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     from pidfence.wire.cert import encode_cert, verify_cert
-    from pidfence.wire.statement import PlacedCheck
+    from pidfence.wire.statement import PlacedCheck, encode_placed_pfc
 
     keys = [Ed25519PrivateKey.from_private_bytes(bytes([i]) * 32) for i in (1, 2)]
     signer = keys[1] if foreign else keys[0]
-    # Version 1 (accepted as legacy): the certificate's own answer, memoized across times.
-    cert = encode_cert(signer, cert_pid, cert_generation, expire_ms)
+    producer = Ed25519PrivateKey.from_private_bytes(bytes([3]) * 32)
+    raw = producer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    # The certificate's own answer, memoized across times.
+    cert = encode_cert(signer, cert_pid, cert_generation, expire_ms, producer_key=raw)
+    pfc = encode_placed_pfc(cert, producer, "sim", 0, pid, generation, 0, 0)
     public = [keys[0].public_key()]
-    verify = PlacedCheck(public, accept_unbound=True).for_partition("sim", 0)
+    verify = PlacedCheck(public).for_partition("sim", 0)
     for now in times:
         direct = verify_cert(cert, public, pid, generation, now)
-        assert verify(pid, generation, 0, 0, cert, now) == (None if direct.ok else direct.reason)
+        assert verify(pid, generation, 0, 0, pfc, now) == (None if direct.ok else direct.reason)
     assert verify(pid, generation, 0, 0, None, 0) == "missing"
-    assert PlacedCheck(public).for_partition("sim", 0)(pid, generation, 0, 0, cert, 0) in (
-        "unbound",
-        "other_identity",
-        "unknown_key",
-    )
+    assert verify(pid, generation, 0, 0, cert, 0) == "malformed"  # a certificate on its own

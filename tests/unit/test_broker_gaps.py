@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pidfence.broker_plugin import Gap, ProducerStateTable, replay_batch
-from pidfence.broker_plugin.snapshot import MAGIC
 from pidfence.wire import Verdict, encode_pf
 from tests.unit.broker_streams import (
     StreamKnobs,
@@ -239,24 +238,6 @@ def test_snapshots_keep_the_settings_and_the_horizon() -> None:
     restored = ProducerStateTable.restore(table.snapshot())
     assert restored == table
     assert restored.resolve_gaps and restored.horizon == 1_005
-
-
-def test_version_1_snapshots_are_still_read() -> None:
-    import struct
-    import zlib
-
-    import msgpack
-
-    # fmt: off
-    body = msgpack.packb(
-        {"v": 1, "kind": "full", "epoch": 1, "cfg": [4, 1000, 5, 0], "clock": 10, "serial": 1,
-         "arrival": 0, "entries": [[7, 0, 2, 4, 10]], "held": []}
-    )
-    # fmt: on
-    data = struct.pack(">4sI", MAGIC, zlib.crc32(body)) + body
-    table = ProducerStateTable.restore(data)
-    assert table.get(7) == (2, 4, 10)
-    assert not table.resolve_gaps and table.horizon == -(2**63)
 
 
 @pytest.mark.parametrize("gaps_on", [False, True])

@@ -284,27 +284,40 @@ def test_signed_generations_through_the_sink(tmp_path: Path) -> None:
     """Issue 13: an attacker's FENCE for a live pid (no pfc, pfc of another key) and fresh pids
     (same two ways) are FORGED; every record of the legit producer is appended in order."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     from pidfence.wire.cert import encode_cert, generate_keypair, load_private_key
+    from pidfence.wire.statement import encode_placed_pfc
 
     old_priv, old_pub = generate_keypair(tmp_path / "keys-old")
     priv, pub = generate_keypair(tmp_path / "keys")
     key = load_private_key(priv)
     rogue = Ed25519PrivateKey.generate()
+    producer = Ed25519PrivateKey.generate()
+    raw = producer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     t0 = 1_700_000_000_000
     expire = t0 + 3_600_000
+
+    def pfc(signer: Ed25519PrivateKey, pid: int, gen: int, seq: int, flags: int = 0) -> bytes:
+        """A placed pfc for (pid, gen) whose certificate ``signer`` signed."""
+        cert = encode_cert(signer, pid, gen, expire, producer_key=raw)
+        return encode_placed_pfc(cert, producer, "t", 0, pid, gen, seq, flags)
+
     live = [encode_pf(5, 2, s) for s in range(6)]
+    replayed = encode_placed_pfc(  # generation 2's certificate on a generation 3 FENCE
+        encode_cert(key, 5, 2, expire, producer_key=raw), producer, "t", 0, 5, 3, 4, FLAG_FENCE
+    )
     recs: list[tuple[int, bytes | None, int, bytes | None]] = [
-        (0, live[0], t0, encode_cert(key, 5, 2, expire)),
+        (0, live[0], t0, pfc(key, 5, 2, 0)),
         (1, live[1], t0 + 1, None),
         (2, encode_pf(5, 3, 2, FLAG_FENCE), t0 + 2, None),  # forged FENCE, no pfc
         (3, live[2], t0 + 3, None),
-        (4, encode_pf(5, 3, 3, FLAG_FENCE), t0 + 4, encode_cert(rogue, 5, 3, expire)),
+        (4, encode_pf(5, 3, 3, FLAG_FENCE), t0 + 4, pfc(rogue, 5, 3, 3, FLAG_FENCE)),
         (5, live[3], t0 + 5, None),
         (6, encode_pf(77, 0, 0), t0 + 6, None),  # fresh pid, no pfc
-        (7, encode_pf(78, 0, 0), t0 + 7, encode_cert(rogue, 78, 0, expire)),
+        (7, encode_pf(78, 0, 0), t0 + 7, pfc(rogue, 78, 0, 0)),
         (8, live[4], t0 + 8, None),
-        (9, encode_pf(5, 3, 4, FLAG_FENCE), t0 + 9, encode_cert(key, 5, 2, expire)),  # replayed
+        (9, encode_pf(5, 3, 4, FLAG_FENCE), t0 + 9, replayed),
         (10, live[5], t0 + 10, None),
     ]
     rows = kafka_rows([(o, h, t) for o, h, t, _ in recs])
@@ -317,10 +330,8 @@ def test_signed_generations_through_the_sink(tmp_path: Path) -> None:
         "headers",
         pa.array(headers, rows.schema.field("headers").type),
     )
-    # Version 1 certificates, from producers of before the binding (legacyCertificates).
-    w = PidfenceStreamWriter(
-        options(tmp_path, leasePublicKey=f"{old_pub},{pub}", legacyCertificates="true")
-    )
+    # Two keys, as during a rotation.
+    w = PidfenceStreamWriter(options(tmp_path, leasePublicKey=f"{old_pub},{pub}"))
     w.commit([write(w, 0, rows.slice(0, 5))], 0)
     w.commit([write(w, 1, rows.slice(5))], 1)
     log = read_log(str(tmp_path))

@@ -16,15 +16,12 @@ from typing import Any, Final, TypeVar, Unpack
 
 import msgpack
 
-from pidfence.broker_plugin.entry import NO_CLOCK, Entry, Held, SettingOverrides, check_overrides
+from pidfence.broker_plugin.entry import Entry, Held, SettingOverrides, check_overrides
 from pidfence.broker_plugin.errors import CorruptSnapshot
 from pidfence.broker_plugin.rules import RulesKernel
 
 MAGIC: Final = b"PFS1"
-#: Version 2 adds the gap-resolution setting to ``cfg`` and the adoption horizon; version 1
-#: snapshots (no gaps, no horizon) are still read.
 VERSION: Final = 2
-READABLE: Final = frozenset({1, 2})
 K = TypeVar("K", bound=RulesKernel)
 V = TypeVar("V")
 _HEADER = struct.Struct(">4sI")
@@ -59,7 +56,7 @@ def _unframe(data: bytes, kind: str) -> dict[str, Any]:
         raise CorruptSnapshot(f"undecodable snapshot body: {exc}") from exc
     if not isinstance(payload, dict):
         raise CorruptSnapshot("snapshot body is not a map")
-    if payload.get("v") not in READABLE:
+    if payload.get("v") != VERSION:
         raise CorruptSnapshot(f"unsupported snapshot version {payload.get('v')!r}")
     if payload.get("kind") != kind:
         raise CorruptSnapshot(f"expected a {kind} snapshot, got {payload.get('kind')!r}")
@@ -204,13 +201,12 @@ def restore_chain(
 def _restore(cls: type[K], full: bytes, deltas: list[bytes], overrides: SettingOverrides) -> K:
     payload = _unframe(full, "full")
     cfg = payload["cfg"]
-    # Version 1 has four settings; version 2 adds gap resolution.
-    if not isinstance(cfg, list) or len(cfg) != (4 if payload["v"] == 1 else 5):
+    if not isinstance(cfg, list) or len(cfg) != 5:
         raise CorruptSnapshot(
-            "cfg must be [capacity, lifetime_ms, reorder_window, grace_ms(, resolve_gaps)]"
+            "cfg must be [capacity, lifetime_ms, reorder_window, grace_ms, resolve_gaps]"
         )
     cap, life, window, grace = (_int(v, "cfg") for v in cfg[:4])
-    gaps = bool(_int(cfg[4], "cfg")) if len(cfg) == 5 else False
+    gaps = bool(_int(cfg[4], "cfg"))
     epoch = _int(payload["epoch"], "epoch")
     rows = [_entry_row(r) for r in payload["entries"]]
     state = payload
@@ -263,7 +259,7 @@ def _restore(cls: type[K], full: bytes, deltas: list[bytes], overrides: SettingO
         table.entries[pid] = Entry(gen, high, first_seen, serial)
         table.ring.append(pid, serial)
     table.clock = _int(state["clock"], "clock")
-    table.horizon = _int(state.get("horizon", NO_CLOCK), "horizon")
+    table.horizon = _int(state["horizon"], "horizon")
     table.next_serial = _int(state["serial"], "serial")
     table.next_arrival = _int(state["arrival"], "arrival")
     if table.next_serial <= last_serial:

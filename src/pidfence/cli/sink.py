@@ -115,15 +115,6 @@ def register(app: typer.Typer) -> None:
                 "must carry a valid lease certificate, else FORGED",
             ),
         ] = None,
-        legacy_certificates: Annotated[
-            bool,
-            typer.Option(
-                "--legacy-certificates",
-                help="With --lease-public-key, also accept version 1 lease certificates (bound "
-                "to no topic or partition) from producers older than 0.3; off by default: a "
-                "replayed v1 certificate admits records anywhere",
-            ),
-        ] = False,
         record_mac_secret: Annotated[
             str | None,
             typer.Option(
@@ -199,7 +190,6 @@ def register(app: typer.Typer) -> None:
             "reorderWindow": None if reorder_window is None else str(reorder_window),
             "leasePublicKey": ",".join(key_paths(lease_public_key)) if lease_public_key else None,
             "tableFormat": None if table_format is None else table_format.value,
-            "legacyCertificates": "true" if legacy_certificates else None,
             "recordMacSecret": record_mac_secret,
             "resolveGaps": None if resolve_gaps else "false",
         }

@@ -33,13 +33,13 @@ from pidfence.wire.statement import decode_pfc, encode_placed_pfc
 #: What the attacker writes: a FENCE one generation ahead of a live pid (``fence_*``) or the
 #: first record (seq 0) of a pid no lease server issued (``fresh_*``), with the ``pfc`` named by
 #: the suffix (``none``: no header; ``foreign``: a placed pfc whose certificate the attacker
-#: signed; ``v1``: a bare version 1 certificate; ``garbage``: not msgpack; ``short``: a
-#: 5-element certificate; ``sig63``: a 63-byte signature; ``stolen``: another pid's real placed
-#: pfc; ``expired``: a real one whose lease ended, on a partition its pid never wrote), a real
-#: placed pfc replayed on another partition (``replay_*``), or a back-dated ended one
-#: (``backdated``, on a LogAppendTime topic only). In the per-record mode it also injects a data
-#: record at a live pid's next seq inside its generation (:data:`INJECTIONS`), which needs no
-#: certificate and which only the record MAC stops.
+#: signed; ``bare``: a certificate without the placed envelope; ``garbage``: not msgpack;
+#: ``short``: a 5-element certificate; ``sig63``: a 63-byte signature; ``stolen``: another
+#: pid's real placed pfc; ``expired``: a real one whose lease ended, on a partition its pid never
+#: wrote), a real placed pfc replayed on another partition (``replay_*``), or a back-dated ended
+#: one (``backdated``, on a LogAppendTime topic only). In the per-record mode it also injects a
+#: data record at a live pid's next seq inside its generation (:data:`INJECTIONS`), which needs
+#: no certificate and which only the record MAC stops.
 Attack = Literal[
     "fence_none",
     "fence_foreign",
@@ -52,7 +52,7 @@ Attack = Literal[
     "fresh_foreign",
     "fresh_stolen",
     "fresh_fence_foreign",
-    "fresh_v1",
+    "fresh_bare",
     "replay_fence",
     "replay_first",
     "backdated",
@@ -220,8 +220,8 @@ class Attacker:
             # A well-formed placed pfc whose certificate the attacker signed itself.
             cert = encode_cert(self.key, pid, generation, expire, producer_key=mine)
             return self._placed(cert, pid, generation)
-        if style == "v1":
-            # The bare certificate of before the binding (names no place): refused as unbound.
+        if style == "bare":
+            # A certificate alone, outside the placed envelope (names no place): malformed.
             return encode_cert(self.key, pid, generation, expire)
         if style == "garbage":
             return b"\xc1" + self.rng.randbytes(20)  # 0xc1 is never valid msgpack

@@ -282,17 +282,10 @@ class ParquetLayout:
 
 
 def part_file(batch_id: int, part: dict[str, Any], kind: str) -> str | None:
-    """The relative path of a committed part's file (manifest version 1 named files by batch)."""
-    files = part.get("files")
-    if files is not None:
-        rel: str | None = files.get(kind)
-        return rel
-    name = f"{part_name(part['topic'], int(part['partition']))}.parquet"
-    if kind == "log":
-        return f"{DATA}/{batch_name(batch_id)}/{name}" if part["appended"] else None
-    if kind == "rejects":
-        return f"{batch_name(batch_id)}/{name}" if part["rejected"] else None
-    return None
+    """The relative path of a committed part's file of ``kind`` (None: the part has none)."""
+    del batch_id
+    rel: str | None = part["files"].get(kind)
+    return rel
 
 
 __all__ = [

@@ -79,10 +79,6 @@ class SinkOptions:
         resolve_gaps: when a producer's reorder window overflows, report the missing seqs as a
             gap and continue after them (``resolveGaps``, default true; false keeps the
             proposal's ``OUT_OF_ORDER`` for every later record).
-        legacy_certificates: with ``leasePublicKey``, also accept version 1 ``pfc`` headers
-            (bare certificates that name no topic or partition) from producers of before the
-            binding (``legacyCertificates``, default false: a copy of one admits records on
-            any partition).
         record_mac_secret: the lease servers' ``--record-mac-secret`` file
             (``recordMacSecret``): every idempotent record must then carry a valid per-record
             MAC (``pfm``), else it is ``FORGED`` (reason ``mac``).
@@ -99,7 +95,6 @@ class SinkOptions:
     lease_public_keys: tuple[str, ...] = ()
     table_format: str = DEFAULT_TABLE_FORMAT
     resolve_gaps: bool = True
-    legacy_certificates: bool = False
     record_mac_secret: str | None = None
 
     @property
@@ -134,7 +129,6 @@ class SinkOptions:
             lease_public_keys=_keys(opts.get("leasepublickey")),
             table_format=_table_format(opts.get("tableformat"), path),
             resolve_gaps=_bool(opts, "resolvegaps", default=True),
-            legacy_certificates=_bool(opts, "legacycertificates"),
             record_mac_secret=opts.get("recordmacsecret") or None,
         )
 
@@ -151,7 +145,7 @@ class SinkOptions:
         from pidfence.wire.statement import placed_check
 
         try:
-            return placed_check(self.lease_public_keys, self.legacy_certificates)
+            return placed_check(self.lease_public_keys)
         except KeyFileError as exc:
             raise SinkOptionError(f"option leasePublicKey: {exc}") from None
 

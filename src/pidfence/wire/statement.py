@@ -13,8 +13,6 @@ The ``pfc`` header of a placed record is::
 A copy of that header on another partition, topic or seq proves nothing: the signature covers
 them. The payload is not covered: a topic writer who can copy a placed record can also write
 records inside a live generation without any header, which only the per-record MAC mode stops.
-Version 1 ``pfc`` values (the bare version 1 certificate) stay decodable; they bind nothing
-beyond (pid, generation).
 """
 
 from __future__ import annotations
@@ -62,21 +60,14 @@ def encode_placed_pfc(cert: bytes, producer_key: Ed25519PrivateKey, *place: *Rec
 
 @dataclass(frozen=True, slots=True)
 class PfcParts:
-    """A decoded ``pfc`` value.
+    """A decoded ``pfc`` value: the lease certificate's bytes and the statement's signature."""
 
-    Attributes:
-        version: 1 (a bare version 1 certificate) or 2 (certificate + statement signature).
-        cert: the lease certificate's bytes.
-        signature: the statement's signature (version 2), else None.
-    """
-
-    version: int
     cert: bytes
-    signature: bytes | None = None
+    signature: bytes
 
 
 def decode_pfc(data: Any) -> PfcParts | None:
-    """Split a ``pfc`` header value; None when it is neither version (never raises)."""
+    """Split a ``pfc`` header value; None when it is not one (never raises)."""
     if not isinstance(data, bytes | bytearray) or len(data) > MAX_PFC_BYTES:
         return None
     try:
@@ -85,13 +76,11 @@ def decode_pfc(data: Any) -> PfcParts | None:
         return None
     if not isinstance(value, list) or not value or type(value[0]) is not int:
         return None
-    if value[0] == 1 and len(value) == 5:
-        return PfcParts(1, bytes(data))
     if value[0] == STATEMENT_VERSION and len(value) == 3:
         _, cert, signature = value
         placed = isinstance(cert, bytes) and isinstance(signature, bytes)
         if placed and len(signature) == SIGNATURE_BYTES:
-            return PfcParts(STATEMENT_VERSION, cert, signature)
+            return PfcParts(cert, signature)
     return None
 
 
@@ -136,23 +125,17 @@ class PlacedCheck:
 
     Args:
         public_keys: the lease servers' public keys (several during a rotation).
-        accept_unbound: also accept a version 1 ``pfc`` (a bare certificate that names no place):
-            only while producers from before the binding are still running; a copy of such a
-            header admits records anywhere.
     """
 
-    def __init__(
-        self, public_keys: Sequence[Ed25519PublicKey], accept_unbound: bool = False
-    ) -> None:
+    def __init__(self, public_keys: Sequence[Ed25519PublicKey]) -> None:
         self._keys = list(public_keys)
-        self.accept_unbound = accept_unbound
         self._certs: dict[tuple[bytes, int, int], CertCheck] = {}
         self._statements: dict[tuple[bytes, bytes, RecordPlace], bool] = {}
 
     def reason(self, place: RecordPlace, pfc: bytes | None, now_ms: int) -> str | None:
         """None when ``pfc`` proves the record at ``place`` (:data:`RecordPlace`) at ``now_ms``,
-        else why not: ``missing``, ``malformed``, ``unbound`` (version 1, not accepted), a
-        certificate's reason (``other_identity``, ``unknown_key``, ``wrong_length``,
+        else why not: ``missing``, ``malformed``, ``unbound`` (a certificate naming no producer
+        key), a certificate's reason (``other_identity``, ``unknown_key``, ``wrong_length``,
         ``expired``) or ``other_place`` (a genuine certificate whose statement names another
         topic, partition, seq or flags)."""
         if pfc is None:
@@ -160,8 +143,6 @@ class PlacedCheck:
         parts = decode_pfc(pfc)
         if parts is None:
             return "malformed"
-        if parts.version == 1 and not self.accept_unbound:
-            return "unbound"
         _, _, pid, generation, _, _ = place
         cert = parts.cert
         # Checked at the earliest time: the answer at any time then follows from expire_ms.
@@ -174,9 +155,7 @@ class PlacedCheck:
             return check.reason
         if check.expire_ms is not None and check.expire_ms <= now_ms:
             return "expired"
-        if parts.version == 1:
-            return None
-        if check.producer_key is None or parts.signature is None:
+        if check.producer_key is None:
             return "unbound"
         key, signature = check.producer_key, parts.signature
         verify = partial(verify_statement, key, signature, *place)
@@ -197,13 +176,13 @@ class PlacedCheck:
         return verify
 
 
-def placed_check(paths: Iterable[str | Path], accept_unbound: bool = False) -> PlacedCheck:
+def placed_check(paths: Iterable[str | Path]) -> PlacedCheck:
     """A :class:`PlacedCheck` over the PEM public keys in ``paths``.
 
     Raises:
         KeyFileError: a file is missing or not an Ed25519 public key, or none given.
     """
-    return PlacedCheck(load_public_keys(paths), accept_unbound)
+    return PlacedCheck(load_public_keys(paths))
 
 
 __all__ = [
