@@ -13,17 +13,17 @@ round and median shown):
     Arrow batches (the ceiling of any Python streaming writer: JVM -> Arrow -> Python worker);
 (b) ``withWatermark`` + ``dropDuplicatesWithinWatermark`` on a message id (the record key,
     ``pid:seq``), into the Parquet sink;
-(c) the pidfence sink (the broker rules, output log + rejects), certificates not checked;
+(c) the pidfence sink (the broker rules, output log + rejects as Delta tables), certificates not
+    checked;
 (v) the pidfence sink with ``leasePublicKey``: every record that creates a producer entry is
     verified (once per pid, generation and partition);
-(d) the pidfence sink with ``tableFormat=delta`` (when the sink has that option);
 (s) Spark's own Delta sink without deduplication (when the delta-spark jars are present).
 
 Modes: ``local`` (``pidfence bench sink``: 4 partitions, ``local[2]``) and ``standalone64``
 (``pidfence bench sink_standalone64``: 64 partitions, a Spark standalone cluster of one master and
 two one-core workers started by the bench). ``PIDFENCE_BENCH_RECORDS`` overrides the record count,
 ``PIDFENCE_BENCH_ROUNDS`` the rounds, ``PIDFENCE_BENCH_CONTENDERS`` runs only the contenders named
-besides (a) and (n) (keys ``dedup``, ``pidfence``, ``verify``, ``delta``, ``sparkdelta``),
+besides (a) and (n) (keys ``dedup``, ``pidfence``, ``verify``, ``sparkdelta``),
 ``PIDFENCE_BENCH_ARROW_BATCH`` the Arrow batch size the Python writers receive
 (``spark.sql.execution.arrow.maxRecordsPerBatch``, default 100,000), and
 ``PIDFENCE_BENCH_WARMUP=0`` skips the warm-up queries (the smoke test runs tiny sizes this way:
@@ -63,8 +63,8 @@ ROUNDS_ENV = "PIDFENCE_BENCH_ROUNDS"
 WARMUP_ENV = "PIDFENCE_BENCH_WARMUP"
 CONTENDERS_ENV = "PIDFENCE_BENCH_CONTENDERS"
 ARROW_BATCH_ENV = "PIDFENCE_BENCH_ARROW_BATCH"
-#: Every contender's key, in table order ((d) and (s) only where they can run).
-CONTENDER_KEYS = ("plain", "noop", "dedup", "pidfence", "verify", "delta", "sparkdelta")
+#: Every contender's key, in table order ((s) only where it can run).
+CONTENDER_KEYS = ("plain", "noop", "dedup", "pidfence", "verify", "sparkdelta")
 PIDS = 1_000
 GENERATION = 7
 DUP_RATE = 0.05
@@ -419,12 +419,6 @@ def _noop_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
     return Outcome(_noop_rows(Path(out)))
 
 
-def _sink_has_table_format() -> bool:
-    from pidfence.spark_sink import options
-
-    return hasattr(options, "TABLE_FORMATS") and "delta" in options.TABLE_FORMATS
-
-
 def _delta_spark_jars() -> list[Path]:
     """delta-spark jars in the jar cache, if any helper put them there (none is resolved here)."""
     cache = Path(__file__).resolve().parents[1] / ".cache" / "jars"
@@ -434,7 +428,6 @@ def _delta_spark_jars() -> list[Path]:
 def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -> list[Contender]:
     """The contenders of this run, in their first-round order."""
     source: Callable[[Any], Any] = lambda spark: _kafka_df(spark, bootstrap, topic, per_trigger)  # noqa: E731
-    with_format = _sink_has_table_format()
 
     def writer(
         fmt: str, options: dict[str, str] | None = None, dedup: bool = False
@@ -454,7 +447,8 @@ def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -
 
         return build
 
-    manifest = {"tableFormat": "manifest"} if with_format else {}
+    from pidfence.spark_sink.delta.table import OWN_DIR
+
     rows = [
         Contender("plain", "(a) Parquet sink, no dedup", writer("parquet"), _parquet_rows),
         Contender(
@@ -466,28 +460,14 @@ def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -
             writer("parquet", dedup=True),
             _dedup_outcome,
         ),
-        Contender(
-            "pidfence", "(c) pidfence sink", writer("pidfence", manifest), _pidfence_outcome("")
-        ),
+        Contender("pidfence", "(c) pidfence sink", writer("pidfence"), _pidfence_outcome(OWN_DIR)),
         Contender(
             "verify",
             "(v) pidfence, leasePublicKey on",
-            writer("pidfence", {**manifest, "leasePublicKey": str(public_key)}),
-            _pidfence_outcome(""),
+            writer("pidfence", {"leasePublicKey": str(public_key)}),
+            _pidfence_outcome(OWN_DIR),
         ),
     ]
-    if with_format:
-        from pidfence.spark_sink.delta.table import OWN_DIR
-
-        rows.append(
-            Contender(
-                "delta",
-                "(d) pidfence, tableFormat=delta",
-                writer("pidfence", {"tableFormat": "delta"}),
-                _pidfence_outcome(OWN_DIR),
-                optional=True,
-            )
-        )
     if _delta_spark_jars():
 
         def delta_rows(out: str, progress: list[dict[str, Any]]) -> Outcome:
@@ -748,11 +728,8 @@ def _report(
             ratios["verify_on_vs_off"] = best["pidfence"] / best["verify"]
     if "dedup" in best:
         ratios["dedup_vs_plain"] = plain_s / best["dedup"]
-    if "delta" in best:
-        if "pidfence" in best:
-            ratios["delta_vs_manifest_layout"] = best["pidfence"] / best["delta"]
-        ratios["delta_vs_plain"] = plain_s / best["delta"]
-        ratios["delta_vs_plain_median"] = median["plain"] / median["delta"]
+    if "pidfence" in median:
+        ratios["pidfence_vs_plain_median"] = median["plain"] / median["pidfence"]
     dedup = by_key["dedup"].last if "dedup" in by_key else None
     master = "local[2]" if not mode.standalone else (
         f"standalone: 1 master, {mode.standalone_workers} workers x 1 core, "
@@ -761,8 +738,6 @@ def _report(
     load_start, load_rounds, load_end = loads
     skipped = [f"{c.label} failed, left out of the table: {c.failed}" for c in failed]
     failed_keys = {c.key for c in failed}
-    if "delta" not in by_key and not failed:
-        skipped.append("(d) skipped: the sink has no tableFormat option in this checkout")
     chosen = os.environ.get(CONTENDERS_ENV, "").strip()
     if chosen and (left_out := [k for k in CONTENDER_KEYS if k not in {*by_key, *failed_keys}]):
         skipped.append(f"not run ({CONTENDERS_ENV}): {', '.join(left_out)}")
@@ -784,23 +759,17 @@ def _report(
                     if "verify_on_vs_off" in ratios
                     else ""
                 )
-                + (
-                    f", Delta layout/manifest layout {ratios['delta_vs_manifest_layout']:.3f} "
-                    "(target >= 0.9)"
-                    if "delta_vs_manifest_layout" in ratios
-                    else ""
-                )
             ]
             if "pidfence_vs_plain" in ratios
             else []
         ),
         *(
             [
-                f"Delta layout (d) vs plain Parquet (a): best {ratios['delta_vs_plain']:.3f}, "
-                f"median {ratios['delta_vs_plain_median']:.3f} (target >= 1.0); per-phase "
-                "query-progress durations (median over rounds) in params.durations_ms"
+                f"pidfence (c) vs plain Parquet (a): best {ratios['pidfence_vs_plain']:.3f}, "
+                f"median {ratios['pidfence_vs_plain_median']:.3f}; per-phase query-progress "
+                "durations (median over rounds) in params.durations_ms"
             ]
-            if "delta_vs_plain" in ratios
+            if "pidfence_vs_plain_median" in ratios
             else []
         ),
         f"raw topic filled in {fill_s:.1f}s ({n / fill_s:,.0f} records/s, confluent-kafka); "
@@ -875,7 +844,7 @@ def _report(
             **{
                 c.key: {**c.last.extra, "state_sampled_at_records": c.last.sampled_at}
                 for c in entries
-                if c.last is not None and c.key in ("pidfence", "verify", "delta")
+                if c.last is not None and c.key in ("pidfence", "verify")
             },
         },
         notes=notes,

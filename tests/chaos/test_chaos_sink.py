@@ -1,7 +1,7 @@
 """The Spark driver SIGKILLed mid-batch (a sink subprocess), then restarted from its checkpoint.
 
-On Delta the same batch dies twice, before either Delta commit and then between the rejects
-table's commit and the log table's, before the restart that completes it.
+The same batch dies twice, before either Delta commit and then between the rejects table's commit
+and the log table's, before the restart that completes it.
 """
 
 from __future__ import annotations
@@ -19,40 +19,27 @@ pytestmark = pytest.mark.timeout(300)
 RECORDS = 3000
 
 
-@pytest.mark.parametrize(
-    ("table_format", "points"),
-    [("manifest", ("before_manifest",)), ("delta", ("before_manifest", "rejects_committed"))],
-    ids=["manifest", "delta"],
-)
 def test_sink_driver_sigkill_mid_batch_then_restart_is_exactly_once(
     chaos: ChaosKit,
     kafka: Any,
     new_topic: Any,
     lease_server: Any,
     stop_all: Any,
-    table_format: str,
-    points: tuple[str, ...],
 ) -> None:
     topic = new_topic(partitions=2)
     role = chaos.role("p", kafka.bootstrap, lease_server.address, topic, RECORDS)
     stop_all(role)
     assert role.spawn().wait(120) == 0, role.current.tail()
 
-    argv = sink_argv(
-        kafka.bootstrap,
-        topic,
-        chaos.tmp / "output",
-        chaos.tmp / "checkpoint",
-        ["--table-format", table_format],
-    )
+    argv = sink_argv(kafka.bootstrap, topic, chaos.tmp / "output", chaos.tmp / "checkpoint")
     # The sink under the fault harness: its hook SIGKILLs the process group the sink leads, at
     # each point in turn (the same batch each time, its earlier attempt's files left behind).
-    for point in points:
+    for point in ("before_manifest", "rejects_committed"):
         crashed = Worker(f"sink-crash-{point}", run_argv(argv, crash_at=point), chaos.logs)
         stop_all(crashed)
         code = crashed.start().wait(240)
-        # The driver killed itself with SIGKILL between the data files and the manifest (Delta:
-        # before either Delta commit, or between the rejects table's and the log table's).
+        # The driver killed itself with SIGKILL before either Delta commit, or between the rejects
+        # table's and the log table's.
         assert code == -9, crashed.tail()
 
     restarted = Worker("sink", argv, chaos.logs)

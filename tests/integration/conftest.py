@@ -40,7 +40,7 @@ class SinkOver:
     spark: Any
     bootstrap: str
     topic: str
-    #: Sink options of every run (the test's ``tableFormat`` among them).
+    #: Sink options of every run.
     options: dict[str, str]
     #: The default output and its checkpoint.
     out: Path
@@ -68,15 +68,12 @@ class SinkOver:
 
 
 @pytest.fixture
-def sink_over(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
-) -> Callable[..., SinkOver]:
-    """Callable(partitions=2, **sink options) -> a :class:`SinkOver` a new topic, writing the
-    test's ``table_format`` into ``tmp_path/out`` from ``tmp_path/ckpt``."""
+def sink_over(spark: Any, kafka: Any, new_topic: Any, tmp_path: Path) -> Callable[..., SinkOver]:
+    """Callable(partitions=2, **sink options) -> a :class:`SinkOver` a new topic, writing into
+    ``tmp_path/out`` from ``tmp_path/ckpt``."""
 
     def make(partitions: int = 2, **options: str) -> SinkOver:
         topic = new_topic(partitions=partitions)
-        options = {"tableFormat": table_format, **options}
         return SinkOver(spark, kafka.bootstrap, topic, options, tmp_path / "out", tmp_path / "ckpt")
 
     return make

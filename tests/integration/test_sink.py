@@ -28,9 +28,7 @@ from pidfence.wire import FLAG_FENCE, encode_pf
 if TYPE_CHECKING:
     from tests.integration.conftest import SinkOver
 
-#: Every sink test runs on both table formats (``tableFormat``).
-ON_EVERY_FORMAT = pytest.mark.parametrize("table_format", ["manifest", "delta"])
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), ON_EVERY_FORMAT]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 MALFORMED = b"\x95\x01\xc1junk"
 
@@ -246,9 +244,8 @@ def assert_delta_alone(
 
 
 def own_root(output: Path) -> Path:
-    """Where the sink keeps its own files (state, manifests, owner): the output path, or its
-    ``_pidfence/`` for the Delta layout."""
-    return output / OWN_DIR if (output / "_delta_log").is_dir() else output
+    """Where the sink keeps its own files (state, manifests, owner): ``_pidfence/``."""
+    return output / OWN_DIR
 
 
 def state_file_names(output: Path, topic: str, partition: int) -> list[str]:
@@ -267,7 +264,7 @@ def run1(sink_over: Callable[..., SinkOver]) -> tuple[SinkOver, Any]:
 
 
 def test_crafted_topic_becomes_the_expected_log_run_after_run(
-    run1: tuple[SinkOver, Any], spark: Any, table_format: str
+    run1: tuple[SinkOver, Any], spark: Any
 ) -> None:
     sink, summary = run1
     out, topic, sent = sink.out, sink.topic, sink.sent
@@ -303,8 +300,7 @@ def test_crafted_topic_becomes_the_expected_log_run_after_run(
     assert sorted(r["verdict"] for r in rejected.collect()) == sorted(
         (REJECTS1 | REJECTS2 | REJECTS3).values()
     )
-    if table_format == "delta":
-        _spark_delta_reads(spark, out, expected)
+    _spark_delta_reads(spark, out, expected)
 
 
 def _plain(value: Any) -> Any:

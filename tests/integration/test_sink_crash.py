@@ -26,7 +26,6 @@ from tests.integration.test_sink import (
     LOG1,
     LOG2,
     LOG3,
-    ON_EVERY_FORMAT,
     REJECTS1,
     REJECTS2,
     REJECTS3,
@@ -99,9 +98,8 @@ def committed(output: Path, batch: int) -> bool:
 
 
 @pytest.mark.slow  # over a minute: handed out first under xdist (tests/README.md)
-@ON_EVERY_FORMAT
 def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
-    kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
+    kafka: Any, new_topic: Any, tmp_path: Path
 ) -> None:
     topic = new_topic(partitions=2)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
@@ -110,7 +108,7 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
         topic,
         out,
         ckpt,
-        ["--master", "local[2,3]", "--table-format", table_format, "--no-resolve-gaps"],
+        ["--master", "local[2,3]", "--no-resolve-gaps"],
     )
 
     # Every task's first attempt fails; Spark retries it and the log is still exact.
@@ -122,10 +120,10 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
     assert "injected failure of task attempt 0" in text + spark_logs
     assert "batch 0: 21 in → 12 appended" in text
     assert_output(out, topic, sent, [LOG1], REJECTS1)
-    assert (out / "_delta_log").is_dir() == (table_format == "delta")
+    assert (out / "_delta_log").is_dir()
 
-    # Batch 1, SIGKILLed after write(), then between the data files and the commit (the
-    # manifest; for Delta, the two Delta commits): never visible.
+    # Batch 1, SIGKILLed after write(), then between the data files and the two Delta commits:
+    # never visible.
     produce(kafka.bootstrap, topic, RUN2, sent)
     for point in ("after_write", "before_manifest"):
         code, text = run_cli(tmp_path, point, run_argv(argv, crash_at=point))
@@ -133,19 +131,16 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
         assert not committed(out, 1)
         assert_output(out, topic, sent, [LOG1], REJECTS1)
 
-    if table_format == "delta":
-        # Between the rejects table's commit and the log table's (the commit point): the log
-        # has nothing of batch 1; its rejects are committed already (the re-run's rejects
-        # commit is a no-op under the same transaction id).
-        code, text = run_cli(
-            tmp_path, "rejects_committed", run_argv(argv, crash_at="rejects_committed")
-        )
-        assert code == -signal.SIGKILL, text
-        assert not committed(out, 1)
-        assert read_log(str(out)).to_pylist() == expected_log(topic, sent, [LOG1])
-        assert read_rejects(str(out)).to_pylist() == expected_rejects(
-            topic, sent, REJECTS1 | REJECTS2
-        )
+    # Between the rejects table's commit and the log table's (the commit point): the log has
+    # nothing of batch 1; its rejects are committed already (the re-run's rejects commit is a
+    # no-op under the same transaction id).
+    code, text = run_cli(
+        tmp_path, "rejects_committed", run_argv(argv, crash_at="rejects_committed")
+    )
+    assert code == -signal.SIGKILL, text
+    assert not committed(out, 1)
+    assert read_log(str(out)).to_pylist() == expected_log(topic, sent, [LOG1])
+    assert read_rejects(str(out)).to_pylist() == expected_rejects(topic, sent, REJECTS1 | REJECTS2)
 
     # After the commit point, before Spark's commit log: committed for the sink only.
     code, text = run_cli(tmp_path, "after_manifest", run_argv(argv, crash_at="after_manifest"))
@@ -159,13 +154,12 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
     assert code == 0, text
     assert (ckpt / "commits" / "1").exists()
     assert_output(out, topic, sent, [LOG1, LOG2, LOG3], REJECTS1 | REJECTS2 | REJECTS3)
-    if table_format == "delta":
-        # One Delta commit per batch in each table, whatever died on the way.
-        from deltalake import DeltaTable
+    # One Delta commit per batch in each table, whatever died on the way.
+    from deltalake import DeltaTable
 
-        log_ops = [h["operation"] for h in DeltaTable(str(out)).history()]
-        assert log_ops.count("WRITE") == len(committed_ids(str(out)))
-        assert not list((out / "_pidfence" / "data").rglob("*.parquet"))  # no staged leftovers
+    log_ops = [h["operation"] for h in DeltaTable(str(out)).history()]
+    assert log_ops.count("WRITE") == len(committed_ids(str(out)))
+    assert not list((out / "_pidfence" / "data").rglob("*.parquet"))  # no staged leftovers
 
 
 def test_cli_on_standalone_cluster_runs_until_sigterm(

@@ -24,9 +24,9 @@ from pidfence.spark_sink.errors import OutputOwnedError
 from pidfence.spark_sink.storage import STATE, Store, part_name
 from pidfence.wire import FLAG_FENCE, encode_pf
 from tests.integration.conftest import SinkOver, produce_labelled
-from tests.integration.test_sink import ON_EVERY_FORMAT, Rec, labels, own_root
+from tests.integration.test_sink import Rec, labels, own_root
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900), ON_EVERY_FORMAT]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 F = FLAG_FENCE
 

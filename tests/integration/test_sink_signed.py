@@ -24,9 +24,9 @@ from pidfence.wire import FLAG_FENCE, encode_pf
 from pidfence.wire.cert import encode_cert, generate_keypair, load_private_key
 from pidfence.wire.statement import encode_placed_pfc
 from tests.integration.conftest import produce_labelled
-from tests.integration.test_sink import ON_EVERY_FORMAT, own_root
+from tests.integration.test_sink import own_root
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900), ON_EVERY_FORMAT]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 
 def raw(key: Ed25519PrivateKey) -> bytes:
@@ -41,9 +41,8 @@ def send(bootstrap: str, topic: str, recs: list[tuple[str, bytes, bytes | None]]
 
 
 def test_forged_fences_and_pids_are_refused_and_the_live_producer_is_untouched(
-    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path, table_format: str
+    spark: Any, kafka: Any, new_topic: Any, tmp_path: Path
 ) -> None:
-    fmt = {"tableFormat": table_format}
     topic = new_topic(partitions=1)
     _, old_pub = generate_keypair(tmp_path / "old")
     priv, pub = generate_keypair(tmp_path / "current")
@@ -88,13 +87,13 @@ def test_forged_fences_and_pids_are_refused_and_the_live_producer_is_untouched(
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     options = {"leasePublicKey": f"{old_pub},{pub}"}
     send(kafka.bootstrap, topic, first_run)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options={**fmt, **options})
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=options)
     state_files = [f for f in (own_root(out) / "_state").rglob("*") if f.is_file()]
     assert state_files
     for f in state_files:
         f.unlink()
     send(kafka.bootstrap, topic, second_run)
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options={**fmt, **options})
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=options)
 
     log = read_log(str(out))
     assert [v.decode() for v in log.column("value").to_pylist()] == [f"l{i}" for i in range(8)]

@@ -158,3 +158,21 @@ def test_no_topic_asks_kafka_for_no_timestamp_type() -> None:
     from pidfence.cli.preflight import _timestamp_types
 
     assert _timestamp_types("127.0.0.1:9", [], 0.1) == {}
+
+
+def test_sink_help_offers_the_sink_options_and_no_legacy_or_format_flag() -> None:
+    from typer.testing import CliRunner
+
+    from pidfence.cli import app
+
+    result = CliRunner().invoke(app, ["sink", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for flag in (
+        "--lease-public-key",
+        "--record-mac-secret",
+        "--resolve-gaps",
+        "--allow-data-loss",
+    ):
+        assert flag in result.output
+    for gone in ("legacy", "--table-format", "migrate"):
+        assert gone not in result.output

@@ -39,13 +39,7 @@ from tests.unit.test_sink_process import (
     write_as_task,
 )
 
-SETTINGS = {
-    "capacity": "64",
-    "lifetime": "10000000",
-    "reorderWindow": "3",
-    "compactEvery": "2",
-    "tableFormat": "delta",
-}
+SETTINGS = {"capacity": "64", "lifetime": "10000000", "reorderWindow": "3", "compactEvery": "2"}
 RULES = {"capacity": 64, "lifetime_ms": 10_000_000, "reorder_window": 3}
 QUERY = "0f1e2d3c-delta-query"
 

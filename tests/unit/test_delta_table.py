@@ -13,7 +13,6 @@ from pidfence.spark_sink.delta.errors import (
     CannotContinue,
     DeltaCommitConflict,
     NotPidfenceTable,
-    OldTableFormat,
     RestoredPastSink,
     SchemaChanged,
     StagedFileMissing,
@@ -162,18 +161,6 @@ def test_refuses_marked_table_without_the_sinks_columns_but_reads_one_with_added
     assert open_table(str(tmp_path / "y"), "log").version() == 0
 
 
-def test_a_table_of_the_old_format_says_how_to_migrate(tmp_path: Path) -> None:
-    DeltaTable.create(
-        str(tmp_path),
-        DELTA_LOG_SCHEMA,
-        configuration={TABLE_KEY: "log", FORMAT_KEY: "1"},
-        raise_if_key_not_exists=False,
-    )
-    with pytest.raises(OldTableFormat, match=f"pidfence sink migrate {tmp_path}"):
-        open_table(str(tmp_path), "log")
-    assert open_table(str(tmp_path), "log", create=False, reading=True).version() == 0
-
-
 def test_refuses_other_kind_and_other_format(tmp_path: Path) -> None:
     open_table(str(tmp_path / "r"), "rejects")
     with pytest.raises(NotPidfenceTable, match="rejects table, not a log table"):
@@ -188,10 +175,7 @@ def test_refuses_other_kind_and_other_format(tmp_path: Path) -> None:
         open_table(str(tmp_path / "f"), "log")
 
 
-def test_refuses_manifest_layout_and_stray_files(tmp_path: Path) -> None:
-    (tmp_path / "m" / "_manifests").mkdir(parents=True)
-    with pytest.raises(NotPidfenceTable, match="manifest layout"):
-        open_table(str(tmp_path / "m"), "log")
+def test_refuses_stray_files(tmp_path: Path) -> None:
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "part-0.parquet").write_bytes(b"x")
     with pytest.raises(NotPidfenceTable, match="not empty and not a Delta table"):
@@ -200,7 +184,6 @@ def test_refuses_manifest_layout_and_stray_files(tmp_path: Path) -> None:
     (tmp_path / "h" / "_state" / "t~0").mkdir(parents=True)
     (tmp_path / "h" / "_pidfence").mkdir()
     assert open_table(str(tmp_path / "h"), "log").version() == 0
-    assert not (tmp_path / "m" / "_delta_log").exists()
     assert not (tmp_path / "s" / "_delta_log").exists()
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from pidfence.spark_sink import SplitPartitionError, read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
 from pidfence.spark_sink.state_files import state_files
@@ -18,14 +19,7 @@ from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
 from tests.unit.test_sink_process import Record, kafka_rows, make_stream, micro_batches, reference
 
-#: These tests look at the manifest layout's files: the format is pinned, whatever the default.
-SETTINGS = {
-    "capacity": "64",
-    "lifetime": "10000000",
-    "reorderWindow": "3",
-    "compactEvery": "2",
-    "tableFormat": "manifest",
-}
+SETTINGS = {"capacity": "64", "lifetime": "10000000", "reorderWindow": "3", "compactEvery": "2"}
 QUERY = "0f1e2d3c-query-a"
 
 
@@ -92,14 +86,14 @@ def test_uncommitted_batch_is_invisible_and_cleaned(
     visible = read_log(str(tmp_path))
     _write(monkeypatch, w, 1, kafka_rows(chunks[1]))  # written, never committed
     assert read_log(str(tmp_path)).equals(visible)
-    store = Store.at(str(tmp_path))
-    rejects = Store.at(str(tmp_path / "_rejects"))
+    store = Store.at(str(tmp_path / OWN_DIR))
+    rejects = Store.at(str(tmp_path / "_rejects" / OWN_DIR))
     # The path has an owner: without its query id, cleanup touches nothing (it might be
     # another query's in-flight batch); the owner's own cleanup removes its files.
     assert cleanup_uncommitted(store, rejects) == []
-    assert any((tmp_path / "data" / f"{1:020d}").iterdir())
+    assert any((tmp_path / OWN_DIR / "data" / f"{1:020d}").iterdir())
     assert cleanup_uncommitted(store, rejects, QUERY) == [1]
-    assert not any((tmp_path / "data" / f"{1:020d}").iterdir())
+    assert not any((tmp_path / OWN_DIR / "data" / f"{1:020d}").iterdir())
 
 
 def test_abort_removes_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,7 +113,7 @@ def test_two_tasks_for_one_partition_publish_nothing(
     b = _write(monkeypatch, w, 0, kafka_rows(records[20:]))
     with pytest.raises(SplitPartitionError, match="two tasks"):
         w.commit([a, b], 0)
-    assert not (tmp_path / "_manifests").exists()
+    assert not (tmp_path / OWN_DIR / "_manifests").exists()
 
 
 def test_partitions_in_one_task_are_kept_apart(
@@ -144,7 +138,7 @@ def test_lost_newest_state_is_rebuilt_from_older_state_and_log(
     records = make_stream(8, 600)
     chunks = micro_batches(records, 60)
     w = _committed(monkeypatch, tmp_path, chunks[:-1])
-    state_dir = tmp_path / "_state" / "t~0"
+    state_dir = tmp_path / OWN_DIR / "_state" / "t~0"
     newest = sorted(state_dir.iterdir())[-1]
     if damage == "delete":
         newest.unlink()
@@ -164,7 +158,7 @@ def test_state_is_incremental_with_periodic_compaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _committed(monkeypatch, tmp_path, micro_batches(make_stream(9, 600), 40))
-    kinds = [n.partition(".")[2] for n in sorted(os.listdir(tmp_path / "_state" / "t~0"))]
+    kinds = [n.partition(".")[2] for n in sorted(os.listdir(tmp_path / OWN_DIR / "_state" / "t~0"))]
     assert "delta" in kinds and kinds.count("full") <= 2
     # compactEvery=2: never more than 2 deltas after a full.
     run = 0
@@ -195,7 +189,7 @@ def test_batch_without_a_partition_keeps_its_state_chain(
     w.commit([_write(monkeypatch, w, 1, kafka_rows(recs[:30], "t", 1))], 1)  # t~0 idle
     w.commit([_write(monkeypatch, w, 2, kafka_rows(recs[30:], "t", 0))], 2)
     # Batch 2 continues batch 0's chain with a delta: no full snapshot, no roll-forward.
-    assert sorted(state_files(Store.at(str(tmp_path)), "t", 0).values()) == [
+    assert sorted(state_files(Store.at(str(tmp_path / OWN_DIR)), "t", 0).values()) == [
         f"{0:020d}.full",
         f"{2:020d}.delta",
     ]

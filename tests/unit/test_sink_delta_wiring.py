@@ -1,4 +1,4 @@
-"""``tableFormat=delta`` wired through the sink: options, writer, readers, report, cleanup, CLI.
+"""The Delta output wired through the sink: writer, readers, report, cleanup, CLI.
 
 The writer runs without Spark (``write()`` and ``commit()`` called directly, as in
 ``test_delta_layout``); the checks read the output with the sink's own readers and with
@@ -17,16 +17,13 @@ from deltalake import DeltaTable, write_deltalake
 from typer.testing import CliRunner
 
 from pidfence.cli import app
-from pidfence.cli import sink as cli_sink
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.delta import layout as layout_mod
 from pidfence.spark_sink.delta.readers import read_delta_log, read_delta_rejects
 from pidfence.spark_sink.delta.table import OWN_DIR, NotPidfenceTable
-from pidfence.spark_sink.errors import SinkOptionError
-from pidfence.spark_sink.options import DEFAULT_TABLE_FORMAT, SinkOptions
-from pidfence.spark_sink.output import committed_ids, is_delta, reading_layout
+from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.output import committed_ids, reading_layout
 from pidfence.spark_sink.pipeline import BatchLine, BatchWatcher, SinkRunSummary, summarise
-from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, cleanup_uncommitted
 from tests.unit.test_delta_layout import Crash, commit_moves_dying_at
 from tests.unit.test_sink_process import (
@@ -36,30 +33,10 @@ from tests.unit.test_sink_process import (
 )
 
 QUERY = "5a5a5a5a-wiring-query"
-DELTA = {"tableFormat": "delta", "compactEvery": "2"}
+DELTA = {"compactEvery": "2"}
 
 
 _write = partial(write_as_task, query=QUERY)
-
-
-# ------------------------------------------------------------------------------ options
-
-
-def test_table_format_option_default_explicit_detected_and_bad(tmp_path: Path) -> None:
-    assert SinkOptions.parse({"path": str(tmp_path / "new")}).table_format == DEFAULT_TABLE_FORMAT
-    assert SinkOptions.parse({"path": "x", "tableFormat": "Delta"}).delta
-    assert not SinkOptions.parse({"path": "x", "TABLEFORMAT": "manifest"}).delta
-    with pytest.raises(SinkOptionError, match="tableFormat='iceberg'"):
-        SinkOptions.parse({"path": "x", "tableFormat": "iceberg"})
-    # An existing output keeps its format when the option is not given.
-    (tmp_path / "m" / "_manifests").mkdir(parents=True)
-    assert SinkOptions.parse({"path": str(tmp_path / "m")}).table_format == "manifest"
-    (tmp_path / "d" / "_delta_log").mkdir(parents=True)
-    assert SinkOptions.parse({"path": str(tmp_path / "d")}).table_format == "delta"
-
-
-def test_cli_spells_the_sink_default_format() -> None:
-    assert cli_sink.DEFAULT_TABLE_FORMAT == DEFAULT_TABLE_FORMAT
 
 
 # ------------------------------------------------------------------------------ report
@@ -110,11 +87,6 @@ def test_writer_on_delta_refuses_another_writers_table_before_writing(tmp_path: 
         PidfenceStreamWriter(options, QUERY)
     assert not err.value.retriable
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
-    # The manifest layout's output is refused the same way.
-    manifest_out = tmp_path / "manifest"
-    (manifest_out / "_manifests").mkdir(parents=True)
-    with pytest.raises(NotPidfenceTable, match="manifest layout"):
-        PidfenceStreamWriter(SinkOptions.parse({"path": str(manifest_out), **DELTA}), QUERY)
 
 
 def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch(
@@ -123,7 +95,7 @@ def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch
     out = tmp_path / "out"
     options = SinkOptions.parse({"path": str(out), **DELTA})
     w = PidfenceStreamWriter(options, QUERY)
-    assert is_delta(str(out)) and (out / OWN_DIR / "_owner.json").is_file()
+    assert (out / "_delta_log").is_dir() and (out / OWN_DIR / "_owner.json").is_file()
     records = make_stream(21, 300)
     chunks = micro_batches(records, 60)
     real = layout_mod.commit_moves
@@ -174,22 +146,6 @@ def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch
     by_deltalake = DeltaTable(str(out)).to_pyarrow_table().sort_by("log_offset")
     assert by_deltalake["offset"] == log["offset"]
     assert summarise(str(out)).appended == log.num_rows
-
-
-def test_manifest_output_is_unchanged_by_the_wiring(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    out = tmp_path / "out"
-    options = SinkOptions.parse({"path": str(out), "tableFormat": "manifest"})
-    w = PidfenceStreamWriter(options, QUERY)
-    records = make_stream(4, 120)
-    for b, chunk in enumerate(micro_batches(records, 60)):
-        w.commit([_write(monkeypatch, w, b, chunk)], b)
-    assert not is_delta(str(out)) and (out / "_manifests").is_dir() and (out / "_owner.json")
-    assert committed_ids(str(out)) == [0, 1]
-    assert read_log(str(out)).num_rows == summarise(str(out)).appended
-    store = Store.at(str(out))
-    assert cleanup_uncommitted(store, Store.at(str(out / "_rejects")), QUERY) == []
 
 
 # ------------------------------------------------------------------------------ CLI care

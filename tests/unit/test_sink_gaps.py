@@ -11,6 +11,7 @@ import pytest
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.spark_sink import read_gaps, read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.gaps import GapReport, unread_offsets
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.process import process_partition
@@ -19,13 +20,7 @@ from pidfence.spark_sink.writer import PidfenceStreamWriter
 from pidfence.wire import encode_pf
 from tests.unit.test_sink_process import Record, kafka_rows
 
-SETTINGS = {
-    "capacity": "64",
-    "lifetime": "10000",
-    "reorderWindow": "3",
-    "compactEvery": "1",
-    "tableFormat": "manifest",
-}
+SETTINGS = {"capacity": "64", "lifetime": "10000", "reorderWindow": "3", "compactEvery": "1"}
 QUERY = "0f1e2d3c-gaps-query"
 
 
@@ -94,7 +89,7 @@ def test_gaps_and_horizons_are_committed_and_survive_losing_every_state_file(
     kept, lost = tmp_path / "kept", tmp_path / "lost"
     _run(monkeypatch, kept, batches)
     _run(monkeypatch, lost, batches[:3])
-    shutil.rmtree(lost / "_state")
+    shutil.rmtree(lost / OWN_DIR / "_state")
     _run(monkeypatch, lost, batches[3:], start=3)
     for path in (kept, lost):
         log = read_log(str(path))

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.delta.layout import DeltaLayout
+from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.errors import CommittedBatchMismatch, OutputOwnedError
-from pidfence.spark_sink.layout import ParquetLayout
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.state import load_state
 from pidfence.spark_sink.state_files import decode_state, drop_old_chains, encode_state, state_dir
@@ -40,10 +41,7 @@ MINUTE = 60_000
 
 
 def options(path: Path, **extra: str) -> SinkOptions:
-    # The manifest layout's files are inspected: the format is pinned, whatever the default.
-    return SinkOptions.parse(
-        {"path": str(path), "compactEvery": "2", "tableFormat": "manifest", **extra}
-    )
+    return SinkOptions.parse({"path": str(path), "compactEvery": "2", **extra})
 
 
 @contextmanager
@@ -68,13 +66,13 @@ def output(path: Path) -> tuple[pa.Table, pa.Table]:
 
 
 def live_state(path: Path, opts: SinkOptions, batch: int) -> ProducerStateTable:
-    layout = ParquetLayout(opts.path, opts.rejects_path)
+    layout = DeltaLayout(opts.path, opts.rejects_path, QUERY_A)
     return load_state(layout, layout.store, "t", 0, batch, opts).table
 
 
 def damage(path: Path, mode: str, rng: random.Random) -> None:
     """Lose or break the newest state files of partition t~0."""
-    folder = path / "_state" / "t~0"
+    folder = path / OWN_DIR / "_state" / "t~0"
     files = sorted(folder.iterdir()) if folder.exists() else []
     if not files:
         return
@@ -215,7 +213,7 @@ def test_a_crashed_attempt_is_never_visible_and_its_files_are_cleaned(tmp_path: 
     dead = write(w, 1, kafka_rows(recs[40:]))  # attempt dies before the manifest
     assert output(tmp_path)[0].equals(visible[0])
     run_batch(w, 1, recs[40:])  # the re-run commits under its own file names
-    names = {p.name for p in (tmp_path / "data" / f"{1:020d}").iterdir()}
+    names = {p.name for p in (tmp_path / "data" / QUERY_A / f"{1:020d}").iterdir()}
     assert len(names) == 1 and dead.tag is not None and dead.tag not in next(iter(names))
 
 
@@ -248,7 +246,8 @@ def test_a_second_query_on_the_path_fails_at_start_and_deletes_nothing(tmp_path:
     run_batch(a, 0, recs[:30])
     in_flight = write(a, 1, kafka_rows(recs[30:]))  # A's batch 1 is being written
     staged = _files(tmp_path)
-    store, rejects = Store.at(str(tmp_path)), Store.at(str(tmp_path / "_rejects"))
+    store = Store.at(str(tmp_path / OWN_DIR))
+    rejects = Store.at(str(tmp_path / "_rejects" / OWN_DIR))
     assert cleanup_uncommitted(store, rejects) == []  # what `start_sink` runs first
     with pytest.raises(OutputOwnedError, match="belongs to streaming query"):
         PidfenceStreamWriter(options(tmp_path), query_id=QUERY_B)
@@ -273,10 +272,11 @@ def test_manifest_index_gives_the_same_positions_as_the_manifests(tmp_path: Path
             w.commit([write(w, batch, kafka_rows(chunk, "t", 1))], batch)  # t~0 idle
         else:
             run_batch(w, batch, chunk)
-    layout = ParquetLayout(str(tmp_path), str(tmp_path / "_rejects"))
-    assert (tmp_path / "_manifests" / "_index" / "latest").read_text() == str(INDEX_EVERY)
+    layout = DeltaLayout(str(tmp_path), str(tmp_path / "_rejects"), QUERY_A)
+    index = tmp_path / OWN_DIR / "_manifests" / "_index"
+    assert (index / "latest").read_text() == str(INDEX_EVERY)
     indexed = layout.positions(INDEX_EVERY + 4)
-    (tmp_path / "_manifests" / "_index" / "latest").unlink()
+    (index / "latest").unlink()
     assert layout.positions(INDEX_EVERY + 4) == indexed
 
 
@@ -331,18 +331,17 @@ def test_signed_generations_through_the_sink(tmp_path: Path) -> None:
         pa.array(headers, rows.schema.field("headers").type),
     )
     # Two keys, as during a rotation.
-    w = PidfenceStreamWriter(options(tmp_path, leasePublicKey=f"{old_pub},{pub}"))
+    out = tmp_path / "out"
+    w = PidfenceStreamWriter(options(out, leasePublicKey=f"{old_pub},{pub}"))
     w.commit([write(w, 0, rows.slice(0, 5))], 0)
     w.commit([write(w, 1, rows.slice(5))], 1)
-    log = read_log(str(tmp_path))
+    log = read_log(str(out))
     assert log["offset"].to_pylist() == [0, 1, 3, 5, 8, 10]
     assert log["seq"].to_pylist() == list(range(6))
-    rej = read_rejects(str(tmp_path))
+    rej = read_rejects(str(out))
     assert rej["offset"].to_pylist() == [2, 4, 6, 7, 9]
     assert set(rej["verdict"].to_pylist()) == {"FORGED"}
-    manifests = [
-        ParquetLayout(str(tmp_path), str(tmp_path / "_rejects")).committed(b) for b in (0, 1)
-    ]
+    manifests = [DeltaLayout(str(out), str(out / "_rejects"), QUERY_A).committed(b) for b in (0, 1)]
     forged: dict[str, Any] = {}
     for m in manifests:
         assert m is not None

@@ -30,10 +30,6 @@ from pidfence.cli.exits import (
 )
 from pidfence.cli.keys import key_paths
 
-#: ``pidfence.spark_sink.options.DEFAULT_TABLE_FORMAT``, spelled out so that ``pidfence --help``
-#: does not import the sink (a unit test keeps them equal).
-DEFAULT_TABLE_FORMAT = "delta"
-
 
 class StartingOffsets(StrEnum):
     """Where a new checkpoint starts reading the topic."""
@@ -51,15 +47,8 @@ def spark_log_path(checkpoint: str) -> Path:
     return Path(checkpoint.removeprefix("file://")) / "logs" / name
 
 
-class TableFormat(StrEnum):
-    """How the output log is stored."""
-
-    manifest = "manifest"
-    delta = "delta"
-
-
 def register(app: typer.Typer) -> None:
-    """Add ``sink`` (run the sink; ``sink compact``/``vacuum``/``migrate``: Delta table care)."""
+    """Add ``sink`` (run the sink; ``sink compact``/``vacuum``: Delta table care)."""
     group = typer.Typer(
         name="sink",
         invoke_without_command=True,
@@ -141,14 +130,6 @@ def register(app: typer.Typer) -> None:
                 "strict rule: every later record is OUT_OF_ORDER until the generation moves",
             ),
         ] = True,
-        table_format: Annotated[
-            TableFormat | None,
-            typer.Option(
-                help="Store the output as pidfence's manifest layout or as Delta Lake tables "
-                "(default: what OUTPUT already holds, else "
-                f"{DEFAULT_TABLE_FORMAT})",
-            ),
-        ] = None,
         verbose: Annotated[
             bool, typer.Option("--verbose", help="Show Spark's and the JVM's log on the console")
         ] = False,
@@ -157,7 +138,7 @@ def register(app: typer.Typer) -> None:
 
         Exit 0 when done (or stopped by SIGINT/SIGTERM after a batch), 2 for a bad option,
         3 when Kafka cannot be reached, the topic does not exist, a path is not usable (another
-        writer's Delta table, a table to migrate included) or the query stopped on something a
+        writer's Delta table) or the query stopped on something a
         rerun meets again (its columns removed, a RESTORE to before its last batch, the table
         gone: the line names the commit and the fix; Kafka deleted records the sink had not read,
         see --allow-data-loss), 75 when the query failed and running it again continues from the
@@ -189,7 +170,6 @@ def register(app: typer.Typer) -> None:
             "capacity": None if capacity is None else str(capacity),
             "reorderWindow": None if reorder_window is None else str(reorder_window),
             "leasePublicKey": ",".join(key_paths(lease_public_key)) if lease_public_key else None,
-            "tableFormat": None if table_format is None else table_format.value,
             "recordMacSecret": record_mac_secret,
             "resolveGaps": None if resolve_gaps else "false",
         }
@@ -245,13 +225,13 @@ def register(app: typer.Typer) -> None:
         )
 
 
-#: The output a care command (compact, vacuum, migrate) works on, and its rejects table.
-DeltaOutput = Annotated[str, typer.Argument(help="The sink's output path (a Delta layout)")]
+#: The output a care command (compact, vacuum) works on, and its rejects table.
+DeltaOutput = Annotated[str, typer.Argument(help="The sink's output path")]
 RejectsPath = Annotated[str | None, typer.Option(help="The rejects table (default PATH/_rejects)")]
 
 
 def _register_care(group: typer.Typer) -> None:
-    """``sink compact``, ``sink vacuum`` and ``sink migrate``: care of a Delta output."""
+    """``sink compact`` and ``sink vacuum``: care of a Delta output."""
 
     @group.command("compact")
     def compact(
@@ -315,23 +295,6 @@ def _register_care(group: typer.Typer) -> None:
                 typer.echo(f"{kind} {where}: {verb} {len(gone)} files")
                 for rel in gone if dry_run else []:
                     typer.echo(f"  {rel}")
-
-    @group.command("migrate")
-    def migrate(
-        path: DeltaOutput,
-        rejects_path: RejectsPath = None,
-    ) -> None:
-        """Bring a Delta output written by an older pidfence to today's table format.
-
-        Renames kafka_offset to offset and adds the Kafka source's timestampType and headers
-        (null for the old rows), in one overwrite commit per table, and keeps the sink's own
-        account of each committed batch. Stop the sink first; running it again is safe. Exit 3
-        when PATH is not a pidfence Delta output.
-        """
-        from pidfence.spark_sink.delta.migrate import migrate_output
-
-        with exit_cleanly("sink migrate"):
-            typer.echo(migrate_output(path, rejects_path).human())
 
 
 def _run(

@@ -19,9 +19,6 @@ DEFAULT_REORDER_WINDOW: Final = 5
 DEFAULT_COMPACT_EVERY: Final = 16
 #: Kafka 4.x refuses CreateTime more than 1 h ahead (``log.message.timestamp.after.max.ms``).
 DEFAULT_TIMESTAMP_SKEW_MS: Final = 3_600_000
-#: Table formats of the output: pidfence's manifest layout or Delta Lake tables.
-TABLE_FORMATS: Final = ("manifest", "delta")
-DEFAULT_TABLE_FORMAT: Final = "delta"
 
 
 def parse_duration_ms(text: str, name: str = "lifetime", low: int = 1) -> int:
@@ -74,8 +71,6 @@ class SinkOptions:
         lease_public_keys: PEM files of the lease servers' public keys (``leasePublicKey``,
             comma-separated); when set, records that would create an entry or move a generation
             need a valid ``pfc`` certificate, else they are ``FORGED``.
-        table_format: ``manifest`` (pidfence's own layout) or ``delta`` (Delta Lake tables)
-            (``tableFormat``).
         resolve_gaps: when a producer's reorder window overflows, report the missing seqs as a
             gap and continue after them (``resolveGaps``, default true; false keeps the
             proposal's ``OUT_OF_ORDER`` for every later record).
@@ -93,14 +88,8 @@ class SinkOptions:
     flush_held: bool = False
     grace_ms: int = DEFAULT_TIMESTAMP_SKEW_MS
     lease_public_keys: tuple[str, ...] = ()
-    table_format: str = DEFAULT_TABLE_FORMAT
     resolve_gaps: bool = True
     record_mac_secret: str | None = None
-
-    @property
-    def delta(self) -> bool:
-        """Whether the output is a pair of Delta tables."""
-        return self.table_format == "delta"
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -127,7 +116,6 @@ class SinkOptions:
                 else parse_duration_ms(opts["timestampskew"], "timestampSkew", low=0)
             ),
             lease_public_keys=_keys(opts.get("leasepublickey")),
-            table_format=_table_format(opts.get("tableformat"), path),
             resolve_gaps=_bool(opts, "resolvegaps", default=True),
             record_mac_secret=opts.get("recordmacsecret") or None,
         )
@@ -169,32 +157,6 @@ class SinkOptions:
         """The broker rules' verifier of one (topic, partition), or None without signing."""
         check = self.certificates()
         return None if check is None else check.for_partition(topic, partition)
-
-
-def found_format(path: str) -> str | None:
-    """The table format an existing output has (``manifest``/``delta``), None for a new path."""
-    from pidfence.spark_sink.storage import MANIFESTS, Store
-
-    try:
-        store = Store.at(path)
-        names = set(store.listdir(store.root))
-    except Exception:  # noqa: BLE001 - an unreachable path is decided when the sink opens it
-        return None
-    if MANIFESTS in names:
-        return "manifest"
-    if "_delta_log" in names:
-        return "delta"
-    return None
-
-
-def _table_format(raw: str | None, path: str) -> str:
-    if raw is None:
-        # An existing output keeps its format; a new one gets the default.
-        return found_format(path) or DEFAULT_TABLE_FORMAT
-    value = raw.strip().lower()
-    if value not in TABLE_FORMATS:
-        raise SinkOptionError(f"option tableFormat={raw!r}: use {' or '.join(TABLE_FORMATS)}")
-    return value
 
 
 def _keys(raw: str | None) -> tuple[str, ...]:

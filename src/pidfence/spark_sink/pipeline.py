@@ -49,7 +49,7 @@ class SinkRunSummary:
 
 
 def summarise(output: str, after: int = -1) -> SinkRunSummary:
-    """Summary of the batches committed with id > ``after`` (either table format)."""
+    """Summary of the batches committed with id > ``after``."""
     layout = reading_layout(output)
     summary = SinkRunSummary()
     for bid in layout.committed_ids():
@@ -134,25 +134,20 @@ def start_sink(
     spark: Any, bootstrap: str, topic: str, output: str, checkpoint: str, **kwargs: Any
 ) -> Any:
     """Clean files of uncommitted batches, then start the query (see :func:`build_query`)."""
+    from pidfence.spark_sink.delta.layout import open_layout
     from pidfence.spark_sink.options import SinkOptions
+    from pidfence.spark_sink.output import NO_OWNER
     from pidfence.spark_sink.owner import checkpoint_committed
     from pidfence.spark_sink.preflight import check_output
     from pidfence.spark_sink.writer import cleanup_uncommitted
 
     opts = SinkOptions.parse({"path": output, **(kwargs.get("sink_options") or {})})
-    # Refuses what the query would refuse (another writer's table, an older table format, a
-    # lost table, the other layout, another query's path) before Spark starts it.
+    # Refuses what the query would refuse (another writer's table, another table format, a
+    # lost table, another query's path) before Spark starts it.
     check_output(opts, checkpoint)
-    if opts.delta:
-        from pidfence.spark_sink.delta.layout import open_layout
-        from pidfence.spark_sink.output import NO_OWNER
-
-        open_layout(
-            opts.path,
-            opts.rejects_path,
-            NO_OWNER,
-            committed_before=checkpoint_committed(checkpoint),
-        )
+    open_layout(
+        opts.path, opts.rejects_path, NO_OWNER, committed_before=checkpoint_committed(checkpoint)
+    )
     layout = reading_layout(opts.path, opts.rejects_path)
     cleanup_uncommitted(layout.store, layout.rejects, committed_ids=layout.committed_ids())
     return build_query(spark, bootstrap, topic, output, checkpoint, **kwargs).start()
@@ -269,7 +264,7 @@ class BatchWatcher:
         A batch whose progress event (its lag) has not arrived yet waits for the next call,
         unless a later batch is already committed or ``final`` is set.
         """
-        # Opened afresh: the output's format is known once the query created its tables.
+        # Opened afresh: the owner is known once the query claimed the path.
         layout = reading_layout(self.output)
         new = [b for b in layout.committed_ids() if b > self.last]
         if not new:

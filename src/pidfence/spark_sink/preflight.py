@@ -1,10 +1,10 @@
 """What the sink requires of its output and checkpoint, checked before a JVM starts.
 
 ``pidfence sink`` (and :func:`~pidfence.spark_sink.pipeline.start_sink`) refuse here, writing
-nothing, what the query would refuse later: an output the chosen table format cannot write
-(another writer's Delta table, the other layout, a table of an older format, columns removed),
-a path another query owns, a Delta table that is gone although batches were committed to it.
-And they learn where the run starts from Spark's checkpoint, for the progress bar.
+nothing, what the query would refuse later: an output it cannot write (another writer's Delta
+table, another pidfence table format, columns removed), a path another query owns, a Delta table
+that is gone although batches were committed to it. And they learn where the run starts from
+Spark's checkpoint, for the progress bar.
 """
 
 from __future__ import annotations
@@ -13,49 +13,31 @@ import json
 from pathlib import Path
 
 from pidfence.spark_sink import owner
-from pidfence.spark_sink.errors import SinkError
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.storage import Store
-
-
-class OutputFormatMismatch(SinkError):
-    """The output holds the other table format than the one asked for; nothing was written."""
 
 
 def check_output(options: SinkOptions, checkpoint: str | None) -> None:
     """Refuse an output the sink cannot write with ``options``, before anything starts.
 
     Raises:
-        NotPidfenceTable: another writer's Delta table, the other kind, stray files, or the
-            manifest layout where the Delta layout was asked for.
-        OldTableFormat: a Delta output of an older pidfence (``pidfence sink migrate``).
+        NotPidfenceTable: another writer's Delta table, the other kind, or stray files.
         SchemaChanged: a column the sink writes was removed or retyped.
         TableGone: the checkpoint committed batches, and the Delta table is gone.
-        OutputFormatMismatch: a Delta table where the manifest layout was asked for.
         OutputOwnedError: another query owns the output.
     """
+    from pidfence.spark_sink.delta.errors import TableGone
     from pidfence.spark_sink.delta.table import OWN_DIR, check_path
-    from pidfence.spark_sink.output import is_delta
 
-    if options.delta:
-        found = [check_path(options.path, "log"), check_path(options.rejects_path, "rejects")]
-        if not all(found) and owner.checkpoint_committed(checkpoint):
-            from pidfence.spark_sink.delta.errors import TableGone
-
-            missing = options.path if not found[0] else options.rejects_path
-            raise TableGone(
-                f"{missing}: checkpoint {checkpoint} committed batches to a Delta table here, "
-                "and it is gone. Restore it from a backup, or start a new --output with a new "
-                "--checkpoint"
-            )
-        owner.check_owner(Store.at(f"{options.path}/{OWN_DIR}"), checkpoint)
-        return
-    if is_delta(options.path):
-        raise OutputFormatMismatch(
-            f"output {options.path} holds a Delta table; run with --table-format delta (or "
-            "choose another --output)"
+    found = [check_path(options.path, "log"), check_path(options.rejects_path, "rejects")]
+    if not all(found) and owner.checkpoint_committed(checkpoint):
+        missing = options.path if not found[0] else options.rejects_path
+        raise TableGone(
+            f"{missing}: checkpoint {checkpoint} committed batches to a Delta table here, "
+            "and it is gone. Restore it from a backup, or start a new --output with a new "
+            "--checkpoint"
         )
-    owner.check_owner(Store.at(options.path), checkpoint)
+    owner.check_owner(Store.at(f"{options.path}/{OWN_DIR}"), checkpoint)
 
 
 def start_offsets(
@@ -100,4 +82,4 @@ def records_to_read(
     )
 
 
-__all__ = ["OutputFormatMismatch", "check_output", "records_to_read", "start_offsets"]
+__all__ = ["check_output", "records_to_read", "start_offsets"]

@@ -1,64 +1,25 @@
-"""Readers of the committed output log and rejects log (pyarrow), whichever table format.
-
-A Delta table at the output path is read through its Delta log (:mod:`delta_readers`); otherwise
-the manifests name the committed files.
-"""
+"""Readers of the committed output log and rejects log (pyarrow), through the Delta log."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from pidfence.spark_sink.layout import part_file
-from pidfence.spark_sink.output import is_delta
-from pidfence.spark_sink.schema import (
-    LOG_SCHEMA,
-    PLACE_FIELDS,
-    REJECTS_SCHEMA,
-    WRITER_FIELDS,
-    conform,
-)
-from pidfence.spark_sink.storage import Store, manifest_ids, read_manifest
-
-
-def committed_files(store: Store, rejects: Store, table: str = "log") -> list[str]:
-    """Paths of the committed files of the log (``table="log"``) or of the rejects.
-
-    Only files a manifest names: a re-run's or a failed attempt's files are never read.
-    """
-    files: list[str] = []
-    root = rejects if table == "rejects" else store
-    for bid in manifest_ids(store):
-        for part in read_manifest(store, bid)["parts"]:
-            rel = part_file(bid, part, table)
-            if rel is not None:
-                files.append(root.join(rel))
-    return files
+from pidfence.spark_sink.schema import LOG_SCHEMA, PLACE_FIELDS, REJECTS_SCHEMA, WRITER_FIELDS
 
 
 def _read(path: str, rejects_path: str | None, table: str) -> pa.Table:
-    if is_delta(path):
-        return _read_delta(path, rejects_path, table)
-    store = Store.at(path)
-    rejects = Store.at(rejects_path or f"{path.rstrip('/')}/_rejects")
-    owner = rejects if table == "rejects" else store
-    schema = REJECTS_SCHEMA if table == "rejects" else LOG_SCHEMA
-    pieces = [owner.read_table(f) for f in committed_files(store, rejects, table)]
-    if not pieces:
-        return schema.empty_table()
-    return pa.concat_tables([conform(p, schema) for p in pieces])
-
-
-def _read_delta(path: str, rejects_path: str | None, table: str) -> pa.Table:
+    """The rows of the log or the rejects table (none while the table does not exist)."""
     from deltalake.exceptions import TableNotFoundError
 
     from pidfence.spark_sink.delta.readers import read_table
 
-    if table != "rejects":
-        return read_table(path, "log")
+    rejects = table == "rejects"
     try:
-        return read_table(rejects_path or f"{path.rstrip('/')}/_rejects", "rejects")
+        if rejects:
+            return read_table(rejects_path or f"{path.rstrip('/')}/_rejects", "rejects")
+        return read_table(path, "log")
     except TableNotFoundError:
-        return REJECTS_SCHEMA.empty_table()
+        return (REJECTS_SCHEMA if rejects else LOG_SCHEMA).empty_table()
 
 
 def read_gaps(path: str) -> pa.Table:

@@ -5,10 +5,6 @@ order: ``key, value, topic, partition, offset, timestamp, timestampType, headers
 the Kafka offset), then pidfence's ``pid, generation, seq`` and ``log_offset`` (the output's own
 dense offset per partition). The rejects add ``verdict``. A job moved from
 ``spark.readStream.format("kafka")`` to the output reads the same columns.
-
-Outputs written before this schema (table format 1) named the Kafka offset ``kafka_offset`` and
-kept neither ``timestampType`` nor ``headers``: :func:`conform` reads their files as this schema
-(renamed, the missing columns null).
 """
 
 from __future__ import annotations
@@ -60,15 +56,9 @@ LOG_DDL: Final = (
 )
 REJECTS_DDL: Final = LOG_DDL + ", verdict STRING"
 
-#: The name the Kafka offset had in table format 1.
-OLD_OFFSET: Final = "kafka_offset"
-
 
 def conform(table: pa.Table, schema: pa.Schema, *, keep_extra: bool = False) -> pa.Table:
     """``table`` as ``schema``: columns in its order and types, missing ones null.
-
-    Reads files of table format 1 too (``kafka_offset`` becomes ``offset``; no
-    ``timestampType``, no ``headers``: null).
 
     Args:
         table: the rows as read.
@@ -76,9 +66,6 @@ def conform(table: pa.Table, schema: pa.Schema, *, keep_extra: bool = False) -> 
         keep_extra: keep columns ``schema`` does not name (added by another writer) after its
             own, as they are.
     """
-    if OLD_OFFSET in table.column_names and "offset" not in table.column_names:
-        names = ["offset" if n == OLD_OFFSET else n for n in table.column_names]
-        table = table.rename_columns(names)
     columns = []
     for field in schema:
         if field.name in table.column_names:

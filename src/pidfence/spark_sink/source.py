@@ -13,9 +13,7 @@ from pyspark.sql.types import StructType
 from pidfence.spark_sink.delta.table import TableKind
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import is_delta
 from pidfence.spark_sink.owner import checkpoint_committed, checkpoint_query_id
-from pidfence.spark_sink.readers import committed_files
 from pidfence.spark_sink.schema import (
     KAFKA_COLUMNS,
     LOG_DDL,
@@ -96,14 +94,7 @@ class PidfenceReader(DataSourceReader):
         return self.options.rejects_path if self.table == "rejects" else self.options.path
 
     def partitions(self) -> list[FilePartition]:
-        """The committed files of the log (or rejects): the manifests' or the Delta log's."""
-        if is_delta(self.options.path):
-            return self._delta_partitions()
-        store = Store.at(self.options.path)
-        files = committed_files(store, Store.at(self.options.rejects_path), self.table)
-        return [FilePartition(self._root(), f) for f in files]
-
-    def _delta_partitions(self) -> list[FilePartition]:
+        """The committed files of the log (or rejects): the files the Delta log adds."""
         from deltalake.exceptions import TableNotFoundError
 
         from pidfence.spark_sink.delta.table import Location, open_table

@@ -174,26 +174,19 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
     ) -> None:
         self.options = options
         self.query_id = query_id
-        if options.delta:
-            # Refuses another writer's table (or the manifest layout) before anything is
-            # written, and creates both tables, so the first batch's tasks find them (unless
-            # the query committed batches before: then a missing table is a lost one).
-            open_layout(
-                options.path,
-                options.rejects_path,
-                query_id or NO_QUERY,
-                committed_before=committed_before,
-            )
+        # Refuses another writer's table before anything is written, and creates both tables,
+        # so the first batch's tasks find them (unless the query committed batches before: then
+        # a missing table is a lost one).
+        query = query_id or NO_QUERY
+        open_layout(options.path, options.rejects_path, query, committed_before=committed_before)
         if query_id is not None:
             # Spark builds a writer at start and again in the process that runs commit(), so
             # this only claims; leftovers of a dead attempt go when its batch commits.
             _claim(self.layout(query_id).store, query_id)
 
-    def layout(self, query: str = NO_QUERY) -> ParquetLayout:
-        """The storage layout of this sink (the Delta layout commits as ``query``)."""
-        if self.options.delta:
-            return DeltaLayout(self.options.path, self.options.rejects_path, query)
-        return ParquetLayout(self.options.path, self.options.rejects_path)
+    def layout(self, query: str = NO_QUERY) -> DeltaLayout:
+        """The storage layout of this sink, committing as ``query``."""
+        return DeltaLayout(self.options.path, self.options.rejects_path, query)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         """Process this task's rows (one Kafka partition) and stage data, rejects and state."""
@@ -224,7 +217,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
 
     def _write_partition(
         self,
-        layout: ParquetLayout,
+        layout: DeltaLayout,
         batch_id: int,
         tag: str,
         topic: str,

@@ -11,6 +11,5 @@
 | :mod:`.layout` | :class:`DeltaLayout`, the sink's ``BatchLayout`` over the two tables |
 | :mod:`.readers` | readers of the committed rows |
 | :mod:`.care` | compaction, vacuum, checkpoints on demand |
-| :mod:`.migrate` | tables of the older format to this one |
 | :mod:`.errors` | what the layer raises, each with ``retriable`` |
 """

@@ -141,10 +141,7 @@ def tables_of(path: str, rejects_path: str | None = None) -> list[tuple[TableKin
     path = path.rstrip("/")
     rejects = (rejects_path or f"{path}/_rejects").rstrip("/")
     if not holds_delta(path):
-        raise NotPidfenceTable(
-            f"{path} holds no Delta table: table care is for outputs written with "
-            "--table-format delta"
-        )
+        raise NotPidfenceTable(f"{path} holds no Delta table: is it the sink's --output?")
     tables: list[tuple[TableKind, str]] = [("log", path)]
     if holds_delta(rejects):
         tables.append(("rejects", rejects))

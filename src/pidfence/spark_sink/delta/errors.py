@@ -21,10 +21,6 @@ class NotPidfenceTable(DeltaTableError):
     """The path holds something other than a pidfence table of this kind; nothing was written."""
 
 
-class OldTableFormat(NotPidfenceTable):
-    """A pidfence table written by an older version (another table format); migrate it first."""
-
-
 class CannotContinue(DeltaTableError):
     """Another writer changed the table in a way the sink cannot continue from.
 
@@ -74,7 +70,6 @@ __all__ = [
     "DeltaCommitConflict",
     "DeltaTableError",
     "NotPidfenceTable",
-    "OldTableFormat",
     "RestoredPastSink",
     "SchemaChanged",
     "StagedFileMissing",

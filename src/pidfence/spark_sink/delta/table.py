@@ -4,8 +4,7 @@ A pidfence Delta table is an ordinary Delta table (every Delta reader opens it) 
 marks it as ours: the configuration holds ``pidfence.table`` (``log`` or ``rejects``) and
 ``pidfence.format`` (the layout version), and every commit pidfence makes carries
 ``pidfence.writer`` in its commit info. :func:`open_table` refuses a path holding anything else
-(another schema, another writer's Delta table, pidfence's manifest layout, stray files) before
-a single byte is written.
+(another schema, another writer's Delta table, stray files) before a single byte is written.
 
 pidfence keeps its own files under the table root in ``_pidfence/`` (staged batch files,
 per-partition producer state): Delta readers, writers and ``VACUUM`` ignore paths starting
@@ -24,7 +23,7 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from pidfence.spark_sink.delta.errors import NotPidfenceTable, OldTableFormat, SchemaChanged
+from pidfence.spark_sink.delta.errors import NotPidfenceTable, SchemaChanged
 from pidfence.spark_sink.schema import LOG_SCHEMA, REJECTS_SCHEMA
 
 TableKind = Literal["log", "rejects"]
@@ -36,8 +35,6 @@ DELTA_REJECTS_SCHEMA: Final = REJECTS_SCHEMA
 
 #: Table format 2: the Kafka source's columns (``offset``, ``timestampType``, ``headers``).
 FORMAT_VERSION: Final = "2"
-#: Tables of this format open only after ``pidfence sink migrate``.
-MIGRATABLE_FORMATS: Final = frozenset({"1"})
 TABLE_KEY: Final = "pidfence.table"
 FORMAT_KEY: Final = "pidfence.format"
 WRITER_KEY: Final = "pidfence.writer"
@@ -134,13 +131,11 @@ def table_schema(dt: DeltaTable) -> pa.Schema:
     return pa.schema(dt.schema().to_arrow())
 
 
-def check_marker(dt: DeltaTable, kind: TableKind, where: str, *, old: bool = False) -> None:
-    """Raise unless ``dt`` is a pidfence table of ``kind`` and of this table format (``old``:
-    or of a format this version migrates, which readers still read).
+def check_marker(dt: DeltaTable, kind: TableKind, where: str) -> None:
+    """Raise unless ``dt`` is a pidfence table of ``kind`` and of this table format.
 
     Raises:
-        NotPidfenceTable: another writer's table, the other kind or an unknown format.
-        OldTableFormat: a table of an older pidfence (migrate it).
+        NotPidfenceTable: another writer's table, the other kind or another format.
     """
     config = dt.metadata().configuration
     found_kind = config.get(TABLE_KEY)
@@ -155,15 +150,6 @@ def check_marker(dt: DeltaTable, kind: TableKind, where: str, *, old: bool = Fal
             f"{'rejectsPath' if kind == 'rejects' else 'path'} option elsewhere"
         )
     version = config.get(FORMAT_KEY)
-    if old and version in MIGRATABLE_FORMATS:
-        return
-    if version in MIGRATABLE_FORMATS:
-        raise OldTableFormat(
-            f"{where} has pidfence table format {version} (column kafka_offset, no headers), "
-            f"this version writes format {FORMAT_VERSION} (Kafka's columns: offset, "
-            "timestampType, headers): stop the sink and run `pidfence sink migrate "
-            f"{where.removesuffix('/_rejects')}` once (docs/delta.md, Migrating)"
-        )
     if version != FORMAT_VERSION:
         raise NotPidfenceTable(
             f"{where} has pidfence table format {version!r}; this version writes format "
@@ -228,11 +214,6 @@ def schema_changed(
 
 def _refuse_non_delta(loc: Location, kind: TableKind) -> None:
     entries = loc.entries()
-    if "_manifests" in entries:
-        raise NotPidfenceTable(
-            f"{loc.uri} holds pidfence's manifest layout (_manifests/); the Delta layout needs "
-            "a new path (or keep tableFormat=manifest for this one)"
-        )
     # Names starting with "_" or "." are invisible to Delta (pidfence's own _pidfence/, _state/,
     # a nested _rejects table); anything else would become an orphan that VACUUM deletes.
     visible = [e for e in entries if not e.startswith(("_", "."))]
@@ -254,14 +235,12 @@ def open_table(
     """The pidfence Delta table of ``kind`` at ``path``, created when absent (if ``create``).
 
     Args:
-        reading: open it to read: tables of an older format and with changed columns open too
-            (the readers conform what they read).
+        reading: open it to read: tables with changed columns open too (the readers conform
+            what they read).
 
     Raises:
         NotPidfenceTable: the path holds another Delta table (other writer, the other kind, a
-            format this version does not know), pidfence's manifest layout, or other files.
-            Nothing is written then.
-        OldTableFormat: an older pidfence table (writing needs ``pidfence sink migrate``).
+            format this version does not know) or other files. Nothing is written then.
         SchemaChanged: a column the sink writes was removed or retyped (not when reading).
         TableNotFoundError: no table there and ``create`` is False.
     """
@@ -289,7 +268,7 @@ def open_table(
             except TableNotFoundError:
                 raise exc from None
     if reading:
-        check_marker(dt, kind, loc.uri, old=True)
+        check_marker(dt, kind, loc.uri)
     else:
         check_table(dt, kind, loc.uri)
     return dt
@@ -347,6 +326,6 @@ def cached_table(
 
 
 def holds_delta(path: str, storage_options: dict[str, str] | None = None) -> bool:
-    """Whether ``path`` holds a Delta table (readers dispatch on it: Delta or manifest layout)."""
+    """Whether ``path`` holds a Delta table."""
     loc = Location.at(path, storage_options)
     return bool(DeltaTable.is_deltatable(loc.uri, storage_options))
