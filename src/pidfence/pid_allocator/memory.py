@@ -93,9 +93,9 @@ class MemoryCoordinator:
             if held is not None:
                 raise Conflict(f"record of pid {pid} exists")
             return 0
-        if held is None or held[1] != version:
+        if held is None or version not in (-1, held[1]):  # -1: any version, as in ZooKeeper
             raise Conflict(f"record of pid {pid} changed")
-        return version + 1
+        return held[1] + 1
 
     def write_lineage(self, pid: int, record: LineageRecord, version: int | None) -> None:
         """Create or compare-and-set the record of ``pid``."""
@@ -122,19 +122,20 @@ class MemoryCoordinator:
             raise Ambiguous("roll landed; reply lost (test hook)")
 
     def collect_garbage(self, now_ms: int, retention_ms: int) -> int:
-        """Drop records whose leases ended more than ``retention_ms`` ago."""
+        """Drop the records no request can be granted about any more (``forgotten_at``)."""
         with self._lock:
             self._check_up()
-            old_blocks = [
-                s for s, b in self._blocks.items() if b.last_expiry_ms + retention_ms <= now_ms
-            ]
+            blocks, records = self._blocks, self._records
             old_records = [
-                p for p, (r, _) in self._records.items() if r.expire_ms + retention_ms <= now_ms
+                p
+                for p, (r, _) in records.items()
+                if r.forgotten_at(blocks.get(r.block), retention_ms) <= now_ms
             ]
-            for start in old_blocks:
-                del self._blocks[start]
+            old_blocks = [s for s, b in blocks.items() if b.forgotten_at(retention_ms) <= now_ms]
             for pid in old_records:
-                del self._records[pid]
+                del records[pid]
+            for start in old_blocks:
+                del blocks[start]
             return len(old_blocks) + len(old_records)
 
     def close(self) -> None:

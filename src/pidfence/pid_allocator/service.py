@@ -277,11 +277,17 @@ class LeaseService:
     # -- housekeeping ---------------------------------------------------------------------------
 
     async def collect_garbage(self) -> int:
-        """Delete records past retention (runs on the claim executor, off the request queue)."""
+        """Delete records no request can be granted about any more (runs on the claim executor,
+        off the request queue).
+
+        Judged one collection interval in the past: each server refuses by its own clock, so a
+        record goes only once every server whose clock lags this one's by less than that refuses
+        its pid without it (docs/lease-server.md, "Retention and garbage collection").
+        """
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._claim_executor,
             self.coordinator.collect_garbage,
-            self.clock(),
+            self.clock() - int(self.settings.gc_interval_s * 1000),
             self.settings.retention,
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -312,45 +313,51 @@ class ZkCoordinator:
     # -- garbage collection ---------------------------------------------------------------------
 
     def collect_garbage(self, now_ms: int, retention_ms: int) -> int:
-        """Delete block records and lineage records past their lease end plus retention.
-
-        A lineage record is deleted at the version read, so a record written meanwhile stays.
-        """
-        from kazoo.exceptions import BadVersionError, NoNodeError
-
+        """Delete lineage records, then block records, that no request can be granted about any
+        more (``forgotten_at``); each at the version read, so a record written meanwhile stays."""
         if not self.connected:
             return 0
-        deleted = 0
-        for folder, kind in ((self._blocks_path, "block"), (self._gens_path, "lineage")):
+
+        def record_forgotten(data: bytes) -> int:
+            record = LineageRecord.decode(data)
+            block = self.block_at(record.block) if record.block else None
+            return record.forgotten_at(block, retention_ms)
+
+        deleted = self._collect(self._gens_path, record_forgotten, now_ms)
+        blocks = self._collect(
+            self._blocks_path, lambda data: Block.decode(data).forgotten_at(retention_ms), now_ms
+        )
+        for child in blocks:
+            self._forget(int(child))
+        return len(deleted) + len(blocks)
+
+    def _collect(self, folder: str, forgotten_at: Callable[[bytes], int], now_ms: int) -> list[str]:
+        """Delete the children of ``folder`` whose ``forgotten_at(data)`` is past; their names."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        try:
+            children = self._wait(self._zk.get_children_async(folder))
+        except Exception as exc:
+            raise self._unavailable("garbage collection", exc) from exc
+        deleted: list[str] = []
+        for child in children:
+            path = f"{folder}/{child}"
+            found = self._get(path, "garbage collection")
+            if found is None:
+                continue
+            data, stat = found
             try:
-                children = self._wait(self._zk.get_children_async(folder))
+                if forgotten_at(data) > now_ms:
+                    continue
+            except (KeyError, ValueError, TypeError):
+                log.warning("garbage collection skips unreadable %s", path)
+                continue
+            try:
+                self._wait(self._zk.delete_async(path, version=stat.version))
+            except (NoNodeError, BadVersionError):
+                continue
             except Exception as exc:
                 raise self._unavailable("garbage collection", exc) from exc
-            for child in children:
-                path = f"{folder}/{child}"
-                found = self._get(path, "garbage collection")
-                if found is None:
-                    continue
-                data, stat = found
-                try:
-                    if kind == "block":
-                        block = Block.decode(data)
-                        ended = block.last_expiry_ms
-                    else:
-                        ended = LineageRecord.decode(data).expire_ms
-                except (KeyError, ValueError, TypeError):
-                    log.warning("garbage collection skips unreadable %s", path)
-                    continue
-                if ended + retention_ms > now_ms:
-                    continue
-                try:
-                    self._wait(self._zk.delete_async(path, version=stat.version))
-                except (NoNodeError, BadVersionError):
-                    continue
-                except Exception as exc:
-                    raise self._unavailable("garbage collection", exc) from exc
-                if kind == "block":
-                    self._forget(block.start)
-                self.writes += 1
-                deleted += 1
+            self.writes += 1
+            deleted.append(child)
         return deleted
