@@ -204,6 +204,9 @@ class FakeTxn:
     def create(self, path: str, value: bytes) -> None:
         self.ops.append(("create", path, value, ANY_VERSION))
 
+    def check(self, path: str, version: int) -> None:
+        self.ops.append(("check", path, b"", version))
+
     def commit_async(self) -> Done:
         zk = self.zk
         if zk.faults and zk.faults[0] == "race":
@@ -218,6 +221,9 @@ class FakeTxn:
                 try:
                     if kind == "set":
                         results.append(zk._set(path, value, version))
+                    elif kind == "check":
+                        zk._check(path, version)
+                        results.append(True)
                     else:
                         zk.create(path, value)
                         results.append(path)

@@ -18,7 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pidfence.pid_allocator import Grant, LeaseService, MemoryCoordinator, ZkCoordinator, errors
-from pidfence.pid_allocator.capability import block_hint
+from pidfence.pid_allocator.capability import block_hint, make_secret
+from pidfence.pid_allocator.coordinator import BlockRequest
+from pidfence.pid_allocator.generations import initial_generation
+from pidfence.pid_allocator.lineage import Change, Lineage, Outcome
 from tests.unit.lease_kit import FakeKazoo, LeaseServers, asynchronous
 
 LIFETIME_MS, RETENTION_MS, BLOCK_TTL_MS, GC_INTERVAL_S = 2000, 2000, 120_000, 1.0
@@ -91,13 +94,13 @@ async def test_collected_lineage_is_never_granted_again(
     await collect_and_ask()
     for pid in (p.pid, x0.pid, s.pid):
         assert store.read_lineage(pid) is not None, f"pid {pid}: collected while its block answers"
-    # Past the block's last expiry plus retention, plus one collection interval (the clocks of
-    # other servers): the block and its pids' records go, and every request is still refused.
+    # Past the block's last expiry plus retention: the block and its pids' records go, and
+    # every request is still refused.
     start = block_hint(p.secret)
     assert start is not None
     block = store.block_at(start)
     assert block is not None
-    clock.now = block.last_expiry_ms + RETENTION_MS + int(GC_INTERVAL_S * 1000)
+    clock.now = block.last_expiry_ms + RETENTION_MS
     assert await collect_and_ask() >= 4  # the block and three lineage records
     for pid in (p.pid, x0.pid, s.pid):
         assert store.read_lineage(pid) is None, f"pid {pid}: record outlived its block"
@@ -107,3 +110,30 @@ async def test_collected_lineage_is_never_granted_again(
     rolled = await b.roll(fresh[0].pid, fresh[0].generation, fresh[0].secret)
     pids = [g.pid for g in (p, x0, s, *fresh, rolled)]
     assert len(set(pids)) == len(pids)
+
+
+@pytest.mark.parametrize("kind", ["memory", "zookeeper"])
+def test_a_write_decided_before_collection_never_lands_after_it(kind: str) -> None:
+    """A server paused between its read and its write (or whose clock lags) decides on a pid
+    whose block is then collected: the write must not recreate the record. The paused server
+    still holds the block record in its cache; the create's check of the block refuses it."""
+    store = store_of(kind)
+    paused = store if kind == "memory" else ZkCoordinator("fake:2181", client=store._zk).start()
+    block = store.claim_block(BlockRequest(10, "a", "t", 0, LIFETIME_MS, 1000, b"s" * 16))
+    pid, g0 = block.start, initial_generation(block.salt, block.start)
+    secret = make_secret(block.start, block.salt, pid, 0)
+    live, late = Lineage(store, RETENTION_MS), Lineage(paused, RETENTION_MS)
+    assert live.bump(Change(pid, g0, secret, "first", 10)).generation == g0 + 1
+    assert paused.block_at(block.start) == block  # read before the pause, and cached
+    forgotten = block.forgotten_at(RETENTION_MS)
+    assert store.collect_garbage(forgotten, RETENTION_MS) == 2  # the block, then the record
+    # Its requests arrived (and were judged) before: a bump inside the lease, a roll inside the
+    # block's retention.
+    with pytest.raises(errors.NotOwner):
+        late.bump(Change(pid, g0, secret, "zombie", 10))
+    with pytest.raises(errors.NotOwner):
+        late.roll(
+            Change(pid, g0, secret, "zombie", forgotten - 1),
+            Outcome(pid + 1, 0, forgotten + LIFETIME_MS, block, secret),
+        )
+    assert store.read_lineage(pid) is None

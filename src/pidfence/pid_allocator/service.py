@@ -278,16 +278,11 @@ class LeaseService:
 
     async def collect_garbage(self) -> int:
         """Delete records no request can be granted about any more (runs on the claim executor,
-        off the request queue).
-
-        Judged one collection interval in the past: each server refuses by its own clock, so a
-        record goes only once every server whose clock lags this one's by less than that refuses
-        its pid without it (docs/lease-server.md, "Retention and garbage collection").
-        """
+        off the request queue)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._claim_executor,
             self.coordinator.collect_garbage,
-            self.clock() - int(self.settings.gc_interval_s * 1000),
+            self.clock(),
             self.settings.retention,
         )
