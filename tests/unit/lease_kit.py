@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -234,3 +235,101 @@ class FakeTxn:
             return results
 
         return zk._write(apply)
+
+
+class Turns:
+    """Runs operations in threads, one store call at a time, in an order a test chooses.
+
+    Each operation runs in a thread of its own; every call it makes through :meth:`step` waits
+    until :meth:`run`'s ``choose`` picks it among the operations waiting at a call. So a test
+    decides every interleaving, e.g. two bumps that both read before either writes, or a
+    collection between one's read and its write. Calls from other threads run at once.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._waiting: dict[str, str] = {}
+        self._running: set[str] = set()
+        self._turn: str | None = None
+        #: ``"operation: call"`` in the order the calls ran.
+        self.trace: list[str] = []
+
+    def step(self, what: str, call: Callable[[], Any]) -> Any:
+        """Make ``call`` (named ``what``) when this operation's turn comes."""
+        me = threading.current_thread().name
+        with self._cv:
+            if me not in self._running:
+                return call()  # not one of the operations: set-up or checks
+            self._running.discard(me)
+            self._waiting[me] = what
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._turn == me)
+            del self._waiting[me]
+            self._running.add(me)
+        try:
+            return call()
+        finally:
+            with self._cv:
+                self.trace.append(f"{me}: {what}")
+                self._turn = None
+                self._cv.notify_all()
+
+    def run(
+        self, operations: dict[str, Callable[[], Any]], choose: Callable[[list[str]], str]
+    ) -> dict[str, Any]:
+        """Run ``operations`` (name -> callable) to their ends; ``choose`` picks, from the names
+        waiting at a call (sorted), the one to go next. Returns each one's result or exception.
+        """
+        results: dict[str, Any] = {}
+
+        def body(name: str, operation: Callable[[], Any]) -> None:
+            try:
+                results[name] = operation()
+            except Exception as exc:  # noqa: BLE001 - the test judges it
+                results[name] = exc
+            finally:
+                with self._cv:
+                    self._running.discard(name)
+                    self._cv.notify_all()
+
+        with self._cv:
+            self._running.update(operations)
+        threads = [
+            threading.Thread(target=body, args=item, name=item[0], daemon=True)
+            for item in operations.items()
+        ]
+        for thread in threads:
+            thread.start()
+        while True:
+            with self._cv:
+                settled = self._cv.wait_for(
+                    lambda: not self._running and self._turn is None, timeout=30
+                )
+                assert settled, f"an operation hung: {sorted(self._running)}"
+                if not self._waiting:
+                    break
+                self._turn = choose(sorted(self._waiting))
+                self._cv.notify_all()
+        for thread in threads:
+            thread.join(30)
+        return results
+
+
+class Stepped:
+    """``target`` with the calls named in ``steps`` made through ``turns`` (one step each);
+    ``transaction()`` returns a stepped transaction whose ``commit_async`` is the step."""
+
+    def __init__(self, target: Any, turns: Turns, steps: frozenset[str]) -> None:
+        self._target, self._turns, self._steps = target, turns, steps
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._target, name)
+        if name == "transaction":
+            return lambda: Stepped(found(), self._turns, frozenset({"commit_async"}))
+        if name not in self._steps:
+            return found
+
+        def stepped(*args: Any, **kwargs: Any) -> Any:
+            return self._turns.step(name, lambda: found(*args, **kwargs))
+
+        return stepped
