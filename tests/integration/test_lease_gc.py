@@ -2,11 +2,11 @@
 processes (issue 40, point 2; DESIGN.md §5 amended, round 4).
 
 Two servers with lifetime 2 s, retention 2 s, block TTL 6 s and a collection every second. Pid P
-is rolled into S, pid X bumped twice. A zombie then asks, on both servers, at each instant that
-matters: past the leases' end plus retention (where the old collector deleted the records while
-the block still answered, and granted P a second successor), then once the records are really
-gone, then after another collection. Every request is refused, X's record never moves back, and
-no lease afterwards reuses a pid.
+is rolled into S, pid X bumped twice, pid Y never. A zombie then asks, on both servers, at each
+instant that matters: past the leases' end plus retention (where the old collector deleted the
+records while the block still answered, and granted P a second successor), then once the records
+are really gone, then after another collection. Every request is refused, X's record never moves
+back, and no lease afterwards reuses a pid.
 """
 
 from __future__ import annotations
@@ -73,11 +73,11 @@ def test_collected_lineage_is_never_granted_again(
         LeaseClient(servers[1].address, retries=3) as b,
     ):
         both = [a, b]
-        p, x0 = a.lease(), a.lease()
+        p, x0, y = a.lease(), a.lease(), a.lease()
         s = b.roll(p.pid, p.generation, p.secret)
         x1 = b.bump(x0.pid, x0.generation, x0.secret)
         x2 = a.bump(x0.pid, x1.generation, x0.secret)
-        zombies, current = (p, x0, x1), (x2, s)
+        zombies, current = (p, x0, x1), (x2, s, y)  # Y: never bumped
 
         def ask() -> None:
             refused(both, *zombies, *current)
@@ -88,7 +88,7 @@ def test_collected_lineage_is_never_granted_again(
         refused(both, *zombies)
         # One collection past where the old collector deleted the records (lease end +
         # retention), well inside the block's retention.
-        sleep_until(max(p.expire_ms, x2.expire_ms, s.expire_ms) + RETENTION_MS + 1500)
+        sleep_until(max(p.expire_ms, x2.expire_ms, s.expire_ms, y.expire_ms) + RETENTION_MS + 1500)
         ask()
         # Wait until a collector really deleted the block and every record of its pids.
         start = block_hint(p.secret)
@@ -106,5 +106,5 @@ def test_collected_lineage_is_never_granted_again(
         ask()
         fresh = [client.lease() for client in both for _ in range(15)]
         rolled = b.roll(fresh[0].pid, fresh[0].generation, fresh[0].secret)
-    issued = [lease.pid for lease in (p, x0, s, *fresh, rolled)]
+    issued = [lease.pid for lease in (p, x0, y, s, *fresh, rolled)]
     assert len(set(issued)) == len(issued), "a pid was handed out twice"

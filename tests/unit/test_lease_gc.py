@@ -1,14 +1,15 @@
 """Garbage collection never resurrects a pid (DESIGN.md §5 amended, round 4; issue 40, point 2).
 
 The issue's timeline on a fake clock: lifetime 2 s, retention 2 s, block TTL 2 min. Pid P is
-rolled into a successor S, pid X is bumped twice; then time moves to each instant that matters
-(the leases' end plus retention, where the old collector deleted their records; the block's last
-expiry plus retention, where its pids are refused without a record) with collections there, and
-each time the zombies ask again: P's roll and bump from its old generation, X's from each
-generation it had, S's and X's from their current ones once those are past retention. Each is
-refused (``NOT_OWNER``; ``STALE_GENERATION`` or ``UNKNOWN_PID`` while a record still says
-why), X's record never moves back, and no later lease or roll reuses a pid. The same timeline
-runs on the in-memory coordinator and on ``ZkCoordinator`` over the fake ZooKeeper.
+rolled into a successor S, pid X is bumped twice, pid Y never; then time moves to each instant
+that matters (the leases' end plus retention, where the old collector deleted their records; the
+block's last expiry plus retention, where its pids are refused without a record) with
+collections there, and each time the zombies ask again: P's roll and bump from its old
+generation, X's from each generation it had, S's, X's and Y's from their current ones once those
+are past retention. Each is refused (``NOT_OWNER``; ``STALE_GENERATION`` or ``UNKNOWN_PID``
+while a record still says why), X's record never moves back, and no later lease or roll reuses a
+pid. The same timeline runs on the in-memory coordinator and on ``ZkCoordinator`` over the fake
+ZooKeeper.
 """
 
 from __future__ import annotations
@@ -66,12 +67,12 @@ async def test_collected_lineage_is_never_granted_again(
     servers = LeaseServers(executor, store_of(kind))
     a, b = servers.service(**SETTINGS), servers.service(**SETTINGS)
     both, clock, store = [a, b], servers.clock, servers.store
-    p, x0 = await a.lease(), await a.lease()
+    p, x0, y = await a.lease(), await a.lease(), await a.lease()
     s = await b.roll(p.pid, p.generation, p.secret)
     x1 = await b.bump(x0.pid, x0.generation, x0.secret)
     x2 = await a.bump(x0.pid, x1.generation, x0.secret)
     zombies = (p, x0, x1)  # old generations: refused from the start
-    current = (x2, s)  # refused once past their retention
+    current = (x2, s, y)  # refused once past their retention (Y was never bumped)
 
     def x_never_went_back() -> None:
         found = store.read_lineage(x0.pid)
@@ -90,7 +91,7 @@ async def test_collected_lineage_is_never_granted_again(
     # The old collector deleted P's and X's records here (lease end + retention), well inside
     # the block's retention; then a zombie's roll of P was granted a second successor and X's
     # record went back to its first generation. Now the records stay, and refuse.
-    clock.now = max(p.expire_ms, x2.expire_ms, s.expire_ms) + RETENTION_MS
+    clock.now = max(p.expire_ms, x2.expire_ms, s.expire_ms, y.expire_ms) + RETENTION_MS
     await collect_and_ask()
     for pid in (p.pid, x0.pid, s.pid):
         assert store.read_lineage(pid) is not None, f"pid {pid}: collected while its block answers"

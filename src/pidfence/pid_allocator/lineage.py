@@ -153,9 +153,13 @@ class Lineage:
         if local is not None:
             return _State(None, None, local.generation, local.expire_ms, block, own)
         # Another server issued it: a version 2 secret says exactly when, so this server grants
-        # and records the end the issuer granted; a version 1 secret does not, so the earliest
-        # possible end (the producer renews early rather than writing past its lease).
-        expire_ms = block.issued_end(issue_offset(own))
+        # and records the end the issuer granted, and refuses past its retention as a record
+        # would; a version 1 secret does not, so the earliest possible end (the producer renews
+        # early rather than writing past its lease), and the block decides its retention.
+        offset = issue_offset(own)
+        expire_ms = block.issued_end(offset)
+        if offset is not None and now_ms >= expire_ms + self.retention_ms:
+            raise NotOwner(NOT_OWNER_MESSAGE)
         return _State(None, None, initial_generation(block.salt, pid), expire_ms, block, own)
 
     @staticmethod
