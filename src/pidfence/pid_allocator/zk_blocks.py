@@ -284,8 +284,7 @@ class ZkCoordinator:
 
         if version is None:
             txn = self._zk.transaction()
-            self._create(txn, pid, record)
-            self._commit(txn, f"write of pid {pid}", (record.block,))
+            self._commit(txn, f"write of pid {pid}", [self._create(txn, pid, record)])
             return
         self.writes += 1
         try:
@@ -299,21 +298,23 @@ class ZkCoordinator:
         """One multi: retire ``roll.pid`` (versioned, or created) and create its successor's."""
         pid, record, version = roll.pid, roll.record, roll.version
         txn = self._zk.transaction()
+        checked = []
         if version is None:
-            self._create(txn, pid, record)
+            checked.append(self._create(txn, pid, record))
         else:
             txn.set_data(self._lineage_path(pid), record.encode(), version=version)
-        self._create(txn, roll.successor, roll.successor_record)
-        blocks = (roll.successor_record.block, *(() if version is not None else (record.block,)))
-        self._commit(txn, f"roll of pid {pid}", blocks)
+        checked.append(self._create(txn, roll.successor, roll.successor_record))
+        self._commit(txn, f"roll of pid {pid}", checked)
 
-    def _create(self, txn: Any, pid: int, record: LineageRecord) -> None:
-        # Only while the pid's block record exists: once garbage collection deleted it, nothing
-        # about its pids is written again, however late a paused server sends this write.
+    def _create(self, txn: Any, pid: int, record: LineageRecord) -> int:
+        """Add the creation of ``pid``'s record to ``txn``, only while its block record exists
+        (once garbage collection deleted it, nothing about its pids is written again, however
+        late a paused server sends this); the block start checked."""
         txn.check(self._record_path(record.block), -1)
         txn.create(self._lineage_path(pid), record.encode())
+        return record.block
 
-    def _commit(self, txn: Any, what: str, blocks: tuple[int, ...]) -> None:
+    def _commit(self, txn: Any, what: str, blocks: list[int]) -> None:
         from kazoo.exceptions import NoNodeError
 
         self.writes += 1
