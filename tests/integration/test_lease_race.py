@@ -143,8 +143,21 @@ def spawn_mutant(zk_hosts: str, log_dir: Path, name: str, mutation: str) -> Leas
     proc = ManagedProcess(name, argv, log_dir / f"{name}.log")
     proc.start()
     handle = LeaseServerProcess(proc, settings.port)
-    handle.wait_listening()
+    try:
+        handle.wait_listening()
+    except BaseException:
+        proc.kill()
+        raise
     return handle
+
+
+@pytest.fixture
+def servers() -> Iterator[list[LeaseServerProcess]]:
+    """The test's lease servers (it appends them), stopped at teardown."""
+    started: list[LeaseServerProcess] = []
+    yield started
+    for server in reversed(started):
+        server.stop()
 
 
 def report(race: Race, tmp_path: Path, *scripts: FaultScript) -> str:
@@ -159,19 +172,30 @@ def report(race: Race, tmp_path: Path, *scripts: FaultScript) -> str:
 
 
 def test_racing_owners_through_faults_never_get_a_pid_twice(
-    own_zookeeper: ZooKeeperEnsemble, toxiproxy: Toxiproxy, tmp_path: Path
+    own_zookeeper: ZooKeeperEnsemble,
+    toxiproxy: Toxiproxy,
+    servers: list[LeaseServerProcess],
+    tmp_path: Path,
 ) -> None:
     direct = new_chroot(own_zookeeper.hosts)
     chroot = direct[len(own_zookeeper.hosts) :]
     proxy = link_proxies(toxiproxy, {Link.LEASE_ZOOKEEPER: own_zookeeper.hosts})
     via_proxy = proxy[Link.LEASE_ZOOKEEPER].address + chroot
-    a = spawn_lease_server(direct, tmp_path, "lease-a", **SETTINGS)
-    b = spawn_lease_server(via_proxy, tmp_path, "lease-b", **SETTINGS)
+    servers.append(a := spawn_lease_server(direct, tmp_path, "lease-a", **SETTINGS))
+    servers.append(b := spawn_lease_server(via_proxy, tmp_path, "lease-b", **SETTINGS))
     race = Race([a.address, b.address], direct)
     nemesis = NetworkNemesis(PLAN, LinkFaults(proxy))  # server B's link to ZooKeeper
     processes = ProcessFaults(PLAN, {"lease-a": a, "lease-b": b, "zookeeper": Node(own_zookeeper)})
     healed = threading.Event()
-    runner = threading.Thread(target=race.run, args=(healed.is_set,))
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            race.run(healed.is_set)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            failed.append(exc)
+
+    runner = threading.Thread(target=run)
     started = time.monotonic()
     try:
         runner.start()
@@ -181,19 +205,18 @@ def test_racing_owners_through_faults_never_get_a_pid_twice(
         nemesis.heal()
         healed.set()
         runner.join(120)
-        for server in (a, b):
-            server.stop()
     try:
         race.check_zookeeper()
     finally:
         race.close()
     took = time.monotonic() - started
     print(f"\nlease race: {took:.0f} s, {report(race, tmp_path, nemesis, processes)}")
+    assert not failed, failed
     assert not race.anomalies, report(race, tmp_path, nemesis, processes)
     assert nemesis.happened and processes.happened
     stats = race.stats
     # Every round was contended on a versioned set, losers went on, and writes answered
-    # UNAVAILABLE (or not at all) were recovered by retrying the same token.
+    # UNAVAILABLE (or not at all) were won by retrying the same token.
     assert stats["rounds"] >= 100, stats
     assert stats["bump STALE_GENERATION"] + stats["roll STALE_GENERATION"] >= stats["rounds"]
     assert stats["retries"] > 0 and stats["won by a retry"] > 0, stats
@@ -201,16 +224,15 @@ def test_racing_owners_through_faults_never_get_a_pid_twice(
 
 @pytest.mark.parametrize("mutation", ["lineage-fresh-version", "lineage-unversioned-set"])
 def test_the_race_catches_a_broken_compare_and_set(
-    zk_chroot: str, tmp_path: Path, mutation: str
+    zk_chroot: str, servers: list[LeaseServerProcess], tmp_path: Path, mutation: str
 ) -> None:
-    servers = [spawn_mutant(zk_chroot, tmp_path, f"lease-{i}", mutation) for i in range(2)]
+    for i in range(2):
+        servers.append(spawn_mutant(zk_chroot, tmp_path, f"lease-{i}", mutation))
     race = Race([s.address for s in servers], zk_chroot)
     deadline = time.monotonic() + 30
     try:
         race.run(lambda: bool(race.anomalies) or time.monotonic() > deadline)
     finally:
-        for server in servers:
-            server.stop()
         race.close()
     found = " ".join(race.anomalies)
     assert "won one round" in found or "granted twice" in found, report(race, tmp_path)
