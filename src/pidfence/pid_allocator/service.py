@@ -277,7 +277,8 @@ class LeaseService:
     # -- housekeeping ---------------------------------------------------------------------------
 
     async def collect_garbage(self) -> int:
-        """Delete records past retention (runs on the claim executor, off the request queue)."""
+        """Delete records no request can be granted about any more (runs on the claim executor,
+        off the request queue)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._claim_executor,
