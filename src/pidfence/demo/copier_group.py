@@ -92,16 +92,16 @@ class CopierGroup:
         """Data records the members got acknowledged (re-copies included)."""
         return sum(w.acked() for w in self.workers)
 
-    def fenced(self, but: str | None = None) -> set[int]:
-        """Output partitions FENCEd by instances other than member ``but``."""
-        out: set[int] = set()
+    def fences_on(self, partition: int, but: str) -> int:
+        """FENCE records on output ``partition`` acknowledged to members other than ``but``."""
+        found = 0
         for name, instances in self.members.items():
             for worker in instances if name != but else ():
                 if worker.ledger is not None and worker.ledger.exists():
                     for line in worker.ledger.read_text().splitlines():
-                        if '"fence":true' in line:
-                            out.add(int(json.loads(line)["partition"]))
-        return out
+                        if '"fence":true' in line and json.loads(line)["partition"] == partition:
+                            found += 1
+        return found
 
     def stop(self) -> None:
         """Stop every instance still running."""
@@ -116,9 +116,9 @@ class GroupFaults(FaultScript):
 
     * ``kill``: SIGKILL the member, start it again;
     * ``pause``: SIGSTOP it for ``duration_s``, then SIGCONT;
-    * ``zombie``: wait until the member stopped itself (``--stop-after-commit``), another member
-      FENCEd the partition it was about to copy, and ``duration_s`` passed; then SIGCONT: its
-      late records are ``FENCED``;
+    * ``zombie``: wait until the member stopped itself (``--stop-after-commit``), ``duration_s``
+      passed and another member FENCEd the partition it was about to copy since; then SIGCONT:
+      its late records are ``FENCED``;
     * ``join``: start the member; ``leave``: SIGTERM it (it commits and leaves the group).
     """
 
@@ -127,6 +127,8 @@ class GroupFaults(FaultScript):
     total: int
     _index: int = field(default=0, init=False)
     _since_stop: float = field(default=0.0, init=False)
+    #: A zombie's partition and the FENCEs other members had written there when it stopped.
+    _held: tuple[int, int] = field(default=(-1, 0), init=False)
 
     def poll(self) -> None:
         """Advance the current step (at most one action per call)."""
@@ -166,23 +168,26 @@ class GroupFaults(FaultScript):
         return True
 
     def _pause(self, fault: FaultStep) -> bool:
-        worker = self.group.current(fault.target)
+        worker, group = self.group.current(fault.target), self.group
         if self._since_stop == 0.0:
             if fault.kind is FaultKind.PAUSE:
                 worker.pause()
-            elif STOP_NOTE not in worker.tail(50):
-                if not worker.running:
-                    raise ServiceFailed(f"{worker.name} ended before it stopped itself")
-                return False
+            else:
+                log = worker.tail(50)
+                if STOP_NOTE not in log:
+                    if not worker.running:
+                        raise ServiceFailed(f"{worker.name} ended before it stopped itself")
+                    return False
+                held = int(log.rsplit(STOP_NOTE, 1)[1].split()[0])
+                self._held = (held, group.fences_on(held, but=fault.target))
             self._since_stop = self.clock()
-            self.note(f"{worker.name} stopped at {self.group.acked()} acknowledged")
+            self.note(f"{worker.name} stopped at {group.acked()} acknowledged")
             return False
         if self.clock() - self._since_stop < fault.duration_s:
             return False
-        if fault.kind is FaultKind.ZOMBIE:
-            held = int(worker.tail(50).rsplit(STOP_NOTE, 1)[1].split()[0])
-            if held not in self.group.fenced(but=fault.target):
-                return False
+        held, before = self._held
+        if fault.kind is FaultKind.ZOMBIE and group.fences_on(held, but=fault.target) <= before:
+            return False  # nobody has taken its partition over yet
         worker.resume()
         self._since_stop = 0.0
         self.happened = True
