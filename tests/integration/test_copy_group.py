@@ -24,7 +24,7 @@ from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.copy_task import CopyTask, task_opener
 from pidfence.testing import FaultKind, FaultPlan, drive, install_mutation, step
 from pidfence.wire import Verdict
-from tests.integration.test_producer import Record, read_topic, replay
+from tests.integration.test_producer import Record, read_topic, replay, run_cli
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -172,7 +172,7 @@ def test_a_zombie_takeover_that_fences_the_owner_is_caught_by_the_owners_bump(
     assert not mutated, "the owner's bump did not see the zombie's takeover"
     monkeypatch.setattr(IdempotentProducer, "bump", IdempotentProducer.bump)
     install_mutation("copy-commit-without-bump")
-    with pytest.raises(AssertionError, match="missing [1-9]"):
+    with pytest.raises(AssertionError, match=r"missing [1-9]"):
         _race(kafka, new_topic, copy_kit)
 
 
@@ -226,3 +226,23 @@ def _fill(bootstrap: str, topic: str, count: int) -> list[Record]:
         producer.produce(topic, f"r{i}".encode(), partition=0)
     assert producer.flush(30) == 0
     return read_topic(bootstrap, topic)
+
+
+def test_a_member_is_told_what_it_needs(
+    kafka: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Neither --state nor --group is a usage error; a single copier's state file given to a
+    group is refused (the group would copy everything again); a member whose lease server is
+    gone ends retriable, naming it, once it has been idle."""
+    source, target = new_topic(partitions=2), new_topic(partitions=2)
+    base = ("copy", "--bootstrap", kafka.bootstrap, "--from-topic", source, "--to-topic", target)
+    gone = ("--lease-server", "127.0.0.1:1")
+    neither = run_cli(*base, *gone)
+    assert neither.returncode == 2 and "--state FILE" in neither.stderr
+    state = tmp_path / "copy.json"
+    state.write_text("{}")
+    both = run_cli(*base, *gone, "--state", str(state), "--group", "g")
+    assert both.returncode == 3 and "single copier's progress" in both.stderr
+    member = run_cli(*base, *gone, "--group", f"g-{source}", "--idle-exit", "1")
+    assert member.returncode == 75, member.stderr
+    assert "PartitionsNotCopied" in member.stderr and "127.0.0.1:1" in member.stderr

@@ -44,7 +44,12 @@ def register(app: typer.Typer) -> None:
             int, typer.Option(min=0, help="Stop after N records this run (0: no limit)")
         ] = 0,
         idle_exit: Annotated[
-            float, typer.Option(min=0, help="Stop after SECONDS without a record (0: never)")
+            float,
+            typer.Option(
+                min=0,
+                help="Stop after SECONDS without a record (0: never); a group member also waits "
+                "until the group has committed every input partition to its end",
+            ),
         ] = 10.0,
         checkpoint_every: producing.CheckpointEvery = 200,
         ledger: producing.Ledger = None,

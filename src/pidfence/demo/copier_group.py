@@ -33,6 +33,7 @@ class CopierGroup:
         group: the group's name.
         folder: where ledgers (``ledgers/``) and logs (``logs/``) go.
         extra: more ``pidfence copy`` arguments for every member (``--idle-exit``, ...).
+        ledgers: whether members write send ledgers (a benchmark leaves them out).
     """
 
     bootstrap: str
@@ -42,6 +43,7 @@ class CopierGroup:
     group: str
     folder: Path
     extra: tuple[str, ...] = ()
+    ledgers: bool = True
     #: Member name -> its instances, oldest first.
     members: dict[str, list[Worker]] = field(default_factory=dict)
 
@@ -66,12 +68,11 @@ class CopierGroup:
             self.to_topic,
             "--group",
             self.group,
-            "--ledger",
-            str(ledger),
+            *(("--ledger", str(ledger)) if self.ledgers else ()),
             *self.extra,
             *more,
         )
-        worker = Worker(label, argv, logs, ledger=ledger).start()
+        worker = Worker(label, argv, logs, ledger=ledger if self.ledgers else None).start()
         instances.append(worker)
         return worker
 

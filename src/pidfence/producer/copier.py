@@ -62,7 +62,8 @@ class CopySpec:
             :class:`Copier` keeps them in its state file and uses a group id of its own.
         max_records: stop after copying this many records in this run (0: no limit).
         idle_exit_s: stop once no record arrived for this long (0: never); a group member
-            counts from its first assignment.
+            counts from its first assignment and also waits until the group has committed every
+            input partition to its end.
         checkpoint_every: flush and save the state (a group: commit a partition) every N records.
         poll_s: consumer poll timeout.
         session_timeout_s: a group member's session timeout: how long a silent member keeps its

@@ -4,9 +4,9 @@ partition, with the task's producer checkpoint in the offset commit's metadata s
 Kafka keeps the offset and its metadata in one record of ``__consumer_offsets``, so they are
 stored atomically, any member of the group reads them (``OffsetFetch``), and the group
 coordinator refuses a commit from a member that is no longer in the group. The metadata is
-``{"v": 1, "to": OUTPUT_TOPIC, "cp": ProducerCheckpoint.to_dict()}`` as JSON (about 300 bytes
-plus five times the output topic's name: under 1.6 KB for a 249-character name; the broker's
-``offset.metadata.max.bytes`` is 4096 by default).
+``{"v": 1, "to": OUTPUT_TOPIC, "cp": ProducerCheckpoint.to_dict()}`` as JSON: at most about 420
+bytes plus six times the output topic's name, 1,920 bytes for Kafka's longest name (249
+characters) and 2,605 sealed; the broker's ``offset.metadata.max.bytes`` is 4096 by default.
 
 The checkpoint holds the pid's ``secret``, which lets its holder bump the pid. Whoever may
 ``DESCRIBE`` the group can read committed metadata: restrict it to the copiers (Kafka ACLs), or

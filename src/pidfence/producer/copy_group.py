@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 RETRY_S = 3.0
 #: Records taken from the consumer per call.
 BATCH = 500
+#: Seconds without a record after which the member commits what its tasks copied since their
+#: last checkpoint (and a commit the group refused): the committed offsets stay current.
+IDLE_COMMIT_S = 1.0
 
 
 class CommitFailed(ProducerError):
@@ -114,28 +117,31 @@ class CopyGroup:
         self._commits = 0
         self._stop_next = False
         self._stopping = False
+        self._partitions = 0
+        self._done_check = 0.0
 
     # ---- the loop ----------------------------------------------------------------------
 
     def run(self, on_progress: Callable[[int], None] | None = None) -> CopyResult:
-        """Copy the partitions the group assigns here until idle for ``idle_exit_s`` (counted
-        from the first assignment), ``max_records`` copied or SIGTERM; returns what this member
-        did. Every partition is handed over with a commit as the member leaves the group.
+        """Copy the partitions the group assigns here until ``max_records`` are copied, SIGTERM,
+        or idle for ``idle_exit_s`` once the group has committed every input partition to its
+        end (counted from the first assignment); returns what this member did. Every partition
+        is handed over with a commit as the member leaves the group.
 
         Raises:
             BadCheckpoint: a committed checkpoint this member cannot use (another consumer
                 committed in the group, another output topic, another group key).
             PartitionMismatch / UnknownTopic / BrokerUnavailable: as named.
-            LeaseServerDown: at the end, assigned partitions could not be opened.
+            PartitionsNotCopied: idle, and partitions assigned here could not be opened.
         """
         spec = self.spec
-        if threading.current_thread() is threading.main_thread():
-            # SIGTERM (a service manager stopping the member): leave the loop, so closing the
-            # consumer hands every partition over with a commit instead of a session timeout.
-            signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stopping", True))
+        main = threading.current_thread() is threading.main_thread()
+        # SIGTERM (a service manager stopping the member): leave the loop, so closing the
+        # consumer hands every partition over with a commit instead of a session timeout.
+        previous = signal.signal(signal.SIGTERM, self._stop) if main else None
         consumer = self._consumer = self._consumer_factory(spec.consumer_config())
         try:
-            n_in = partition_count(consumer, spec.bootstrap, spec.from_topic)
+            n_in = self._partitions = partition_count(consumer, spec.bootstrap, spec.from_topic)
             check_partitions(spec, n_in, partition_count(consumer, spec.bootstrap, spec.to_topic))
             consumer.subscribe(
                 [spec.from_topic],
@@ -151,10 +157,15 @@ class CopyGroup:
                 log.warning("closing the consumer: %s", exc)
             for task in list(self.tasks.values()):
                 self._release(task, commit=False)
+            if main:
+                signal.signal(signal.SIGTERM, previous)
         done = sum(self._copied.values())
         if on_progress is not None:
             on_progress(done)
         return CopyResult(done, dict(self._offsets), self._resumed, dict(self._copied))
+
+    def _stop(self, *_: object) -> None:
+        self._stopping = True
 
     def _loop(self, consumer: Any, on_progress: Callable[[int], None] | None) -> None:
         spec = self.spec
@@ -178,14 +189,18 @@ class CopyGroup:
                 self._active = self._clock()
                 if on_progress is not None:
                     on_progress(done)
-            elif self._idle():
+            elif self._quiet(consumer):
                 break
 
-    def _idle(self) -> bool:
-        spec = self.spec
-        if not spec.idle_exit_s or not self._assigned:
-            return False
-        if self._clock() - self._active < spec.idle_exit_s:
+    def _quiet(self, consumer: Any) -> bool:
+        """No record came: commit the tails of quiet tasks; True when the member may end."""
+        spec, now = self.spec, self._clock()
+        if now - self._active >= IDLE_COMMIT_S:
+            for task in list(self.tasks.values()):
+                tp = confluent_kafka.TopicPartition(spec.from_topic, task.partition)
+                task.caught_up(consumer.position([tp])[0].offset)
+                self._retry_commit(consumer, task)
+        if not spec.idle_exit_s or not self._assigned or now - self._active < spec.idle_exit_s:
             return False
         if self._why:
             partition, error = next(iter(self._why.items()))
@@ -193,6 +208,25 @@ class CopyGroup:
                 f"partitions {sorted(self._why)} of {spec.from_topic} are assigned here but "
                 f"could not be opened (partition {partition}: {error}); retry"
             )
+        if now < self._done_check:
+            return False
+        self._done_check = now + 1.0
+        return self._group_done(consumer)
+
+    def _group_done(self, consumer: Any) -> bool:
+        """True once the group has committed every input partition up to its end: a member
+        that went quiet while others (or nobody, during a rebalance) still hold work waits."""
+        topic = self.spec.from_topic
+        parts = [confluent_kafka.TopicPartition(topic, p) for p in range(self._partitions)]
+        try:
+            for committed in consumer.committed(parts, timeout=10.0):
+                tp = confluent_kafka.TopicPartition(topic, committed.partition)
+                low, high = consumer.get_watermark_offsets(tp, timeout=10.0)
+                if max(committed.offset, low) < high:
+                    return False
+        except confluent_kafka.KafkaException as exc:
+            log.warning("reading the group's progress: %s", exc)
+            return False
         return True
 
     def _copy(self, consumer: Any, msg: Any) -> bool:
@@ -210,16 +244,23 @@ class CopyGroup:
             os.kill(os.getpid(), signal.SIGSTOP)
         try:
             task.copy(msg)
-            if task.pending >= self.spec.checkpoint_every:
-                task.checkpoint()
-        except CommitFailed as exc:
-            # Its bump proved the records unfenced; the next checkpoint commits them.
-            log.warning("partition %d: %s; the next checkpoint commits again", partition, exc)
         except _TASK_ERRORS as exc:
             self._drop(consumer, task, exc)
             return False
         self._copied[partition] = self._copied.get(partition, 0) + 1
+        if task.pending >= self.spec.checkpoint_every:
+            self._retry_commit(consumer, task)
         return True
+
+    def _retry_commit(self, consumer: Any, task: CopyTask) -> None:
+        """Checkpoint ``task``; a refused commit waits for the next try (an idle poll or the
+        next checkpoint), any other task error drops the task."""
+        try:
+            task.checkpoint()
+        except CommitFailed as exc:
+            log.warning("partition %d: %s; committing again soon", task.partition, exc)
+        except _TASK_ERRORS as exc:
+            self._drop(consumer, task, exc)
 
     # ---- tasks ---------------------------------------------------------------------------
 

@@ -65,8 +65,11 @@ class CopyTask:
         self.producer = producer
         self.offset = offset
         self._store = store
-        #: Records copied since the last commit.
+        #: Records copied since the last bump.
         self.pending = 0
+        self._unstored: tuple[int, ProducerCheckpoint] | None = None
+        #: The last committed checkpoint: its generation is the one the output holds.
+        self._stored: ProducerCheckpoint | None = None
 
     @classmethod
     def open(
@@ -89,7 +92,8 @@ class CopyTask:
         producer = open_producer(checkpoint, (to_topic, partition))
         task = cls(partition, to_topic, producer, offset, store)
         try:
-            store(partition, offset, producer.checkpoint())
+            task._flush()  # librdkafka's own events count as in flight until served
+            task._save(offset, producer.checkpoint())
         except BaseException:
             task.close()
             raise
@@ -101,30 +105,55 @@ class CopyTask:
         if producer.rollover_due:
             # roll() drains, rolls (a compare-and-set), then this commits the successor with
             # the offset of the record about to go out under it.
-            producer.roll(lambda checkpoint: self._store(self.partition, self.offset, checkpoint))
+            producer.roll(lambda checkpoint: self._save(self.offset, checkpoint))
         copy_record(producer, msg, self.to_topic)
         self.offset = msg.offset() + 1
         self.pending += 1
 
+    @property
+    def unstored(self) -> bool:
+        """True while a proven checkpoint waits for a commit the group refused."""
+        return self._unstored is not None
+
     def checkpoint(self) -> None:
-        """Flush, bump, commit (nothing when nothing was copied since the last commit).
+        """Flush, bump, commit; or commit again what a refused commit left (no new bump: the
+        last one proved it). Nothing when everything copied is committed.
 
         Raises:
             ProducerFenced: another owner bumped the pid: nothing was committed.
             DeliveryFailed / LeaseServerDown: nothing was committed.
-            What ``store`` raises: nothing was committed; the next checkpoint tries again.
+            What ``store`` raises: not committed; :attr:`unstored`, the next call tries again.
         """
-        if not self.pending:
-            return
         producer = self.producer
-        while producer.flush(60.0):
+        if self.pending:
+            self._flush()
+            # Committed: the generation the records went out under, which the output holds.
+            # The bump only proves nobody fenced them; the next owner's resume probes past it.
+            checkpoint = producer.checkpoint()
+            producer.bump()
+            self.pending = 0
+            self._unstored = (self.offset, checkpoint)
+        if self._unstored is not None:
+            self._save(*self._unstored)
+
+    def caught_up(self, position: int) -> None:
+        """The consumer's ``position``: past :attr:`offset` with nothing copied since the last
+        checkpoint, the offsets between hold no data (transaction markers), so the next commit
+        moves to it with the last committed checkpoint."""
+        stored = self._stored
+        if position > self.offset and not self.pending and not self.unstored and stored:
+            self.offset = position
+            self._unstored = (position, stored)
+
+    def _flush(self) -> None:
+        while self.producer.flush(60.0):
             pass
-        # Committed: the generation the records went out under, which the output holds. The
-        # bump only proves that nobody fenced them; the next owner's resume probes past it.
-        checkpoint = producer.checkpoint()
-        producer.bump()
-        self.pending = 0
-        self._store(self.partition, self.offset, checkpoint)
+
+    def _save(self, offset: int, checkpoint: ProducerCheckpoint) -> None:
+        self._unstored = (offset, checkpoint)
+        self._store(self.partition, offset, checkpoint)
+        self._unstored = None
+        self._stored = checkpoint
 
     def close(self) -> None:
         """Close the producer (closed even when its flush fails); an error is only logged: the
