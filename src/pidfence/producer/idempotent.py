@@ -253,8 +253,8 @@ class IdempotentProducer:
         wire = (
             [(PF_HEADER_KEY, pf)]
             if seq.mac_hasher is None
-            else seq.with_mac(topic, partition, n, pf, key, value)
-        )  # type: ignore[arg-type]
+            else seq.with_mac(topic, partition, n, pf, key, value)  # type: ignore[arg-type]
+        )
         try:
             try:
                 kafka_produce(topic, value, key, partition=partition, headers=wire)
