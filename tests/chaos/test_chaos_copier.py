@@ -112,8 +112,8 @@ def test_a_member_paused_past_its_session_is_a_zombie_and_its_late_records_are_f
     )
     chaos.sink(spark, kafka.bootstrap, target)
     outcome = chaos.outcome()
-    assert outcome.verdicts["FENCED"] >= 1, (faults.events, outcome.verdicts)
     _assert_exact(kafka, source, outcome)
+    assert outcome.verdicts["FENCED"] >= 1, (faults.events, outcome.verdicts)
     assert all(w.acked() for w in group.members["a"] + group.members["z"]), "a member idled"
 
 

@@ -87,7 +87,7 @@ def test_a_clear_checkpoint_is_refused_when_the_group_is_sealed() -> None:
 def test_a_checkpoint_over_the_limit_is_refused_before_the_commit() -> None:
     topics = tuple(f"{LONGEST[:-3]}{i:03}" for i in range(20))
     big = ProducerCheckpoint(1, 1, 1, {(t, 0): 1 for t in topics}, topics=topics)
-    with pytest.raises(BadCheckpoint, match="offset.metadata.max.bytes"):
+    with pytest.raises(BadCheckpoint, match=r"offset\.metadata\.max\.bytes"):
         MetadataCodec("g", "in", "out").encode(0, big)
 
 

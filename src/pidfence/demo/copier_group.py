@@ -17,6 +17,9 @@ from pidfence.services.process import ServiceFailed
 from pidfence.testing.plan import FaultKind, FaultPlan, FaultStep
 from pidfence.testing.script import FaultScript
 
+#: How long past its pause a zombie waits for another member's FENCE before it is woken anyway
+#: (a build that fences nobody must still finish, so its output can be judged).
+TAKEOVER_WAIT_S = 60.0
 #: What a member that stopped itself (``--stop-after-commit``) logs, then the partition.
 STOP_NOTE = "stopping this process (SIGSTOP) before copying partition "
 
@@ -187,12 +190,15 @@ class GroupFaults(FaultScript):
         if self.clock() - self._since_stop < fault.duration_s:
             return False
         held, before = self._held
+        waited = self.clock() - self._since_stop
         if fault.kind is FaultKind.ZOMBIE and group.fences_on(held, but=fault.target) <= before:
-            return False  # nobody has taken its partition over yet
+            if waited < fault.duration_s + TAKEOVER_WAIT_S:
+                return False  # nobody has taken its partition over yet
+            self.note(f"no member FENCEd partition {held} in {waited:.0f} s: waking anyway")
         worker.resume()
         self._since_stop = 0.0
         self.happened = True
-        self.note(f"SIGCONT {worker.name} after {fault.duration_s:g} s")
+        self.note(f"SIGCONT {worker.name} after {waited:.1f} s")
         return True
 
 
