@@ -144,7 +144,8 @@ def _writer(bootstrap: str, topic: str, stop: threading.Event) -> None:
 
 
 def _first_after(bootstrap: str, topic: str, since_ms: int) -> dict[int, int]:
-    """Per partition, the CreateTime of the first data record stamped at or after ``since_ms``."""
+    """Per partition, the CreateTime of the first data record stamped at or after ``since_ms``
+    (read as they arrive, until every partition has one)."""
     reader = confluent_kafka.Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex}"}
     )
@@ -152,7 +153,7 @@ def _first_after(bootstrap: str, topic: str, since_ms: int) -> dict[int, int]:
         found: dict[int, int] = {}
         times = [confluent_kafka.TopicPartition(topic, p, since_ms) for p in range(PARTITIONS)]
         reader.assign(reader.offsets_for_times(times, timeout=10))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + SESSION_S + 60
         while len(found) < PARTITIONS and time.monotonic() < deadline:
             msg = reader.poll(1.0)
             if msg is None or msg.error() is not None or not msg.value():
@@ -187,7 +188,6 @@ def _takeover(bootstrap: str, lease: str, folder: Path, how: str) -> dict[str, A
             group.current("a").kill()
         else:
             group.current("a").proc.terminate()
-        time.sleep(SESSION_S + 15)
         first = _first_after(bootstrap, target, stopped_ms)
     finally:
         commits.close()
