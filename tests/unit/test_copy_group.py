@@ -134,6 +134,15 @@ class ScriptedConsumer:
     def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
         return 0, self.ends.get(tp.partition, 0)
 
+    def offsets_for_times(self, tps: list[Any], timeout: float) -> list[Any]:
+        """Starts (timestamp -2) and ends (-1) of the input's partitions."""
+        return [
+            confluent_kafka.TopicPartition(
+                SOURCE, tp.partition, 0 if tp.offset == -2 else self.ends.get(tp.partition, 0)
+            )
+            for tp in tps
+        ]
+
     def position(self, tps: list[Any]) -> list[Any]:
         return [
             confluent_kafka.TopicPartition(SOURCE, tp.partition, self.fetching[tp.partition])

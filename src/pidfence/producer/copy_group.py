@@ -216,14 +216,20 @@ class CopyGroup:
     def _group_done(self, consumer: Any) -> bool:
         """True once the group has committed every input partition up to its end: a member
         that went quiet while others (or nobody, during a rebalance) still hold work waits."""
-        topic = self.spec.from_topic
-        parts = [confluent_kafka.TopicPartition(topic, p) for p in range(self._partitions)]
+        topic, partitions = self.spec.from_topic, range(self._partitions)
+        parts = [confluent_kafka.TopicPartition(topic, p) for p in partitions]
+        # ListOffsets with timestamp -2 / -1: every partition's start and end in one request.
+        at = [[confluent_kafka.TopicPartition(topic, p, ts) for p in partitions] for ts in (-2, -1)]
         try:
-            for committed in consumer.committed(parts, timeout=10.0):
-                tp = confluent_kafka.TopicPartition(topic, committed.partition)
-                low, high = consumer.get_watermark_offsets(tp, timeout=10.0)
-                if max(committed.offset, low) < high:
-                    return False
+            done, starts, ends = (
+                {tp.partition: tp.offset for tp in answer}
+                for answer in (
+                    consumer.committed(parts, timeout=10.0),
+                    *(consumer.offsets_for_times(query, timeout=10.0) for query in at),
+                )
+            )
+            if any(max(done[p], starts[p]) < ends[p] for p in partitions):
+                return False
         except confluent_kafka.KafkaException as exc:
             log.warning("reading the group's progress: %s", exc)
             return False
