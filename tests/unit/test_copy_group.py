@@ -60,6 +60,7 @@ class FakeProducer:
     refuse: bool = False
     closed: bool = False
     rollover_due: bool = False
+    partition_pid: int = 0
     log: list[str] = field(default_factory=list)
 
     def produce(self, topic: str, value: Any, **_: Any) -> int:
@@ -75,7 +76,8 @@ class FakeProducer:
 
     def checkpoint(self) -> ProducerCheckpoint:
         tp = (TARGET, self.partition)
-        return ProducerCheckpoint(self.partition + 1, self.generation, 2**45, {tp: self.seq})
+        pid = self.partition_pid or self.partition + 1
+        return ProducerCheckpoint(pid, self.generation, 2**45, {tp: self.seq})
 
     def bump(self) -> ProducerCheckpoint:
         self.log.append("bump")
@@ -83,6 +85,15 @@ class FakeProducer:
             raise ProducerFenced("another owner bumped it")
         self.generation += 1
         return self.checkpoint()
+
+    def roll(self, save: Callable[[ProducerCheckpoint], None]) -> ProducerCheckpoint:
+        self.log.append("roll")
+        self.rollover_due = False
+        self.partition_pid = 99  # the successor, its seqs from 0
+        self.generation, self.seq = 500, 0
+        successor = self.checkpoint()
+        save(successor)
+        return successor
 
     def close(self, timeout: float = 30.0) -> None:
         self.closed = True
@@ -341,3 +352,17 @@ def test_a_quiet_member_waits_until_the_group_has_committed_every_input_partitio
     # It went quiet after 5 s (idle_exit_s) but ended only after the other member's commit.
     assert member.consumer.log[-2:] == ["the other member committed", "close"]
     assert member.clock.now >= 100.0 + 41 * 0.2
+
+
+def test_a_rollover_commits_the_successor_with_the_offset_of_the_record_it_sends_first() -> None:
+    member = Member([("assign", [0]), records(0, range(2))])
+
+    def rollover_due() -> None:
+        member.producers[0].rollover_due = True
+
+    member.consumer.script += [("call", [rollover_due]), records(0, range(2, 4))]
+    member.group.run()
+    log = member.consumer.log
+    at = log.index("roll")
+    assert log[at - 1 : at + 3] == ["produce 0:1", "roll", "commit 0 at 2", "produce 0:2"]
+    assert member.committed(0)[1].pid == 99  # the successor, committed again at the end
