@@ -51,7 +51,12 @@ def register(app: typer.Typer) -> None:
                 "until the group has committed every input partition to its end",
             ),
         ] = 10.0,
-        checkpoint_every: producing.CheckpointEvery = 200,
+        checkpoint_every: Annotated[
+            int,
+            typer.Option(
+                min=1, help="Flush and save --state (a group: commit a partition) every N records"
+            ),
+        ] = 200,
         ledger: producing.Ledger = None,
         lease_public_key: ProducerPublicKeys = None,
         message_timeout: producing.MessageTimeout = None,

@@ -157,7 +157,7 @@ class CopyGroup:
                 log.warning("closing the consumer: %s", exc)
             for task in list(self.tasks.values()):
                 self._release(task, commit=False)
-            if main:
+            if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         done = sum(self._copied.values())
         if on_progress is not None:
