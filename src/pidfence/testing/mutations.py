@@ -9,6 +9,9 @@ and asserts that the proof fails.
   :data:`RESEND_AFTER_S` is sent again as a new record (a new seq), as an application that
   "retries on timeout" above the producer would do. When the first copy did land (its reply was
   lost on the way back) the same event is appended twice: ``event_duplicate``.
+* ``copy-commit-without-bump``: :meth:`~pidfence.producer.IdempotentProducer.bump` returns the
+  checkpoint without asking the lease server, so a copy group member commits records another
+  owner's takeover had fenced: those events are lost.
 """
 
 from __future__ import annotations
@@ -100,8 +103,18 @@ def _resend_new_seq_on_timeout() -> None:
     IdempotentProducer.flush = broken_flush  # type: ignore[method-assign]
 
 
+def _copy_commit_without_bump() -> None:
+    from pidfence.producer import IdempotentProducer
+
+    def unchecked_bump(self: Any) -> Any:
+        return self.checkpoint()
+
+    IdempotentProducer.bump = unchecked_bump  # type: ignore[method-assign]
+
+
 MUTATIONS: dict[str, Callable[[], None]] = {
     "resend-new-seq-on-timeout": _resend_new_seq_on_timeout,
+    "copy-commit-without-bump": _copy_commit_without_bump,
 }
 
 
