@@ -165,6 +165,13 @@ def test_state_is_incremental_with_periodic_compaction(
         assert run <= 2
 
 
+def test_the_docs_table_is_the_declarations() -> None:
+    from pidfence.spark_sink.options import options_table
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "sink.md").read_text()
+    assert options_table() in page
+
+
 def test_options_are_validated() -> None:
     assert parse_duration_ms("15m") == 900_000
     assert parse_duration_ms("250") == 250
