@@ -133,7 +133,7 @@ def _clean_run(path: Path, batch: int, messages: Path) -> None:
 SINK_CHILD = """
 import os, signal, sys
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.faults import install_hook
+from pidfence.spark_sink.crash_points import install_hook
 from pidfence.spark_sink.output import open_output
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.writer import PidfenceStreamWriter

@@ -40,6 +40,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from pidfence.spark_sink import owner
+from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.decisions import decided_rows
 from pidfence.spark_sink.delta.commit import check_log, commit_files, table_rows
 from pidfence.spark_sink.delta.errors import DeltaTableError, TableGone
@@ -51,7 +52,6 @@ from pidfence.spark_sink.delta.table import (
     check_path,
     check_table,
 )
-from pidfence.spark_sink.faults import crash_point
 from pidfence.spark_sink.manifest import (
     KINDS,
     BatchManifest,

@@ -19,8 +19,8 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink import owner
+from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
-from pidfence.spark_sink.faults import crash_point
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import (
