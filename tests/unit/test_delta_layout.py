@@ -35,6 +35,7 @@ from pidfence.spark_sink.writer import PidfenceStreamWriter
 from pidfence.wire import encode_pf
 from tests.unit.test_sink_process import (
     Record,
+    commit_batches,
     make_stream,
     micro_batches,
     reference,
@@ -63,15 +64,7 @@ def _stream(seed: int, n: int, size: int = 50) -> tuple[list[Record], list[list[
     return records, micro_batches(records, size)
 
 
-def _commit_batches(
-    monkeypatch: pytest.MonkeyPatch,
-    writer: PidfenceStreamWriter,
-    chunks: list[list[Record]],
-    start: int = 0,
-) -> None:
-    """Write and commit each chunk as one micro-batch, numbered from ``start``."""
-    for b, chunk in enumerate(chunks, start=start):
-        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+_commit_batches = partial(commit_batches, query=QUERY)
 
 
 def _committed_stream(

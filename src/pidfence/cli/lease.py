@@ -113,38 +113,20 @@ def _command() -> Callable[..., None]:
         _run({name.replace("_", "-"): value for name, value in given.items()}, config)
         raise typer.Exit(0)
 
+    def keyword(name: str, default: Any, kind: Any, flag: str, help_text: str) -> inspect.Parameter:
+        option = typer.Option(flag, help=help_text)
+        return inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=default,
+            annotation=Annotated[kind, option],
+        )
+
     extra = [
-        inspect.Parameter(
-            "config",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation=Annotated[
-                Path | None, typer.Option("--config", help="TOML file of settings (option names)")
-            ],
-        ),
-        inspect.Parameter(
-            "health",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation=Annotated[
-                str | None,
-                typer.Option("--health", help="Ping HOST:PORT; exit 0 only on a reply"),
-            ],
-        ),
-        inspect.Parameter(
-            "tls_ca",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation=Annotated[
-                Path | None, typer.Option("--tls-ca", help="With --health: CA of the server's TLS")
-            ],
-        ),
-        inspect.Parameter(
-            "timeout",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=3.0,
-            annotation=Annotated[float, typer.Option(help="With --health: seconds to wait")],
-        ),
+        keyword("config", None, Path | None, "--config", "TOML file of settings (option names)"),
+        keyword("health", None, str | None, "--health", "Ping HOST:PORT; exit 0 only on a reply"),
+        keyword("tls_ca", None, Path | None, "--tls-ca", "With --health: CA of the server's TLS"),
+        keyword("timeout", 3.0, float, "--timeout", "With --health: seconds to wait"),
     ]
     parameters = [_parameter(item) for item in declared()] + extra
     lease_server.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]

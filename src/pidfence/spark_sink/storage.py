@@ -134,11 +134,6 @@ class Store:
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(path)
 
-    def delete_tree(self, path: str) -> None:
-        """Remove a folder and everything in it, if present."""
-        if self.fs.get_file_info(path).type == pafs.FileType.Directory:
-            self.fs.delete_dir(path)
-
     def write_table(self, path: str, table: pa.Table, compression: str = "zstd") -> None:
         """Write one Parquet file under a name nobody reads yet, durably (its folder too).
 
