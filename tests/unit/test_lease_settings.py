@@ -164,19 +164,8 @@ def test_the_pending_pool_follows_the_connection_cap() -> None:
 def test_cli_with_insecure_gets_past_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     """--insecure passes the loopback check: the server then tries ZooKeeper (none here: 3)."""
     monkeypatch.setenv("PIDFENCE_LEASE_SERVER_ZK_SESSION_TIMEOUT", "1s")
-    result = CliRunner().invoke(
-        app,
-        [
-            "lease-server",
-            "--zk",
-            "127.0.0.1:1",
-            "--listen",
-            "0.0.0.0:0",
-            "--insecure",
-            "--zk-op-timeout",
-            "1s",
-        ],
-    )
+    args = "lease-server --zk 127.0.0.1:1 --listen 0.0.0.0:0 --insecure --zk-op-timeout 1s"
+    result = CliRunner().invoke(app, args.split())
     assert result.exit_code == 3, result.output
     assert "ZooKeeper" in result.output
 
