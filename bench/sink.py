@@ -314,18 +314,18 @@ def _at_million(progress: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
 
 def _chain_bytes(root: str, batch: int) -> tuple[int, int]:
     """(bytes, files) of every partition's state chain as of ``batch`` under ``root``."""
-    from pidfence.spark_sink.state_files import decode_state, state_dir, state_files
-    from pidfence.spark_sink.storage import STATE, Store, parse_part_name
+    from pidfence.spark_sink.state_files import STATE, decode_state, state_dir, state_files
+    from pidfence.spark_sink.storage import Store
 
     store = Store.at(root)
     size = files = 0
-    for part in store.listdir(store.join(STATE)):
-        topic, partition = parse_part_name(part)
-        names = state_files(store, topic, partition)
+    for part in store.list(store.join(STATE)):
+        topic, _, partition = part.rpartition("~")
+        names = state_files(store, topic, int(partition))
         bid: int | None = max((b for b in names if b <= batch), default=None)
         while bid is not None:
-            path = f"{state_dir(store, topic, partition)}/{names[bid]}"
-            data = store.read_bytes(path)
+            path = f"{state_dir(store, topic, int(partition))}/{names[bid]}"
+            data = store.read(path)
             size += len(data)
             files += 1
             sf = decode_state(data)
