@@ -214,7 +214,10 @@ def register(app: typer.Typer) -> None:
             lost = lost_ranges(starts, found.watermarks)
             if lost and not allow_data_loss:
                 raise data_lost(lost)
-            conf = {**SESSION_CONF, **object_store.session_conf((output, checkpoint), stores)}
+            conf = {
+                **SESSION_CONF,
+                **object_store.session_conf((output, checkpoint), stores, master),
+            }
         if warning := found.no_pf_warning:
             err.print(f"pidfence sink: warning: {warning}")
         if lease_public_key and (warning := found.create_time_warning()):

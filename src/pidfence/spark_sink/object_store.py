@@ -61,10 +61,14 @@ def apply(options: Mapping[str, str]) -> None:
     os.environ.update({k: v for k, v in options.items() if k.startswith("AWS_")})
 
 
-def spark_conf(options: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Spark settings for S3 paths: S3A for ``s3://`` and ``s3a://``, its endpoint, path-style
-    access and credentials from the AWS environment, the same environment for executors, and
-    the ``fs.s3a.*`` storage options."""
+def spark_conf(options: Mapping[str, str] | None = None, master: str = "local") -> dict[str, str]:
+    """Spark settings for S3 paths: S3A for ``s3://`` and ``s3a://``, its endpoint and region
+    from the AWS environment, path-style access, and the ``fs.s3a.*`` storage options.
+
+    S3A reads the credentials from the environment itself (its default provider chain), so no
+    secret goes on the driver's command line. Executors of a cluster (``master`` not
+    ``local``) get the ``AWS_*`` environment through ``spark.executorEnv``; local ones inherit it.
+    """
     env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     conf = {
         "spark.hadoop.fs.s3.impl": _S3A,
@@ -80,10 +84,8 @@ def spark_conf(options: Mapping[str, str] | None = None) -> dict[str, str]:
         conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(ssl).lower()
     if region := env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"):
         conf["spark.hadoop.fs.s3a.endpoint.region"] = region
-    if "AWS_ACCESS_KEY_ID" in env and "AWS_SECRET_ACCESS_KEY" in env:
-        conf["spark.hadoop.fs.s3a.access.key"] = env["AWS_ACCESS_KEY_ID"]
-        conf["spark.hadoop.fs.s3a.secret.key"] = env["AWS_SECRET_ACCESS_KEY"]
-    conf.update({f"spark.executorEnv.{k}": v for k, v in env.items()})
+    if not master.startswith("local"):
+        conf.update({f"spark.executorEnv.{k}": v for k, v in env.items()})
     conf.update({f"spark.hadoop.{k}": v for k, v in (options or {}).items() if k[:3] == "fs."})
     return conf
 
@@ -95,14 +97,16 @@ def s3a_jars() -> list[Path]:
     return jars("hadoop-aws")
 
 
-def session_conf(paths: Iterable[str], options: Mapping[str, str] | None = None) -> dict[str, str]:
+def session_conf(
+    paths: Iterable[str], options: Mapping[str, str] | None = None, master: str = "local"
+) -> dict[str, str]:
     """Settings a new SparkSession needs for ``paths``: none when all are local; for S3, the S3A
     jars on the driver's class path (only the driver touches the checkpoint: executors write
     through pyarrow and delta-rs) and :func:`spark_conf`."""
     if not any(is_s3(p) for p in paths):
         return {}
     classpath = os.pathsep.join(str(p) for p in s3a_jars())
-    return {**spark_conf(options), "spark.driver.extraClassPath": classpath}
+    return {**spark_conf(options, master), "spark.driver.extraClassPath": classpath}
 
 
 __all__ = [
