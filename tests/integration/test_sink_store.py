@@ -30,10 +30,12 @@ from tests.integration.test_delta_shared import Upstream
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 
-def _sink(bootstrap: str, topic: str, out: str, ckpt: str, *extra: str) -> list[str]:
+def _sink(
+    bootstrap: str, topic: str, out: str, ckpt: str, *extra: str, master: str = "local[2]"
+) -> list[str]:
     """``pidfence sink``'s arguments (URIs kept as given: ``Path()`` would drop a slash)."""
     where = ["--bootstrap", bootstrap, "--topic", topic, "--output", out, "--checkpoint", ckpt]
-    return ["sink", *where, "--master", "local[2]", *extra]
+    return ["sink", *where, "--master", master, *extra]
 
 
 def _rows(out: str) -> int:
@@ -159,3 +161,32 @@ def test_services_up_s3_prints_the_environment_and_down_stops_it(tmp_path: Path)
         down = run_pidfence("services", "down", "--run-dir", str(run_dir), timeout=120)
     assert down.returncode == 0 and "seaweedfs-0" in down.stdout, down.stdout + down.stderr
     assert not same_process(store["pid"], store["start_time"])
+
+
+def test_a_cluster_that_shares_nothing_but_the_store(
+    kafka: Any, new_topic: Any, spark_standalone: Any, s3_bucket: Bucket, tmp_path: Path
+) -> None:
+    workers = [spark_standalone.work_dir(i) for i in range(spark_standalone.workers)]
+    assert len(set(workers)) == 2
+    topic = new_topic(partitions=2)
+    out, ckpt = f"{s3_bucket.uri}/out", f"{s3_bucket.uri}/ckpt"
+    up = Upstream(kafka.bootstrap, topic, tmp_path / "ledger.jsonl")
+    up.send(201, range(0, 30), 0)
+    up.send(202, range(0, 30), 1)
+    up.send(201, range(10, 20), 0)
+    argv = _sink(
+        kafka.bootstrap, topic, out, ckpt, "--available-now", master=spark_standalone.master_url
+    )
+    done = run_pidfence(*argv, timeout=600, cwd=tmp_path)
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    frame = pl.read_delta(out)
+    for pid in (201, 202):
+        assert frame.filter(pl.col("pid") == pid).sort("log_offset")["seq"].to_list() == list(
+            range(30)
+        )
+    rejects = read_rejects(out)
+    assert pc.sum(pc.equal(rejects["verdict"], "DUPLICATE")).as_py() == 10
+    # The executors ran in the workers' own folders and left nothing of the output there.
+    assert any(any(w.glob("app-*")) for w in workers), workers
+    kept = [p for w in workers for p in w.rglob("*") if p.suffix in (".parquet", ".json")]
+    assert kept == []
