@@ -26,10 +26,10 @@ TEST_WORKERS ?= 3
 
 setup: $(STAMP) $(JARS) $(ARCHIVES) $(TOXIPROXY)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[dev]'
 	@# Compile on both cores what pip would compile on one (58 s -> 51 s with the compile), and
 	@# pidfence's own sources too: this machine sets PYTHONDONTWRITEBYTECODE=1, so what is not
 	@# compiled here is compiled again by every process (tests/README.md). A module that does not
