@@ -113,7 +113,7 @@ def total(found: Scrape, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in found.items() if n == name and set(labels.items()) <= set(ls))
 
 
-def _two_partitions(seed: int, n: int) -> list[dict[int, list[Record]]]:
+def two_partitions(seed: int, n: int) -> list[dict[int, list[Record]]]:
     """``n / 40`` micro-batches: 40 records of partition 0 and 20 of partition 1 each, from two
     crafted streams."""
     zero = micro_batches(make_stream(seed, n), 40)
@@ -127,7 +127,7 @@ def test_counters_are_the_committed_totals_and_count_a_rerun_batch_once(
     monkeypatch: pytest.MonkeyPatch,
     metrics_of: Any,
 ) -> None:
-    batches = _two_partitions(3, 320)
+    batches = two_partitions(3, 320)
     real = output_mod.commit_files
     for b, parts in enumerate(batches):
         message = write_task(monkeypatch, writer, b, parts)
@@ -180,7 +180,7 @@ def test_a_restarted_driver_starts_from_the_committed_totals(
     monkeypatch: pytest.MonkeyPatch,
     metrics_of: Any,
 ) -> None:
-    batches = _two_partitions(11, 240)
+    batches = two_partitions(11, 240)
     first = metrics_of(clock=lambda: 2e9)
     for b, parts in enumerate(batches[:4]):
         writer.commit([write_task(monkeypatch, writer, b, parts)], b)
@@ -208,7 +208,7 @@ def test_a_restart_reads_the_index_not_every_manifest(
 ) -> None:
     monkeypatch.setattr(output_mod, "INDEX_EVERY", 4)
     monkeypatch.setattr(writer_mod, "INDEX_EVERY", 4)
-    batches = _two_partitions(5, 440)
+    batches = two_partitions(5, 440)
     for b, parts in enumerate(batches):
         writer.commit([write_task(monkeypatch, writer, b, parts)], b)
     assert (tmp_path / "out" / "_pidfence" / "_manifests" / "_index").is_dir()
@@ -234,7 +234,7 @@ def test_partition_gauges_and_lag(
     metrics_of: Any,
     kafka: FakeKafka,
 ) -> None:
-    batches = _two_partitions(21, 160)
+    batches = two_partitions(21, 120)  # the newest state files are deltas (compactEvery 2)
     for b, parts in enumerate(batches):
         writer.commit([write_task(monkeypatch, writer, b, parts)], b)
     out = str(tmp_path / "out")
@@ -245,30 +245,31 @@ def test_partition_gauges_and_lag(
     kafka.marks = {("t", 0): (0, read[0] + 7), ("t", 1): (0, read[1]), ("t", 2): (3, 10)}
     found = scrape(metrics_of())
     lag = {
-        dict(ls)["partition"]: v for (n, ls), v in found.items() if n == "pidfence_sink_records_lag"
+        dict(ls)["partition"]: v for (n, ls), v in found.items() if n == "pidfence_sink_lag_records"
     }
     assert lag == {"0": 7, "1": 0, "2": 7}
     store = Store.at(out).child("_pidfence")
     for part in manifest.parts:
         labels = {"topic": "t", "partition": str(part.partition)}
-        assert total(found, "pidfence_sink_producers", **labels) == part.producers > 0
+        assert total(found, "pidfence_sink_live_producers", **labels) == part.producers > 0
         assert total(found, "pidfence_sink_records_held", **labels) == part.held
-        # The state bytes are the chain a restart loads, as it is on disk.
-        assert total(found, "pidfence_sink_state_bytes", **labels) == _chain_bytes(
-            store, "t", part.partition
-        )
+        # The state bytes are the chain a restart loads (a full snapshot and deltas), on disk.
+        size, files = _chain(store, "t", part.partition)
+        assert files > 1
+        assert total(found, "pidfence_sink_state_bytes", **labels) == size
 
 
-def _chain_bytes(store: Store, topic: str, partition: int) -> int:
+def _chain(store: Store, topic: str, partition: int) -> tuple[int, int]:
+    """(bytes, files) of the partition's newest state chain."""
     names = state_files(store, topic, partition)
     bid: int | None = max(names)
-    size = 0
+    size = files = 0
     while bid is not None:
         data = store.read(f"{state_dir(store, topic, partition)}/{names[bid]}")
-        size += len(data)
+        size, files = size + len(data), files + 1
         sf = decode_state(data)
         bid = sf.prev if sf.kind == "delta" else None
-    return size
+    return size, files
 
 
 def test_lag_of_a_run_started_at_latest_and_kafka_down(
@@ -276,13 +277,13 @@ def test_lag_of_a_run_started_at_latest_and_kafka_down(
 ) -> None:
     kafka.marks = {("t", 0): (0, 40)}
     metrics = metrics_of(starting_offsets="latest")
-    assert total(scrape(metrics), "pidfence_sink_records_lag") == 0
+    assert total(scrape(metrics), "pidfence_sink_lag_records") == 0
     kafka.marks = {("t", 0): (0, 45)}
-    assert total(scrape(metrics), "pidfence_sink_records_lag") == 5
+    assert total(scrape(metrics), "pidfence_sink_lag_records") == 5
     # Kafka does not answer: the scrape still answers, without lag, and says why.
     kafka.marks = None
     found = scrape(metrics)
-    assert not [k for k in found if k[0] == "pidfence_sink_records_lag"]
+    assert not [k for k in found if k[0] == "pidfence_sink_lag_records"]
     assert total(found, "pidfence_sink_metrics_errors_total", source="kafka") == 1
     assert total(found, "pidfence_sink_records_appended_total") == 0
     assert "pidfence_sink_last_batch_id" not in {k[0] for k in found}  # nothing committed yet
@@ -292,7 +293,7 @@ def test_age_of_the_last_batch(
     writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch, metrics_of: Any
 ) -> None:
     monkeypatch.setattr(writer_mod.time, "time", lambda: 1_000.0)
-    writer.commit([write_task(monkeypatch, writer, 0, _two_partitions(2, 80)[0])], 0)
+    writer.commit([write_task(monkeypatch, writer, 0, two_partitions(2, 80)[0])], 0)
     found = scrape(metrics_of(clock=lambda: 1_090.5))
     assert total(found, "pidfence_sink_last_batch_timestamp_seconds") == 1_000.0
     assert total(found, "pidfence_sink_last_batch_age_seconds") == 90.5

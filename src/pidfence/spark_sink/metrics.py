@@ -256,7 +256,7 @@ class SinkMetrics(Collector):
         labels = ["topic", "partition"]
         families = {
             "producers": GaugeMetricFamily(
-                "pidfence_sink_producers",
+                "pidfence_sink_live_producers",
                 "Live producer entries of the partition, as of its newest committed batch",
                 labels=labels,
             ),
@@ -276,7 +276,7 @@ class SinkMetrics(Collector):
                 family.add_metric([topic, str(partition)], float(getattr(part, name)))
         yield from families.values()
         behind = GaugeMetricFamily(
-            "pidfence_sink_records_lag",
+            "pidfence_sink_lag_records",
             "Offsets between Kafka's high watermark and the next offset the sink reads",
             labels=labels,
         )
