@@ -34,6 +34,8 @@ RULES = sorted(p for p in (DOCS / "alerts").glob("*.yml") if not p.name.endswith
 DASHBOARDS = sorted((DOCS / "dashboards").glob("*.json"))
 #: Grafana's variables, as Grafana substitutes them before Prometheus sees a query.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
+#: Series Prometheus itself records for each scrape target, served by no process.
+SCRAPE_SERIES = frozenset({"up"})
 #: What prometheus_client adds to a family's name for its samples.
 SUFFIXES = re.compile(r"_(total|bucket|count|sum|created)$")
 
@@ -82,7 +84,9 @@ def missing_from(scraped: set[str]) -> dict[str, set[str]]:
     wanted = {**rule_exprs(), **dashboard_exprs()}
     missing = {}
     for where, expr in wanted.items():
-        gone = {n for n in selected_metrics(expr) if SUFFIXES.sub("", n) not in scraped}
+        gone = {
+            n for n in selected_metrics(expr) - SCRAPE_SERIES if SUFFIXES.sub("", n) not in scraped
+        }
         if gone:
             missing[where] = gone
     return missing
@@ -102,6 +106,7 @@ def test_every_rule_is_complete_and_parses() -> None:
     # producers, a gap opened.
     assert {
         "PidfenceSinkStalled",
+        "PidfenceSinkDown",
         "PidfenceSinkLagGrowing",
         "PidfenceFencedOrUnknownProducers",
         "PidfenceGapOpened",
@@ -150,3 +155,22 @@ def test_promtool_checks_the_rules_and_their_unit_tests_fire() -> None:
             ["promtool", *args], capture_output=True, text=True, check=False, cwd=DOCS / "alerts"
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not on PATH")
+def test_the_scrape_config_in_the_docs_loads_the_rules(tmp_path: Path) -> None:
+    text = (DOCS / "metrics.md").read_text()
+    config = re.search(r"```yaml\n(# prometheus\.yml.*?)```", text, re.DOTALL)
+    assert config is not None, "docs/metrics.md lost its prometheus.yml example"
+    (tmp_path / "prometheus.yml").write_text(config.group(1))
+    for rules in RULES:
+        shutil.copy(rules, tmp_path)
+    done = subprocess.run(
+        ["promtool", "check", "config", "prometheus.yml"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rule_exprs())} rules found" in done.stdout, done.stdout
