@@ -100,7 +100,8 @@ def run_demo(
                     console.log(f"[yellow]net[/yellow]: {note}")
                 metrics = _sink_metrics(paths, ends, cleanups)
                 served = {**ends.metrics, "sink": metrics.serve(0)}
-                console.log("metrics: " + ", ".join(f"{k} {url}" for k, url in served.items()))
+                for name, url in served.items():
+                    console.log(f"metrics: {name} {url}")
             session = spark_future
 
             def mid_run() -> bool:
