@@ -308,6 +308,7 @@ class Output:
         self.own.put(self._manifest_path(batch_id), manifest.encode())
         done = False
         kinds: tuple[TableKind, TableKind] = ("rejects", "log")
+        info = manifest.figures()
         for kind in kinds:
             store = self.table(kind)
             files = [
@@ -315,7 +316,6 @@ class Output:
                 for part in manifest.parts
                 if (rel := part.files.of(kind)) is not None
             ]
-            info = {"parts": len(manifest.parts)}
             done = commit_files(store, kind, self.query_id, batch_id, files, info=info)
             self._tables.pop(kind, None)
             if not done:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import json
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.failure import failure_of
 from pidfence.spark_sink.manifest import BatchManifest
 from pidfence.spark_sink.output import Output, committed_ids
+from pidfence.spark_sink.progress import BatchProgress, progress_by_batch
+
+if TYPE_CHECKING:  # prometheus_client and Kafka's client load when metrics are asked for
+    from pidfence.spark_sink.metrics import SinkMetrics
 
 #: Spark settings for a session that runs the sink: bigger Arrow batches to the Python writer
 #: than Spark's default 10k rows, fewer round trips per task (see bench/sink.py).
@@ -19,6 +23,8 @@ SESSION_CONF = {"spark.sql.execution.arrow.maxRecordsPerBatch": "100000"}
 
 #: Kafka source options that split one topic-partition across tasks (forbidden: DESIGN §7).
 SPLITTING_OPTIONS = frozenset({"minpartitions", "maxrecordsperpartition"})
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -128,9 +134,26 @@ def build_query(
 
 
 def start_sink(
-    spark: Any, bootstrap: str, topic: str, output: str, checkpoint: str, **kwargs: Any
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    output: str,
+    checkpoint: str,
+    *,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+    metrics: SinkMetrics | None = None,
+    **kwargs: Any,
 ) -> Any:
-    """Check and open the output, then start the query (see :func:`build_query`)."""
+    """Check and open the output, then start the query (see :func:`build_query`).
+
+    Args:
+        metrics_port: serve the sink's Prometheus metrics (``/metrics``) from this process on
+            this port (0: a free one, logged), until the process ends.
+        metrics_host: the address to serve them on: loopback unless told otherwise.
+        metrics: metrics already served (``pidfence sink`` binds before Spark starts).
+    """
+    from pidfence.spark_sink.metrics import SinkMetrics
     from pidfence.spark_sink.options import SinkOptions
     from pidfence.spark_sink.output import NO_OWNER, open_output
     from pidfence.spark_sink.owner import checkpoint_committed
@@ -143,7 +166,15 @@ def start_sink(
     open_output(
         opts.path, opts.rejects_path, NO_OWNER, committed_before=checkpoint_committed(checkpoint)
     )
-    return build_query(spark, bootstrap, topic, output, checkpoint, **kwargs).start()
+    if metrics is None and metrics_port is not None:
+        topics = [t.strip() for t in topic.split(",") if t.strip()]
+        starting = kwargs.get("starting_offsets", "earliest")
+        metrics = SinkMetrics(output, bootstrap, topics, checkpoint, starting_offsets=starting)
+        log.info("sink metrics on %s", metrics.serve(metrics_port, metrics_host))
+    query = build_query(spark, bootstrap, topic, output, checkpoint, **kwargs).start()
+    if metrics is not None:
+        metrics.watch(query)
+    return query
 
 
 def run_sink(
@@ -215,30 +246,6 @@ class BatchLine:
         return f" ({reasons})" if reasons else ""
 
 
-@dataclass(frozen=True)
-class _Progress:
-    lag: int | None
-    seconds: float | None
-
-
-def _progress_by_batch(query: Any) -> dict[int, _Progress]:
-    out: dict[int, _Progress] = {}
-    for progress in query.recentProgress:
-        data = json.loads(progress.json) if hasattr(progress, "json") else dict(progress)
-        total = 0
-        known = False
-        for source in data.get("sources", []):
-            value = (source.get("metrics") or {}).get("maxOffsetsBehindLatest")
-            if value is not None:
-                total += int(float(value))
-                known = True
-        ms = (data.get("durationMs") or {}).get("triggerExecution")
-        out[int(data["batchId"])] = _Progress(
-            total if known else None, None if ms is None else float(ms) / 1000
-        )
-    return out
-
-
 class BatchWatcher:
     """Reports each batch a running query commits, once, from its manifest and progress.
 
@@ -262,7 +269,7 @@ class BatchWatcher:
         new = [b for b in output.committed_ids() if b > self.last]
         if not new:
             return []
-        progress = _progress_by_batch(query)
+        progress = progress_by_batch(query)
         lines = []
         for bid in new:
             if bid not in progress and bid == new[-1] and not final:
@@ -272,7 +279,7 @@ class BatchWatcher:
                 break
             one = SinkRunSummary()
             one.add_manifest(manifest)
-            seen = progress.get(bid, _Progress(None, None))
+            seen = progress.get(bid, BatchProgress())
             lines.append(
                 BatchLine(
                     bid,

@@ -74,6 +74,8 @@ class PartitionState:
     last_batch: int | None = None
     #: the highest Kafka offset of the partition the committed batches read (None: none).
     kafka_last: int | None = None
+    #: bytes of the state chain (full snapshot and deltas) it was loaded from, then saved as.
+    state_bytes: int = 0
 
 
 def new_table(opts: SinkOptions, verifier: Verifier | None = None) -> ProducerStateTable:
@@ -106,15 +108,19 @@ def _restore_chain(
     top: int,
     tag: str | None,
     opts: SinkOptions,
-) -> tuple[ProducerStateTable, StateFile, int]:
-    """The table of the chain ending at batch ``top`` whose file has attempt tag ``tag``."""
+) -> tuple[ProducerStateTable, StateFile, int, int]:
+    """The table of the chain ending at batch ``top`` whose file has attempt tag ``tag``, its
+    last file, its length and its size in bytes."""
     chain: list[StateFile] = []
+    size = 0
     bid: int | None = top
     want = tag
     while bid is not None:
         if bid not in files:
             raise CorruptSnapshot(f"state chain of {topic}[{partition}] misses batch {bid}")
-        sf = decode_state(store.read(f"{state_dir(store, topic, partition)}/{files[bid]}"))
+        data = store.read(f"{state_dir(store, topic, partition)}/{files[bid]}")
+        size += len(data)
+        sf = decode_state(data)
         if sf.tag != want:
             # Written by an attempt whose batch was not the committed one.
             raise CorruptSnapshot(f"state file of batch {bid} is from another attempt")
@@ -126,7 +132,7 @@ def _restore_chain(
     table = ProducerStateTable.restore_chain(
         chain[0].table, [c.table for c in chain[1:]], **_overrides(opts)
     )
-    return table, chain[-1], len(chain)
+    return table, chain[-1], len(chain), size
 
 
 def load_state(
@@ -152,13 +158,14 @@ def load_state(
     files = state_files(store, topic, partition)
     held = _held_payloads(output.read_held(part))
     try:
-        table, sf, chain_len = _restore_chain(store, topic, partition, files, top, part.tag, opts)
+        found = _restore_chain(store, topic, partition, files, top, part.tag, opts)
     except (CorruptSnapshot, OSError):
         pass
     else:
+        table, sf, chain_len, size = found
         table.verifier = verifier
         return PartitionState(
-            table, held, sf.next_log, top, sf.tag, chain_len, top, part.kafka_last
+            table, held, sf.next_log, top, sf.tag, chain_len, top, part.kafka_last, size
         )
     table = _rebuild(output, topic, partition, files, top, part, opts)
     table.verifier = verifier
@@ -216,7 +223,7 @@ def _rebuild(
         if bid not in files:
             continue
         try:
-            table, _, _ = _restore_chain(output.own, topic, partition, files, bid, part.tag, opts)
+            table, *_ = _restore_chain(output.own, topic, partition, files, bid, part.tag, opts)
         except (CorruptSnapshot, OSError):
             continue
         start = i
@@ -285,8 +292,9 @@ def save_state(
 ) -> str:
     """Write the state as of ``batch_id``: a delta normally, a full one every ``compact_every``.
 
-    Returns the file name. The file is replaced atomically; it carries the attempt ``tag`` so a
-    loader only trusts it when the committed manifest names the same attempt.
+    Returns the file name, and sets ``st.state_bytes`` to the size of the chain it ends. The file
+    is replaced atomically; it carries the attempt ``tag`` so a loader only trusts it when the
+    committed manifest names the same attempt.
     """
     full = st.base_batch is None or st.chain_len >= opts.compact_every + 1
     blob = st.table.snapshot() if full else st.table.snapshot_delta()
@@ -300,7 +308,9 @@ def save_state(
     )
     name = f"{batch_name(batch_id)}.{sf.kind}"
     directory = state_dir(store, topic, partition)
-    store.put(f"{directory}/{name}", encode_state(sf))
+    data = encode_state(sf)
+    store.put(f"{directory}/{name}", data)
+    st.state_bytes = len(data) + (0 if full else st.state_bytes)
     # A re-run may have left the other kind for this batch id; only one may exist.
     other = f"{batch_name(batch_id)}.{'delta' if full else 'full'}"
     store.delete(f"{directory}/{other}")
