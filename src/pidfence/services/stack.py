@@ -1,4 +1,5 @@
-"""``pidfence services``: a ZooKeeper ensemble and a Kafka cluster that outlive the command.
+"""``pidfence services``: a ZooKeeper ensemble and a Kafka cluster (and, with ``s3``, a SeaweedFS
+object store) that outlive the command.
 
 :class:`Services` starts the servers, records them in ``<run dir>/state.json`` (pids with their
 ``/proc`` start times, ports, connect strings) and leaves them running. A later process loads that
@@ -22,13 +23,14 @@ from typing import Any
 from pidfence.jars import user_cache
 from pidfence.services.kafka import KafkaCluster
 from pidfence.services.node import ServerNode
+from pidfence.services.seaweedfs import SeaweedFS
 from pidfence.services.zookeeper import ZooKeeperEnsemble
 from pidfence.wire import PidfenceError
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
 #: Sub-folders of the run dir that :meth:`Services.down` removes with the state file.
-_OWNED_DIRS = ("zookeeper", "kafka")
+_OWNED_DIRS = ("zookeeper", "kafka", "s3")
 
 
 class ServicesError(PidfenceError):
@@ -106,6 +108,8 @@ class ServicesState:
     nodes: list[NodeRecord] = field(default_factory=list)
     version: int = STATE_VERSION
     created_at: str = ""
+    #: The AWS environment of the S3 store (``services up --s3``), else empty.
+    s3: dict[str, str] = field(default_factory=dict)
 
     def pids(self) -> dict[str, int]:
         """Node name to pid."""
@@ -123,6 +127,7 @@ class ServicesState:
             "run_dir": self.run_dir,
             "pids": self.pids(),
             "alive": {n.name: same_process(n.pid, n.start_time) for n in self.nodes},
+            "s3": self.s3,
         }
 
     def to_json(self) -> str:
@@ -143,6 +148,7 @@ class ServicesState:
                 kafka=raw["kafka"],
                 nodes=nodes,
                 created_at=raw.get("created_at", ""),
+                s3=dict(raw.get("s3") or {}),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ServicesError(f"unreadable services state: {exc}") from exc
@@ -217,6 +223,7 @@ class Services:
         zookeeper: ZooKeeper nodes (1..3).
         kafka: Kafka nodes (1..3), each broker and controller.
         run_dir: data, logs and ``state.json`` (default: :func:`default_run_dir`).
+        s3: also a SeaweedFS S3 store (:class:`~pidfence.services.seaweedfs.SeaweedFS`).
 
     Example:
         >>> with Services(zookeeper=3, kafka=3) as stack:  # doctest: +SKIP
@@ -224,13 +231,16 @@ class Services:
         ...     stack.restart("kafka-1")
     """
 
-    def __init__(self, zookeeper: int = 1, kafka: int = 1, run_dir: Path | None = None) -> None:
+    def __init__(
+        self, zookeeper: int = 1, kafka: int = 1, run_dir: Path | None = None, s3: bool = False
+    ) -> None:
         for what, n in (("zookeeper", zookeeper), ("kafka", kafka)):
             if not 1 <= n <= 3:
                 raise ValueError(f"{what} nodes must be 1..3, got {n}")
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir()
         self.zk = ZooKeeperEnsemble(zookeeper, run_dir=self.run_dir / "zookeeper")
         self.kafka = KafkaCluster(kafka, run_dir=self.run_dir / "kafka")
+        self.s3 = SeaweedFS(run_dir=self.run_dir / "s3") if s3 else None
 
     @property
     def zk_hosts(self) -> str:
@@ -262,7 +272,10 @@ class Services:
         self.zk.start(timeout)
         try:
             self.kafka.start(timeout)
+            if self.s3 is not None:
+                self.s3.start(timeout)
         except BaseException:
+            self.kafka.stop()
             self.zk.stop()
             raise
         return self.record()
@@ -281,21 +294,28 @@ class Services:
             kafka=self.bootstrap,
             nodes=nodes,
             created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            s3=self.s3.environment() if self.s3 is not None else {},
         )
         write_state(self.run_dir, state)
         return state
 
     def _nodes_with_ports(self) -> list[tuple[ServerNode, int]]:
-        return [(n, n.port) for n in (*self.zk.nodes, *self.kafka.nodes)]
+        return [(n, n.port) for n in self._nodes()]
+
+    def _nodes(self) -> list[ServerNode]:
+        s3 = self.s3.nodes if self.s3 is not None else []
+        return [*self.zk.nodes, *self.kafka.nodes, *s3]
 
     def node(self, name: str) -> ServerNode:
         """The node called ``zookeeper-N`` or ``kafka-N`` (its fault hooks live on it)."""
-        for node in (*self.zk.nodes, *self.kafka.nodes):
+        for node in self._nodes():
             if node.name == name:
                 return node
         kind = name.rpartition("-")[0]
-        if kind not in ("zookeeper", "kafka"):
-            raise ServicesError(f"unknown node {name!r}: expected zookeeper-N or kafka-N")
+        if kind not in ("zookeeper", "kafka", "seaweedfs"):
+            raise ServicesError(
+                f"unknown node {name!r}: expected zookeeper-N, kafka-N or seaweedfs-0"
+            )
         raise ServicesError(f"no node {name!r} (started: {', '.join(self.node_names())})")
 
     def node_names(self) -> list[str]:
@@ -326,7 +346,9 @@ class Services:
         return self.node(node).log_tail(lines)
 
     def down(self) -> None:
-        """Stop every node (Kafka first), then remove the run state."""
+        """Stop every node (the store and Kafka first), then remove the run state."""
+        if self.s3 is not None:
+            self.s3.stop()
         self.kafka.stop()
         self.zk.stop()
         state = read_state(self.run_dir)

@@ -19,6 +19,7 @@ from typing import ClassVar, Final
 
 from pidfence.spark_sink.data_loss import DataLost, is_spark_data_loss
 from pidfence.spark_sink.errors import SinkError
+from pidfence.spark_sink.jvm_cause import explain
 from pidfence.wire import PidfenceError
 
 _CAUSE: Final = re.compile(r"^\s*(pidfence(?:\.\w+)+)\.(\w+): (.*)$", re.MULTILINE)
@@ -112,7 +113,7 @@ def failure_of(exc: BaseException) -> PidfenceError:
     cause = cause_in(text)
     if cause is not None:
         return cause
-    line = first_line(text) or type(exc).__name__
+    line = explain(text) or first_line(text) or type(exc).__name__
     if is_spark_data_loss(text):
         return DataLost(
             "Kafka deleted records before the sink read them (retention overtook the sink): "

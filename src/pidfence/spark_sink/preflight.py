@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pidfence.spark_sink import owner
+from pidfence.spark_sink import conditional, owner
+from pidfence.spark_sink.object_store import is_s3
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.storage import Store
 
@@ -25,6 +26,7 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> None:
         SchemaChanged: a column the sink writes was removed or retyped.
         TableGone: the checkpoint committed batches, and the Delta table is gone.
         OutputOwnedError: another query owns the output.
+        StoreIgnoresConditions: the output's object store ignores conditional puts.
     """
     from pidfence.spark_sink.delta.errors import TableGone
     from pidfence.spark_sink.delta.table import OWN_DIR, check_path
@@ -38,6 +40,8 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> None:
             "--checkpoint"
         )
     owner.check_owner(Store.at(f"{options.path}/{OWN_DIR}"), checkpoint)
+    if is_s3(options.path):
+        conditional.probe(Store.at(options.path).root, options.path)
 
 
 def start_offsets(

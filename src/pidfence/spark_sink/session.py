@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pidfence.jars import connector_jars, connector_module
+from pidfence.spark_sink.object_store import session_conf
 
 
 def packages() -> str:
@@ -20,7 +21,7 @@ def packages() -> str:
     return str(connector_module())
 
 
-def configure(builder: Any, jars: str | Path | None = None) -> Any:
+def configure(builder: Any, jars: str | Path | None = None, object_store: bool = False) -> Any:
     """Add the Kafka connector's jars to a ``SparkSession.Builder`` (before ``getOrCreate()``).
 
     Args:
@@ -29,6 +30,9 @@ def configure(builder: Any, jars: str | Path | None = None) -> Any:
         jars: a folder holding the connector and its dependencies, for a machine without
             network; else ``$PIDFENCE_JARS``, else the jar cache, fetched from Maven Central on
             first use (with a progress line) and used offline afterwards.
+        object_store: also Spark's S3A file system for an ``s3://`` or ``s3a://`` checkpoint:
+            hadoop-aws and the AWS SDK bundle matched to pyspark's Hadoop (fetched likewise),
+            configured from the AWS environment (:mod:`pidfence.spark_sink.object_store`).
 
     Returns:
         The builder. After ``getOrCreate()``, :func:`pidfence.spark_sink.register` adds
@@ -36,7 +40,10 @@ def configure(builder: Any, jars: str | Path | None = None) -> Any:
     """
     paths = [str(p) for p in connector_jars(jars)]
     existing = getattr(builder, "_options", {}).get("spark.jars")
-    return builder.config("spark.jars", ",".join([existing, *paths] if existing else paths))
+    builder = builder.config("spark.jars", ",".join([existing, *paths] if existing else paths))
+    for key, value in session_conf(["s3://"] if object_store else []).items():
+        builder = builder.config(key, value)
+    return builder
 
 
 __all__ = ["configure", "packages"]

@@ -5,7 +5,9 @@ files under ``_pidfence/`` (manifests, state, held records, decisions, the owner
 operations are the ones an object store offers: read, put (whole-object replace), put if absent
 (the one atomic step the commit protocol needs), exists, delete, list. No step of the protocol
 renames: on a local disk a put goes through a temporary file and ``os.replace`` so a reader never
-sees half of it, and put-if-absent through ``link()``, which fails when the name exists.
+sees half of it, and put-if-absent through ``link()``, which fails when the name exists. On S3,
+put-if-absent is a conditional put (``If-None-Match: *``, through boto3: pyarrow's S3 file system
+has none), which the store answers 412 when the key exists.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from pidfence.spark_sink import conditional
+from pidfence.spark_sink.object_store import arrow_uri, is_remote
 
 #: Columns with a handful of values per file; only these get Parquet dictionary encoding, which
 #: costs more than it saves on keys, values, offsets and sequence numbers (bench/sink.py).
@@ -52,10 +57,11 @@ class Store:
 
     @classmethod
     def at(cls, path: str, storage_options: dict[str, str] | None = None) -> Store:
-        """A local path or a URI (``file://``, ``s3://``, ``gs://`` …)."""
-        if "://" in path and not path.startswith("file://"):
-            fs, root = pafs.FileSystem.from_uri(path)
-            return cls(fs, root.rstrip("/"), path.rstrip("/"), storage_options)
+        """A local path or a URI (``file://``, ``s3://``, ``s3a://``, ``gs://`` …)."""
+        if is_remote(path):
+            uri = arrow_uri(path).rstrip("/")
+            fs, root = pafs.FileSystem.from_uri(uri)
+            return cls(fs, root.rstrip("/"), uri, storage_options)
         local = os.path.abspath(path.removeprefix("file://"))
         return cls(pafs.LocalFileSystem(), local, local, storage_options)
 
@@ -107,10 +113,12 @@ class Store:
         """Publish ``data`` at ``path`` unless a file is already there; True if this call did.
 
         Locally the bytes are hard-linked into place from a temporary file: link() fails if the
-        name exists, and readers never see a half-written file. On an object store it is a check
-        then a put: safe for the sink's single committer (Spark's driver) writing deterministic
-        content; a store's conditional put (``If-None-Match: *``) makes it atomic.
+        name exists, and readers never see a half-written file. On S3 it is a conditional put
+        (:func:`~pidfence.spark_sink.conditional.put_if_absent`). On another object store it is
+        a check then a put, atomic only for a single writer.
         """
+        if isinstance(self.fs, pafs.S3FileSystem):
+            return conditional.put_if_absent(path, data)
         parent = path.rpartition("/")[0]
         self.fs.create_dir(parent, recursive=True)
         if not self.local:

@@ -1,0 +1,106 @@
+"""Create-if-absent on S3: a conditional put (``If-None-Match: *``), and the probe that refuses a
+store ignoring it.
+
+AWS S3, MinIO, SeaweedFS and R2 answer such a put with 412 Precondition Failed when the key
+exists; delta-rs (1.0 on) commits a Delta version the same way. A store that ignores the header
+overwrites instead, and two writers would both "create" one commit: :func:`probe` finds that
+out before the sink writes anything. The client is boto3's (pyarrow's S3 file system has no
+conditional put), configured from the same AWS environment as pyarrow and delta-rs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from typing import Any, ClassVar
+
+from pidfence.spark_sink.errors import SinkError
+from pidfence.spark_sink.jvm_cause import fix_for
+
+#: How often a put that met a concurrent conditional write (409) is tried again.
+_CONFLICT_RETRIES = 5
+
+
+class StoreUnusable(SinkError):
+    """The object store refused or did not answer the sink's first write (no bucket, wrong
+    credentials, no store at the endpoint); the message names the fix."""
+
+
+class StoreIgnoresConditions(SinkError):
+    """The object store overwrote a key that a conditional put (``If-None-Match: *``) found
+    present: the sink's commits cannot be atomic on it."""
+
+    retriable: ClassVar[bool] = False
+
+
+@functools.cache
+def _client(pid: int, endpoint: str | None, region: str | None, key: str | None) -> Any:
+    """One boto3 client per process, endpoint and access key (clients do not survive a fork;
+    a session reads the credentials once)."""
+    del pid, key
+    import boto3
+
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region)
+
+
+def client() -> Any:
+    """A boto3 S3 client from the AWS environment."""
+    env = os.environ
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    key = env.get("AWS_ACCESS_KEY_ID")
+    return _client(os.getpid(), env.get("AWS_ENDPOINT_URL"), region, key)
+
+
+def put_if_absent(path: str, data: bytes) -> bool:
+    """Create ``bucket/key`` with ``data`` unless it exists; True if this call created it."""
+    from botocore.exceptions import ClientError
+
+    bucket, _, key = path.partition("/")
+    conflicts = 0
+    while True:
+        try:
+            client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            return True
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 412:
+                return False
+            conflicts += 1  # 409: a concurrent conditional put to the key; ask again
+            if status != 409 or conflicts >= _CONFLICT_RETRIES:
+                raise
+
+
+def probe(bucket_path: str, where: str) -> None:
+    """Put one fresh key twice, conditionally: the second must be refused.
+
+    Args:
+        bucket_path: a folder as pyarrow's S3 file system names it (``bucket/prefix``).
+        where: how messages name the store (the user's URI).
+
+    Raises:
+        StoreIgnoresConditions: the second put overwrote the first.
+        StoreUnusable: the store refused the put or did not answer.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    key = f"{bucket_path.rstrip('/')}/_pidfence/probe-{uuid.uuid4().hex}"
+    bucket, _, name = key.partition("/")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "AWS S3")
+    try:
+        first = put_if_absent(key, b"1")
+        second = put_if_absent(key, b"2")
+        client().delete_object(Bucket=bucket, Key=name)
+    except (BotoCoreError, ClientError) as exc:
+        fix = fix_for(str(exc)) or "check the AWS environment (AWS_ENDPOINT_URL, credentials)"
+        raise StoreUnusable(f"{where} (store {endpoint}): {exc}; {fix}") from exc
+    if first and not second:
+        return
+    raise StoreIgnoresConditions(
+        f"{where}: the store at {endpoint} ignores conditional writes (a put with If-None-Match: "
+        "* overwrote an existing key), so two writers could both commit one batch. Use a store "
+        "that honours them (AWS S3, MinIO, SeaweedFS, Cloudflare R2) or upgrade this one"
+    )
+
+
+__all__ = ["StoreIgnoresConditions", "StoreUnusable", "client", "probe", "put_if_absent"]
