@@ -40,6 +40,8 @@ $(STAMP): pyproject.toml constraints.txt
 $(JARS): $(STAMP) src/pidfence/jars/components.py
 	@command -v java >/dev/null || { echo "error: java not found: install a Java 17+ runtime (apt-get install openjdk-17-jre-headless)"; exit 2; }
 	$(BIN)/pidfence jars
+	@# The object-store tests' s3a:// file system (686 MB of AWS SDK): fetched here, not mid-suite.
+	$(BIN)/pidfence jars hadoop-aws
 	@touch $@
 
 $(ARCHIVES): $(JARS)
