@@ -9,6 +9,9 @@ and asserts that the proof fails.
   :data:`RESEND_AFTER_S` is sent again as a new record (a new seq), as an application that
   "retries on timeout" above the producer would do. When the first copy did land (its reply was
   lost on the way back) the same event is appended twice: ``event_duplicate``.
+* ``producer-without-lock``: ``IdempotentProducer``'s lock does nothing, so threads sharing a
+  producer take, stamp and hand over seqs unguarded (the producer before issue 42): two records
+  get one (pid, generation, seq) and the sink keeps only the first.
 """
 
 from __future__ import annotations
@@ -99,8 +102,31 @@ def _resend_new_seq_on_timeout() -> None:
     IdempotentProducer.flush = broken_flush  # type: ignore[method-assign]
 
 
+class _NoLock:
+    """A lock that never waits."""
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def __enter__(self) -> bool:
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _producer_without_lock() -> None:
+    from pidfence.producer import idempotent
+
+    idempotent.RLock = _NoLock  # type: ignore[attr-defined,assignment]
+
+
 MUTATIONS: dict[str, Callable[[], None]] = {
     "resend-new-seq-on-timeout": _resend_new_seq_on_timeout,
+    "producer-without-lock": _producer_without_lock,
 }
 
 
