@@ -10,6 +10,7 @@ path (user headers) and ``produce_many``. The seeded mutant ``producer-without-l
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import multiprocessing
 import sys
@@ -31,7 +32,7 @@ from pidfence.producer import (
     idempotent,
 )
 from pidfence.testing.mutations import install_mutation
-from pidfence.wire import PidfenceError, decode_pf
+from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf
 from tests.unit.test_producer_client import LIFETIME, FakeLeaseClient
 
 THREADS = 4
@@ -118,16 +119,16 @@ class Rig:
         self.full_every = full_every
         self.kafka: ThreadedKafka | None = None
 
-    def producer(self, **kwargs: Any) -> IdempotentProducer:
-        def factory(conf: dict[str, Any]) -> ThreadedKafka:
-            self.kafka = ThreadedKafka(conf, self.full_every)
-            return self.kafka
+    def factory(self, conf: dict[str, Any]) -> ThreadedKafka:
+        self.kafka = ThreadedKafka(conf, self.full_every)
+        return self.kafka
 
+    def producer(self, **kwargs: Any) -> IdempotentProducer:
         return IdempotentProducer(
             ProducerConfig("127.0.0.1:9", message_timeout_ms=500),
             self.lease,
             clock=lambda: self.now,
-            producer_factory=factory,
+            producer_factory=self.factory,
             **kwargs,
         )
 
@@ -180,9 +181,10 @@ def send_mixed(producer: IdempotentProducer, layout: str) -> Callable[[int], Non
     return work
 
 
-def problems(kafka: ThreadedKafka, sent: int) -> list[str]:
-    """What is wrong with the logs: a (pid, generation, partition, seq) on two records, a
-    partition whose seqs are not 0, 1, 2, ... in log order per pid, a value not there once."""
+def problems(kafka: ThreadedKafka, sent: int, start: int = 0) -> list[str]:
+    """What is wrong with the logs (FENCE records aside): a (pid, generation, partition, seq)
+    on two records, a partition whose seqs are not ``start`` (0 for a successor pid), +1, +2,
+    ... in log order per pid, a value not there once."""
     found: list[str] = []
     identities: Counter[tuple[int, int, int, int]] = Counter()
     values: Counter[bytes] = Counter()
@@ -190,11 +192,14 @@ def problems(kafka: ThreadedKafka, sent: int) -> list[str]:
         seqs: dict[int, list[int]] = {}
         for raw, value in records:
             pf = decode_pf(raw)
+            if pf.flags & FLAG_FENCE:
+                continue
             identities[(pf.pid, pf.generation, partition, pf.seq)] += 1
             seqs.setdefault(pf.pid, []).append(pf.seq)
             values[value] += 1
         for pid, order in seqs.items():
-            if order != list(range(len(order))):
+            first = start if pid == min(seqs) else 0
+            if order != list(range(first, first + len(order))):
                 found.append(f"partition {partition}, pid {pid}: seqs out of log order")
     shared = sum(n for n in identities.values() if n > 1)
     if shared:
@@ -215,6 +220,27 @@ def test_threads_sharing_a_producer_never_share_an_identity(layout: str) -> None
     assert producer.acked == THREADS * PER_THREAD  # reports served on every thread, none lost
     if layout == "keyed":
         assert all(len(log) > PER_THREAD // 2 for log in rig.kafka.log.values())
+
+
+def test_threads_stamp_every_header_form_without_sharing_an_identity() -> None:
+    """Seqs past 65,535 take the stamping loop's third form (``Sequencer.header``, a Python
+    call: where the unguarded loop let another thread in): a resumed checkpoint starts there."""
+    rig = Rig()
+    start = 0x10000 - 3_000
+    checkpoint = dataclasses.replace(rig.producer().checkpoint(), next_seq={("t", 0): start})
+    producer = IdempotentProducer.resume(
+        checkpoint,
+        rig.lease,
+        ProducerConfig("127.0.0.1:9", message_timeout_ms=500),
+        clock=lambda: rig.now,
+        producer_factory=rig.factory,
+        scanner=lambda *args: None,
+    )
+    in_threads(send_mixed(producer, "one"))
+    assert producer.flush() == 0
+    assert rig.kafka is not None
+    assert problems(rig.kafka, THREADS * PER_THREAD, start) == []
+    assert decode_pf(rig.kafka.log[0][-1][0]).seq == start + THREADS * PER_THREAD - 1
 
 
 def test_without_the_lock_threads_share_identities(monkeypatch: pytest.MonkeyPatch) -> None:

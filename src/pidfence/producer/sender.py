@@ -71,7 +71,7 @@ class Sender:
         conf = config.to_librdkafka()
         conf.setdefault("allow.auto.create.topics", False)
         conf.setdefault("logger", librdkafka_logger())
-        conf["on_delivery"] = self.delivery.on_delivery
+        self._counted = conf["on_delivery"] = self.delivery.counter()
         self.client = factory(conf)
         #: True when each record needs its own callback (ledger or resend buffer).
         self.tracking = self.delivery.tracking
@@ -93,7 +93,7 @@ class Sender:
                 raise ProducerConfigError(
                     "on_delivery needs a report per record: use success_reports=True"
                 )
-            callback = _chain(callback or delivery.on_delivery, on_delivery)
+            callback = _chain(callback or self._counted, on_delivery)
         return callback
 
     def hand_over(
