@@ -12,14 +12,19 @@ header, as ``bench/produce.py``'s row 3), then ``IdempotentProducer`` with its d
 its own (an in-memory coordinator, idle while it sends), primes its connection, then sends
 ``--records`` 100-byte values to explicit partitions ``i % 4`` with ``acks=all`` and
 ``linger.ms=5``; the CPU time of the process (Python and librdkafka threads) from the first
-``produce`` until ``flush()`` returned is its figure. Prints best and median per contender and
-the ratio to the floor of each, and writes them as JSON with ``--out``.
+``produce`` until ``flush()`` returned is its figure; beside it, the CPU time of the producing
+thread alone over its ``produce`` loop (``time.thread_time``: what a change to the per-record
+Python path moves, without librdkafka's threads, whose CPU grows with wall time on a loaded
+machine). Prints best and median per contender and the ratio to the floor of each, and writes
+them as JSON with ``--out``.
 
 ``--count MODE N`` runs one loop of ``N`` records against an in-memory client instead, for
 instruction counts: ``floor`` (the header-only loop), ``floor_reports`` (plus a Python report per
 record), ``ours`` and ``ours_no_reports`` (``IdempotentProducer.produce``). Count it with
 ``PYTHONHASHSEED=0 valgrind --tool=callgrind --collect-atstart=no --toggle-collect=builtin_eval``
-at two sizes; the difference over the difference in records is instructions per record.
+at two sizes; the difference over the difference in records is instructions per record. It
+prints the loop's CPU time per record too (``time.thread_time``: no I/O, no other thread; run it
+alternately for two checkouts and keep the fastest of many runs on a loaded machine).
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def _worker(mode: str, bootstrap: str, topic: str, records: int) -> dict[str, fl
             kafka.produce(topic, b"prime", partition=0)
             kafka.flush(60)
             produce, poll = kafka.produce, kafka.poll
-            wall, cpu = time.perf_counter(), time.process_time()
+            wall, cpu, loop = time.perf_counter(), time.process_time(), time.thread_time()
             for i, value in enumerate(values):
                 while True:
                     try:
@@ -76,6 +81,7 @@ def _worker(mode: str, bootstrap: str, topic: str, records: int) -> dict[str, fl
                         break
                     except BufferError:
                         poll(0.05)
+            loop = time.thread_time() - loop
             left = kafka.flush(120)
         else:
             config = ProducerConfig(bootstrap, linger_ms=LINGER_MS, success_reports=mode == "ours")
@@ -85,19 +91,20 @@ def _worker(mode: str, bootstrap: str, topic: str, records: int) -> dict[str, fl
                 producer.flush(60)
                 acked = producer.acked
                 produce_one = producer.produce
-                wall, cpu = time.perf_counter(), time.process_time()
+                wall, cpu, loop = time.perf_counter(), time.process_time(), time.thread_time()
                 for i, value in enumerate(values):
                     produce_one(topic, value, partition=i % PARTITIONS)
+                loop = time.thread_time() - loop
                 left = producer.flush(120)
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
                 got = producer.acked - acked
                 producer.close()
             assert left == 0, f"{left} records not acknowledged"
             assert mode != "ours" or got == records, f"{got} of {records} counted"
-            return {"wall": wall, "cpu": cpu}
+            return {"wall": wall, "cpu": cpu, "loop": loop}
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         assert left == 0, f"{left} records not acknowledged"
-        return {"wall": wall, "cpu": cpu}
+        return {"wall": wall, "cpu": cpu, "loop": loop}
     finally:
         server.stop()
 
@@ -183,8 +190,11 @@ def _count(mode: str, records: int) -> None:
     kafka.only_errors = mode in ("floor", "ours_no_reports")
     code = compile(_LOOPS[mode.split("_", maxsplit=1)[0]], mode, "exec")
     names = {"kafka": kafka, "values": values, "HEADER": CONSTANT_HEADER}
+    loop = time.thread_time()
     eval(code, {**names, "produce": producer.produce})  # noqa: S307 - our own loop
+    loop = time.thread_time() - loop
     assert mode != "ours" or producer.acked == records + PARTITIONS, "reports not counted"
+    print(json.dumps({"mode": mode, "loop_ns_per_record": loop * 1e9 / records}))
 
 
 def _run(src: str | None, mode: str, bootstrap: str, topic: str, records: int) -> dict[str, float]:
@@ -221,6 +231,7 @@ def main() -> None:
         (f"{label} {mode}", src, mode) for label, src in checkouts.items() for mode in MODES[1:]
     ]
     cpus: dict[str, list[float]] = {name: [] for name, _, _ in contenders}
+    loops: dict[str, list[float]] = {name: [] for name, _, _ in contenders}
     load = [os.getloadavg()[0]]
     with ZooKeeperEnsemble(1) as zk, KafkaCluster(1) as kafka:
         del zk  # the broker needs it; the lease servers are in memory
@@ -232,7 +243,9 @@ def main() -> None:
             order = contenders if r % 2 == 0 else contenders[::-1]
             for name, src, mode in order:
                 topic = create_topic(bootstrap, f"ab-{uuid.uuid4().hex[:8]}", PARTITIONS)
-                cpus[name].append(_run(src, mode, bootstrap, topic, args.records)["cpu"])
+                ran = _run(src, mode, bootstrap, topic, args.records)
+                cpus[name].append(ran["cpu"])
+                loops[name].append(ran["loop"])
             load.append(os.getloadavg()[0])
             print(f"round {r + 1}: load {load[-1]:.1f}", file=sys.stderr)
     floor_best = min(cpus["header-only"])
@@ -247,10 +260,16 @@ def main() -> None:
             "vs_floor_best": best / floor_best,
             "vs_floor_median": median / floor_median,
             "cpu_us_rounds": [c * 1e6 / args.records for c in cpus[name]],
+            "loop_us_best": min(loops[name]) * 1e6 / args.records,
+            "loop_us_median": statistics.median(loops[name]) * 1e6 / args.records,
+            "loop_us_rounds": [c * 1e6 / args.records for c in loops[name]],
         })  # fmt: skip
         row = rows[-1]
-        print(f"{name:28s} best {row['cpu_us_best']:.2f} us ({row['vs_floor_best']:.2f}x)  "
-              f"median {row['cpu_us_median']:.2f} us ({row['vs_floor_median']:.2f}x)")  # fmt: skip
+        print(
+            f"{name:28s} best {row['cpu_us_best']:.2f} us ({row['vs_floor_best']:.2f}x)  "
+            f"median {row['cpu_us_median']:.2f} us ({row['vs_floor_median']:.2f}x)  "
+            f"loop thread best {row['loop_us_best']:.2f} median {row['loop_us_median']:.2f} us"
+        )
     if args.out:
         report = {"records": args.records, "rounds": args.rounds, "checkouts": checkouts,
                   "load_1min": load, "rows": rows}  # fmt: skip

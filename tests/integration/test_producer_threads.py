@@ -34,8 +34,8 @@ from pidfence.producer import (
     IdempotentProducer,
     ProducerConfig,
     ProducerForked,
-    idempotent,
 )
+from pidfence.producer import lock as producer_lock
 from pidfence.spark_sink import run_sink
 from pidfence.testing.mutations import install_mutation
 from tests.integration.test_producer import Record, assert_gap_free, read_topic
@@ -155,7 +155,7 @@ def test_without_the_lock_threads_put_records_on_one_identity(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The teeth of the test above: the same workload, one partition, on the seeded mutant."""
-    monkeypatch.setattr(idempotent, "RLock", idempotent.RLock)  # undone after the test
+    monkeypatch.setattr(producer_lock, "SimpleQueue", producer_lock.SimpleQueue)  # undone after
     install_mutation("producer-without-lock")
     topic = new_topic(partitions=1)
     with LeaseClient(lease_server.address) as client:

@@ -29,8 +29,8 @@ from pidfence.producer import (
     ProducerConfig,
     ProducerError,
     ProducerForked,
-    idempotent,
 )
+from pidfence.producer import lock as producer_lock
 from pidfence.testing.mutations import install_mutation
 from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf
 from tests.unit.test_producer_client import LIFETIME, FakeLeaseClient
@@ -245,7 +245,7 @@ def test_threads_stamp_every_header_form_without_sharing_an_identity() -> None:
 
 def test_without_the_lock_threads_share_identities(monkeypatch: pytest.MonkeyPatch) -> None:
     """The teeth of the test above: the seeded mutant fails it."""
-    monkeypatch.setattr(idempotent, "RLock", idempotent.RLock)  # undone after the test
+    monkeypatch.setattr(producer_lock, "SimpleQueue", producer_lock.SimpleQueue)  # undone after
     install_mutation("producer-without-lock")
     rig = Rig()
     producer = rig.producer()
@@ -304,6 +304,36 @@ def test_close_racing_threads_leaves_nothing_in_flight() -> None:
     handed = sum(len(log) for log in rig.kafka.log.values())
     assert len(rig.kafka) == 0 and producer.acked == handed
     assert len(refused) == THREADS - 1 and all("CLOSED" in r for r in refused)
+
+
+def test_callbacks_run_under_the_lock_may_call_back_in() -> None:
+    """``on_roll`` and delivery reports served while the producer holds its lock (a rollover's
+    drain, ``close``) call back into it on the same thread: no deadlock, as before threads."""
+    rig = Rig(full_every=0)
+    saved: list[int] = []
+    follow_ups: list[int] = []
+
+    def on_roll(cp: Any) -> None:
+        saved.append(producer.checkpoint().pid)  # the successor's, taken inside the roll
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if not follow_ups:
+            follow_ups.append(producer.produce("t", b"follow-up", partition=1))
+
+    producer = rig.producer(on_roll=on_roll)
+
+    def run() -> None:
+        producer.produce("t", b"a", partition=0)
+        rig.now += LIFETIME * 23 // 24 + 1
+        producer.produce("t", b"b", partition=0)  # rolls: drain, roll, on_roll
+        producer.produce("t", b"c", partition=0, on_delivery=on_delivery)
+        producer.close()  # serves c's report, which sends the follow-up
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "a callback calling back into the producer deadlocked"
+    assert saved == [producer.sequencer.pid] and follow_ups == [1]
 
 
 def _use_in_child(producer: IdempotentProducer, out: Any) -> None:

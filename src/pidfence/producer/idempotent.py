@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from threading import RLock, local
+from threading import local
 from typing import Unpack
 
 import confluent_kafka
@@ -23,6 +23,7 @@ from pidfence.producer.delivery import DeliveryCallback
 from pidfence.producer.driver import Headers, ProducerOptions, SaveCheckpoint, SessionDriver
 from pidfence.producer.errors import BatchMismatch
 from pidfence.producer.lease import LeaseClientLike, LeaseKeeper
+from pidfence.producer.lock import Empty, ProducerLock
 from pidfence.producer.recovery import CertVerifier, Scanner
 from pidfence.producer.sender import ClientFactory, QueueFull, Sender
 from pidfence.producer.sequencer import U16X, Sequencer
@@ -93,8 +94,7 @@ class IdempotentProducer:
             time.time_ns if clock is wall_clock_ms else (lambda: clock() * 1_000_000)
         )
         self._tracking, self._max_value = sender.tracking, config.message_max_bytes
-        self._lock = lock = RLock()
-        self._acquire, self._release = lock.acquire, lock.release
+        self._lock = ProducerLock()
         self._local = local()  # per thread: its produce_many's progress (batch_done)
         self.resent = 0
         #: How :meth:`resume` continued: ``bumped``, ``rolled``, ``followed`` or ``fresh``.
@@ -188,7 +188,7 @@ class IdempotentProducer:
             ProducerFenced: another owner bumped or rolled this pid: ``FENCED``, nothing more.
             LeaseServerDown / LeaseExpired: no answer; the old lease is kept while it lasts.
         """
-        with self._lock:
+        with self._lock.held():
             return self._driver.roll(save if save is not None else self.on_roll)
 
     def partition_count(self, topic: str) -> int:
@@ -222,12 +222,17 @@ class IdempotentProducer:
         """
         # Locals: CPython 3.11 does not specialise calls of callables kept in attributes.
         session, now_ns, kafka_produce = self._session, self._now_ns, self._kafka_produce
-        acquire, release = self._acquire, self._release
+        lock = self._lock
+        take, give = lock.take, lock.give
         while True:
             try:
                 # One step under the lock: the seq is taken, stamped and handed to librdkafka
                 # before another thread takes the next one, so log order is seq order.
-                acquire()
+                try:
+                    take()
+                    mine = True
+                except Empty:
+                    mine = lock.wait()
                 try:
                     seq = session.live
                     if (
@@ -239,8 +244,8 @@ class IdempotentProducer:
                         or len(value) > self._max_value
                         or now_ns() >= session.deadline_ns
                     ):
-                        return self._one(
-                            topic, value, key, partition, headers, on_delivery, event_id
+                        return lock.marked(
+                            self._one, topic, value, key, partition, headers, on_delivery, event_id
                         )
                     if key is not None and type(key) is str:
                         key = key.encode()
@@ -251,7 +256,9 @@ class IdempotentProducer:
                     except KeyError:  # (not ready: the general path, outside the except block)
                         cell = None
                     if cell is None:
-                        return self._one(topic, value, key, partition, None, None, event_id)
+                        return lock.marked(
+                            self._one, topic, value, key, partition, None, None, event_id
+                        )
                     # _stamp_loop's body for one record: entering the loop costs +60%.
                     n = cell[0]
                     if n < 256:
@@ -273,7 +280,8 @@ class IdempotentProducer:
                         raise
                     return partition
                 finally:
-                    release()
+                    if mine:
+                        give(None)
             except QueueFull as full:
                 partition = full.partition
             except BufferError:
@@ -328,7 +336,8 @@ class IdempotentProducer:
         session, local = self._session, self._local
         kafka_produce, now_ns, max_value = self._kafka_produce, self._now_ns, self._max_value
         pick, inline = self._partitioner.pick, not self._tracking
-        acquire, release = self._acquire, self._release
+        lock = self._lock
+        take, give = lock.take, lock.give
         count = len(values)
         fixed_partition = -1 if partition is None else partition
         retry: int | None = None  # where values[i] goes after a full queue
@@ -336,7 +345,11 @@ class IdempotentProducer:
         try:
             while i < count:
                 try:
-                    acquire()
+                    try:
+                        take()
+                        mine = True
+                    except Empty:
+                        mine = lock.wait()
                     try:
                         picked = partition if retry is None else retry
                         seq = session.live
@@ -398,10 +411,11 @@ class IdempotentProducer:
                         key = None if keys is None else keys[i]
                         event = None if event_ids is None else event_ids[i]
                         retry = None
-                        self._one(topic, values[i], key, picked, None, None, event)
+                        lock.marked(self._one, topic, values[i], key, picked, None, None, event)
                         i += 1
                     finally:
-                        release()
+                        if mine:
+                            give(None)
                 except QueueFull as full:
                     retry = full.partition
                     self._sender.wait_for_room()
@@ -443,14 +457,14 @@ class IdempotentProducer:
     def checkpoint(self) -> ProducerCheckpoint:
         """The identity and next seqs to store atomically with the caller's upstream position
         (``NotFlushed`` while records are in flight: ``flush()`` first)."""
-        with self._lock:
+        with self._lock.held():
             self._sender.require_idle()
             return self._session.checkpoint(self._clock())
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush what is in flight (errors are raised), close the ledger; idempotent. Other
         threads' ``produce`` waits for it, then raises ``ProducerError`` (``CLOSED``)."""
-        with self._lock:
+        with self._lock.held():
             if self._session.state is LeaseState.CLOSED:
                 return
             try:

@@ -103,25 +103,25 @@ def _resend_new_seq_on_timeout() -> None:
 
 
 class _NoLock:
-    """A lock that never waits."""
+    """A lock that never waits: a queue whose token is always there."""
 
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return True
-
-    def release(self) -> None:
+    def get(self) -> None:
         pass
 
-    def __enter__(self) -> bool:
-        return True
+    def get_nowait(self) -> None:
+        pass
 
-    def __exit__(self, *exc: object) -> None:
+    def put(self, item: object) -> None:
+        pass
+
+    def put_nowait(self, item: object) -> None:
         pass
 
 
 def _producer_without_lock() -> None:
-    from pidfence.producer import idempotent
+    from pidfence.producer import lock
 
-    idempotent.RLock = _NoLock  # type: ignore[attr-defined,assignment]
+    lock.SimpleQueue = _NoLock  # type: ignore[attr-defined,assignment]
 
 
 MUTATIONS: dict[str, Callable[[], None]] = {
