@@ -94,7 +94,11 @@ class IdempotentProducer:
             time.time_ns if clock is wall_clock_ms else (lambda: clock() * 1_000_000)
         )
         self._tracking, self._max_value = sender.tracking, config.message_max_bytes
-        self._lock = ProducerLock()
+        # produce's inline stamp takes values up to this size: none when every record is
+        # tracked (one test for both on the per-record path).
+        self._inline_max = -1 if sender.tracking else config.message_max_bytes
+        self._lock = lock = ProducerLock()
+        self._take, self._give = lock.take, lock.give
         self._local = local()  # per thread: its produce_many's progress (batch_done)
         self.resent = 0
         #: How :meth:`resume` continued: ``bumped``, ``rolled``, ``followed`` or ``fresh``.
@@ -222,8 +226,7 @@ class IdempotentProducer:
         """
         # Locals: CPython 3.11 does not specialise calls of callables kept in attributes.
         session, now_ns, kafka_produce = self._session, self._now_ns, self._kafka_produce
-        lock = self._lock
-        take, give = lock.take, lock.give
+        take, give = self._take, self._give
         while True:
             try:
                 # One step under the lock: the seq is taken, stamped and handed to librdkafka
@@ -232,19 +235,18 @@ class IdempotentProducer:
                     take()
                     mine = True
                 except Empty:
-                    mine = lock.wait()
+                    mine = self._lock.wait()
                 try:
                     seq = session.live
                     if (
                         seq is None
                         or headers
                         or on_delivery is not None
-                        or self._tracking
                         or type(value) is not bytes
-                        or len(value) > self._max_value
+                        or len(value) > self._inline_max
                         or now_ns() >= session.deadline_ns
                     ):
-                        return lock.marked(
+                        return self._lock.marked(
                             self._one, topic, value, key, partition, headers, on_delivery, event_id
                         )
                     if key is not None and type(key) is str:
@@ -256,7 +258,7 @@ class IdempotentProducer:
                     except KeyError:  # (not ready: the general path, outside the except block)
                         cell = None
                     if cell is None:
-                        return lock.marked(
+                        return self._lock.marked(
                             self._one, topic, value, key, partition, None, None, event_id
                         )
                     # _stamp_loop's body for one record: entering the loop costs +60%.
