@@ -23,8 +23,16 @@ instruction counts: ``floor`` (the header-only loop), ``floor_reports`` (plus a 
 record), ``ours`` and ``ours_no_reports`` (``IdempotentProducer.produce``). Count it with
 ``PYTHONHASHSEED=0 valgrind --tool=callgrind --collect-atstart=no --toggle-collect=builtin_eval``
 at two sizes; the difference over the difference in records is instructions per record. It
-prints the loop's CPU time per record too (``time.thread_time``: no I/O, no other thread; run it
-alternately for two checkouts and keep the fastest of many runs on a loaded machine).
+prints the loop's CPU time per record too.
+
+``--paired`` loads the checkouts side by side in this process (each copied under its own package
+name) and runs their ``produce`` alternately, ``--rounds`` times ``--records``: CPU time of the
+producing thread per record, on the in-memory client and on a real ``confluent_kafka.Producer``
+with no broker. Paired runs in one process resolve a few percent on a loaded machine, where
+separate processes against a broker swing by ±15% (bench/results/produce_threads.md)::
+
+    .venv/bin/python bench/produce_ab.py main=../main/src branch=src --paired \
+        --records 20000 --rounds 60
 """
 
 from __future__ import annotations
@@ -32,11 +40,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -207,6 +219,88 @@ def _run(src: str | None, mode: str, bootstrap: str, topic: str, records: int) -
     return result
 
 
+def _as_package(src: str, name: str, into: Path) -> None:
+    """Copy ``src/pidfence`` to ``into/name`` with its imports renamed, so two checkouts load
+    side by side in one process."""
+    shutil.copytree(Path(src) / "pidfence", into / name, ignore=shutil.ignore_patterns("*.pyc"))
+    for path in (into / name).rglob("*.py"):
+        text = path.read_text()
+        text = re.sub(r"\bpidfence\.", f"{name}.", text)
+        path.write_text(text.replace("from pidfence import", f"from {name} import"))
+
+
+def _paired(checkouts: dict[str, str], records: int, rounds: int) -> list[dict[str, Any]]:
+    """Each checkout's ``produce`` in this process, alternately, ``rounds`` runs of ``records``
+    each: CPU time of this thread per record, on the in-memory client and on a real
+    ``confluent_kafka.Producer`` with no broker (records queue in librdkafka, purged after each
+    run). Returns one row per (client, success reports, checkout)."""
+    import importlib
+
+    import confluent_kafka
+
+    values = _values(records)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="produce-ab-") as tmp:
+        sys.path.insert(0, tmp)
+        names = {label: f"pidfence_ab{i}" for i, label in enumerate(checkouts)}
+        for label, src in checkouts.items():
+            _as_package(src, names[label], Path(tmp))
+        for client in ("memory", "librdkafka"):
+            for reports in (True, False):
+                producers = {}
+                for label, name in names.items():
+                    producer_mod = importlib.import_module(f"{name}.producer")
+                    queue = {"queue.buffering.max.messages": 1_000_000}
+                    config = producer_mod.ProducerConfig(
+                        "127.0.0.1:9", success_reports=reports, extra=queue
+                    )
+                    factory = _NullKafka if client == "memory" else confluent_kafka.Producer
+                    producer = producer_mod.IdempotentProducer(
+                        config, _Lease(), producer_factory=factory
+                    )
+                    producer._partitioner.counts["t"] = PARTITIONS  # no broker to ask
+                    for p in range(PARTITIONS):
+                        producer.produce("t", b"prime", partition=p)
+                    producers[label] = producer
+                runs: dict[str, list[float]] = {label: [] for label in producers}
+                for r in range(rounds):
+                    for label in list(producers)[:: 1 if r % 2 == 0 else -1]:
+                        producer = producers[label]
+                        kafka = producer._sender.client
+                        loop = time.thread_time()
+                        for i, value in enumerate(values):
+                            producer.produce("t", value, partition=i % PARTITIONS)
+                        runs[label].append((time.thread_time() - loop) * 1e9 / records)
+                        if client == "memory":
+                            kafka.poll()
+                        else:
+                            kafka.purge()
+                            kafka.poll(0)
+                        producer._sender.delivery.take_error()  # the purge's reports
+                for label, ns in runs.items():
+                    rows.append(
+                        {
+                            "client": client,
+                            "success_reports": reports,
+                            "checkout": label,
+                            "ns_min": min(ns),
+                            "ns_median": statistics.median(ns),
+                            "ns_rounds": ns,
+                        }
+                    )
+                first = next(iter(runs.values()))
+                for label, ns in list(runs.items())[1:]:
+                    paired = statistics.median(b / a for a, b in zip(first, ns, strict=True))
+                    print(
+                        f"{client:10s} reports={reports!s:5s} {label}: "
+                        f"{min(ns) - min(first):+.0f} ns min, "
+                        f"{statistics.median(ns) - statistics.median(first):+.0f} ns median, "
+                        f"paired median ratio {paired:.3f}"
+                    )
+        sys.path.remove(tmp)
+    return rows
+
+
 def main() -> None:
     """Parse the arguments and run the A/B (or a worker, or the instruction count)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -216,7 +310,16 @@ def main() -> None:
     parser.add_argument("--out", help="write the figures as JSON here")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--count", nargs=2, metavar=("MODE", "RECORDS"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--paired", action="store_true", help="the checkouts side by side in this process"
+    )
     args = parser.parse_args()
+    if args.paired:
+        checkouts = dict(item.split("=", 1) for item in args.checkouts)
+        rows = _paired(checkouts, args.records, args.rounds)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"paired": rows}, indent=2))
+        return
     if args.worker:
         mode, bootstrap, topic, records = args.worker
         print(json.dumps(_worker(mode, bootstrap, topic, int(records))))

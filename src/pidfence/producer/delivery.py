@@ -90,9 +90,9 @@ class DeliveryTracker:
 
         Under the GIL, ``self.acked += 1`` is one step no other thread can split: CPython
         switches threads only at calls, function entries and backward jumps, and the increment
-        of an instance attribute holds none. A lock there would cost about 3% of the CPU of a
-        record (bench/results/produce_threads.md). Where the GIL is off (free-threaded builds),
-        the callback takes the lock.
+        of an instance attribute holds none. A lock there would cost about what the producer's
+        own lock costs per record (bench/results/produce_threads.md). Where the GIL is off
+        (free-threaded builds), the callback takes the lock.
         """
         gil = getattr(sys, "_is_gil_enabled", lambda: True)()
         return self.on_delivery if gil else self.on_delivery_locked
