@@ -67,6 +67,10 @@ class WatchedLease(FakeLeaseClient):
         self.waits.note("roll")
         return super().roll(*args, **kwargs)
 
+    def bump(self, *args: Any, **kwargs: Any) -> Any:
+        self.waits.note("bump")
+        return super().bump(*args, **kwargs)
+
 
 class AioRig:
     def __init__(self, full_every: int = 0) -> None:
@@ -90,7 +94,7 @@ class AioRig:
 def test_tasks_write_through_the_async_api_and_nothing_waits_on_the_loop() -> None:
     """Tasks send and await deliveries; the queue is full now and then, a rollover falls due
     mid-stream: every record is delivered once, identities are unique, and every call that may
-    wait (lease, roll, metadata, flush, waiting for room) ran off the loop."""
+    wait (lease, roll, bump, metadata, flush, waiting for room) ran off the loop."""
     rig = AioRig(full_every=13)
     rolled: list[int] = []
 
@@ -112,6 +116,7 @@ def test_tasks_write_through_the_async_api_and_nothing_waits_on_the_loop() -> No
 
             results = await asyncio.gather(*(task(t) for t in range(4)))
             assert await producer.flush() == 0
+            assert (await producer.bump()).generation == producer.producer.sequencer.generation
             got = [r for rs in results for r in rs]
             delivered = [await r if isinstance(r, asyncio.Future) else r for r in got]
         return delivered, loop_thread
@@ -121,7 +126,7 @@ def test_tasks_write_through_the_async_api_and_nothing_waits_on_the_loop() -> No
     assert rig.kafka is not None
     assert problems(rig.kafka, 1200) == []
     assert len(rolled) == 1
-    assert {"lease", "roll", "metadata", "flush", "poll"} <= set(rig.waits.threads)
+    assert {"lease", "roll", "bump", "metadata", "flush", "poll"} <= set(rig.waits.threads)
     for call, threads in rig.waits.threads.items():
         assert loop_thread not in threads, f"{call} ran on the event loop"
 

@@ -375,3 +375,54 @@ def test_a_producer_used_after_fork_is_refused_in_the_child() -> None:
     assert rig.kafka is not None
     assert [decode_pf(raw).seq for raw, _ in rig.kafka.log[0]] == [0, 1]
     assert issubclass(ProducerForked, ProducerError) and not ProducerForked.retriable
+
+
+def race_a_send_with_a_bump(rig: Rig) -> tuple[Any, Any, bool]:
+    """A thread bumps (a copy group's proof before it commits) while another sends: the send
+    starts while the lease server is still answering the bump. Returns the send's ``pf``, the
+    bump's checkpoint, and whether the send finished before the answer came."""
+    producer = rig.producer()
+    producer.produce("t", b"before", partition=0)
+    assert producer.flush() == 0
+    asked, answer = threading.Event(), threading.Event()
+    bump = rig.lease.bump
+
+    def slow_bump(*args: Any, **kwargs: Any) -> Any:
+        asked.set()
+        answer.wait(30)
+        return bump(*args, **kwargs)
+
+    rig.lease.bump = slow_bump  # type: ignore[method-assign]
+    with ThreadPoolExecutor(2) as pool:
+        bumped = pool.submit(producer.bump)
+        asked.wait(30)
+        sent = pool.submit(producer.produce, "t", b"racer", partition=0)
+        try:
+            sent.result(timeout=0.5)  # with the lock it waits for the bump: no result yet
+            early = True
+        except TimeoutError:
+            early = False
+        answer.set()
+        checkpoint, _ = bumped.result(30), sent.result(30)
+    assert producer.flush() == 0 and rig.kafka is not None
+    return decode_pf(rig.kafka.log[0][-1][0]), checkpoint, early
+
+
+def test_a_send_racing_a_bump_goes_under_the_new_generation() -> None:
+    """The send waits for the bump (the lock): nothing is handed over between the bump's idle
+    check and its new generation, so the checkpoint covers every record sent before it and the
+    racer is the first under the new generation, at the seq the checkpoint says comes next."""
+    rig = Rig(full_every=0)
+    pf, checkpoint, early = race_a_send_with_a_bump(rig)
+    assert not early
+    assert (pf.generation, pf.seq) == (checkpoint.generation, checkpoint.next_seq[("t", 0)])
+
+
+def test_without_the_lock_a_send_slips_into_a_bump(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The teeth of the test above: unguarded, the racer goes out under the old generation
+    while the bump is in flight, and the bump's checkpoint already counts it as sent."""
+    monkeypatch.setattr(producer_lock, "SimpleQueue", producer_lock.SimpleQueue)  # undone after
+    install_mutation("producer-without-lock")
+    rig = Rig(full_every=0)
+    pf, checkpoint, early = race_a_send_with_a_bump(rig)
+    assert early and pf.generation == checkpoint.generation - 1

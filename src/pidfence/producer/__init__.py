@@ -7,6 +7,7 @@ same producer over a simulated Kafka client and lease server. ``ProducerCheckpoi
 what a caller stores with its upstream position. See docs/producer.md.
 """
 
+from pidfence.pid_allocator.clock import wall_clock_ms
 from pidfence.producer.aio import AsyncIdempotentProducer
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.config import ProducerConfig
@@ -32,7 +33,7 @@ from pidfence.producer.errors import (
     ValueTooLarge,
     ZooKeeperUnavailable,
 )
-from pidfence.producer.idempotent import IdempotentProducer, wall_clock_ms
+from pidfence.producer.idempotent import IdempotentProducer
 from pidfence.producer.lease import LeaseKeeper, Resumed
 from pidfence.producer.murmur2 import key_partition, murmur2
 from pidfence.producer.sequencer import Sequencer

@@ -194,6 +194,10 @@ class AsyncIdempotentProducer:
         """Roll over to the pid's successor now, on the executor (``IdempotentProducer.roll``)."""
         return await self._run(self.producer.roll, save)
 
+    async def bump(self) -> ProducerCheckpoint:
+        """A new generation of the same pid, on the executor (``IdempotentProducer.bump``)."""
+        return await self._run(self.producer.bump)
+
     def checkpoint(self) -> ProducerCheckpoint:
         """What to store with the upstream position (no I/O; ``NotFlushed``: flush first)."""
         return self.producer.checkpoint()

@@ -16,8 +16,9 @@ from typing import Unpack
 import confluent_kafka
 
 from pidfence.ledger import Ledger
+from pidfence.pid_allocator.clock import wall_clock_ms
 from pidfence.producer import forks
-from pidfence.producer.checkpoint import ProducerCheckpoint
+from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback
 from pidfence.producer.driver import Headers, ProducerOptions, SaveCheckpoint, SessionDriver
@@ -35,11 +36,6 @@ from pidfence.wire import PF_HEADER_KEY
 RUN = 256
 
 
-def wall_clock_ms() -> int:
-    """Epoch milliseconds (the lease server's time base)."""
-    return time.time_ns() // 1_000_000
-
-
 class IdempotentProducer:
     """An idempotent Kafka producer whose records the ``pidfence`` broker rules deduplicate.
 
@@ -48,9 +44,9 @@ class IdempotentProducer:
     Thread-safe: threads share one producer (as they share a ``confluent_kafka.Producer``). Each
     record's seq is taken, stamped and handed to librdkafka in one step under the producer's
     lock, so no two records share an identity and each partition's seqs reach librdkafka in log
-    order; a rollover, :meth:`checkpoint` and :meth:`close` take the same lock. It belongs to
-    the process that created it: after ``fork()`` the child's copy refuses every call
-    (``ProducerForked``). docs/producer.md, "Threads, asyncio and forks".
+    order; a rollover, :meth:`bump`, :meth:`checkpoint` and :meth:`close` take the same lock.
+    It belongs to the process that created it: after ``fork()`` the child's copy refuses every
+    call (``ProducerForked``). docs/producer.md, "Threads, asyncio and forks".
 
     Args:
         config: the producer settings.
@@ -118,6 +114,7 @@ class IdempotentProducer:
         stale_probe: int = 8,
         scanner: Scanner | None = None,
         topics: Sequence[str] = (),
+        partitions: Sequence[TopicPartition] | None = None,
         scan_verifier: CertVerifier | None = None,
         **options: Unpack[ProducerOptions],
     ) -> IdempotentProducer:
@@ -127,6 +124,8 @@ class IdempotentProducer:
         lineage"), FENCEs every partition of the checkpoint's topics and of ``topics``, then the
         recovery scan (``scanner``: default over Kafka; ``scan_verifier``: default from
         ``config.lease_public_keys``) finds what the previous instance got into Kafka after it.
+        ``partitions``: the only ones the lineage ever wrote (a copy task's one output
+        partition): FENCE and scan those alone instead of every partition of the topics.
         ``stale_probe``: generations tried past the checkpoint's. ``options``: the constructor's
         (``ledger``, ``clock``, ``producer_factory``, ``on_roll``). Store a checkpoint next.
 
@@ -135,14 +134,16 @@ class IdempotentProducer:
             LeaseServerDown / DeliveryFailed / BrokerUnavailable / UnknownTopic: retry later.
         """
         self = cls(config, lease_client, **options, _lease_now=False)
-        self.resumed_how = self._driver.resume(
-            checkpoint,
-            stale_probe=stale_probe,
-            topics=topics,
-            fence_timeout_s=fence_timeout_s,
-            scanner=scanner,
-            scan_verifier=scan_verifier,
-        )
+        with self._lock.held():  # its FENCEs' reports may call back in, as after a roll
+            self.resumed_how = self._driver.resume(
+                checkpoint,
+                stale_probe=stale_probe,
+                topics=topics,
+                partitions=partitions,
+                fence_timeout_s=fence_timeout_s,
+                scanner=scanner,
+                scan_verifier=scan_verifier,
+            )
         return self
 
     @property
@@ -153,8 +154,7 @@ class IdempotentProducer:
     @property
     def batch_done(self) -> int:
         """Values of this thread's current (or last) :meth:`produce_many` handled so far."""
-        done: int = getattr(self._local, "done", 0)
-        return done
+        return int(getattr(self._local, "done", 0))
 
     @property
     def state(self) -> LeaseState:
@@ -194,6 +194,23 @@ class IdempotentProducer:
         """
         with self._lock.held():
             return self._driver.roll(save if save is not None else self.on_roll)
+
+    def bump(self) -> ProducerCheckpoint:
+        """Move to a new generation of the same pid; returns the checkpoint to store.
+
+        A compare-and-set on the current generation at the lease server: it succeeds only if
+        nobody bumped or rolled the pid since this producer's lease, resume, roll or last bump,
+        so no record sent since then can have been ``FENCED`` by another owner. A copy group
+        member bumps before each commit (docs/producer.md, "Copier groups"). ``flush()`` first.
+
+        Raises:
+            NotFlushed: records are in flight.
+            ProducerFenced: another owner moved the pid on: records sent since the last bump may
+                be ``FENCED``; store nothing, resume from the last stored checkpoint.
+            LeaseServerDown: no lease server answered (retriable; nothing changed).
+        """
+        with self._lock.held():  # no record handed over between the idle check and the bump
+            return self._driver.bump()
 
     def partition_count(self, topic: str) -> int:
         """Partitions of ``topic`` (cached metadata; ``UnknownTopic``, ``BrokerUnavailable``)."""
