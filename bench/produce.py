@@ -23,7 +23,11 @@ the same librdkafka settings (``acks=all``, ``linger.ms=5``), each timed from it
 8. ``IdempotentProducer`` with ``success_reports=False`` (librdkafka reports failures only, as
    plain confluent-kafka without a delivery callback effectively does; errors still raise);
 9. ``produce_many`` (one call per partition with that partition's records), defaults;
-10. ``produce_many`` with ``success_reports=False``.
+10. ``produce_many`` with ``success_reports=False``;
+11. row 3 with the records split over 4 threads sharing one ``confluent_kafka.Producer``
+    (each thread a quarter of the records, in order, every partition);
+12. ``IdempotentProducer`` (defaults) shared the same way by 4 threads (issue 42: one lock
+    around each record's seq, stamp and hand-off).
 
 Contenders run interleaved for several rounds in the same run and the best round of each is
 kept, so a burst of load from elsewhere on the machine does not decide the ratio. After the
@@ -38,9 +42,11 @@ import logging
 import os
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +86,10 @@ OURS_MAC = "IdempotentProducer, signing + per-record MAC (pfc, pfm)"
 OURS_NO_RDK = "IdempotentProducer, success_reports=False"
 MANY = "IdempotentProducer.produce_many"
 MANY_NO_RDK = "IdempotentProducer.produce_many, success_reports=False"
+HEADER_ONLY_4T = "the header-only contender, 4 threads"
+OURS_4T = "IdempotentProducer (pf headers), 4 threads"
+#: Threads of the shared-producer contenders.
+THREADS = 4
 #: (contender, the contender its figures are compared with) for the target columns.
 TARGETS = (OURS, OURS_SIGNED, OURS_MAC, OURS_NO_RDK, MANY, MANY_NO_RDK)
 #: Issue 22's goal for per-record mode: CPU per record at most this times signing alone's.
@@ -92,8 +102,32 @@ def _chroot(hosts: str, name: str) -> str:
     return new_chroot(hosts, f"/bench-produce-{name}")
 
 
+def _in_threads(values: list[bytes], send: Callable[[int, bytes], None], threads: int) -> None:
+    """``send(i, values[i])`` for every ``i``: in order on this thread, or each of ``threads``
+    threads a contiguous share of ``values``, in order, all started together."""
+    if threads == 1:
+        for i, value in enumerate(values):
+            send(i, value)
+        return
+    share = -(-len(values) // threads)
+    start = threading.Barrier(threads)
+
+    def run(t: int) -> None:
+        start.wait()
+        for i in range(t * share, min((t + 1) * share, len(values))):
+            send(i, values[i])
+
+    with ThreadPoolExecutor(threads) as pool:
+        for future in [pool.submit(run, t) for t in range(threads)]:
+            future.result()
+
+
 def _plain(
-    bootstrap: str, idempotence: bool, header: bytes | None = None, report: bool = False
+    bootstrap: str,
+    idempotence: bool,
+    header: bytes | None = None,
+    report: bool = False,
+    threads: int = 1,
 ) -> Send:
     def send(topic: str, values: list[bytes]) -> tuple[float, float]:
         conf: dict[str, Any] = {
@@ -117,17 +151,20 @@ def _plain(
         acked[0] = 0
         produce = producer.produce
         poll = producer.poll
-        started, cpu = time.perf_counter(), time.process_time()
-        for i, value in enumerate(values):
+
+        def one(i: int, value: bytes) -> None:
             while True:
                 try:
                     if header is None:
                         produce(topic, value, partition=i % PARTITIONS)
                     else:
                         produce(topic, value, partition=i % PARTITIONS, headers=[("pf", header)])
-                    break
+                    return
                 except BufferError:
                     poll(0.05)
+
+        started, cpu = time.perf_counter(), time.process_time()
+        _in_threads(values, one, threads)
         left = producer.flush(120)
         elapsed = (time.perf_counter() - started, time.process_time() - cpu)
         assert left == 0, f"{left} records not acknowledged"
@@ -137,7 +174,13 @@ def _plain(
     return send
 
 
-def _ours(bootstrap: str, lease_address: str, success_reports: bool, many: bool = False) -> Send:
+def _ours(
+    bootstrap: str,
+    lease_address: str,
+    success_reports: bool,
+    many: bool = False,
+    threads: int = 1,
+) -> Send:
     def send(topic: str, values: list[bytes]) -> tuple[float, float]:
         config = ProducerConfig(bootstrap, linger_ms=LINGER_MS, success_reports=success_reports)
         # produce_many gets each partition's records (the same split as i % PARTITIONS).
@@ -153,8 +196,11 @@ def _ours(bootstrap: str, lease_address: str, success_reports: bool, many: bool 
                 for p, chunk in enumerate(chunks):
                     producer.produce_many(topic, chunk, partition=p)
             else:
-                for i, value in enumerate(values):
+
+                def one(i: int, value: bytes) -> None:
                     produce(topic, value, partition=i % PARTITIONS)
+
+                _in_threads(values, one, threads)
             left = producer.flush(120)
             elapsed = (time.perf_counter() - started, time.process_time() - cpu)
             if success_reports:
@@ -285,6 +331,8 @@ def run(quick: bool, progress: Progress) -> BenchReport:
                 (OURS_NO_RDK, _ours(bootstrap, lease.address, False)),
                 (MANY, _ours(bootstrap, lease.address, True, many=True)),
                 (MANY_NO_RDK, _ours(bootstrap, lease.address, False, many=True)),
+                (HEADER_ONLY_4T, _plain(bootstrap, True, CONSTANT_HEADER, threads=THREADS)),
+                (OURS_4T, _ours(bootstrap, lease.address, True, threads=THREADS)),
             ]
             task = progress.add_task("produce bench: warm-up", total=len(contenders) * rounds)
             # Warm-up: JIT of the broker's request path, connections, first segment files.
@@ -351,6 +399,10 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     )
     mac_speed = by_name[OURS_MAC]["msgs_per_s"] / by_name[OURS_SIGNED]["msgs_per_s"]
     mac_bytes = sizes[OURS_MAC]["added"] - sizes[OURS_SIGNED]["added"]
+    threaded = {
+        name: by_name[name]["msgs_per_s"] / by_name[single]["msgs_per_s"]
+        for name, single in ((OURS_4T, OURS), (HEADER_ONLY_4T, HEADER_ONLY))
+    }
     return BenchReport(
         title=f"Producer throughput: {VALUE_SIZE}-byte values to one local broker",
         columns=[
@@ -398,6 +450,11 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             f"{mac_cpu:.3f}x best round ({mac_cpu_median:.3f}x median); throughput "
             f"{mac_speed:.3f}x signing alone's; pfm adds {mac_bytes:.1f} bytes per record. "
             f"Goal {'met' if mac_cpu <= MAC_CPU_GOAL else 'NOT met'} here.",
+            f"{THREADS} threads sharing one producer (issue 42): IdempotentProducer "
+            f"{by_name[OURS_4T]['msgs_per_s']:,.0f} msgs/s ({threaded[OURS_4T]:.2f}x its "
+            f"one-thread figure, {by_name[OURS_4T]['cpu_us_per_record']:.2f} CPU us per "
+            f"record); confluent-kafka with the header {threaded[HEADER_ONLY_4T]:.2f}x its own. "
+            "Threads share the GIL: they add no throughput, the lock takes little away.",
             f"load average (1/5/15 min) at start {load_start}, at end {load_end}.",
         ],
         params={"records": records, "rounds": rounds, "value_size": VALUE_SIZE},

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 def test_produce_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> None:
     written = run_quick_bench("produce", tmp_path, RECORDS, timeout=540)
     rows = {row["contender"]: row for row in written["rows"]}
-    assert len(rows) == 10 and all(row["records"] == RECORDS for row in rows.values())
+    assert len(rows) == 12 and all(row["records"] == RECORDS for row in rows.values())
     plain = rows["plain confluent-kafka (no headers)"]
     assert plain["header_bytes_per_record"] == 0 and plain["pfc_records"] == 0
     # The constant header: varint(2) + "pf" + varint(12) + 12 bytes on every timed record.
@@ -31,7 +31,7 @@ def test_produce_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> Non
         "header_bytes_per_record"
     ] == pytest.approx(16.0 * RECORDS / (RECORDS + 1))  # the prime record has none
     ours = [name for name in rows if name.startswith("IdempotentProducer")]
-    assert len(ours) == 6
+    assert len(ours) == 7
     for name in ours:
         assert rows[name]["header_bytes_per_record"] > 14, name
         assert rows[name]["cpu_vs_header_only"] > 0 and rows[name]["ratio_to_header_only"] > 0
@@ -45,4 +45,5 @@ def test_produce_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> Non
     assert rows[maced]["pfm_records"] == RECORDS + 1
     assert all(rows[name]["pfm_records"] == 0 for name in rows if name != maced)
     assert "Per-record mode" in " ".join(written["notes"])
+    assert "4 threads sharing one producer" in " ".join(written["notes"])
     assert any(note.startswith("load average") for note in written["notes"])

@@ -1,11 +1,14 @@
 """The idempotent producer: leased pid, per-partition seqs, ``pf`` headers, checkpoint/resume.
 
-``IdempotentProducer`` wraps ``confluent_kafka.Producer``; ``ProducerSession`` is its I/O-free
-lease session (every decision), ``Sequencer`` its seq counters; the deterministic simulation
-runs the same producer over a simulated Kafka client and lease server. ``ProducerCheckpoint`` is
+``IdempotentProducer`` wraps ``confluent_kafka.Producer`` (threads may share it;
+``AsyncIdempotentProducer`` is the same for asyncio); ``ProducerSession`` is its I/O-free lease
+session (every decision), ``Sequencer`` its seq counters; the deterministic simulation runs the
+same producer over a simulated Kafka client and lease server. ``ProducerCheckpoint`` is
 what a caller stores with its upstream position. See docs/producer.md.
 """
 
+from pidfence.pid_allocator.clock import wall_clock_ms
+from pidfence.producer.aio import AsyncIdempotentProducer
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.driver import SaveCheckpoint
@@ -22,6 +25,7 @@ from pidfence.producer.errors import (
     ProducerConfigError,
     ProducerError,
     ProducerFenced,
+    ProducerForked,
     ReservedHeader,
     StateFileRefused,
     StateStorageFailed,
@@ -29,7 +33,7 @@ from pidfence.producer.errors import (
     ValueTooLarge,
     ZooKeeperUnavailable,
 )
-from pidfence.producer.idempotent import IdempotentProducer, wall_clock_ms
+from pidfence.producer.idempotent import IdempotentProducer
 from pidfence.producer.lease import LeaseKeeper, Resumed
 from pidfence.producer.murmur2 import key_partition, murmur2
 from pidfence.producer.sequencer import Sequencer
@@ -37,6 +41,7 @@ from pidfence.producer.session import ProducerSession
 from pidfence.producer.state import LeaseState, LeaseStateMachine
 
 __all__ = [
+    "AsyncIdempotentProducer",
     "BadCheckpoint",
     "BatchMismatch",
     "BrokerUnavailable",
@@ -55,6 +60,7 @@ __all__ = [
     "ProducerConfigError",
     "ProducerError",
     "ProducerFenced",
+    "ProducerForked",
     "ProducerSession",
     "ReservedHeader",
     "Resumed",

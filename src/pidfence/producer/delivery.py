@@ -4,10 +4,16 @@ Delivery reports carry no headers, so a tracked record's callback is bound to it
 and event id when it is produced. Errors raised while recording an acknowledgement (a full disk
 under the ledger) are kept like delivery errors and raised by the next ``flush()``, never lost
 inside librdkafka's callback.
+
+Reports are served by whichever threads call ``poll`` or ``flush`` (several at once when threads
+share the producer), so every change of the tracker's state is made under its lock (the count of
+untracked records under the GIL alone: :meth:`DeliveryTracker.counter`).
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -44,6 +50,7 @@ class DeliveryTracker:
         self.kept: dict[TopicPartition, deque[Kept]] = {}
         #: Offset after the last acknowledged FENCE per partition (a resume's scan ends there).
         self.fence_ends: dict[TopicPartition, int] = {}
+        self._lock = threading.Lock()
 
     @property
     def tracking(self) -> bool:
@@ -52,48 +59,70 @@ class DeliveryTracker:
 
     def take_error(self) -> PidfenceError | None:
         """The pending error (cleared)."""
-        error, self.error = self.error, None
+        with self._lock:
+            error, self.error = self.error, None
         return error
 
-    def _fail(self, err: Any, msg: Any) -> None:
-        if self.error is None:
-            self.error = DeliveryFailed(
-                f"Kafka did not acknowledge a record to {msg.topic()}[{msg.partition()}]: {err}; "
-                "resume from the last checkpoint (records after it are re-sent and deduplicated)",
-                code=str(err.name()) if hasattr(err, "name") else str(err),
-            )
+    def keep_error(self, error: PidfenceError) -> None:
+        """Keep ``error`` for the next ``flush()`` unless an earlier one is pending."""
+        with self._lock:
+            if self.error is None:
+                self.error = error
 
     def on_delivery(self, err: Any, msg: Any) -> None:
-        """Callback of an untracked record."""
+        """Callback of an untracked record (the GIL makes the count one step: see
+        :meth:`counter`)."""
         if err is not None:
-            self._fail(err, msg)
+            self.keep_error(delivery_error(err, msg))
             return
         self.acked += 1
+
+    def on_delivery_locked(self, err: Any, msg: Any) -> None:
+        """:meth:`on_delivery` where the GIL is off."""
+        if err is not None:
+            self.keep_error(delivery_error(err, msg))
+            return
+        with self._lock:
+            self.acked += 1
+
+    def counter(self) -> DeliveryCallback:
+        """The callback of untracked records.
+
+        Under the GIL, ``self.acked += 1`` is one step no other thread can split: CPython
+        switches threads only at calls, function entries and backward jumps, and the increment
+        of an instance attribute holds none. A lock there would cost about what the producer's
+        own lock costs per record (bench/results/produce_threads.md). Where the GIL is off
+        (free-threaded builds), the callback takes the lock.
+        """
+        gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+        return self.on_delivery if gil else self.on_delivery_locked
 
     def on_tracked(self, header: bytes, event: str | None, err: Any, msg: Any) -> None:
         """Callback of a tracked data record (bound to its header and event id)."""
         if err is not None:
-            self._fail(err, msg)
+            self.keep_error(delivery_error(err, msg))
             return
-        self.acked += 1
-        if self.keep:
-            tp = (msg.topic(), msg.partition())
-            buffer = self.kept.get(tp)
-            if buffer is None:
-                buffer = self.kept[tp] = deque(maxlen=self.keep)
-            buffer.append((msg.key(), msg.value(), header, event))
+        with self._lock:
+            self.acked += 1
+            if self.keep:
+                tp = (msg.topic(), msg.partition())
+                buffer = self.kept.get(tp)
+                if buffer is None:
+                    buffer = self.kept[tp] = deque(maxlen=self.keep)
+                buffer.append((msg.key(), msg.value(), header, event))
         if self.ledger is not None:
             self.write(msg, header, False, event)
 
     def on_other(self, header: bytes, fence: bool, event: str | None, err: Any, msg: Any) -> None:
         """Callback of a FENCE record or a resent copy."""
         if err is not None:
-            self._fail(err, msg)
+            self.keep_error(delivery_error(err, msg))
             return
         if fence:
-            self.fences_acked += 1
             tp = (msg.topic(), msg.partition())
-            self.fence_ends[tp] = max(self.fence_ends.get(tp, 0), msg.offset() + 1)
+            with self._lock:
+                self.fences_acked += 1
+                self.fence_ends[tp] = max(self.fence_ends.get(tp, 0), msg.offset() + 1)
         if self.ledger is not None:
             self.write(msg, header, fence, event)
 
@@ -121,5 +150,13 @@ class DeliveryTracker:
                 )
             )
         except LedgerError as exc:
-            if self.error is None:
-                self.error = exc
+            self.keep_error(exc)
+
+
+def delivery_error(err: Any, msg: Any) -> DeliveryFailed:
+    """The error of a record Kafka did not acknowledge (``err``: librdkafka's)."""
+    return DeliveryFailed(
+        f"Kafka did not acknowledge a record to {msg.topic()}[{msg.partition()}]: {err}; "
+        "resume from the last checkpoint (records after it are re-sent and deduplicated)",
+        code=str(err.name()) if hasattr(err, "name") else str(err),
+    )

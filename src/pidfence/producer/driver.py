@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from pidfence.ledger import Ledger
+from pidfence.producer.blocking import may_block
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback
@@ -31,7 +32,7 @@ from pidfence.producer.kafka_scan import KafkaScanner, consumer_conf
 from pidfence.producer.lease import How, LeaseKeeper
 from pidfence.producer.partitioner import Partitioner
 from pidfence.producer.recovery import CertVerifier, Scanner
-from pidfence.producer.sender import ClientFactory, Sender
+from pidfence.producer.sender import ClientFactory, QueueFull, Sender
 from pidfence.producer.sequencer import Sequencer
 from pidfence.producer.session import ProducerSession
 from pidfence.wire import CERT_HEADER_KEY, PF_HEADER_KEY, KeyFileError
@@ -202,6 +203,7 @@ class SessionDriver:
         """
         session = self._session
         if session.rollover_due(self._clock()):
+            may_block()  # the drain and the lease call wait
             try:
                 self.roll(self._on_roll())
             except LeaseServerDown as exc:
@@ -221,7 +223,10 @@ class SessionDriver:
         event_id: str | None,
     ) -> int:
         """One record the general way: roll when due, convert and check, ask the session for
-        its headers (or a skip), send with its callback; returns its partition."""
+        its headers (or a skip), hand it over with its callback; returns its partition.
+
+        Call it holding the producer's lock. ``QueueFull``: the record's seq was given back;
+        wait for room outside the lock, then call it again for ``QueueFull.partition``."""
         seq = self.sendable()
         value_b = value.encode() if isinstance(value, str) else value
         if value_b is not None and len(value_b) > self._max_value:
@@ -253,7 +258,10 @@ class SessionDriver:
                     )
                 wire.append((name, header))
             callback = self._sender.callback(pf, event_id, on_delivery)
-            self._sender.send(topic, value_b, key_b, partition, wire, callback)
+            self._sender.hand_over(topic, value_b, key_b, partition, wire, callback)
+        except BufferError:
+            session.unstamp(topic, partition, extras)
+            raise QueueFull(partition) from None
         except BaseException:
             session.unstamp(topic, partition, extras)
             raise

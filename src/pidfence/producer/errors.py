@@ -114,3 +114,12 @@ class StateStorageFailed(ProducerError):
 
 class StateFileRefused(ProducerError):
     """The state file path cannot be used (a folder, no permission): give another ``--state``."""
+
+
+class ProducerForked(ProducerError):
+    """A producer used in a process forked from the one that created it.
+
+    Two processes must never send under one lease: create the producer after the fork, in the
+    process that uses it (gunicorn: in ``post_fork`` or per worker; ``multiprocessing``: inside
+    the target function).
+    """

@@ -10,34 +10,43 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from threading import local
 from typing import Unpack
 
 import confluent_kafka
 
 from pidfence.ledger import Ledger
+from pidfence.pid_allocator.clock import wall_clock_ms
+from pidfence.producer import forks
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback
 from pidfence.producer.driver import Headers, ProducerOptions, SaveCheckpoint, SessionDriver
 from pidfence.producer.errors import BatchMismatch
 from pidfence.producer.lease import LeaseClientLike, LeaseKeeper
+from pidfence.producer.lock import Empty, ProducerLock
 from pidfence.producer.recovery import CertVerifier, Scanner
-from pidfence.producer.sender import ClientFactory, Sender
+from pidfence.producer.sender import ClientFactory, QueueFull, Sender
 from pidfence.producer.sequencer import U16X, Sequencer
 from pidfence.producer.session import ProducerSession
 from pidfence.producer.state import LeaseState
 from pidfence.wire import PF_HEADER_KEY
 
-
-def wall_clock_ms() -> int:
-    """Epoch milliseconds (the lease server's time base)."""
-    return time.time_ns() // 1_000_000
+#: Records ``produce_many`` stamps per hold of the lock (other threads get their turns).
+RUN = 256
 
 
 class IdempotentProducer:
     """An idempotent Kafka producer whose records the ``pidfence`` broker rules deduplicate.
 
     Construct it to lease a fresh pid, or use :meth:`resume` to continue a checkpoint.
+
+    Thread-safe: threads share one producer (as they share a ``confluent_kafka.Producer``). Each
+    record's seq is taken, stamped and handed to librdkafka in one step under the producer's
+    lock, so no two records share an identity and each partition's seqs reach librdkafka in log
+    order; a rollover, :meth:`bump`, :meth:`checkpoint` and :meth:`close` take the same lock.
+    It belongs to the process that created it: after ``fork()`` the child's copy refuses every
+    call (``ProducerForked``). docs/producer.md, "Threads, asyncio and forks".
 
     Args:
         config: the producer settings.
@@ -81,10 +90,16 @@ class IdempotentProducer:
             time.time_ns if clock is wall_clock_ms else (lambda: clock() * 1_000_000)
         )
         self._tracking, self._max_value = sender.tracking, config.message_max_bytes
-        #: Values of the current (or last) :meth:`produce_many` handled so far.
-        self.batch_done = self.resent = 0
+        # produce's inline stamp takes values up to this size: none when every record is
+        # tracked (one test for both on the per-record path).
+        self._inline_max = -1 if sender.tracking else config.message_max_bytes
+        self._lock = lock = ProducerLock()
+        self._take, self._give = lock.take, lock.give
+        self._local = local()  # per thread: its produce_many's progress (batch_done)
+        self.resent = 0
         #: How :meth:`resume` continued: ``bumped``, ``rolled``, ``followed`` or ``fresh``.
         self.resumed_how = ""
+        forks.register(self)
         if _lease_now:
             driver.lease_new()
 
@@ -119,21 +134,27 @@ class IdempotentProducer:
             LeaseServerDown / DeliveryFailed / BrokerUnavailable / UnknownTopic: retry later.
         """
         self = cls(config, lease_client, **options, _lease_now=False)
-        self.resumed_how = self._driver.resume(
-            checkpoint,
-            stale_probe=stale_probe,
-            topics=topics,
-            partitions=partitions,
-            fence_timeout_s=fence_timeout_s,
-            scanner=scanner,
-            scan_verifier=scan_verifier,
-        )
+        with self._lock.held():  # its FENCEs' reports may call back in, as after a roll
+            self.resumed_how = self._driver.resume(
+                checkpoint,
+                stale_probe=stale_probe,
+                topics=topics,
+                partitions=partitions,
+                fence_timeout_s=fence_timeout_s,
+                scanner=scanner,
+                scan_verifier=scan_verifier,
+            )
         return self
 
     @property
     def resumed_from_expired(self) -> bool:
         """True when :meth:`resume` continued under another pid than the checkpoint's."""
         return self.resumed_how in ("rolled", "followed", "fresh")
+
+    @property
+    def batch_done(self) -> int:
+        """Values of this thread's current (or last) :meth:`produce_many` handled so far."""
+        return int(getattr(self._local, "done", 0))
 
     @property
     def state(self) -> LeaseState:
@@ -171,7 +192,8 @@ class IdempotentProducer:
             ProducerFenced: another owner bumped or rolled this pid: ``FENCED``, nothing more.
             LeaseServerDown / LeaseExpired: no answer; the old lease is kept while it lasts.
         """
-        return self._driver.roll(save if save is not None else self.on_roll)
+        with self._lock.held():
+            return self._driver.roll(save if save is not None else self.on_roll)
 
     def bump(self) -> ProducerCheckpoint:
         """Move to a new generation of the same pid; returns the checkpoint to store.
@@ -187,7 +209,8 @@ class IdempotentProducer:
                 be ``FENCED``; store nothing, resume from the last stored checkpoint.
             LeaseServerDown: no lease server answered (retriable; nothing changed).
         """
-        return self._driver.bump()
+        with self._lock.held():  # no record handed over between the idle check and the bump
+            return self._driver.bump()
 
     def partition_count(self, topic: str) -> int:
         """Partitions of ``topic`` (cached metadata; ``UnknownTopic``, ``BrokerUnavailable``)."""
@@ -220,50 +243,70 @@ class IdempotentProducer:
         """
         # Locals: CPython 3.11 does not specialise calls of callables kept in attributes.
         session, now_ns, kafka_produce = self._session, self._now_ns, self._kafka_produce
-        seq = session.live
-        if (
-            seq is None
-            or headers
-            or on_delivery is not None
-            or self._tracking
-            or type(value) is not bytes
-            or len(value) > self._max_value
-            or now_ns() >= session.deadline_ns
-        ):
-            return self._one(topic, value, key, partition, headers, on_delivery, event_id)
-        if key is not None and type(key) is str:
-            key = key.encode()
-        if partition is None:
-            partition = self._partitioner.pick(topic, key, seq.pid)  # type: ignore[arg-type]
-        try:
-            cell = seq.ready[topic][partition]
-        except KeyError:  # (not ready: the general path, outside the except block)
-            cell = None
-        if cell is None:
-            return self._one(topic, value, key, partition, None, None, event_id)
-        # _stamp_loop's body for one record: entering the loop costs +60% (docs/producer.md).
-        n = cell[0]
-        if n < 256:
-            pf = seq.fixed[n]
-        elif n < 0x10000:
-            pf = seq.prefix16 + U16X(n)
-        else:
-            pf = seq.header(n)
-        cell[0] = n + 1
-        wire = (
-            [(PF_HEADER_KEY, pf)]
-            if seq.mac_hasher is None
-            else seq.with_mac(topic, partition, n, pf, key, value)  # type: ignore[arg-type]
-        )
-        try:
+        take, give = self._take, self._give
+        while True:
             try:
-                kafka_produce(topic, value, key, partition=partition, headers=wire)
+                # One step under the lock: the seq is taken, stamped and handed to librdkafka
+                # before another thread takes the next one, so log order is seq order.
+                try:
+                    take()
+                    mine = True
+                except Empty:
+                    mine = self._lock.wait()
+                try:
+                    seq = session.live
+                    if (
+                        seq is None
+                        or headers
+                        or on_delivery is not None
+                        or type(value) is not bytes
+                        or len(value) > self._inline_max
+                        or now_ns() >= session.deadline_ns
+                    ):
+                        return self._lock.marked(
+                            self._one, topic, value, key, partition, headers, on_delivery, event_id
+                        )
+                    if key is not None and type(key) is str:
+                        key = key.encode()
+                    if partition is None:
+                        partition = self._partitioner.pick(topic, key, seq.pid)  # type: ignore[arg-type]
+                    try:
+                        cell = seq.ready[topic][partition]
+                    except KeyError:  # (not ready: the general path, outside the except block)
+                        cell = None
+                    if cell is None:
+                        return self._lock.marked(
+                            self._one, topic, value, key, partition, None, None, event_id
+                        )
+                    # _stamp_loop's body for one record: entering the loop costs +60%.
+                    n = cell[0]
+                    if n < 256:
+                        pf = seq.fixed[n]
+                    elif n < 0x10000:
+                        pf = seq.prefix16 + U16X(n)
+                    else:
+                        pf = seq.header(n)
+                    cell[0] = n + 1
+                    wire = (
+                        [(PF_HEADER_KEY, pf)]
+                        if seq.mac_hasher is None
+                        else seq.with_mac(topic, partition, n, pf, key, value)  # type: ignore[arg-type]
+                    )
+                    try:
+                        kafka_produce(topic, value, key, partition=partition, headers=wire)
+                    except BaseException:
+                        cell[0] = n  # not handed over: n is the next record's seq
+                        raise
+                    return partition
+                finally:
+                    if mine:
+                        give(None)
+            except QueueFull as full:
+                partition = full.partition
             except BufferError:
-                self._sender.send(topic, value, key, partition, wire)  # type: ignore[arg-type]
-        except BaseException:
-            seq.rewind(topic, partition)
-            raise
-        return partition
+                pass
+            # The queue is full: wait outside the lock (other threads go on), then try again.
+            self._sender.wait_for_room()
 
     def produce_many(
         self,
@@ -294,7 +337,7 @@ class IdempotentProducer:
                     "(or None)"
                 )
         skipped = self.skipped
-        self.batch_done = 0
+        self._local.done = 0
         self._stamp_loop(topic, values, keys, partition, event_ids)
         return count - (self.skipped - skipped)
 
@@ -309,74 +352,96 @@ class IdempotentProducer:
         """The stamping loop (:meth:`produce` is its one-record form): records to lanes the
         session made ready (nothing to skip, no extra header until ``deadline_ns``) are stamped
         inline, any other goes the driver's general path, then the loop goes on."""
-        session = self._session
+        session, local = self._session, self._local
         kafka_produce, now_ns, max_value = self._kafka_produce, self._now_ns, self._max_value
         pick, inline = self._partitioner.pick, not self._tracking
+        lock = self._lock
+        take, give = lock.take, lock.give
         count = len(values)
         fixed_partition = -1 if partition is None else partition
+        retry: int | None = None  # where values[i] goes after a full queue
         i = 0
         try:
             while i < count:
-                picked = partition  # for values[i] if it goes the general way
-                seq = session.live
-                lanes = None if seq is None or not inline else seq.ready.get(topic)
-                # The one partition's lane, or None: the records pick theirs (keyed, sticky).
-                own = None if lanes is None or partition is None else lanes.get(partition)
-                if seq is not None and lanes is not None and (partition is None or own):
-                    fixed, prefix16, header, pid = seq.fixed, seq.prefix16, seq.header, seq.pid
-                    mac = seq.mac_hasher
-                    deadline = session.deadline_ns
-                    for i in range(i, count):  # noqa: B020 - the run resumes at i
-                        value = values[i]
-                        key = None if keys is None else keys[i]
+                try:
+                    try:
+                        take()
+                        mine = True
+                    except Empty:
+                        mine = lock.wait()
+                    try:
+                        picked = partition if retry is None else retry
+                        seq = session.live
+                        lanes = None if seq is None or not inline else seq.ready.get(topic)
+                        # The one partition's lane, or None: the records pick theirs.
+                        own = None if lanes is None or partition is None else lanes.get(partition)
                         if (
-                            type(value) is not bytes
-                            or len(value) > max_value
-                            or (key is not None and type(key) is not bytes)
-                            or now_ns() >= deadline
+                            seq is not None
+                            and lanes is not None
+                            and retry is None
+                            and (partition is None or own)
                         ):
-                            break
-                        if own is None:
-                            q = pick(topic, key, pid)
-                            cell = lanes.get(q)
-                            if cell is None:
-                                picked = q
-                                break
-                        else:
-                            q, cell = fixed_partition, own
-                        n = cell[0]
-                        if n < 256:
-                            pf = fixed[n]
-                        elif n < 0x10000:
-                            pf = prefix16 + U16X(n)
-                        else:
-                            pf = header(n)
-                        cell[0] = n + 1
-                        wire = (
-                            [(PF_HEADER_KEY, pf)]
-                            if mac is None
-                            else seq.with_mac(topic, q, n, pf, key, value)
-                        )
-                        try:
-                            try:
-                                kafka_produce(topic, value, key, partition=q, headers=wire)
-                            except BufferError:
-                                self._sender.send(topic, value, key, q, wire)
-                        except BaseException:
-                            seq.rewind(topic, q)
-                            raise
-                    else:
-                        i = count
-                        break
-                self.batch_done = i
-                key = None if keys is None else keys[i]
-                event = None if event_ids is None else event_ids[i]
-                self._one(topic, values[i], key, picked, None, None, event)
-                i += 1
+                            fixed, prefix16, header = seq.fixed, seq.prefix16, seq.header
+                            pid, mac, deadline = seq.pid, seq.mac_hasher, session.deadline_ns
+                            end = min(count, i + RUN)
+                            for i in range(i, end):  # noqa: B020 - the run resumes at i
+                                value = values[i]
+                                key = None if keys is None else keys[i]
+                                if (
+                                    type(value) is not bytes
+                                    or len(value) > max_value
+                                    or (key is not None and type(key) is not bytes)
+                                    or now_ns() >= deadline
+                                ):
+                                    break
+                                if own is None:
+                                    q = pick(topic, key, pid)
+                                    cell = lanes.get(q)
+                                    if cell is None:
+                                        picked = q
+                                        break
+                                else:
+                                    q, cell = fixed_partition, own
+                                n = cell[0]
+                                if n < 256:
+                                    pf = fixed[n]
+                                elif n < 0x10000:
+                                    pf = prefix16 + U16X(n)
+                                else:
+                                    pf = header(n)
+                                cell[0] = n + 1
+                                wire = (
+                                    [(PF_HEADER_KEY, pf)]
+                                    if mac is None
+                                    else seq.with_mac(topic, q, n, pf, key, value)
+                                )
+                                try:
+                                    kafka_produce(topic, value, key, partition=q, headers=wire)
+                                except BufferError:
+                                    cell[0] = n
+                                    raise QueueFull(q) from None
+                                except BaseException:
+                                    cell[0] = n
+                                    raise
+                            else:
+                                i = end
+                                continue
+                        local.done = i
+                        key = None if keys is None else keys[i]
+                        event = None if event_ids is None else event_ids[i]
+                        retry = None
+                        lock.marked(self._one, topic, values[i], key, picked, None, None, event)
+                        i += 1
+                    finally:
+                        if mine:
+                            give(None)
+                except QueueFull as full:
+                    retry = full.partition
+                    self._sender.wait_for_room()
         except BaseException:
-            self.batch_done = i
+            local.done = i
             raise
-        self.batch_done = count
+        local.done = count
 
     def resend_acknowledged(self, n: int) -> int:
         """Fault hook: re-send each partition's last ``n`` acknowledged records as they were."""
@@ -411,18 +476,21 @@ class IdempotentProducer:
     def checkpoint(self) -> ProducerCheckpoint:
         """The identity and next seqs to store atomically with the caller's upstream position
         (``NotFlushed`` while records are in flight: ``flush()`` first)."""
-        self._sender.require_idle()
-        return self._session.checkpoint(self._clock())
+        with self._lock.held():
+            self._sender.require_idle()
+            return self._session.checkpoint(self._clock())
 
     def close(self, timeout: float = 30.0) -> None:
-        """Flush what is in flight (errors are raised), close the ledger; idempotent."""
-        if self._session.state is LeaseState.CLOSED:
-            return
-        try:
-            self.flush(timeout)
-        finally:
-            self._session.close()
-            self._sender.close_ledger()
+        """Flush what is in flight (errors are raised), close the ledger; idempotent. Other
+        threads' ``produce`` waits for it, then raises ``ProducerError`` (``CLOSED``)."""
+        with self._lock.held():
+            if self._session.state is LeaseState.CLOSED:
+                return
+            try:
+                self.flush(timeout)
+            finally:
+                self._session.close()
+                self._sender.close_ledger()
 
     def __enter__(self) -> IdempotentProducer:
         return self

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pidfence.pid_allocator.clock import wall_clock_ms
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.errors import BadCheckpoint
-from pidfence.producer.idempotent import IdempotentProducer, wall_clock_ms
+from pidfence.producer.idempotent import IdempotentProducer
 from pidfence.producer.statefile import load_state, save_state
 
 log = logging.getLogger(__name__)

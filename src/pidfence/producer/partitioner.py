@@ -11,6 +11,7 @@ from typing import Any
 
 import confluent_kafka
 
+from pidfence.producer.blocking import may_block
 from pidfence.producer.errors import BrokerUnavailable, UnknownTopic
 from pidfence.producer.murmur2 import key_partition
 
@@ -49,6 +50,7 @@ class Partitioner:
         count = self.counts.get(topic)
         if count is not None:
             return count
+        may_block()
         try:
             meta = self._list_topics(topic, timeout=self._timeout_s)
         except confluent_kafka.KafkaException as exc:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pidfence.ledger import Ledger, LedgerError, LedgerWriter
+from pidfence.producer.blocking import may_block
 from pidfence.producer.client_log import librdkafka_logger
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback, DeliveryTracker
@@ -24,6 +25,18 @@ from pidfence.wire import PF_HEADER_KEY
 #: Builds the Kafka client from a librdkafka dict (``confluent_kafka.Producer``, or a stand-in
 #: with its interface: the simulation's, a unit test's).
 ClientFactory = Callable[[dict[str, Any]], Any]
+
+
+class QueueFull(BufferError):
+    """librdkafka's queue was full: the record was not handed over and its seq was given back.
+
+    ``partition`` is where it was going: the retry sends it there (an unkeyed record is not
+    picked twice, so a replay after a resume puts every record where the first run did).
+    """
+
+    def __init__(self, partition: int) -> None:
+        super().__init__(f"librdkafka's queue is full (partition {partition})")
+        self.partition = partition
 
 
 class Sender:
@@ -58,7 +71,7 @@ class Sender:
         conf = config.to_librdkafka()
         conf.setdefault("allow.auto.create.topics", False)
         conf.setdefault("logger", librdkafka_logger())
-        conf["on_delivery"] = self.delivery.on_delivery
+        self._counted = conf["on_delivery"] = self.delivery.counter()
         self.client = factory(conf)
         #: True when each record needs its own callback (ledger or resend buffer).
         self.tracking = self.delivery.tracking
@@ -80,8 +93,21 @@ class Sender:
                 raise ProducerConfigError(
                     "on_delivery needs a report per record: use success_reports=True"
                 )
-            callback = _chain(callback or delivery.on_delivery, on_delivery)
+            callback = _chain(callback or self._counted, on_delivery)
         return callback
+
+    def hand_over(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        partition: int,
+        headers: list[tuple[str, Any]],
+        callback: DeliveryCallback | None = None,
+    ) -> None:
+        """Hand one record to the client (``BufferError``: its queue is full, nothing queued)."""
+        extra = {} if callback is None else {"on_delivery": callback}
+        self.client.produce(topic, value, key, partition=partition, headers=headers, **extra)
 
     def send(
         self,
@@ -92,17 +118,20 @@ class Sender:
         headers: list[tuple[str, Any]],
         callback: DeliveryCallback | None = None,
     ) -> None:
-        """Hand one record to the client; a full queue is waited out, serving callbacks."""
-        extra = {} if callback is None else {"on_delivery": callback}
+        """:meth:`hand_over`, waiting out a full queue (FENCE records and resends: no seq is
+        taken for them, so nothing is held while it waits)."""
         while True:
             try:
-                self.client.produce(
-                    topic, value, key, partition=partition, headers=headers, **extra
-                )
+                self.hand_over(topic, value, key, partition, headers, callback)
                 return
             except BufferError:
-                # librdkafka's queue is full: serve callbacks until it drains, then retry.
-                self.client.poll(0.1)
+                self.wait_for_room()
+
+    def wait_for_room(self) -> None:
+        """librdkafka's queue is full: serve delivery reports until some leave it (0.1 s at
+        most; ``WouldBlock`` on a thread that must not wait)."""
+        may_block()
+        self.client.poll(0.1)
 
     def send_fences(self, fences: Iterable[Fence], timeout_s: float) -> None:
         """Write the FENCE records (empty values) and wait until Kafka acknowledged them all.
@@ -152,8 +181,7 @@ class Sender:
             try:
                 delivery.ledger.flush()
             except LedgerError as exc:
-                if delivery.error is None:
-                    delivery.error = exc
+                delivery.keep_error(exc)
         error = delivery.take_error()
         if error is not None:
             raise error

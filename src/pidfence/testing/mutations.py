@@ -12,6 +12,9 @@ and asserts that the proof fails.
 * ``copy-commit-without-bump``: :meth:`~pidfence.producer.IdempotentProducer.bump` returns the
   checkpoint without asking the lease server, so a copy group member commits records another
   owner's takeover had fenced: those events are lost.
+* ``producer-without-lock``: ``IdempotentProducer``'s lock does nothing, so threads sharing a
+  producer take, stamp and hand over seqs unguarded (the producer before issue 42): two records
+  get one (pid, generation, seq) and the sink keeps only the first.
 """
 
 from __future__ import annotations
@@ -112,9 +115,32 @@ def _copy_commit_without_bump() -> None:
     IdempotentProducer.bump = unchecked_bump  # type: ignore[method-assign]
 
 
+class _NoLock:
+    """A lock that never waits: a queue whose token is always there."""
+
+    def get(self) -> None:
+        pass
+
+    def get_nowait(self) -> None:
+        pass
+
+    def put(self, item: object) -> None:
+        pass
+
+    def put_nowait(self, item: object) -> None:
+        pass
+
+
+def _producer_without_lock() -> None:
+    from pidfence.producer import lock
+
+    lock.SimpleQueue = _NoLock  # type: ignore[attr-defined,assignment]
+
+
 MUTATIONS: dict[str, Callable[[], None]] = {
     "resend-new-seq-on-timeout": _resend_new_seq_on_timeout,
     "copy-commit-without-bump": _copy_commit_without_bump,
+    "producer-without-lock": _producer_without_lock,
 }
 
 
