@@ -1,0 +1,151 @@
+"""Adoption through the authority: what the table does with a pid it could not see start.
+
+A mixin of :class:`~pidfence.broker_plugin.rules.RulesKernel` (DESIGN §4 amended a third time).
+Inside a horizon (where the table could not have seen producers start: a trimmed head, a late
+start, lost offsets) a FENCE it never saw may precede what it reads, so the log alone cannot
+tell a producer's records from a zombie's. The table asks the lease authority
+(:data:`~pidfence.broker_plugin.entry.Authority`) before it creates an entry there:
+
+* no authority, or no answer: a record at ``seq > 0`` is ``UNKNOWN_PID`` (no adoption); a
+  FENCE or a ``seq 0`` creates its entry as the proposal says (nothing is adopted);
+* the lease ended at the record's time: ``UNKNOWN_PID`` (an ended lease is never adopted,
+  whatever the table saw of it before);
+* a generation above the authority's: ``INVALID_GENERATION`` (nobody was granted it);
+* the authority's generation: created, or adopted at ``seq > 0`` (its head reported);
+* an older generation: the record waits (:class:`~pidfence.broker_plugin.entry.Pending`) until
+  the log shows it came before the next generation's FENCE, else it is ``FENCED``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pidfence.broker_plugin.entry import (
+    BUFFERED,
+    FENCED,
+    FORGED,
+    INVALID_GENERATION,
+    PENDING_LIMIT,
+    UNKNOWN_PID,
+    UNVERIFIED,
+    Authority,
+    Emit,
+    Held,
+    Pending,
+    Verifier,
+)
+from pidfence.wire import FLAG_FENCE
+
+#: :meth:`Adoption.ask`'s answers besides a verdict emitted.
+VOUCHED = "vouched"
+UNANSWERED = "unanswered"
+
+
+class Adoption:
+    """Authority answers and the records waiting on them (see the module docstring)."""
+
+    authority: Authority | None
+    verifier: Verifier | None
+    pending: dict[int, Pending]
+    #: (pid, generation) whose waiting records are being adopted: the authority is not asked.
+    vouched: tuple[int, int] | None
+    grace_ms: int
+    clock: int
+    next_arrival: int
+
+    if TYPE_CHECKING:  # provided by the kernel
+
+        def decide(self, *args: Any) -> None: ...
+        def advance(self, ts_ms: int, out: list[Emit]) -> int: ...
+        def certified(
+            self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int
+        ) -> bool: ...
+
+    def ask(
+        self,
+        pid: int,
+        g: int,
+        s: int,
+        fence: int,
+        ts: int,
+        at: int,
+        ref: Any,
+        out: list[Emit],
+        token: tuple[int, int] | None,
+        cert: bytes | None,
+    ) -> str | None:
+        """Judge an unknown pid's record inside a horizon by the authority's answer.
+
+        Returns :data:`VOUCHED` (create or adopt it), :data:`UNANSWERED` (no answer: create it
+        only as the proposal would) or None (a verdict was emitted: refused, or waiting).
+        """
+        status = self.authority(pid) if self.authority is not None else None
+        if status is None or not status.known:
+            return UNANSWERED
+        if at >= status.expire_ms:
+            out.append((ref, UNKNOWN_PID, token))
+            return None
+        if g > status.generation:
+            out.append((ref, INVALID_GENERATION, token))
+            return None
+        if g == status.generation:
+            return VOUCHED
+        # An older generation: the record waits for the log to show where it stands. Under
+        # signing it must prove its generation now, as adoption would.
+        if self.verifier is not None and not (fence or s == 0) and cert is None:
+            out.append((ref, UNVERIFIED, token))
+            return None
+        if not self.certified(pid, g, s, FLAG_FENCE if fence else 0, cert, ts):
+            out.append((ref, FORGED, token))
+            return None
+        self.pending[pid] = Pending(g, status.expire_ms, [])
+        self.wait(pid, g, s, FLAG_FENCE if fence else 0, ts, ref, out, token)
+        return None
+
+    def wait(
+        self,
+        pid: int,
+        g: int,
+        s: int,
+        flags: int,
+        ts: int,
+        ref: Any,
+        out: list[Emit],
+        token: tuple[int, int] | None,
+    ) -> None:
+        """Hold a record of a waiting pid (``FENCED`` past :data:`PENDING_LIMIT`)."""
+        waiting = self.pending[pid]
+        if len(waiting.records) >= PENDING_LIMIT:
+            out.append((ref, FENCED, token))
+            return
+        waiting.records.append(
+            Held(s, g, flags, max(self.clock, ts), self.next_arrival, ref, token)
+        )
+        self.next_arrival += 1
+        out.append((ref, BUFFERED, token))
+        self.advance(ts, out)
+
+    def end_wait(self, pid: int, g: int, fence: int, out: list[Emit]) -> None:
+        """A record of another generation arrived for a waiting pid: the waiting records are
+        adopted when it is the FENCE of the next generation and the authority names that one
+        (they came before it), else ``FENCED``."""
+        waiting = self.pending.pop(pid)
+        proven = False
+        if fence and g == waiting.generation + 1 and self.authority is not None:
+            status = self.authority(pid)
+            proven = status is not None and status.known and status.generation == g
+        if not proven:
+            out.extend((h.ref, FENCED, h.token) for h in waiting.records)
+            return
+        self.vouched = (pid, waiting.generation)
+        try:
+            for h in waiting.records:
+                self.decide(pid, h.generation, h.seq, h.flags, h.ts_ms, h.ref, out, h.token)
+        finally:
+            self.vouched = None
+
+    def expire_waiting(self, now: int, out: list[Emit]) -> None:
+        """Waiting records of pids whose lease ended (plus the grace) are ``FENCED``."""
+        ended = [pid for pid, w in self.pending.items() if w.expire_ms + self.grace_ms <= now]
+        for pid in ended:
+            out.extend((h.ref, FENCED, h.token) for h in self.pending.pop(pid).records)
