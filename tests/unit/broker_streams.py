@@ -193,11 +193,22 @@ class ReferenceTable:
     order: int = field(default=0, init=False)
     arrival: int = field(default=0, init=False)
     vouched: tuple[int, int] | None = field(default=None, init=False)
+    unconfirmed: set[int] = field(default_factory=set, init=False)
     #: (pid, generation, first, last, ref, kind) of every gap, in the order found.
     gaps: list[tuple[int, int, int, int, Any, str]] = field(default_factory=list, init=False)
 
     def open_horizon(self, point: int) -> None:
         self.horizon = max(self.horizon, point + self.lifetime)
+        self.unconfirmed |= set(self.entries)
+
+    def _vouches(self, pid: int, g: int, ts: int) -> bool:
+        at = max(self.clock, ts)
+        if self.authority is None or at >= self.horizon:
+            return False
+        status = self.authority(pid)
+        return (
+            status is not None and status.known and g <= status.generation and at < status.expire_ms
+        )
 
     def _land(self, ts: int, out: list[tuple[Any, Verdict]]) -> None:
         if ts <= self.clock:
@@ -208,6 +219,7 @@ class ReferenceTable:
         for pid, (_, _, first_seen, _, _) in sorted(self.entries.items(), key=lambda kv: kv[1][3]):
             if first_seen + self.lifetime <= self.clock:
                 del self.entries[pid]
+                self.unconfirmed.discard(pid)
                 for h in sorted((h for h in self.held if h["pid"] == pid), key=_arrival):
                     out.append((h["ref"], Verdict.OUT_OF_ORDER))
                     self.held.remove(h)
@@ -218,6 +230,8 @@ class ReferenceTable:
         self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int
     ) -> Verdict | None:
         """g > gE + 1: None if judged as gE + 1 (a verifier and a proof), else the verdict."""
+        if cert is None and self._vouches(pid, g, ts):
+            return None
         if self.verifier is None:
             return Verdict.INVALID_GENERATION
         if any(x["pid"] == pid and x["gen"] == g for x in self.held):
@@ -231,6 +245,8 @@ class ReferenceTable:
     def _ok(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int) -> bool:
         if any(x["pid"] == pid and x["gen"] == g for x in self.held):
             return True  # a held record of this generation proved it
+        if self.verifier is not None and cert is None and self._vouches(pid, g, ts):
+            return True
         return (
             self.verifier is None
             or self.verifier(pid, g, s, flags, cert, max(self.clock, ts)) is None
@@ -274,24 +290,6 @@ class ReferenceTable:
     ) -> None:
         flags = FLAG_FENCE if fence else 0
         at = max(self.clock, ts)
-        w = self.pending.get(pid)
-        if w is not None:
-            if g == w["gen"]:
-                self._wait(pid, s, g, fence, ts, ref, out)
-                return
-            del self.pending[pid]
-            proven = fence and g == w["gen"] + 1 and self.authority is not None
-            status = self.authority(pid) if proven and self.authority is not None else None
-            if status is not None and status.known and status.generation == g:
-                self.vouched = (pid, w["gen"])
-                for r in w["recs"]:
-                    self._decide(pid, r["gen"], r["seq"], r["fence"], r["ts"], r["ref"], None, out)
-                self.vouched = None
-            else:
-                out += [(r["ref"], Verdict.FENCED) for r in w["recs"]]
-            if pid in self.entries:
-                self._decide(pid, g, s, fence, ts, ref, cert, out)
-                return
         if sum(1 for x in self.entries.values() if x[2] + self.lifetime > at) >= self.capacity:
             out.append((ref, Verdict.CAPACITY))
             return
@@ -368,6 +366,23 @@ class ReferenceTable:
         out: list[tuple[Any, Verdict]],
     ) -> None:
         flags = FLAG_FENCE if fence else 0
+        w = self.pending.get(pid)
+        if w is not None:
+            if g == w["gen"]:
+                self._wait(pid, s, g, fence, ts, ref, out)
+                return
+            del self.pending[pid]
+            proven = fence and g == w["gen"] + 1 and self.authority is not None
+            status = self.authority(pid) if proven and self.authority is not None else None
+            if status is not None and status.known and status.generation == g:
+                self.vouched = (pid, w["gen"])
+                for r in w["recs"]:
+                    self._decide(pid, r["gen"], r["seq"], r["fence"], r["ts"], r["ref"], None, out)
+                self.vouched = None
+            else:
+                out += [(r["ref"], Verdict.FENCED) for r in w["recs"]]
+                if pid in self.entries:
+                    self.unconfirmed.add(pid)
         at = max(self.clock, ts)
         e = self.entries.get(pid)
         if e is not None and e[2] + self.lifetime <= at:
@@ -375,6 +390,21 @@ class ReferenceTable:
         if e is None:
             self._new(pid, g, s, fence, ts, ref, cert, out)
             return
+        if (
+            pid in self.unconfirmed
+            and self.authority is not None
+            and at < self.horizon
+            and g >= e[0]
+        ):
+            self.unconfirmed.discard(pid)
+            st = self.authority(pid)
+            if st is not None and st.known and st.generation > e[0]:
+                if g > e[0] and g <= st.generation and at < st.expire_ms:
+                    e[0] = g
+                elif g == e[0]:
+                    self.pending[pid] = {"gen": g, "expire": st.expire_ms, "recs": []}
+                    self._wait(pid, s, g, fence, ts, ref, out)
+                    return
         moves = g == e[0] + 1
         leap = self._leap(pid, g, s, flags, cert, ts) if g > e[0] + 1 else None
         if g < e[0]:

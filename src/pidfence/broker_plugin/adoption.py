@@ -14,6 +14,12 @@ tell a producer's records from a zombie's. The table asks the lease authority
 * the authority's generation: created, or adopted at ``seq > 0`` (its head reported);
 * an older generation: the record waits (:class:`~pidfence.broker_plugin.entry.Pending`) until
   the log shows it came before the next generation's FENCE, else it is ``FENCED``.
+
+Inside a horizon the FENCE (and its certificate) that moved a known producer's generation may be
+gone too: a later generation the authority names as granted moves the entry as that FENCE would
+have (:meth:`Adoption.vouches`), and a producer known before offsets that were not read is asked
+about at its next record (:meth:`Adoption.confirm`): behind the authority's generation, its
+records wait as an unknown pid's do.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pidfence.broker_plugin.entry import (
     UNVERIFIED,
     Authority,
     Emit,
+    Entry,
     Held,
     Pending,
     Verifier,
@@ -47,10 +54,14 @@ class Adoption:
     authority: Authority | None
     verifier: Verifier | None
     pending: dict[int, Pending]
+    unconfirmed: set[int]
+    touched: set[int]
+    entries: dict[int, Entry]
     #: (pid, generation) whose waiting records are being adopted: the authority is not asked.
     vouched: tuple[int, int] | None
     grace_ms: int
     clock: int
+    horizon: int
     next_arrival: int
 
     if TYPE_CHECKING:  # provided by the kernel
@@ -102,6 +113,57 @@ class Adoption:
         self.wait(pid, g, s, FLAG_FENCE if fence else 0, ts, ref, out, token)
         return None
 
+    def confirm(
+        self,
+        pid: int,
+        entry: Entry,
+        g: int,
+        s: int,
+        fence: int,
+        ts: int,
+        ref: Any,
+        out: list[Emit],
+        token: tuple[int, int] | None,
+    ) -> bool:
+        """The first record of a known pid after offsets that were not read (True: judge it
+        against the entry now; False: it waits).
+
+        The authority's answer settles it: its generation is the entry's, or unknown (nothing
+        changes); a newer one the record is at (or below) moves the entry there, as the FENCE
+        that was not read did; a record at the entry's generation below the authority's waits
+        (:class:`~pidfence.broker_plugin.entry.Pending`), as it may be a zombie's.
+        """
+        at = max(self.clock, ts)
+        if self.authority is None or at >= self.horizon or g < entry.generation:
+            return True  # an older generation is FENCED by the rules: the next record asks
+        self.unconfirmed.discard(pid)
+        status = self.authority(pid)
+        if status is None or not status.known or status.generation <= entry.generation:
+            return True
+        if g > entry.generation:
+            if g <= status.generation and at < status.expire_ms:
+                self.touched.add(pid)
+                entry.generation = g
+            return True
+        self.pending[pid] = Pending(g, status.expire_ms, [])
+        self.wait(pid, g, s, fence, ts, ref, out, token)
+        return False
+
+    def vouches(self, pid: int, g: int, ts: int) -> bool:
+        """Inside a horizon, whether the authority names generation ``g`` of ``pid`` as granted
+        (its current one or an older one) with the lease live at the record's time: a record
+        of it moves a known entry there without the FENCE the table never saw."""
+        at = max(self.clock, ts)
+        if self.authority is None or at >= self.horizon:
+            return False
+        status = self.authority(pid)
+        return (
+            status is not None
+            and status.known
+            and g <= status.generation
+            and (at < status.expire_ms)
+        )
+
     def wait(
         self,
         pid: int,
@@ -136,6 +198,9 @@ class Adoption:
             proven = status is not None and status.known and status.generation == g
         if not proven:
             out.extend((h.ref, FENCED, h.token) for h in waiting.records)
+            if pid in self.entries:
+                # A known pid's: the record that ended the wait is asked about in turn.
+                self.unconfirmed.add(pid)
             return
         self.vouched = (pid, waiting.generation)
         try:

@@ -317,7 +317,13 @@ def _plan(
             exists[i], base[i], cur_gen[i] = True, entry.highwater, entry.generation
             # An entry that may expire during the batch changes its producer's verdicts mid-way;
             # a resend may fill an open hole.
-            bad[i] = entry.first_seen + life <= last_now or pid in held or entry.holes is not None
+            bad[i] = (
+                entry.first_seen + life <= last_now
+                or pid in held
+                or pid in pending
+                or entry.holes is not None
+                or pid in table.unconfirmed
+            )
     n_new = int((~exists).sum())
     if len(entries) + n_new > table.capacity or (n_new and life <= last_now - first_now):
         # CAPACITY or expiry of new entries within reach: decide everything exactly.

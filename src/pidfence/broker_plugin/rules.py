@@ -123,8 +123,10 @@ class RulesKernel(Proofs, Adoption):
         self.ring = EntryRing(capacity)
         self.held: dict[int, dict[int, Held]] = {}
         self.authority = authority
-        #: Records of unknown pids waiting for the log to show where they stand (adoption.py).
+        #: Records waiting for the log to show where they stand (adoption.py).
         self.pending: dict[int, Pending] = {}
+        #: Known pids that may have missed a FENCE in offsets not read (adoption.py).
+        self.unconfirmed: set[int] = set()
         self.vouched: tuple[int, int] | None = None
         self.clock = NO_CLOCK
         #: Unknown producers met at seq > 0 are adopted while a record's time is below this.
@@ -149,9 +151,12 @@ class RulesKernel(Proofs, Adoption):
         trimmed, reading began mid-log, offsets were lost), with the time of the first record
         after that point. Every producer alive then ends its lease within one lifetime, and any
         producer first met later must have started after the point, where its seq 0 was seen.
+        The producers known then may have missed a FENCE in what was not read: each is asked
+        about at its next record (:meth:`~pidfence.broker_plugin.adoption.Adoption.confirm`).
         """
         point_ms = as_timestamp(point_ms)
         self.horizon = max(self.horizon, point_ms + self.life)
+        self.unconfirmed.update(self.entries)
 
     # ------------------------------------------------------------------------- the clock
 
@@ -175,6 +180,7 @@ class RulesKernel(Proofs, Adoption):
                 return
             ring.pop()
             del self.entries[pid]
+            self.unconfirmed.discard(pid)
             if serial < self.base_serial:
                 # Entries created since the last snapshot never reached one; deltas skip them.
                 self.expired_since += 1
@@ -216,6 +222,12 @@ class RulesKernel(Proofs, Adoption):
             self.advance(ts, out)
             return
         fence = flags & FLAG_FENCE
+        unproven = self.pending.get(pid)
+        if unproven is not None:
+            if g == unproven.generation:
+                self.wait(pid, g, s, fence, ts, ref, out, token)
+                return
+            self.end_wait(pid, g, fence, out)
         entry = self.entries.get(pid)
         at = ts if ts > self.clock else self.clock
         if entry is not None and entry.first_seen + self.life <= at:
@@ -223,6 +235,10 @@ class RulesKernel(Proofs, Adoption):
             entry = None
         if entry is None:
             self.decide_new(pid, g, s, fence, ts, at, ref, out, token, cert)
+            return
+        if pid in self.unconfirmed and not self.confirm(
+            pid, entry, g, s, fence, ts, ref, out, token
+        ):
             return
         current = entry.generation
         if g < current:
@@ -332,16 +348,6 @@ class RulesKernel(Proofs, Adoption):
         cert: bytes | None,
     ) -> None:
         """A record of a pid without a live entry: create one, adopt it, or refuse it."""
-        waiting = self.pending.get(pid)
-        if waiting is not None:
-            if g == waiting.generation:
-                self.wait(pid, g, s, fence, ts, ref, out, token)
-                return
-            self.end_wait(pid, g, fence, out)
-            if pid in self.entries:
-                # Its waiting records were adopted: judge this one against their entry.
-                self.decide(pid, g, s, fence, ts, ref, out, token, cert)
-                return
         if self.ring.full and self.entries[self.ring.head()[0]].first_seen + self.life > at:
             out.append((ref, CAPACITY, token))
             return

@@ -122,6 +122,7 @@ def full_snapshot(table: RulesKernel) -> bytes:
             "entries": entries,
             "held": _held_rows(table),
             "pending": _pending_rows(table),
+            "unconfirmed": sorted(table.unconfirmed),
         }
     )
     _mark_clean(table, epoch)
@@ -160,6 +161,7 @@ def delta_snapshot(table: RulesKernel) -> bytes:
             "updated": sorted(updated, key=lambda row: row[0]),
             "held": _held_rows(table),
             "pending": _pending_rows(table),
+            "unconfirmed": sorted(table.unconfirmed),
         }
     )
     _mark_clean(table, epoch)
@@ -315,6 +317,10 @@ def _restore(cls: type[K], full: bytes, deltas: list[bytes], overrides: SettingO
         by_seq[seq] = Held(seq, gen, flags, ts, arrival, _freeze(ref))
     for row in state["pending"]:
         _restore_pending(table, row)
+    for pid in state.get("unconfirmed", ()):
+        if _int(pid, "unconfirmed pid") not in table.entries:
+            raise CorruptSnapshot(f"unconfirmed pid {pid} has no entry")
+        table.unconfirmed.add(pid)
     _mark_clean(table, epoch)
     return table
 
@@ -324,7 +330,7 @@ def _restore_pending(table: RulesKernel, row: Any) -> None:
     if not isinstance(row, list) or len(row) < 4:
         raise CorruptSnapshot("pending row must be [pid, generation, expire_ms, record...]")
     pid, gen, expire = (_int(v, "pending field") for v in row[:3])
-    if pid in table.entries or pid in table.pending or pid <= 0:
+    if pid in table.pending or pid <= 0:
         raise CorruptSnapshot(f"waiting records of pid {pid} are inconsistent")
     records = []
     for rec in row[3:]:

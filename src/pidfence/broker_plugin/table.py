@@ -185,6 +185,7 @@ class ProducerStateTable(RulesKernel):
             ring,
             held,
             pending,
+            tuple(sorted(self.unconfirmed)),
         )
 
     def __eq__(self, other: object) -> bool:
