@@ -194,7 +194,9 @@ def _int(value: Any, what: str) -> int:
 def _entry_row(row: Any) -> list[Any]:
     """``[pid, serial, generation, highwater, first_seen, holes]``."""
     if not isinstance(row, list) or len(row) != 6:
-        raise CorruptSnapshot("entry row must be [pid, serial, generation, highwater, first_seen, holes]")
+        raise CorruptSnapshot(
+            "entry row must be [pid, serial, generation, highwater, first_seen, holes]"
+        )
     return [*(_int(v, "entry field") for v in row[:5]), _holes(row[5])]
 
 
@@ -317,7 +319,7 @@ def _restore(cls: type[K], full: bytes, deltas: list[bytes], overrides: SettingO
         by_seq[seq] = Held(seq, gen, flags, ts, arrival, _freeze(ref))
     for row in state["pending"]:
         _restore_pending(table, row)
-    for pid in state.get("unconfirmed", ()):
+    for pid in state["unconfirmed"]:
         if _int(pid, "unconfirmed pid") not in table.entries:
             raise CorruptSnapshot(f"unconfirmed pid {pid} has no entry")
         table.unconfirmed.add(pid)
