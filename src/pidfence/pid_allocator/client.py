@@ -57,7 +57,12 @@ class Lease:
     prior_mac_key: bytes | None = field(default=None, repr=False)
 
 
-def _parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
+def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
+    """``"host:port,host:port"`` (or a sequence of them) as (host, port) pairs.
+
+    Raises:
+        InvalidServerList: an item is not ``HOST:PORT``, or there is none.
+    """
     items = servers.split(",") if isinstance(servers, str) else list(servers)
     out: list[tuple[str, int]] = []
     for item in (s.strip() for s in items):
@@ -106,7 +111,7 @@ class LeaseClient:
     def __post_init__(self) -> None:
         if self.retries < 0:
             raise InvalidServerList(f"retries must be >= 0, got {self.retries}")
-        self._addresses = _parse_servers(self.servers)
+        self._addresses = parse_servers(self.servers)
         self._index = 0
         self._sock: socket.socket | None = None
         self._ids = itertools.count(1)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.wire.mac import RecordMacCheck
 from pidfence.wire.statement import PlacedCheck
+
+if TYPE_CHECKING:
+    from pidfence.pid_allocator import LeaseClient
 
 _UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION: Final = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
@@ -77,6 +80,11 @@ class SinkOptions:
         record_mac_secret: the lease servers' ``--record-mac-secret`` file
             (``recordMacSecret``): every idempotent record must then carry a valid per-record
             MAC (``pfm``), else it is ``FORGED`` (reason ``mac``).
+        lease_servers: the lease servers ``HOST:PORT[,...]`` (``leaseServer``): where the sink
+            could not see producers start it adopts only those they vouch for; unset, it adopts
+            none (``UNKNOWN_PID``). Their auth token and TLS: ``leaseTokenFile``, ``leaseTlsCa``,
+            ``leaseTlsCert``, ``leaseTlsKey`` (files every executor can read), else the
+            environment, as producers read it.
     """
 
     path: str
@@ -90,6 +98,11 @@ class SinkOptions:
     lease_public_keys: tuple[str, ...] = ()
     resolve_gaps: bool = True
     record_mac_secret: str | None = None
+    lease_servers: str | None = None
+    lease_token_file: str | None = None
+    lease_tls_ca: str | None = None
+    lease_tls_cert: str | None = None
+    lease_tls_key: str | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -118,6 +131,11 @@ class SinkOptions:
             lease_public_keys=_keys(opts.get("leasepublickey")),
             resolve_gaps=_bool(opts, "resolvegaps", default=True),
             record_mac_secret=opts.get("recordmacsecret") or None,
+            lease_servers=_servers(opts.get("leaseserver")),
+            lease_token_file=opts.get("leasetokenfile") or None,
+            lease_tls_ca=opts.get("leasetlsca") or None,
+            lease_tls_cert=opts.get("leasetlscert") or None,
+            lease_tls_key=opts.get("leasetlskey") or None,
         )
 
     def certificates(self) -> PlacedCheck | None:
@@ -153,10 +171,46 @@ class SinkOptions:
         except KeyFileError as exc:
             raise SinkOptionError(f"option recordMacSecret: {exc}") from None
 
+    def lease_client(self) -> LeaseClient | None:
+        """A client of the lease servers (None when ``leaseServer`` is unset).
+
+        Raises:
+            SinkOptionError: the token or TLS files are missing or unsafe.
+        """
+        if self.lease_servers is None:
+            return None
+        from pidfence.pid_allocator import SecretFileError
+        from pidfence.spark_sink.authority import lease_client
+
+        try:
+            return lease_client(
+                self.lease_servers,
+                self.lease_token_file,
+                self.lease_tls_ca,
+                self.lease_tls_cert,
+                self.lease_tls_key,
+            )
+        except SecretFileError as exc:
+            raise SinkOptionError(f"option leaseServer: {exc}") from None
+
     def verifier(self, topic: str, partition: int) -> Verifier | None:
         """The broker rules' verifier of one (topic, partition), or None without signing."""
         check = self.certificates()
         return None if check is None else check.for_partition(topic, partition)
+
+
+def _servers(raw: str | None) -> str | None:
+    """``leaseServer``: ``HOST:PORT[,HOST:PORT]``, checked as ``LeaseClient`` reads it."""
+    if raw is None or not raw.strip():
+        return None
+    from pidfence.pid_allocator import InvalidServerList
+    from pidfence.pid_allocator.client import parse_servers
+
+    try:
+        parse_servers(raw)
+    except InvalidServerList as exc:
+        raise SinkOptionError(f"option leaseServer: {exc}") from None
+    return raw.strip()
 
 
 def _keys(raw: str | None) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from pidfence.broker_plugin import (
     Verifier,
     replay_batch,
 )
+from pidfence.spark_sink.authority import recorded_answers
 from pidfence.spark_sink.decisions import replay_rows
 from pidfence.spark_sink.layout import BatchLayout
 from pidfence.spark_sink.options import SinkOptions
@@ -166,7 +167,11 @@ def load_state(
         )
     table = _rebuild(layout, store, topic, partition, files, top, pos, opts)
     table.verifier = verifier
-    refs = {h.ref for by_seq in table.held.values() for h in by_seq.values()}
+    # The old batches replayed under the settings they recorded; this one runs under today's.
+    for name, value in _overrides(opts).items():
+        if name != "capacity":
+            setattr(table, name, value)
+    refs = {h.ref for h in table.waiting()}
     if refs != set(held):
         raise CorruptSnapshot(
             f"{topic}[{partition}]: replaying the committed output holds {sorted(refs)} but "
@@ -289,6 +294,8 @@ def _replay(
             chunk.column("offset").to_pylist(),
             flush=bool(part.get("flushed")),
             horizon_ms=part.get("horizon_ms"),
+            answers=recorded_answers(part.get("answers")),
+            rules=part.get("rules"),
         )
 
 

@@ -10,6 +10,7 @@ manifest says (and fails if its Kafka offsets differ). The storage steps go thro
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink import owner
+from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.delta.layout import DeltaLayout, open_layout
 from pidfence.spark_sink.errors import (
     CommittedBatchMismatch,
@@ -70,15 +72,22 @@ class PartCommit:
     gaps: list[dict[str, Any]] = field(default_factory=list)
     horizon_ms: int | None = None
     stats: dict[str, str] = field(default_factory=dict)
+    #: The lease servers' answers of the batch (None: without them) and its rules' settings.
+    answers: dict[str, list[Any]] | None = None
+    rules: dict[str, Any] = field(default_factory=dict)
 
     def manifest_entry(self) -> dict[str, Any]:
-        """This part as stored in the manifest (``gaps``, ``horizon_ms`` and ``stats`` only
-        when set)."""
+        """This part as stored in the manifest (``gaps``, ``horizon_ms``, ``answers``,
+        ``rules`` and ``stats`` only when set)."""
         extra: dict[str, Any] = {}
         if self.gaps:
             extra["gaps"] = self.gaps
         if self.horizon_ms is not None:
             extra["horizon_ms"] = self.horizon_ms
+        if self.answers is not None:
+            extra["answers"] = self.answers
+        if self.rules:
+            extra["rules"] = self.rules
         if self.stats:
             extra["stats"] = self.stats
         return {
@@ -126,6 +135,8 @@ class PartCommit:
             gaps=list(entry.get("gaps") or []),
             horizon_ms=entry.get("horizon_ms"),
             stats=dict(entry.get("stats") or {}),
+            answers=entry.get("answers"),
+            rules=dict(entry.get("rules") or {}),
         )
 
 
@@ -205,13 +216,27 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         check = self.options.certificates()
         macs = self.options.record_macs()
         message.tag = new_tag(query)
-        for topic, partition, mine in by_partition(rows):
-            verifier = None if check is None else check.for_partition(topic, partition)
-            message.parts.append(
-                self._write_partition(
-                    layout, batch_id, message.tag, topic, partition, mine, verifier, macs
+        client = self.options.lease_client()
+        try:
+            for topic, partition, mine in by_partition(rows):
+                verifier = None if check is None else check.for_partition(topic, partition)
+                authority = None if client is None else BatchAuthority(client)
+                message.parts.append(
+                    self._write_partition(
+                        layout,
+                        batch_id,
+                        message.tag,
+                        topic,
+                        partition,
+                        mine,
+                        verifier,
+                        macs,
+                        authority,
+                    )
                 )
-            )
+        finally:
+            if client is not None:
+                client.close()
         crash_point("after_write")
         return message
 
@@ -225,11 +250,21 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         rows: pa.Table,
         verifier: Verifier | None,
         macs: RecordMacCheck | None = None,
+        authority: BatchAuthority | None = None,
     ) -> PartCommit:
         store = layout.store
         st = load_state(layout, store, topic, partition, batch_id, self.options, verifier)
         log_start = st.next_log
-        out = process_partition(rows, topic, partition, st, self.options.flush_held, macs)
+        out = process_partition(
+            rows,
+            topic,
+            partition,
+            st,
+            self.options.flush_held,
+            macs,
+            authority,
+            int(time.time() * 1000),
+        )
         files = layout.stage_part(
             PartAttempt(batch_id, tag, topic, partition),
             {"log": out.log, "rejects": out.rejects, "held": out.held},
@@ -257,6 +292,8 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             gaps=[g.to_dict() for g in out.gaps],
             horizon_ms=out.horizon_ms,
             stats=files.stats,
+            answers=out.answers,
+            rules=out.rules or {},
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -116,3 +116,52 @@ def install_mutation(name: str) -> None:
         raise UnknownMutation(
             f"unknown mutation {name!r}: use one of {', '.join(sorted(MUTATIONS))}"
         ) from None
+
+
+# -- mutants of the exactly-once rules under gaps and adoption (issue 35) --------------------
+#
+# Each takes ``patch`` (``setattr`` by default, ``monkeypatch.setattr`` in a test that undoes it).
+
+Patch = Callable[[Any, str, Any], None]
+
+
+def _roll_keeps_old_pid_live(patch: Patch = setattr) -> None:
+    """``roll-keeps-old-pid-live``: the lineage retires nothing when it rolls, so the old pid can
+    be bumped or rolled again (a zombie's roll gets a second successor and re-sends its work)."""
+    from dataclasses import replace
+
+    from pidfence.pid_allocator.coordinator import RollWrite
+    from pidfence.pid_allocator.lineage import Lineage
+
+    real = Lineage.roll
+
+    def broken(self: Lineage, change: Any, successor: Any) -> Any:
+        store = self.store
+        write = store.write_roll
+
+        def unretired(roll: RollWrite) -> None:
+            write(
+                replace(
+                    roll, record=replace(roll.record, successor=None, successor_generation=None)
+                )
+            )
+
+        patch(store, "write_roll", unretired)
+        try:
+            return real(self, change, successor)
+        finally:
+            patch(store, "write_roll", write)
+
+    patch(Lineage, "roll", broken)
+
+
+def _forget_holes(patch: Patch = setattr) -> None:
+    """``forget-holes``: gap resolution skips a gap and forgets it, so a record that fills the
+    hole later (a resume re-sending what timed out) is called the DUPLICATE of nothing."""
+    from pidfence.broker_plugin import holes
+
+    patch(holes, "find", lambda entry, seq: -1)
+
+
+MUTATIONS["roll-keeps-old-pid-live"] = _roll_keeps_old_pid_live
+MUTATIONS["forget-holes"] = _forget_holes
