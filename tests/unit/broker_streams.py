@@ -201,6 +201,9 @@ class ReferenceTable:
         self.horizon = max(self.horizon, point + self.lifetime)
         self.unconfirmed |= set(self.entries)
 
+    def _covered(self, pid: int, g: int) -> bool:
+        return self.vouched is not None and self.vouched[0] == pid and g <= self.vouched[1]
+
     def _vouches(self, pid: int, g: int, ts: int) -> bool:
         at = max(self.clock, ts)
         if self.authority is None or at >= self.horizon:
@@ -230,7 +233,7 @@ class ReferenceTable:
         self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int
     ) -> Verdict | None:
         """g > gE + 1: None if judged as gE + 1 (a verifier and a proof), else the verdict."""
-        if cert is None and self._vouches(pid, g, ts):
+        if self._covered(pid, g) or (cert is None and self._vouches(pid, g, ts)):
             return None
         if self.verifier is None:
             return Verdict.INVALID_GENERATION
@@ -245,6 +248,8 @@ class ReferenceTable:
     def _ok(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int) -> bool:
         if any(x["pid"] == pid and x["gen"] == g for x in self.held):
             return True  # a held record of this generation proved it
+        if self._covered(pid, g):
+            return True
         if self.verifier is not None and cert is None and self._vouches(pid, g, ts):
             return True
         return (
@@ -293,9 +298,21 @@ class ReferenceTable:
         if sum(1 for x in self.entries.values() if x[2] + self.lifetime > at) >= self.capacity:
             out.append((ref, Verdict.CAPACITY))
             return
-        vouched = self.vouched == (pid, g)
+        vouched = self._covered(pid, g)
+        start = fence or s == 0
+        inside = at < self.horizon
+        if not (vouched or start or inside):
+            out.append((ref, Verdict.UNKNOWN_PID))
+            return
+        if not vouched and self.verifier is not None:
+            if not start and cert is None:
+                out.append((ref, Verdict.UNVERIFIED))
+                return
+            if self.verifier(pid, g, s, flags, cert, at) is not None:
+                out.append((ref, Verdict.FORGED))
+                return
         known = vouched
-        if not vouched and at < self.horizon and self.authority is not None:
+        if not vouched and inside and self.authority is not None:
             status = self.authority(pid)
             if status is not None and status.known:
                 if at >= status.expire_ms:
@@ -305,26 +322,12 @@ class ReferenceTable:
                     out.append((ref, Verdict.INVALID_GENERATION))
                     return
                 if g < status.generation:
-                    if self.verifier is not None and not (fence or s == 0) and cert is None:
-                        out.append((ref, Verdict.UNVERIFIED))
-                    elif self.verifier is not None and self.verifier(pid, g, s, flags, cert, at):
-                        out.append((ref, Verdict.FORGED))
-                    else:
-                        self.pending[pid] = {"gen": g, "expire": status.expire_ms, "recs": []}
-                        self._wait(pid, s, g, fence, ts, ref, out)
+                    self.pending[pid] = {"gen": g, "expire": status.expire_ms, "recs": []}
+                    self._wait(pid, s, g, fence, ts, ref, out)
                     return
                 known = True
-        if not (fence or s == 0):
-            if not known:
-                out.append((ref, Verdict.UNKNOWN_PID))
-                return
-            if not vouched and self.verifier is not None and cert is None:
-                out.append((ref, Verdict.UNVERIFIED))
-                return
-        if not vouched and not (
-            self.verifier is None or self.verifier(pid, g, s, flags, cert, at) is None
-        ):
-            out.append((ref, Verdict.FORGED))
+        if not start and not known:
+            out.append((ref, Verdict.UNKNOWN_PID))
             return
         out.append((ref, Verdict.FENCE if fence else Verdict.APPENDED))
         self._land(ts, out)
@@ -337,9 +340,6 @@ class ReferenceTable:
         self, pid: int, s: int, g: int, fence: bool, ts: int, ref: Any, out: list[Any]
     ) -> None:
         w = self.pending[pid]
-        if len(w["recs"]) >= PENDING_LIMIT:
-            out.append((ref, Verdict.FENCED))
-            return
         w["recs"].append(
             {
                 "seq": s,
@@ -368,18 +368,33 @@ class ReferenceTable:
         flags = FLAG_FENCE if fence else 0
         w = self.pending.get(pid)
         if w is not None:
-            if g == w["gen"]:
+            room = len(w["recs"]) < PENDING_LIMIT
+            if g == w["gen"] and room:
                 self._wait(pid, s, g, fence, ts, ref, out)
                 return
-            del self.pending[pid]
-            proven = fence and g == w["gen"] + 1 and self.authority is not None
-            status = self.authority(pid) if proven and self.authority is not None else None
-            if status is not None and status.known and status.generation == g:
-                self.vouched = (pid, w["gen"])
+            if g < w["gen"]:
+                out.append((ref, Verdict.FENCED))
+                return
+            status = None
+            if fence and g == w["gen"] + 1 and room and self.authority is not None:
+                status = self.authority(pid)
+            if status is not None and status.known and g <= status.generation:
+                if self.verifier is not None and self.verifier(
+                    pid, g, s, FLAG_FENCE, cert, max(self.clock, ts)
+                ):
+                    out.append((ref, Verdict.FORGED))
+                    return
+                if g < status.generation:
+                    w["gen"] = g
+                    self._wait(pid, s, g, fence, ts, ref, out)
+                    return
+                del self.pending[pid]
+                self.vouched = (pid, g)
                 for r in w["recs"]:
                     self._decide(pid, r["gen"], r["seq"], r["fence"], r["ts"], r["ref"], None, out)
                 self.vouched = None
             else:
+                del self.pending[pid]
                 out += [(r["ref"], Verdict.FENCED) for r in w["recs"]]
                 if pid in self.entries:
                     self.unconfirmed.add(pid)

@@ -311,23 +311,42 @@ def test_waiting_records_end_with_the_lease_or_a_flush() -> None:
 
 
 def test_waiting_is_bounded() -> None:
+    """Past PENDING_LIMIT waiting records the wait ends: they are FENCED, by name."""
     table = ProducerStateTable(16, DAY, authority=live(7, 2))
     table.open_horizon(0)
-    out = [d.verdict for s in range(PENDING_LIMIT + 3) for d in table.offer(7, 1, 10 + s, 1)]
-    assert out == [B] * PENDING_LIMIT + [F] * 3
+    out = [d.verdict for s in range(PENDING_LIMIT + 1) for d in table.offer(7, 1, 10 + s, 1)]
+    assert out == [B] * PENDING_LIMIT + [F] * PENDING_LIMIT + [B]
+    assert table.held_count == 1
 
 
-def test_proof_needs_the_authoritys_current_generation() -> None:
-    """A FENCE of g+1 proves waiting g records only when g+1 is the authority's generation:
-    under a later one the g+1 FENCE may itself have landed after a newer FENCE."""
+def test_a_chain_of_fences_up_to_the_authoritys_generation_proves_waiting_records() -> None:
+    """The pid was bumped twice since: its g1 records wait through g2's FENCE (and g2's
+    records) until g3's FENCE shows they all came first, as the strict rules would see."""
     table = ProducerStateTable(16, DAY, authority=live(7, 3))
     table.open_horizon(0)
-    out = [
-        (d.ref, d.verdict)
-        for i, (g, s, f) in enumerate([(1, 4, 0), (2, 5, FLAG_FENCE)])
-        for d in table.offer(7, g, s, 1, f, ref=i)
+    records = [(1, 4, 0), (2, 5, FLAG_FENCE), (1, 5, 0), (2, 5, 0), (3, 6, FLAG_FENCE), (3, 6, 0)]
+    decided = verdicts(table, records)
+    assert decided == [
+        (0, B),
+        (1, B),
+        (2, F),  # g1 after g2's FENCE: a zombie's, on its own
+        (3, B),
+        (0, A),  # g3's FENCE: the chain is whole
+        (1, Verdict.FENCE),
+        (3, A),
+        (4, Verdict.FENCE),
+        (5, A),
     ]
-    assert out == [(0, B), (0, F), (1, B)]  # the g2 FENCE waits in turn, for g3's
+
+
+def test_a_broken_chain_fences_the_waiting_records() -> None:
+    """g2's FENCE went with retention: a g2 data record (or a FENCE further ahead) after the
+    waiting g1 records proves nothing; they are FENCED and the record is judged afresh."""
+    for breaker in ((2, 5, 0), (3, 5, FLAG_FENCE)):
+        table = ProducerStateTable(16, DAY, authority=live(7, 3))
+        table.open_horizon(0)
+        decided = verdicts(table, [(1, 4, 0), breaker])
+        assert decided[:2] == [(0, B), (0, F)]
 
 
 def test_adoption_under_signing_needs_a_certificate() -> None:

@@ -6,6 +6,8 @@ start, lost offsets) a FENCE it never saw may precede what it reads, so the log 
 tell a producer's records from a zombie's. The table asks the lease authority
 (:data:`~pidfence.broker_plugin.entry.Authority`) before it creates an entry there:
 
+* under signing, first the certificate: a record at ``seq > 0`` without one is ``UNVERIFIED``,
+  one with a bad one ``FORGED`` (nobody is asked about a forgery);
 * no authority, or no answer: a record at ``seq > 0`` is ``UNKNOWN_PID`` (no adoption); a
   FENCE or a ``seq 0`` creates its entry as the proposal says (nothing is adopted);
 * the lease ended at the record's time: ``UNKNOWN_PID`` (an ended lease is never adopted,
@@ -13,7 +15,7 @@ tell a producer's records from a zombie's. The table asks the lease authority
 * a generation above the authority's: ``INVALID_GENERATION`` (nobody was granted it);
 * the authority's generation: created, or adopted at ``seq > 0`` (its head reported);
 * an older generation: the record waits (:class:`~pidfence.broker_plugin.entry.Pending`) until
-  the log shows it came before the next generation's FENCE, else it is ``FENCED``.
+  the log shows it came before the FENCEs of the generations after it, else it is ``FENCED``.
 
 Inside a horizon the FENCE (and its certificate) that moved a known producer's generation may be
 gone too: a later generation the authority names as granted moves the entry as that FENCE would
@@ -33,7 +35,6 @@ from pidfence.broker_plugin.entry import (
     INVALID_GENERATION,
     PENDING_LIMIT,
     UNKNOWN_PID,
-    UNVERIFIED,
     Authority,
     Emit,
     Entry,
@@ -57,7 +58,7 @@ class Adoption:
     unconfirmed: set[int]
     touched: set[int]
     entries: dict[int, Entry]
-    #: (pid, generation) whose waiting records are being adopted: the authority is not asked.
+    #: (pid, generation): waiting records being adopted, up to that generation; nobody is asked.
     vouched: tuple[int, int] | None
     grace_ms: int
     clock: int
@@ -83,9 +84,9 @@ class Adoption:
         ref: Any,
         out: list[Emit],
         token: tuple[int, int] | None,
-        cert: bytes | None,
     ) -> str | None:
-        """Judge an unknown pid's record inside a horizon by the authority's answer.
+        """Judge an unknown pid's record inside a horizon by the authority's answer (under
+        signing the record proved its generation already).
 
         Returns :data:`VOUCHED` (create or adopt it), :data:`UNANSWERED` (no answer: create it
         only as the proposal would) or None (a verdict was emitted: refused, or waiting).
@@ -101,14 +102,7 @@ class Adoption:
             return None
         if g == status.generation:
             return VOUCHED
-        # An older generation: the record waits for the log to show where it stands. Under
-        # signing it must prove its generation now, as adoption would.
-        if self.verifier is not None and not (fence or s == 0) and cert is None:
-            out.append((ref, UNVERIFIED, token))
-            return None
-        if not self.certified(pid, g, s, FLAG_FENCE if fence else 0, cert, ts):
-            out.append((ref, FORGED, token))
-            return None
+        # An older generation: the record waits for the log to show where it stands.
         self.pending[pid] = Pending(g, status.expire_ms, [])
         self.wait(pid, g, s, FLAG_FENCE if fence else 0, ts, ref, out, token)
         return None
@@ -175,11 +169,8 @@ class Adoption:
         out: list[Emit],
         token: tuple[int, int] | None,
     ) -> None:
-        """Hold a record of a waiting pid (``FENCED`` past :data:`PENDING_LIMIT`)."""
+        """Hold a record of a waiting pid."""
         waiting = self.pending[pid]
-        if len(waiting.records) >= PENDING_LIMIT:
-            out.append((ref, FENCED, token))
-            return
         waiting.records.append(
             Held(s, g, flags, max(self.clock, ts), self.next_arrival, ref, token)
         )
@@ -187,27 +178,73 @@ class Adoption:
         out.append((ref, BUFFERED, token))
         self.advance(ts, out)
 
-    def end_wait(self, pid: int, g: int, fence: int, out: list[Emit]) -> None:
-        """A record of another generation arrived for a waiting pid: the waiting records are
-        adopted when it is the FENCE of the next generation and the authority names that one
-        (they came before it), else ``FENCED``."""
+    def still_waiting(
+        self,
+        pid: int,
+        g: int,
+        s: int,
+        fence: int,
+        ts: int,
+        ref: Any,
+        out: list[Emit],
+        token: tuple[int, int] | None,
+        cert: bytes | None,
+    ) -> bool:
+        """A record of a pid whose records wait (True: it was decided; False: the wait ended,
+        judge it now).
+
+        The waiting records wait for the log to show the FENCEs of every generation after
+        theirs, in order, up to the authority's current one: each next FENCE adds its
+        generation to the wait (its records wait with the rest), the authority's current one
+        proves them all (they came before it, as the strict rules would see; each is then
+        judged by them in arrival order). A record of an older generation than the newest
+        FENCE waiting is ``FENCED`` on its own; anything else (a data record of a newer
+        generation, a FENCE further ahead, the limit of waiting records) ends the wait:
+        every waiting record is ``FENCED``. Under signing each FENCE proves itself first.
+        """
+        waiting = self.pending[pid]
+        top = waiting.generation
+        if g == top:
+            if len(waiting.records) < PENDING_LIMIT:
+                self.wait(pid, g, s, fence, ts, ref, out, token)
+                return True
+        elif g < top:
+            out.append((ref, FENCED, token))
+            return True
+        elif fence and g == top + 1 and len(waiting.records) < PENDING_LIMIT:
+            status = self.authority(pid) if self.authority is not None else None
+            if status is not None and status.known and g <= status.generation:
+                if not self.certified(pid, g, s, FLAG_FENCE, cert, ts):
+                    out.append((ref, FORGED, token))
+                    return True
+                if g < status.generation:
+                    waiting.generation = g
+                    self.wait(pid, g, s, fence, ts, ref, out, token)
+                    return True
+                self.adopt_waiting(pid, g, out)
+                return False
+        del self.pending[pid]
+        out.extend((h.ref, FENCED, h.token) for h in waiting.records)
+        if pid in self.entries:
+            # A known pid's: the record that ended the wait is asked about in turn.
+            self.unconfirmed.add(pid)
+        return False
+
+    def adopt_waiting(self, pid: int, g: int, out: list[Emit]) -> None:
+        """The FENCE of the authority's generation ``g`` proved the waiting records: judge
+        each by the rules, in arrival order (none asks again; each proved its generation)."""
         waiting = self.pending.pop(pid)
-        proven = False
-        if fence and g == waiting.generation + 1 and self.authority is not None:
-            status = self.authority(pid)
-            proven = status is not None and status.known and status.generation == g
-        if not proven:
-            out.extend((h.ref, FENCED, h.token) for h in waiting.records)
-            if pid in self.entries:
-                # A known pid's: the record that ended the wait is asked about in turn.
-                self.unconfirmed.add(pid)
-            return
-        self.vouched = (pid, waiting.generation)
+        self.vouched = (pid, g)
         try:
             for h in waiting.records:
                 self.decide(pid, h.generation, h.seq, h.flags, h.ts_ms, h.ref, out, h.token)
         finally:
             self.vouched = None
+
+    def covered(self, pid: int, g: int) -> bool:
+        """Whether waiting records being adopted vouch for ``(pid, g)``."""
+        vouched = self.vouched
+        return vouched is not None and vouched[0] == pid and g <= vouched[1]
 
     def expire_waiting(self, now: int, out: list[Emit]) -> None:
         """Waiting records of pids whose lease ended (plus the grace) are ``FENCED``."""

@@ -16,7 +16,7 @@ NO_CLOCK: Final = -(2**63)
 #: Most open holes (ranges of skipped seqs) one producer keeps; past it a gap is not skipped.
 MAX_HOLES: Final = 16
 #: Most records of one pid held while they wait for the log to show them before the next
-#: generation's FENCE (see :class:`Pending`); past it a record is ``FENCED``.
+#: generations' FENCEs (see :class:`Pending`); past it the wait ends: they are ``FENCED``.
 PENDING_LIMIT: Final = 256
 
 #: Internal decision: (caller's ref, verdict, batch token of the record or None).
@@ -109,13 +109,13 @@ class Held:
 
 @dataclass(slots=True)
 class Pending:
-    """Records of a pid without an entry, met where the table could not see it start, at a
-    generation older than the one the authority named: each may be a zombie's record written
-    after the next generation's FENCE (which the table never saw), or a record written before
-    it. They wait, in arrival order, until the log shows which: the next record of the pid is
-    that FENCE (``generation + 1``, the authority's current one: they came before it and are
-    adopted), or anything else (they are ``FENCED``). They are ``FENCED`` too once the lease
-    ends (``expire_ms`` plus the grace: no FENCE of it can follow).
+    """Records of a pid met where the table could not see it start, at a generation older than
+    the one the authority named: each may be a zombie's record written after a FENCE the table
+    never saw, or a record written before the next generation's FENCE. They wait, in arrival
+    order, until the log shows which: the FENCEs of each next generation, in order, up to the
+    authority's (they came before them and are adopted), or anything else (they are
+    ``FENCED``, as they are once the lease ends, ``expire_ms`` plus the grace: no FENCE of it
+    can follow). ``generation`` is the newest waiting generation (the last FENCE waiting).
     """
 
     generation: int

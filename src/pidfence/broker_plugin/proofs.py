@@ -24,6 +24,7 @@ class Proofs:
     if TYPE_CHECKING:  # provided by the adoption mixin
 
         def vouches(self, pid: int, g: int, ts: int) -> bool: ...
+        def covered(self, pid: int, g: int) -> bool: ...
 
     def certified(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int) -> bool:
         """Whether (pid, g) is proven by ``cert`` (always, without a verifier); counts failures.
@@ -49,6 +50,8 @@ class Proofs:
         held = self.held.get(pid)
         if held is not None and any(h.generation == g for h in held.values()):
             return True
+        if self.covered(pid, g):
+            return True  # a waiting record being adopted: it proved itself when it waited
         if self.verifier is not None and cert is None and self.vouches(pid, g, ts):
             return True
         return self.certified(pid, g, s, flags, cert, ts)
@@ -64,7 +67,7 @@ class Proofs:
         §4), ``FORGED`` when a certificate is there and the verifier refuses it. Inside a
         horizon, a generation the authority names as granted may leap without proof.
         """
-        if cert is None and self.vouches(pid, g, ts):
+        if self.covered(pid, g) or (cert is None and self.vouches(pid, g, ts)):
             return None
         if self.verifier is None:
             return INVALID_GENERATION

@@ -222,12 +222,8 @@ class RulesKernel(Proofs, Adoption):
             self.advance(ts, out)
             return
         fence = flags & FLAG_FENCE
-        unproven = self.pending.get(pid)
-        if unproven is not None:
-            if g == unproven.generation:
-                self.wait(pid, g, s, fence, ts, ref, out, token)
-                return
-            self.end_wait(pid, g, fence, out)
+        if pid in self.pending and self.still_waiting(pid, g, s, fence, ts, ref, out, token, cert):
+            return
         entry = self.entries.get(pid)
         at = ts if ts > self.clock else self.clock
         if entry is not None and entry.first_seen + self.life <= at:
@@ -351,22 +347,28 @@ class RulesKernel(Proofs, Adoption):
         if self.ring.full and self.entries[self.ring.head()[0]].first_seen + self.life > at:
             out.append((ref, CAPACITY, token))
             return
-        vouched = self.vouched == (pid, g)
-        answer = VOUCHED if vouched else None
-        if not vouched and at < self.horizon and self.authority is not None:
-            answer = self.ask(pid, g, s, fence, ts, at, ref, out, token, cert)
-            if answer is None:
-                return
-        if not (fence or s == 0):
-            if answer != VOUCHED:
-                out.append((ref, UNKNOWN_PID, token))
-                return
-            if not vouched and self.verifier is not None and cert is None:
+        # A waiting record proved its generation when it started to wait.
+        vouched = self.covered(pid, g)
+        start = fence or s == 0
+        inside = at < self.horizon
+        if not (vouched or start or inside):
+            out.append((ref, UNKNOWN_PID, token))
+            return
+        if not vouched and self.verifier is not None:
+            # Forgeries are refused before anyone is asked about them.
+            if not start and cert is None:
                 out.append((ref, UNVERIFIED, token))
                 return
-        # A waiting record proved its generation when it started to wait.
-        if not vouched and not self.certified(pid, g, s, fence, cert, ts):
-            out.append((ref, FORGED, token))
+            if not self.certified(pid, g, s, fence, cert, ts):
+                out.append((ref, FORGED, token))
+                return
+        answer = VOUCHED if vouched else None
+        if not vouched and inside and self.authority is not None:
+            answer = self.ask(pid, g, s, fence, ts, at, ref, out, token)
+            if answer is None:
+                return
+        if not start and answer != VOUCHED:
+            out.append((ref, UNKNOWN_PID, token))
             return
         out.append((ref, FENCE if fence else APPENDED, token))
         self.advance(ts, out)
