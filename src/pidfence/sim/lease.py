@@ -51,6 +51,21 @@ class InlineExecutor(Executor):
         return done
 
 
+class _InlineLoop(asyncio.SelectorEventLoop):
+    """An event loop whose executor calls run inline: their result is an asyncio future that is
+    done at once (no thread, no wake-up through the loop's self-pipe)."""
+
+    def run_in_executor(  # type: ignore[override]
+        self, executor: Any, func: Callable[..., T], *args: Any
+    ) -> asyncio.Future[T]:
+        done: asyncio.Future[T] = self.create_future()
+        try:
+            done.set_result(func(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            done.set_exception(exc)
+        return done
+
+
 @dataclass(eq=False)
 class SimLeaseServer:
     """The real lease service on a fake clock, reached through a network that may be down.
@@ -86,14 +101,16 @@ class SimLeaseServer:
         self.service = LeaseService(
             self.store,
             InlineExecutor(),
-            LeaseServerSettings(lifetime_ms=self.lifetime_ms, block_ttl_ms=self.lifetime_ms),
+            LeaseServerSettings(
+                lifetime_ms=self.lifetime_ms, block_ttl_ms=self.lifetime_ms, capacity=4096
+            ),
             server_id="sim-lease",
             clock=lambda: self.now,
             rng=self.rng,
             signing_key=self.signing_key,
             mac_secret=self.mac_secret,
         )
-        self._loop = asyncio.new_event_loop()
+        self._loop = _InlineLoop()
 
     def close(self) -> None:
         """Close the event loop the service runs on."""

@@ -137,7 +137,7 @@ class Producers:
             clock_skew_ms=0,
             # Certificates again every few steps, so a sink that starts reading mid-stream
             # (retention, ``latest``) can prove and adopt a producer soon (docs/producer.md).
-            restamp_ms=8 * knobs.step_ms,
+            restamp_ms=30 * knobs.step_ms,
             # The simulated sink resolves gaps only for in-order sessions (SimSink.gaps_on).
             sink_resolves_gaps=knobs.reorder == 1,
         )

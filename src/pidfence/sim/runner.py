@@ -266,6 +266,8 @@ def run(seed: int, **knobs: Any) -> SimResult:
     ]
     report = check(ledger, log, rejects, gaps=sink.gaps_table())
     gone = {e.digest for e in net.ledger if excused(e)}
+    # Events with a copy the sink never read (the oracle judges whether one it read was owed).
+    gone |= {value_digest(rec.value) for _, rec in unread}
     upstream = [value for chain in producers.chains for _, value, _ in chain.events]
     forgeries = [
         (f, sink.verdict_at[f.partition].get(f.offset, Verdict.BUFFERED).value)
@@ -303,12 +305,14 @@ def run(seed: int, **knobs: Any) -> SimResult:
         **{f"forged_reason_{r}": n for r, n in sorted(sink.forged_reasons.items())},
         **losses.stats(),
         "gaps_reported": len(sink.gaps),
+        **{f"gaps_{kind}": n for kind, n in sorted(Counter(g[1] for g in sink.gaps).items())},
         **{
             f"attack_{kind}": n
             for kind, n in sorted(Counter(f.attack for f in attacker.sent).items())
         },
     }
-    check_certs = PlacedCheck([signing.public_key()])
+    # The sink's check (and its cache of verified statements) unless a mutation turned it off.
+    check_certs = sink.certificates or PlacedCheck([signing.public_key()])
     strict = [
         decided
         for p in range(k.partitions)

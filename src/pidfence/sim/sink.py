@@ -13,6 +13,7 @@ the answers each batch recorded), never from Kafka, whose head may be gone.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import random
 from collections import Counter
@@ -172,7 +173,8 @@ class SimSink:
             self.gaps.extend(gaps)
             n = len(self.read[p])
             self.read[p].extend(records)
-            self.spans[p].append(Span(n, len(self.read[p]), horizon, answers, final))
+            if records or final:
+                self.spans[p].append(Span(n, len(self.read[p]), horizon, answers, final))
             if records:
                 self.committed[p] = records[-1].offset + 1
             self.forged_reasons.update(table.forged)
@@ -278,7 +280,7 @@ class SimSink:
             snap = ProducerStateTable.restore_chain(full, deltas).snapshot()
             # Newer state files describe the lost timeline; deltas continue from the pick.
             del chain[pick + 1 :]
-        spans = [span for span in self.spans[p] if span.start >= start]
+        spans = self.spans[p][bisect.bisect_left(self.spans[p], start, key=lambda sp: sp.start) :]
         # rebuild() is the public path; it cannot carry refs, so held records come back with
         # ref None. The sink needs refs (Kafka offsets) to place released records, so it replays
         # with refs itself and checks both against the live state. rebuild() takes the committed
