@@ -16,7 +16,7 @@ import pytest
 
 from pidfence.broker_plugin.adoption import VOUCHED, Adoption
 from pidfence.sim import SimResult, run
-from pidfence.testing.mutations import MUTATIONS
+from pidfence.testing.mutations import LINEAGE_MUTATIONS, MUTATIONS
 from tests.sim.schedules import assert_clean
 
 #: Retention deleting what a lagging sink has not read, under crashes, zombies, late restarts
@@ -118,7 +118,7 @@ def test_a_roll_that_keeps_the_old_pid_live_fails_the_simulation(
     knobs = {**TRIMMED, "trim_p": 0.0, "resend_p": 0.0, "pause_p": 1.0, "events": 200}
     clean = [run(seed, **knobs) for seed in range(8)]
     assert not _failing(clean), [r.describe() for r in _failing(clean)]
-    MUTATIONS["roll-keeps-old-pid-live"](monkeypatch.setattr)  # type: ignore[call-arg]
+    LINEAGE_MUTATIONS["lineage-roll-leaves-pid-live"](monkeypatch.setattr)
     broken = _failing([run(seed, **knobs) for seed in range(8)])
     assert broken
     assert any(r.oracle.twice or r.report.findings["event_duplicate"].count for r in broken)

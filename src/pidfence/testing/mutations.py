@@ -9,13 +9,17 @@ and asserts that the proof fails.
   :data:`RESEND_AFTER_S` is sent again as a new record (a new seq), as an application that
   "retries on timeout" above the producer would do. When the first copy did land (its reply was
   lost on the way back) the same event is appended twice: ``event_duplicate``.
+* ``copy-commit-without-bump``: :meth:`~pidfence.producer.IdempotentProducer.bump` returns the
+  checkpoint without asking the lease server, so a copy group member commits records another
+  owner's takeover had fenced: those events are lost.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 from pidfence.wire import PidfenceError
 
@@ -99,8 +103,18 @@ def _resend_new_seq_on_timeout() -> None:
     IdempotentProducer.flush = broken_flush  # type: ignore[method-assign]
 
 
+def _copy_commit_without_bump() -> None:
+    from pidfence.producer import IdempotentProducer
+
+    def unchecked_bump(self: Any) -> Any:
+        return self.checkpoint()
+
+    IdempotentProducer.bump = unchecked_bump  # type: ignore[method-assign]
+
+
 MUTATIONS: dict[str, Callable[[], None]] = {
     "resend-new-seq-on-timeout": _resend_new_seq_on_timeout,
+    "copy-commit-without-bump": _copy_commit_without_bump,
 }
 
 
@@ -118,41 +132,122 @@ def install_mutation(name: str) -> None:
         ) from None
 
 
-# -- mutants of the exactly-once rules under gaps and adoption (issue 35) --------------------
+# -- the lease authority's lineage (DESIGN.md §5 amended, round 4) ------------------------------
 #
-# Each takes ``patch`` (``setattr`` by default, ``monkeypatch.setattr`` in a test that undoes it).
+# Each breaks one rule of the lease servers' lineage, in the process that installs it (a
+# ``pidfence lease-server`` started through ``python -m pidfence.testing.run --mutation NAME``,
+# or a test). ``patch`` is how the broken piece is put in place: ``setattr`` for a process, a
+# test's ``monkeypatch.setattr`` to undo it afterwards.
+#
+# * ``lineage-fresh-version``: a bump or roll decides on one read, then writes at the version of a
+#   fresh read (a compare-and-set on the wrong version): two owners racing from one generation
+#   can both win.
+# * ``lineage-unversioned-set``: lineage records are set whatever their version (ZooKeeper's
+#   version -1).
+# * ``lineage-gc-before-refusal``: garbage collection deletes a lineage record at its own end plus
+#   retention, while its block still answers for the pid (issue 40: a second successor).
+# * ``lineage-non-owner-accepted``: any secret that names the pid's block is taken for its owner.
+# * ``lineage-expired-bump``: a pid whose lease ended is bumped (it may only be rolled).
+# * ``lineage-roll-leaves-pid-live``: a roll records the successor but leaves the rolled pid
+#   unretired at its generation.
 
 Patch = Callable[[Any, str, Any], None]
 
 
-def _roll_keeps_old_pid_live(patch: Patch = setattr) -> None:
-    """``roll-keeps-old-pid-live``: the lineage retires nothing when it rolls, so the old pid can
-    be bumped or rolled again (a zombie's roll gets a second successor and re-sends its work)."""
-    from dataclasses import replace
+class LineageMutant(Protocol):
+    """Installs a lineage mutant with ``patch`` (default ``setattr``)."""
 
-    from pidfence.pid_allocator.coordinator import RollWrite
+    def __call__(self, patch: Patch = ...) -> None: ...
+
+
+class _LineageStore:
+    """A coordinator as a broken lease server would use it: every call passes through."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+class _FreshVersion(_LineageStore):
+    def _fresh(self, pid: int) -> int | None:
+        found = self._store.read_lineage(pid)
+        return None if found is None else int(found[1])
+
+    def write_lineage(self, pid: int, record: Any, version: int | None) -> None:
+        self._store.write_lineage(pid, record, self._fresh(pid))
+
+    def write_roll(self, roll: Any) -> None:
+        self._store.write_roll(replace(roll, version=self._fresh(roll.pid)))
+
+
+class _Unversioned(_LineageStore):
+    def write_lineage(self, pid: int, record: Any, version: int | None) -> None:
+        self._store.write_lineage(pid, record, None if version is None else -1)
+
+    def write_roll(self, roll: Any) -> None:
+        self._store.write_roll(replace(roll, version=None if roll.version is None else -1))
+
+
+class _RollLeavesLive(_LineageStore):
+    def write_roll(self, roll: Any) -> None:
+        kept = replace(roll.record, successor=None, successor_generation=None)
+        self._store.write_roll(replace(roll, record=kept))
+
+
+def _lineage_store(wrapper: type[_LineageStore]) -> LineageMutant:
+    def install(patch: Patch = setattr) -> None:
+        from pidfence.pid_allocator.lineage import Lineage
+
+        init = Lineage.__init__
+
+        def broken_init(self: Any, store: Any, retention_ms: int) -> None:
+            init(self, wrapper(store), retention_ms)
+
+        patch(Lineage, "__init__", broken_init)
+
+    return install
+
+
+def _gc_before_refusal(patch: Patch = setattr) -> None:
+    from pidfence.pid_allocator.coordinator import LineageRecord
+
+    def own_retention_only(self: Any, block: Any, retention_ms: int) -> int:
+        return int(self.expire_ms) + retention_ms
+
+    patch(LineageRecord, "forgotten_at", own_retention_only)
+
+
+def _non_owner_accepted(patch: Patch = setattr) -> None:
+    from pidfence.pid_allocator import lineage, owners
+
+    def anyone(secret: bytes, block_start: int, salt: bytes, pid: int) -> bool:
+        return True
+
+    patch(lineage, "secret_matches", anyone)
+    patch(owners, "secret_matches", anyone)
+
+
+def _expired_bump(patch: Patch = setattr) -> None:
     from pidfence.pid_allocator.lineage import Lineage
 
-    real = Lineage.roll
+    patch(Lineage, "ended", staticmethod(lambda expire_ms, now_ms: False))
 
-    def broken(self: Lineage, change: Any, successor: Any) -> Any:
-        store = self.store
-        write = store.write_roll
 
-        def unretired(roll: RollWrite) -> None:
-            write(
-                replace(
-                    roll, record=replace(roll.record, successor=None, successor_generation=None)
-                )
-            )
+#: The lineage mutants: name -> install(patch=setattr).
+LINEAGE_MUTATIONS: dict[str, LineageMutant] = {
+    "lineage-fresh-version": _lineage_store(_FreshVersion),
+    "lineage-unversioned-set": _lineage_store(_Unversioned),
+    "lineage-gc-before-refusal": _gc_before_refusal,
+    "lineage-non-owner-accepted": _non_owner_accepted,
+    "lineage-expired-bump": _expired_bump,
+    "lineage-roll-leaves-pid-live": _lineage_store(_RollLeavesLive),
+}
+MUTATIONS.update(LINEAGE_MUTATIONS)
 
-        patch(store, "write_roll", unretired)
-        try:
-            return real(self, change, successor)
-        finally:
-            patch(store, "write_roll", write)
 
-    patch(Lineage, "roll", broken)
+# -- mutants of the exactly-once rules under gaps and adoption (issue 35) --------------------
 
 
 def _forget_holes(patch: Patch = setattr) -> None:
@@ -163,5 +258,4 @@ def _forget_holes(patch: Patch = setattr) -> None:
     patch(holes, "find", lambda entry, seq: -1)
 
 
-MUTATIONS["roll-keeps-old-pid-live"] = _roll_keeps_old_pid_live
 MUTATIONS["forget-holes"] = _forget_holes
