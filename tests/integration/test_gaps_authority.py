@@ -28,6 +28,7 @@ from pidfence.cli.exits import EXIT_ANOMALIES, EXIT_OK
 from pidfence.ledger import LedgerEntry, LedgerWriter, value_digest
 from pidfence.pid_allocator import LeaseClient
 from pidfence.spark_sink import read_gaps, read_log, read_rejects
+from pidfence.testing.mutations import MUTATIONS
 from pidfence.wire import FLAG_FENCE, encode_pf
 from tests.fixtures.commands import run_pidfence
 from tests.integration.test_cli_sink import run_sink
@@ -83,7 +84,7 @@ class Writer:
                 partition=partition,
                 headers=[("pf", encode_pf(pid, gen, seq, flags))],
                 on_delivery=acked,
-                **({} if ts_ms is None else {"timestamp": ts_ms}),
+                timestamp=ts_ms or 0,  # 0: librdkafka stamps it now
             )
             self.raw.flush(30)  # one at a time: the log's order is the order written
 
@@ -144,7 +145,9 @@ def gaps_of(output: Path, partition: int) -> list[tuple[Any, ...]]:
 def verify(ledger: Path, output: Path) -> dict[str, Any]:
     import json
 
-    result = run_pidfence("verify", "--ledger", str(ledger), "--output", str(output), "--json")
+    result = run_pidfence(
+        "verify", "--ledger", str(ledger), "--output", str(output), "--json", timeout=300
+    )
     assert result.returncode in (EXIT_OK, EXIT_ANOMALIES), result.stderr
     report: dict[str, Any] = json.loads(result.stdout)
     return report
@@ -239,11 +242,12 @@ def test_cases_1_2_and_4_each_event_once_through_the_lease_server(
         assert counts[anomaly] == 0, (anomaly, report["findings"][anomaly])
 
 
-def test_case_3_an_expired_pid_is_never_adopted_again(
+def expired_pid_resent(
     kafka: Any, new_topic: Any, lease_server_factory: Any, tmp_path: Path
-) -> None:
-    """Its entry expires while the sink runs; retention deletes offsets while it is stopped; its
-    re-sends of appended seqs then arrive beyond the horizon. Was: adopted, appended twice."""
+) -> tuple[pa.Table, pa.Table]:
+    """Case 3: a pid's entry expires while the sink runs; retention deletes offsets while it is
+    stopped; its re-sends of appended seqs then arrive beyond the horizon. The log and the
+    rejects after the second run."""
     # Ended leases stay known for ten minutes: the lease servers answer "ended", with its end.
     leases = lease_server_factory(lifetime_ms=3_000, retention_ms=600_000)
     topic = new_topic(partitions=1)
@@ -274,7 +278,29 @@ def test_case_3_an_expired_pid_is_never_adopted_again(
         "--allow-data-loss",
     )
     client.close()
-    log, rejects = read_log(str(out)), read_rejects(str(out))
+    assert "offsets" in read_gaps(str(out)).column("kind").to_pylist()
+    return read_log(str(out)), read_rejects(str(out))
+
+
+def test_case_3_an_expired_pid_is_never_adopted_again(
+    kafka: Any, new_topic: Any, lease_server_factory: Any, tmp_path: Path
+) -> None:
+    """Was: adopted beyond the horizon, appended twice."""
+    log, rejects = expired_pid_resent(kafka, new_topic, lease_server_factory, tmp_path)
     assert labels(log) == [f"p{s}" for s in range(6)] + ["q0"]
     assert verdicts(rejects) == {"p3": "UNKNOWN_PID", "p4": "UNKNOWN_PID", "p5": "UNKNOWN_PID"}
-    assert "offsets" in read_gaps(str(out)).column("kind").to_pylist()
+
+
+def test_case_3_fails_when_the_lease_servers_call_an_ended_lease_live(
+    kafka: Any,
+    new_topic: Any,
+    lease_server_factory: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Teeth: the lease servers (in this process) run the mutant ``describe-end-plus-retention``
+    (an ended lease answered with its end plus the retention): the sink adopts the re-sends and
+    appends p3..p5 twice, which the case above refuses."""
+    MUTATIONS["describe-end-plus-retention"](monkeypatch.setattr)  # type: ignore[call-arg]
+    log, _ = expired_pid_resent(kafka, new_topic, lease_server_factory, tmp_path)
+    assert labels(log) == [f"p{s}" for s in range(6)] + ["q0", "p3", "p4", "p5"]

@@ -259,3 +259,27 @@ def _forget_holes(patch: Patch = setattr) -> None:
 
 
 MUTATIONS["forget-holes"] = _forget_holes
+
+
+def _describe_end_plus_retention(patch: Patch = setattr) -> None:
+    """``describe-end-plus-retention``: the lease servers' ``describe`` answers a lease's end
+    plus the retention (when they forget the pid) as its end, so an ended lease looks live and a
+    sink adopts the re-sends of a pid whose entry it already expired."""
+    from dataclasses import replace as replaced
+
+    from pidfence.pid_allocator.service import LeaseService
+    from pidfence.wire import PidState, PidStatus
+
+    real = LeaseService.describe
+
+    async def lying(self: LeaseService, pid: int, client: str = "") -> PidStatus:
+        found = await real(self, pid, client)
+        if not found.known:
+            return found
+        end = found.expire_ms + self.settings.retention
+        return replaced(found, state=PidState.LIVE, expire_ms=end)
+
+    patch(LeaseService, "describe", lying)
+
+
+MUTATIONS["describe-end-plus-retention"] = _describe_end_plus_retention
