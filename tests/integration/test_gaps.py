@@ -5,7 +5,8 @@ reads it; Kafka loses one record of a producer; a new sink starts at ``latest`` 
 are mid-stream; retention runs while the sink is stopped (refused by default, continued with
 ``--allow-data-loss``). In every case each record still in Kafka that is not a duplicate is
 appended exactly once, in seq order, each gap is reported with its range, and no duplicate or
-fenced record gets in.
+fenced record gets in. Where the sink could not see a producer start it adopts it through the
+lease server (issue 35: ``leaseServer``); without one it adopts nothing.
 """
 
 from __future__ import annotations
@@ -81,8 +82,18 @@ def producer(kafka: Any, lease_server: Any) -> Any:
     client.close()
 
 
+def authority(lease_server: Any) -> dict[str, str]:
+    """The sink options that let it adopt through the test's lease server."""
+    return {"leaseServer": lease_server.address}
+
+
 def test_retention_trimmed_head_before_the_first_read(
-    spark: Any, kafka: Any, new_topic: Any, producer: IdempotentProducer, tmp_path: Path
+    spark: Any,
+    kafka: Any,
+    new_topic: Any,
+    producer: IdempotentProducer,
+    lease_server: Any,
+    tmp_path: Path,
 ) -> None:
     """Issue 26 case 1: was 0 of 150 appended (150 UNKNOWN_PID)."""
     topic = new_topic(partitions=1)
@@ -90,7 +101,19 @@ def test_retention_trimmed_head_before_the_first_read(
     delete_records_before(kafka.bootstrap, topic, 50)
     produce_real(producer, topic, 100, 100)
     out = tmp_path / "out"
-    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt"))
+    bare = tmp_path / "bare"
+    # Without the lease server nothing is adopted: every record is named UNKNOWN_PID.
+    run_sink(spark, kafka.bootstrap, topic, str(bare), str(tmp_path / "bare-ckpt"))
+    assert read_log(str(bare)).num_rows == 0
+    assert set(read_rejects(str(bare))["verdict"].to_pylist()) == {"UNKNOWN_PID"}
+    summary = run_sink(
+        spark,
+        kafka.bootstrap,
+        topic,
+        str(out),
+        str(tmp_path / "ckpt"),
+        sink_options=authority(lease_server),
+    )
     log = read_log(str(out))
     assert values(log) == [f"e{i}" for i in range(50, 200)]
     assert seqs_of(log, pid_of(producer)) == list(range(50, 200))
@@ -140,7 +163,12 @@ def test_one_record_lost_by_kafka_is_a_gap_not_a_blocked_producer(
 
 
 def test_a_new_sink_started_at_latest_adopts_producers_mid_stream(
-    spark: Any, kafka: Any, new_topic: Any, producer: IdempotentProducer, tmp_path: Path
+    spark: Any,
+    kafka: Any,
+    new_topic: Any,
+    producer: IdempotentProducer,
+    lease_server: Any,
+    tmp_path: Path,
 ) -> None:
     topic = new_topic(partitions=1)
     produce_real(producer, topic, 0, 100)
@@ -154,6 +182,7 @@ def test_a_new_sink_started_at_latest_adopts_producers_mid_stream(
         available_now=False,
         trigger_seconds=0.5,
         starting_offsets="latest",
+        sink_options=authority(lease_server),
     )
     try:
         # The source writes its initial (latest) offsets when the query starts.
@@ -177,7 +206,12 @@ def test_a_new_sink_started_at_latest_adopts_producers_mid_stream(
 
 
 def test_retention_while_the_sink_is_stopped(
-    spark: Any, kafka: Any, new_topic: Any, producer: IdempotentProducer, tmp_path: Path
+    spark: Any,
+    kafka: Any,
+    new_topic: Any,
+    producer: IdempotentProducer,
+    lease_server: Any,
+    tmp_path: Path,
 ) -> None:
     """By default the next run refuses before Spark starts (exit 3, naming topic, partition,
     range and the option); the library's query fails the same way; with the option it continues
@@ -203,7 +237,15 @@ def test_retention_while_the_sink_is_stopped(
     assert is_spark_data_loss(str(failed.value)), str(failed.value)[:500]
     assert read_log(str(out)).num_rows == 100
 
-    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), allow_data_loss=True)
+    summary = run_sink(
+        spark,
+        kafka.bootstrap,
+        topic,
+        str(out),
+        str(ckpt),
+        allow_data_loss=True,
+        sink_options=authority(lease_server),
+    )
     log = read_log(str(out))
     assert values(log) == [f"e{i}" for i in (*range(100), *range(150, 200))]
     assert gap_rows(out) == [
@@ -240,11 +282,12 @@ def test_gap_resolution_keeps_up_with_a_live_producer(
     delete_records_before(kafka.bootstrap, topic, 20, partition=0)
     delete_records_before(kafka.bootstrap, topic, 20, partition=1)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    options = authority(lease_server)
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=options)
     stop.set()
     writer.join(60)
     client.close()
-    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
+    run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=options)
     log = read_log(str(out))
     assert read_rejects(str(out)).num_rows == 0
     for partition in (0, 1):

@@ -30,6 +30,12 @@ KNOBS = knob_space(
         "lifetime_ms",
         "checkpoint_every",
         "batch_every",
+        # The faults of tests/sim/test_oracle.py stay out: this is about what Kafka loses.
+        "timeout_p",
+        "sink_start",
+        "sink_latest",
+        "trim_p",
+        "resend_p",
     ),
     events=st.integers(20, 150),
     partitions=st.integers(1, 3),

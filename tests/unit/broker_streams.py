@@ -15,8 +15,23 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from hypothesis import strategies as st
 
-from pidfence.broker_plugin import BatchResult, ProducerStateTable, Verifier
-from pidfence.wire import FLAG_FENCE, MalformedHeader, Verdict, decode_pf, encode_pf
+from pidfence.broker_plugin import (
+    MAX_HOLES,
+    PENDING_LIMIT,
+    Authority,
+    BatchResult,
+    ProducerStateTable,
+    Verifier,
+)
+from pidfence.wire import (
+    FLAG_FENCE,
+    MalformedHeader,
+    PidState,
+    PidStatus,
+    Verdict,
+    decode_pf,
+    encode_pf,
+)
 from pidfence.wire.cert import verify_cert
 
 
@@ -153,11 +168,13 @@ def make_stream(rng: random.Random, knobs: StreamKnobs) -> list[tuple[bytes | No
 
 @dataclass
 class ReferenceTable:
-    """DESIGN §4 (amended) with a plain dict and scans; held records as a list.
+    """DESIGN §4 (amended three times) with plain dicts, sets and scans; held records as a list.
 
     A record is judged at max(clock, its timestamp); only a record that lands (appended, FENCE or
     held) makes that the clock and expires entries; rejected records change nothing. Built as
-    ``ReferenceTable(capacity, lifetime_ms, reorder_window, verifier=..., resolve_gaps=...)``.
+    ``ReferenceTable(capacity, lifetime_ms, reorder_window, verifier=..., resolve_gaps=...,
+    authority=...)``. Open holes are a set of seqs per entry; records waiting on the authority a
+    list per pid.
     """
 
     capacity: int
@@ -165,26 +182,48 @@ class ReferenceTable:
     window: int = 5
     verifier: Callable[[int, int, int, int, bytes | None, int], str | None] | None = None
     resolve_gaps: bool = False
-    entries: dict[int, list[int]] = field(default_factory=dict, init=False)
-    """pid -> [gen, high, first_seen, order]"""
+    authority: Callable[[int], PidStatus | None] | None = None
+    entries: dict[int, list[Any]] = field(default_factory=dict, init=False)
+    """pid -> [gen, high, first_seen, order, open hole seqs]"""
     held: list[dict[str, Any]] = field(default_factory=list, init=False)
+    #: pid -> {"gen", "expire", "recs": [{"seq", "gen", "fence", "ts", "ref", "arrival"}]}
+    pending: dict[int, dict[str, Any]] = field(default_factory=dict, init=False)
     clock: int = field(default=-(2**63), init=False)
     horizon: int = field(default=-(2**63), init=False)
     order: int = field(default=0, init=False)
+    arrival: int = field(default=0, init=False)
+    vouched: tuple[int, int] | None = field(default=None, init=False)
+    unconfirmed: set[int] = field(default_factory=set, init=False)
     #: (pid, generation, first, last, ref, kind) of every gap, in the order found.
     gaps: list[tuple[int, int, int, int, Any, str]] = field(default_factory=list, init=False)
 
     def open_horizon(self, point: int) -> None:
         self.horizon = max(self.horizon, point + self.lifetime)
+        self.unconfirmed |= set(self.entries)
+
+    def _covered(self, pid: int, g: int) -> bool:
+        return self.vouched is not None and self.vouched[0] == pid and g <= self.vouched[1]
+
+    def _vouches(self, pid: int, g: int, ts: int) -> bool:
+        at = max(self.clock, ts)
+        if self.authority is None or at >= self.horizon:
+            return False
+        status = self.authority(pid)
+        return (
+            status is not None and status.known and g <= status.generation and at < status.expire_ms
+        )
 
     def _land(self, ts: int, out: list[tuple[Any, Verdict]]) -> None:
         if ts <= self.clock:
             return
         self.clock = ts
-        for pid, (_, _, first_seen, _) in sorted(self.entries.items(), key=lambda kv: kv[1][3]):
+        for pid in [p for p, w in self.pending.items() if w["expire"] <= self.clock]:
+            out += [(r["ref"], Verdict.FENCED) for r in self.pending.pop(pid)["recs"]]
+        for pid, (_, _, first_seen, _, _) in sorted(self.entries.items(), key=lambda kv: kv[1][3]):
             if first_seen + self.lifetime <= self.clock:
                 del self.entries[pid]
-                for h in [h for h in self.held if h["pid"] == pid]:
+                self.unconfirmed.discard(pid)
+                for h in sorted((h for h in self.held if h["pid"] == pid), key=_arrival):
                     out.append((h["ref"], Verdict.OUT_OF_ORDER))
                     self.held.remove(h)
             else:
@@ -194,6 +233,8 @@ class ReferenceTable:
         self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int
     ) -> Verdict | None:
         """g > gE + 1: None if judged as gE + 1 (a verifier and a proof), else the verdict."""
+        if self._covered(pid, g) or (cert is None and self._vouches(pid, g, ts)):
+            return None
         if self.verifier is None:
             return Verdict.INVALID_GENERATION
         if any(x["pid"] == pid and x["gen"] == g for x in self.held):
@@ -207,6 +248,10 @@ class ReferenceTable:
     def _ok(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int) -> bool:
         if any(x["pid"] == pid and x["gen"] == g for x in self.held):
             return True  # a held record of this generation proved it
+        if self._covered(pid, g):
+            return True
+        if self.verifier is not None and cert is None and self._vouches(pid, g, ts):
+            return True
         return (
             self.verifier is None
             or self.verifier(pid, g, s, flags, cert, max(self.clock, ts)) is None
@@ -233,7 +278,11 @@ class ReferenceTable:
         self._decide(pid, g, s, fence, ts, ref, cert, out)
         return out
 
-    def _decide(
+    def _hold(self, pid: int, s: int, g: int, ref: Any) -> None:
+        self.held.append({"pid": pid, "seq": s, "gen": g, "ref": ref, "arrival": self.arrival})
+        self.arrival += 1
+
+    def _new(
         self,
         pid: int,
         g: int,
@@ -246,36 +295,131 @@ class ReferenceTable:
     ) -> None:
         flags = FLAG_FENCE if fence else 0
         at = max(self.clock, ts)
+        if sum(1 for x in self.entries.values() if x[2] + self.lifetime > at) >= self.capacity:
+            out.append((ref, Verdict.CAPACITY))
+            return
+        vouched = self._covered(pid, g)
+        start = fence or s == 0
+        inside = at < self.horizon
+        if not (vouched or start or inside):
+            out.append((ref, Verdict.UNKNOWN_PID))
+            return
+        if not vouched and self.verifier is not None:
+            if not start and cert is None:
+                out.append((ref, Verdict.UNVERIFIED))
+                return
+            if self.verifier(pid, g, s, flags, cert, at) is not None:
+                out.append((ref, Verdict.FORGED))
+                return
+        known = vouched
+        if not vouched and inside and self.authority is not None:
+            status = self.authority(pid)
+            if status is not None and status.known:
+                if at >= status.expire_ms:
+                    out.append((ref, Verdict.UNKNOWN_PID))
+                    return
+                if g > status.generation:
+                    out.append((ref, Verdict.INVALID_GENERATION))
+                    return
+                if g < status.generation:
+                    self.pending[pid] = {"gen": g, "expire": status.expire_ms, "recs": []}
+                    self._wait(pid, s, g, fence, ts, ref, out)
+                    return
+                known = True
+        if not start and not known:
+            out.append((ref, Verdict.UNKNOWN_PID))
+            return
+        out.append((ref, Verdict.FENCE if fence else Verdict.APPENDED))
+        self._land(ts, out)
+        self.entries[pid] = [g, s - 1 if fence else s, self.clock, self.order, set()]
+        self.order += 1
+        if s and not fence:
+            self.gaps.append((pid, g, 0, s - 1, ref, "head"))
+
+    def _wait(
+        self, pid: int, s: int, g: int, fence: bool, ts: int, ref: Any, out: list[Any]
+    ) -> None:
+        w = self.pending[pid]
+        w["recs"].append(
+            {
+                "seq": s,
+                "gen": g,
+                "fence": fence,
+                "ts": max(self.clock, ts),
+                "ref": ref,
+                "arrival": self.arrival,
+            }
+        )
+        self.arrival += 1
+        out.append((ref, Verdict.BUFFERED))
+        self._land(ts, out)
+
+    def _decide(
+        self,
+        pid: int,
+        g: int,
+        s: int,
+        fence: bool,
+        ts: int,
+        ref: Any,
+        cert: bytes | None,
+        out: list[tuple[Any, Verdict]],
+    ) -> None:
+        flags = FLAG_FENCE if fence else 0
+        w = self.pending.get(pid)
+        if w is not None:
+            room = len(w["recs"]) < PENDING_LIMIT
+            if g == w["gen"] and room:
+                self._wait(pid, s, g, fence, ts, ref, out)
+                return
+            if g < w["gen"]:
+                out.append((ref, Verdict.FENCED))
+                return
+            status = None
+            if fence and g == w["gen"] + 1 and room and self.authority is not None:
+                status = self.authority(pid)
+            if status is not None and status.known and g <= status.generation:
+                if self.verifier is not None and self.verifier(
+                    pid, g, s, FLAG_FENCE, cert, max(self.clock, ts)
+                ):
+                    out.append((ref, Verdict.FORGED))
+                    return
+                if g < status.generation:
+                    w["gen"] = g
+                    self._wait(pid, s, g, fence, ts, ref, out)
+                    return
+                del self.pending[pid]
+                self.vouched = (pid, g)
+                for r in w["recs"]:
+                    self._decide(pid, r["gen"], r["seq"], r["fence"], r["ts"], r["ref"], None, out)
+                self.vouched = None
+            else:
+                del self.pending[pid]
+                out += [(r["ref"], Verdict.FENCED) for r in w["recs"]]
+                if pid in self.entries:
+                    self.unconfirmed.add(pid)
+        at = max(self.clock, ts)
         e = self.entries.get(pid)
         if e is not None and e[2] + self.lifetime <= at:
             e = None  # expired at the record's time (removed only if the record lands)
         if e is None:
-            if sum(1 for x in self.entries.values() if x[2] + self.lifetime > at) >= self.capacity:
-                out.append((ref, Verdict.CAPACITY))
-            elif (fence or s == 0) and not (
-                self.verifier is None or self.verifier(pid, g, s, flags, cert, at) is None
-            ):
-                out.append((ref, Verdict.FORGED))
-            elif fence or s == 0:
-                out.append((ref, Verdict.FENCE if fence else Verdict.APPENDED))
-                self._land(ts, out)
-                self.entries[pid] = [g, s - 1 if fence else 0, self.clock, self.order]
-                self.order += 1
-            elif at >= self.horizon:
-                out.append((ref, Verdict.UNKNOWN_PID))
-            elif self.verifier is not None and cert is None:
-                out.append((ref, Verdict.UNVERIFIED))
-            elif (
-                self.verifier is not None and self.verifier(pid, g, s, flags, cert, at) is not None
-            ):
-                out.append((ref, Verdict.FORGED))
-            else:  # adopted beyond the horizon: its unseen head is a gap
-                out.append((ref, Verdict.APPENDED))
-                self._land(ts, out)
-                self.entries[pid] = [g, s, self.clock, self.order]
-                self.order += 1
-                self.gaps.append((pid, g, 0, s - 1, ref, "head"))
+            self._new(pid, g, s, fence, ts, ref, cert, out)
             return
+        if (
+            pid in self.unconfirmed
+            and self.authority is not None
+            and at < self.horizon
+            and g >= e[0]
+        ):
+            self.unconfirmed.discard(pid)
+            st = self.authority(pid)
+            if st is not None and st.known and st.generation > e[0]:
+                if g > e[0] and g <= st.generation and at < st.expire_ms:
+                    e[0] = g
+                elif g == e[0]:
+                    self.pending[pid] = {"gen": g, "expire": st.expire_ms, "recs": []}
+                    self._wait(pid, s, g, fence, ts, ref, out)
+                    return
         moves = g == e[0] + 1
         leap = self._leap(pid, g, s, flags, cert, ts) if g > e[0] + 1 else None
         if g < e[0]:
@@ -292,8 +436,23 @@ class ReferenceTable:
             if moved and self.resolve_gaps:
                 self._settle(pid, e, out)
             self._land(ts, out)
-        elif s <= e[1]:
+        elif s <= e[1] and s not in e[4]:
             out.append((ref, Verdict.DUPLICATE))
+        elif s <= e[1]:  # an open hole
+            if moves and not self._ok(pid, g, s, flags, cert, ts):
+                out.append((ref, Verdict.FORGED))
+                return
+            if s - 1 in e[4] and s + 1 in e[4] and _ranges(e[4]) >= MAX_HOLES:
+                out.append((ref, Verdict.OUT_OF_ORDER))
+                return
+            moved = g > e[0]
+            e[0] = g
+            e[4].discard(s)
+            out.append((ref, Verdict.APPENDED))
+            self.gaps.append((pid, g, s, s, ref, "filled"))
+            if moved and self.resolve_gaps:
+                self._settle(pid, e, out)
+            self._land(ts, out)
         elif s == e[1] + 1:
             if moves and not self._ok(pid, g, s, flags, cert, ts):
                 out.append((ref, Verdict.FORGED))
@@ -306,7 +465,7 @@ class ReferenceTable:
             else:
                 self._release(pid, e, out)
             self._land(ts, out)
-        elif s - e[1] - 1 > self.window and not self.resolve_gaps:
+        elif s - e[1] - 1 > self.window and not (self.resolve_gaps and _ranges(e[4]) < MAX_HOLES):
             out.append((ref, Verdict.OUT_OF_ORDER))
         elif s - e[1] - 1 > self.window:
             if moves and not self._ok(pid, g, s, flags, cert, ts):
@@ -316,9 +475,11 @@ class ReferenceTable:
             low = min(mine, key=lambda x: x["seq"]) if mine else None
             if low is None:
                 self.gaps.append((pid, g, e[1] + 1, s - 1, ref, "lost"))
+                e[4].update(range(e[1] + 1, s))
                 e[1] = s - 1
             else:
                 self.gaps.append((pid, low["gen"], e[1] + 1, low["seq"] - 1, low["ref"], "lost"))
+                e[4].update(range(e[1] + 1, low["seq"]))
                 e[1] = low["seq"] - 1
                 self._release(pid, e, out)
             self._decide(pid, g, s, fence, ts, ref, cert, out)
@@ -337,24 +498,32 @@ class ReferenceTable:
             for x in same:
                 self.held.remove(x)
                 out.append((x["ref"], Verdict.FENCED))
-            self.held.append({"pid": pid, "seq": s, "gen": g, "ref": ref})
+            self._hold(pid, s, g, ref)
             out.append((ref, Verdict.BUFFERED))
             self._land(ts, out)
 
-    def _settle(self, pid: int, e: list[int], out: list[tuple[Any, Verdict]]) -> None:
-        """The generation moved: older held records land after their holes (gap mode)."""
+    def _settle(self, pid: int, e: list[Any], out: list[tuple[Any, Verdict]]) -> None:
+        """The generation moved: older held records that reached the log before any held record
+        of a newer generation land after their holes (gap mode); later ones are fenced."""
+        newer = [x["arrival"] for x in self.held if x["pid"] == pid and x["gen"] >= e[0]]
+        cut = min(newer, default=None)
         older = sorted(
             (x for x in self.held if x["pid"] == pid and x["gen"] < e[0]), key=lambda x: x["seq"]
         )
         for x in older:
             self.held.remove(x)
-            if x["seq"] > e[1] + 1:
+            gap = x["seq"] > e[1] + 1
+            if (cut is not None and x["arrival"] > cut) or (gap and _ranges(e[4]) >= MAX_HOLES):
+                out.append((x["ref"], Verdict.FENCED))
+                continue
+            if gap:
                 self.gaps.append((pid, x["gen"], e[1] + 1, x["seq"] - 1, x["ref"], "lost"))
+                e[4].update(range(e[1] + 1, x["seq"]))
             e[1] = x["seq"]
             out.append((x["ref"], Verdict.APPENDED))
         self._release(pid, e, out)
 
-    def _release(self, pid: int, e: list[int], out: list[tuple[Any, Verdict]]) -> None:
+    def _release(self, pid: int, e: list[Any], out: list[tuple[Any, Verdict]]) -> None:
         while True:
             nxt = next((x for x in self.held if x["pid"] == pid and x["seq"] == e[1] + 1), None)
             if nxt is None:
@@ -369,9 +538,25 @@ class ReferenceTable:
     def flush(self, ts: int) -> list[tuple[Any, Verdict]]:
         out: list[tuple[Any, Verdict]] = []
         self._land(ts, out)
-        out += [(h["ref"], Verdict.OUT_OF_ORDER) for h in self.held]
+        closing = [(h["arrival"], h["ref"], Verdict.OUT_OF_ORDER) for h in self.held]
+        closing += [
+            (r["arrival"], r["ref"], Verdict.FENCED)
+            for w in self.pending.values()
+            for r in w["recs"]
+        ]
+        out += [(ref, verdict) for _, ref, verdict in sorted(closing, key=lambda c: c[0])]
         self.held.clear()
+        self.pending.clear()
         return out
+
+
+def _arrival(held: dict[str, Any]) -> int:
+    return int(held["arrival"])
+
+
+def _ranges(seqs: set[int]) -> int:
+    """How many maximal runs of consecutive seqs ``seqs`` holds."""
+    return sum(1 for s in seqs if s - 1 not in seqs)
 
 
 # ---- certificates for the signed-generation tests (shared by several test modules)
@@ -433,7 +618,11 @@ Stream = list[tuple[bytes | None, int]]
 
 
 def twin_tables(
-    args: tuple[int, int, int], *, signed: bool = False, resolve_gaps: bool = False
+    args: tuple[int, int, int],
+    *,
+    signed: bool = False,
+    resolve_gaps: bool = False,
+    authority: Authority | None = None,
 ) -> tuple[ProducerStateTable, ReferenceTable]:
     """The real table and the reference model with the same settings, for :func:`offer_alike`.
 
@@ -441,6 +630,7 @@ def twin_tables(
         args: capacity, lifetime (ms) and reorder window, as :data:`table_args` draws them.
         signed: give each its own :class:`FakeVerifier`.
         resolve_gaps: turn gap resolution on in both.
+        authority: the lease authority both ask (see :func:`fixed_authority`).
     """
     capacity, lifetime, window = args
     table = ProducerStateTable(
@@ -449,11 +639,33 @@ def twin_tables(
         window,
         verifier=FakeVerifier() if signed else None,
         resolve_gaps=resolve_gaps,
+        authority=authority,
     )
     ref = ReferenceTable(
-        capacity, lifetime, window, FakeVerifier() if signed else None, resolve_gaps
+        capacity, lifetime, window, FakeVerifier() if signed else None, resolve_gaps, authority
     )
     return table, ref
+
+
+def fixed_authority(answers: dict[int, tuple[int, int] | None]) -> Authority:
+    """An authority that answers ``pid -> (generation, lease end)`` (None or absent: unknown)."""
+
+    def authority(pid: int) -> PidStatus:
+        found = answers.get(pid)
+        if found is None:
+            return PidStatus.unknown(pid)
+        return PidStatus(pid, PidState.LIVE, *found)
+
+    return authority
+
+
+#: What an authority answers about the streams' pids (1..6 and the odd 1000..1004): a generation
+#: near theirs, and a lease end inside or past the streams' time span.
+authority_answers = st.dictionaries(
+    st.sampled_from([*range(1, 7), *range(1000, 1005)]),
+    st.none() | st.tuples(st.integers(0, 14), st.integers(0, 30_000)),
+    max_size=11,
+)
 
 
 def offer_alike(
@@ -519,6 +731,8 @@ def flush_alike(table: ProducerStateTable, ref: ReferenceTable, stream: Stream) 
     assert [(d.ref, d.verdict) for d in table.flush(end)] == ref.flush(end)
     live = {p: table.get(p)[:2] for p in table.entries}  # type: ignore[index]
     assert live == {p: tuple(e[:2]) for p, e in ref.entries.items()}
+    holes = {p: {s for a, b in table.open_holes(p) for s in range(a, b + 1)} for p in live}
+    assert holes == {p: e[4] for p, e in ref.entries.items()}
 
 
 def knobs_strategy_of(

@@ -1,4 +1,8 @@
-"""Gaps and late starts through the sink's writer (no Spark): reported, committed, replayed."""
+"""Gaps and late starts through the sink's writer (no Spark): reported, committed, replayed.
+
+The lease servers are faked here (a ``describe`` from a dict): adoption asks them, and a batch
+records their answers, so a rebuild decides the same whatever they answer later.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +14,14 @@ import pytest
 
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.spark_sink import read_gaps, read_log, read_rejects
+from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.gaps import GapReport, unread_offsets
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.process import process_partition
 from pidfence.spark_sink.state import PartitionState
 from pidfence.spark_sink.writer import PidfenceStreamWriter
-from pidfence.wire import encode_pf
+from pidfence.wire import PidState, PidStatus, encode_pf
 from tests.unit.test_sink_process import Record, commit_batches, kafka_rows
 
 SETTINGS = {"capacity": "64", "lifetime": "10000", "reorderWindow": "3", "compactEvery": "1"}
@@ -27,14 +32,36 @@ def _producer(pid: int, seqs: list[int], first_offset: int, ts: int = 1_000) -> 
     return [(first_offset + i, encode_pf(pid, 2, s), ts + i) for i, s in enumerate(seqs)]
 
 
+class FakeLeases:
+    """``LeaseClient.describe`` from a dict: pid -> generation (live for a day); others unknown."""
+
+    def __init__(self, generations: dict[int, int]) -> None:
+        self.generations = generations
+        self.asked: list[int] = []
+
+    def describe(self, pid: int) -> PidStatus:
+        self.asked.append(pid)
+        if pid not in self.generations:
+            return PidStatus.unknown(pid)
+        return PidStatus(pid, PidState.LIVE, self.generations[pid], 86_400_000)
+
+    def close(self) -> None:
+        pass
+
+
 def _run(
     monkeypatch: pytest.MonkeyPatch,
     path: Path,
     batches: list[list[Record]],
     start: int = 0,
+    leases: FakeLeases | None = None,
     **extra: str,
 ) -> None:
-    writer = PidfenceStreamWriter(SinkOptions.parse({"path": str(path), **SETTINGS, **extra}))
+    servers = {} if leases is None else {"leaseServer": "127.0.0.1:1"}
+    monkeypatch.setattr(SinkOptions, "lease_client", lambda self: leases)
+    writer = PidfenceStreamWriter(
+        SinkOptions.parse({"path": str(path), **SETTINGS, **servers, **extra})
+    )
     commit_batches(monkeypatch, writer, batches, start, query=QUERY)
 
 
@@ -49,15 +76,35 @@ def test_a_first_read_above_offset_zero_adopts_running_producers() -> None:
     """Retention trimmed offsets 0-49 (seqs 0-49) before the sink first read the partition."""
     records = _producer(7, list(range(50, 200)), first_offset=50)
     st = PartitionState(ProducerStateTable(64, 10_000, 3, resolve_gaps=True))
-    out = process_partition(kafka_rows(records[:60]), "t", 0, st)
+    leases = FakeLeases({7: 2})
+    out = process_partition(kafka_rows(records[:60]), "t", 0, st, authority=BatchAuthority(leases))
     assert out.log.num_rows == 60 and out.rejects.num_rows == 0
     assert out.horizon_ms == 1_000
+    assert out.answers == {"7": [7, "live", 2, 86_400_000]} and leases.asked == [7]
     assert out.gaps == [
         GapReport("offsets", offset_after=50),
         GapReport("head", 7, 2, 0, 49, None, 50),
     ]
     out = process_partition(kafka_rows(records[60:]), "t", 0, st)
     assert out.log.num_rows == 90 and out.gaps == [] and out.horizon_ms is None
+
+
+def test_without_lease_servers_nothing_is_adopted() -> None:
+    records = _producer(7, list(range(50, 60)), first_offset=50)
+    st = PartitionState(ProducerStateTable(64, 10_000, 3, resolve_gaps=True))
+    out = process_partition(kafka_rows(records), "t", 0, st)
+    assert out.log.num_rows == 0
+    assert set(out.rejects.column("verdict").to_pylist()) == {"UNKNOWN_PID"}
+    assert out.answers is None
+
+
+def test_a_horizon_opens_no_later_than_the_clock_plus_the_grace() -> None:
+    """A first record stamped a year ahead cannot keep adoption open for a year."""
+    year = 365 * 86_400_000
+    records = [(50, encode_pf(7, 2, 50), 1_000 + year)]
+    st = PartitionState(ProducerStateTable(64, 10_000, 3, grace_ms=500, resolve_gaps=True))
+    out = process_partition(kafka_rows(records), "t", 0, st, now_ms=1_000)
+    assert out.horizon_ms == 1_500
 
 
 def test_a_lost_record_is_one_gap_with_the_offsets_around_it() -> None:
@@ -83,10 +130,13 @@ def test_gaps_and_horizons_are_committed_and_survive_losing_every_state_file(
     ]
     batches = [p7, p8, p9, later]
     kept, lost = tmp_path / "kept", tmp_path / "lost"
-    _run(monkeypatch, kept, batches)
-    _run(monkeypatch, lost, batches[:3])
+    _run(monkeypatch, kept, batches, leases=FakeLeases({7: 2, 8: 2, 9: 2}))
+    _run(monkeypatch, lost, batches[:3], leases=FakeLeases({7: 2, 8: 2, 9: 2}))
     shutil.rmtree(lost / OWN_DIR / "_state")
-    _run(monkeypatch, lost, batches[3:], start=3)
+    # The lease servers have forgotten every pid since, and resolveGaps was turned off: the
+    # rebuild replays the answers and settings the batches recorded; the new batch runs with
+    # today's.
+    _run(monkeypatch, lost, batches[3:], start=3, leases=FakeLeases({}), resolveGaps="false")
     for path in (kept, lost):
         log = read_log(str(path))
         assert log.num_rows == 20 + 29 + 10 + 5 + 3

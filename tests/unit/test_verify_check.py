@@ -188,6 +188,26 @@ def test_reordered_seq_within_pid_and_partition() -> None:
     assert (example["seq"], example["after_seq"], example["log_offset"]) == (1, 2, 2)
 
 
+def test_a_hole_filled_late_is_not_reordered() -> None:
+    """Seqs 2 and 3 timed out and were skipped (a ``lost`` gap); the resume's re-sends fill the
+    open hole after 4 and 5 were appended (``filled``): no reordering. A late record the sink
+    did not report as filling a hole still is."""
+    ledger = [sent(s, s) for s in range(6)]
+    rows = [rec(s, s) for s in (0, 1, 4, 5)] + [rec(2, 2), rec(3, 3)]
+    gaps = pa.Table.from_pylist(
+        [
+            {"topic": TOPIC, "partition": 0, "kind": kind, "pid": PID, "generation": GEN}
+            | {"seq_first": first, "seq_last": last}
+            for kind, first, last in (("lost", 2, 3), ("filled", 2, 2), ("filled", 3, 3))
+        ]
+    )
+    report = check(ledger, log_table(rows), NO_REJECTS, gaps=gaps)
+    only(report, upstream_gap=3)
+    report = check(ledger, log_table(rows), NO_REJECTS, gaps=gaps.slice(0, 2))
+    only(report, upstream_gap=2, reordered=1)
+    assert report.findings["reordered"].examples[0]["seq"] == 3
+
+
 def test_interleaving_partitions_and_pids_is_not_reordered() -> None:
     ledger = [sent(s, s, pid=p, partition=q) for p in (1, 2) for q in (0, 1) for s in range(3)]
     rows = [rec(s, s, pid=p, partition=q) for s in range(3) for q in (1, 0) for p in (2, 1)]

@@ -9,15 +9,18 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from pidfence.broker_plugin.decision import CODE_OF, VERDICT_CODES, Decision
-from pidfence.broker_plugin.entry import Gap, GapKind, Verifier
+from pidfence.broker_plugin.entry import MAX_HOLES, PENDING_LIMIT, Authority, Gap, GapKind, Verifier
 from pidfence.broker_plugin.errors import CorruptSnapshot
 from pidfence.broker_plugin.rebuild import (
+    RECORDED_RULES,
     REPLAYED_FORGERY,
     REPLAYED_PROOF,
     rebuild,
+    recorded_authority,
     replay_batch,
     replay_cert,
     replay_verifier,
+    rules_of,
 )
 from pidfence.broker_plugin.table import ProducerStateTable
 
@@ -41,6 +44,9 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CODE_OF",
+    "MAX_HOLES",
+    "PENDING_LIMIT",
+    "RECORDED_RULES",
     "REPLAYED_FORGERY",
     "REPLAYED_PROOF",
     "VERDICT_CODES",
@@ -53,12 +59,15 @@ __all__ = [
     "Decision",
     "Gap",
     "GapKind",
+    "Authority",
     "ProducerStateTable",
     "decode_headers",
     "offer_batch",
     "Verifier",
     "rebuild",
+    "recorded_authority",
     "replay_batch",
     "replay_cert",
     "replay_verifier",
+    "rules_of",
 ]

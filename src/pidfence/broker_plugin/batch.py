@@ -206,10 +206,9 @@ def offer_batch(
     table.advance(int(landed_clock[-1]), out)
     collect(out, n)
     # Rows held by this call and still waiting keep their token; make it opaque to later calls.
-    for by_seq in table.held.values():
-        for h in by_seq.values():
-            if h.token is not None and h.token[0] == call:
-                h.token = None
+    for h in table.waiting():
+        if h.token is not None and h.token[0] == call:
+            h.token = None
     # Header-less and pid-0 records are appended too (DESIGN §4), at their own position.
     opt_out = np.flatnonzero(opt_out_rows)
     log_order = _merge_log(n, fast_rows, fast_codes, opt_out, events_time, events_sub, events_idx)
@@ -308,15 +307,23 @@ def _plan(
     cur_gen = np.empty(k, np.int64)
     exists = np.empty(k, bool)
     bad = np.zeros(k, bool)
-    entries, held = table.entries, table.held
+    entries, held, pending = table.entries, table.held, table.pending
     for i, pid in enumerate(upids):
         entry = entries.get(pid)
         if entry is None:
             exists[i], base[i], cur_gen[i] = False, -1, 0
+            bad[i] = pid in pending
         else:
             exists[i], base[i], cur_gen[i] = True, entry.highwater, entry.generation
-            # An entry that may expire during the batch changes its producer's verdicts mid-way.
-            bad[i] = entry.first_seen + life <= last_now or pid in held
+            # An entry that may expire during the batch changes its producer's verdicts mid-way;
+            # a resend may fill an open hole.
+            bad[i] = (
+                entry.first_seen + life <= last_now
+                or pid in held
+                or pid in pending
+                or entry.holes is not None
+                or pid in table.unconfirmed
+            )
     n_new = int((~exists).sum())
     if len(entries) + n_new > table.capacity or (n_new and life <= last_now - first_now):
         # CAPACITY or expiry of new entries within reach: decide everything exactly.
@@ -328,6 +335,8 @@ def _plan(
     # A generation move (and, with a verifier, a new entry) is decided record by record.
     bad |= exists & (g_first != cur_gen)
     bad |= ~exists & (ss[starts] != 0)
+    if table.authority is not None and table.horizon > first_now:
+        bad |= ~exists  # inside a horizon the authority decides every new entry
 
     # Sequence shape: every record must be a resend (s <= max so far) or the next one.
     span = int(sizes.max()) + 2

@@ -10,9 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypedDict
 
-from pidfence.wire import Verdict
+from pidfence.wire import PidStatus, Verdict
 
 NO_CLOCK: Final = -(2**63)
+#: Most open holes (ranges of skipped seqs) one producer keeps; past it a gap is not skipped.
+MAX_HOLES: Final = 16
+#: Most records of one pid held while they wait for the log to show them before the next
+#: generations' FENCEs (see :class:`Pending`); past it the wait ends: they are ``FENCED``.
+PENDING_LIMIT: Final = 256
 
 #: Internal decision: (caller's ref, verdict, batch token of the record or None).
 Emit = tuple[Any, Verdict, "tuple[int, int] | None"]
@@ -21,6 +26,10 @@ Emit = tuple[Any, Verdict, "tuple[int, int] | None"]
 #: ("missing", "malformed", "other_identity", "expired", "other_place", ...). A verifier is made
 #: for one (topic, partition): placed statements name both (DESIGN §3 amended again).
 Verifier = Callable[[int, int, int, int, "bytes | None", int], "str | None"]
+#: ``authority(pid)``: what the lease authority says of ``pid`` (the lease servers' ``describe``),
+#: or None when it has no answer. Asked only where the table could not have seen a producer start
+#: (inside a horizon), and for records waiting on an answer (see :class:`Pending`).
+Authority = Callable[[int], "PidStatus | None"]
 
 APPENDED: Final = Verdict.APPENDED
 NON_IDEMPOTENT: Final = Verdict.NON_IDEMPOTENT
@@ -36,14 +45,16 @@ OUT_OF_ORDER: Final = Verdict.OUT_OF_ORDER
 FORGED: Final = Verdict.FORGED
 UNVERIFIED: Final = Verdict.UNVERIFIED
 
-#: Why seqs are missing: ``lost`` (the reorder window overflowed past them), ``head`` (the
-#: producer was adopted beyond the horizon at a later seq).
-GapKind = Literal["lost", "head"]
+#: What a gap report says: ``lost`` (the reorder window overflowed past seqs that never came:
+#: they stay open, see :class:`Entry`), ``head`` (the producer was adopted beyond the horizon at
+#: a later seq: its earlier seqs were before the table's view), ``filled`` (a record arrived late
+#: for an open hole and was appended).
+GapKind = Literal["lost", "head", "filled"]
 
 
 @dataclass(frozen=True, slots=True)
 class Gap:
-    """Seqs ``first .. last`` of (pid, generation) that the table will never append.
+    """Seqs ``first .. last`` of (pid, generation) the table skipped, did not see, or filled late.
 
     ``ref`` is the caller's ref of the record right after the gap (the sink passes Kafka
     offsets), ``kind`` says how the gap was found (see :data:`GapKind`).
@@ -58,15 +69,28 @@ class Gap:
 
 
 class Entry:
-    """A live producer's state on this partition."""
+    """A live producer's state on this partition.
 
-    __slots__ = ("first_seen", "generation", "highwater", "serial")
+    ``holes`` are the open holes below ``highwater``: sorted, disjoint ``[first, last]`` seq
+    ranges a gap skipped (at most :data:`MAX_HOLES`), or None. A record that fills one is still
+    appended (DESIGN §4 amended a third time: a skipped gap stays open).
+    """
 
-    def __init__(self, generation: int, highwater: int, first_seen: int, serial: int) -> None:
+    __slots__ = ("first_seen", "generation", "highwater", "holes", "serial")
+
+    def __init__(
+        self,
+        generation: int,
+        highwater: int,
+        first_seen: int,
+        serial: int,
+        holes: list[list[int]] | None = None,
+    ) -> None:
         self.generation = generation
         self.highwater = highwater
         self.first_seen = first_seen
         self.serial = serial
+        self.holes = holes
 
 
 @dataclass(slots=True)
@@ -81,6 +105,22 @@ class Held:
     ref: Any
     #: (call id, row) of the batch call that held it; not part of snapshots.
     token: tuple[int, int] | None = None
+
+
+@dataclass(slots=True)
+class Pending:
+    """Records of a pid met where the table could not see it start, at a generation older than
+    the one the authority named: each may be a zombie's record written after a FENCE the table
+    never saw, or a record written before the next generation's FENCE. They wait, in arrival
+    order, until the log shows which: the FENCEs of each next generation, in order, up to the
+    authority's (they came before them and are adopted), or anything else (they are
+    ``FENCED``, as they are once the lease ends, ``expire_ms`` plus the grace: no FENCE of it
+    can follow). ``generation`` is the newest waiting generation (the last FENCE waiting).
+    """
+
+    generation: int
+    expire_ms: int
+    records: list[Held]
 
 
 _SETTING_MINIMUM: Final = {"capacity": 1, "lifetime_ms": 1, "reorder_window": 0, "grace_ms": 0}

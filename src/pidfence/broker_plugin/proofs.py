@@ -1,10 +1,13 @@
 """Proofs of generations under signing: the kernel's certificate checks (DESIGN §3 amended).
 
 A mixin of :class:`~pidfence.broker_plugin.rules.RulesKernel`: it reads the kernel's
-``verifier``, ``clock``, ``held`` and ``forged``.
+``verifier``, ``clock``, ``held`` and ``forged``, and asks the authority where a horizon hid the
+proof (:meth:`~pidfence.broker_plugin.adoption.Adoption.vouches`).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from pidfence.broker_plugin.entry import FORGED, INVALID_GENERATION, Held, Verifier
 from pidfence.wire import Verdict
@@ -17,6 +20,11 @@ class Proofs:
     clock: int
     held: dict[int, dict[int, Held]]
     forged: dict[str, int]
+
+    if TYPE_CHECKING:  # provided by the adoption mixin
+
+        def vouches(self, pid: int, g: int, ts: int) -> bool: ...
+        def covered(self, pid: int, g: int) -> bool: ...
 
     def certified(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int) -> bool:
         """Whether (pid, g) is proven by ``cert`` (always, without a verifier); counts failures.
@@ -42,6 +50,10 @@ class Proofs:
         held = self.held.get(pid)
         if held is not None and any(h.generation == g for h in held.values()):
             return True
+        if self.covered(pid, g):
+            return True  # a waiting record being adopted: it proved itself when it waited
+        if self.verifier is not None and cert is None and self.vouches(pid, g, ts):
+            return True
         return self.certified(pid, g, s, flags, cert, ts)
 
     def leap(
@@ -52,8 +64,11 @@ class Proofs:
         Returns None when it may: a verifier is set and the generation is proven (by a held
         record of the same generation, or by ``cert``). Otherwise the verdict:
         ``INVALID_GENERATION`` without a verifier or without a certificate (the rule of DESIGN
-        §4), ``FORGED`` when a certificate is there and the verifier refuses it.
+        §4), ``FORGED`` when a certificate is there and the verifier refuses it. Inside a
+        horizon, a generation the authority names as granted may leap without proof.
         """
+        if self.covered(pid, g) or (cert is None and self.vouches(pid, g, ts)):
+            return None
         if self.verifier is None:
             return INVALID_GENERATION
         held = self.held.get(pid)

@@ -10,16 +10,22 @@ proof that passes (it was proven, or needed no proof, when it was decided). A ``
 is decided on arrival and changes no state, so a replay also refuses such a record up front: one
 refused before the rules (a per-record MAC that did not verify) is refused again without the
 secret or the record's bytes.
+
+What the lease authority answered during a batch (adoption, DESIGN §4 amended a third time) is
+recorded with the batch and handed to its replay (:func:`recorded_authority`), with the rules'
+settings it ran under, so a rebuild decides what the live run decided whatever the authority
+says today or the sink's options now are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Unpack
 
-from pidfence.broker_plugin.entry import SettingOverrides, check_overrides
+from pidfence.broker_plugin.entry import Authority, SettingOverrides, check_overrides
+from pidfence.broker_plugin.errors import CorruptSnapshot
 from pidfence.broker_plugin.table import ProducerStateTable
-from pidfence.wire import Verdict
+from pidfence.wire import PidStatus, Verdict
 
 #: The certificate a replay hands the table for a record that was committed as ``FORGED``.
 REPLAYED_FORGERY: Final = b"\x00pidfence-replayed-forgery"
@@ -53,6 +59,31 @@ def replay_verifier(
     return "replayed" if cert == REPLAYED_FORGERY else None
 
 
+#: The settings a batch records and its replay runs under (each a :class:`RulesKernel` attribute).
+RECORDED_RULES: Final = ("lifetime_ms", "reorder_window", "grace_ms", "resolve_gaps")
+
+
+def rules_of(table: ProducerStateTable) -> dict[str, Any]:
+    """The settings of ``table`` that a batch records (:data:`RECORDED_RULES`)."""
+    return {name: getattr(table, name) for name in RECORDED_RULES}
+
+
+def recorded_authority(answers: Mapping[int, PidStatus]) -> Authority:
+    """The authority of a replay: the answers the live run recorded.
+
+    Asking about a pid without a recorded answer raises :class:`CorruptSnapshot`: the live run
+    decided the batch without asking about it, so the recorded batch does not match its replay.
+    """
+
+    def authority(pid: int) -> PidStatus:
+        found = answers.get(pid)
+        if found is None:
+            raise CorruptSnapshot(f"the batch recorded no authority answer for pid {pid}")
+        return found
+
+    return authority
+
+
 def replay_batch(
     table: ProducerStateTable,
     headers: Sequence[bytes | None],
@@ -61,6 +92,8 @@ def replay_batch(
     refs: Sequence[Any] | None = None,
     flush: bool = False,
     horizon_ms: int | None = None,
+    answers: Mapping[int, PidStatus] | None = None,
+    rules: Mapping[str, Any] | None = None,
 ) -> None:
     """Replay one committed batch of one partition (its records in Kafka-offset order).
 
@@ -74,12 +107,24 @@ def replay_batch(
         flush: the live run closed the reorder window at the end of this batch.
         horizon_ms: the live run opened an adoption horizon at this time before the batch
             (:meth:`~pidfence.broker_plugin.ProducerStateTable.open_horizon`).
+        answers: what the authority answered during the batch, by pid (None: the batch ran
+            without an authority).
+        rules: the settings the batch ran under (:data:`RECORDED_RULES`; they stay on the table
+            after the call), or None to keep the table's.
     """
+    for name, value in (rules or {}).items():
+        if name not in RECORDED_RULES:
+            raise CorruptSnapshot(f"a batch recorded an unknown rules setting {name!r}")
+        setattr(table, name, value)
     if horizon_ms is not None:
         table.open_horizon(horizon_ms)
     certs = [replay_cert(v) for v in verdicts]
     forged = [v == Verdict.FORGED for v in verdicts]
     live, table.verifier = table.verifier, replay_verifier
+    asked, table.authority = (
+        table.authority,
+        None if answers is None else recorded_authority(answers),
+    )
     try:
         table.offer_batch(
             list(headers), list(ts_ms), list(refs) if refs is not None else None, certs, forged
@@ -88,6 +133,7 @@ def replay_batch(
             table.flush(table.clock)
     finally:
         table.verifier = live
+        table.authority = asked
         table.forged.clear()
         table.gaps.clear()
 
@@ -95,6 +141,7 @@ def replay_batch(
 def rebuild(
     snapshot: bytes | None,
     records: Iterable[tuple[Any, ...]],
+    authority: Authority | None = None,
     **settings: Unpack[SettingOverrides],
 ) -> ProducerStateTable:
     """State after replaying ``records`` in order.
@@ -108,6 +155,8 @@ def rebuild(
             :func:`replay_cert`). Records of a signed run need their verdicts: without one a
             record replays without a certificate, so a leap of several generations that the live
             run accepted on its certificate would be refused.
+        authority: the answers the live run got from the lease authority (e.g.
+            :func:`recorded_authority`), or None when it ran without one.
         **settings: the table's settings (:class:`~pidfence.broker_plugin.entry.SettingOverrides`):
             without a snapshot, ``reorder_window`` defaults to 5, ``grace_ms`` to 0 and
             ``resolve_gaps`` to off; with one, those given override the snapshot's.
@@ -131,6 +180,7 @@ def rebuild(
     else:
         table = ProducerStateTable.restore(snapshot, **settings)
     table.verifier = replay_verifier
+    table.authority = authority
     for i, record in enumerate(records):
         header, ts_ms = record[0], record[1]
         verdict = record[2] if len(record) > 2 else None
@@ -138,6 +188,7 @@ def rebuild(
             continue  # decided on arrival, no state change (see the module docstring)
         table.offer_header(header, ts_ms, ref=i, cert=replay_cert(verdict))
     table.verifier = None
+    table.authority = None
     table.forged.clear()
     table.gaps.clear()
     return table

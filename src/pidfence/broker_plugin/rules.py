@@ -20,26 +20,30 @@ move ``generation`` or be held under the next generation must carry a certificat
 accepts, else it is ``FORGED``. A record several generations ahead (``g > gE + 1``) with a valid
 certificate is judged as if ``g`` were ``gE + 1``.
 
-Two extensions (DESIGN §4 amended again), off by default so a default table answers exactly as
-the proposal's rules do:
+Two extensions (DESIGN §4 amended again and a third time), off by default so a default table
+answers exactly as the proposal's rules do:
 
 * **Gap resolution** (``resolve_gaps=True``): when a producer's reorder window overflows, the
   seqs below the lowest waiting record are reported as a :class:`Gap` and the producer continues
-  from there, instead of every later record being ``OUT_OF_ORDER``. Only more records of the
-  producer resolve a gap: an entry that expires with records waiting drops them as
-  ``OUT_OF_ORDER``, as the proposal does (a resumer that rolled to a successor pid re-sent their
-  events, counting on exactly that).
-* **Adoption** (:meth:`RulesKernel.open_horizon`): up to a horizon the caller sets (where it
-  could not have seen producers start), an unknown producer met at ``seq > 0`` is adopted at that
-  seq and its unseen head ``0 .. seq-1`` is reported as a gap. Under signing the record must
-  carry a certificate the verifier accepts: without one it is ``UNVERIFIED``, with a bad one
-  ``FORGED``.
+  from there, instead of every later record being ``OUT_OF_ORDER``. The skipped seqs stay open
+  (:mod:`~pidfence.broker_plugin.holes`): a record that later fills one is appended and reported
+  ``filled``. Only more records of the producer resolve a gap: an entry that expires with records
+  waiting drops them as ``OUT_OF_ORDER``, as the proposal does.
+* **Adoption** (:meth:`RulesKernel.open_horizon` and an ``authority``): up to a horizon the
+  caller sets (where it could not have seen producers start), the lease authority decides what
+  an unknown pid's record is (:mod:`~pidfence.broker_plugin.adoption`): adopted at ``seq > 0``
+  (its unseen head reported as a gap) only at the generation the authority names, with its lease
+  live. Under signing the record must carry a certificate the verifier accepts: without one it is
+  ``UNVERIFIED``, with a bad one ``FORGED``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+from pidfence.broker_plugin import holes
+from pidfence.broker_plugin.adoption import VOUCHED, Adoption
 from pidfence.broker_plugin.entry import (
     APPENDED,
     BUFFERED,
@@ -53,10 +57,12 @@ from pidfence.broker_plugin.entry import (
     OUT_OF_ORDER,
     UNKNOWN_PID,
     UNVERIFIED,
+    Authority,
     Emit,
     Entry,
     Gap,
     Held,
+    Pending,
     Verifier,
     as_timestamp,
     check_settings,
@@ -66,7 +72,7 @@ from pidfence.broker_plugin.ring import EntryRing
 from pidfence.wire import FLAG_FENCE
 
 
-class RulesKernel(Proofs):
+class RulesKernel(Proofs, Adoption):
     """One partition's state and the rules that decide one record against it.
 
     Args:
@@ -80,8 +86,10 @@ class RulesKernel(Proofs):
             no accepted record can expire a producer whose lease is live.
         verifier: checks ``pfc`` certificates (see :data:`Verifier`); ``None`` accepts every
             record (signing off). Not part of the state or of snapshots.
-        resolve_gaps: report and skip a gap when a producer's reorder window overflows (and when
-            its entry expires with records waiting), instead of ``OUT_OF_ORDER``.
+        resolve_gaps: report and skip a gap when a producer's reorder window overflows, keeping
+            its seqs open for a late record, instead of ``OUT_OF_ORDER``.
+        authority: the lease authority's answers (see :data:`Authority`); ``None`` adopts
+            nothing. Not part of the state or of snapshots.
     """
 
     def __init__(
@@ -93,6 +101,7 @@ class RulesKernel(Proofs):
         verifier: Verifier | None = None,
         *,
         resolve_gaps: bool = False,
+        authority: Authority | None = None,
     ) -> None:
         check_settings(
             capacity=capacity,
@@ -113,6 +122,12 @@ class RulesKernel(Proofs):
         self.entries: dict[int, Entry] = {}
         self.ring = EntryRing(capacity)
         self.held: dict[int, dict[int, Held]] = {}
+        self.authority = authority
+        #: Records waiting for the log to show where they stand (adoption.py).
+        self.pending: dict[int, Pending] = {}
+        #: Known pids that may have missed a FENCE in offsets not read (adoption.py).
+        self.unconfirmed: set[int] = set()
+        self.vouched: tuple[int, int] | None = None
         self.clock = NO_CLOCK
         #: Unknown producers met at seq > 0 are adopted while a record's time is below this.
         self.horizon = NO_CLOCK
@@ -130,15 +145,18 @@ class RulesKernel(Proofs):
         return self.lifetime_ms + self.grace_ms
 
     def open_horizon(self, point_ms: int) -> None:
-        """Adopt unknown producers met at seq > 0 until one entry life after ``point_ms``.
+        """Ask the authority about unknown producers until one entry life after ``point_ms``.
 
         Call it where the caller could not have seen producers start (the log's start was
         trimmed, reading began mid-log, offsets were lost), with the time of the first record
         after that point. Every producer alive then ends its lease within one lifetime, and any
         producer first met later must have started after the point, where its seq 0 was seen.
+        The producers known then may have missed a FENCE in what was not read: each is asked
+        about at its next record (:meth:`~pidfence.broker_plugin.adoption.Adoption.confirm`).
         """
         point_ms = as_timestamp(point_ms)
         self.horizon = max(self.horizon, point_ms + self.life)
+        self.unconfirmed.update(self.entries)
 
     # ------------------------------------------------------------------------- the clock
 
@@ -153,6 +171,8 @@ class RulesKernel(Proofs):
         """Drop entries whose life ended at or before ``now``, oldest first."""
         ring = self.ring
         life = self.life
+        if self.pending:
+            self.expire_waiting(now, out)
         while len(ring):
             pid, serial = ring.head()
             entry = self.entries[pid]
@@ -160,6 +180,7 @@ class RulesKernel(Proofs):
                 return
             ring.pop()
             del self.entries[pid]
+            self.unconfirmed.discard(pid)
             if serial < self.base_serial:
                 # Entries created since the last snapshot never reached one; deltas skip them.
                 self.expired_since += 1
@@ -201,6 +222,8 @@ class RulesKernel(Proofs):
             self.advance(ts, out)
             return
         fence = flags & FLAG_FENCE
+        if pid in self.pending and self.still_waiting(pid, g, s, fence, ts, ref, out, token, cert):
+            return
         entry = self.entries.get(pid)
         at = ts if ts > self.clock else self.clock
         if entry is not None and entry.first_seen + self.life <= at:
@@ -208,6 +231,10 @@ class RulesKernel(Proofs):
             entry = None
         if entry is None:
             self.decide_new(pid, g, s, fence, ts, at, ref, out, token, cert)
+            return
+        if pid in self.unconfirmed and not self.confirm(
+            pid, entry, g, s, fence, ts, ref, out, token
+        ):
             return
         current = entry.generation
         if g < current:
@@ -234,8 +261,24 @@ class RulesKernel(Proofs):
             return
         high = entry.highwater
         if s <= high:
-            # Rejected: no state change, even under the next generation (Kafka's rule).
-            out.append((ref, DUPLICATE, token))
+            hole = holes.find(entry, s)
+            if hole < 0:
+                # Rejected: no state change, even under the next generation (Kafka's rule).
+                out.append((ref, DUPLICATE, token))
+                return
+            if moves and not self.proven(pid, g, s, flags, cert, ts):
+                out.append((ref, FORGED, token))
+                return
+            if not holes.fill(entry, hole, s):
+                out.append((ref, OUT_OF_ORDER, token))  # it would split a hole: none left
+                return
+            self.touched.add(pid)
+            entry.generation = g
+            out.append((ref, APPENDED, token))
+            self.gaps.append(Gap(pid, g, s, s, ref, "filled"))
+            if g > current and self.resolve_gaps and pid in self.held:
+                self.settle(pid, entry, out)
+            self.advance(ts, out)
             return
         if s == high + 1:
             if moves and not self.proven(pid, g, s, flags, cert, ts):
@@ -253,7 +296,7 @@ class RulesKernel(Proofs):
             self.advance(ts, out)
             return
         if s - high - 1 > self.reorder_window:
-            if not self.resolve_gaps:
+            if not self.resolve_gaps or not holes.room(entry):
                 out.append((ref, OUT_OF_ORDER, token))
                 return
             if moves and not self.proven(pid, g, s, flags, cert, ts):
@@ -304,15 +347,28 @@ class RulesKernel(Proofs):
         if self.ring.full and self.entries[self.ring.head()[0]].first_seen + self.life > at:
             out.append((ref, CAPACITY, token))
             return
-        if not (fence or s == 0):
-            if at >= self.horizon:
-                out.append((ref, UNKNOWN_PID, token))
-                return
-            if self.verifier is not None and cert is None:
+        # A waiting record proved its generation when it started to wait.
+        vouched = self.covered(pid, g)
+        start = fence or s == 0
+        inside = at < self.horizon
+        if not (vouched or start or inside):
+            out.append((ref, UNKNOWN_PID, token))
+            return
+        if not vouched and self.verifier is not None:
+            # Forgeries are refused before anyone is asked about them.
+            if not start and cert is None:
                 out.append((ref, UNVERIFIED, token))
                 return
-        if not self.certified(pid, g, s, fence, cert, ts):
-            out.append((ref, FORGED, token))
+            if not self.certified(pid, g, s, fence, cert, ts):
+                out.append((ref, FORGED, token))
+                return
+        answer = VOUCHED if vouched else None
+        if not vouched and inside and self.authority is not None:
+            answer = self.ask(pid, g, s, fence, ts, at, ref, out, token)
+            if answer is None:
+                return
+        if not start and answer != VOUCHED:
+            out.append((ref, UNKNOWN_PID, token))
             return
         out.append((ref, FENCE if fence else APPENDED, token))
         self.advance(ts, out)
@@ -322,35 +378,48 @@ class RulesKernel(Proofs):
 
     def skip_gap(self, pid: int, entry: Entry, g: int, s: int, ref: Any, out: list[Emit]) -> None:
         """The window overflowed at seq ``s``: report the seqs below the lowest waiting record
-        (or ``s``) as lost and move the highwater up to it, appending what then follows."""
+        (or ``s``) as lost, keep them open, and move the highwater up to it, appending what then
+        follows."""
         held = self.held.get(pid)
         low = min(held) if held else s
         after = held[low].ref if held and low < s else ref
         gen = held[low].generation if held and low < s else g
         self.gaps.append(Gap(pid, gen, entry.highwater + 1, low - 1, after, "lost"))
         self.touched.add(pid)
+        holes.add(entry, entry.highwater + 1, low - 1)
         entry.highwater = low - 1
         if held:
             self.release(pid, entry, out)
 
     def settle(self, pid: int, entry: Entry, out: list[Emit]) -> None:
         """Gap resolution, when ``gE`` just moved: records of an older generation waiting behind
-        a hole are appended after it (the hole reported), newer ones released as usual.
+        a hole are appended after it (the hole reported and kept open), newer ones released as
+        usual.
 
-        They reached the log before the generation moved, so they are no zombie's writes, and
-        the hole before them is Kafka's: with in-order sessions nothing else leaves one, and no
-        resumer re-sends what its checkpoint says was acknowledged.
+        Only those that reached the log before every waiting record of a newer generation: they
+        are no zombie's writes (DESIGN §4 amended a third time: order is the log's order); a
+        later one is ``FENCED``, as one is when no hole can be kept for it. The hole before them
+        is Kafka's loss, or records that timed out in the producer's queue: its resumer re-sends
+        those under the new generation, and they fill it.
         """
         held = self.held[pid]
+        cut = min(
+            (h.arrival for h in held.values() if h.generation >= entry.generation), default=None
+        )
         older = sorted(
             (h for h in held.values() if h.generation < entry.generation), key=lambda h: h.seq
         )
         for h in older:
             del held[h.seq]
-            if h.seq > entry.highwater + 1:
+            gap = h.seq > entry.highwater + 1
+            if (cut is not None and h.arrival > cut) or (gap and not holes.room(entry)):
+                out.append((h.ref, FENCED, h.token))
+                continue
+            if gap:
                 self.gaps.append(
                     Gap(pid, h.generation, entry.highwater + 1, h.seq - 1, h.ref, "lost")
                 )
+                holes.add(entry, entry.highwater + 1, h.seq - 1)
             entry.highwater = h.seq
             out.append((h.ref, APPENDED, h.token))
         if held:
@@ -376,10 +445,19 @@ class RulesKernel(Proofs):
             del self.held[pid]
 
     def flush_held(self, out: list[Emit]) -> None:
-        """Every held record becomes ``OUT_OF_ORDER`` (in arrival order)."""
-        for held in sorted(
-            (h for by_seq in self.held.values() for h in by_seq.values()), key=lambda h: h.arrival
-        ):
-            out.append((held.ref, OUT_OF_ORDER, held.token))
+        """Every held record becomes ``OUT_OF_ORDER``, every waiting one ``FENCED`` (in arrival
+        order)."""
+        closing = [(h, OUT_OF_ORDER) for by_seq in self.held.values() for h in by_seq.values()]
+        closing += [(h, FENCED) for w in self.pending.values() for h in w.records]
+        for held, verdict in sorted(closing, key=lambda c: c[0].arrival):
+            out.append((held.ref, verdict, held.token))
         self.touched.update(self.held)
         self.held.clear()
+        self.pending.clear()
+
+    def waiting(self) -> Iterator[Held]:
+        """Every record held for reordering or waiting on the authority."""
+        for by_seq in self.held.values():
+            yield from by_seq.values()
+        for w in self.pending.values():
+            yield from w.records

@@ -1,11 +1,12 @@
 """Full and incremental snapshots of a :class:`RulesKernel`.
 
 Framing: ``b"PFS1"`` + CRC32 (big-endian u32) of the payload + the msgpack payload. A full snapshot
-holds every live entry in ring order and every held record. A delta holds only what changed since
-the previous snapshot or delta: entries created since then (live ones, in ring order), entries
-updated since then, how many older entries expired from the ring's head, the clock and the held
-records (at most ``reorder_window`` per producer, so small). Deltas are chained by epoch; applying a
-delta to the wrong base raises :class:`CorruptSnapshot`, as does any damage at all.
+holds every live entry in ring order (with its open holes) and every held and waiting record. A
+delta holds only what changed since the previous snapshot or delta: entries created since then
+(live ones, in ring order), entries updated since then, how many older entries expired from the
+ring's head, the clock and the held and waiting records (bounded per producer, so small). Deltas
+are chained by epoch; applying a delta to the wrong base raises :class:`CorruptSnapshot`, as does
+any damage at all.
 """
 
 from __future__ import annotations
@@ -16,12 +17,20 @@ from typing import Any, Final, TypeVar, Unpack
 
 import msgpack
 
-from pidfence.broker_plugin.entry import Entry, Held, SettingOverrides, check_overrides
+from pidfence.broker_plugin.entry import (
+    MAX_HOLES,
+    Entry,
+    Held,
+    Pending,
+    SettingOverrides,
+    check_overrides,
+)
 from pidfence.broker_plugin.errors import CorruptSnapshot
 from pidfence.broker_plugin.rules import RulesKernel
 
 MAGIC: Final = b"PFS1"
-VERSION: Final = 2
+#: Version 3 adds the open holes of each entry and the records waiting on the authority.
+VERSION: Final = 3
 K = TypeVar("K", bound=RulesKernel)
 V = TypeVar("V")
 _HEADER = struct.Struct(">4sI")
@@ -71,6 +80,14 @@ def _held_rows(table: RulesKernel) -> list[list[Any]]:
     ]
 
 
+def _pending_rows(table: RulesKernel) -> list[list[Any]]:
+    return [
+        [pid, w.generation, w.expire_ms]
+        + [[h.seq, h.generation, h.flags, h.ts_ms, h.arrival, h.ref] for h in w.records]
+        for pid, w in table.pending.items()
+    ]
+
+
 def _mark_clean(table: RulesKernel, epoch: int) -> None:
     table.epoch = epoch
     table.base_serial = table.next_serial
@@ -82,7 +99,7 @@ def full_snapshot(table: RulesKernel) -> bytes:
     """Every live entry (ring order) and every held record."""
     epoch = table.epoch + 1
     entries = [
-        [pid, serial, e.generation, e.highwater, e.first_seen]
+        [pid, serial, e.generation, e.highwater, e.first_seen, e.holes]
         for pid, serial in table.ring
         for e in (table.entries[pid],)
     ]
@@ -104,6 +121,8 @@ def full_snapshot(table: RulesKernel) -> bytes:
             "arrival": table.next_arrival,
             "entries": entries,
             "held": _held_rows(table),
+            "pending": _pending_rows(table),
+            "unconfirmed": sorted(table.unconfirmed),
         }
     )
     _mark_clean(table, epoch)
@@ -118,14 +137,14 @@ def delta_snapshot(table: RulesKernel) -> bytes:
     for pid in table.touched:
         entry = table.entries.get(pid)
         if entry is not None and entry.serial < table.base_serial:
-            updated.append([pid, entry.generation, entry.highwater])
+            updated.append([pid, entry.generation, entry.highwater, entry.holes])
     # Entries created since the last snapshot are the ring's tail (creation order).
     tail = []
     for pid, serial in _reverse_ring(table):
         if serial < table.base_serial:
             break
         e = table.entries[pid]
-        tail.append([pid, serial, e.generation, e.highwater, e.first_seen])
+        tail.append([pid, serial, e.generation, e.highwater, e.first_seen, e.holes])
     new = tail[::-1]
     data = _frame(
         {
@@ -139,8 +158,10 @@ def delta_snapshot(table: RulesKernel) -> bytes:
             "arrival": table.next_arrival,
             "expired": table.expired_since,
             "new": new,
-            "updated": sorted(updated),
+            "updated": sorted(updated, key=lambda row: row[0]),
             "held": _held_rows(table),
+            "pending": _pending_rows(table),
+            "unconfirmed": sorted(table.unconfirmed),
         }
     )
     _mark_clean(table, epoch)
@@ -170,10 +191,30 @@ def _int(value: Any, what: str) -> int:
     return value
 
 
-def _entry_row(row: Any) -> list[int]:
-    if not isinstance(row, list) or len(row) != 5:
-        raise CorruptSnapshot("entry row must be [pid, serial, generation, highwater, first_seen]")
-    return [_int(v, "entry field") for v in row]
+def _entry_row(row: Any) -> list[Any]:
+    """``[pid, serial, generation, highwater, first_seen, holes]``."""
+    if not isinstance(row, list) or len(row) != 6:
+        raise CorruptSnapshot(
+            "entry row must be [pid, serial, generation, highwater, first_seen, holes]"
+        )
+    return [*(_int(v, "entry field") for v in row[:5]), _holes(row[5])]
+
+
+def _holes(raw: Any) -> list[list[int]] | None:
+    """Open holes as stored: None, or sorted disjoint ``[first, last]`` ranges."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_HOLES:
+        raise CorruptSnapshot(f"holes must be 1..{MAX_HOLES} ranges")
+    last = -1
+    for hole in raw:
+        if not isinstance(hole, list) or len(hole) != 2:
+            raise CorruptSnapshot("a hole must be [first, last]")
+        first, end = _int(hole[0], "hole"), _int(hole[1], "hole")
+        if not last < first <= end:
+            raise CorruptSnapshot("holes must be sorted, disjoint ranges")
+        last = end
+    return [list(hole) for hole in raw]
 
 
 def restore_chain(
@@ -223,12 +264,13 @@ def _restore(cls: type[K], full: bytes, deltas: list[bytes], overrides: SettingO
         rows = rows[expired:]
         index = {row[0]: row for row in rows}
         for upd in delta["updated"]:
-            if not isinstance(upd, list) or len(upd) != 3:
-                raise CorruptSnapshot("updated row must be [pid, generation, highwater]")
-            pid, gen, high = (_int(v, "updated field") for v in upd)
+            if not isinstance(upd, list) or len(upd) != 4:
+                raise CorruptSnapshot("updated row must be [pid, generation, highwater, holes]")
+            pid, gen, high = (_int(v, "updated field") for v in upd[:3])
             if pid not in index:
                 raise CorruptSnapshot(f"delta updates pid {pid}, which the base does not hold")
             index[pid][2], index[pid][3] = gen, high
+            index[pid][5] = _holes(upd[3])
         rows.extend(_entry_row(r) for r in delta["new"])
         state = delta
     capacity = overrides.get("capacity")
@@ -248,15 +290,15 @@ def _restore(cls: type[K], full: bytes, deltas: list[bytes], overrides: SettingO
         raise CorruptSnapshot(f"{len(rows)} entries exceed capacity {table.capacity}")
     last_serial = -1
     last_seen = -(2**63)
-    for pid, serial, gen, high, first_seen in rows:
+    for pid, serial, gen, high, first_seen, holes in rows:
         if pid in table.entries or pid <= 0:
             raise CorruptSnapshot(f"pid {pid} is duplicated or invalid")
         if serial <= last_serial or first_seen < last_seen:
             raise CorruptSnapshot("entries are not in creation order")
-        if gen < 0 or high < -1:
-            raise CorruptSnapshot(f"pid {pid} has an invalid generation or highwater")
+        if gen < 0 or high < -1 or (holes and holes[-1][1] > high):
+            raise CorruptSnapshot(f"pid {pid} has an invalid generation, highwater or hole")
         last_serial, last_seen = serial, first_seen
-        table.entries[pid] = Entry(gen, high, first_seen, serial)
+        table.entries[pid] = Entry(gen, high, first_seen, serial, holes)
         table.ring.append(pid, serial)
     table.clock = _int(state["clock"], "clock")
     table.horizon = _int(state["horizon"], "horizon")
@@ -275,8 +317,32 @@ def _restore(cls: type[K], full: bytes, deltas: list[bytes], overrides: SettingO
         if seq in by_seq or arrival >= table.next_arrival:
             raise CorruptSnapshot(f"held record {pid}/{seq} is inconsistent")
         by_seq[seq] = Held(seq, gen, flags, ts, arrival, _freeze(ref))
+    for row in state["pending"]:
+        _restore_pending(table, row)
+    for pid in state["unconfirmed"]:
+        if _int(pid, "unconfirmed pid") not in table.entries:
+            raise CorruptSnapshot(f"unconfirmed pid {pid} has no entry")
+        table.unconfirmed.add(pid)
     _mark_clean(table, epoch)
     return table
+
+
+def _restore_pending(table: RulesKernel, row: Any) -> None:
+    """One waiting pid: ``[pid, generation, expire_ms, [seq, gen, flags, ts, arrival, ref]...]``."""
+    if not isinstance(row, list) or len(row) < 4:
+        raise CorruptSnapshot("pending row must be [pid, generation, expire_ms, record...]")
+    pid, gen, expire = (_int(v, "pending field") for v in row[:3])
+    if pid in table.pending or pid <= 0:
+        raise CorruptSnapshot(f"waiting records of pid {pid} are inconsistent")
+    records = []
+    for rec in row[3:]:
+        if not isinstance(rec, list) or len(rec) != 6:
+            raise CorruptSnapshot("a waiting record must have 6 fields")
+        seq, g, flags, ts, arrival = (_int(v, "pending field") for v in rec[:5])
+        if arrival >= table.next_arrival:
+            raise CorruptSnapshot(f"waiting record {pid}/{seq} is inconsistent")
+        records.append(Held(seq, g, flags, ts, arrival, _freeze(rec[5])))
+    table.pending[pid] = Pending(gen, expire, records)
 
 
 def _freeze(ref: Any) -> Any:

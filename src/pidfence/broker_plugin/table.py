@@ -33,7 +33,8 @@ class ProducerStateTable(RulesKernel):
 
     Constructed with the settings of :class:`~pidfence.broker_plugin.rules.RulesKernel`
     (``capacity``, ``lifetime_ms``, ``reorder_window``, ``grace_ms``, ``verifier``,
-    ``resolve_gaps``), which documents each. See also :meth:`open_horizon` (adoption).
+    ``resolve_gaps``, ``authority``), which documents each. See also :meth:`open_horizon`
+    (adoption).
     """
 
     def __len__(self) -> int:
@@ -49,8 +50,13 @@ class ProducerStateTable(RulesKernel):
 
     @property
     def held_count(self) -> int:
-        """Records currently held for reordering."""
-        return sum(len(h) for h in self.held.values())
+        """Records currently held: for reordering, or waiting on the authority."""
+        return sum(1 for _ in self.waiting())
+
+    def open_holes(self, pid: int) -> list[tuple[int, int]]:
+        """The open holes of a live pid: ``(first, last)`` seq ranges a gap skipped."""
+        entry = self.entries.get(pid)
+        return [] if entry is None or entry.holes is None else [(a, b) for a, b in entry.holes]
 
     def offer(
         self,
@@ -147,14 +153,9 @@ class ProducerStateTable(RulesKernel):
     def state(self) -> tuple[Any, ...]:
         """A canonical, comparable view of the whole state (for tests and equality)."""
         ring = tuple(
-            (
-                pid,
-                serial,
-                self.entries[pid].generation,
-                self.entries[pid].highwater,
-                self.entries[pid].first_seen,
-            )
+            (pid, serial, e.generation, e.highwater, e.first_seen, repr(e.holes))
             for pid, serial in self.ring
+            for e in (self.entries[pid],)
         )
         held = tuple(
             sorted(
@@ -162,6 +163,18 @@ class ProducerStateTable(RulesKernel):
                 for pid, by_seq in self.held.items()
                 for h in by_seq.values()
             )
+        )
+        pending = tuple(
+            (
+                pid,
+                w.generation,
+                w.expire_ms,
+                *(
+                    (h.seq, h.generation, h.flags, h.ts_ms, h.arrival, repr(h.ref))
+                    for h in w.records
+                ),
+            )
+            for pid, w in sorted(self.pending.items())
         )
         return (
             self.capacity,
@@ -175,6 +188,8 @@ class ProducerStateTable(RulesKernel):
             self.next_arrival,
             ring,
             held,
+            pending,
+            tuple(sorted(self.unconfirmed)),
         )
 
     def __eq__(self, other: object) -> bool:

@@ -124,6 +124,16 @@ def register(app: typer.Typer) -> None:
                 "adopted. Default: exit 3 naming the lost offsets",
             ),
         ] = False,
+        lease_server: Annotated[
+            str | None,
+            typer.Option(
+                "--lease-server",
+                help="Lease servers HOST:PORT[,...]: where the sink could not see producers "
+                "start (a trimmed head, --starting-offsets latest, --allow-data-loss) it adopts "
+                "only those they vouch for (token and TLS from $PIDFENCE_LEASE_TOKEN_FILE / "
+                "_TOKEN / _TLS_CA, as for producers). Without: such records are UNKNOWN_PID",
+            ),
+        ] = None,
         resolve_gaps: Annotated[
             bool,
             typer.Option(
@@ -207,6 +217,7 @@ def register(app: typer.Typer) -> None:
             "leasePublicKey": ",".join(key_paths(lease_public_key)) if lease_public_key else None,
             "recordMacSecret": record_mac_secret,
             "resolveGaps": None if resolve_gaps else "false",
+            "leaseServer": lease_server,
         }
         sink_options = {k: v for k, v in flags.items() if v is not None}
         topics = [t.strip() for t in topic.split(",") if t.strip()]
@@ -216,6 +227,9 @@ def register(app: typer.Typer) -> None:
             options = SinkOptions.parse({"path": output, **sink_options})
             options.certificates()  # the key files load (a usage error otherwise)
             options.record_macs()
+            client = options.lease_client()  # the token and TLS files load
+            if client is not None:
+                client.close()
             found = preflight.check_kafka(bootstrap, topics)
             preflight.check_writable(output, "output")
             preflight.check_writable(checkpoint, "checkpoint")
@@ -232,6 +246,10 @@ def register(app: typer.Typer) -> None:
             }
         if warning := found.no_pf_warning:
             err.print(f"pidfence sink: warning: {warning}")
+        if lease_server is None:
+            from pidfence.spark_sink.authority import NO_AUTHORITY
+
+            err.print(f"pidfence sink: {NO_AUTHORITY}")
         if lease_public_key and (warning := found.create_time_warning()):
             err.print(f"pidfence sink: warning: {warning}")
         if lost:

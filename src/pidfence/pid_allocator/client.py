@@ -1,4 +1,5 @@
-"""``LeaseClient``: the synchronous client producers use to lease, bump and roll pids."""
+"""``LeaseClient``: the synchronous client producers use to lease, bump and roll pids, and sinks
+use to ask what the lease authority knows of a pid (``describe``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pidfence.pid_allocator.errors import (
     error_from_reply,
 )
 from pidfence.pid_allocator.protocol import LENGTH, PROTOCOL_VERSION, encode_frame
+from pidfence.wire import PidState, PidStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,12 @@ class Lease:
     prior_mac_key: bytes | None = field(default=None, repr=False)
 
 
-def _parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
+def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
+    """``"host:port,host:port"`` (or a sequence of them) as (host, port) pairs.
+
+    Raises:
+        InvalidServerList: an item is not ``HOST:PORT``, or there is none.
+    """
     items = servers.split(",") if isinstance(servers, str) else list(servers)
     out: list[tuple[str, int]] = []
     for item in (s.strip() for s in items):
@@ -104,7 +111,7 @@ class LeaseClient:
     def __post_init__(self) -> None:
         if self.retries < 0:
             raise InvalidServerList(f"retries must be >= 0, got {self.retries}")
-        self._addresses = _parse_servers(self.servers)
+        self._addresses = parse_servers(self.servers)
         self._index = 0
         self._sock: socket.socket | None = None
         self._ids = itertools.count(1)
@@ -197,6 +204,25 @@ class LeaseClient:
             **_key_field(key),
         )
         return _lease(reply)
+
+    def describe(self, pid: int) -> PidStatus:
+        """What the lease authority knows of ``pid``: its current generation, its lease end and
+        whether it is live, retired (rolled) or ended. Read-only: no secret is sent or revealed.
+
+        A server knows every pid that was bumped or rolled (ZooKeeper) and the pids it issued
+        itself; an ``unknown`` answer is asked again of each other server in the list.
+
+        Raises:
+            RateLimited, LeaseServiceUnavailable, LeaseServerUnreachable: retriable.
+            Unauthenticated: the token was refused.
+        """
+        status = _status(self._call("describe", pid=pid), pid)
+        for _ in range(len(self._addresses) - 1):
+            if status.known:
+                break
+            self._failover()
+            status = _status(self._call("describe", pid=pid), pid)
+        return status
 
     def ping(self) -> dict[str, Any]:
         """The server's ``server`` id, ``now_ms`` and status."""
@@ -337,6 +363,14 @@ class LeaseClient:
 
 def _key_field(key: bytes | None) -> dict[str, bytes]:
     return {} if key is None else {"key": bytes(key)}
+
+
+def _status(reply: dict[str, Any], pid: int) -> PidStatus:
+    try:
+        state = PidState(str(reply["state"]))
+        return PidStatus(pid, state, int(reply["generation"]), int(reply["expire_ms"]))
+    except (KeyError, TypeError, ValueError):
+        return PidStatus.unknown(pid)  # an answer it cannot read vouches for nothing
 
 
 def _lease(reply: dict[str, Any]) -> Lease:

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 #: Request latency buckets (seconds), as ``pidfence_request_seconds`` has always exposed them.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0)
-OPS = ("hello", "lease", "bump", "roll", "ping", "invalid")
+OPS = ("hello", "lease", "bump", "roll", "describe", "ping", "invalid")
 
 
 class LatencyHistogram:

@@ -33,7 +33,7 @@ MAX_ID_CHARS = 128
 MAX_TOKEN_CHARS = 64
 MAX_SECRET_BYTES = 64
 MAX_AUTH_TOKEN_CHARS = 256
-OPS = ("hello", "lease", "bump", "roll", "ping")
+OPS = ("hello", "lease", "bump", "roll", "describe", "ping")
 #: The only fields a frame may carry before ``hello``, per op.
 PRE_AUTH_FIELDS = {
     "ping": frozenset({"v", "op", "id"}),
@@ -79,6 +79,14 @@ class RollRequest(PidRequest):
 
 
 @dataclass(slots=True)
+class DescribeRequest:
+    """``op=describe``: what the lease authority knows of ``pid`` (read-only)."""
+
+    id: RequestId
+    pid: int
+
+
+@dataclass(slots=True)
 class HelloRequest:
     """``op=hello``: authenticate the connection with an auth token."""
 
@@ -95,7 +103,7 @@ class PingRequest:
 
 #: Requests are plain slotted dataclasses, not frozen ones: one is built per frame, and a
 #: frozen dataclass's ``__init__`` (``object.__setattr__`` per field) costs twice as much.
-Request = LeaseRequest | BumpRequest | RollRequest | PingRequest | HelloRequest
+Request = LeaseRequest | BumpRequest | RollRequest | DescribeRequest | PingRequest | HelloRequest
 
 
 class RequestRejected(Exception):
@@ -198,7 +206,7 @@ def _parse_fields(message: dict[Any, Any], request_id: RequestId) -> Request:
         raise UnsupportedVersion(f"protocol version {version} unsupported; this server speaks 1")
     op = message.get("op")
     if not isinstance(op, str):
-        raise MalformedRequest("op must be a string: hello, lease, bump, roll or ping")
+        raise MalformedRequest("op must be a string: one of " + ", ".join(OPS))
     if op == "lease":
         return LeaseRequest(
             request_id, _partitions(message.get("partitions")), _key(message.get("key"))
@@ -221,6 +229,8 @@ def _parse_fields(message: dict[Any, Any], request_id: RequestId) -> Request:
             token,
             _key(message.get("key")),
         )
+    if op == "describe":
+        return DescribeRequest(request_id, _int(message.get("pid"), "pid", 1, PID_LIMIT))
     if op == "ping":
         return PingRequest(request_id)
     if op == "hello":

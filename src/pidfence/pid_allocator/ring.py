@@ -7,6 +7,9 @@ a binary search on pid. A live lease is never dropped; a full ring refuses new l
 Times are the server's steady clock (``clock.SteadyClock``), so a wall-clock step never drops a
 live lease. Each entry remembers the client it was issued to (token name, or address without
 auth); one client holds at most ``share`` slots, so it cannot lock everyone else out.
+
+An expired lease leaves its slot as it was until a new lease reuses it, so :meth:`LeaseRing.recall`
+still answers for it (the lease server's ``describe`` tells an ended lease's exact end that way).
 """
 
 from __future__ import annotations
@@ -116,6 +119,26 @@ class LeaseRing:
         self._clients[tail] = client
         self._held[client] = self._held.get(client, 0) + 1
         self._size += 1
+
+    def recall(self, pid: int) -> RingEntry | None:
+        """The lease of ``pid``, live or ended, while its slot was not reused; else None.
+
+        Slots hold pids in issue order around the ring starting at the tail (the oldest written
+        slot; slots never written hold 0), so one binary search finds it.
+        """
+        cap, start = self.capacity, (self._head + self._size) % self.capacity
+        pids = self._pids
+        lo, hi = 0, cap
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if pids[(start + mid) % cap] < pid:
+                lo = mid + 1
+            else:
+                hi = mid
+        slot = (start + lo) % cap
+        if lo == cap or pids[slot] != pid:
+            return None
+        return RingEntry(pid, self._gens[slot], self._expires[slot])
 
     def find(self, pid: int, now_ms: int) -> RingEntry | None:
         """The live lease of ``pid``, or None when it is not here or has expired."""

@@ -54,6 +54,7 @@ from pidfence.pid_allocator.protocol import (
     LENGTH,
     PROTOCOL_VERSION,
     BumpRequest,
+    DescribeRequest,
     HelloRequest,
     LeaseRequest,
     PingRequest,
@@ -322,6 +323,16 @@ class LeaseServer:
                 )
                 (self.metrics.rolls if roll else self.metrics.bumps).inc()
                 reply = _grant_reply(request.id, grant, **({"sequence": 0} if roll else {}))
+            elif isinstance(request, DescribeRequest):
+                op = "describe"
+                status = await self.service.describe(request.pid, client)
+                reply = ok_reply(
+                    request.id,
+                    pid=status.pid,
+                    state=status.state.value,
+                    generation=status.generation,
+                    expire_ms=status.expire_ms,
+                )
             else:
                 raise TypeError(f"{type(request).__name__} is answered by handle_now")
         except LeaseError as exc:

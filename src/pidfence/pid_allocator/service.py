@@ -9,6 +9,9 @@ bumps and rolls answer UNAVAILABLE.
 
 Every grant carries the pid's secret; with a signing key a ``cert`` (v2, naming the producer's
 key, when the request sent one); with a record-MAC secret the lease's ``mac_key``.
+
+``describe`` is read-only: what the lease authority knows of a pid (its lineage record, else this
+server's ring), for sinks that must decide whether to adopt a producer they could not see start.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from pidfence.pid_allocator.owners import LocalOwners
 from pidfence.pid_allocator.ring import LeaseRing
 from pidfence.pid_allocator.settings import LeaseServerSettings
 from pidfence.pid_allocator.zk_queue import ZkQueue
+from pidfence.wire import PidState, PidStatus
 from pidfence.wire.cert import encode_cert
 from pidfence.wire.mac import derive_record_key
 
@@ -266,6 +270,39 @@ class LeaseService:
         outcome = await self.zk.run(client, self.lineage.roll, change, successor)
         self.rolls += 1
         return self._rolled(pid, outcome, key)
+
+    async def describe(self, pid: int, client: str = "") -> PidStatus:
+        """What the authority knows of ``pid`` (read-only; no secret needed, none revealed).
+
+        The pid's lineage record decides (its current or retired generation and lease end);
+        without one (never bumped or rolled) this server's ring, if it issued the pid; anything
+        else, or a record past its retention, is ``unknown``. The record is read through the
+        fair ZooKeeper queue in ``client``'s bucket, as bumps and rolls are.
+
+        Raises:
+            RateLimited, LeaseServiceUnavailable.
+        """
+        if not self.coordinator.connected:
+            raise LeaseServiceUnavailable("ZooKeeper unreachable; describe needs it, retry shortly")
+        found = await self.zk.run(client, self.coordinator.read_lineage, pid)
+        now = self.clock()
+        if found is not None:
+            record = found[0]
+            if now >= record.expire_ms + self.settings.retention:
+                return PidStatus.unknown(pid)
+            state = (
+                PidState.RETIRED
+                if record.retired
+                else PidState.ENDED
+                if now >= record.expire_ms
+                else PidState.LIVE
+            )
+            return PidStatus(pid, state, record.generation, record.expire_ms)
+        local = self.ring.recall(pid)
+        if local is None or now >= local.expire_ms + self.settings.retention:
+            return PidStatus.unknown(pid)
+        state = PidState.ENDED if now >= local.expire_ms else PidState.LIVE
+        return PidStatus(pid, state, local.generation, local.expire_ms)
 
     def _rolled(self, pid: int, outcome: Outcome, key: bytes | None) -> Grant:
         grant = self._grant(outcome, key)

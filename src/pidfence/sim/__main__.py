@@ -14,9 +14,10 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the schedule, print the report; exit 0 when it is clean."""
     parser = argparse.ArgumentParser(prog="python -m pidfence.sim", description=__doc__)
     parser.add_argument("--seed", type=int, required=True)
+    defaults = Knobs()
     for f in fields(Knobs):
         flag = f"--{f.name.replace('_', '-')}"
-        if f.name in ("cold_reorder", "fence_all"):
+        if isinstance(getattr(defaults, f.name), bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
             continue
         if f.name == "mutation":

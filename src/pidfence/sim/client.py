@@ -167,6 +167,25 @@ class SimClient:
             rec.callback(TimedOut(), SimMessage(rec, -1))
         return bool(late)
 
+    def time_out_oldest(self, rng: random.Random) -> bool:
+        """librdkafka's queue times out the oldest 1-3 data records of one partition (never
+        sent, never written) while the records behind them go on: a hole in the partition.
+        Returns True when some did."""
+        parts = sorted({r.partition for r in self.pending if not r.fence})
+        if not parts:
+            return False
+        partition = parts[rng.randrange(len(parts))]
+        mine = [r for r in self.pending if r.partition == partition]
+        late = []
+        for rec in mine[: rng.randrange(1, 4)]:
+            if rec.fence:
+                break
+            late.append(rec)
+        for rec in late:
+            self.pending.remove(rec)
+            rec.callback(TimedOut(), SimMessage(rec, -1))
+        return bool(late)
+
 
 class KafkaReader:
     """A resume's recovery scan over the simulated Kafka (what ``KafkaScanner`` reads from a
@@ -186,7 +205,8 @@ class KafkaReader:
         kafka = self._kafka
         for tp in partitions:
             records = kafka.partitions[tp[1]]
-            start = kafka.offset_for_time(tp[1], since_ms)
+            # What retention deleted cannot be read.
+            start = max(kafka.offset_for_time(tp[1], since_ms), kafka.log_start[tp[1]])
             for rec in records[start : until.get(tp, len(records))]:
                 headers = [(PF_HEADER_KEY, rec.header)]
                 if rec.cert is not None:
@@ -245,9 +265,12 @@ class Network:
         offset = self.kafka.append(
             rec.partition, rec.header, rec.key, rec.value, rec.ts_ms, rec.cert, rec.mac
         )
-        if rng.random() < self.knobs.dup_p:
+        if rng.random() < self.knobs.dup_p and not (rec.fence and self.knobs.reorder == 1):
+            # Written, ack lost: it stays in flight and is written again. Not a FENCE of an
+            # in-order (librdkafka-idempotent) session: Kafka writes each of its records once,
+            # and adoption takes a FENCE for the one its resume wrote (docs/gaps.md).
             self.counts["duplicates"] += 1
-            return  # written, ack lost: it stays in flight and is written again
+            return
         del pending[idx]
         if client.acks:
             rec.callback(None, SimMessage(rec, offset))

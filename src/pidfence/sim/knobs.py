@@ -77,6 +77,23 @@ class Knobs:
         cold_reorder: let records overtake a pid's first record on a partition (exposes the
             ``UNKNOWN_PID`` hole of DESIGN §4; off by default, as librdkafka's idempotence and
             the producer keep that order).
+        timeout_p: per step, the active process's oldest in-flight records of one partition time
+            out in librdkafka's queue and are never written (its INTRODUCTION.md, "Message
+            timeout considerations"): the records behind them are, leaving a hole; the process's
+            next flush raises ``DeliveryFailed``, it exits and is resumed from its checkpoint
+            (whose re-sends fill the hole).
+        sink_start: steps before the sink's first batch (a sink started late).
+        sink_latest: the sink's first batch starts at the end of the log
+            (``startingOffsets=latest``): it never reads what came before, and adopts the
+            producers it meets there through the authority (needs ``reorder=1``).
+        trim_p: per step, retention deletes each partition's head up to the records the
+            producers' resumes may still scan (a checkpoint's time): a sink behind it continues
+            past the gap (``--allow-data-loss``) and adopts through the authority; zombies whose
+            FENCE was deleted write beyond its horizon (needs ``reorder=1``).
+        resend_p: per step, a copy of a record whose lease has ended is written again (a stuck
+            retry, a replay tool): it must never be appended.
+        authority: the sink asks the lease servers before it adopts (``--lease-server``);
+            without, it adopts nothing (``UNKNOWN_PID``).
         mutation: a broken broker rule (or ``fresh_rollover``: the lease server's ``roll``
             leases an unrelated pid, the rollover before DESIGN §9; or ``no_verify``: the sink
             runs without ``leasePublicKey``, so nothing checks ``pfc``; or ``trusting_scan``: a
@@ -100,6 +117,12 @@ class Knobs:
     attack_p: float = 0.0
     lease_down_p: float = 0.0
     kafka_lose_p: float = 0.0
+    timeout_p: float = 0.0
+    sink_start: int = 0
+    sink_latest: bool = False
+    trim_p: float = 0.0
+    resend_p: float = 0.0
+    authority: bool = True
     log_append_time: bool = False
     record_mac: bool = False
     lifetime_ms: int = 2400
@@ -128,6 +151,9 @@ class Knobs:
             "attack_p",
             "lease_down_p",
             "kafka_lose_p",
+            "timeout_p",
+            "trim_p",
+            "resend_p",
         ):
             value = getattr(self, name)
             if not 0.0 <= value <= (0.9 if name in ("drop_p", "lease_down_p") else 1.0):
@@ -149,6 +175,13 @@ class Knobs:
                 "kafka_lose_p needs reorder=1: a sink resolves the gap a lost record leaves only "
                 "when sessions deliver in order (a reordering client pairs with resolveGaps=false)"
             )
+        if (self.trim_p or self.sink_latest) and self.reorder != 1:
+            raise ValueError(
+                "trim_p and sink_latest need reorder=1: adoption takes a producer's first record "
+                "after a horizon for its next one only when sessions deliver in order"
+            )
+        if self.sink_start < 0:
+            raise ValueError("sink_start must be >= 0")
         if self.mutation is not None and self.mutation not in MUTATIONS:
             # A typo would otherwise run the real rules and "prove" nothing.
             raise ValueError(

@@ -51,6 +51,8 @@ COUNTS = (
     "second_resumers",
     "skipped",
     "lease_expired_exits",
+    "timeouts",
+    "timeout_exits",
 )
 
 
@@ -67,6 +69,8 @@ class Instance:
     budget: int = -1
     #: A paused process (SIGSTOP) does nothing before this time.
     paused_until: int = 0
+    #: It sent everything and its last flush succeeded: the process exited cleanly.
+    closed: bool = False
 
 
 @dataclass(slots=True)
@@ -110,6 +114,8 @@ class Producers:
         lease: the simulated lease server (its ``now`` is the clock).
         network: delivers the processes' records.
         scan_verifier: checks ``pfc`` in a resume's recovery scan (None: trusts every header).
+        timeouts: the randomness of librdkafka's message timeouts (``Knobs.timeout_p``; its own
+            stream, so schedules without them stay the same).
     """
 
     rng: random.Random
@@ -117,6 +123,7 @@ class Producers:
     lease: SimLeaseServer
     network: Network
     scan_verifier: CertVerifier | None = None
+    timeouts: random.Random = field(default_factory=lambda: random.Random(0))
 
     def __post_init__(self) -> None:
         knobs = self.knobs
@@ -128,6 +135,9 @@ class Producers:
             default_lifetime_ms=knobs.lifetime_ms,
             message_timeout_ms=knobs.lifetime_ms // 24 - 1,
             clock_skew_ms=0,
+            # Certificates again every few steps, so a sink that starts reading mid-stream
+            # (retention, ``latest``) can prove and adopt a producer soon (docs/producer.md).
+            restamp_ms=30 * knobs.step_ms,
             # The simulated sink resolves gaps only for in-order sessions (SimSink.gaps_on).
             sink_resolves_gaps=knobs.reorder == 1,
         )
@@ -141,11 +151,7 @@ class Producers:
     def done(self) -> bool:
         """Every chain sent all its events and nothing is in flight anywhere."""
         return all(
-            c.active is not None
-            and c.active.pos >= len(c.events)
-            and not c.active.client.pending
-            and not c.others
-            and c.second is None
+            c.active is not None and c.active.closed and not c.others and c.second is None
             for c in self.chains
         )
 
@@ -245,12 +251,20 @@ class Producers:
                     chain.sends += 1
                     if chain.sends % knobs.checkpoint_every == 0:
                         self._checkpoint(chain, inst)
-        elif inst.client.pending:
+                        if chain.active is not inst:
+                            return  # it exited on a delivery error
+        elif not inst.closed:
+            # Its last flush: it raises what timed out since the one before (the process exits).
             self._checkpoint(chain, inst)
+            inst.closed = chain.active is inst and not inst.client.pending
+        if chain.active is not inst:
+            return  # it exited on a delivery error
+        if knobs.timeout_p and self.timeouts.random() < knobs.timeout_p:
+            self.counts["timeouts"] += inst.client.time_out_oldest(self.timeouts)
         for _ in range(2):
             if inst.client.pending:
                 self.network.deliver_one(inst.client)
-        finished = inst.pos >= len(chain.events) and not inst.client.pending
+        finished = inst.closed
         # A finished producer has exited: nothing left to crash.
         if not finished and rng.random() < knobs.crash_p:
             self._crash(chain, now)
@@ -264,7 +278,14 @@ class Producers:
         self.counts["skipped"] += inst.producer.skipped - skipped
 
     def _checkpoint(self, chain: Chain, inst: Instance) -> None:
-        inst.producer.flush()
+        try:
+            inst.producer.flush()
+        except DeliveryFailed:
+            # Records timed out in librdkafka's queue: the process exits (its supervisor
+            # resumes the stored checkpoint, whose re-sends fill the hole they left).
+            self.counts["timeout_exits"] += 1
+            self._crash(chain, self.lease.now, dead=True)
+            return
         chain.checkpoint = (inst.producer.checkpoint(), inst.pos)
         self.counts["checkpoints"] += 1
 
@@ -274,6 +295,9 @@ class Producers:
             inst.producer.roll(save)
         except LeaseExpired:
             self.counts["lease_expired_exits"] += 1  # exit 75: restarted from its checkpoint
+            return False
+        except DeliveryFailed:
+            self.counts["timeout_exits"] += 1  # a record timed out: the drain failed
             return False
         except LeaseServerDown:
             pass  # the old lease is kept; the roll is retried inside it
@@ -401,5 +425,3 @@ class Producers:
         except ProducerFenced:
             self.counts["zombie_rolls_refused"] += 1
             zombie.budget = 0
-        except DeliveryFailed:
-            zombie.budget = 0  # a record timed out during its pause: it exits

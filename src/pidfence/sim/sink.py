@@ -3,13 +3,18 @@
 It verifies ``pfc`` certificates as ``pidfence sink --lease-public-key`` does (the real
 :func:`pidfence.wire.cert.verify_cert`), unless the mutation ``no_verify`` turns that off. As the
 real sink, it resolves gaps, and opens an adoption horizon when a batch starts past the offsets it
-read (retention trimmed them: :meth:`~pidfence.sim.kafka.SimKafka.trim`), reporting both in
-:attr:`SimSink.gaps`. A restart rebuilds from what the sink read (its committed input), never
-from Kafka, whose head may be gone.
+read (retention trimmed them: :meth:`~pidfence.sim.kafka.SimKafka.trim`, or it started at the end
+of the log), reporting both in :attr:`SimSink.gaps`; there it asks the lease servers
+(``pidfence sink --lease-server``: the simulated servers' ``describe``) and records their answers
+with the batch. A batch the lease servers do not answer is not committed, and runs again at the
+next one. A restart rebuilds from what the sink read (its committed input, batch by batch, with
+the answers each batch recorded), never from Kafka, whose head may be gone.
 """
 
 from __future__ import annotations
 
+import bisect
+import copy
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -19,11 +24,18 @@ from typing import Any
 import pyarrow as pa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from pidfence.broker_plugin import ProducerStateTable, Verifier, rebuild
+from pidfence.broker_plugin import (
+    Authority,
+    ProducerStateTable,
+    Verifier,
+    rebuild,
+    recorded_authority,
+)
+from pidfence.pid_allocator import LeaseServerUnreachable
 from pidfence.sim.kafka import KafkaRecord, SimKafka
 from pidfence.sim.knobs import Knobs, Mutation
 from pidfence.verify import REJECT_COLUMNS
-from pidfence.wire import MalformedHeader, Verdict, decode_pf
+from pidfence.wire import MalformedHeader, PidStatus, Verdict, decode_pf
 from pidfence.wire.mac import RecordMacCheck
 from pidfence.wire.statement import PlacedCheck
 
@@ -32,6 +44,19 @@ CAPACITY = 64
 
 class RebuildMismatch(AssertionError):
     """State rebuilt from a snapshot plus the Kafka suffix differs from the live state."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One committed batch of one partition, as a replay needs it: the records it read
+    (``read[start:end]``), the horizon it opened, the authority's answers it got (None: it ran
+    without ``--lease-server``) and whether it closed the reorder window."""
+
+    start: int
+    end: int
+    horizon: int | None
+    answers: dict[int, PidStatus] | None
+    flushed: bool
 
 
 def _mutator(mutation: Mutation | None) -> Callable[[Verdict, bool], Verdict]:
@@ -50,7 +75,8 @@ class SimSink:
     """Decides every Kafka record once per committed batch, in Kafka-offset order (DESIGN §7).
 
     ``drop_fence`` is applied at the input: FENCE records never reach the rules. With
-    ``public_keys`` (and no ``no_verify`` mutation) the rules verify ``pfc`` certificates.
+    ``public_keys`` (and no ``no_verify`` mutation) the rules verify ``pfc`` certificates. With
+    an ``authority`` (the lease servers' ``describe``) it adopts producers beyond its horizons.
     """
 
     rng: random.Random
@@ -59,6 +85,7 @@ class SimSink:
     topic: str
     public_keys: list[Ed25519PublicKey] | None = None
     mac_secret: bytes | None = None
+    authority: Authority | None = None
 
     def __post_init__(self) -> None:
         knobs = self.knobs
@@ -77,8 +104,13 @@ class SimSink:
         self.committed = [0] * n
         #: Per partition, every record the sink read, in order (its committed input).
         self.read: list[list[KafkaRecord]] = [[] for _ in range(n)]
-        #: Per partition, read index -> the horizon opened before reading that record.
-        self.horizons: list[dict[int, int]] = [{} for _ in range(n)]
+        #: Per partition, its committed batches (what a replay needs of each).
+        self.spans: list[list[Span]] = [[] for _ in range(n)]
+        #: Per partition, the first offset to read at the sink's first batch (its
+        #: ``startingOffsets``: 0, or the end of the log for ``latest``).
+        self.first_offset: list[int] | None = None
+        #: Batches not committed because no lease server answered.
+        self.unanswered = 0
         #: Every gap reported: (partition, kind, pid, generation, first seq, last seq, offset
         #: after); ``offsets`` gaps carry (None, None, first unread offset, last unread offset).
         self.gaps: list[tuple[Any, ...]] = []
@@ -112,6 +144,10 @@ class SimSink:
             resolve_gaps=self.gaps_on,
         )
 
+    def start_at_end(self) -> None:
+        """``startingOffsets=latest``: the sink's first batch starts at the log's end now."""
+        self.first_offset = [len(records) for records in self.kafka.partitions]
+
     def batch(self, final: bool = False) -> None:
         """One micro-batch over every partition; maybe restart first; snapshot after."""
         self.batches += 1
@@ -119,31 +155,27 @@ class SimSink:
             if self.rng.random() < self.knobs.restart_p:
                 self._restart(p)
             start = max(self.committed[p], self.kafka.log_start[p])
+            if self.first_offset is not None and not self.read[p]:
+                start = max(start, self.first_offset[p])
             records = self.kafka.partitions[p][start:]
-            table = self.tables[p]
-            if records and start > self.committed[p]:
+            horizon = records[0].ts_ms if records and start > self.committed[p] else None
+            answers: dict[int, PidStatus] | None = None if self.authority is None else {}
+            try:
+                table, decided, gaps = self._decide(p, records, horizon, answers, final)
+            except LeaseServerUnreachable:
+                self.unanswered += 1  # not committed: the next batch reads it again
+                continue
+            self.tables[p] = table
+            if horizon is not None:
                 # Offsets the sink never read: it could not have seen producers start.
-                table.open_horizon(records[0].ts_ms)
-                self.horizons[p][len(self.read[p])] = records[0].ts_ms
                 self.gaps.append((p, "offsets", None, None, self.committed[p], start - 1, start))
-            for rec in records:
-                header = rec.header
-                if self.knobs.mutation == "drop_fence" and _is_fence(header):
-                    continue
-                if self._mac_refused(p, rec):
-                    # FORGED before the rules, as the real sink refuses it (no state change).
-                    self._record(p, rec.offset, Verdict.FORGED)
-                    self.forged_reasons["mac"] += 1
-                    continue
-                for decision in table.offer_header(header, rec.ts_ms, rec.offset, rec.cert):
-                    self._record(p, decision.ref, decision.verdict)
-                self._collect_gaps(p, table)
-            if final:
-                clock = max((r.ts_ms for r in self.kafka.partitions[p]), default=0)
-                for decision in table.flush(clock):
-                    self._record(p, decision.ref, decision.verdict)
-                self._collect_gaps(p, table)
+            for offset, verdict in decided:
+                self._record(p, offset, verdict)
+            self.gaps.extend(gaps)
+            n = len(self.read[p])
             self.read[p].extend(records)
+            if records or final:
+                self.spans[p].append(Span(n, len(self.read[p]), horizon, answers, final))
             if records:
                 self.committed[p] = records[-1].offset + 1
             self.forged_reasons.update(table.forged)
@@ -161,10 +193,59 @@ class SimSink:
                 chain.append((full, data, len(self.read[p])))
                 self.snapshot_counts["full" if full else "delta"] += 1
 
-    def _collect_gaps(self, p: int, table: ProducerStateTable) -> None:
-        for gap in table.gaps:
-            self.gaps.append((p, gap.kind, gap.pid, gap.generation, gap.first, gap.last, gap.ref))
+    def _decide(
+        self,
+        p: int,
+        records: list[KafkaRecord],
+        horizon: int | None,
+        answers: dict[int, PidStatus] | None,
+        final: bool,
+    ) -> tuple[ProducerStateTable, list[tuple[int, Verdict]], list[tuple[Any, ...]]]:
+        """One partition's batch on its table (a copy of it when the batch may fail for want of
+        an answer): the table after it, the decisions and the gaps.
+
+        Raises:
+            LeaseServerUnreachable: the authority had to be asked and no lease server answered.
+        """
+        table = self.tables[p]
+        if answers is not None and self.knobs.lease_down_p:
+            table = copy.deepcopy(table)
+        table.authority = None if answers is None else self._asking(answers)
+        decided: list[tuple[int, Verdict]] = []
+        gaps: list[tuple[Any, ...]] = []
+        if horizon is not None:
+            table.open_horizon(horizon)
+        for rec in records:
+            if self.knobs.mutation == "drop_fence" and _is_fence(rec.header):
+                continue
+            if self.mac_refused(p, rec):
+                # FORGED before the rules, as the real sink refuses it (no state change).
+                decided.append((rec.offset, Verdict.FORGED))
+                table.forged["mac"] = table.forged.get("mac", 0) + 1
+                continue
+            for decision in table.offer_header(rec.header, rec.ts_ms, rec.offset, rec.cert):
+                decided.append((decision.ref, decision.verdict))
+        if final:
+            clock = max((r.ts_ms for r in self.kafka.partitions[p]), default=0)
+            decided += [(d.ref, d.verdict) for d in table.flush(clock)]
+        gaps += [(p, g.kind, g.pid, g.generation, g.first, g.last, g.ref) for g in table.gaps]
         table.gaps.clear()
+        table.authority = None
+        return table, decided, gaps
+
+    def _asking(self, answers: dict[int, PidStatus]) -> Authority:
+        """The authority of one batch: asks the lease servers once per pid, records answers."""
+        assert self.authority is not None  # noqa: S101 - only called with one
+        ask = self.authority
+
+        def authority(pid: int) -> PidStatus:
+            found = answers.get(pid)
+            if found is None:
+                found = ask(pid) or PidStatus.unknown(pid)
+                answers[pid] = found
+            return found
+
+        return authority
 
     def _record(self, p: int, offset: int, verdict: Verdict) -> None:
         rec = self.kafka.partitions[p][offset]
@@ -200,38 +281,42 @@ class SimSink:
             snap = ProducerStateTable.restore_chain(full, deltas).snapshot()
             # Newer state files describe the lost timeline; deltas continue from the pick.
             del chain[pick + 1 :]
-        suffix = self.read[p][start:]
-        horizons = {i - start: ms for i, ms in self.horizons[p].items() if i >= start}
-        if self.knobs.mutation == "drop_fence":
-            # Fences never reached the rules; keep the horizon positions on the remaining ones.
-            kept = [(i, r) for i, r in enumerate(suffix) if not _is_fence(r.header)]
-            horizons = {j: horizons[i] for j, (i, _) in enumerate(kept) if i in horizons} | {
-                len(kept): ms for i, ms in horizons.items() if i >= len(suffix)
-            }
-            suffix = [r for _, r in kept]
+        spans = self.spans[p][bisect.bisect_left(self.spans[p], start, key=lambda sp: sp.start) :]
         # rebuild() is the public path; it cannot carry refs, so held records come back with
         # ref None. The sink needs refs (Kafka offsets) to place released records, so it replays
         # with refs itself and checks both against the live state. rebuild() takes the committed
         # verdicts as the certificates' proof (the real sink does not store certs); the ref
         # replay verifies the real certs again: both must re-decide exactly as the live run.
         verdicts = self.verdict_at[p]
-        # rebuild() cannot reopen a horizon mid-suffix; it is checked where there is none.
+        # rebuild() cannot reopen a horizon mid-suffix nor change answers between batches; it is
+        # checked where there is none.
         plain = None
-        if not horizons:
+        if not any(span.horizon is not None or span.answers for span in spans):
             plain = rebuild(
                 snap,
-                ((r.header, r.ts_ms, verdicts.get(r.offset)) for r in suffix),
+                (
+                    (r.header, r.ts_ms, verdicts.get(r.offset))
+                    for r in self.read[p][start:]
+                    if not (self.knobs.mutation == "drop_fence" and _is_fence(r.header))
+                ),
                 capacity=CAPACITY,
                 lifetime_ms=self.knobs.lifetime_ms,
                 resolve_gaps=self.gaps_on,
             )
         table = base if base is not None else self._table(p)
         table.verifier = self.verifier(p)
-        for i, r in enumerate(suffix):
-            if i in horizons:
-                table.open_horizon(horizons[i])
-            if not self._mac_refused(p, r):
-                table.offer_header(r.header, r.ts_ms, r.offset, r.cert)
+        for span in spans:
+            table.authority = None if span.answers is None else recorded_authority(span.answers)
+            if span.horizon is not None:
+                table.open_horizon(span.horizon)
+            for r in self.read[p][span.start : span.end]:
+                if self.knobs.mutation == "drop_fence" and _is_fence(r.header):
+                    continue
+                if not self.mac_refused(p, r):
+                    table.offer_header(r.header, r.ts_ms, r.offset, r.cert)
+            if span.flushed:
+                table.flush(max((r.ts_ms for r in self.kafka.partitions[p]), default=0))
+        table.authority = None
         table.forged.clear()
         table.gaps.clear()
         live = self.tables[p].state()
@@ -242,7 +327,7 @@ class SimSink:
             )
         self.tables[p] = table
 
-    def _mac_refused(self, p: int, rec: KafkaRecord) -> bool:
+    def mac_refused(self, p: int, rec: KafkaRecord) -> bool:
         """Whether the per-record mode refuses ``rec``: an idempotent record (a well-formed
         ``pf`` with a pid) whose ``pfm`` does not verify."""
         if self.macs is None or rec.header is None:
@@ -267,6 +352,26 @@ class SimSink:
                     pids.add(decode_pf(rec.header).pid)
             total += sum(1 for pid in pids if self.tables[p].get(pid) is None)
         return total
+
+    def gaps_table(self) -> pa.Table:
+        """The gaps reported, as ``pidfence.spark_sink.read_gaps`` lists them (the seq gaps'
+        columns; ``offsets`` gaps carry no pid)."""
+        rows = [g for g in self.gaps if g[1] != "offsets"]
+        return pa.table(
+            {
+                "topic": [self.topic] * len(rows),
+                "partition": [g[0] for g in rows],
+                "kind": [g[1] for g in rows],
+                "pid": [g[2] for g in rows],
+                "generation": [g[3] for g in rows],
+                "seq_first": [g[4] for g in rows],
+                "seq_last": [g[5] for g in rows],
+            },
+            schema=pa.schema(
+                [("topic", pa.string()), ("partition", pa.int32()), ("kind", pa.string())]
+                + [(c, pa.int64()) for c in ("pid", "generation", "seq_first", "seq_last")]
+            ),
+        )
 
     def tables_out(self) -> tuple[pa.Table, pa.Table]:
         """The output log and the rejects as pyarrow tables with the DESIGN §7 columns."""
@@ -330,4 +435,9 @@ def _is_fence(header: bytes | None) -> bool:
 
 
 def _no_refs(state: tuple[Any, ...]) -> tuple[Any, ...]:
-    return (*state[:-1], tuple(h[:-1] for h in state[-1]))
+    """A table's :meth:`~ProducerStateTable.state` without the refs of held and waiting
+    records (what :func:`rebuild` cannot restore)."""
+    *settings, held_rows, waiting, unconfirmed = state
+    held = tuple(h[:-1] for h in held_rows)
+    pending = tuple((*w[:3], *(r[:-1] for r in w[3:])) for w in waiting)
+    return (*settings, held, pending, unconfirmed)

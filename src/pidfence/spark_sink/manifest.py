@@ -65,6 +65,9 @@ class PartCommit:
         producers: live producer entries of the partition after the batch.
         state_bytes: bytes of the partition's state chain after the batch (the full snapshot
             and the deltas a restart loads).
+        answers: the lease servers' answers of the batch, pid (as text) to ``PidStatus`` list
+            (None: it ran without them); ``rules``: the rules' settings it ran under. A replay
+            decides with both, as the live run did.
     """
 
     topic: str
@@ -88,6 +91,8 @@ class PartCommit:
     horizon_ms: int | None = None
     producers: int = 0
     state_bytes: int = 0
+    answers: Mapping[str, list[Any]] | None = None
+    rules: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

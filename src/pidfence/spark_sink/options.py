@@ -10,12 +10,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.wire.mac import RecordMacCheck
 from pidfence.wire.statement import PlacedCheck
+
+if TYPE_CHECKING:
+    from pidfence.pid_allocator import LeaseClient
 
 _UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION: Final = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
@@ -36,8 +39,9 @@ def option(
     default: Any, name: str, help: str, kind: str = "text", low: int = 0, shown: str = ""
 ) -> Any:
     """A sink option's field: its ``default``, its Spark option ``name``, its ``help``, how its
-    text is read (``text``, ``int``, ``bool``, ``ms``: a duration, or ``paths``: comma-separated
-    files), the lowest allowed number, and the default as the docs show it (``shown``)."""
+    text is read (``text``, ``int``, ``bool``, ``ms``: a duration, ``paths``: comma-separated
+    files, or ``servers``: ``HOST:PORT[,...]``), the lowest allowed number, and the default as
+    the docs show it (``shown``)."""
     meta = {"name": name, "help": help, "kind": kind, "low": low, "shown": shown}
     return field(default=default, metadata=meta)
 
@@ -54,6 +58,15 @@ def _read(meta: Mapping[str, Any], raw: str) -> Any:
         if raw.strip().lower() not in ("true", "false"):
             raise SinkOptionError(f"option {name}={raw!r} must be true or false")
         return raw.strip().lower() == "true"
+    if kind == "servers":
+        from pidfence.pid_allocator import InvalidServerList
+        from pidfence.pid_allocator.client import parse_servers
+
+        try:
+            parse_servers(raw)
+        except InvalidServerList as exc:
+            raise SinkOptionError(f"option {name}: {exc}") from None
+        return raw.strip() or None
     if kind == "paths":
         paths = tuple(p.strip() for p in raw.split(",") if p.strip())
         if not paths:
@@ -120,6 +133,31 @@ class SinkOptions:
         "a valid per-record MAC (`pfm`), else it is `FORGED` (reason `mac`)",
         shown="unset",
     )
+    lease_servers: str | None = option(
+        None,
+        "leaseServer",
+        "the lease servers `HOST:PORT[,...]`: where the sink could not see producers start it "
+        "adopts only those they confirm current and live (docs/gaps.md); unset, it adopts none "
+        "(`UNKNOWN_PID`)",
+        "servers",
+        shown="unset",
+    )
+    lease_token_file: str | None = option(
+        None,
+        "leaseTokenFile",
+        "the lease servers' auth token file (every executor reads it); unset: "
+        "`PIDFENCE_LEASE_TOKEN_FILE`, as producers read it",
+        shown="unset",
+    )
+    lease_tls_ca: str | None = option(
+        None, "leaseTlsCa", "CA file to verify the lease servers' TLS", shown="unset"
+    )
+    lease_tls_cert: str | None = option(
+        None, "leaseTlsCert", "client certificate file for the lease servers' TLS", shown="unset"
+    )
+    lease_tls_key: str | None = option(
+        None, "leaseTlsKey", "client key file for the lease servers' TLS", shown="unset"
+    )
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -171,6 +209,28 @@ class SinkOptions:
             return RecordMacCheck(load_mac_secret(self.record_mac_secret))
         except KeyFileError as exc:
             raise SinkOptionError(f"option recordMacSecret: {exc}") from None
+
+    def lease_client(self) -> LeaseClient | None:
+        """A client of the lease servers (None when ``leaseServer`` is unset).
+
+        Raises:
+            SinkOptionError: the token or TLS files are missing or unsafe.
+        """
+        if self.lease_servers is None:
+            return None
+        from pidfence.pid_allocator import SecretFileError
+        from pidfence.spark_sink.authority import lease_client
+
+        try:
+            return lease_client(
+                self.lease_servers,
+                self.lease_token_file,
+                self.lease_tls_ca,
+                self.lease_tls_cert,
+                self.lease_tls_key,
+            )
+        except SecretFileError as exc:
+            raise SinkOptionError(f"option leaseServer: {exc}") from None
 
     def verifier(self, topic: str, partition: int) -> Verifier | None:
         """The broker rules' verifier of one (topic, partition), or None without signing."""

@@ -3,21 +3,24 @@
 Pure computation on Arrow tables (no Spark, no I/O), so it is unit-tested directly. Besides the
 log and the rejects, a batch commits the records still held for reordering at its end (``held``),
 so the committed output alone determines the partition's state (DESIGN §4 amended). Rejects and
-held records keep their raw ``pf`` header in an extra ``pf`` column for exact replays.
+held records keep their raw ``pf`` header in an extra ``pf`` column for exact replays. What a
+batch's decisions depended on besides its records is committed with it too: the horizon it opened,
+the lease servers' answers it got (``answers``) and the rules' settings it ran under (``rules``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pidfence.broker_plugin import CODE_OF, VERDICT_CODES
+from pidfence.broker_plugin import CODE_OF, VERDICT_CODES, rules_of
 from pidfence.broker_plugin.decode import decode_headers
+from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.gaps import GapReport, seq_gaps, unread_offsets
 from pidfence.spark_sink.record_macs import mac_forged
 from pidfence.spark_sink.schema import HEADERS_TYPE, HELD_SCHEMA, LOG_SCHEMA, TS_TYPE
@@ -42,7 +45,8 @@ class PartitionOutput:
     it); ``forged`` counts ``FORGED`` verdicts by reason; ``flushed`` says the reorder window was
     closed at the end of the batch (a replay does the same); ``gaps`` are the gaps the batch
     found; ``horizon_ms`` is set when the batch opened an adoption horizon (a replay opens it
-    again).
+    again); ``answers`` are what the lease servers answered (None: the batch ran without them)
+    and ``rules`` the settings it ran under (a replay takes both).
     """
 
     log: pa.Table
@@ -54,6 +58,8 @@ class PartitionOutput:
     flushed: bool
     gaps: list[GapReport]
     horizon_ms: int | None = None
+    answers: dict[str, list[Any]] | None = None
+    rules: dict[str, Any] | None = None
 
 
 def header_values(
@@ -138,12 +144,17 @@ def process_partition(
     st: PartitionState,
     flush_held: bool = False,
     macs: RecordMacCheck | None = None,
+    authority: BatchAuthority | None = None,
+    now_ms: int | None = None,
 ) -> PartitionOutput:
     """Apply the rules to one partition's rows (any order; sorted by Kafka offset here).
 
     ``st`` is updated in place: table, held payloads and the next log offset. With a verifier on
     ``st.table``, the ``pfc`` header is handed to it. With ``macs`` (per-record mode), an
-    idempotent record without a valid ``pfm`` is ``FORGED`` before the rules see it.
+    idempotent record without a valid ``pfm`` is ``FORGED`` before the rules see it. With an
+    ``authority`` (the lease servers), producers met beyond a horizon are judged by its answers.
+    ``now_ms`` (the wall clock) bounds a horizon: it opens at the first record's time, at most
+    the timestamp grace ahead of it, so a record stamped far ahead cannot stretch it.
     """
     offsets = rows.column("offset").to_numpy()
     if len(offsets) > 1 and not bool(np.all(offsets[1:] > offsets[:-1])):
@@ -166,7 +177,10 @@ def process_partition(
     if unread is not None:
         # The sink could not have seen producers start before this record (DESIGN §4).
         horizon_ms = int(ts_us[0] // 1000)
+        if now_ms is not None:
+            horizon_ms = min(horizon_ms, now_ms + st.table.grace_ms)
         st.table.open_horizon(horizon_ms)
+    st.table.authority = authority
     forged = None
     if macs is not None and n:
         forged = mac_forged(
@@ -178,7 +192,10 @@ def process_partition(
             rows.column("value"),
             header_values(rows.column("headers"), MAC_HEADER_KEY),
         )
-    res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist(), certs, forged)
+    try:
+        res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist(), certs, forged)
+    finally:
+        st.table.authority = None
     if n:
         st.kafka_last = int(offsets[-1])
     base = pa.table(
@@ -265,6 +282,8 @@ def process_partition(
         flush_held,
         gaps,
         horizon_ms,
+        None if authority is None else authority.recorded(),
+        rules_of(st.table),
     )
 
 

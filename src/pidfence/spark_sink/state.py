@@ -26,6 +26,7 @@ from pidfence.broker_plugin import (
     Verifier,
     replay_batch,
 )
+from pidfence.spark_sink.authority import recorded_answers
 from pidfence.spark_sink.decisions import replay_rows
 from pidfence.spark_sink.manifest import PartCommit, part_name
 from pidfence.spark_sink.options import SinkOptions
@@ -169,7 +170,11 @@ def load_state(
         )
     table = _rebuild(output, topic, partition, files, top, part, opts)
     table.verifier = verifier
-    refs = {h.ref for by_seq in table.held.values() for h in by_seq.values()}
+    # The old batches replayed under the settings they recorded; this one runs under today's.
+    for name, value in _overrides(opts).items():
+        if name != "capacity":
+            setattr(table, name, value)
+    refs = {h.ref for h in table.waiting()}
     if refs != set(held):
         raise CorruptSnapshot(
             f"{topic}[{partition}]: replaying the committed output holds {sorted(refs)} but "
@@ -278,6 +283,8 @@ def _replay(
             chunk.column("offset").to_pylist(),
             flush=part.flushed,
             horizon_ms=part.horizon_ms,
+            answers=recorded_answers(part.answers),
+            rules=dict(part.rules) or None,
         )
 
 

@@ -20,6 +20,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink import owner
+from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
@@ -118,10 +119,18 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         check = self.options.certificates()
         macs = self.options.record_macs()
         message.tag = new_tag(query)
-        for topic, partition, mine in by_partition(rows):
-            verifier = None if check is None else check.for_partition(topic, partition)
-            attempt_part = PartAttempt(batch_id, message.tag, topic, partition)
-            message.parts.append(self._write_part(output, attempt_part, mine, verifier, macs))
+        client = self.options.lease_client()
+        try:
+            for topic, partition, mine in by_partition(rows):
+                verifier = None if check is None else check.for_partition(topic, partition)
+                authority = None if client is None else BatchAuthority(client)
+                attempt_part = PartAttempt(batch_id, message.tag, topic, partition)
+                message.parts.append(
+                    self._write_part(output, attempt_part, mine, verifier, macs, authority)
+                )
+        finally:
+            if client is not None:
+                client.close()
         crash_point("after_write")
         return message
 
@@ -132,11 +141,15 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         rows: pa.Table,
         verifier: Verifier | None,
         macs: RecordMacCheck | None,
+        authority: BatchAuthority | None,
     ) -> PartCommit:
         topic, partition = part.topic, part.partition
         st = load_state(output, topic, partition, part.batch_id, self.options, verifier)
         log_start = st.next_log
-        out = process_partition(rows, topic, partition, st, self.options.flush_held, macs)
+        now_ms = int(time.time() * 1000)
+        out = process_partition(
+            rows, topic, partition, st, self.options.flush_held, macs, authority, now_ms
+        )
         files = output.stage_part(part, {"log": out.log, "rejects": out.rejects, "held": out.held})
         state = save_state(output.own, topic, partition, part.batch_id, st, self.options, part.tag)
         offsets = rows.column("offset")
@@ -162,6 +175,8 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             horizon_ms=out.horizon_ms,
             producers=len(st.table),
             state_bytes=st.state_bytes,
+            answers=out.answers,
+            rules=out.rules or {},
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

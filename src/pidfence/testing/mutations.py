@@ -271,3 +271,41 @@ LINEAGE_MUTATIONS: dict[str, LineageMutant] = {
     "lineage-roll-leaves-pid-live": _lineage_store(_RollLeavesLive),
 }
 MUTATIONS.update(LINEAGE_MUTATIONS)
+
+
+# -- mutants of the exactly-once rules under gaps and adoption (issue 35) --------------------
+
+
+def _forget_holes(patch: Patch = setattr) -> None:
+    """``forget-holes``: gap resolution skips a gap and forgets it, so a record that fills the
+    hole later (a resume re-sending what timed out) is called the DUPLICATE of nothing."""
+    from pidfence.broker_plugin import holes
+
+    patch(holes, "find", lambda entry, seq: -1)
+
+
+MUTATIONS["forget-holes"] = _forget_holes
+
+
+def _describe_end_plus_retention(patch: Patch = setattr) -> None:
+    """``describe-end-plus-retention``: the lease servers' ``describe`` answers a lease's end
+    plus the retention (when they forget the pid) as its end, so an ended lease looks live and a
+    sink adopts the re-sends of a pid whose entry it already expired."""
+    from dataclasses import replace as replaced
+
+    from pidfence.pid_allocator.service import LeaseService
+    from pidfence.wire import PidState, PidStatus
+
+    real = LeaseService.describe
+
+    async def lying(self: LeaseService, pid: int, client: str = "") -> PidStatus:
+        found = await real(self, pid, client)
+        if not found.known:
+            return found
+        end = found.expire_ms + self.settings.retention
+        return replaced(found, state=PidState.LIVE, expire_ms=end)
+
+    patch(LeaseService, "describe", lying)
+
+
+MUTATIONS["describe-end-plus-retention"] = _describe_end_plus_retention

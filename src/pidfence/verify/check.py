@@ -12,7 +12,8 @@ Anomalies (each must be 0 for a run to pass):
   zombie and its replacement) is judged once per (generation, digest).
 * ``duplicate``: one identity appears more than once in the log.
 * ``reordered``: within (topic, partition, pid), in ``log_offset`` order, a seq not greater than
-  the one before it (equal seqs are reported as ``duplicate`` only).
+  the one before it (equal seqs are reported as ``duplicate`` only); a record the sink reported
+  as filling an open hole late (``filled``) is not.
 * ``zombie``: a record of generation g appended after a record or ``FENCE`` of the same pid with a
   generation > g reached that partition (Kafka ``offset`` order of log + rejects).
 * ``unexpected``: in the log with pid != 0 under an identity the ledger has with another digest.
@@ -58,7 +59,7 @@ from pidfence.ledger import LedgerEntry, value_digest
 from pidfence.verify.errors import VerifyInputError
 from pidfence.verify.events import Identity, check_events, events_in_log, identity
 from pidfence.verify.finding import Finding
-from pidfence.verify.gaps import gap_of, report_gaps, seq_gaps
+from pidfence.verify.gaps import filled, gap_of, report_gaps, seq_gaps
 from pidfence.verify.provenance import split
 from pidfence.wire import Verdict
 
@@ -288,7 +289,7 @@ def check(
                 findings["lost"].add(example if gap is None else {**example, "in_gap": gap})
 
     report_gaps(gaps, acked, findings["upstream_gap"])
-    _check_order(log_rows, findings["reordered"])
+    _check_order(log_rows, findings["reordered"], filled(gaps))
     _check_zombies(log_rows, reject_rows, findings["zombie"])
     gone = {
         e.event_id for e in data if ((e.pid, e.topic, e.partition, e.seq), e.generation) in deleted
@@ -305,10 +306,10 @@ def check(
     )
 
 
-def _check_order(log_rows: list[dict[str, Any]], finding: Finding) -> None:
+def _check_order(log_rows: list[dict[str, Any]], finding: Finding, late: set[Identity]) -> None:
     last: dict[tuple[int, str, int], int] = {}
     for row in sorted(log_rows, key=lambda r: (r["topic"], r["partition"], r["log_offset"])):
-        if row["pid"] == 0:
+        if row["pid"] == 0 or identity(row) in late:
             continue
         stream = identity(row)[:3]
         before = last.get(stream)

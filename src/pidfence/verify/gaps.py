@@ -2,7 +2,9 @@
 
 A gap is information (``upstream_gap``): seqs Kafka never delivered, a producer's head before the
 sink's horizon, offsets the sink never read. An acknowledged record inside one is still ``lost``
-(Kafka acknowledged it and the output does not have it); its example names the gap.
+(Kafka acknowledged it and the output does not have it); its example names the gap. A skipped gap
+stays open: a record that arrives for it later is appended late (a ``filled`` report), after
+records of higher seqs, which is no reordering (:func:`filled`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,19 @@ def seq_gaps(gaps: pa.Table | None) -> SeqGaps:
             key = (int(row["pid"]), str(row["topic"]), int(row["partition"]))
             out[key].append((int(row["seq_first"]), int(row["seq_last"]), str(row["kind"])))
     return out
+
+
+def filled(gaps: pa.Table | None) -> set[Identity]:
+    """``(pid, topic, partition, seq)`` of every record the sink appended late into an open
+    hole (reports of kind ``filled``)."""
+    if gaps is None or not gaps.num_rows:
+        return set()
+    return {
+        (int(row["pid"]), str(row["topic"]), int(row["partition"]), seq)
+        for row in gaps.to_pylist()
+        if row.get("kind") == "filled"
+        for seq in range(int(row["seq_first"]), int(row["seq_last"]) + 1)
+    }
 
 
 def gap_of(gaps: SeqGaps, ident: Identity) -> str | None:

@@ -1,5 +1,6 @@
 """The ``pf`` header codec, the shared value types and the exception root. No I/O."""
 
+from pidfence.wire.authority import PidState, PidStatus
 from pidfence.wire.cert import (
     CERT_HEADER_KEY,
     PRODUCER_KEY_BYTES,
@@ -41,6 +42,9 @@ from pidfence.wire.mac import (
 from pidfence.wire.verdict import Verdict
 
 __all__ = [
+    # the lease authority's answer about a pid
+    "PidState",
+    "PidStatus",
     # lease certificates (pfc)
     "CERT_HEADER_KEY",
     "PRODUCER_KEY_BYTES",

@@ -1,0 +1,217 @@
+"""The oracle: the proposal's strict rules on a full view of the log, compared per event.
+
+Jepsen-style (DESIGN §10 amended): a schedule is judged against a reference, not against the
+implementation's idea of itself. The reference is a default
+:class:`~pidfence.broker_plugin.ProducerStateTable` (no gap resolution, no horizon, no
+authority), with the sink's capacity, lifetime, reorder window and certificate check, run on
+everything any producer wrote to each partition: what retention trimmed, what the sink skipped
+when it started at the end, and what Kafka acknowledged and lost (at the offset it was told).
+
+The sink's output is compared with it per event (DESIGN §9), the upstream event being the
+record's value:
+
+* **appended wrongly**: an event the sink appended that the strict rules append under no
+  record. The one relaxation allowed: a record the strict rules held behind a hole and then
+  refused (``OUT_OF_ORDER``, or ``FENCED`` at its release), where no record of a newer
+  generation of its pid came before it in the log: gap resolution appends exactly those, and a
+  hole that stays open lets its resumer fill it (DESIGN §4 amended a third time).
+* **refused wrongly**: an event the strict rules append that the sink has not, unless every
+  record the strict rules appended for it is one the sink could not read (trimmed, before its
+  start, lost by Kafka), is held behind one that nothing passed
+  (:class:`~pidfence.sim.losses.Losses`' collateral: the relaxed rules *may* append after a loss),
+  or was refused ``UNVERIFIED``: under signing, adoption needs the producer's next certificate
+  (DESIGN §3 amended again; the sink cannot prove the records before it).
+* **twice**: an event the sink appended more than once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pidfence.broker_plugin import ProducerStateTable, Verifier
+from pidfence.sim.kafka import KafkaRecord, SimKafka
+from pidfence.wire import MalformedHeader, Verdict, decode_pf
+
+#: (partition, offset) of a record (a lost record: the offset it was told, negated minus one).
+Place = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class StrictRecord:
+    """One record of the full view with the strict rules' decision."""
+
+    partition: int
+    place: int
+    record: KafkaRecord
+    verdict: Verdict
+    #: The strict rules held it first (it waited behind a hole).
+    held: bool
+    #: A record of a newer generation of its pid came before it on the partition.
+    after_newer: bool
+    lost: bool
+
+
+@dataclass
+class OracleReport:
+    """What the oracle found; each list holds examples (all of them: schedules are small)."""
+
+    appended_wrongly: list[dict[str, Any]] = field(default_factory=list)
+    refused_wrongly: list[dict[str, Any]] = field(default_factory=list)
+    twice: list[dict[str, Any]] = field(default_factory=list)
+    #: How many events each excuse covered (for the schedule's stats).
+    excused: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> bool:
+        """No difference from the strict rules beyond the allowed ones."""
+        return not (self.appended_wrongly or self.refused_wrongly or self.twice)
+
+    def summary(self) -> str:
+        """One line for failure messages."""
+        if self.ok:
+            return "oracle ok"
+        return (
+            f"oracle: {len(self.appended_wrongly)} appended wrongly, "
+            f"{len(self.refused_wrongly)} refused wrongly, {len(self.twice)} twice; e.g. "
+            f"{(self.appended_wrongly + self.refused_wrongly + self.twice)[:3]}"
+        )
+
+
+def full_view(kafka: SimKafka, partition: int) -> list[tuple[int, KafkaRecord, bool]]:
+    """Every record written to ``partition`` in log order: ``(place, record, lost)``, a lost
+    record just before the record that got the offset it was told."""
+    lost_at: dict[int, list[KafkaRecord]] = defaultdict(list)
+    for p, rec in kafka.lost:
+        if p == partition:
+            lost_at[rec.offset].append(rec)
+    out: list[tuple[int, KafkaRecord, bool]] = []
+    n = 0
+    for rec in kafka.partitions[partition]:
+        for gone in lost_at.pop(rec.offset, ()):
+            out.append((-1 - n, gone, True))
+            n += 1
+        out.append((rec.offset, rec, False))
+    for rest in lost_at.values():
+        for gone in rest:
+            out.append((-1 - n, gone, True))
+            n += 1
+    return out
+
+
+def strict_decisions(
+    kafka: SimKafka,
+    partition: int,
+    capacity: int,
+    lifetime_ms: int,
+    verifier: Verifier | None,
+    mac_refused: Callable[[int, KafkaRecord], bool],
+) -> list[StrictRecord]:
+    """The strict rules' decision for every record of the partition's full view."""
+    table = ProducerStateTable(capacity, lifetime_ms, verifier=verifier)
+    view = full_view(kafka, partition)
+    final: dict[int, Verdict] = {}
+    held: set[int] = set()
+    newest: dict[int, int] = {}
+    after_newer: set[int] = set()
+    for place, rec, _ in view:
+        pf = pf_of(rec)
+        if pf is not None:
+            if newest.get(pf[0], -1) > pf[1]:
+                after_newer.add(place)
+            newest[pf[0]] = max(newest.get(pf[0], -1), pf[1])
+        if mac_refused(partition, rec):
+            final[place] = Verdict.FORGED
+            continue
+        for d in table.offer_header(rec.header, rec.ts_ms, place, rec.cert):
+            final[d.ref] = d.verdict
+            if d.verdict is Verdict.BUFFERED:
+                held.add(d.ref)
+    end = max((rec.ts_ms for _, rec, _ in view), default=0)
+    for d in table.flush(max(end, table.clock)):
+        final[d.ref] = d.verdict
+    return [
+        StrictRecord(partition, place, rec, final[place], place in held, place in after_newer, lost)
+        for place, rec, lost in view
+    ]
+
+
+def judge(
+    strict: Sequence[StrictRecord],
+    appended: Sequence[tuple[int, KafkaRecord]],
+    read: set[Place],
+    collateral: set[tuple[int, int, int]],
+    relaxed: Sequence[dict[int, Verdict]] = (),
+) -> OracleReport:
+    """Compare the sink's appended records with the strict rules' decisions, per event.
+
+    Args:
+        strict: :func:`strict_decisions` of every partition.
+        appended: the sink's log: ``(partition, record)`` of each idempotent record it appended.
+        read: ``(partition, offset)`` of every record the sink read.
+        collateral: ``(pid, partition, seq)`` of records held behind a Kafka loss nothing
+            passed (:attr:`~pidfence.sim.losses.Losses.collateral`).
+        relaxed: per partition, the sink's final verdict by Kafka offset.
+    """
+    report = OracleReport()
+    by_place = {(s.partition, s.place): s for s in strict}
+    strict_events: dict[bytes, list[StrictRecord]] = defaultdict(list)
+    for s in strict:
+        if s.verdict is Verdict.APPENDED and pf_of(s.record) is not None:
+            strict_events[s.record.value].append(s)
+    counts = Counter(rec.value for _, rec in appended)
+    for value, n in counts.items():
+        if n > 1:
+            report.twice.append({"event": value, "times": n})
+    for partition, rec in appended:
+        if rec.value in strict_events:
+            continue
+        s = by_place[(partition, rec.offset)]
+        behind_a_hole = s.held and s.verdict in (Verdict.OUT_OF_ORDER, Verdict.FENCED)
+        if behind_a_hole and not s.after_newer:
+            report.excused["gap_resolution"] += 1
+            continue
+        report.appended_wrongly.append(_example(s))
+    for value, records in strict_events.items():
+        if value in counts:
+            continue
+        unseen = [s for s in records if s.lost or (s.partition, s.place) not in read]
+        if len(unseen) == len(records):
+            report.excused["unseen"] += 1
+            continue
+        if all(
+            s in unseen or relaxed[s.partition].get(s.place) is Verdict.UNVERIFIED for s in records
+        ):
+            report.excused["unverified"] += 1
+            continue
+        pf = pf_of(records[0].record)
+        if pf is not None and (pf[0], records[0].partition, pf[2]) in collateral:
+            report.excused["behind_a_loss"] += 1
+            continue
+        report.refused_wrongly.append(_example(records[0]))
+    return report
+
+
+def pf_of(rec: KafkaRecord) -> tuple[int, int, int] | None:
+    """(pid, generation, seq) of an idempotent record, else None."""
+    if rec.header is None:
+        return None
+    try:
+        pf = decode_pf(rec.header)
+    except MalformedHeader:
+        return None
+    return (pf.pid, pf.generation, pf.seq) if pf.pid else None
+
+
+def _example(s: StrictRecord) -> dict[str, Any]:
+    pf = pf_of(s.record)
+    return {
+        "partition": s.partition,
+        "offset": s.place,
+        "pid_generation_seq": pf,
+        "strict": s.verdict.value,
+        "held": s.held,
+        "value": s.record.value[:60],
+    }

@@ -1,0 +1,178 @@
+"""The world of DESIGN §10 amended, judged against the strict rules on a full view of the log.
+
+Librdkafka's timeout holes filled by a resume, sinks that start late or at the end of the log,
+retention that deletes what a lagging sink has not read (zombies then write beyond its horizon),
+ended leases' records written again: every schedule is compared per event with the proposal's
+strict rules on everything written (:mod:`pidfence.sim.oracle`), and the sink asks the real lease
+service (``pid_allocator`` over its in-memory coordinator) before it adopts. A bug seeded into the
+lineage rules or into gap resolution fails the simulation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pidfence.broker_plugin.adoption import VOUCHED, Adoption
+from pidfence.sim import SimResult, run
+from pidfence.testing.mutations import LINEAGE_MUTATIONS, MUTATIONS
+from tests.sim.schedules import assert_clean
+
+#: Retention deleting what a lagging sink has not read, under crashes, zombies, late restarts
+#: and records of ended leases written again.
+TRIMMED = {
+    "events": 150,
+    "partitions": 2,
+    "producers": 2,
+    "reorder": 1,
+    "crash_p": 0.1,
+    "zombie_p": 1.0,
+    "pause_p": 0.3,
+    "down_p": 0.3,
+    "double_p": 0.2,
+    "restart_p": 0.3,
+    "trim_p": 0.1,
+    "resend_p": 0.05,
+    "lifetime_ms": 1_920,
+    "batch_every": 6,
+}
+#: librdkafka's message timeouts: holes its resume fills (leases outlive the schedule).
+TIMEOUTS = {
+    "events": 150,
+    "partitions": 2,
+    "producers": 2,
+    "reorder": 1,
+    "crash_p": 0.05,
+    "zombie_p": 0.5,
+    "restart_p": 0.3,
+    "timeout_p": 0.1,
+    "lifetime_ms": 10**8,
+}
+#: A sink that starts late, at the end of the log.
+LATEST = {
+    "events": 120,
+    "partitions": 2,
+    "producers": 2,
+    "reorder": 1,
+    "crash_p": 0.1,
+    "zombie_p": 1.0,
+    "down_p": 0.3,
+    "sink_start": 40,
+    "sink_latest": True,
+    "lifetime_ms": 1_920,
+}
+WORLDS = {"trimmed": TRIMMED, "timeouts": TIMEOUTS, "latest": LATEST}
+SEEDS = range(6)
+
+
+@pytest.fixture(scope="module")
+def worlds() -> dict[str, list[SimResult]]:
+    """Each world's schedules, run once for the checks below."""
+    return {name: [run(seed, **knobs) for seed in SEEDS] for name, knobs in WORLDS.items()}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_schedule_of_the_world_is_exactly_once(
+    worlds: dict[str, list[SimResult]], world: str
+) -> None:
+    for result in worlds[world]:
+        assert_clean(result)
+
+
+@pytest.mark.parametrize(
+    ("world", "stat"),
+    [
+        ("trimmed", "unread"),  # retention deleted records before the sink read them
+        ("trimmed", "gaps_offsets"),  # ... reported
+        ("trimmed", "lease_described"),  # ... and the sink asked the lease servers
+        ("trimmed", "verdict_FENCED"),  # zombies refused
+        ("trimmed", "verdict_UNKNOWN_PID"),  # ended leases' records refused
+        ("trimmed", "oracle_excused_unseen"),  # the oracle saw what the sink could not
+        ("timeouts", "timeouts"),  # records timed out in librdkafka's queue
+        ("timeouts", "timeout_exits"),  # ... the process exited and was resumed
+        ("timeouts", "gaps_lost"),  # ... the sink skipped the hole
+        ("timeouts", "gaps_filled"),  # ... and the resume filled it
+        ("latest", "gaps_head"),  # producers adopted mid-stream
+        ("latest", "lease_described"),
+    ],
+)
+def test_fault_happens(worlds: dict[str, list[SimResult]], world: str, stat: str) -> None:
+    assert sum(r.stats.get(stat, 0) for r in worlds[world]) > 0, [
+        r.stats.get(stat) for r in worlds[world]
+    ]
+
+
+# --- seeded bugs fail the simulation ------------------------------------------------------
+
+
+def _failing(results: list[SimResult]) -> list[SimResult]:
+    return [r for r in results if not r.ok]
+
+
+def test_a_roll_that_keeps_the_old_pid_live_fails_the_simulation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug in the real lineage rules (``pid_allocator.lineage``): a zombie woken past its
+    rollover point rolls the old pid a second time and re-sends its work under a new pid."""
+    knobs = {**TRIMMED, "trim_p": 0.0, "resend_p": 0.0, "pause_p": 1.0, "events": 200}
+    clean = [run(seed, **knobs) for seed in range(8)]
+    assert not _failing(clean), [r.describe() for r in _failing(clean)]
+    LINEAGE_MUTATIONS["lineage-roll-leaves-pid-live"](monkeypatch.setattr)
+    broken = _failing([run(seed, **knobs) for seed in range(8)])
+    assert broken
+    assert any(r.oracle.twice or r.report.findings["event_duplicate"].count for r in broken)
+
+
+def test_a_forgotten_hole_fails_the_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in gap resolution: the resume's re-send of what timed out is called a DUPLICATE."""
+    MUTATIONS["forget-holes"](monkeypatch.setattr)  # type: ignore[call-arg]
+    broken = _failing([run(seed, **TIMEOUTS) for seed in SEEDS])
+    assert broken
+    assert any(r.oracle.refused_wrongly for r in broken), [r.describe() for r in broken]
+
+
+#: One producer chain under retention: its zombies write after FENCEs the lagging sink never read.
+ONE_CHAIN = {
+    "events": 120,
+    "reorder": 1,
+    "crash_p": 0.1,
+    "zombie_p": 1.0,
+    "pause_p": 0.3,
+    "down_p": 0.3,
+    "double_p": 0.2,
+    "restart_p": 0.3,
+    "trim_p": 0.1,
+    "lifetime_ms": 1_920,
+    "batch_every": 6,
+}
+
+
+def test_adoption_that_trusts_whatever_it_reads_fails_the_simulation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bug of issue 35 case 2: beyond a horizon, any generation is trusted (the authority
+    is never asked). Zombies whose FENCE retention deleted are appended (seeds where a schedule
+    shows it; clean with the real rules)."""
+    seeds = (26, 51, 60)
+    assert not _failing([run(seed, **ONE_CHAIN) for seed in seeds])
+
+    def trusting(self: Any, *args: Any) -> str:
+        return VOUCHED
+
+    monkeypatch.setattr(Adoption, "ask", trusting)
+    monkeypatch.setattr(Adoption, "confirm", lambda self, *args: True)
+    broken = _failing([run(seed, **ONE_CHAIN) for seed in seeds])
+    assert len(broken) == len(seeds)
+    assert all(r.report.findings["zombie"].count for r in broken)
+
+
+def test_without_lease_servers_the_sink_adopts_nothing_and_the_oracle_names_it() -> None:
+    """No ``--lease-server``: records of producers met beyond a horizon are ``UNKNOWN_PID``
+    (safe, and named); the oracle reports them as refused."""
+    results = [run(seed, **{**LATEST, "authority": False}) for seed in SEEDS]
+    assert all(r.stats.get("lease_described", 0) == 0 for r in results)
+    refused = [r for r in results if r.oracle.refused_wrongly]
+    assert refused
+    assert all(not r.oracle.appended_wrongly and not r.oracle.twice for r in results)
+    assert all(r.stats["verdict_UNKNOWN_PID"] > 0 for r in refused)
