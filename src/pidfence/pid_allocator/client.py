@@ -19,6 +19,7 @@ from pidfence.pid_allocator.errors import (
     InvalidServerList,
     LeaseServerUnreachable,
     LeaseServiceUnavailable,
+    RateLimited,
     Unauthenticated,
     error_from_reply,
 )
@@ -81,7 +82,8 @@ class LeaseClient:
         connect_timeout_s: TCP connect timeout per attempt.
         request_timeout_s: wait for one reply.
         retries: extra attempts after the first, each on the next server.
-        backoff_s: first backoff; doubles per retry (capped at 2 s).
+        backoff_s: first backoff; doubles per retry (capped at 2 s). A RATE_LIMITED answer is
+            retried on the same server after the wait it names instead.
         sleep: sleep function (injected in tests).
         clock: monotonic seconds (injected in tests).
         token: auth token sent in ``hello`` on every new connection (servers with
@@ -225,7 +227,9 @@ class LeaseClient:
         tried: list[str] = []
         last: Exception | None = None
         for attempt in range(self.retries + 1):
-            if attempt:
+            if isinstance(last, RateLimited):
+                self.sleep(last.retry_after_ms / 1000)  # the server said when
+            elif attempt:
                 self.sleep(min(self.backoff_s * 2 ** (attempt - 1), 2.0))
             host, port = self._addresses[self._index]
             tried.append(f"{host}:{port}")
@@ -242,8 +246,9 @@ class LeaseClient:
             if not error.retriable:
                 raise error
             last = error
-            self._failover()
-        if isinstance(last, LeaseServiceUnavailable):
+            if not isinstance(error, RateLimited):
+                self._failover()
+        if isinstance(last, LeaseServiceUnavailable | RateLimited):
             raise last
         names = ", ".join(dict.fromkeys(tried))
         raise LeaseServerUnreachable(

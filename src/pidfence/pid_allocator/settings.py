@@ -65,7 +65,15 @@ class LeaseServerSettings:
             take an admitted client's room; when it is full a new connection evicts one that made
             the least progress, from the address holding the most, oldest first.
         max_connections_per_address: admitted connections from one client address at most.
-        max_in_flight: requests of one connection being answered at once (backpressure past it).
+        max_in_flight: requests of one client (token name, or address without auth) being
+            answered at once, over all its connections; past it the client's connections are not
+            read (backpressure).
+        bump_rate: bumps and rolls per second a client may send beside its other requests
+            (RATE_LIMITED past it; a client one request at a time is never refused; 0: no limit).
+        bump_burst: bumps and rolls a client may send at once beyond ``bump_rate``.
+        lease_rate: leases per second a client may send beside its other requests (as
+            ``bump_rate``).
+        lease_burst: leases a client may send at once beyond ``lease_rate``.
         idle_timeout_s: connections silent this long are closed.
         frame_timeout_s: a started frame must complete within this.
         hello_timeout_s: a pending connection must finish its TLS handshake and ``hello`` within
@@ -114,6 +122,10 @@ class LeaseServerSettings:
     max_pending_connections: int | None = None
     max_connections_per_address: int = 64
     max_in_flight: int = 32
+    bump_rate: float = 100.0
+    bump_burst: int = 200
+    lease_rate: float = 2000.0
+    lease_burst: int = 2000
     idle_timeout_s: float = 300.0
     frame_timeout_s: float = 10.0
     hello_timeout_s: float = 5.0
@@ -152,6 +164,8 @@ class LeaseServerSettings:
             "pending_cap",
             "max_connections_per_address",
             "max_in_flight",
+            "bump_burst",
+            "lease_burst",
             "zk_queue",
             "zk_workers",
             "lifetime_ms",
@@ -204,6 +218,8 @@ class LeaseServerSettings:
                 f"max_pre_auth_frame_bytes must be 64..65536, got {self.max_pre_auth_frame_bytes}",
             ),
             (0 < self.zk_client_share <= 1, "zk_client_share must be in (0, 1]"),
+            (self.bump_rate >= 0, f"bump_rate must be >= 0 (0: no limit), got {self.bump_rate}"),
+            (self.lease_rate >= 0, f"lease_rate must be >= 0 (0: no limit), got {self.lease_rate}"),
             (0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}"),
             (
                 self.metrics_port is None or 0 <= self.metrics_port <= 65535,

@@ -9,6 +9,9 @@ and asserts that the proof fails.
   :data:`RESEND_AFTER_S` is sent again as a new record (a new seq), as an application that
   "retries on timeout" above the producer would do. When the first copy did land (its reply was
   lost on the way back) the same event is appended twice: ``event_duplicate``.
+* ``lease-share-per-connection``: the lease server gives each connection the share meant for
+  each client (its turns, in-flight bound and rate buckets), so a flooder's connection count
+  buys it more of the server, as a server keyed by connection would.
 """
 
 from __future__ import annotations
@@ -99,8 +102,18 @@ def _resend_new_seq_on_timeout() -> None:
     IdempotentProducer.flush = broken_flush  # type: ignore[method-assign]
 
 
+def _lease_share_per_connection() -> None:
+    from pidfence.pid_allocator.fair import Served, Turns
+
+    def per_connection(self: Turns, connection: Served) -> str:
+        return f"{connection.client}#{id(connection)}"
+
+    Turns.key = per_connection  # type: ignore[method-assign]
+
+
 MUTATIONS: dict[str, Callable[[], None]] = {
     "resend-new-seq-on-timeout": _resend_new_seq_on_timeout,
+    "lease-share-per-connection": _lease_share_per_connection,
 }
 
 
