@@ -8,7 +8,12 @@ request in flight each) in 2 load processes. Contenders, side by side in one run
 * 1 server, plain TCP, on asyncio's own loop and on uvloop (when installed);
 * 1 server with auth tokens (``hello``) and TLS, on both loops;
 * 2 servers on the same ZooKeeper, both on core 0 (clients split between them);
-* baseline: 1 server with blocks of 1 pid, i.e. one ZooKeeper compare-and-set per lease.
+* baseline: 1 server with blocks of 1 pid, i.e. one ZooKeeper compare-and-set per lease;
+* a victim's bumps alone, beside one flooder and beside two, and the server's throughput under the
+  flood (``_lease_flood.py``).
+
+The lease rows measure what one server serves, so the per-client lease rate is off there (the 8
+load clients share one client name: one address, or one token).
 
 Server CPU per lease is read from ``/proc/PID/stat`` of the server processes (user + system), which
 other load on the machine does not inflate the way it does wall-clock throughput. ZooKeeper writes
@@ -44,7 +49,7 @@ from typing import Any, cast
 import msgpack
 from rich.progress import Progress
 
-from pidfence.benchkit import BenchReport
+from pidfence.benchkit import BenchReport, load_bench
 from pidfence.services.ports import free_port
 from pidfence.services.zookeeper import ZooKeeperEnsemble
 
@@ -55,6 +60,9 @@ QUICK_LEASES = 8_000
 BASELINE_LEASES = 4_000
 QUICK_BASELINE_LEASES = 800
 WARMUP_LEASES = CLIENTS * 50
+#: The victim's bumps per flood row: full run, ``--quick``.
+FLOOD_BUMPS = 300
+QUICK_FLOOD_BUMPS = 100
 LOAD_PROCESSES = 2
 SERVER_CORE = 0
 CLIENT_CORE = 1
@@ -360,7 +368,7 @@ class Contender:
 def _contender(c: Contender, zk_hosts: str, pki: Any) -> dict[str, Any]:
     chroot = _chroot(zk_hosts)
     logs = Path(tempfile.mkdtemp(prefix="pidfence-bench-lease-"))
-    settings: dict[str, Any] = {"block_size": c.block_size, "event_loop": c.loop}
+    settings: dict[str, Any] = {"block_size": c.block_size, "event_loop": c.loop, "lease_rate": 0}
     if c.block_size == 1:
         settings["max_claim_blocks"] = 1  # the baseline: one compare-and-set per lease
     security = None
@@ -451,17 +459,24 @@ def run(quick: bool, progress: Progress) -> BenchReport:
 
     plan = _plan(quick)
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # readiness probes log refusals
-    task = progress.add_task("lease bench", total=len(plan))
+    task = progress.add_task("lease bench", total=len(plan) + 1)
     rows = []
-    pki = make_lease_pki(Path(tempfile.mkdtemp(prefix="pidfence-bench-pki-")))
+    clients = ("producer", "victim", "flood1", "flood2")
+    pki = make_lease_pki(Path(tempfile.mkdtemp(prefix="pidfence-bench-pki-")), clients=clients)
+    flood = load_bench("_lease_flood", Path(__file__).parent)
     load_before = os.getloadavg()
     with ZooKeeperEnsemble(1) as zk:
         for contender in plan:
             progress.update(task, description=contender.name)
             rows.append(_contender(contender, zk.hosts, pki))
             progress.advance(task)
+        progress.update(task, description="a victim's bumps beside flooders")
+        best = "uvloop" if uvloop_installed() else "asyncio"
+        bumps = QUICK_FLOOD_BUMPS if quick else FLOOD_BUMPS
+        rows += flood.flood_rows(sys.modules[__name__], zk.hosts, pki, bumps, best)
+        progress.advance(task)
     load_after = os.getloadavg()
-    ratios = _ratios(rows)
+    ratios = _ratios(rows[: len(plan)])
     pinned = "taskset" in _pinned(SERVER_CORE)
     niced = "nice" in _pinned(SERVER_CORE)
     return BenchReport(
@@ -479,6 +494,9 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             "server_gc_ms",
             "server_runqueue_ms",
             "client_runqueue_ms",
+            "bumps_per_s",
+            "rate_limited",
+            "victim_errors",
         ],
         rows=rows,
         notes=[
@@ -507,6 +525,10 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             "garbage-collector pauses (all requests in flight wait); server_runqueue_ms / "
             "client_runqueue_ms = time the server / load processes were runnable but another "
             "process had their core (kernel schedstat).",
+            "victim rows: one auth server; p50/p99 are the victim's bump latency (one bump at a "
+            "time), bumps_per_s is every client's granted bumps per second over the row, "
+            "rate_limited the RATE_LIMITED answers (flooders only). A flooder: 8 connections x "
+            "32 pids, each pid bumped again as soon as answered, refusals re-sent at once.",
         ],
         params={
             "clients": CLIENTS,
