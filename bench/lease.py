@@ -28,14 +28,11 @@ wait): on a shared machine the last is what is left of the tail.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import shutil
 import signal
-import ssl
-import struct
 import subprocess
 import sys
 import tempfile
@@ -44,9 +41,8 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import msgpack
 from rich.progress import Progress
 
 from pidfence.benchkit import BenchReport, load_bench
@@ -69,120 +65,12 @@ CLIENT_CORE = 1
 #: Scheduling priority of the server and load processes: other work on a shared machine then
 #: takes less of "their" cores (the closest a shared machine gets to a core of its own).
 NICE = -10
-_LENGTH = struct.Struct(">I")
-_LEASE = msgpack.packb({"v": 1, "op": "lease", "id": 1, "partitions": []})
-_LEASE_FRAME = _LENGTH.pack(len(_LEASE)) + _LEASE
+#: The load processes' code (closed-loop lease clients).
+_LOAD = Path(__file__).with_name("_lease_load.py")
+_load = load_bench("_lease_load", _LOAD.parent)
 
 
 # -- load processes ----------------------------------------------------------------------------
-
-
-class _LoadClient(asyncio.Protocol):
-    """One closed-loop client: ``hello`` when given a token, then ``count`` leases back to back."""
-
-    def __init__(self, count: int, token: str | None, latencies: list[float]) -> None:
-        self.left = count
-        self.token = token
-        self.latencies = latencies
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport: asyncio.Transport | None = None
-        self.buffer = b""
-        self.started = 0.0
-        self.greeting = token is not None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        if self.token is not None:
-            hello = msgpack.packb({"v": 1, "op": "hello", "id": 0, "token": self.token})
-            self.transport.write(_LENGTH.pack(len(hello)) + hello)
-        else:
-            self._next()
-
-    def _next(self) -> None:
-        assert self.transport is not None
-        if self.left == 0:
-            self.done.set_result(None)
-            self.transport.close()
-            return
-        self.left -= 1
-        self.started = time.perf_counter()
-        self.transport.write(_LEASE_FRAME)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while len(self.buffer) >= 4:
-            (length,) = _LENGTH.unpack_from(self.buffer)
-            if len(self.buffer) < 4 + length:
-                return
-            reply = msgpack.unpackb(self.buffer[4 : 4 + length])
-            self.buffer = self.buffer[4 + length :]
-            if reply["error"] is not None:
-                self.done.set_exception(RuntimeError(f"request failed: {reply}"))
-                return
-            if self.greeting:
-                self.greeting = False
-            else:
-                self.latencies.append(time.perf_counter() - self.started)
-            self._next()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.done.set_exception(ConnectionError(f"connection lost: {exc}"))
-
-
-async def _clients(
-    addresses: list[str], clients: int, per_client: int, token: str | None, ca: str | None
-) -> list[float]:
-    loop = asyncio.get_running_loop()
-    tls = None if ca is None else ssl.create_default_context(cafile=ca)
-    latencies: list[float] = []
-    protocols = []
-    for i in range(clients):
-        host, port = addresses[i % len(addresses)].rsplit(":", 1)
-        _, protocol = await loop.create_connection(
-            lambda: _LoadClient(per_client, token, latencies), host, int(port), ssl=tls
-        )
-        protocols.append(protocol)
-    await asyncio.gather(*(p.done for p in protocols))
-    return latencies
-
-
-def _runqueue_s(pid: int | str) -> float:
-    """Seconds the threads of a process waited for a CPU while runnable (Linux schedstat)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended meanwhile, or no schedstat on this kernel
-    return total / 1e9
-
-
-def client_process_main() -> None:
-    """Entry of one load process: a JSON job on argv, latencies (JSON) to the job's file."""
-    job = json.loads(sys.argv[1])
-    token = None
-    if job["token_file"]:
-        token = Path(job["token_file"]).read_text().strip()
-    try:
-        import uvloop
-
-        factory = uvloop.new_event_loop
-    except ImportError:
-        factory = asyncio.new_event_loop
-    started = time.time()
-    waited = _runqueue_s("self")
-    with asyncio.Runner(loop_factory=factory) as runner:
-        latencies = runner.run(
-            _clients(job["addresses"], job["clients"], job["per_client"], token, job["ca"])
-        )
-    waited = _runqueue_s("self") - waited
-    # A file, not stdout: an event loop may leave stdout non-blocking and cut a long write.
-    Path(job["out"]).write_text(
-        json.dumps(
-            {"start": started, "end": time.time(), "latencies": latencies, "runqueue_s": waited}
-        )
-    )
 
 
 def _pinned(core: int) -> list[str]:
@@ -216,7 +104,7 @@ def _drive(
     latencies, and the load processes' run-queue wait (seconds)."""
     per_client = leases // CLIENTS
     per_process = CLIENTS // LOAD_PROCESSES
-    code = f"import runpy; runpy.run_path({__file__!r})['client_process_main']()"
+    code = f"import runpy; runpy.run_path({str(_LOAD)!r})['client_process_main']()"
     procs = []
     outs = []
     scratch = Path(tempfile.mkdtemp(prefix="pidfence-bench-load-"))
@@ -326,7 +214,7 @@ def _scrape_all(servers: list[_Server]) -> dict[str, float]:
         for key, value in _scrape(server.metrics_port).items():
             total[key] += value
         total["cpu_s"] += _cpu_s(server.proc.pid)
-        total["runqueue_s"] += _runqueue_s(server.proc.pid)
+        total["runqueue_s"] += _load.runqueue_s(server.proc.pid)
     return total
 
 

@@ -9,7 +9,7 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 import pytest
@@ -202,8 +202,11 @@ class GatedStore(MemoryCoordinator):
         super().__init__()
         self.gate = threading.Event()
         self.gate.set()
+        self.held = threading.Event()
 
     def read_lineage(self, pid: int) -> tuple[LineageRecord, int] | None:
+        if not self.gate.is_set():
+            self.held.set()
         self.gate.wait(60)
         return super().read_lineage(pid)
 
@@ -215,7 +218,7 @@ def test_a_lease_beside_a_bump_in_flight_is_refused_with_a_retry_after() -> None
             None, coordinator=store, block_size=10, lease_rate=2, lease_burst=1
         ) as server,
         LeaseClient(server.address) as busy,
-        LeaseClient(server.address, retries=0) as other,
+        LeaseClient(server.address, rate_limited_wait_s=0) as other,
     ):
         lease = busy.lease()  # the bucket's one token
         store.gate.clear()  # the same client (one address, no tokens) has a bump in flight
@@ -223,6 +226,7 @@ def test_a_lease_beside_a_bump_in_flight_is_refused_with_a_retry_after() -> None
             target=busy.bump, args=(lease.pid, lease.generation, lease.secret)
         )
         bumping.start()
+        assert store.held.wait(10)
         try:
             with pytest.raises(RateLimited, match="--lease-rate") as refused:
                 other.lease()
@@ -233,31 +237,79 @@ def test_a_lease_beside_a_bump_in_flight_is_refused_with_a_retry_after() -> None
         assert other.lease().pid >= 1  # alone again: served (after the mute)
 
 
-def test_lease_client_waits_the_retry_after_on_the_same_connection() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
-    lease = {"pid": 7, "generation": 1, "sequence": 0, "expire_ms": 1, "secret": b"s"}
+class RateLimitingServer:
+    """A fake lease server on one connection: RATE_LIMITED (retry after 250 ms) ``times`` times,
+    then a lease."""
 
-    def serve() -> None:
-        conn, _ = listener.accept()
-        accepted.append(conn)
-        for reply in (
-            {"error": "RATE_LIMITED", "message": "slow down", "retry_after_ms": 250},
-            {"error": None, **lease},
-        ):
-            (length,) = LENGTH.unpack(conn.recv(4, socket.MSG_WAITALL))
+    LEASE: ClassVar[dict[str, Any]] = {
+        "pid": 7,
+        "generation": 1,
+        "sequence": 0,
+        "expire_ms": 1,
+        "secret": b"s",
+    }
+
+    def __init__(self, times: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted: list[socket.socket] = []
+        refusal = {"error": "RATE_LIMITED", "message": "slow down", "retry_after_ms": 250}
+        self.replies = [refusal] * times + [{"error": None, **self.LEASE}]
+        self.thread = threading.Thread(target=self._serve)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        self.accepted.append(conn)
+        for reply in self.replies:
+            head = conn.recv(4, socket.MSG_WAITALL)
+            if len(head) < 4:
+                return
+            (length,) = LENGTH.unpack(head)
             request = msgpack.unpackb(conn.recv(length, socket.MSG_WAITALL))
             conn.sendall(encode_frame({"v": 1, "id": request["id"], **reply}))
 
-    thread = threading.Thread(target=serve)
-    thread.start()
+    def close(self) -> None:
+        for conn in self.accepted:
+            conn.close()
+        self.thread.join(10)
+        self.listener.close()
+
+
+def test_lease_client_waits_each_retry_after_on_the_same_connection() -> None:
+    server = RateLimitingServer(times=3)
     sleeps: list[float] = []
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
-    with LeaseClient(address, sleep=sleeps.append, backoff_s=5) as client:
-        assert client.lease().pid == 7
-    thread.join(10)
-    listener.close()
-    for conn in accepted:
-        conn.close()
-    assert sleeps == [0.25]  # the server's wait, not the 5 s backoff
-    assert len(accepted) == 1  # no failover, no new connection
+    try:
+        with LeaseClient(server.address, retries=0, sleep=sleeps.append, backoff_s=5) as client:
+            assert client.lease().pid == 7
+    finally:
+        server.close()
+    assert sleeps == [0.25, 0.25, 0.25]  # the server's wait, not the 5 s backoff
+    assert len(server.accepted) == 1  # no failover, no new connection; not counted as retries
+
+
+def test_lease_client_stops_waiting_past_its_bound() -> None:
+    server = RateLimitingServer(times=10)
+    sleeps: list[float] = []
+    try:
+        with (
+            LeaseClient(server.address, sleep=sleeps.append, rate_limited_wait_s=0.6) as client,
+            pytest.raises(RateLimited, match="slow down") as refused,
+        ):
+            client.lease()
+    finally:
+        server.close()
+    assert refused.value.retry_after_ms == 250
+    assert sleeps == [0.25, 0.25]  # a third wait would pass 0.6 s
+
+
+def test_a_client_one_request_at_a_time_is_never_refused_however_fast() -> None:
+    with (
+        LeaseServerThread(
+            None, coordinator=MemoryCoordinator(), block_size=10, bump_rate=1, bump_burst=1
+        ) as server,
+        LeaseClient(server.address, rate_limited_wait_s=0) as client,
+    ):
+        lease = client.lease()
+        for _ in range(200):  # far past its rate and burst, each sent as the last returns
+            lease = client.bump(lease.pid, lease.generation, lease.secret)

@@ -335,17 +335,28 @@ class LeaseConnection(asyncio.Protocol):
 
     def _spawn(self, request: Request) -> None:
         client = self.server.turns.key(self)  # as it is now: a later hello may rename it
-        task = self.loop.create_task(self._answer(request))
-        self._tasks.add(task)
         self.server.turns.started(client)
-        task.add_done_callback(lambda done: self._answered(done, client))
+        held = [client]  # emptied when its in-flight slot is given back
+        task = self.loop.create_task(self._answer(request, held))
+        self._tasks.add(task)
+        task.add_done_callback(lambda done: self._answered(done, held))
 
-    async def _answer(self, request: Request) -> None:
-        self._write(await self.server.handle(self, request))
+    def _give_back(self, held: list[str]) -> None:
+        if held:
+            self.server.turns.finished(held.pop())
 
-    def _answered(self, task: asyncio.Task[None], client: str) -> None:
+    async def _answer(self, request: Request, held: list[str]) -> None:
+        try:
+            reply = await self.server.handle(self, request)
+        finally:
+            # Before the reply leaves: a client's next request, sent when this one is
+            # answered, must find nothing of it in flight (one request at a time is free).
+            self._give_back(held)
+        self._write(reply)
+
+    def _answered(self, task: asyncio.Task[None], held: list[str]) -> None:
         self._tasks.discard(task)
-        self.server.turns.finished(client)
+        self._give_back(held)  # a task cancelled before it ran
         if not task.cancelled() and task.exception() is not None:
             self.close()  # handle() never raises; if it did, this stream is not trustworthy
 
