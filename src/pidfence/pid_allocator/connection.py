@@ -242,11 +242,10 @@ class LeaseConnection(asyncio.Protocol):
         whole frame is here; read on only while none is."""
         if self._closed:
             return
-        has_frame = self.has_frame()
-        self._track_partial(has_frame)
-        if has_frame and not self.queued and not self._writing_paused:
-            self.server.turns.ready(self)
-        self._update_reading(has_frame)
+        if not self.queued and not self._writing_paused and self.has_frame():
+            self.server.turns.ready(self)  # may answer it at once
+        self._track_partial(self.queued or self.has_frame())
+        self._update_reading()
 
     def serve_one(self) -> None:
         """Answer the next frame (this connection's turn); its reply waits for :meth:`flush`."""
@@ -269,7 +268,7 @@ class LeaseConnection(asyncio.Protocol):
     def drained(self) -> None:
         """No whole frame is buffered any more: read again (unless otherwise held)."""
         self._track_partial(False)
-        self._update_reading(False)
+        self._update_reading()
 
     def flush(self) -> None:
         """Write the replies answered since the last flush, in one write."""
@@ -297,14 +296,12 @@ class LeaseConnection(asyncio.Protocol):
                 self._timer.cancel()
             self._arm_timer(self._next_check())
 
-    def _update_reading(self, has_frame: bool | None = None) -> None:
+    def _update_reading(self) -> None:
         if self.transport is None or self._closed:
             return
-        if has_frame is None:
-            has_frame = self.has_frame()
         # Stop reading while a whole frame waits its turn: the kernel buffers, then TCP pushes
         # back.
-        busy = self._writing_paused or has_frame or len(self._buffer) > self.max_frame + 4
+        busy = self._writing_paused or self.queued or len(self._buffer) > self.max_frame + 4
         if busy and not self._reading_paused:
             self.transport.pause_reading()
             self._reading_paused = True

@@ -127,12 +127,26 @@ class Turns:
         return connection.client
 
     def ready(self, connection: Served) -> None:
-        """``connection`` holds a whole frame: queue it in its client's line."""
+        """``connection`` holds a whole frame: answer it now if nobody waits, else queue it in
+        its client's line."""
         name = self.key(connection)
         client = self.clients.get(name) or self._new(name)
+        if self._scheduled or self._ring or client.ready or not self._may_serve(client):
+            self._enter(self._line(connection, client))
+            return
+        connection.serve_one()  # nobody waits: answered now, no turn to schedule
+        if not connection.closed and connection.has_frame():
+            self._enter(self._line(connection))
+        connection.flush()
+
+    def _line(self, connection: Served, client: Client | None = None) -> Client:
+        """Queue ``connection`` in its client's line."""
+        if client is None:
+            name = self.key(connection)
+            client = self.clients.get(name) or self._new(name)
         connection.queued = True
         client.ready.append(connection)
-        self._enter(client)
+        return client
 
     def started(self, name: str) -> None:
         """A request of client ``name`` (:meth:`key`) is being answered (a task)."""
@@ -176,21 +190,47 @@ class Turns:
                 del self.clients[name]
         self._sweep_at = max(256, 2 * len(self.clients))
 
+    def _may_serve(self, client: Client) -> bool:
+        """Whether ``client`` is under its in-flight bound and not muted (else it is woken when
+        its mute ends)."""
+        if client.in_flight >= self.max_in_flight:
+            return False
+        if client.muted_until:
+            wait = client.muted_until - self.loop.time()
+            if wait > 0:
+                if not client.waking:
+                    client.waking = True
+                    self.loop.call_later(wait, self._wake, client)
+                return False
+            client.muted_until = 0.0
+        return True
+
     def _enter(self, client: Client) -> None:
         """Put ``client`` in line if it may be served now (else when it may)."""
-        if client.in_ring or client.in_flight >= self.max_in_flight:
-            return
-        wait = client.muted_until - self.loop.time()
-        if wait > 0:
-            if not client.waking:
-                client.waking = True
-                self.loop.call_later(wait, self._wake, client)
+        if client.in_ring or not self._may_serve(client):
             return
         client.in_ring = True
         self._ring.append(client)
         if not self._scheduled:
             self._scheduled = True
             self.loop.call_soon(self._turn)
+
+    def _serve(self, client: Client) -> Served:
+        """Answer one frame of ``client``'s first connection in line; queue it again behind the
+        client's others if it holds another."""
+        connection = client.ready.popleft()
+        connection.queued = False
+        if not connection.closed:
+            connection.serve_one()
+            if connection.closed:
+                pass
+            elif connection.has_frame():
+                self._enter(self._line(connection))  # its client may have changed (hello)
+            else:
+                connection.drained()
+        if client.ready:
+            self._enter(client)
+        return connection
 
     def _wake(self, client: Client) -> None:
         client.waking = False
@@ -207,19 +247,7 @@ class Turns:
                 break
             client = ring.popleft()
             client.in_ring = False
-            connection = client.ready.popleft()
-            connection.queued = False
-            if not connection.closed:
-                connection.serve_one()
-                served[connection] = None
-                if connection.closed:
-                    pass
-                elif connection.has_frame():
-                    self.ready(connection)  # its client may have changed (hello)
-                else:
-                    connection.drained()
-            if client.ready:
-                self._enter(client)
+            served[self._serve(client)] = None
         for connection in served:
             connection.flush()
         self._scheduled = bool(ring)

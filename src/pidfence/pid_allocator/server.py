@@ -118,11 +118,10 @@ class LeaseServer:
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self.metrics.service_counts = self._service_counts
         s = self.settings
-        self.turns = Turns(
-            asyncio.get_running_loop(),
-            s.max_in_flight,
-            ((s.bump_rate, s.bump_burst), (s.lease_rate, s.lease_burst)),
-        )
+        rates = ((s.bump_rate, s.bump_burst), (s.lease_rate, s.lease_burst))
+        self.turns = Turns(asyncio.get_running_loop(), s.max_in_flight, rates)
+        #: Requests charged to a rate bucket (none when that rate is off).
+        self._charged = {t: kind for t, kind in _CHARGED.items() if rates[kind][0] > 0}
         self.metrics.client_queues = self._client_queues
 
     @property
@@ -235,7 +234,7 @@ class LeaseServer:
             self._latency["invalid"].observe(time.perf_counter() - started)
             return self.encode(reply)
         if connection.authenticated:
-            kind = _CHARGED.get(type(request))
+            kind = self._charged.get(type(request))
             if kind is not None:
                 wait = self.turns.charge(connection, kind)
                 if wait:
