@@ -101,27 +101,26 @@ def _attack(
             floods.append(flood)
             flood.wait_ready()  # every connection has leased its pids and is bumping them
             waits[phase] = _bumps(victim, lease, errors)
-        samples = scrape(metrics_port)
+        during = scrape(metrics_port)
         flooders = [flood.stop() for flood in floods]
         assert victim.call("ping")["error"] is None  # the server is up and still answering
+        after = scrape(metrics_port)
     finally:
         for flood in floods:
             flood.kill()
         victim.close()
 
-    def by_client(metric: str) -> dict[str, float]:
+    def by_client(samples: dict[Any, float], metric: str) -> dict[str, float]:
         return {
             dict(labels)["client"]: value
             for (name, labels), value in samples.items()
             if name == metric
         }
 
-    in_flight, waiting = (
-        by_client("pidfence_client_in_flight"),
-        by_client("pidfence_client_waiting"),
-    )
+    in_flight = by_client(during, "pidfence_client_in_flight")
+    waiting = by_client(during, "pidfence_client_waiting")
     queues = {c: (in_flight[c], waiting.get(c, 0.0)) for c in in_flight}
-    refusals = by_client("pidfence_client_refusals_total")
+    refusals = by_client(after, "pidfence_client_refusals_total")
     return Attack(waits, errors, flooders, queues, refusals)
 
 
@@ -157,9 +156,10 @@ def test_flooders_delay_only_themselves(
 def test_a_server_sharing_by_connection_fails_the_check(
     audited_server: Callable[..., AuditedServer], hostile_pki: LeasePki, tmp_path: Path
 ) -> None:
-    """The teeth of the test above: the same attack (one flooder) on a build that gives each
-    connection the share meant for each client breaks the victim's bound."""
+    """The teeth of the test above: the same attack on a build that gives each connection the
+    share meant for each client breaks the victim's bound."""
     audited = audited_server("per-connection", mutation="lease-share-per-connection")
-    attack = _attack(audited, hostile_pki, tmp_path, ("one",))
+    attack = _attack(audited, hostile_pki, tmp_path, ("one", "two"))
     print(attack.summary())
-    assert attack.errors or attack.p99("one") >= attack.bound(), attack.summary()
+    broken = max(attack.p99("one"), attack.p99("two")) >= attack.bound()
+    assert attack.errors or broken, attack.summary()

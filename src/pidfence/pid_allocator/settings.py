@@ -122,7 +122,7 @@ class LeaseServerSettings:
     max_pending_connections: int | None = None
     max_connections_per_address: int = 64
     max_in_flight: int = 32
-    bump_rate: float = 100.0
+    bump_rate: float = 50.0
     bump_burst: int = 200
     lease_rate: float = 2000.0
     lease_burst: int = 2000
