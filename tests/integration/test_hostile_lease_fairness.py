@@ -135,8 +135,8 @@ def test_flooders_delay_only_themselves(
     assert attack.p99("two") < attack.bound(), attack.summary()
     assert audited.server.proc.running
     for flooder in attack.flooders:
-        # Each really flooded, and was served: its own legal bumps went through by the thousand.
-        assert flooder.get("None", 0) > 200, flooder
+        # Each really flooded, and was served: its own legal bumps went through by the hundred.
+        assert flooder.get("None", 0) >= 100, flooder
         assert flooder.get("closed", 0) == 0, flooder
     # Per-client queue depth: each flooder at most its in-flight bound (32), the rest unread.
     assert {"flood1", "flood2"} <= set(attack.queues), attack.queues
