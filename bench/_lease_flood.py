@@ -7,7 +7,9 @@ every one of them bumping, pipelined, as fast as the server answers, a refusal s
 (the hostile client of ``tests/fixtures/hostile.py``, mode ``flood`` with ``pids``, run as a
 process of its own on the load core). Per row: the victim's bump latency and errors, and the
 server's total throughput (bumps granted to everyone per second, from ``pidfence_bumps_total``)
-and RATE_LIMITED answers over the row.
+and RATE_LIMITED answers over the row. A row lasts ``bumps`` victim bumps and at least
+``min_s`` seconds (the victim bumps on meanwhile), so its throughput is the flood's sustained one
+rather than a flooder's first burst.
 """
 
 from __future__ import annotations
@@ -106,9 +108,12 @@ def _counters(bench: Any, server: Any) -> tuple[float, float, float]:
     return bumps, float(refused), bench._cpu_s(server.proc.pid)
 
 
-def flood_rows(bench: Any, zk_hosts: str, pki: Any, bumps: int, loop: str) -> list[dict[str, Any]]:
-    """The victim's rows: ``bumps`` bumps alone, beside 1 and beside 2 flooders (``bench`` is
-    ``lease.py``, whose server and process helpers these rows use)."""
+def flood_rows(
+    bench: Any, zk_hosts: str, pki: Any, bumps: int, min_s: float, loop: str
+) -> list[dict[str, Any]]:
+    """The victim's rows: alone, beside 1 and beside 2 flooders, each ``bumps`` bumps and
+    ``min_s`` seconds at least (``bench`` is ``lease.py``, whose server and process helpers these
+    rows use)."""
     scratch = Path(tempfile.mkdtemp(prefix="pidfence-bench-flood-"))
     settings = {"block_size": 100, "event_loop": loop, "auth_tokens_file": str(pki.tokens_file)}
     server = bench._start_server(bench._chroot(zk_hosts), scratch, "flooded", settings)
@@ -126,7 +131,7 @@ def flood_rows(bench: Any, zk_hosts: str, pki: Any, bumps: int, loop: str) -> li
             before = _counters(bench, server)
             started = time.perf_counter()
             waits, errors = [], 0
-            for _ in range(bumps):
+            while len(waits) < bumps or time.perf_counter() - started < min_s:
                 sent = time.perf_counter()
                 reply = victim.call(
                     "bump", pid=lease["pid"], generation=lease["generation"], secret=lease["secret"]
@@ -142,7 +147,7 @@ def flood_rows(bench: Any, zk_hosts: str, pki: Any, bumps: int, loop: str) -> li
                 {
                     "contender": f"victim bumps, {count} flooder{'s' if count != 1 else ''}",
                     "flooders": count,
-                    "bumps": bumps,
+                    "bumps": len(waits),
                     "p50_ms": bench._percentile(waits, 0.50) * 1000,
                     "p99_ms": bench._percentile(waits, 0.99) * 1000,
                     "max_ms": max(waits) * 1000,

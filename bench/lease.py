@@ -56,9 +56,9 @@ QUICK_LEASES = 8_000
 BASELINE_LEASES = 4_000
 QUICK_BASELINE_LEASES = 800
 WARMUP_LEASES = CLIENTS * 50
-#: The victim's bumps per flood row: full run, ``--quick``.
-FLOOD_BUMPS = 300
-QUICK_FLOOD_BUMPS = 100
+#: The victim's bumps and seconds per flood row, at least: full run, ``--quick``.
+FLOOD_BUMPS, FLOOD_S = 300, 10.0
+QUICK_FLOOD_BUMPS, QUICK_FLOOD_S = 100, 3.0
 LOAD_PROCESSES = 2
 SERVER_CORE = 0
 CLIENT_CORE = 1
@@ -360,8 +360,8 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             progress.advance(task)
         progress.update(task, description="a victim's bumps beside flooders")
         best = "uvloop" if uvloop_installed() else "asyncio"
-        bumps = QUICK_FLOOD_BUMPS if quick else FLOOD_BUMPS
-        rows += flood.flood_rows(sys.modules[__name__], zk.hosts, pki, bumps, best)
+        bumps, seconds = (QUICK_FLOOD_BUMPS, QUICK_FLOOD_S) if quick else (FLOOD_BUMPS, FLOOD_S)
+        rows += flood.flood_rows(sys.modules[__name__], zk.hosts, pki, bumps, seconds, best)
         progress.advance(task)
     load_after = os.getloadavg()
     ratios = _ratios(rows[: len(plan)])

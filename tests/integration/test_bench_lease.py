@@ -18,7 +18,7 @@ def test_lease_bench_runs_every_contender() -> None:
     bench.QUICK_LEASES = bench.CLIENTS * 10
     bench.QUICK_BASELINE_LEASES = bench.CLIENTS * 2
     bench.WARMUP_LEASES = bench.CLIENTS * 2
-    bench.QUICK_FLOOD_BUMPS = 10
+    bench.QUICK_FLOOD_BUMPS, bench.QUICK_FLOOD_S = 10, 0.5
     with Progress(disable=True) as progress:
         report = bench.run(quick=True, progress=progress)
     loops = 2 if uvloop_installed() else 1
@@ -27,7 +27,7 @@ def test_lease_bench_runs_every_contender() -> None:
     assert {row["security"] for row in leases} == {"plain", "auth+TLS"}
     assert [row["flooders"] for row in flood] == [0, 1, 2]
     for row in flood:
-        assert row["bumps"] == 10 and row["bumps_per_s"] > 0
+        assert row["bumps"] >= 10 and row["bumps_per_s"] > 0
         assert row["p99_ms"] >= row["p50_ms"] > 0
         assert [c.get("None", 0) > 0 for c in row["flood_counts"]] == [True] * row["flooders"]
     for row in leases:
