@@ -1,6 +1,6 @@
-# pidfence with a Java runtime (Spark's driver and executors) and the Kafka connector jars baked in.
+# pidfence with a Java runtime (Spark's driver and executors) and the JVM jars fetched at build time.
 #   docker build -t pidfence:local .        docker run --rm pidfence:local --help
-FROM python:3.11-slim AS base
+FROM python:3.11-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends default-jre-headless procps \
     && rm -rf /var/lib/apt/lists/*
@@ -11,18 +11,9 @@ ENV JAVA_HOME=/usr/lib/jvm/default-java \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY src ./src
-COPY infra ./infra
-RUN pip install .
-
-# Maven only in this stage: resolve the pinned jars once, copy the cache out.
-FROM base AS jars
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends maven \
-    && rm -rf /var/lib/apt/lists/*
-RUN python -c "from pidfence.services.jars import main; main()"
-
-FROM base
-COPY --from=jars /opt/pidfence/jars /opt/pidfence/jars
+# The sink extra (the image runs the sink too); `pidfence jars` fetches ZooKeeper, Kafka, Spark's
+# Kafka connector and delta-spark from Maven Central into the image, so containers start offline.
+RUN pip install '.[sink]' && pidfence jars
 RUN useradd --create-home --uid 10001 pidfence \
     && mkdir -p /data && chown pidfence /data
 USER pidfence

@@ -6,10 +6,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pidfence-installed
-JARS   := .cache/jars/.complete
+# The JVM jars (ZooKeeper, Kafka, Spark's Kafka connector, delta-spark) come from Maven Central by
+# coordinates into the user's cache (`pidfence jars`, as for any user), shared by every clone.
+export PIDFENCE_JAR_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/pidfence/jars
+JARS   := $(PIDFENCE_JAR_CACHE)/.pidfence-jars
 # Class-data-sharing archives of the JVMs pidfence starts (ZooKeeper, Kafka, the Spark driver),
 # recorded once by a small pipeline: a Spark driver then starts on ~5 CPU seconds instead of ~10.
-ARCHIVES := .cache/jars/cds/.complete
+ARCHIVES := $(PIDFENCE_JAR_CACHE)/cds/.complete
 # The TCP fault proxy of the network fault tests (issue 24), built from source when go is present.
 TOXIPROXY := .cache/bin/toxiproxy-server
 TOXIPROXY_MODULE := github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0
@@ -23,10 +26,10 @@ TEST_WORKERS ?= 3
 
 setup: $(STAMP) $(JARS) $(ARCHIVES) $(TOXIPROXY)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[dev]'
 	@# Compile on both cores what pip would compile on one (58 s -> 51 s with the compile), and
 	@# pidfence's own sources too: this machine sets PYTHONDONTWRITEBYTECODE=1, so what is not
 	@# compiled here is compiled again by every process (tests/README.md). A module that does not
@@ -34,10 +37,10 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -m compileall -q -j 0 $(VENV)/lib src >/dev/null || echo "note: some modules were not compiled ahead; they compile on import"
 	@touch $@
 
-$(JARS): $(STAMP) infra/jvm/pom.xml infra/jvm/*/pom.xml
+$(JARS): $(STAMP) src/pidfence/jars/components.py
 	@command -v java >/dev/null || { echo "error: java not found: install a Java 17+ runtime (apt-get install openjdk-17-jre-headless)"; exit 2; }
-	@command -v mvn >/dev/null || { echo "error: mvn not found: install Apache Maven (apt-get install maven)"; exit 2; }
-	$(BIN)/python -c "from pidfence.services.jars import main; main()"
+	$(BIN)/pidfence jars
+	@touch $@
 
 $(ARCHIVES): $(JARS)
 	$(BIN)/python -m pidfence.services.class_archive_record

@@ -314,18 +314,18 @@ def _at_million(progress: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
 
 def _chain_bytes(root: str, batch: int) -> tuple[int, int]:
     """(bytes, files) of every partition's state chain as of ``batch`` under ``root``."""
-    from pidfence.spark_sink.state_files import decode_state, state_dir, state_files
-    from pidfence.spark_sink.storage import STATE, Store, parse_part_name
+    from pidfence.spark_sink.state_files import STATE, decode_state, state_dir, state_files
+    from pidfence.spark_sink.storage import Store
 
     store = Store.at(root)
     size = files = 0
-    for part in store.listdir(store.join(STATE)):
-        topic, partition = parse_part_name(part)
-        names = state_files(store, topic, partition)
+    for part in store.list(store.join(STATE)):
+        topic, _, partition = part.rpartition("~")
+        names = state_files(store, topic, int(partition))
         bid: int | None = max((b for b in names if b <= batch), default=None)
         while bid is not None:
-            path = f"{state_dir(store, topic, partition)}/{names[bid]}"
-            data = store.read_bytes(path)
+            path = f"{state_dir(store, topic, int(partition))}/{names[bid]}"
+            data = store.read(path)
             size += len(data)
             files += 1
             sf = decode_state(data)
@@ -420,9 +420,14 @@ def _noop_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
 
 
 def _delta_spark_jars() -> list[Path]:
-    """delta-spark jars in the jar cache, if any helper put them there (none is resolved here)."""
-    cache = Path(__file__).resolve().parents[1] / ".cache" / "jars"
-    return sorted(cache.glob("delta*/*.jar")) if cache.is_dir() else []
+    """delta-spark jars for the installed Spark (fetched on first use), or none when they cannot
+    be had."""
+    from pidfence.jars import JarsError, jars
+
+    try:
+        return jars("delta")
+    except JarsError:
+        return []
 
 
 def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -> list[Contender]:
@@ -743,8 +748,8 @@ def _report(
         skipped.append(f"not run ({CONTENDERS_ENV}): {', '.join(left_out)}")
     if "sparkdelta" not in by_key and not _delta_spark_jars():
         skipped.append(
-            "(s) skipped: no delta-spark jars in .cache/jars/delta*/ (none is resolved for "
-            "Spark 4.2 here), so Spark's own Delta sink cannot run"
+            "(s) skipped: no delta-spark jars for this Spark (`pidfence jars delta` says why), "
+            "so Spark's own Delta sink cannot run"
         )
     notes = [
         f"load average (1/5/15 min) at start {load_start}, after each round "

@@ -16,18 +16,13 @@ from tests.chaos.conftest import ChaosKit
 
 pytestmark = pytest.mark.timeout(300)
 
-RECORDS = 3000
-
 
 def test_sink_driver_sigkill_mid_batch_then_restart_is_exactly_once(
-    chaos: ChaosKit,
-    kafka: Any,
-    new_topic: Any,
-    lease_server: Any,
-    stop_all: Any,
+    kafka: Any, new_topic: Any, lease_server: Any, stop_all: Any, chaos: ChaosKit
 ) -> None:
+    records = 3000
     topic = new_topic(partitions=2)
-    role = chaos.role("p", kafka.bootstrap, lease_server.address, topic, RECORDS)
+    role = chaos.role("p", kafka.bootstrap, lease_server.address, topic, records)
     stop_all(role)
     assert role.spawn().wait(120) == 0, role.current.tail()
 
@@ -48,4 +43,4 @@ def test_sink_driver_sigkill_mid_batch_then_restart_is_exactly_once(
 
     outcome = chaos.outcome()
     outcome.assert_clean()
-    assert outcome.log.num_rows == RECORDS
+    assert outcome.log.num_rows == records

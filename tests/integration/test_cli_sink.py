@@ -14,7 +14,7 @@ import pytest
 
 from pidfence.cli.exits import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from pidfence.services import free_port
-from tests.fixtures.commands import timed_pidfence
+from tests.fixtures.commands import sink_args, timed_pidfence
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -97,15 +97,7 @@ def test_read_only_output_path_is_one_line_and_exit_3_within_15_s(
     topic = new_topic()
     out = read_only_dir / "log"
     result, took = run_sink(
-        "--bootstrap",
-        kafka.bootstrap,
-        "--topic",
-        topic,
-        "--output",
-        str(out),
-        "--checkpoint",
-        str(tmp_path / "ckpt"),
-        "--available-now",
+        *sink_args(kafka.bootstrap, topic, out, tmp_path / "ckpt"),
     )
     assert_one_line(result, EXIT_UNAVAILABLE, f"output {out} is not writable")
     assert took < 15, f"took {took:.1f}s"
@@ -117,15 +109,7 @@ def test_output_path_that_is_a_file_is_one_line_and_exit_3(
     topic = new_topic()
     (tmp_path / "file").write_text("x")
     result, _ = run_sink(
-        "--bootstrap",
-        kafka.bootstrap,
-        "--topic",
-        topic,
-        "--output",
-        str(tmp_path / "file"),
-        "--checkpoint",
-        str(tmp_path / "ckpt"),
-        "--available-now",
+        *sink_args(kafka.bootstrap, topic, tmp_path / "file", tmp_path / "ckpt"),
     )
     assert_one_line(result, EXIT_UNAVAILABLE, "is a file, not a folder")
 
@@ -150,12 +134,7 @@ def test_plain_topic_runs_with_a_warning_human_batch_lines_and_no_jvm_line(
         producer.produce(topic, value=b"v%d" % i, key=b"k%d" % (i % 7))
     assert producer.flush(30) == 0
     result, _ = run_sink(
-        "--bootstrap",
-        kafka.bootstrap,
-        "--topic",
-        topic,
-        *paths(tmp_path),
-        "--available-now",
+        *sink_args(kafka.bootstrap, topic, tmp_path / "out", tmp_path / "ckpt"),
         "--master",
         "local[2]",
     )
@@ -186,12 +165,7 @@ def test_spark_failure_is_one_line_with_the_log_path(
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "metadata").write_text("not json\n")
     result, _ = run_sink(
-        "--bootstrap",
-        kafka.bootstrap,
-        "--topic",
-        topic,
-        *paths(tmp_path),
-        "--available-now",
+        *sink_args(kafka.bootstrap, topic, tmp_path / "out", tmp_path / "ckpt"),
         "--master",
         "local[1]",
     )

@@ -1,11 +1,11 @@
 """SIGKILL of a committing process at each step of a Delta batch commit, then the commit re-run.
 
-A child process plays both roles for one batch: it stages the batch's Parquet files (the
+A child process plays both roles for one batch: it writes the batch's Parquet files (the
 executors' part), then commits them (the driver's part), and SIGKILLs itself at one point:
 
 * ``staged``    — the Parquet files are written, the commit has not started;
-* ``published`` — the files are moved into ``data/``, the Delta commit has not happened;
-* ``committed`` — the Delta commit is done, the staging area is not cleaned yet.
+* ``checked``   — the commit checked the table and the files, the Delta commit has not happened;
+* ``committed`` — the Delta commit is done, the checkpoint after it not yet.
 
 The kill is the child's own ``os.kill(getpid(), SIGKILL)`` at that point, so where it dies is
 deterministic. Then the batch is re-run, either the driver's commit alone (with the commit
@@ -26,8 +26,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from pidfence.spark_sink.delta.commit import StagedFile, commit_batch, staging_dir
-from pidfence.spark_sink.delta.readers import read_delta_log
+from pidfence.spark_sink.readers import read_log as read_delta_log
+from tests.unit.delta_kit import commit_batch, data_dir
 from tests.unit.test_delta_commit import Q, expected, run_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -36,13 +36,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import json, os, signal, sys
-from pidfence.spark_sink.delta.commit import commit_batch
+from tests.unit.delta_kit import commit_batch
 from tests.unit.test_delta_commit import Q, stage
 
 path, batch, point, messages = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 files = stage(path, batch)
 with open(messages, "w") as out:
-    json.dump([f.to_dict() for f in files], out)
+    json.dump(files, out)
 
 def die(at, attempt=0):
     if at == point:
@@ -52,7 +52,7 @@ die("staged")
 commit_batch(path, "log", Q, batch, files, hook=die)
 """
 
-POINTS = ("staged", "published", "committed")
+POINTS = ("staged", "checked", "committed")
 
 
 def _child(code: str, *args: object, timeout: int) -> subprocess.CompletedProcess[str]:
@@ -94,16 +94,14 @@ def test_kill_at_each_commit_step_then_rerun(tmp_path: Path, point: str, rerun: 
     committed = point == "committed"
     # What readers see right after the crash: batch 1 entirely or not at all.
     _assert_exact(tmp_path, [0, 1] if committed else [0])
-    staged = list((tmp_path / staging_dir(Q, 1)).glob("*.parquet"))
-    assert bool(staged) == (point == "staged")
+    assert len(list((tmp_path / data_dir(Q, 1)).glob("*.parquet"))) == 2
 
     if rerun == "commit":
-        files = [StagedFile(**m) for m in json.loads(messages.read_text())]
+        files = [(rel, stats) for rel, stats in json.loads(messages.read_text())]
         assert commit_batch(str(tmp_path), "log", Q, 1, files) is not committed
     else:
         assert run_batch(str(tmp_path), 1) is not committed
     _assert_exact(tmp_path, [0, 1])
-    assert not (tmp_path / staging_dir(Q, 1)).exists()
     # A second re-run is a no-op, and the next batch continues normally.
     assert not run_batch(str(tmp_path), 1)
     assert run_batch(str(tmp_path), 2)
@@ -130,13 +128,13 @@ def _clean_run(path: Path, batch: int, messages: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# The sink's real writer on the Delta layout, SIGKILLed at each step of a batch.
+# The sink's real writer, SIGKILLed at each step of a batch.
 
 SINK_CHILD = """
 import os, signal, sys
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.delta.layout import open_layout
-from pidfence.spark_sink.faults import install_hook
+from pidfence.spark_sink.crash_points import install_hook
+from pidfence.spark_sink.output import open_output
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from tests.integration.test_delta_crash import SINK_QUERY, sink_chunks
@@ -145,7 +143,7 @@ from tests.unit.test_sink_process import kafka_rows
 
 path, start, kill_batch, point = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 options = SinkOptions.parse({"path": path, **SETTINGS})
-open_layout(options.path, options.rejects_path, SINK_QUERY)
+open_output(options.path, options.rejects_path, SINK_QUERY)
 
 def die(at, attempt=0):
     if at == point:

@@ -29,7 +29,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.schema import Field, PrimitiveType
 
 from pidfence.cli.exits import EXIT_OK, EXIT_UNAVAILABLE
-from pidfence.demo.procs import pidfence_argv
+from pidfence.demo.procs import pidfence_argv, sink_args
 from pidfence.ledger import LedgerEntry, LedgerWriter, value_digest
 from pidfence.spark_sink import read_log, read_rejects, read_written
 from pidfence.spark_sink.delta.history import BATCH_KEY
@@ -91,14 +91,7 @@ class Sink:
         self.stdout, self.stderr = logs / "sink.out", logs / "sink.err"
         argv = pidfence_argv(
             "sink",
-            "--bootstrap",
-            bootstrap,
-            "--topic",
-            topic,
-            "--output",
-            str(out),
-            "--checkpoint",
-            str(ckpt),
+            *sink_args(bootstrap, topic, out, ckpt),
             "--master",
             "local[2]",
             "--trigger",

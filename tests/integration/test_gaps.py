@@ -26,6 +26,7 @@ from pidfence.producer import IdempotentProducer, ProducerConfig
 from pidfence.spark_sink import read_gaps, read_log, read_rejects, run_sink, start_sink
 from pidfence.spark_sink.data_loss import DataLost, is_spark_data_loss
 from pidfence.wire import FLAG_FENCE, encode_pf
+from tests.fixtures.commands import sink_args
 from tests.integration.test_cli_sink import run_sink as run_sink_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -189,15 +190,7 @@ def test_retention_while_the_sink_is_stopped(
     delete_records_before(kafka.bootstrap, topic, 150)
 
     result, _ = run_sink_cli(
-        "--bootstrap",
-        kafka.bootstrap,
-        "--topic",
-        topic,
-        "--output",
-        str(out),
-        "--checkpoint",
-        str(ckpt),
-        "--available-now",
+        *sink_args(kafka.bootstrap, topic, out, ckpt),
     )
     assert result.returncode == EXIT_UNAVAILABLE, result.stderr
     line = result.stderr.strip()

@@ -25,6 +25,7 @@ import confluent_kafka
 import pytest
 
 from pidfence.broker_plugin import ProducerStateTable
+from pidfence.jars import classpath, java
 from pidfence.ledger import read_ledger
 from pidfence.pid_allocator import LeaseClient, LeaseServerThread, StaleGeneration
 from pidfence.producer import (
@@ -41,9 +42,7 @@ from pidfence.producer import (
     wall_clock_ms,
 )
 from pidfence.producer.checkpoint import ProducerCheckpoint
-from pidfence.services.jars import classpath
 from pidfence.services.ports import free_port
-from pidfence.services.process import java
 from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, PfHeader, Verdict, decode_pf
 
 PIDFENCE = str(Path(sys.executable).with_name("pidfence"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -25,6 +24,7 @@ from pidfence.services import (
 from pidfence.services.process import wait_until
 from pidfence.services.stack import down as services_down
 from pidfence.services.stack import read_state
+from tests.fixtures.commands import run_pidfence
 from tests.fixtures.services import _STARTED_SERVICES, SESSION_SERVERS
 
 PIDFENCE = [sys.executable, "-c", "from pidfence.cli import main; main()"]
@@ -218,21 +218,10 @@ def test_services_cli_up_status_down(tmp_path: Path) -> None:
 
     run_dir = tmp_path / "services"
     try:
-        up = subprocess.run(
-            [*PIDFENCE, "services", "up", "--run-dir", str(run_dir)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        up = run_pidfence("services", "up", "--run-dir", str(run_dir), timeout=300)
         assert up.returncode == 0, up.stderr
-        status = subprocess.run(
-            [*PIDFENCE, "services", "status", "--json", "--run-dir", str(run_dir)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
+        status = run_pidfence("services", "status", "--json", "--run-dir", str(run_dir), timeout=60)
+        assert status.returncode == 0, status.stderr
         doc = json.loads(status.stdout)
         assert set(doc["pids"]) == {"zookeeper-0", "kafka-0"}
         assert all(doc["alive"].values())
@@ -250,13 +239,7 @@ def test_services_cli_up_status_down(tmp_path: Path) -> None:
         finally:
             zk.stop()
             zk.close()
-        down = subprocess.run(
-            [*PIDFENCE, "services", "down", "--run-dir", str(run_dir)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        down = run_pidfence("services", "down", "--run-dir", str(run_dir), timeout=120)
         assert down.returncode == 0, down.stderr
         assert "kafka-0" in down.stdout
         assert not any(proc_start_time(n.pid) == n.start_time for n in records)

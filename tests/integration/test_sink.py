@@ -22,7 +22,9 @@ from confluent_kafka import Producer
 
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.delta.table import OWN_DIR
-from pidfence.spark_sink.storage import STATE, Store, part_name
+from pidfence.spark_sink.manifest import part_name
+from pidfence.spark_sink.state_files import STATE
+from pidfence.spark_sink.storage import Store
 from pidfence.wire import FLAG_FENCE, encode_pf
 
 if TYPE_CHECKING:
@@ -251,7 +253,7 @@ def own_root(output: Path) -> Path:
 def state_file_names(output: Path, topic: str, partition: int) -> list[str]:
     """The partition's state files, oldest first."""
     store = Store.at(str(own_root(output)))
-    return store.listdir(store.join(STATE, part_name(topic, partition)))
+    return store.list(store.join(STATE, part_name(topic, partition)))
 
 
 @pytest.fixture
@@ -343,10 +345,10 @@ def test_lost_or_corrupt_newest_state_is_rebuilt_from_older_state_and_the_log(
     assert len(p0) == 2 and len(p1) == 2, (p0, p1)
     # Partition 0: the newest snapshot is corrupt; partition 1: it is gone.
     newest0 = store.join(STATE, part_name(topic, 0), p0[-1])
-    data = bytearray(store.read_bytes(newest0))
+    data = bytearray(store.read(newest0))
     data[-3] ^= 0xFF
-    store.write_bytes(newest0, bytes(data))
-    store.delete_file(store.join(STATE, part_name(topic, 1), p1[-1]))
+    store.put(newest0, bytes(data))
+    store.delete(store.join(STATE, part_name(topic, 1), p1[-1]))
 
     run3 = [
         Rec("c5", 0, (3, 6, 5)),

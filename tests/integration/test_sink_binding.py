@@ -39,6 +39,7 @@ from pidfence.spark_sink.pipeline import summarise
 from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE, PF_HEADER_KEY, decode_pf, encode_pf
 from pidfence.wire.mac import MAC_HEADER_KEY, RECORD_MAC_BYTES
 from pidfence.wire.statement import encode_placed_pfc
+from tests.fixtures.commands import sink_args
 from tests.fixtures.lease import LeaseServerFactory
 from tests.integration.test_cli_sink import run_sink as run_sink_cli
 from tests.integration.test_gaps import delete_records_before, gap_rows, values
@@ -318,15 +319,7 @@ def test_records_injected_at_the_next_seq_are_forged_in_per_record_mode(
 
     out = tmp_path / "out"
     result, _ = run_sink_cli(
-        "--bootstrap",
-        kafka.bootstrap,
-        "--topic",
-        topic,
-        "--output",
-        str(out),
-        "--checkpoint",
-        str(tmp_path / "ckpt"),
-        "--available-now",
+        *sink_args(kafka.bootstrap, topic, out, tmp_path / "ckpt"),
         "--master",
         "local[2]",
         "--record-mac-secret",
@@ -351,12 +344,12 @@ def test_records_injected_at_the_next_seq_are_forged_in_per_record_mode(
 
 
 def test_a_late_sink_adopts_a_signed_producer_at_its_first_restamped_record(
+    tmp_path: Path,
     spark: Any,
     kafka: Any,
     new_topic: Any,
     lease_client: LeaseClient,
     lease_pki: LeasePki,
-    tmp_path: Path,
 ) -> None:
     """Issue 26 with signing on: retention trimmed the head (and the producer's first ``pfc``)
     before the sink first read the partition. The producer's clock is stepped over its

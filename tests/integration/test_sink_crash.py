@@ -1,7 +1,7 @@
 """``pidfence sink`` as a driver process: task retries, SIGKILL at each commit step, a cluster.
 
 Each crash run SIGKILLs the sink's whole process group (driver, JVM, Python workers) at one point
-of the commit protocol (``pidfence.spark_sink.faults``), run through ``python -m
+of the commit protocol (``pidfence.spark_sink.crash_points``), run through ``python -m
 pidfence.testing.run --crash-at POINT``; the next run (plain ``pidfence sink``) restarts from the
 checkpoint.
 The output log must equal the expected one exactly after every restart.

@@ -21,7 +21,9 @@ import pytest
 
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.errors import OutputOwnedError
-from pidfence.spark_sink.storage import STATE, Store, part_name
+from pidfence.spark_sink.manifest import part_name
+from pidfence.spark_sink.state_files import STATE
+from pidfence.spark_sink.storage import Store
 from pidfence.wire import FLAG_FENCE, encode_pf
 from tests.integration.conftest import SinkOver, produce_labelled
 from tests.integration.test_sink import Rec, labels, own_root
@@ -72,9 +74,9 @@ def lose_newest_state_files(output: Path, topic: str) -> list[str]:
     gone = []
     for partition in (0, 1):
         folder = store.join(STATE, part_name(topic, partition))
-        names = store.listdir(folder)
+        names = store.list(folder)
         assert names, f"no state files for partition {partition}"
-        store.delete_file(f"{folder}/{names[-1]}")
+        store.delete(f"{folder}/{names[-1]}")
         gone.append(names[-1])
     return gone
 

@@ -94,7 +94,8 @@ def test_dockerfile_has_python_and_a_jre() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert "FROM python:3.11-slim" in text
     assert "jre" in text
-    assert "pip install ." in text
+    assert "pip install '.[sink]' && pidfence jars" in text  # jars fetched into the image
+    assert "infra" not in text and "maven" not in text.lower().replace("maven central", "")
     assert 'ENTRYPOINT ["pidfence"]' in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", ".cache", ".git"} <= set(ignored)

@@ -8,14 +8,9 @@ import pytest
 from deltalake import DeltaTable
 
 from pidfence.spark_sink.delta.care import checkpoint, compact, vacuum
-from pidfence.spark_sink.delta.commit import (
-    commit_batch,
-    data_dir,
-    stage_file,
-    staging_dir,
-)
-from pidfence.spark_sink.delta.readers import read_delta_log
 from pidfence.spark_sink.delta.table import open_table
+from pidfence.spark_sink.readers import read_log as read_delta_log
+from tests.unit.delta_kit import commit_batch, data_dir, stage_file
 from tests.unit.test_delta_commit import Q, expected, run_batch, stage
 from tests.unit.test_delta_table import log_rows
 
@@ -25,7 +20,7 @@ class Crash(Exception):
 
 
 def _crash(point: str) -> None:
-    if point == "published":
+    if point == "checked":
         raise Crash(point)
 
 
@@ -35,7 +30,7 @@ def _files(root: Path, under: str) -> set[str]:
 
 @pytest.fixture
 def busy_table(tmp_path: Path) -> Path:
-    """Batches 0-4 committed, batch 5 moved into data/ but not committed, batch 6 staged."""
+    """Batches 0-4 committed, batch 5 checked for its commit that never came, batch 6 written."""
     path = str(tmp_path)
     for b in range(5):
         run_batch(path, b)
@@ -47,14 +42,14 @@ def busy_table(tmp_path: Path) -> Path:
 
 def test_compaction_keeps_rows_and_leaves_uncommitted_batches(busy_table: Path) -> None:
     path = str(busy_table)
-    staged = _files(busy_table, "_pidfence")
+    staged = _files(busy_table, data_dir(Q, 6))
     pending = _files(busy_table, data_dir(Q, 5))
     metrics = compact(path)
     assert metrics["numFilesRemoved"] == 10
     assert metrics["numFilesAdded"] == 1
     assert len(DeltaTable(path).file_uris()) == 1
     assert read_delta_log(path).equals(expected(list(range(5))))
-    assert _files(busy_table, "_pidfence") == staged
+    assert _files(busy_table, data_dir(Q, 6)) == staged
     assert _files(busy_table, data_dir(Q, 5)) == pending
     # The pending batch still commits after the compaction, once.
     files = stage(path, 5)
@@ -70,9 +65,9 @@ def test_lite_vacuum_deletes_only_replaced_files(busy_table: Path) -> None:
     gone = vacuum(path, retention_hours=0, enforce_retention=False)
     assert len(gone) == 10
     assert all(g.startswith(data_dir(Q, 0)[:-20]) for g in gone)
-    # The uncommitted batch 5 (in data/) and the staged batch 6 are still there.
+    # The uncommitted batches 5 and 6 are still there.
     assert _files(busy_table, data_dir(Q, 5)) == {f for f in before if f.startswith(data_dir(Q, 5))}
-    assert (busy_table / staging_dir(Q, 6) / "t-0.parquet").exists()
+    assert (busy_table / data_dir(Q, 6) / "t-0.parquet").exists()
     assert read_delta_log(path).equals(expected(list(range(5))))
 
 
@@ -86,7 +81,7 @@ def test_vacuum_respects_the_retention_period(busy_table: Path) -> None:
 
 def test_full_vacuum_keeps_uncommitted_batches_and_drops_orphans(busy_table: Path) -> None:
     path = str(busy_table)
-    # An orphan: batch 7 published an extra partition before a crash; its re-run has only one.
+    # An orphan: batch 7 wrote an extra partition before a crash; its re-run has only one.
     extra = stage_file(path, "log", Q, 7, "t", 9, log_rows("t", 9, 0, 2))
     with pytest.raises(Crash):
         commit_batch(path, "log", Q, 7, [extra], hook=_crash)
@@ -99,11 +94,16 @@ def test_full_vacuum_keeps_uncommitted_batches_and_drops_orphans(busy_table: Pat
         path, "log", Q, 7, [stage_file(path, "log", Q, 7, "t", 0, log_rows("t", 0, 99, 1))]
     )
     planned = vacuum(path, retention_hours=0, enforce_retention=False, full=True, dry_run=True)
-    assert planned == [f"{data_dir(Q, 7)}/t-9.parquet"]
-    stage(path, 8)  # staged, never touched
+    # Batch 6 was written and never committed, and the query went past it: orphans too.
+    assert planned == [
+        f"{data_dir(Q, 6)}/t-0.parquet",
+        f"{data_dir(Q, 6)}/t-1.parquet",
+        f"{data_dir(Q, 7)}/t-9.parquet",
+    ]
+    stage(path, 8)  # written, not committed: never touched
     assert vacuum(path, retention_hours=0, enforce_retention=False, full=True) == planned
     assert not (busy_table / data_dir(Q, 7) / "t-9.parquet").exists()
-    assert (busy_table / staging_dir(Q, 8) / "t-1.parquet").exists()
+    assert (busy_table / data_dir(Q, 8) / "t-1.parquet").exists()
     assert read_delta_log(path).num_rows == expected(list(range(6))).num_rows + 1
 
 

@@ -1,4 +1,4 @@
-"""Batch commits through Delta transaction ids: once per (query, batch), conflicts, staging."""
+"""Batch commits through Delta transaction ids: once per (query, batch), conflicts, races."""
 
 from __future__ import annotations
 
@@ -12,19 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pidfence.spark_sink.delta.care import compact
-from pidfence.spark_sink.delta.commit import (
-    StagedFile,
-    abort_batch,
-    commit_batch,
-    committed_version,
-    data_dir,
-    drop_stale_staging,
-    stage_file,
-    staging_dir,
-)
+from pidfence.spark_sink.delta.commit import committed_version
 from pidfence.spark_sink.delta.errors import StagedFileMissing
-from pidfence.spark_sink.delta.readers import read_delta_log
 from pidfence.spark_sink.delta.table import TableKind, open_table
+from pidfence.spark_sink.readers import read_log, read_table
+from tests.unit.delta_kit import Files, commit_batch, data_dir, stage_file
 from tests.unit.test_delta_table import log_rows
 
 Q = "4f1c2a9e-query"
@@ -36,15 +28,15 @@ def batch_rows(batch: int, partitions: int = 2) -> dict[int, pa.Table]:
     return {p: log_rows("t", p, batch * PER_BATCH, PER_BATCH) for p in range(partitions)}
 
 
-def stage(path: str, batch: int, query: str = Q, kind: TableKind = "log") -> list[StagedFile]:
-    """Executor side of one batch: stage one file per partition."""
+def stage(path: str, batch: int, query: str = Q, kind: TableKind = "log") -> Files:
+    """Executor side of one batch: one file per partition."""
     return [
         stage_file(path, kind, query, batch, "t", p, rows) for p, rows in batch_rows(batch).items()
     ]
 
 
 def run_batch(path: str, batch: int, query: str = Q, **kwargs: object) -> bool:
-    """A whole batch: stage, then commit (the table is created first, as the sink does)."""
+    """A whole batch: write, then commit (the table is created first, as the sink does)."""
     open_table(path, "log")
     return commit_batch(path, "log", query, batch, stage(path, batch, query), **kwargs)  # type: ignore[arg-type]
 
@@ -72,7 +64,7 @@ def test_each_batch_commits_once_with_its_transaction_id(tmp_path: Path) -> None
     assert not run_batch(path, 0)
     dt.update_incremental()
     assert dt.version() == 2
-    assert read_delta_log(path).equals(expected([0, 1]))
+    assert read_log(path).equals(expected([0, 1]))
     # Each commit adds exactly its batch's files, and carries the transaction id.
     files = sorted(pa.table(DeltaTable(path).get_add_actions()).column("path").to_pylist())
     assert files == sorted(f"{data_dir(Q, b)}/t-{p}.parquet" for b in (0, 1) for p in (0, 1))
@@ -84,9 +76,6 @@ def test_each_batch_commits_once_with_its_transaction_id(tmp_path: Path) -> None
     assert history["operationParameters"]["epochId"] == "1"
     assert history["userMetadata"] == f"pidfence-sink query {Q} batch 1"
     assert history["isBlindAppend"] is True
-    # Staging is gone after each commit and after each no-op.
-    assert not (tmp_path / staging_dir(Q, 0)).exists()
-    assert not (tmp_path / staging_dir(Q, 1)).exists()
 
 
 def test_queries_have_their_own_transaction_ids(tmp_path: Path) -> None:
@@ -99,7 +88,7 @@ def test_queries_have_their_own_transaction_ids(tmp_path: Path) -> None:
     dt = DeltaTable(path)
     assert committed_version(dt, "old") == 0
     assert committed_version(dt, "new") == 0
-    assert read_delta_log(path).num_rows == 2 * PER_BATCH + 2
+    assert read_log(path).num_rows == 2 * PER_BATCH + 2
 
 
 def test_empty_batch_commits_its_transaction_id(tmp_path: Path) -> None:
@@ -118,39 +107,40 @@ def test_crash_after_publish_then_rerun_commits_once(tmp_path: Path) -> None:
         pass
 
     def crash(point: str) -> None:
-        if point == "published":
+        if point == "checked":
             raise Crash(point)
 
     with pytest.raises(Crash):
         run_batch(path, 1, hook=crash)
     # The files are in data/ but not in the table: no reader sees them.
     assert (tmp_path / data_dir(Q, 1) / "t-0.parquet").exists()
-    assert read_delta_log(path).equals(expected([0]))
-    # The commit alone re-run (files already in place), then the whole batch re-run.
-    files = [StagedFile(f"t-{p}.parquet", PER_BATCH, 0, "{}") for p in (0, 1)]
+    assert read_log(path).equals(expected([0]))
+    # The commit alone re-run (files already in place, no stats: read from their footers),
+    # then the whole batch re-run.
+    files: Files = [(f"{data_dir(Q, 1)}/t-{p}.parquet", None) for p in (0, 1)]
     assert commit_batch(path, "log", Q, 1, files)
     assert not run_batch(path, 1)
-    assert read_delta_log(path).equals(expected([0, 1]))
+    assert read_log(path).equals(expected([0, 1]))
 
 
 def test_missing_staged_file_commits_nothing(tmp_path: Path) -> None:
     path = str(tmp_path)
     open_table(path, "log")
     files = stage(path, 0)
-    abort_batch(path, Q, 0)
+    (tmp_path / files[0][0]).unlink()
     with pytest.raises(StagedFileMissing, match="Re-run the batch") as info:
         commit_batch(path, "log", Q, 0, files)
     assert info.value.retriable
     assert committed_version(DeltaTable(path), Q) is None
     assert run_batch(path, 0)
-    assert read_delta_log(path).equals(expected([0]))
+    assert read_log(path).equals(expected([0]))
 
 
 def _inject(action: Callable[[], None]) -> Callable[[str], None]:
     done: list[bool] = []
 
     def hook(point: str) -> None:
-        if point == "published" and not done:
+        if point == "checked" and not done:
             done.append(True)
             action()
 
@@ -168,7 +158,7 @@ def test_a_foreign_append_during_the_batch_loses_nothing_and_the_batch_lands(
     hook = _inject(lambda: write_deltalake(path, foreign, mode="append"))
     assert run_batch(path, 1, hook=hook)
     assert committed_version(DeltaTable(path), Q) == 1
-    rows = read_delta_log(path)
+    rows = read_log(path)
     assert rows.num_rows == expected([0, 1]).num_rows + 1
     assert rows.filter(pa.compute.equal(rows["partition"], 9)).num_rows == 1
     # And between batches, as often as it likes.
@@ -187,7 +177,7 @@ def test_same_batch_committed_concurrently_lands_once(tmp_path: Path) -> None:
     dt = DeltaTable(path)
     assert committed_version(dt, Q) == 1
     assert dt.version() == 2
-    assert read_delta_log(path).equals(expected([0, 1]))
+    assert read_log(path).equals(expected([0, 1]))
 
 
 def test_concurrent_compaction_does_not_fail_the_batch(tmp_path: Path) -> None:
@@ -198,21 +188,11 @@ def test_concurrent_compaction_does_not_fail_the_batch(tmp_path: Path) -> None:
     assert run_batch(path, 3, hook=hook)
     ops = [c["operation"] for c in DeltaTable(path).history(2)]
     assert ops == ["WRITE", "OPTIMIZE"]
-    assert read_delta_log(path).equals(expected([0, 1, 2, 3]))
+    assert read_log(path).equals(expected([0, 1, 2, 3]))
     assert run_batch(path, 4)
 
 
-def test_drop_stale_staging_keeps_uncommitted_batches(tmp_path: Path) -> None:
-    path = str(tmp_path)
-    run_batch(path, 0)
-    stage(path, 0)  # a replay's leftovers of a committed batch
-    stage(path, 1)  # a batch whose commit has not come yet
-    assert drop_stale_staging(path, "log", Q) == [0]
-    assert (tmp_path / staging_dir(Q, 1) / "t-0.parquet").exists()
-
-
 def test_rejects_table_commits_the_same_way(tmp_path: Path) -> None:
-    from pidfence.spark_sink.delta.readers import read_delta_rejects
     from tests.unit.test_delta_table import reject_rows
 
     path = str(tmp_path / "_rejects")
@@ -221,12 +201,12 @@ def test_rejects_table_commits_the_same_way(tmp_path: Path) -> None:
     staged = stage_file(path, "rejects", Q, 0, "t", 0, rows)
     assert commit_batch(path, "rejects", Q, 0, [staged])
     assert not commit_batch(path, "rejects", Q, 0, [staged])
-    assert read_delta_rejects(path).equals(rows)
+    assert read_table(path, "rejects").equals(rows)
 
 
-# Operations of the property test: ("run", b) stages and commits batch b; ("replay", b) re-runs
-# batch b (any b already run); ("crash", b) stages and publishes b, then dies before the Delta
-# commit; ("compact",) compacts the table.
+# Operations of the property test: ("run", b) writes and commits batch b; ("replay", b) re-runs
+# batch b (any b already run); ("crash", b) writes b and checks its files, then dies before the
+# Delta commit; ("compact",) compacts the table.
 _OPS = st.lists(
     st.one_of(
         st.tuples(st.just("run")),
@@ -257,7 +237,7 @@ def test_property_every_batch_lands_exactly_once(
         pass
 
     def crash(point: str) -> None:
-        if point == "published":
+        if point == "checked":
             raise Crash(point)
 
     for op in ops:
@@ -276,6 +256,6 @@ def test_property_every_batch_lands_exactly_once(
             next_batch += 1
         elif op[0] == "compact" and done:
             compact(path)
-        assert read_delta_log(path).equals(expected(done))
+        assert read_log(path).equals(expected(done))
     if done:
         assert committed_version(DeltaTable(path), Q) == done[-1]

@@ -1,9 +1,9 @@
-"""The sink's real writer (write() and commit(), no Spark) on the Delta layout.
+"""The sink's real writer (write() and commit(), no Spark) and its Delta output.
 
-Each test swaps the writer's layout for :class:`DeltaLayout` and checks the Delta tables with
-Delta readers alone: the log equals the per-record rules' reference, replays and crashes between
-the commit steps change nothing, and the state rebuilt from the committed Delta output (after
-compaction, with every state file lost) continues the log exactly.
+Each test checks the Delta tables with Delta readers alone: the log equals the per-record rules'
+reference, replays and crashes between the commit steps change nothing, and the state rebuilt
+from the committed Delta output (after compaction, with every state file lost) continues the log
+exactly.
 """
 
 from __future__ import annotations
@@ -20,19 +20,22 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from pidfence.spark_sink import output as output_mod
 from pidfence.spark_sink.delta import commit as commit_mod
-from pidfence.spark_sink.delta import layout as layout_mod
 from pidfence.spark_sink.delta.care import compact
 from pidfence.spark_sink.delta.errors import TableGone
-from pidfence.spark_sink.delta.layout import DeltaLayout, open_layout
-from pidfence.spark_sink.delta.readers import read_delta_log, read_delta_rejects
 from pidfence.spark_sink.delta.stats import footer_stats
-from pidfence.spark_sink.delta.table import Location, NotPidfenceTable
+from pidfence.spark_sink.delta.table import NotPidfenceTable
 from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.output import Output, open_output
+from pidfence.spark_sink.readers import read_log as read_delta_log
+from pidfence.spark_sink.readers import read_table
+from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from pidfence.wire import encode_pf
 from tests.unit.test_sink_process import (
     Record,
+    commit_batches,
     make_stream,
     micro_batches,
     reference,
@@ -46,9 +49,9 @@ QUERY = "0f1e2d3c-delta-query"
 
 @pytest.fixture
 def writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PidfenceStreamWriter]:
-    """The sink's writer with the Delta layout, its tables opened as the driver would."""
+    """The sink's writer, its tables opened as the driver would."""
     options = SinkOptions.parse({"path": str(tmp_path), **SETTINGS})
-    open_layout(options.path, options.rejects_path, QUERY)
+    open_output(options.path, options.rejects_path, QUERY)
     yield PidfenceStreamWriter(options)
 
 
@@ -61,15 +64,7 @@ def _stream(seed: int, n: int, size: int = 50) -> tuple[list[Record], list[list[
     return records, micro_batches(records, size)
 
 
-def _commit_batches(
-    monkeypatch: pytest.MonkeyPatch,
-    writer: PidfenceStreamWriter,
-    chunks: list[list[Record]],
-    start: int = 0,
-) -> None:
-    """Write and commit each chunk as one micro-batch, numbered from ``start``."""
-    for b, chunk in enumerate(chunks, start=start):
-        writer.commit([_write(monkeypatch, writer, b, chunk)], b)
+_commit_batches = partial(commit_batches, query=QUERY)
 
 
 def _committed_stream(
@@ -129,32 +124,32 @@ class Crash(Exception):
     """The driver dies here."""
 
 
-def commit_moves_dying_at(kind: str) -> Callable[..., bool]:
-    """``layout.commit_moves`` that dies (raises :class:`Crash`) instead of committing ``kind``."""
-    real = layout_mod.commit_moves
+def commit_files_dying_at(kind: str) -> Callable[..., bool]:
+    """``output.commit_files`` that dies (raises :class:`Crash`) instead of committing ``kind``."""
+    real = output_mod.commit_files
 
-    def commit_moves(path: str, what: str, *args: Any, **kwargs: Any) -> bool:
+    def commit_files(table: Store, what: str, *args: Any, **kwargs: Any) -> bool:
         if what == kind:
             raise Crash(what)
-        return real(path, what, *args, **kwargs)  # type: ignore[arg-type]
+        return real(table, what, *args, **kwargs)  # type: ignore[arg-type]
 
-    return commit_moves
+    return commit_files
 
 
 def test_crash_between_the_rejects_and_the_log_commit(
     tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records, chunks = _stream(5, 300)
-    real = layout_mod.commit_moves
-    die_before_log = commit_moves_dying_at("log")
+    real = output_mod.commit_files
+    die_before_log = commit_files_dying_at("log")
 
     for b, chunk in enumerate(chunks):
         msg = _write(monkeypatch, writer, b, chunk)
         if b == 2:
-            monkeypatch.setattr(layout_mod, "commit_moves", die_before_log)
+            monkeypatch.setattr(output_mod, "commit_files", die_before_log)
             with pytest.raises(Crash):
                 writer.commit([msg], b)
-            monkeypatch.setattr(layout_mod, "commit_moves", real)
+            monkeypatch.setattr(output_mod, "commit_files", real)
             # Not committed: the log has batch 1 as its newest; the re-run writes a new attempt.
             assert DeltaTable(str(tmp_path)).transaction_version(QUERY) == 1
             assert DeltaTable(str(tmp_path / "_rejects")).transaction_version(QUERY) == 2
@@ -175,8 +170,8 @@ def test_crash_after_staging_then_rerun(
             msg = _write(monkeypatch, writer, b, chunk, attempt=1)
         writer.commit([msg], b)
     _check(tmp_path, records)
-    staged = list((tmp_path / "_pidfence" / "data").rglob("*.parquet"))
-    assert staged == []  # the dead attempt's files were discarded with the commit
+    files = {p.name for p in (tmp_path / "data" / QUERY / f"{3:020d}").glob("*.parquet")}
+    assert len(files) == 1  # the dead attempt's files were discarded with the commit
 
 
 def test_state_rebuilt_from_the_delta_output_after_compaction(
@@ -217,7 +212,7 @@ def test_deleted_rows_stay_deleted_when_replayed_upstream_even_with_state_files_
     ]
     b = len(chunks)
     writer.commit([_write(monkeypatch, writer, b, replay)], b)
-    rejects = read_delta_rejects(str(tmp_path / "_rejects"))
+    rejects = read_table(str(tmp_path / "_rejects"), "rejects")
     replayed = rejects.filter(pa.compute.greater_equal(rejects["offset"], end))
     # Exactly the rules' decisions over the whole stream: DUPLICATE (or FENCED, a generation
     # since bumped), never appended again.
@@ -230,9 +225,10 @@ def test_deleted_rows_stay_deleted_when_replayed_upstream_even_with_state_files_
     assert after.filter(pa.compute.equal(after["pid"], 1)).num_rows == 0  # still deleted
     assert after.num_rows == before.num_rows - gone.num_rows + 1
     # The sink's log offsets went on from its own commits, not from the rows left.
-    layout = DeltaLayout(path, str(tmp_path / "_rejects"), QUERY)
-    part = layout.committed(b)["parts"][0]  # type: ignore[index]
-    assert part["log_start"] == part["log_end"] == before["log_offset"].to_pylist()[-1] + 1
+    manifest = Output(path, str(tmp_path / "_rejects"), QUERY).committed(b)
+    assert manifest is not None
+    part = manifest.parts[0]
+    assert part.log_start == part.log_end == before["log_offset"].to_pylist()[-1] + 1
 
 
 def test_uncommitted_manifest_is_not_a_committed_batch(
@@ -241,20 +237,20 @@ def test_uncommitted_manifest_is_not_a_committed_batch(
     _, chunks = _stream(19, 150)
     writer.commit([_write(monkeypatch, writer, 0, chunks[0])], 0)
     msg = _write(monkeypatch, writer, 1, chunks[1])
-    real = layout_mod.commit_moves
+    real = output_mod.commit_files
 
     def die(*args: Any, **kwargs: Any) -> bool:
         raise Crash("before any Delta commit")
 
-    monkeypatch.setattr(layout_mod, "commit_moves", die)
+    monkeypatch.setattr(output_mod, "commit_files", die)
     with pytest.raises(Crash):
         writer.commit([msg], 1)
-    monkeypatch.setattr(layout_mod, "commit_moves", real)
-    layout = DeltaLayout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
+    monkeypatch.setattr(output_mod, "commit_files", real)
+    layout = Output(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
     assert (tmp_path / "_pidfence" / "_manifests" / f"{1:020d}.json").exists()
     assert layout.committed(1) is None
     assert layout.last_committed_before(5) == 0
-    assert read_delta_rejects(str(tmp_path / "_rejects")).num_rows == len(
+    assert read_table(str(tmp_path / "_rejects"), "rejects").num_rows == len(
         [k for k in reference(chunks[0], **RULES)[1]]
     )
 
@@ -262,15 +258,15 @@ def test_uncommitted_manifest_is_not_a_committed_batch(
 def test_open_refuses_a_foreign_table(tmp_path: Path) -> None:
     write_deltalake(str(tmp_path), pa.table({"x": [1]}))
     with pytest.raises(NotPidfenceTable):
-        open_layout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
+        open_output(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
     assert not (tmp_path / "_rejects").exists()
 
 
 def test_file_uri_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The same layout through a URI (as on object stores): deltalake and pyarrow.fs agree.
+    # The same output through a URI (as on object stores): deltalake and pyarrow.fs agree.
     uri = f"file://{tmp_path}"
     options = SinkOptions.parse({"path": uri, **SETTINGS})
-    open_layout(options.path, options.rejects_path, QUERY)
+    open_output(options.path, options.rejects_path, QUERY)
     w = PidfenceStreamWriter(options)
     records, _ = _committed_stream(monkeypatch, w, 29, 150)
     _check(tmp_path, records)
@@ -289,10 +285,10 @@ def test_commit_adds_the_statistics_the_tasks_took(
     for b, chunk in enumerate(micro_batches(records, 100)):
         writer.commit([_write(monkeypatch, writer, b, chunk)], b)
     monkeypatch.undo()
-    layout = DeltaLayout(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
-    parts = [p for b in layout.committed_ids() for p in layout.committed(b)["parts"]]  # type: ignore[index]
-    assert all("log" in p["stats"] for p in parts)
-    assert any("rejects" in p["stats"] for p in parts)
+    output = Output(str(tmp_path), str(tmp_path / "_rejects"), QUERY)
+    parts = [p for m in output.manifests() for p in m.parts]
+    assert all("log" in p.files.stats for p in parts)
+    assert any("rejects" in p.files.stats for p in parts)
     for root in (tmp_path, tmp_path / "_rejects"):
         adds = [
             action["add"]
@@ -302,7 +298,7 @@ def test_commit_adds_the_statistics_the_tasks_took(
         ]
         assert adds
         for add in adds:
-            footer = footer_stats(Location.at(str(root)), add["path"])
+            footer = footer_stats(Store.at(str(root)), add["path"])
             assert json.loads(add["stats"]) == json.loads(footer), add["path"]
 
 
@@ -313,11 +309,11 @@ def test_open_again_in_the_same_process_refuses_what_a_fresh_open_refuses(
     # ones, and anything different (a table replaced or deleted) is still refused.
     writer.commit([_write(monkeypatch, writer, 0, make_stream(37, 50))], 0)
     path, rejects = str(tmp_path), str(tmp_path / "_rejects")
-    open_layout(path, rejects, QUERY, committed_before=True)
+    open_output(path, rejects, QUERY, committed_before=True)
     shutil.rmtree(tmp_path / "_rejects")
     with pytest.raises(TableGone):
-        open_layout(path, rejects, QUERY, committed_before=True)
+        open_output(path, rejects, QUERY, committed_before=True)
     shutil.rmtree(tmp_path / "_delta_log")
     write_deltalake(path, pa.table({"x": [1]}))
     with pytest.raises(NotPidfenceTable):
-        open_layout(path, rejects, QUERY)
+        open_output(path, rejects, QUERY)

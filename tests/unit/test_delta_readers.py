@@ -15,16 +15,13 @@ from deltalake.schema import Field, PrimitiveType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pidfence.spark_sink.delta.commit import commit_batch, stage_file, staging_dir
-from pidfence.spark_sink.delta.readers import log_heads, read_delta_log, read_delta_rejects
 from pidfence.spark_sink.delta.stats import footer_stats
-from pidfence.spark_sink.delta.table import (
-    DELTA_LOG_SCHEMA,
-    DELTA_REJECTS_SCHEMA,
-    Location,
-    open_table,
-)
+from pidfence.spark_sink.delta.table import DELTA_LOG_SCHEMA, DELTA_REJECTS_SCHEMA, open_table
+from pidfence.spark_sink.readers import read_log as read_delta_log
+from pidfence.spark_sink.readers import read_table
 from pidfence.spark_sink.schema import HEADERS_TYPE, TS_TYPE, conform
+from pidfence.spark_sink.storage import Store
+from tests.unit.delta_kit import commit_batch, stage_file
 from tests.unit.test_delta_commit import Q, expected, run_batch, stage
 from tests.unit.test_delta_table import reject_rows
 
@@ -33,7 +30,7 @@ _ORDER = [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "as
 
 @pytest.fixture
 def table_with_uncommitted(tmp_path: Path) -> str:
-    """Batches 0-2 committed; batch 3 published into data/ but not committed; 4 only staged."""
+    """Batches 0-2 committed; batch 3 checked for a commit that never came; 4 only written."""
     path = str(tmp_path)
     for b in range(3):
         run_batch(path, b)
@@ -66,7 +63,7 @@ def test_deltalake_reads_exactly_the_committed_rows(table_with_uncommitted: str)
 
 def test_pyarrow_dataset_reads_exactly_the_committed_rows(table_with_uncommitted: str) -> None:
     dataset = DeltaTable(table_with_uncommitted).to_pyarrow_dataset()
-    assert len(dataset.files) == 6  # 3 batches x 2 partitions; nothing staged or uncommitted
+    assert len(dataset.files) == 6  # 3 batches x 2 partitions; nothing uncommitted
     assert _normal(dataset.to_table()).equals(expected([0, 1, 2]))
 
 
@@ -85,9 +82,8 @@ def test_headers_survive_every_reader(table_with_uncommitted: str) -> None:
     assert frame["headers"].to_list() == want
 
 
-def test_log_heads_and_columns_another_writer_added(table_with_uncommitted: str) -> None:
+def test_columns_another_writer_added(table_with_uncommitted: str) -> None:
     path = table_with_uncommitted
-    assert log_heads(path) == {("t", 0): 12, ("t", 1): 12}
     DeltaTable(path).alter.add_columns([Field("region", PrimitiveType("string"), nullable=True)])
     row = expected([0]).slice(0, 1).append_column("region", pa.array(["eu"]))
     write_deltalake(
@@ -100,18 +96,17 @@ def test_log_heads_and_columns_another_writer_added(table_with_uncommitted: str)
     table = read_delta_log(path)
     assert table.column_names == [*DELTA_LOG_SCHEMA.names, "region"]
     assert table.num_rows == expected([0, 1, 2]).num_rows + 1
-    assert log_heads(path) == {("t", 0): 12, ("t", 1): 12}  # a row without log_offset
 
 
 def test_rejects_reads(tmp_path: Path) -> None:
     path = str(tmp_path / "_rejects")
     open_table(path, "rejects")
-    assert read_delta_rejects(path).num_rows == 0
+    assert read_table(path, "rejects").num_rows == 0
     rows = pa.concat_tables(
         [reject_rows("t", 0, 0, 3, "FENCE"), reject_rows("t", 0, 3, 2, "DUPLICATE")]
     )
     commit_batch(path, "rejects", Q, 0, [stage_file(path, "rejects", Q, 0, "t", 0, rows)])
-    table = read_delta_rejects(path)
+    table = read_table(path, "rejects")
     assert table.schema.equals(DELTA_REJECTS_SCHEMA)
     assert table.equals(rows)
 
@@ -119,7 +114,6 @@ def test_rejects_reads(tmp_path: Path) -> None:
 def test_empty_log_reads(tmp_path: Path) -> None:
     open_table(str(tmp_path), "log")
     assert read_delta_log(str(tmp_path)).equals(DELTA_LOG_SCHEMA.empty_table())
-    assert log_heads(str(tmp_path)) == {}
 
 
 _rows = st.lists(
@@ -165,8 +159,11 @@ def test_property_statistics_bound_every_row_and_never_hide_one(
         }
     )
     path = str(tmp_path_factory.mktemp("stats"))
+    open_table(path, "log")
     staged = stage_file(path, "log", Q, 0, "t", 0, table)
-    stats = json.loads(staged.stats)
+    rel, raw = staged
+    assert raw is not None
+    stats = json.loads(raw)
     assert stats["numRecords"] == len(rows)
     for name in ("partition", "log_offset", "offset"):
         values = table[name].to_pylist()
@@ -176,9 +173,7 @@ def test_property_statistics_bound_every_row_and_never_hide_one(
     lo = datetime.fromisoformat(stats["minValues"]["timestamp"])
     hi = datetime.fromisoformat(stats["maxValues"]["timestamp"])
     assert all(lo <= t <= hi for t in table["timestamp"].to_pylist())
-    rel = f"{staging_dir(Q, 0)}/{staged.name}"
-    assert json.loads(footer_stats(Location.at(path), rel)) == stats
-    open_table(path, "log")
+    assert json.loads(footer_stats(Store.at(path), rel)) == stats
     commit_batch(path, "log", Q, 0, [staged])
     full = read_delta_log(path)
     for where in (

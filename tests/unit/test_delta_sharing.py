@@ -17,7 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.schema import Field, PrimitiveType
 
 from pidfence.spark_sink.delta.checkpoints import last_checkpoint
-from pidfence.spark_sink.delta.commit import commit_batch, committed_version
+from pidfence.spark_sink.delta.commit import committed_version
 from pidfence.spark_sink.delta.errors import (
     ConstraintViolated,
     RestoredPastSink,
@@ -25,8 +25,9 @@ from pidfence.spark_sink.delta.errors import (
     TableGone,
 )
 from pidfence.spark_sink.delta.history import check_lineage, restored_version
-from pidfence.spark_sink.delta.readers import read_delta_log
-from pidfence.spark_sink.delta.table import Location
+from pidfence.spark_sink.readers import read_log as read_delta_log
+from pidfence.spark_sink.storage import Store
+from tests.unit.delta_kit import commit_batch
 from tests.unit.test_delta_commit import PER_BATCH, Q, expected, run_batch, stage
 from tests.unit.test_delta_table import log_rows
 
@@ -148,12 +149,12 @@ def test_checkpoints_at_deltas_default_interval_or_the_tables(tmp_path: Path) ->
     path = str(tmp_path / "a")
     for b in range(12):
         run_batch(path, b)
-    assert last_checkpoint(Location.at(path)) == 10  # Delta Lake's default interval, 10
+    assert last_checkpoint(Store.at(path)) == 10  # Delta Lake's default interval, 10
     other = str(tmp_path / "b")
     run_batch(other, 0)
     DeltaTable(other).alter.set_table_properties({"delta.checkpointInterval": "3"})
     for b in range(1, 5):
         run_batch(other, b)
     # Never more than the table's interval behind (delta-rs's own ALTER hook checkpoints too).
-    assert DeltaTable(other).version() - last_checkpoint(Location.at(other)) < 3
+    assert DeltaTable(other).version() - last_checkpoint(Store.at(other)) < 3
     assert _sink_rows(other) == 5 * 2 * PER_BATCH

@@ -1,4 +1,4 @@
-"""Property: the sink on the Delta layout, under any chunking, crashes at any commit step,
+"""Property: the sink and its Delta output, under any chunking, crashes at any commit step,
 replays, compactions and state loss, commits exactly the per-record rules' output, once."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from deltalake import DeltaTable
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from pidfence.spark_sink import output as output_mod
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.delta import layout as layout_mod
 from pidfence.spark_sink.delta.care import compact
-from pidfence.spark_sink.delta.layout import open_layout
 from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.output import open_output
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from tests.unit.test_delta_layout import QUERY, RULES, SETTINGS
 from tests.unit.test_sink_process import Record, kafka_rows, make_stream, reference
@@ -45,14 +45,14 @@ def _run(
     root: Path, records: list[Record], sizes: list[int], events: list[str]
 ) -> tuple[DeltaTable, DeltaTable]:
     options = SinkOptions.parse({"path": str(root), **SETTINGS})
-    open_layout(options.path, options.rejects_path, QUERY)
+    open_output(options.path, options.rejects_path, QUERY)
     mp = pytest.MonkeyPatch()
-    real = layout_mod.commit_moves
+    real = output_mod.commit_files
 
-    def die_on_log(path: str, kind: str, *args: Any, **kwargs: Any) -> bool:
+    def die_on_log(table: Any, kind: str, *args: Any, **kwargs: Any) -> bool:
         if kind == "log":
             raise Crash(kind)
-        return real(path, kind, *args, **kwargs)  # type: ignore[arg-type]
+        return real(table, kind, *args, **kwargs)  # type: ignore[arg-type]
 
     try:
         w = PidfenceStreamWriter(options)
@@ -75,10 +75,10 @@ def _run(
             if event == "die_before_commit":
                 msg = write(batch, chunk, 1)
             if event == "die_between":
-                mp.setattr(layout_mod, "commit_moves", die_on_log)
+                mp.setattr(output_mod, "commit_files", die_on_log)
                 with pytest.raises(Crash):
                     w.commit([msg], batch)
-                mp.setattr(layout_mod, "commit_moves", real)
+                mp.setattr(output_mod, "commit_files", real)
                 msg = write(batch, chunk, 1)
             w.commit([msg], batch)
             if event == "rerun_after_commit":

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from pidfence.cli import app
 from pidfence.pid_allocator import LeaseServerSettings, SettingsError, load_settings
-from pidfence.pid_allocator.settings import is_loopback
-from pidfence.pid_allocator.settings_sources import OPTIONS, settings_argv
+from pidfence.pid_allocator.settings import declared, is_loopback
+from pidfence.pid_allocator.settings_sources import options_table, settings_argv
 
 
 def test_flags_beat_the_environment_which_beats_the_file(tmp_path: Path) -> None:
@@ -73,6 +73,7 @@ def test_argv_rebuilds_the_settings() -> None:
         lifetime_ms=90_000,
         idle_timeout_s=1.5,
         retention_ms=0,
+        gc_interval_s=0,
         max_pending_connections=32,
         metrics_port=9100,
         insecure=True,
@@ -97,9 +98,30 @@ def test_argv_rebuilds_the_settings() -> None:
 def test_every_field_has_one_option() -> None:
     from dataclasses import fields
 
-    named = {o.field for o in OPTIONS} | {"port"}  # --listen sets host and port
+    named = {o.field for o in declared()} | {"port"}  # --listen sets host and port
     assert named == {f.name for f in fields(LeaseServerSettings)}
-    assert len({o.name for o in OPTIONS}) == len(OPTIONS)
+    assert len({o.option for o in declared()}) == len(declared())
+
+
+def test_the_docs_table_is_the_declarations() -> None:
+    """docs/lease-server.md's options table is made from the declarations (regenerate it with
+    ``pidfence.pid_allocator.settings.options_table()``)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "lease-server.md").read_text()
+    assert options_table() in page
+
+
+def test_bounds_come_from_the_declarations() -> None:
+    for item in declared():
+        if item.low is not None:
+            below = item.low - (1 if item.kind in ("int", "ms") else 0.5)
+            with pytest.raises(SettingsError, match=item.field):
+                LeaseServerSettings(**{item.field: below})
+        if item.above is not None:
+            with pytest.raises(SettingsError, match=item.field):
+                LeaseServerSettings(**{item.field: item.above})
+        if item.high is not None:
+            with pytest.raises(SettingsError, match=item.field):
+                LeaseServerSettings(**{item.field: item.high + 1})
 
 
 @pytest.mark.parametrize(
@@ -142,19 +164,8 @@ def test_the_pending_pool_follows_the_connection_cap() -> None:
 def test_cli_with_insecure_gets_past_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     """--insecure passes the loopback check: the server then tries ZooKeeper (none here: 3)."""
     monkeypatch.setenv("PIDFENCE_LEASE_SERVER_ZK_SESSION_TIMEOUT", "1s")
-    result = CliRunner().invoke(
-        app,
-        [
-            "lease-server",
-            "--zk",
-            "127.0.0.1:1",
-            "--listen",
-            "0.0.0.0:0",
-            "--insecure",
-            "--zk-op-timeout",
-            "1s",
-        ],
-    )
+    args = "lease-server --zk 127.0.0.1:1 --listen 0.0.0.0:0 --insecure --zk-op-timeout 1s"
+    result = CliRunner().invoke(app, args.split())
     assert result.exit_code == 3, result.output
     assert "ZooKeeper" in result.output
 

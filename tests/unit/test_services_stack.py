@@ -110,7 +110,9 @@ def test_default_run_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     monkeypatch.setenv("PIDFENCE_RUN_DIR", str(tmp_path / "x"))
     assert stack.default_run_dir() == tmp_path / "x"
     monkeypatch.delenv("PIDFENCE_RUN_DIR")
-    assert stack.default_run_dir().parts[-2:] == (".cache", "services")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # the same folder from wherever the command runs, in or outside a checkout
+    assert stack.default_run_dir() == tmp_path / "cache" / "pidfence" / "services"
 
 
 def test_node_names_are_checked(tmp_path: Path) -> None:

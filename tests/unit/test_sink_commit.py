@@ -16,7 +16,7 @@ from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
 from pidfence.spark_sink.state_files import state_files
 from pidfence.spark_sink.storage import Store
-from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
+from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from tests.unit.test_sink_process import Record, kafka_rows, make_stream, micro_batches, reference
 
 SETTINGS = {"capacity": "64", "lifetime": "10000000", "reorderWindow": "3", "compactEvery": "2"}
@@ -78,22 +78,20 @@ def test_replayed_batch_rewrites_identical_files_and_commit_is_idempotent(
     assert _files(tmp_path) == before
 
 
-def test_uncommitted_batch_is_invisible_and_cleaned(
+def test_uncommitted_batch_is_invisible_and_cleaned_by_its_rerun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     chunks = micro_batches(make_stream(4, 120), 60)
     w = _committed(monkeypatch, tmp_path, chunks[:1])
     visible = read_log(str(tmp_path))
-    _write(monkeypatch, w, 1, kafka_rows(chunks[1]))  # written, never committed
+    dead = _write(monkeypatch, w, 1, kafka_rows(chunks[1]))  # written, never committed
     assert read_log(str(tmp_path)).equals(visible)
-    store = Store.at(str(tmp_path / OWN_DIR))
-    rejects = Store.at(str(tmp_path / "_rejects" / OWN_DIR))
-    # The path has an owner: without its query id, cleanup touches nothing (it might be
-    # another query's in-flight batch); the owner's own cleanup removes its files.
-    assert cleanup_uncommitted(store, rejects) == []
-    assert any((tmp_path / OWN_DIR / "data" / f"{1:020d}").iterdir())
-    assert cleanup_uncommitted(store, rejects, QUERY) == [1]
-    assert not any((tmp_path / OWN_DIR / "data" / f"{1:020d}").iterdir())
+    data = tmp_path / "data" / QUERY / f"{1:020d}"
+    assert dead.tag is not None and any(dead.tag in p.name for p in data.iterdir())
+    # Spark re-runs the batch: its commit removes the dead attempt's files.
+    w.commit([_write(monkeypatch, w, 1, kafka_rows(chunks[1]))], 1)
+    assert not any(dead.tag in p.name for p in tmp_path.rglob("*.parquet"))
+    assert read_log(str(tmp_path)).num_rows > visible.num_rows
 
 
 def test_abort_removes_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,6 +163,13 @@ def test_state_is_incremental_with_periodic_compaction(
     for kind in kinds:
         run = 0 if kind == "full" else run + 1
         assert run <= 2
+
+
+def test_the_docs_table_is_the_declarations() -> None:
+    from pidfence.spark_sink.options import options_table
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "sink.md").read_text()
+    assert options_table() in page
 
 
 def test_options_are_validated() -> None:

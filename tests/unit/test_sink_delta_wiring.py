@@ -17,15 +17,16 @@ from deltalake import DeltaTable, write_deltalake
 from typer.testing import CliRunner
 
 from pidfence.cli import app
+from pidfence.spark_sink import output as output_mod
 from pidfence.spark_sink import read_log, read_rejects
-from pidfence.spark_sink.delta import layout as layout_mod
-from pidfence.spark_sink.delta.readers import read_delta_log, read_delta_rejects
 from pidfence.spark_sink.delta.table import OWN_DIR, NotPidfenceTable
+from pidfence.spark_sink.manifest import BatchManifest, PartCommit
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import committed_ids, reading_layout
+from pidfence.spark_sink.output import committed_ids
 from pidfence.spark_sink.pipeline import BatchLine, BatchWatcher, SinkRunSummary, summarise
-from pidfence.spark_sink.writer import PidfenceStreamWriter, cleanup_uncommitted
-from tests.unit.test_delta_layout import Crash, commit_moves_dying_at
+from pidfence.spark_sink.readers import read_table
+from pidfence.spark_sink.writer import PidfenceStreamWriter
+from tests.unit.test_delta_layout import Crash, commit_files_dying_at
 from tests.unit.test_sink_process import (
     make_stream,
     micro_batches,
@@ -43,24 +44,18 @@ _write = partial(write_as_task, query=QUERY)
 
 
 def test_batch_line_counts_forged_records_by_reason() -> None:
-    manifest = {
-        "batch": 4,
-        "parts": [
-            {
-                "rows_in": 20,
-                "appended": 10,
-                "counts": {"APPENDED": 10, "DUPLICATE": 4, "FORGED": 4},
-                "forged": {"unknown_key": 3, "missing": 1},
-            },
-            {
-                "rows_in": 5,
-                "appended": 2,
-                "counts": {"APPENDED": 1, "NON_IDEMPOTENT": 1, "FORGED": 2},
-                "forged": {"missing": 1, "unknown_key": 1},
-            },
-            {"rows_in": 1, "appended": 1, "counts": {"APPENDED": 1}},  # an older manifest
-        ],
-    }
+    def part(rows_in: int, appended: int, counts: dict[str, int], **forged: int) -> PartCommit:
+        return PartCommit("t", 0, rows_in, appended, 0, 0, 0, 0, 0, counts, "", "", forged=forged)
+
+    manifest = BatchManifest(
+        4,
+        QUERY,
+        (
+            part(20, 10, {"APPENDED": 10, "DUPLICATE": 4, "FORGED": 4}, unknown_key=3, missing=1),
+            part(5, 2, {"APPENDED": 1, "NON_IDEMPOTENT": 1, "FORGED": 2}, missing=1, unknown_key=1),
+            part(1, 1, {"APPENDED": 1}),
+        ),
+    )
     summary = SinkRunSummary()
     summary.add_manifest(manifest)
     assert summary.forged == {"missing": 2, "unknown_key": 4}
@@ -98,8 +93,8 @@ def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch
     assert (out / "_delta_log").is_dir() and (out / OWN_DIR / "_owner.json").is_file()
     records = make_stream(21, 300)
     chunks = micro_batches(records, 60)
-    real = layout_mod.commit_moves
-    die_before_log = commit_moves_dying_at("log")
+    real = output_mod.commit_files
+    die_before_log = commit_files_dying_at("log")
 
     watcher = BatchWatcher(str(out))
 
@@ -111,10 +106,10 @@ def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch
     last = len(chunks) - 1
     # The last batch's manifest and rejects are written, its log commit never lands.
     msg = _write(monkeypatch, w, last, chunks[last])
-    monkeypatch.setattr(layout_mod, "commit_moves", die_before_log)
+    monkeypatch.setattr(output_mod, "commit_files", die_before_log)
     with pytest.raises(Crash):
         w.commit([msg], last)
-    monkeypatch.setattr(layout_mod, "commit_moves", real)
+    monkeypatch.setattr(output_mod, "commit_files", real)
     assert (out / OWN_DIR / "_manifests" / f"{last:020d}.json").is_file()
     assert committed_ids(str(out)) == list(range(last))
     lines = watcher.poll(NoProgress(), final=True)
@@ -123,24 +118,20 @@ def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch
     before = read_log(str(out))
     assert before.num_rows == DeltaTable(str(out)).to_pyarrow_table().num_rows
 
-    # Start-up cleanup through the Delta layout's view: the dead attempt's staged files go.
-    layout = reading_layout(str(out))
-    staged = list((out / OWN_DIR / "data" / f"{last:020d}").glob("*.parquet"))
-    assert staged
-    gone = cleanup_uncommitted(layout.store, layout.rejects, QUERY, layout.committed_ids())
-    assert gone == [last]
-    assert not any(p.exists() for p in staged)
-
     # The re-run of the batch commits it; the watcher reports it once.
     w.commit([_write(monkeypatch, w, last, chunks[last], attempt=1)], last)
     assert [line.batch for line in watcher.poll(NoProgress(), final=True)] == [last]
-    # Its rejects were committed before the crash; the re-run's staged copies are gone.
-    assert not list((out / "_rejects" / OWN_DIR).rglob("*.parquet"))
-    assert not list((out / OWN_DIR / "data").rglob("*.parquet"))
+    # Its rejects were committed before the crash: the re-run's copies are gone, and every
+    # data file left is one its table adds.
+    for table in (out, out / "_rejects"):
+        added = set(DeltaTable(str(table)).file_uris())
+        assert {str(p) for p in (table / "data").rglob("*.parquet")} == added
     assert watcher.poll(NoProgress(), final=True) == []
     log, rejects = read_log(str(out)), read_rejects(str(out))
-    assert log == read_delta_log(str(out))
-    assert rejects == read_delta_rejects(str(out / "_rejects"))
+    assert log == read_table(str(out), "log").sort_by(
+        [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "ascending")]
+    )
+    assert rejects.num_rows == read_table(str(out / "_rejects"), "rejects").num_rows
     assert log.num_rows + rejects.num_rows <= len(records)
     assert log["log_offset"].to_pylist() == list(range(log.num_rows))
     by_deltalake = DeltaTable(str(out)).to_pyarrow_table().sort_by("log_offset")

@@ -10,7 +10,6 @@ import pytest
 
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.spark_sink import read_gaps, read_log, read_rejects
-from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.gaps import GapReport, unread_offsets
 from pidfence.spark_sink.options import SinkOptions
@@ -18,7 +17,7 @@ from pidfence.spark_sink.process import process_partition
 from pidfence.spark_sink.state import PartitionState
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from pidfence.wire import encode_pf
-from tests.unit.test_sink_process import Record, kafka_rows
+from tests.unit.test_sink_process import Record, commit_batches, kafka_rows
 
 SETTINGS = {"capacity": "64", "lifetime": "10000", "reorderWindow": "3", "compactEvery": "1"}
 QUERY = "0f1e2d3c-gaps-query"
@@ -36,10 +35,7 @@ def _run(
     **extra: str,
 ) -> None:
     writer = PidfenceStreamWriter(SinkOptions.parse({"path": str(path), **SETTINGS, **extra}))
-    for b, records in enumerate(batches, start=start):
-        monkeypatch.setattr(writer_mod, "_task_context", lambda b=b: (b, 0, QUERY))
-        message = writer.write(iter(kafka_rows(records).to_batches(max_chunksize=13)))
-        writer.commit([message], b)
+    commit_batches(monkeypatch, writer, batches, start, query=QUERY)
 
 
 def test_unread_offsets() -> None:

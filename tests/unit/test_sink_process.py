@@ -11,6 +11,7 @@ import pytest
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.process import pf_headers, process_partition
+from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import PartitionState
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from pidfence.wire import FLAG_FENCE, encode_pf
@@ -90,6 +91,19 @@ def write_as_task(
     """``writer.write()`` of ``records`` (chunks of 17 rows) as Spark's task of this batch."""
     monkeypatch.setattr(writer_mod, "_task_context", lambda: (batch, attempt, query))
     return writer.write(iter(kafka_rows(records).to_batches(max_chunksize=17)))
+
+
+def commit_batches(
+    monkeypatch: pytest.MonkeyPatch,
+    writer: PidfenceStreamWriter,
+    chunks: list[list[Record]],
+    start: int = 0,
+    *,
+    query: str,
+) -> None:
+    """Write and commit each chunk as one micro-batch, numbered from ``start``."""
+    for b, chunk in enumerate(chunks, start=start):
+        writer.commit([write_as_task(monkeypatch, writer, b, chunk, query=query)], b)
 
 
 def micro_batches(records: list[Record], size: int) -> list[list[Record]]:
@@ -227,13 +241,4 @@ def test_each_records_own_headers_and_timestamp_type_reach_the_log_and_the_rejec
         record_headers(o, h) for o, h, _ in [records[0], (3, encode_pf(7, 0, 1), 4), records[1]]
     ]
     assert log.column("timestampType").to_pylist() == [0, 1, 1]
-    assert log.column_names[:8] == [
-        "key",
-        "value",
-        "topic",
-        "partition",
-        "offset",
-        "timestamp",
-        "timestampType",
-        "headers",
-    ]
+    assert log.column_names[:8] == list(KAFKA_COLUMNS)  # the source's own, in its order

@@ -23,14 +23,14 @@ from hypothesis import strategies as st
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.delta.layout import DeltaLayout
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.errors import CommittedBatchMismatch, OutputOwnedError
 from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.state import load_state
 from pidfence.spark_sink.state_files import decode_state, drop_old_chains, encode_state, state_dir
 from pidfence.spark_sink.storage import Store
-from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage, cleanup_uncommitted
+from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from pidfence.wire import FLAG_FENCE, encode_pf
 from tests.unit.broker_streams import StreamKnobs, make_stream
 from tests.unit.test_sink_process import Record, kafka_rows
@@ -66,8 +66,7 @@ def output(path: Path) -> tuple[pa.Table, pa.Table]:
 
 
 def live_state(path: Path, opts: SinkOptions, batch: int) -> ProducerStateTable:
-    layout = DeltaLayout(opts.path, opts.rejects_path, QUERY_A)
-    return load_state(layout, layout.store, "t", 0, batch, opts).table
+    return load_state(Output(opts.path, opts.rejects_path, QUERY_A), "t", 0, batch, opts).table
 
 
 def damage(path: Path, mode: str, rng: random.Random) -> None:
@@ -227,7 +226,7 @@ def test_drop_old_chains_keeps_the_newest_intact_chain(tmp_path: Path) -> None:
     def put(batch: int, kind: str) -> None:
         blob = table.snapshot()
         data = encode_state(StateFile(kind, None, None, "tag", blob, 0))
-        store.write_bytes(f"{directory}/{batch:020d}.{kind}", data)
+        store.put(f"{directory}/{batch:020d}.{kind}", data)
 
     put(0, "full")
     put(3, "full")
@@ -246,9 +245,6 @@ def test_a_second_query_on_the_path_fails_at_start_and_deletes_nothing(tmp_path:
     run_batch(a, 0, recs[:30])
     in_flight = write(a, 1, kafka_rows(recs[30:]))  # A's batch 1 is being written
     staged = _files(tmp_path)
-    store = Store.at(str(tmp_path / OWN_DIR))
-    rejects = Store.at(str(tmp_path / "_rejects" / OWN_DIR))
-    assert cleanup_uncommitted(store, rejects) == []  # what `start_sink` runs first
     with pytest.raises(OutputOwnedError, match="belongs to streaming query"):
         PidfenceStreamWriter(options(tmp_path), query_id=QUERY_B)
     with pytest.raises(OutputOwnedError):
@@ -261,7 +257,7 @@ def test_a_second_query_on_the_path_fails_at_start_and_deletes_nothing(tmp_path:
 
 
 def test_manifest_index_gives_the_same_positions_as_the_manifests(tmp_path: Path) -> None:
-    from pidfence.spark_sink.layout import INDEX_EVERY
+    from pidfence.spark_sink.output import INDEX_EVERY
 
     recs = records_of(make_stream(random.Random(8), StreamKnobs(pids=3, records=400)))
     w = PidfenceStreamWriter(options(tmp_path))
@@ -272,7 +268,7 @@ def test_manifest_index_gives_the_same_positions_as_the_manifests(tmp_path: Path
             w.commit([write(w, batch, kafka_rows(chunk, "t", 1))], batch)  # t~0 idle
         else:
             run_batch(w, batch, chunk)
-    layout = DeltaLayout(str(tmp_path), str(tmp_path / "_rejects"), QUERY_A)
+    layout = Output(str(tmp_path), str(tmp_path / "_rejects"), QUERY_A)
     index = tmp_path / OWN_DIR / "_manifests" / "_index"
     assert (index / "latest").read_text() == str(INDEX_EVERY)
     indexed = layout.positions(INDEX_EVERY + 4)
@@ -341,11 +337,11 @@ def test_signed_generations_through_the_sink(tmp_path: Path) -> None:
     rej = read_rejects(str(out))
     assert rej["offset"].to_pylist() == [2, 4, 6, 7, 9]
     assert set(rej["verdict"].to_pylist()) == {"FORGED"}
-    manifests = [DeltaLayout(str(out), str(out / "_rejects"), QUERY_A).committed(b) for b in (0, 1)]
+    manifests = [Output(str(out), str(out / "_rejects"), QUERY_A).committed(b) for b in (0, 1)]
     forged: dict[str, Any] = {}
     for m in manifests:
         assert m is not None
-        for reason, n in m["parts"][0]["forged"].items():
+        for reason, n in m.parts[0].forged.items():
             forged[reason] = forged.get(reason, 0) + n
     assert forged == {"missing": 2, "unknown_key": 2, "other_identity": 1}
     del old_priv

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pidfence.services.process import ServiceFailed
-from pidfence.spark_sink import faults
+from pidfence.spark_sink import crash_points
 from pidfence.spark_sink.errors import InjectedFault
 from pidfence.testing import (
     BadSinkFault,
@@ -36,20 +36,20 @@ from pidfence.testing.spark_python import python_wrapper
 @pytest.fixture(autouse=True)
 def _no_hook_left() -> object:
     yield
-    faults.install_hook(None)
+    crash_points.install_hook(None)
 
 
 def test_without_a_hook_every_crash_point_is_a_no_op() -> None:
-    for point in faults.POINTS:
-        faults.crash_point(point, 0)
+    for point in crash_points.POINTS:
+        crash_points.crash_point(point, 0)
 
 
 def test_the_hook_fails_first_attempts_and_leaves_retries_alone() -> None:
     SinkFaults(fail_first_attempt=True).install()
     with pytest.raises(InjectedFault, match="attempt 0"):
-        faults.crash_point("task_start", 0)
-    faults.crash_point("task_start", 1)
-    faults.crash_point("after_write", 0)
+        crash_points.crash_point("task_start", 0)
+    crash_points.crash_point("task_start", 1)
+    crash_points.crash_point("after_write", 0)
 
 
 def test_a_crash_needs_a_known_point_and_a_group() -> None:
@@ -65,15 +65,15 @@ def test_a_crash_never_fires_outside_the_sinks_group_or_session() -> None:
     stranger = max(os.getpgrp(), os.getsid(0)) + 7_654_321
     kill_group(stranger)  # returns: this process is not in that group or session
     SinkFaults(crash_at="after_write", group=stranger).install()
-    faults.crash_point("after_write")
+    crash_points.crash_point("after_write")
 
 
 def test_a_crash_kills_the_group_it_leads(tmp_path: Path) -> None:
     child = (
         "import os; from pidfence.testing import SinkFaults; from pidfence.spark_sink import "
-        "faults; SinkFaults(crash_at='before_manifest', group=os.getpid()).install(); "
-        "faults.crash_point('after_write'); print('alive', flush=True); "
-        "faults.crash_point('before_manifest'); print('not reached')"
+        "crash_points; SinkFaults(crash_at='before_manifest', group=os.getpid()).install(); "
+        "crash_points.crash_point('after_write'); print('alive', flush=True); "
+        "crash_points.crash_point('before_manifest'); print('not reached')"
     )
     proc = subprocess.run(
         [sys.executable, "-c", child],
@@ -89,9 +89,9 @@ def test_a_crash_kills_the_group_it_leads(tmp_path: Path) -> None:
 
 def test_the_spark_python_wrapper_installs_the_hook_then_runs_the_module(tmp_path: Path) -> None:
     (tmp_path / "probe_mod.py").write_text(
-        "import sys\nfrom pidfence.spark_sink import faults\n"
+        "import sys\nfrom pidfence.spark_sink import crash_points\n"
         "if __name__ == '__main__':\n"
-        "    print(faults._hook is not None, sys.argv[1:])\n"
+        "    print(crash_points._hook is not None, sys.argv[1:])\n"
     )
     python = python_wrapper(SinkFaults(fail_first_attempt=True), tmp_path / "bin")
     proc = subprocess.run(

@@ -9,9 +9,8 @@ adds the calls users make: one record (:meth:`offer`, :meth:`offer_header`), man
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
-from pidfence.broker_plugin.batch import BatchResult, offer_batch
 from pidfence.broker_plugin.decision import Decision
 from pidfence.broker_plugin.entry import (
     MALFORMED,
@@ -24,6 +23,9 @@ from pidfence.broker_plugin.entry import (
 from pidfence.broker_plugin.rules import RulesKernel
 from pidfence.broker_plugin.snapshot import delta_snapshot, full_snapshot, restore_chain
 from pidfence.wire import MalformedHeader, decode_pf_fields, valid_fields
+
+if TYPE_CHECKING:  # the batch path needs numpy and pyarrow; a producer's recovery does not
+    from pidfence.broker_plugin.batch import BatchResult
 
 
 class ProducerStateTable(RulesKernel):
@@ -114,6 +116,8 @@ class ProducerStateTable(RulesKernel):
 
         See :func:`pidfence.broker_plugin.batch.offer_batch` for the arguments and result.
         """
+        from pidfence.broker_plugin.batch import offer_batch
+
         return offer_batch(self, headers, ts_ms, refs, certs, forged, forged_reason)
 
     def snapshot(self) -> bytes:

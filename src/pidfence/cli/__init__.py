@@ -7,7 +7,7 @@ import signal
 
 import typer
 
-from pidfence.cli import bench, copy, demo, keys, lease, produce, services, sink, verify
+from pidfence.cli import bench, copy, demo, jars, keys, lease, produce, services, sink, verify
 
 app = typer.Typer(
     name="pidfence",
@@ -22,7 +22,7 @@ def _root() -> None:
     """Exactly-once Kafka pipelines: PID leases, idempotent producers, a deduplicating sink."""
 
 
-for _module in (services, lease, keys, produce, copy, sink, verify, demo, bench):
+for _module in (services, jars, lease, keys, produce, copy, sink, verify, demo, bench):
     _module.register(app)
 
 

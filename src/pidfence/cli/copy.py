@@ -1,13 +1,15 @@
-"""``pidfence copy``: copy a topic exactly once (logic in ``pidfence.producer.copier``)."""
+"""``pidfence copy``: copy a topic exactly once, as one process (``--state``) or as a member of a
+copier group (``--group``); the logic is in ``pidfence.producer.copier`` and ``copy_group``."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from pidfence.cli import producing
+from pidfence.cli.exits import fail
 from pidfence.cli.keys import ProducerPublicKeys
 
 
@@ -20,25 +22,66 @@ def register(app: typer.Typer) -> None:
         lease_server: producing.LeaseServers,
         from_topic: Annotated[str, typer.Option(help="Input topic")],
         to_topic: Annotated[str, typer.Option(help="Output topic (same partition count)")],
-        state: Annotated[Path, typer.Option(help="Offsets + producer checkpoint file")],
-        group: Annotated[str, typer.Option(help="Consumer group.id (identity only)")] = "",
+        state: Annotated[
+            Path | None, typer.Option(help="One copier: its offsets + producer checkpoint file")
+        ] = None,
+        group: Annotated[
+            str,
+            typer.Option(
+                help="A copier group: members share the partitions; the group's Kafka commits "
+                "hold the checkpoints (no --state)"
+            ),
+        ] = "",
+        group_key: Annotated[
+            Path | None,
+            typer.Option(help="Seal the group's committed checkpoints (64 hex digits, 0600)"),
+        ] = None,
+        session_timeout: Annotated[
+            float,
+            typer.Option(min=1, help="Seconds a silent group member keeps its partitions"),
+        ] = 10.0,
         max_records: Annotated[
             int, typer.Option(min=0, help="Stop after N records this run (0: no limit)")
         ] = 0,
         idle_exit: Annotated[
-            float, typer.Option(min=0, help="Stop after SECONDS without a record (0: never)")
+            float,
+            typer.Option(
+                min=0,
+                help="Stop after SECONDS without a record (0: never); a group member also waits "
+                "until the group has committed every input partition to its end",
+            ),
         ] = 10.0,
-        checkpoint_every: producing.CheckpointEvery = 200,
+        checkpoint_every: Annotated[
+            int,
+            typer.Option(
+                min=1, help="Flush and save --state (a group: commit a partition) every N records"
+            ),
+        ] = 200,
         ledger: producing.Ledger = None,
         lease_public_key: ProducerPublicKeys = None,
         message_timeout: producing.MessageTimeout = None,
+        stop_after_commit: Annotated[
+            int,
+            typer.Option(
+                min=0,
+                help="Fault hook: SIGSTOP this group member after its N-th commit (0: never)",
+            ),
+        ] = 0,
     ) -> None:
         """Copy FROM_TOPIC to TO_TOPIC; killed and restarted, the deduplicated output is exact."""
         from rich.progress import SpinnerColumn, TextColumn
 
         from pidfence.producer.copier import Copier, CopyResult, CopySpec
-        from pidfence.producer.loadgen import OpenProducer
 
+        if not group and state is None:
+            fail("copy", "give --state FILE (one copier) or --group NAME (a copier group)", 2)
+        if group and state is not None and state.exists():
+            fail(
+                "copy",
+                f"{state} holds a single copier's progress, which a group cannot continue (it "
+                "would copy everything again): drop --group to go on with this copier, or drop "
+                "--state to start the group on a new output topic",
+            )
         spec = CopySpec(
             bootstrap=bootstrap,
             from_topic=from_topic,
@@ -47,11 +90,32 @@ def register(app: typer.Typer) -> None:
             max_records=max_records,
             idle_exit_s=idle_exit,
             checkpoint_every=checkpoint_every,
+            session_timeout_s=session_timeout,
+            stop_after_commit=stop_after_commit,
         )
-        columns = (SpinnerColumn(), TextColumn(f"{from_topic} -> {to_topic}: {{task.completed}}"))
+        who = f"{group}: " if group else ""
+        columns = (
+            SpinnerColumn(),
+            TextColumn(f"{who}{from_topic} -> {to_topic}: {{task.completed}}"),
+        )
 
-        def copy_all(open_producer: OpenProducer) -> CopyResult:
-            return producing.with_progress(columns, None, Copier(spec, open_producer, state).run)
+        def copy_alone(open_producer: Any) -> CopyResult:
+            copier = Copier(spec, open_producer, state or Path())
+            return producing.with_progress(columns, None, copier.run)
+
+        def copy_as_member(opened: tuple[Any, Any]) -> CopyResult:
+            from pidfence.producer.copy_checkpoint import GroupKey, MetadataCodec
+            from pidfence.producer.copy_group import CopyGroup
+
+            open_task, ledger_writer = opened
+            try:
+                key = GroupKey.load(group_key) if group_key is not None else None
+                codec = MetadataCodec(group, from_topic, to_topic, key)
+                member = CopyGroup(spec, open_task, codec)
+                return producing.with_progress(columns, None, member.run)
+            finally:
+                if ledger_writer is not None:
+                    ledger_writer.close()
 
         result = producing.with_producer(
             bootstrap,
@@ -60,9 +124,27 @@ def register(app: typer.Typer) -> None:
             ledger=ledger,
             lease_public_key=lease_public_key,
             message_timeout=message_timeout,
-            run=copy_all,
+            run=copy_as_member if group else copy_alone,
+            opener=_group_opener if group else None,
         )
+        if group:
+            typer.echo(
+                f"copied {result.copied} records in this run as a member of group {group} "
+                f"(per partition {result.per_partition}); next offsets {result.offsets}"
+            )
+            return
         typer.echo(
             f"copied {result.copied} records in total; next offsets {result.offsets}; "
             f"resumed={result.resumed}"
         )
+
+
+def _group_opener(
+    settings: Any, client: Any, ledger: Path | None = None, **_: Any
+) -> tuple[Any, Any]:
+    """The group's task opener and the one ledger writer its tasks share (or None)."""
+    from pidfence.ledger import LedgerWriter
+    from pidfence.producer.copy_task import task_opener
+
+    writer = LedgerWriter(ledger) if ledger is not None else None
+    return task_opener(settings, client, ledger=writer), writer

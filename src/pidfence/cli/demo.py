@@ -61,6 +61,9 @@ def demo(
     from rich.console import Console
 
     from pidfence.cli.exits import EXIT_USAGE, exit_cleanly, fail
+    from pidfence.cli.extras import require
+
+    require("demo", "demo")
     from pidfence.demo import BadDemoOption, DemoConfig, Fault, parse_faults, run_demo
     from pidfence.testing import missing_reason
 

@@ -7,7 +7,8 @@ code  meaning
 0     done; for checks: no anomaly
 1     anomalies found (``verify``, ``demo``): the run itself worked, its verdict is "no"
 2     usage: an unknown option, a bad value, a missing file named on the command line
-3     cannot reach a server, or a configuration that cannot work (missing topic, read-only path)
+3     cannot reach a server, or a configuration that cannot work (missing topic, read-only path,
+      an extra, Java or a jar missing: the line names the fix)
 75    retriable (``EX_TEMPFAIL``): run the same command again later, it continues
 ====  =====================================================================================
 """

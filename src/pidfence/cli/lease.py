@@ -1,8 +1,8 @@
 """``pidfence lease-server``: run a PID lease server (logic in ``pidfence.pid_allocator``).
 
-The options are made from ``pidfence.pid_allocator.settings_sources.OPTIONS``, the one table
-that names every setting; this module only collects what the user gave and hands it to
-``load_settings`` (flags, then ``PIDFENCE_LEASE_SERVER_*``, then ``--config FILE``).
+The options are made from the settings' declarations (``pidfence.pid_allocator.settings``);
+this module only collects what the user gave and hands it to ``load_settings`` (flags, then
+``PIDFENCE_LEASE_SERVER_*``, then ``--config FILE``).
 
 ``pidfence lease-server --health HOST:PORT`` pings a running server instead (exit 0 only on a
 real ping reply), for compose healthchecks and supervisors.
@@ -20,7 +20,14 @@ import typer
 
 from pidfence.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE, code_of, fail
 from pidfence.pid_allocator import settings_sources
-from pidfence.pid_allocator.settings_sources import OPTIONS, Option, load_settings, parse_listen
+from pidfence.pid_allocator.settings import Setting, declared
+from pidfence.pid_allocator.settings_sources import (
+    default_text,
+    env_name,
+    flag,
+    load_settings,
+    parse_listen,
+)
 from pidfence.wire import PidfenceError
 
 _COMMAND = "lease-server"
@@ -62,12 +69,12 @@ def health(address: str, tls_ca: Path | None, timeout_s: float) -> int:
     return 0
 
 
-def _parameter(option: Option) -> inspect.Parameter:
-    help_text = f"{option.help} (default {option.default_text()}; env {option.env})"
-    kind: Any = bool | None if option.kind == "flag" else str | None
-    annotation = Annotated[kind, typer.Option(option.flag, help=help_text, show_default=False)]
+def _parameter(item: Setting) -> inspect.Parameter:
+    help_text = f"{item.help} (default {default_text(item)}; env {env_name(item)})"
+    kind: Any = bool | None if item.kind == "flag" else str | None
+    annotation = Annotated[kind, typer.Option(flag(item), help=help_text, show_default=False)]
     return inspect.Parameter(
-        option.name.replace("-", "_"),
+        item.option.replace("-", "_"),
         inspect.Parameter.KEYWORD_ONLY,
         default=None,
         annotation=annotation,
@@ -93,7 +100,7 @@ def _run(flags: dict[str, Any], config: Path | None) -> None:
 
 
 def _command() -> Callable[..., None]:
-    """The ``lease-server`` command function, its options built from :data:`OPTIONS`."""
+    """The ``lease-server`` command function, its options built from the declarations."""
 
     def lease_server(**given: Any) -> None:
         """Run a PID lease server until SIGTERM or SIGINT (or, with --health, ping one)."""
@@ -106,40 +113,22 @@ def _command() -> Callable[..., None]:
         _run({name.replace("_", "-"): value for name, value in given.items()}, config)
         raise typer.Exit(0)
 
+    def keyword(name: str, default: Any, kind: Any, flag: str, help_text: str) -> inspect.Parameter:
+        option = typer.Option(flag, help=help_text)
+        return inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=default,
+            annotation=Annotated[kind, option],
+        )
+
     extra = [
-        inspect.Parameter(
-            "config",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation=Annotated[
-                Path | None, typer.Option("--config", help="TOML file of settings (option names)")
-            ],
-        ),
-        inspect.Parameter(
-            "health",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation=Annotated[
-                str | None,
-                typer.Option("--health", help="Ping HOST:PORT; exit 0 only on a reply"),
-            ],
-        ),
-        inspect.Parameter(
-            "tls_ca",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation=Annotated[
-                Path | None, typer.Option("--tls-ca", help="With --health: CA of the server's TLS")
-            ],
-        ),
-        inspect.Parameter(
-            "timeout",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=3.0,
-            annotation=Annotated[float, typer.Option(help="With --health: seconds to wait")],
-        ),
+        keyword("config", None, Path | None, "--config", "TOML file of settings (option names)"),
+        keyword("health", None, str | None, "--health", "Ping HOST:PORT; exit 0 only on a reply"),
+        keyword("tls_ca", None, Path | None, "--tls-ca", "With --health: CA of the server's TLS"),
+        keyword("timeout", 3.0, float, "--timeout", "With --health: seconds to wait"),
     ]
-    parameters = [_parameter(option) for option in OPTIONS] + extra
+    parameters = [_parameter(item) for item in declared()] + extra
     lease_server.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
     lease_server.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
     return lease_server

@@ -68,6 +68,7 @@ def with_producer(
     lease_public_key: list[str] | None,
     message_timeout: str | None,
     run: Callable[[Any], R],
+    opener: Callable[..., Any] | None = None,
     **config: Any,
 ) -> R:
     """Build the producer settings, connect to the lease servers and call ``run(open)``,
@@ -83,11 +84,15 @@ def with_producer(
         lease_public_key: ``--lease-public-key`` values.
         message_timeout: ``--message-timeout``, or None for the default.
         run: what the command does with its ``open_producer``.
+        opener: ``f(settings, client, ledger=, topics=)`` -> what ``run`` gets (default:
+            :func:`~pidfence.producer.loadgen.open_producer_factory`).
         **config: more :class:`~pidfence.producer.ProducerConfig` fields.
     """
     from pidfence.pid_allocator import LeaseClient, lease_client_options
     from pidfence.producer import ProducerConfig
     from pidfence.producer.loadgen import open_producer_factory
+
+    opener = opener or open_producer_factory
 
     with fail_cleanly():
         if message_timeout is not None:
@@ -96,4 +101,4 @@ def with_producer(
             bootstrap, lease_public_keys=producer_public_keys(lease_public_key), **config
         )
         with LeaseClient(lease_server, **lease_client_options()) as client:
-            return run(open_producer_factory(settings, client, ledger=ledger, topics=[topic]))
+            return run(opener(settings, client, ledger=ledger, topics=[topic]))

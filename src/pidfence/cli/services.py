@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 RunDir = Annotated[
     Path | None,
     typer.Option(
-        "--run-dir", help="State, data and logs (default: $PIDFENCE_RUN_DIR or .cache/services)"
+        "--run-dir",
+        help="State, data and logs (default: $PIDFENCE_RUN_DIR or ~/.cache/pidfence/services)",
     ),
 ]
 
@@ -39,8 +40,10 @@ def register(app: typer.Typer) -> None:
         """Start the services, wait until they serve, and leave them running.
 
         Already up: says so, prints the status and exits 0. Exit 3 when some recorded node has
-        died or a server does not become ready.
+        died, a server does not become ready, or Java or the servers' jars (fetched from Maven
+        Central on first use) cannot be had.
         """
+        from pidfence.jars import JarsError
         from pidfence.services import (
             ServiceFailed,
             Services,
@@ -63,7 +66,7 @@ def register(app: typer.Typer) -> None:
                     EXIT_UNAVAILABLE,
                 )
             return
-        except (ServicesError, ServiceFailed) as exc:
+        except (ServicesError, ServiceFailed, JarsError) as exc:
             fail("services up", _first_line(exc), EXIT_UNAVAILABLE)
         typer.echo(f"zookeeper {state.zookeeper}")
         typer.echo(f"kafka     {state.kafka}")

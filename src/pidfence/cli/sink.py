@@ -28,6 +28,7 @@ from pidfence.cli.exits import (
     fail,
     first_line,
 )
+from pidfence.cli.extras import require
 from pidfence.cli.keys import key_paths
 
 
@@ -133,6 +134,15 @@ def register(app: typer.Typer) -> None:
         verbose: Annotated[
             bool, typer.Option("--verbose", help="Show Spark's and the JVM's log on the console")
         ] = False,
+        jars: Annotated[
+            Path | None,
+            typer.Option(
+                envvar="PIDFENCE_JARS",
+                help="A folder holding Spark's Kafka connector and its dependencies, for a "
+                "machine without network (default: fetched from Maven Central into the cache "
+                "on first use)",
+            ),
+        ] = None,
     ) -> None:
         """Deduplicate TOPIC into the exactly-once output log at OUTPUT (and its rejects log).
 
@@ -145,6 +155,7 @@ def register(app: typer.Typer) -> None:
         checkpoint. Other writers appending to, compacting, vacuuming or deleting from its Delta
         tables never stop it.
         """
+        require("sink", "sink")
         if ctx.invoked_subcommand is not None:
             return
         if bootstrap is None or topic is None or output is None or checkpoint is None:
@@ -217,6 +228,7 @@ def register(app: typer.Typer) -> None:
             starting_offsets=starting_offsets.value,
             sink_options=sink_options,
             allow_data_loss=allow_data_loss,
+            jars=jars,
         )
         dropped = sum(summary.dropped.values())
         console.print(
@@ -306,6 +318,7 @@ def _run(
     checkpoint: str,
     log_file: Path | None,
     total: int | None,
+    jars: Path | None = None,
     **kwargs: Any,
 ) -> Any:
     """Start Spark, serve the query with per-batch lines (and a bar when the total is known)."""
@@ -326,8 +339,14 @@ def _run(
 
     try:
         spark = spark_session(
-            master=master, app_name=f"pidfence-sink-{topic}", conf=SESSION_CONF, log_file=log_file
+            master=master,
+            app_name=f"pidfence-sink-{topic}",
+            conf=SESSION_CONF,
+            log_file=log_file,
+            jars=jars,
         )
+    except PidfenceError as exc:  # no java, jars that cannot be had: the line names the fix
+        fail("sink", first_line(exc), code_of(exc))
     except Exception as exc:  # noqa: BLE001 - any JVM start failure is one line
         fail("sink", f"Spark did not start: {_line(exc)}{where}", EXIT_RETRIABLE)
     signal.signal(signal.SIGINT, on_signal)

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from pidfence.cli.exits import EXIT_ANOMALIES, EXIT_OK, exit_cleanly
+from pidfence.cli.extras import require
 
 
 def register(app: typer.Typer) -> None:
@@ -39,6 +40,7 @@ def register(app: typer.Typer) -> None:
         Rows other writers appended to a Delta output and rows deleted from it after commit are
         counted for information (foreign, deleted), never as anomalies.
         """
+        require("verify", "verify")
         code = run_verify(ledger, output, rejects, as_json)
         raise typer.Exit(code)
 

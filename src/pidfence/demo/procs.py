@@ -288,6 +288,12 @@ def copier_argv(
     return pidfence_argv(*args)
 
 
+def sink_args(bootstrap: str, topic: str, output: Path, checkpoint: Path) -> list[str]:
+    """``pidfence sink``'s options over one topic into one output."""
+    where = ("--output", str(output), "--checkpoint", str(checkpoint))
+    return ["--bootstrap", bootstrap, "--topic", topic, *where]
+
+
 def sink_argv(
     bootstrap: str,
     topic: str,
@@ -298,14 +304,7 @@ def sink_argv(
     """The ``pidfence sink --available-now`` command line (a Spark driver of its own)."""
     return pidfence_argv(
         "sink",
-        "--bootstrap",
-        bootstrap,
-        "--topic",
-        topic,
-        "--output",
-        str(output),
-        "--checkpoint",
-        str(checkpoint),
+        *sink_args(bootstrap, topic, output, checkpoint),
         "--available-now",
         "--starting-offsets",
         "earliest",

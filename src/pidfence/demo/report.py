@@ -229,7 +229,7 @@ extra columns, <code>pf</code> and <code>batch</code>). Only committed batches a
 <ul>
 <li>Polars: <code>pl.read_delta("{path}")</code></li>
 <li>deltalake / pyarrow: <code>DeltaTable("{path}").to_pyarrow_table()</code></li>
-<li>Spark: start the session with the jars in <code>.cache/jars/delta/</code>,
+<li>Spark: start the session with the jars <code>pidfence jars delta</code> fetches,
 <code>spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension</code> and
 <code>spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog</code>, then
 <code>spark.read.format("delta").load("{path}")</code></li>

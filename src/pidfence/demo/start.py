@@ -13,6 +13,8 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from pidfence.demo.config import DemoConfig, Fault
 from pidfence.demo.record import DemoPaths, Endpoints
@@ -141,20 +143,24 @@ def _start_lease_servers(
     os.environ[TOKEN_FILE_ENV] = str(pki.token_files["producer"])
     os.environ[TLS_CA_ENV] = str(pki.ca)
     lifetime_ms = round(config.lease_lifetime_s * 1000) if config.short_leases else DAY_MS
+    servers = two_lease_servers(zk_hosts, paths.logs, cleanups, lifetime_ms, **pki.server_options())
+    pids.update({f"lease-{i}": s.pid for i, s in enumerate(servers) if s.pid is not None})
+    return servers
+
+
+def two_lease_servers(
+    zk_hosts: str, logs: Path, cleanups: Cleanups, lifetime_ms: int, **options: Any
+) -> list[LeaseServerProcess]:
+    """Lease servers ``lease-0`` and ``lease-1``, started side by side, each stopped by
+    ``cleanups`` even when the other fails to start; returned once both listen."""
     servers = []
     for i in range(2):
+        name = f"lease-{i}"
         server = spawn_lease_server(
-            zk_hosts,
-            paths.logs,
-            name=f"lease-{i}",
-            wait=False,
-            lifetime_ms=lifetime_ms,
-            **pki.server_options(),
+            zk_hosts, logs, name=name, wait=False, lifetime_ms=lifetime_ms, **options
         )
         cleanups.append(server.stop)
         servers.append(server)
-        if server.pid is not None:
-            pids[f"lease-{i}"] = server.pid
     for server in servers:
         server.wait_listening()
     return servers

@@ -43,6 +43,11 @@ class Block:
         """No lease issued from this block lives past this instant."""
         return self.claimed_ms + self.ttl_ms + self.lifetime_ms
 
+    def forgotten_at(self, retention_ms: int) -> int:
+        """From this instant every server refuses a pid of this block that has no lineage
+        record (its last lease's end plus retention): the block-level refusal."""
+        return self.last_expiry_ms + retention_ms
+
     def issued_end(self, offset_ms: int | None) -> int:
         """The end of a lease issued ``offset_ms`` after the claim (None, for a version 1
         secret: the earliest end any of the block's leases can have)."""
@@ -142,6 +147,17 @@ class LineageRecord:
         """Rolled into a successor: no bump or roll of it succeeds any more."""
         return self.successor is not None
 
+    def forgotten_at(self, block: Block | None, retention_ms: int) -> int:
+        """When garbage collection may delete this record of a pid of ``block``.
+
+        The record refuses every request from its own end plus retention on, but without it the
+        pid would be judged by its block, which answers until :meth:`Block.forgotten_at`: so the
+        record is kept until then (a pid never goes back to its starting generation, nor rolls
+        twice). When the block record is gone already, its pids are refused anyway.
+        """
+        own = self.expire_ms + retention_ms
+        return own if block is None else max(own, block.forgotten_at(retention_ms))
+
     def encode(self) -> bytes:
         """The znode data."""
         fields: dict[str, Any] = {"g": self.generation, "e": self.expire_ms, "t": self.token}
@@ -239,7 +255,8 @@ class Coordinator(Protocol):
         ...
 
     def write_lineage(self, pid: int, record: LineageRecord, version: int | None) -> None:
-        """Create (``version`` None) or compare-and-set the record of ``pid``.
+        """Create (``version`` None) or compare-and-set the record of ``pid``. As in ZooKeeper,
+        version -1 would set whatever version is there: the lineage rules never pass it.
 
         Raises:
             Conflict: another writer got there first.
@@ -257,8 +274,9 @@ class Coordinator(Protocol):
         ...
 
     def collect_garbage(self, now_ms: int, retention_ms: int) -> int:
-        """Delete block and lineage records whose leases ended more than ``retention_ms`` ago;
-        return how many were deleted."""
+        """Delete the lineage records (:meth:`LineageRecord.forgotten_at`) and block records
+        (:meth:`Block.forgotten_at`) no request can be granted about any more at ``now_ms``,
+        each at the version read; return how many were deleted."""
         ...
 
     def close(self) -> None:

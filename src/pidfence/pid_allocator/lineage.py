@@ -147,15 +147,19 @@ class Lineage:
             if now_ms >= record.expire_ms + self.retention_ms:
                 raise NotOwner(NOT_OWNER_MESSAGE)  # past retention: as if collected already
             return _State(record, version, record.generation, record.expire_ms, block, own)
-        if now_ms >= block.last_expiry_ms + self.retention_ms:
-            raise NotOwner(NOT_OWNER_MESSAGE)
+        if now_ms >= block.forgotten_at(self.retention_ms):
+            raise NotOwner(NOT_OWNER_MESSAGE)  # its record may be collected: never start over
         local = change.local
         if local is not None:
             return _State(None, None, local.generation, local.expire_ms, block, own)
         # Another server issued it: a version 2 secret says exactly when, so this server grants
-        # and records the end the issuer granted; a version 1 secret does not, so the earliest
-        # possible end (the producer renews early rather than writing past its lease).
-        expire_ms = block.issued_end(issue_offset(own))
+        # and records the end the issuer granted, and refuses past its retention as a record
+        # would; a version 1 secret does not, so the earliest possible end (the producer renews
+        # early rather than writing past its lease), and the block decides its retention.
+        offset = issue_offset(own)
+        expire_ms = block.issued_end(offset)
+        if offset is not None and now_ms >= expire_ms + self.retention_ms:
+            raise NotOwner(NOT_OWNER_MESSAGE)
         return _State(None, None, initial_generation(block.salt, pid), expire_ms, block, own)
 
     @staticmethod
@@ -173,6 +177,12 @@ class Lineage:
         )
 
     # -- bump -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def ended(expire_ms: int, now_ms: int) -> bool:
+        """Whether a lease ending at ``expire_ms`` has ended: then it is not bumped, only rolled
+        (DESIGN.md §9)."""
+        return expire_ms <= now_ms
 
     def bump(self, change: Change) -> Outcome:
         """Move ``change.pid`` from ``change.generation`` (its current one) to the next one.
@@ -197,7 +207,7 @@ class Lineage:
                         pid, record.generation, record.expire_ms, state.block, state.secret
                     )
                 raise self._stale(pid, generation, record)
-            if state.expire_ms <= change.now_ms:
+            if self.ended(state.expire_ms, change.now_ms):
                 raise UnknownPid(
                     f"the lease of pid {pid} ended at {state.expire_ms}: roll it to continue its "
                     "lineage, or lease a new pid"

@@ -87,22 +87,24 @@ class MemoryCoordinator:
             return True
         return False
 
-    def _check_version(self, pid: int, version: int | None) -> int:
+    def _check_version(self, pid: int, record: LineageRecord, version: int | None) -> int:
         held = self._records.get(pid)
         if version is None:
             if held is not None:
                 raise Conflict(f"record of pid {pid} exists")
+            if record.block not in self._blocks:  # as ZkCoordinator's check in the multi
+                raise Conflict(f"block of pid {pid} was collected")
             return 0
-        if held is None or held[1] != version:
+        if held is None or version not in (-1, held[1]):  # -1: any version, as in ZooKeeper
             raise Conflict(f"record of pid {pid} changed")
-        return version + 1
+        return held[1] + 1
 
     def write_lineage(self, pid: int, record: LineageRecord, version: int | None) -> None:
         """Create or compare-and-set the record of ``pid``."""
         with self._lock:
             self._check_up()
             ambiguous = self._fault()
-            new_version = self._check_version(pid, version)
+            new_version = self._check_version(pid, record, version)
             self._records[pid] = (record, new_version)
             self.writes += 1
         if ambiguous:
@@ -113,8 +115,8 @@ class MemoryCoordinator:
         with self._lock:
             self._check_up()
             ambiguous = self._fault()
-            new_version = self._check_version(roll.pid, roll.version)
-            self._check_version(roll.successor, None)
+            new_version = self._check_version(roll.pid, roll.record, roll.version)
+            self._check_version(roll.successor, roll.successor_record, None)
             self._records[roll.pid] = (roll.record, new_version)
             self._records[roll.successor] = (roll.successor_record, 0)
             self.writes += 1
@@ -122,19 +124,21 @@ class MemoryCoordinator:
             raise Ambiguous("roll landed; reply lost (test hook)")
 
     def collect_garbage(self, now_ms: int, retention_ms: int) -> int:
-        """Drop records whose leases ended more than ``retention_ms`` ago."""
+        """Drop the block records, then the lineage records, no request can be granted about
+        any more (``forgotten_at``)."""
         with self._lock:
             self._check_up()
-            old_blocks = [
-                s for s, b in self._blocks.items() if b.last_expiry_ms + retention_ms <= now_ms
-            ]
-            old_records = [
-                p for p, (r, _) in self._records.items() if r.expire_ms + retention_ms <= now_ms
-            ]
+            blocks, records = self._blocks, self._records
+            old_blocks = [s for s, b in blocks.items() if b.forgotten_at(retention_ms) <= now_ms]
             for start in old_blocks:
-                del self._blocks[start]
+                del blocks[start]
+            old_records = [
+                p
+                for p, (r, _) in records.items()
+                if r.forgotten_at(blocks.get(r.block), retention_ms) <= now_ms
+            ]
             for pid in old_records:
-                del self._records[pid]
+                del records[pid]
             return len(old_blocks) + len(old_records)
 
     def close(self) -> None:

@@ -157,11 +157,6 @@ class LeaseServer:
         if self._server is not None:
             await self._server.wait_closed()
 
-    @property
-    def connection_count(self) -> int:
-        """Open connections (pending and admitted)."""
-        return len(self._connections)
-
     # -- admission (connection.ConnectionHost) ---------------------------------------------------
 
     def accept(self, connection: LeaseConnection) -> str | None:

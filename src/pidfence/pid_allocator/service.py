@@ -209,14 +209,17 @@ class LeaseService:
         entry = self.ring.find(pid, now_ms)
         return None if entry is None else LocalLease(entry.generation, entry.expire_ms)
 
-    def _check_owner(self, pid: int, secret: bytes, now_ms: int, what: str) -> None:
-        if self.owners.refuses(pid, secret, now_ms):
+    def _change(
+        self, pid: int, generation: int, secret: bytes, token: str | None, what: str
+    ) -> Change:
+        """The change an owner asks for, once its secret and ZooKeeper's reach are checked."""
+        now = self.clock()
+        if self.owners.refuses(pid, secret, now):
             raise NotOwner(NOT_OWNER_MESSAGE)
         if not self.coordinator.connected:
             raise LeaseServiceUnavailable(f"ZooKeeper unreachable; {what} need it, retry shortly")
-
-    def _token(self, token: str | None) -> str:
-        return token or uuid.UUID(int=self._rng.getrandbits(128)).hex
+        token = token or uuid.UUID(int=self._rng.getrandbits(128)).hex
+        return Change(pid, generation, secret, token, now, self._local(pid, now))
 
     async def bump(
         self,
@@ -232,9 +235,7 @@ class LeaseService:
         Raises:
             NotOwner, StaleGeneration, UnknownPid, RateLimited, LeaseServiceUnavailable.
         """
-        now = self.clock()
-        self._check_owner(pid, secret, now, "bumps")
-        change = Change(pid, generation, secret, self._token(token), now, self._local(pid, now))
+        change = self._change(pid, generation, secret, token, "bumps")
         outcome = await self.zk.run(client, self.lineage.bump, change)
         self.bumps += 1
         return self._grant(outcome, key)
@@ -254,16 +255,14 @@ class LeaseService:
             NotOwner, StaleGeneration, RateLimited, LeaseCapacityExhausted,
             LeaseServiceUnavailable.
         """
-        now = self.clock()
-        self._check_owner(pid, secret, now, "rolls")
-        change = Change(pid, generation, secret, self._token(token), now, self._local(pid, now))
+        change = self._change(pid, generation, secret, token, "rolls")
         earlier = await self.zk.run(client, self.lineage.check_roll, change)
         if earlier is not None:
             return self._rolled(pid, earlier, key)  # a retried roll that already landed
         # Only a checked owner gets here, so only owners spend pids and ring slots.
         self.ring.ensure_room(self.clock(), client)
         successor = self._issue(*await self.supply.take_pid(), client)
-        self.owners.add_successor(successor.pid, pid, successor.expire_ms, now)
+        self.owners.add_successor(successor.pid, pid, successor.expire_ms, change.now_ms)
         outcome = await self.zk.run(client, self.lineage.roll, change, successor)
         self.rolls += 1
         return self._rolled(pid, outcome, key)
@@ -277,7 +276,8 @@ class LeaseService:
     # -- housekeeping ---------------------------------------------------------------------------
 
     async def collect_garbage(self) -> int:
-        """Delete records past retention (runs on the claim executor, off the request queue)."""
+        """Delete records no request can be granted about any more (runs on the claim executor,
+        off the request queue)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._claim_executor,

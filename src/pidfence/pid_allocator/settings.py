@@ -1,26 +1,24 @@
-"""``LeaseServerSettings``: every tunable of a lease server, with its one default and its checks.
+"""``LeaseServerSettings``: every tunable of a lease server, each declared once.
 
-The CLI, ``LeaseServerThread``, the spawner in ``pidfence.services``, the bench and the tests all
-build this one type; nothing else holds a default for these values. How a setting is named on the
-command line, in the environment and in a settings file, and how it is read from text, is in
-``settings_sources.py``; what may be combined is checked here, once, whatever the source.
+A setting is one field: its type, its default, and (:func:`setting`) the option that names it,
+its help and its bounds. From those declarations come the ``pidfence lease-server`` options, the
+``PIDFENCE_LEASE_SERVER_*`` variables and the settings file keys (``settings_sources.py``), the
+checks below, and the options table of ``docs/lease-server.md`` (``options_table``; a unit test
+keeps the page equal to it). The CLI, ``LeaseServerThread``, the spawner in
+``pidfence.services``, the bench and the tests all build this one type.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pidfence.wire import PidfenceError
 
-DEFAULT_LIFETIME_MS = 24 * 3600 * 1000
-DEFAULT_BLOCK_TTL_MS = 10 * 60 * 1000
 #: A pid's issue time travels in its secret as milliseconds after its block's claim, in 4 bytes.
-MAX_BLOCK_TTL_MS = 2**32 - 1
-LOG_FORMATS = ("text", "json")
-EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+MAX_BLOCK_TTL_MS: Final = 2**32 - 1
 
 
 class SettingsError(PidfenceError):
@@ -38,201 +36,359 @@ def is_loopback(host: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseServerSettings:
-    """Tunables of one lease server (DESIGN.md §5 and its amendments).
+class Setting:
+    """How the user names and sees one setting (the metadata of its field).
 
     Attributes:
-        zk_hosts: ZooKeeper connect string, optionally with a chroot (``--zk``).
-        host: listen address; without ``auth_tokens_file`` only a loopback one unless
-            ``insecure``.
-        port: listen port (0 = any free port).
-        block_size: pids per ZooKeeper claim, at least (a busy server claims several blocks'
-            worth in one write).
-        max_claim_blocks: most blocks' worth of pids one claim takes.
-        lifetime_ms: lease lifetime from issue.
-        capacity: live leases held in the ring.
-        client_share: fraction of ``capacity`` one client (token name, or address without auth)
-            may hold.
-        block_ttl_ms: a block is issued from only this long after its claim.
-        retention_ms: retired and expired pids stay known this long past their lease end
-            (None: one lifetime).
-        gc_interval_s: how often records past retention are deleted (0: never).
-        claim_timeout_s: how long a lease waits for a block claim before UNAVAILABLE.
-        max_connections: admitted connections (past ``hello``, or past accept and TLS without
-            auth tokens) at most.
-        max_pending_connections: connections still in their TLS handshake or before ``hello`` at
-            most (None: ``max_connections``, at most 256): a pool of their own, so they never
-            take an admitted client's room; when it is full a new connection evicts one that made
-            the least progress, from the address holding the most, oldest first.
-        max_connections_per_address: admitted connections from one client address at most.
-        max_in_flight: requests of one client (token name, or address without auth) being
-            answered at once, over all its connections; past it the client's connections are not
-            read (backpressure).
-        bump_rate: bumps and rolls per second a client may send beside its other requests
-            (RATE_LIMITED past it; a client one request at a time is never refused; 0: no limit).
-        bump_burst: bumps and rolls a client may send at once beyond ``bump_rate``.
-        lease_rate: leases per second a client may send beside its other requests (as
-            ``bump_rate``).
-        lease_burst: leases a client may send at once beyond ``lease_rate``.
-        idle_timeout_s: connections silent this long are closed.
-        frame_timeout_s: a started frame must complete within this.
-        hello_timeout_s: a pending connection must finish its TLS handshake and ``hello`` within
-            this after accept.
-        tls_handshake_timeout_s: a TLS handshake must finish within this after accept.
-        max_pre_auth_frame_bytes: largest frame before ``hello`` (a ping or a hello is < 400).
-        zk_queue: ZooKeeper jobs waiting or running at most.
-        zk_client_share: fraction of ``zk_queue`` one client may fill.
-        zk_workers: threads talking to ZooKeeper for requests (block claims have their own).
-        zk_root: znode folder of pidfence's state (inside the connect string's chroot).
-        zk_session_timeout_s: ZooKeeper session timeout.
-        zk_op_timeout_s: longest wait for one ZooKeeper answer.
-        zk_auth_file: ``user:password`` for ZooKeeper digest auth; znodes get ACLs for it.
-        auth_tokens_file: ``NAME TOKEN`` per line; clients must ``hello`` with one.
-        tls_cert: PEM certificate chain to serve TLS with (with ``tls_key``).
-        tls_key: PEM private key of ``tls_cert``.
-        tls_client_ca: PEM CA bundle; when set, clients must present a certificate it signed.
-        signing_key: Ed25519 private key (PEM); every lease, bump and roll carries a ``cert``.
-        record_mac_secret: file of the per-record MAC secret (64 hex digits, mode 0600); every
-            lease, bump and roll reply carries the lease's ``mac_key``. Needs TLS or ``insecure``.
-        insecure: allow what only a trusted network may do: no auth tokens on a non-loopback
-            address, ``record_mac_secret`` without TLS.
-        metrics_port: Prometheus endpoint port (None: off).
-        metrics_host: address of the Prometheus endpoint (loopback unless set).
-        audit_interval_s: refusals (failed hellos, owner refusals, rate limits, decode-limit
-            closes, evictions) are logged once per peer address, kind and interval.
-        log_format: ``text`` or ``json``.
-        ready_file: written with ``HOST:PORT`` once listening.
-        event_loop: ``auto`` (uvloop when installed, else asyncio's own), ``asyncio`` or
-            ``uvloop``.
+        option: the option without dashes (``lifetime``): flag ``--lifetime``, variable
+            ``PIDFENCE_LEASE_SERVER_LIFETIME``, settings file key ``lifetime``.
+        help: what it means (``--help`` and the docs table).
+        kind: how its text is read: ``text``, ``int``, ``float``, ``path``, ``flag``, ``ms``
+            (a duration, in ms), ``seconds`` (a duration, in seconds) or ``listen``
+            (``HOST:PORT``, which sets ``host`` and ``port``).
+        low, high: the smallest and largest allowed value; ``above``: the value must be greater.
+        choices: the allowed values of a text setting.
+        unset: what an unset (None or false) value means, as the docs say it.
+        field: the field it sets (filled in by :func:`declared`).
     """
 
-    zk_hosts: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 7070
-    block_size: int = 100
-    max_claim_blocks: int = 16
-    lifetime_ms: int = DEFAULT_LIFETIME_MS
-    capacity: int = 1_000_000
-    client_share: float = 0.25
-    block_ttl_ms: int = DEFAULT_BLOCK_TTL_MS
-    retention_ms: int | None = None
-    gc_interval_s: float = 600.0
-    claim_timeout_s: float = 5.0
-    max_connections: int = 1024
-    max_pending_connections: int | None = None
-    max_connections_per_address: int = 64
-    max_in_flight: int = 32
-    bump_rate: float = 50.0
-    bump_burst: int = 200
-    lease_rate: float = 2000.0
-    lease_burst: int = 2000
-    idle_timeout_s: float = 300.0
-    frame_timeout_s: float = 10.0
-    hello_timeout_s: float = 5.0
-    tls_handshake_timeout_s: float = 3.0
-    max_pre_auth_frame_bytes: int = 1024
-    zk_queue: int = 256
-    zk_client_share: float = 0.5
-    zk_workers: int = 4
-    zk_root: str = "/pidfence"
-    zk_session_timeout_s: float = 10.0
-    zk_op_timeout_s: float = 5.0
-    zk_auth_file: Path | None = None
-    auth_tokens_file: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None
-    signing_key: Path | None = None
-    record_mac_secret: Path | None = None
-    insecure: bool = False
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
-    audit_interval_s: float = 60.0
-    log_format: str = "text"
-    ready_file: Path | None = None
-    event_loop: str = "auto"
+    option: str
+    help: str
+    kind: str = "text"
+    low: float | None = None
+    high: float | None = None
+    above: float | None = None
+    choices: tuple[str, ...] = ()
+    unset: str = "off"
+    field: str = ""
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is out of this setting's bounds, or None."""
+        if value is None or isinstance(value, bool | Path):
+            return None
+        if self.choices:
+            if value in self.choices:
+                return None
+            allowed = ", ".join(self.choices)
+            return f"{self.field} (--{self.option}) must be {allowed}, got {value!r}"
+        low, above, high = self.low, self.above, self.high
+        if (
+            (low is None or value >= low)
+            and (above is None or value > above)
+            and (high is None or value <= high)
+        ):
+            return None
+        if above is not None:
+            bounds = f"> {above:g}" if high is None else f"in ({above:g}, {high:g}]"
+        else:
+            bounds = f">= {low:g}" if high is None else f"{low:g}..{high:g}"
+        return f"{self.field} must be {bounds}, got {value}"
+
+
+def setting(default: Any, option: str, help: str, **details: Any) -> Any:
+    """A settings field: its ``default`` and its :class:`Setting` (``details`` as there)."""
+    return field(default=default, metadata={"setting": Setting(option, help, **details)})
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseServerSettings:
+    """Tunables of one lease server (DESIGN.md §5 and its amendments): see each field's
+    declaration, or ``pidfence lease-server --help``.
+
+    ``host`` and ``port`` are set together by ``--listen``; without ``auth_tokens_file`` the
+    server listens on a loopback address only, unless ``insecure``.
+    """
+
+    zk_hosts: str | None = setting(
+        None,
+        "zk",
+        "ZooKeeper connect string (required); a chroot suffix (`/kafka-apps`) scopes all state",
+        unset="(required)",
+    )
+    host: str = setting(
+        "127.0.0.1",
+        "listen",
+        "address to serve: HOST:PORT (`:0` picks a free port); not loopback: needs "
+        "`--auth-tokens` or `--insecure`",
+        kind="listen",
+    )
+    port: int = field(default=7070)
+    auth_tokens_file: Path | None = setting(
+        None,
+        "auth-tokens",
+        "file of `NAME TOKEN` lines (mode 0600); clients must `hello` first",
+        kind="path",
+    )
+    tls_cert: Path | None = setting(
+        None, "tls-cert", "PEM certificate chain: serve TLS", kind="path"
+    )
+    tls_key: Path | None = setting(None, "tls-key", "PEM private key of `--tls-cert`", kind="path")
+    tls_client_ca: Path | None = setting(
+        None,
+        "tls-client-ca",
+        "mutual TLS: clients must present a certificate this CA (PEM) signed",
+        kind="path",
+    )
+    zk_auth_file: Path | None = setting(
+        None,
+        "zk-auth-file",
+        "`USER:PASSWORD` (mode 0600): ZooKeeper digest auth; every znode gets an ACL for it alone",
+        kind="path",
+    )
+    signing_key: Path | None = setting(
+        None,
+        "signing-key",
+        "Ed25519 PEM key: every lease, bump and roll reply carries `cert`",
+        kind="path",
+    )
+    record_mac_secret: Path | None = setting(
+        None,
+        "record-mac-secret",
+        "file of 64 hex digits (mode 0600): every lease, bump and roll reply carries the lease's "
+        "`mac_key`; needs TLS or `--insecure`",
+        kind="path",
+    )
+    insecure: bool = setting(
+        False,
+        "insecure",
+        "the network is trusted: allow no tokens off loopback, and MAC keys in clear",
+        kind="flag",
+    )
+    lifetime_ms: int = setting(
+        24 * 3600 * 1000, "lifetime", "lease lifetime from issue", kind="ms", low=1
+    )
+    block_size: int = setting(
+        100,
+        "block-size",
+        "pids claimed per ZooKeeper write, at least (a busy server claims several blocks' worth "
+        "in one write)",
+        kind="int",
+        low=1,
+        high=1_000_000,
+    )
+    max_claim_blocks: int = setting(
+        16,
+        "max-claim-blocks",
+        "most blocks one claim takes (4x what the busiest of the last 8 claims used); 1 claims "
+        "exactly one block per write",
+        kind="int",
+        low=1,
+        high=1024,
+    )
+    block_ttl_ms: int = setting(
+        10 * 60 * 1000,
+        "block-ttl",
+        "a claimed block is issued from only this long (at most 49 days: the issue offset travels "
+        "in 4 bytes)",
+        kind="ms",
+        low=1,
+        high=MAX_BLOCK_TTL_MS,
+    )
+    retention_ms: int | None = setting(
+        None,
+        "retention",
+        "retired and expired pids stay known this long past their lease end"
+        ' (see "A pid\'s lineage outlives every request about it")',
+        kind="ms",
+        low=0,
+        unset="the lifetime",
+    )
+    gc_interval_s: float = setting(
+        600.0,
+        "gc-interval",
+        "forgotten block and lineage records are deleted this often (`0`: never)",
+        kind="seconds",
+        low=0,
+    )
+    claim_timeout_s: float = setting(
+        5.0,
+        "claim-timeout",
+        "a lease waits this long for a block claim, then `UNAVAILABLE`",
+        kind="seconds",
+        low=0,
+    )
+    capacity: int = setting(
+        1_000_000,
+        "capacity",
+        "live leases one server holds (the lease ring); full ring answers `CAPACITY`",
+        kind="int",
+        low=1,
+    )
+    client_share: float = setting(
+        0.25,
+        "client-share",
+        "fraction of the ring one client (token name, or address without auth) may hold",
+        kind="float",
+        above=0,
+        high=1,
+    )
+    max_connections: int = setting(
+        1024,
+        "max-connections",
+        "admitted connections (past `hello`; without tokens, past accept and TLS); more get "
+        "`UNAVAILABLE`",
+        kind="int",
+        low=1,
+    )
+    max_pending_connections: int | None = setting(
+        None,
+        "max-pending-connections",
+        "connections in their TLS handshake or before `hello`: a pool of their own (see "
+        '"Hostile peers")',
+        kind="int",
+        low=1,
+        unset="`--max-connections`, at most 256",
+    )
+    max_connections_per_address: int = setting(
+        64,
+        "max-connections-per-address",
+        "admitted connections from one client address",
+        kind="int",
+        low=1,
+    )
+    max_in_flight: int = setting(
+        32,
+        "max-in-flight",
+        "requests of one client (token name, or address without auth) answered at once over all "
+        "its connections; past it its connections are not read (backpressure)",
+        kind="int",
+        low=1,
+    )
+    bump_rate: float = setting(
+        50.0,
+        "bump-rate",
+        "bumps and rolls per second a client may send beside its other requests (`RATE_LIMITED` "
+        "past it; a client one request at a time is never refused; `0`: no limit)",
+        kind="float",
+        low=0,
+    )
+    bump_burst: int = setting(
+        200,
+        "bump-burst",
+        "bumps and rolls a client may send at once past `--bump-rate`",
+        kind="int",
+        low=1,
+    )
+    lease_rate: float = setting(
+        2000.0,
+        "lease-rate",
+        "leases per second a client may send beside its other requests (as `--bump-rate`)",
+        kind="float",
+        low=0,
+    )
+    lease_burst: int = setting(
+        2000,
+        "lease-burst",
+        "leases a client may send at once past `--lease-rate`",
+        kind="int",
+        low=1,
+    )
+    idle_timeout_s: float = setting(
+        300.0, "idle-timeout", "connections silent this long are closed", kind="seconds", above=0
+    )
+    frame_timeout_s: float = setting(
+        10.0, "frame-timeout", "a started frame must complete within this", kind="seconds", above=0
+    )
+    hello_timeout_s: float = setting(
+        5.0,
+        "hello-timeout",
+        "a pending connection must finish TLS and `hello` within this after accept",
+        kind="seconds",
+        above=0,
+    )
+    tls_handshake_timeout_s: float = setting(
+        3.0,
+        "tls-handshake-timeout",
+        "a TLS handshake must finish within this",
+        kind="seconds",
+        above=0,
+    )
+    max_pre_auth_frame_bytes: int = setting(
+        1024,
+        "max-pre-auth-frame",
+        "largest frame (bytes) before `hello` (a ping or hello is under 400)",
+        kind="int",
+        low=64,
+        high=65536,
+    )
+    zk_queue: int = setting(
+        256,
+        "zk-queue",
+        'ZooKeeper jobs queued or running at most (see "Nobody slows anybody")',
+        kind="int",
+        low=1,
+    )
+    zk_client_share: float = setting(
+        0.5,
+        "zk-client-share",
+        "fraction of `--zk-queue` one client may hold",
+        kind="float",
+        above=0,
+        high=1,
+    )
+    zk_workers: int = setting(
+        4,
+        "zk-workers",
+        "threads serving bumps and rolls (block claims have their own), plus one kept for clients "
+        "with nothing running",
+        kind="int",
+        low=1,
+    )
+    zk_root: str = setting(
+        "/pidfence", "zk-root", "znode folder of pidfence's state, inside the chroot"
+    )
+    zk_session_timeout_s: float = setting(
+        10.0, "zk-session-timeout", "ZooKeeper session timeout", kind="seconds", above=0
+    )
+    zk_op_timeout_s: float = setting(
+        5.0, "zk-op-timeout", "longest wait for one ZooKeeper answer", kind="seconds", above=0
+    )
+    metrics_port: int | None = setting(
+        None, "metrics-port", "Prometheus endpoint (`/metrics`) port", kind="int", low=0, high=65535
+    )
+    metrics_host: str = setting(
+        "127.0.0.1",
+        "metrics-host",
+        "address of the metrics endpoint: loopback unless told otherwise",
+    )
+    audit_interval_s: float = setting(
+        60.0,
+        "audit-interval",
+        "refusals are logged once per peer address, kind and interval",
+        kind="seconds",
+        above=0,
+    )
+    log_format: str = setting(
+        "text",
+        "log-format",
+        "`json` gives one JSON object per line",
+        choices=("text", "json"),
+    )
+    event_loop: str = setting(
+        "auto",
+        "loop",
+        "event loop: `auto` picks uvloop when installed (`pip install pidfence[fast]`), else "
+        "asyncio; `uvloop` without it exits 2",
+        choices=("auto", "asyncio", "uvloop"),
+    )
+    ready_file: Path | None = setting(
+        None, "ready-file", "written atomically with `HOST:PORT` once listening", kind="path"
+    )
 
     def __post_init__(self) -> None:
-        for ok, message in self._checks():
-            if not ok:
-                raise SettingsError(message)
+        problems = [s.problem(getattr(self, s.field)) for s in declared()]
+        problems.append(
+            None if 0 <= self.port <= 65535 else f"port must be 0..65535, got {self.port}"
+        )
+        for ok, message in self._together():
+            problems.append(None if ok else message)
+        first = next((p for p in problems if p is not None), None)
+        if first is not None:
+            raise SettingsError(first)
 
-    def _checks(self) -> list[tuple[bool, str]]:
-        positive_ints = (
-            "capacity",
-            "max_connections",
-            "pending_cap",
-            "max_connections_per_address",
-            "max_in_flight",
-            "bump_burst",
-            "lease_burst",
-            "zk_queue",
-            "zk_workers",
-            "lifetime_ms",
-        )
-        positive_times = (
-            "idle_timeout_s",
-            "frame_timeout_s",
-            "hello_timeout_s",
-            "tls_handshake_timeout_s",
-            "zk_session_timeout_s",
-            "zk_op_timeout_s",
-            "audit_interval_s",
-        )
-        checks: list[tuple[bool, str]] = [
-            (getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-            for name in positive_ints
-        ]
-        checks += [
-            (getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
-            for name in positive_times
-        ]
-        checks += [
-            (
-                1 <= self.block_size <= 1_000_000,
-                f"block_size must be 1..1000000, got {self.block_size}",
-            ),
-            (
-                1 <= self.max_claim_blocks <= 1024,
-                f"max_claim_blocks must be 1..1024, got {self.max_claim_blocks}",
-            ),
-            (
-                0 < self.client_share <= 1,
-                f"client_share must be in (0, 1], got {self.client_share}",
-            ),
-            (
-                1 <= self.block_ttl_ms <= MAX_BLOCK_TTL_MS,
-                f"block_ttl_ms must be 1..{MAX_BLOCK_TTL_MS} (49 days), got {self.block_ttl_ms}",
-            ),
-            (
-                self.retention_ms is None or self.retention_ms >= 0,
-                f"retention_ms must be >= 0, got {self.retention_ms}",
-            ),
-            (self.gc_interval_s >= 0, f"gc_interval_s must be >= 0, got {self.gc_interval_s}"),
-            (
-                self.claim_timeout_s >= 0,
-                f"claim_timeout_s must be >= 0, got {self.claim_timeout_s}",
-            ),
-            (
-                64 <= self.max_pre_auth_frame_bytes <= 65536,
-                f"max_pre_auth_frame_bytes must be 64..65536, got {self.max_pre_auth_frame_bytes}",
-            ),
-            (0 < self.zk_client_share <= 1, "zk_client_share must be in (0, 1]"),
-            (self.bump_rate >= 0, f"bump_rate must be >= 0 (0: no limit), got {self.bump_rate}"),
-            (self.lease_rate >= 0, f"lease_rate must be >= 0 (0: no limit), got {self.lease_rate}"),
-            (0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}"),
-            (
-                self.metrics_port is None or 0 <= self.metrics_port <= 65535,
-                f"metrics_port must be 0..65535, got {self.metrics_port}",
-            ),
-            (
-                self.log_format in LOG_FORMATS,
-                f"log_format must be text or json, got {self.log_format!r}",
-            ),
-            (
-                self.event_loop in EVENT_LOOPS,
-                f"event loop (--loop) must be auto, asyncio or uvloop, got {self.event_loop!r}",
-            ),
+    def _together(self) -> list[tuple[bool, str]]:
+        """The settings that only work together."""
+        return [
             (
                 (self.tls_cert is None) == (self.tls_key is None),
                 "give --tls-cert and --tls-key together",
@@ -253,7 +409,6 @@ class LeaseServerSettings:
                 "(--tls-cert, --tls-key), or pass --insecure on a trusted network",
             ),
         ]
-        return checks
 
     @property
     def retention(self) -> int:
@@ -301,3 +456,23 @@ class LeaseServerSettings:
                 f"unknown lease server setting(s) {', '.join(unknown)}; valid: {valid}"
             )
         return replace(self, **overrides)
+
+
+def declared() -> tuple[Setting, ...]:
+    """Every declared setting, in ``--help`` order (each knows its field)."""
+    return tuple(
+        replace(f.metadata["setting"], field=f.name)
+        for f in fields(LeaseServerSettings)
+        if "setting" in f.metadata
+    )
+
+
+__all__ = [
+    "MAX_BLOCK_TTL_MS",
+    "LeaseServerSettings",
+    "Setting",
+    "SettingsError",
+    "declared",
+    "is_loopback",
+    "setting",
+]

@@ -11,7 +11,9 @@ Layout under ``root`` (default ``/pidfence``, inside whatever chroot the hosts s
 * ``generations/<pid>``: the pid's lineage record (``LineageRecord``), created on its first bump
   or by the roll that made it, then moved by versioned set. A roll is ONE multi transaction:
   versioned set (or create) of the retired pid's record plus the creation of its successor's.
-  The token in each record settles ambiguous writes and makes client retries idempotent.
+  Every create is in a multi with a check that the pid's block record exists, so nothing about
+  a pid is written once garbage collection deleted its block (and only then its record). The
+  token in each record settles ambiguous writes and makes client retries idempotent.
 
 Lookups read one znode by name (``blocks/<start>`` with the start carried in the pid's secret,
 ``generations/<pid>``) and never list a directory; only garbage collection lists. With
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -276,81 +279,112 @@ class ZkCoordinator:
         return Ambiguous(what)
 
     def write_lineage(self, pid: int, record: LineageRecord, version: int | None) -> None:
-        """Create or compare-and-set ``generations/<pid>``."""
-        from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+        """Compare-and-set ``generations/<pid>``, or create it (a multi with its block's check)."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
 
-        path = self._lineage_path(pid)
+        if version is None:
+            txn = self._zk.transaction()
+            self._commit(txn, f"write of pid {pid}", [self._create(txn, pid, record)])
+            return
         self.writes += 1
         try:
-            if version is None:
-                self._wait(self._zk.create_async(path, record.encode()))
-            else:
-                self._wait(self._zk.set_async(path, record.encode(), version=version))
-        except (BadVersionError, NodeExistsError, NoNodeError) as exc:
+            self._wait(self._zk.set_async(self._lineage_path(pid), record.encode(), version))
+        except (BadVersionError, NoNodeError) as exc:
             raise Conflict(str(exc)) from exc
         except Exception as exc:
             raise self._ambiguous(f"write of pid {pid}", exc) from exc
 
     def write_roll(self, roll: RollWrite) -> None:
-        """One multi: retire ``roll.pid`` (versioned) and create its successor's record."""
+        """One multi: retire ``roll.pid`` (versioned, or created) and create its successor's."""
         pid, record, version = roll.pid, roll.record, roll.version
         txn = self._zk.transaction()
+        checked = []
         if version is None:
-            txn.create(self._lineage_path(pid), record.encode())
+            checked.append(self._create(txn, pid, record))
         else:
             txn.set_data(self._lineage_path(pid), record.encode(), version=version)
-        txn.create(self._lineage_path(roll.successor), roll.successor_record.encode())
+        checked.append(self._create(txn, roll.successor, roll.successor_record))
+        self._commit(txn, f"roll of pid {pid}", checked)
+
+    def _create(self, txn: Any, pid: int, record: LineageRecord) -> int:
+        """Add the creation of ``pid``'s record to ``txn``, only while its block record exists
+        (once garbage collection deleted it, nothing about its pids is written again, however
+        late a paused server sends this); the block start checked."""
+        txn.check(self._record_path(record.block), -1)
+        txn.create(self._lineage_path(pid), record.encode())
+        return record.block
+
+    def _commit(self, txn: Any, what: str, blocks: list[int]) -> None:
+        from kazoo.exceptions import NoNodeError
+
         self.writes += 1
         try:
             results = self._wait(txn.commit_async())
         except Exception as exc:
-            raise self._ambiguous(f"roll of pid {pid}", exc) from exc
+            raise self._ambiguous(what, exc) from exc
         failures = [r for r in results if isinstance(r, Exception)]
         if failures:
-            raise Conflict(f"roll of pid {pid} lost a race: {failures[0]!r}")
+            if any(isinstance(r, NoNodeError) for r in failures):
+                for start in blocks:  # collected: the re-read must see it gone
+                    self._forget(start)
+            raise Conflict(f"{what} lost a race: {failures[0]!r}")
 
     # -- garbage collection ---------------------------------------------------------------------
 
     def collect_garbage(self, now_ms: int, retention_ms: int) -> int:
-        """Delete block records and lineage records past their lease end plus retention.
-
-        A lineage record is deleted at the version read, so a record written meanwhile stays.
-        """
-        from kazoo.exceptions import BadVersionError, NoNodeError
-
+        """Delete block records, then lineage records, that no request can be granted about any
+        more (``forgotten_at``); each at the version read, so a record written meanwhile stays.
+        A record outlives its block's record (no create lands without the block)."""
         if not self.connected:
             return 0
-        deleted = 0
-        for folder, kind in ((self._blocks_path, "block"), (self._gens_path, "lineage")):
+        blocks, live = self._collect(
+            self._blocks_path, lambda data: Block.decode(data).forgotten_at(retention_ms), now_ms
+        )
+        for child in blocks:
+            self._forget(int(child))
+        kept = {int(child) for child in live}
+
+        def record_forgotten(data: bytes) -> int:
+            record = LineageRecord.decode(data)
+            block = self.block_at(record.block) if record.block in kept else None
+            return record.forgotten_at(block, retention_ms)
+
+        records, _ = self._collect(self._gens_path, record_forgotten, now_ms)
+        return len(blocks) + len(records)
+
+    def _collect(
+        self, folder: str, forgotten_at: Callable[[bytes], int], now_ms: int
+    ) -> tuple[list[str], list[str]]:
+        """Delete the children of ``folder`` whose ``forgotten_at(data)`` is past: the names of
+        those deleted, and of those kept."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        try:
+            children = self._wait(self._zk.get_children_async(folder))
+        except Exception as exc:
+            raise self._unavailable("garbage collection", exc) from exc
+        deleted: list[str] = []
+        kept: list[str] = []
+        for child in children:
+            path = f"{folder}/{child}"
+            found = self._get(path, "garbage collection")
+            if found is None:
+                continue
+            data, stat = found
             try:
-                children = self._wait(self._zk.get_children_async(folder))
+                if forgotten_at(data) > now_ms:
+                    kept.append(child)
+                    continue
+            except (KeyError, ValueError, TypeError):
+                log.warning("garbage collection skips unreadable %s", path)
+                kept.append(child)
+                continue
+            try:
+                self._wait(self._zk.delete_async(path, version=stat.version))
+            except (NoNodeError, BadVersionError):
+                continue
             except Exception as exc:
                 raise self._unavailable("garbage collection", exc) from exc
-            for child in children:
-                path = f"{folder}/{child}"
-                found = self._get(path, "garbage collection")
-                if found is None:
-                    continue
-                data, stat = found
-                try:
-                    if kind == "block":
-                        block = Block.decode(data)
-                        ended = block.last_expiry_ms
-                    else:
-                        ended = LineageRecord.decode(data).expire_ms
-                except (KeyError, ValueError, TypeError):
-                    log.warning("garbage collection skips unreadable %s", path)
-                    continue
-                if ended + retention_ms > now_ms:
-                    continue
-                try:
-                    self._wait(self._zk.delete_async(path, version=stat.version))
-                except (NoNodeError, BadVersionError):
-                    continue
-                except Exception as exc:
-                    raise self._unavailable("garbage collection", exc) from exc
-                if kind == "block":
-                    self._forget(block.start)
-                self.writes += 1
-                deleted += 1
-        return deleted
+            self.writes += 1
+            deleted.append(child)
+        return deleted, kept

@@ -3,9 +3,12 @@
 Input partition ``i`` goes to output partition ``i`` (the counts must match), so the records of
 one output partition are exactly one input partition's records in offset order: after a restart
 the copier re-reads from the stored offsets and gives every re-sent record the seq it had before,
-and the broker rules drop the ones that already landed as ``DUPLICATE``. Every ``checkpoint_every``
-records (and at exit) it flushes, then stores the next input offset per partition TOGETHER WITH
-the producer checkpoint in one state file (tmp + fsync + rename). No Kafka offset commits.
+and the broker rules drop the ones that already landed as ``DUPLICATE``.
+
+:class:`Copier` is one process with one state file: every ``checkpoint_every`` records (and at
+exit) it flushes, then stores the next input offset per partition TOGETHER WITH the producer
+checkpoint in the file (tmp + fsync + rename); no Kafka offset commits. A copier group
+(``--group``, :mod:`~pidfence.producer.copy_group`) keeps them in the group's commits instead.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from pidfence.producer.idempotent import IdempotentProducer
 from pidfence.producer.statefile import load_state, save_state
 from pidfence.wire import PF_HEADER_KEY
 from pidfence.wire.cert import CERT_HEADER_KEY
+from pidfence.wire.mac import MAC_HEADER_KEY
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 #: Input headers the copier drops: it stamps its own.
-_OWN_HEADERS = (PF_HEADER_KEY, CERT_HEADER_KEY)
+_OWN_HEADERS = (PF_HEADER_KEY, CERT_HEADER_KEY, MAC_HEADER_KEY)
 
 OpenProducer = Callable[[ProducerCheckpoint | None], IdempotentProducer]
 
@@ -53,11 +57,19 @@ class CopySpec:
         bootstrap: Kafka bootstrap servers (for the consumer).
         from_topic: input topic.
         to_topic: output topic (same partition count).
-        group: consumer ``group.id`` (only used as an identity: offsets live in the state file).
+        group: the copier group (``--group``, :class:`~pidfence.producer.copy_group.CopyGroup`):
+            the consumer ``group.id`` whose commits hold the checkpoints. A single
+            :class:`Copier` keeps them in its state file and uses a group id of its own.
         max_records: stop after copying this many records in this run (0: no limit).
-        idle_exit_s: stop once no record arrived for this long (0: never).
-        checkpoint_every: flush and save the state every N records.
+        idle_exit_s: stop once no record arrived for this long (0: never); a group member
+            counts from its first assignment and also waits until the group has committed every
+            input partition to its end.
+        checkpoint_every: flush and save the state (a group: commit a partition) every N records.
         poll_s: consumer poll timeout.
+        session_timeout_s: a group member's session timeout: how long a silent member keeps its
+            partitions before the group hands them to others.
+        stop_after_commit: fault hook for chaos tests: after its N-th commit a group member
+            stops itself (SIGSTOP) right before copying its next record. 0: never.
     """
 
     bootstrap: str
@@ -68,16 +80,79 @@ class CopySpec:
     idle_exit_s: float = 10.0
     checkpoint_every: int = 200
     poll_s: float = 0.2
+    session_timeout_s: float = 10.0
+    stop_after_commit: int = 0
     consumer_extra: dict[str, Any] = field(default_factory=dict)
+
+    def consumer_config(self) -> dict[str, Any]:
+        """The consumer's librdkafka settings: offsets only where the copier stores them."""
+        group = {
+            "group.id": self.group,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": round(self.session_timeout_s * 1000),
+        }
+        return {
+            "bootstrap.servers": self.bootstrap,
+            **(group if self.group else {"group.id": f"pidfence-copy-{self.to_topic}"}),
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "logger": librdkafka_logger(),
+            **self.consumer_extra,
+        }
 
 
 @dataclass
 class CopyResult:
-    """What one run did."""
+    """What one run did (a group member: ``copied`` is this run's, per partition in
+    ``per_partition``)."""
 
     copied: int
     offsets: dict[int, int]
     resumed: bool
+    per_partition: dict[int, int] = field(default_factory=dict)
+
+
+def partition_count(client: Any, bootstrap: str, topic: str) -> int:
+    """Partitions of ``topic`` from ``client``'s metadata.
+
+    Raises:
+        BrokerUnavailable: no broker answered.
+        UnknownTopic: no such topic.
+    """
+    try:
+        meta = client.list_topics(topic, timeout=10.0)
+    except confluent_kafka.KafkaException as exc:
+        raise BrokerUnavailable(
+            f"no Kafka broker at {bootstrap} answered ({exc}); check --bootstrap"
+        ) from exc
+    info = meta.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        raise UnknownTopic(topic)
+    return len(info.partitions)
+
+
+def check_partitions(spec: CopySpec, n_in: int, n_out: int) -> None:
+    """Refuse topics whose partition counts differ (:class:`PartitionMismatch`)."""
+    if n_out != n_in:
+        raise PartitionMismatch(
+            f"{spec.from_topic} has {n_in} partitions and {spec.to_topic} has {n_out}; "
+            f"create {spec.to_topic} with {n_in} partitions"
+        )
+
+
+def copy_record(producer: IdempotentProducer, msg: Any, to_topic: str) -> None:
+    """Send one input record to the same partition of ``to_topic``; its event id is its
+    upstream position ``topic:partition:offset``."""
+    headers = [(k, v) for k, v in (msg.headers() or []) if k not in _OWN_HEADERS]
+    producer.produce(
+        to_topic,
+        msg.value(),
+        key=msg.key(),
+        partition=msg.partition(),
+        headers=headers or None,
+        event_id=f"{msg.topic()}:{msg.partition()}:{msg.offset()}",
+    )
 
 
 class Copier:
@@ -145,35 +220,13 @@ class Copier:
             },
         )
 
-    def _partitions(self, consumer: Any, topic: str) -> int:
-        try:
-            meta = consumer.list_topics(topic, timeout=10.0)
-        except confluent_kafka.KafkaException as exc:
-            raise BrokerUnavailable(
-                f"no Kafka broker at {self.spec.bootstrap} answered ({exc}); check --bootstrap"
-            ) from exc
-        info = meta.topics.get(topic)
-        if info is None or info.error is not None or not info.partitions:
-            raise UnknownTopic(topic)
-        return len(info.partitions)
-
     def run(self, on_progress: Callable[[int], None] | None = None) -> CopyResult:
         """Copy until idle for ``idle_exit_s`` or ``max_records`` copied; returns what happened."""
         spec = self.spec
         offsets, checkpoint, copied_before = self._load()
-        consumer = self._consumer_factory(
-            {
-                "bootstrap.servers": spec.bootstrap,
-                "group.id": spec.group or f"pidfence-copy-{spec.to_topic}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "auto.offset.reset": "earliest",
-                "logger": librdkafka_logger(),
-                **spec.consumer_extra,
-            }
-        )
+        consumer = self._consumer_factory(spec.consumer_config())
         try:
-            n_in = self._partitions(consumer, spec.from_topic)
+            n_in = partition_count(consumer, spec.bootstrap, spec.from_topic)
             producer = self._open(checkpoint)
             try:
                 result = self._copy(consumer, producer, n_in, offsets, copied_before, on_progress)
@@ -194,12 +247,7 @@ class Copier:
         on_progress: Callable[[int], None] | None,
     ) -> CopyResult:
         spec = self.spec
-        n_out = producer.partition_count(spec.to_topic)
-        if n_out != n_in:
-            raise PartitionMismatch(
-                f"{spec.from_topic} has {n_in} partitions and {spec.to_topic} has {n_out}; "
-                f"create {spec.to_topic} with {n_in} partitions"
-            )
+        check_partitions(spec, n_in, producer.partition_count(spec.to_topic))
         # Save right after a resume: it bumped the generation.
         self._save(producer, offsets, copied)
         consumer.assign(
@@ -228,15 +276,7 @@ class Copier:
                 # roll() drains, rolls through the lease server and stores the offsets with the
                 # successor's checkpoint: its seqs start here (docs/producer.md, "Lease rollover").
                 producer.roll(functools.partial(self._store, offsets=offsets, copied=copied))
-            headers = [(k, v) for k, v in (msg.headers() or []) if k not in _OWN_HEADERS]
-            producer.produce(
-                spec.to_topic,
-                msg.value(),
-                key=msg.key(),
-                partition=msg.partition(),
-                headers=headers or None,
-                event_id=f"{msg.topic()}:{msg.partition()}:{msg.offset()}",
-            )
+            copy_record(producer, msg, spec.to_topic)
             offsets[msg.partition()] = msg.offset() + 1
             this_run += 1
             copied += 1

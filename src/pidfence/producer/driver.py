@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from pidfence.ledger import Ledger
-from pidfence.producer.checkpoint import ProducerCheckpoint
+from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback
 from pidfence.producer.errors import (
@@ -110,6 +110,7 @@ class SessionDriver:
         *,
         stale_probe: int,
         topics: Sequence[str],
+        partitions: Sequence[TopicPartition] | None,
         fence_timeout_s: float,
         scanner: Scanner | None,
         scan_verifier: CertVerifier | None,
@@ -123,18 +124,21 @@ class SessionDriver:
             session.refused()
             raise
         names = session.resumed(resumed, checkpoint, topics)
+        parts = (
+            [(t, p) for t in names for p in range(self._count(t))]
+            if partitions is None
+            else list(partitions)
+        )
         if resumed.walk_from is not None:
-            counts = {topic: self._count(topic) for topic in names}
-            self._sender.send_fences(session.fences(resumed.walk_from, counts), fence_timeout_s)
-        if session.scan_needed(checkpoint):
-            parts = [(t, p) for t in names for p in range(self._count(t))]
-            if parts:  # else the checkpoint's pid wrote nothing: nothing to find
-                verifier = scan_verifier or self._scan_verifier()
-                state, since_ms = session.scan_state(checkpoint, verifier)
-                if scanner is None:
-                    scanner = KafkaScanner(consumer_conf(self._config.to_librdkafka()))
-                scanner(state, parts, since_ms, dict(self._sender.delivery.fence_ends))
-                session.scanned(checkpoint, state.highs)
+            self._sender.send_fences(session.fences(resumed.walk_from, parts), fence_timeout_s)
+        # No partitions: the checkpoint's pid wrote nothing, so there is nothing to find.
+        if session.scan_needed(checkpoint) and parts:
+            verifier = scan_verifier or self._scan_verifier()
+            state, since_ms = session.scan_state(checkpoint, verifier)
+            if scanner is None:
+                scanner = KafkaScanner(consumer_conf(self._config.to_librdkafka()))
+            scanner(state, parts, since_ms, dict(self._sender.delivery.fence_ends))
+            session.scanned(checkpoint, state.highs)
         current = session.sequencer
         log.info(
             "resumed the checkpoint of pid %d (%s): pid %d at generation %d",
@@ -153,6 +157,17 @@ class SessionDriver:
             return placed_check(keys).for_partition
         except KeyFileError as exc:
             raise ProducerConfigError(f"lease_public_keys: {exc}") from None
+
+    def bump(self) -> ProducerCheckpoint:
+        """Bump the live pid's generation (:meth:`pidfence.producer.IdempotentProducer.bump`)."""
+        self._sender.require_idle()
+        session = self._session
+        try:
+            bumped = self._keeper.bump(session.current())
+        except ProducerFenced:
+            session.refused()
+            raise
+        return session.bumped(bumped, self._clock())
 
     def roll(self, save: SaveCheckpoint | None) -> ProducerCheckpoint:
         """Drain, roll through the lease server, hand over, then ``save`` the successor's

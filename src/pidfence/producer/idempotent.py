@@ -15,7 +15,7 @@ from typing import Unpack
 import confluent_kafka
 
 from pidfence.ledger import Ledger
-from pidfence.producer.checkpoint import ProducerCheckpoint
+from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.delivery import DeliveryCallback
 from pidfence.producer.driver import Headers, ProducerOptions, SaveCheckpoint, SessionDriver
@@ -99,6 +99,7 @@ class IdempotentProducer:
         stale_probe: int = 8,
         scanner: Scanner | None = None,
         topics: Sequence[str] = (),
+        partitions: Sequence[TopicPartition] | None = None,
         scan_verifier: CertVerifier | None = None,
         **options: Unpack[ProducerOptions],
     ) -> IdempotentProducer:
@@ -108,6 +109,8 @@ class IdempotentProducer:
         lineage"), FENCEs every partition of the checkpoint's topics and of ``topics``, then the
         recovery scan (``scanner``: default over Kafka; ``scan_verifier``: default from
         ``config.lease_public_keys``) finds what the previous instance got into Kafka after it.
+        ``partitions``: the only ones the lineage ever wrote (a copy task's one output
+        partition): FENCE and scan those alone instead of every partition of the topics.
         ``stale_probe``: generations tried past the checkpoint's. ``options``: the constructor's
         (``ledger``, ``clock``, ``producer_factory``, ``on_roll``). Store a checkpoint next.
 
@@ -120,6 +123,7 @@ class IdempotentProducer:
             checkpoint,
             stale_probe=stale_probe,
             topics=topics,
+            partitions=partitions,
             fence_timeout_s=fence_timeout_s,
             scanner=scanner,
             scan_verifier=scan_verifier,
@@ -168,6 +172,22 @@ class IdempotentProducer:
             LeaseServerDown / LeaseExpired: no answer; the old lease is kept while it lasts.
         """
         return self._driver.roll(save if save is not None else self.on_roll)
+
+    def bump(self) -> ProducerCheckpoint:
+        """Move to a new generation of the same pid; returns the checkpoint to store.
+
+        A compare-and-set on the current generation at the lease server: it succeeds only if
+        nobody bumped or rolled the pid since this producer's lease, resume, roll or last bump,
+        so no record sent since then can have been ``FENCED`` by another owner. A copy group
+        member bumps before each commit (docs/producer.md, "Copier groups"). ``flush()`` first.
+
+        Raises:
+            NotFlushed: records are in flight.
+            ProducerFenced: another owner moved the pid on: records sent since the last bump may
+                be ``FENCED``; store nothing, resume from the last stored checkpoint.
+            LeaseServerDown: no lease server answered (retriable; nothing changed).
+        """
+        return self._driver.bump()
 
     def partition_count(self, topic: str) -> int:
         """Partitions of ``topic`` (cached metadata; ``UnknownTopic``, ``BrokerUnavailable``)."""
@@ -233,8 +253,8 @@ class IdempotentProducer:
         wire = (
             [(PF_HEADER_KEY, pf)]
             if seq.mac_hasher is None
-            else seq.with_mac(topic, partition, n, pf, key, value)
-        )  # type: ignore[arg-type]
+            else seq.with_mac(topic, partition, n, pf, key, value)  # type: ignore[arg-type]
+        )
         try:
             try:
                 kafka_produce(topic, value, key, partition=partition, headers=wire)

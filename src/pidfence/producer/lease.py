@@ -172,6 +172,35 @@ class LeaseKeeper:
             ) from exc
         return self._sequencer(lease, lifetime_ms=current.lifetime_ms)
 
+    def bump(self, current: Sequencer) -> Sequencer:
+        """Bump ``current`` to a new generation of its pid (compare-and-set on its own), with
+        its seqs, skips and topics.
+
+        Raises:
+            ProducerFenced: another owner bumped or rolled the pid since, or its lease ended.
+            LeaseServerDown: no lease server answered (retriable; nothing changed).
+        """
+        try:
+            lease = self._call(
+                lambda: self._client.bump(
+                    current.pid, current.generation, current.secret, key=self._key
+                )
+            )
+        except (StaleGeneration, NotOwner, UnknownPid) as exc:
+            raise ProducerFenced(
+                f"pid {current.pid} generation {current.generation} could not be bumped "
+                f"({type(exc).__name__}: {exc}): another owner moved it on; stop this instance"
+            ) from exc
+        seq = Sequencer.resumed(
+            current.checkpoint(),
+            lease.generation,
+            lease.expire_ms,
+            getattr(lease, "secret", b"") or current.secret,
+            getattr(lease, "cert", None),
+        )
+        seq.fenced = dict(current.fenced)
+        return self._keyed(seq, lease)
+
     def _probe(
         self,
         op: Callable[..., Any],

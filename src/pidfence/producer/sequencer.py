@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import InitVar, dataclass, field
 
 import msgpack
@@ -262,7 +262,7 @@ class Sequencer:
     def fences(
         self,
         from_generation: int | None = None,
-        partition_counts: Mapping[str, int] | None = None,
+        partitions: Iterable[TopicPartition] = (),
     ) -> list[tuple[str, int, bytes]]:
         """FENCE headers for every (topic, partition) this sequencer knows, sorted.
 
@@ -271,13 +271,11 @@ class Sequencer:
         they hold, so a resume whose bump skipped generations (a predecessor bumped, then died
         before writing its FENCEs) walks every partition up one generation at a time.
 
-        With ``partition_counts`` (topic -> partitions), every partition of those topics is
-        fenced, also those without a counter: a predecessor may have first written a partition
-        after the checkpoint was taken, and left the broker at an older generation there.
+        ``partitions`` are fenced too, also those without a counter: a predecessor may have
+        first written a partition after the checkpoint was taken, and left the broker at an
+        older generation there.
         """
-        targets = set(self.counters())
-        for topic, count in (partition_counts or {}).items():
-            targets.update((topic, p) for p in range(count))
+        targets = set(self.counters()) | set(partitions)
         low = self.generation if from_generation is None else max(from_generation, 0)
         return [
             (t, p, encode_pf(self.pid, g, self.peek(t, p), FLAG_FENCE))

@@ -26,10 +26,10 @@ What it decides:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from pidfence.producer import recovery
-from pidfence.producer.checkpoint import ProducerCheckpoint
+from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.config import ProducerConfig
 from pidfence.producer.errors import DrainFailed, LeaseExpired, ProducerError, ProducerFenced
 from pidfence.producer.headers import Fence, Header, cert_headers, mac_headers, owes_cert
@@ -331,13 +331,13 @@ class ProducerSession:
         sequencer.topics |= names
         return sorted(names)
 
-    def fences(self, walk_from: int, counts: Mapping[str, int]) -> list[Fence]:
-        """The FENCE records a resume writes before any data (DESIGN §6): every partition of
-        ``counts`` (topic -> partitions) and every partition with a counter, one per generation
-        from ``walk_from`` up to the current one (the rules accept one step at a time)."""
+    def fences(self, walk_from: int, partitions: Iterable[TopicPartition]) -> list[Fence]:
+        """The FENCE records a resume writes before any data (DESIGN §6): ``partitions`` and
+        every partition with a counter, one per generation from ``walk_from`` up to the current
+        one (the rules accept one step at a time)."""
         current = self.sequencer
         out = []
-        for topic, partition, header in current.fences(walk_from, counts):
+        for topic, partition, header in current.fences(walk_from, partitions):
             # Only the current generation has a cert; the walk's lower FENCEs cannot carry one.
             top = header == current.fence_header(topic, partition)
             pf = decode_pf(header)
@@ -392,6 +392,12 @@ class ProducerSession:
                 current.ahead,
                 current.skip,
             )
+
+    def bumped(self, sequencer: Sequencer, now_ms: int) -> ProducerCheckpoint:
+        """A bump of the live pid was granted: stamp under ``sequencer``'s generation from now
+        on (the state stays ``LEASED``, the lease end is the pid's); returns its checkpoint."""
+        self._seq = self.live = sequencer
+        return sequencer.checkpoint(now_ms)
 
     def checkpoint(self, now_ms: int) -> ProducerCheckpoint:
         """The identity and next seqs to store (take it when nothing is in flight)."""

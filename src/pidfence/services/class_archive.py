@@ -22,8 +22,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pidfence.services.jars import cache_dir
-from pidfence.services.process import java
+from pidfence.jars import cache_dir, java
 
 #: ``off``: no archive; ``record``: write one at the JVM's exit (what ``make setup`` runs).
 CLASS_ARCHIVE_ENV = "PIDFENCE_CLASS_ARCHIVE"

@@ -19,12 +19,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pidfence.jars import classpath
 from pidfence.services.class_archive import (
     CLASS_ARCHIVE_ENV,
     archive_path,
     recording_path,
 )
-from pidfence.services.jars import classpath
 from pidfence.services.kafka import KafkaCluster, create_topic
 from pidfence.services.node import Cluster
 from pidfence.services.spark import driver_classpath_identity

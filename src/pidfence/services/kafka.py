@@ -7,11 +7,11 @@ import os
 import subprocess
 from pathlib import Path
 
+from pidfence.jars import classpath, java
 from pidfence.services.class_archive import archive_options
-from pidfence.services.jars import classpath
 from pidfence.services.node import Cluster
 from pidfence.services.ports import free_port
-from pidfence.services.process import ServiceFailed, java, jvm_options, wait_until
+from pidfence.services.process import ServiceFailed, jvm_options, wait_until
 
 _LOG4J2 = """status = warn
 appender.out.type = Console

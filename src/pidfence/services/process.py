@@ -157,14 +157,6 @@ class ManagedProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def java() -> str:
-    """The ``java`` executable (``$JAVA_HOME/bin/java`` first)."""
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").exists():
-        return str(Path(home) / "bin" / "java")
-    return "java"
-
-
 #: Extra options for every JVM pidfence starts: ZooKeeper, Kafka, a Spark driver, executors and a
 #: standalone cluster. The test suite sets ``-XX:TieredStopAtLevel=1 -XX:+UseSerialGC``: its JVMs
 #: live minutes on small data, where C2 compilation and a parallel collector cost more CPU than

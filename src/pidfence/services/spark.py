@@ -1,4 +1,4 @@
-"""Spark sessions with the Kafka connector from the jar cache, and a local standalone cluster."""
+"""Spark sessions with the Kafka connector matched to pyspark, and a local standalone cluster."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Self
 
+from pidfence.jars import connector_jars as connector_jar_paths
+from pidfence.jars import require_java, user_cache
 from pidfence.services.class_archive import archive_options
-from pidfence.services.jars import jars
 from pidfence.services.node import ProcessGroup
 from pidfence.services.ports import free_port
 from pidfence.services.process import ManagedProcess, jvm_options, wait_until
@@ -25,9 +26,10 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def connector_jars() -> str:
-    """``spark.jars`` value: the Kafka connector and what pyspark lacks, from the cache."""
-    return ",".join(str(p) for p in jars("spark-kafka"))
+def connector_jars(folder: str | Path | None = None) -> str:
+    """``spark.jars`` value: the Kafka connector and what pyspark lacks
+    (:func:`pidfence.jars.connector_jars`: from ``folder``, else fetched into the cache)."""
+    return ",".join(str(p) for p in connector_jar_paths(folder))
 
 
 def driver_classpath_identity() -> str:
@@ -67,7 +69,7 @@ def worker_python() -> str:
     """The executable for Spark's Python workers: this interpreter, importing the installed,
     compiled pyspark (:func:`worker_python_script`). Written once to ``~/.cache/pidfence``."""
     text = worker_python_script(f'exec {shlex.quote(sys.executable)} "$@"')
-    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pidfence"
+    folder = user_cache()
     path = folder / f"python-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
     if not path.exists():
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -95,8 +97,9 @@ def spark_session(
     app_name: str = "pidfence",
     conf: dict[str, str] | None = None,
     log_file: Path | None = None,
+    jars: str | Path | None = None,
 ) -> Any:
-    """A SparkSession that can read Kafka; no download at run time.
+    """A SparkSession that can read Kafka, with the connector matched to the installed pyspark.
 
     Args:
         master: ``local[N]``, ``local[N,F]`` (F task attempts) or ``spark://host:port``.
@@ -105,15 +108,18 @@ def spark_session(
         log_file: send everything the driver JVM prints (Spark's log4j at WARN, the JVM's own
             warnings, Python workers' stderr) to this file instead of the terminal. Takes effect
             only when this call starts the JVM (the first session of the process).
+        jars: a folder holding the connector's jars (else ``$PIDFENCE_JARS``, else the jar
+            cache, fetched from Maven Central on first use).
     """
     from pyspark.sql import SparkSession
 
+    require_java()  # a clear error, where pyspark's launcher would only say the gateway exited
     # Workers must run this interpreter (the venv's pyarrow, msgpack and pidfence).
     os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {
-        "spark.jars": connector_jars(),
+        "spark.jars": connector_jars(jars),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",

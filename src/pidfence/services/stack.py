@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pidfence.jars import user_cache
 from pidfence.services.kafka import KafkaCluster
 from pidfence.services.node import ServerNode
 from pidfence.services.zookeeper import ZooKeeperEnsemble
@@ -56,17 +57,10 @@ class ServicesPartlyDown(ServicesError):
 
 
 def default_run_dir() -> Path:
-    """``$PIDFENCE_RUN_DIR``, else ``.cache/services`` in the checkout (or the current folder)."""
+    """``$PIDFENCE_RUN_DIR``, else ``services`` in the user's pidfence cache (the same folder
+    from wherever ``pidfence services`` runs)."""
     env = os.environ.get("PIDFENCE_RUN_DIR")
-    if env:
-        return Path(env)
-    from pidfence.services.jars import JarsNotFetched, project_root
-
-    try:
-        root = project_root()
-    except JarsNotFetched:
-        root = Path.cwd()
-    return root / ".cache" / "services"
+    return Path(env) if env else user_cache() / "services"
 
 
 def proc_start_time(pid: int) -> int | None:

@@ -6,11 +6,11 @@ import logging
 from pathlib import Path
 from typing import Self
 
+from pidfence.jars import classpath, java
 from pidfence.services.class_archive import archive_options
-from pidfence.services.jars import classpath
 from pidfence.services.node import Cluster
 from pidfence.services.ports import free_port
-from pidfence.services.process import java, jvm_options
+from pidfence.services.process import jvm_options
 
 
 class ZooKeeperEnsemble(Cluster):

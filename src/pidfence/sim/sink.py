@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pidfence.broker_plugin import ProducerStateTable, Verifier, rebuild
 from pidfence.sim.kafka import KafkaRecord, SimKafka
 from pidfence.sim.knobs import Knobs, Mutation
+from pidfence.verify import REJECT_COLUMNS
 from pidfence.wire import MalformedHeader, Verdict, decode_pf
 from pidfence.wire.mac import RecordMacCheck
 from pidfence.wire.statement import PlacedCheck
@@ -272,22 +273,7 @@ class SimSink:
         return self._arrow(self.log, False), self._arrow(self.rejects, True)
 
     def _arrow(self, parts: list[list[tuple[KafkaRecord, Verdict]]], verdicts: bool) -> pa.Table:
-        cols: dict[str, list[object]] = {
-            k: []
-            for k in (
-                "topic",
-                "partition",
-                "log_offset",
-                "pid",
-                "generation",
-                "seq",
-                "key",
-                "value",
-                "offset",
-                "timestamp",
-                "verdict",
-            )
-        }
+        cols: dict[str, list[object]] = {k: [] for k in REJECT_COLUMNS}
         for p, rows in enumerate(parts):
             for i, (rec, verdict) in enumerate(rows):
                 pid = gen = seq = 0

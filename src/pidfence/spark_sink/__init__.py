@@ -2,7 +2,9 @@
 
 Usage::
 
-    from pidfence.spark_sink import register, read_log
+    from pyspark.sql import SparkSession
+    from pidfence.spark_sink import configure, register
+    spark = configure(SparkSession.builder).getOrCreate()  # the Kafka connector's jars
     register(spark)
     kafka_df.writeStream.format("pidfence").option("path", P).option("checkpointLocation", C)
 """
@@ -27,6 +29,7 @@ from pidfence.spark_sink.pipeline import (
     start_sink,
 )
 from pidfence.spark_sink.readers import read_gaps, read_log, read_rejects, read_written
+from pidfence.spark_sink.session import configure, packages
 
 
 def register(spark: Any) -> None:
@@ -59,6 +62,8 @@ __all__ = [
     "SinkRunSummary",
     "SplitPartitionError",
     "build_query",
+    "configure",
+    "packages",
     "parse_duration_ms",
     "read_gaps",
     "read_log",

@@ -48,16 +48,6 @@ class GapReport:
     offset_before: int | None = None
     offset_after: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """As stored in the manifest."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GapReport:
-        """A manifest entry back as a report."""
-        numbers = {name: data.get(name) for name in _NUMBERS}
-        return cls(kind=str(data["kind"]), **numbers)
-
     def human(self) -> str:
         """``pid 7 gen 3: seq 50..50 lost`` or ``offsets 11..49 not read``."""
         if self.kind == "offsets":
@@ -126,16 +116,6 @@ def gaps_table(rows: Iterable[tuple[str, int, int, GapReport]]) -> pa.Table:
         data["topic"].append(topic)
         data["partition"].append(partition)
         data["batch"].append(batch)
-        for key, value in report.to_dict().items():
+        for key, value in asdict(report).items():
             data[key].append(value)
     return pa.table(data, schema=GAP_SCHEMA)
-
-
-def manifest_gaps(manifests: Iterable[tuple[int, dict[str, Any]]]) -> pa.Table:
-    """Every gap of the given ``(batch id, manifest)`` pairs."""
-    return gaps_table(
-        (str(part["topic"]), int(part["partition"]), bid, GapReport.from_dict(gap))
-        for bid, manifest in manifests
-        for part in manifest["parts"]
-        for gap in part.get("gaps") or ()
-    )

@@ -1,10 +1,16 @@
-"""Options of ``format("pidfence")``: parsing and defaults."""
+"""Options of ``format("pidfence")``: each declared once, as a :class:`SinkOptions` field.
+
+A field's :func:`option` names the Spark option (``reorderWindow``), its help and how its text is
+read; :meth:`SinkOptions.parse` and the options table of ``docs/sink.md`` (:func:`options_table`;
+a unit test keeps the page equal to it) are made from those declarations.
+"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Final
 
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink.errors import SinkOptionError
@@ -13,12 +19,6 @@ from pidfence.wire.statement import PlacedCheck
 
 _UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION: Final = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
-DEFAULT_LIFETIME_MS: Final = 86_400_000
-DEFAULT_CAPACITY: Final = 100_000
-DEFAULT_REORDER_WINDOW: Final = 5
-DEFAULT_COMPACT_EVERY: Final = 16
-#: Kafka 4.x refuses CreateTime more than 1 h ahead (``log.message.timestamp.after.max.ms``).
-DEFAULT_TIMESTAMP_SKEW_MS: Final = 3_600_000
 
 
 def parse_duration_ms(text: str, name: str = "lifetime", low: int = 1) -> int:
@@ -32,64 +32,94 @@ def parse_duration_ms(text: str, name: str = "lifetime", low: int = 1) -> int:
     return int(match.group(1)) * _UNITS[match.group(2) or "ms"]
 
 
-def _int(options: dict[str, str], name: str, default: int, low: int) -> int:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SinkOptionError(f"option {name}={raw!r} must be an integer >= {low}") from None
-    if value < low:
-        raise SinkOptionError(f"option {name}={raw!r} must be an integer >= {low}")
-    return value
+def option(
+    default: Any, name: str, help: str, kind: str = "text", low: int = 0, shown: str = ""
+) -> Any:
+    """A sink option's field: its ``default``, its Spark option ``name``, its ``help``, how its
+    text is read (``text``, ``int``, ``bool``, ``ms``: a duration, or ``paths``: comma-separated
+    files), the lowest allowed number, and the default as the docs show it (``shown``)."""
+    meta = {"name": name, "help": help, "kind": kind, "low": low, "shown": shown}
+    return field(default=default, metadata=meta)
 
 
-def _bool(options: dict[str, str], name: str, default: bool = False) -> bool:
-    raw = options.get(name, "true" if default else "false").strip().lower()
-    if raw not in ("true", "false"):
-        raise SinkOptionError(f"option {name}={raw!r} must be true or false")
-    return raw == "true"
+def _read(meta: Mapping[str, Any], raw: str) -> Any:
+    name, kind, low = meta["name"], meta["kind"], meta["low"]
+    if kind == "ms":
+        return parse_duration_ms(raw, name, low=low)
+    if kind == "int":
+        if not raw.strip().lstrip("-").isdigit() or int(raw) < low:
+            raise SinkOptionError(f"option {name}={raw!r} must be an integer >= {low}")
+        return int(raw)
+    if kind == "bool":
+        if raw.strip().lower() not in ("true", "false"):
+            raise SinkOptionError(f"option {name}={raw!r} must be true or false")
+        return raw.strip().lower() == "true"
+    if kind == "paths":
+        paths = tuple(p.strip() for p in raw.split(",") if p.strip())
+        if not paths:
+            raise SinkOptionError(f"option {name} names no file; give paths, comma-separated")
+        return paths
+    return raw or None
 
 
 @dataclass(frozen=True)
 class SinkOptions:
-    """The sink's settings.
-
-    Attributes:
-        path: root of the output log (local path or a pyarrow.fs URI such as ``s3://b/p``).
-        rejects_path: root of the rejects log (default ``<path>/_rejects``).
-        lifetime_ms: producer entry lifetime (the lease lifetime).
-        capacity: most live producers per partition.
-        reorder_window: how far ahead of ``highwater + 1`` a record may wait for the gap.
-        compact_every: a full state snapshot after this many incremental ones.
-        flush_held: at the end of every batch, decide held records (``OUT_OF_ORDER``) instead of
-            carrying them into the next batch.
-        grace_ms: extra life of every producer entry: how far ahead of real time a record's
-            timestamp may be (``timestampSkew``, default 1 h = Kafka's default bound), so no
-            accepted record can expire a producer whose lease is live.
-        lease_public_keys: PEM files of the lease servers' public keys (``leasePublicKey``,
-            comma-separated); when set, records that would create an entry or move a generation
-            need a valid ``pfc`` certificate, else they are ``FORGED``.
-        resolve_gaps: when a producer's reorder window overflows, report the missing seqs as a
-            gap and continue after them (``resolveGaps``, default true; false keeps the
-            proposal's ``OUT_OF_ORDER`` for every later record).
-        record_mac_secret: the lease servers' ``--record-mac-secret`` file
-            (``recordMacSecret``): every idempotent record must then carry a valid per-record
-            MAC (``pfm``), else it is ``FORGED`` (reason ``mac``).
-    """
+    """The sink's settings: ``path`` and ``rejects_path``, then one field per option (see each
+    declaration, or :func:`options_table`)."""
 
     path: str
     rejects_path: str
-    lifetime_ms: int = DEFAULT_LIFETIME_MS
-    capacity: int = DEFAULT_CAPACITY
-    reorder_window: int = DEFAULT_REORDER_WINDOW
-    compact_every: int = DEFAULT_COMPACT_EVERY
-    flush_held: bool = False
-    grace_ms: int = DEFAULT_TIMESTAMP_SKEW_MS
-    lease_public_keys: tuple[str, ...] = ()
-    resolve_gaps: bool = True
-    record_mac_secret: str | None = None
+    lifetime_ms: int = option(
+        86_400_000, "lifetime", "producer entry lifetime (the lease lifetime)", "ms", 1, "`24h`"
+    )
+    capacity: int = option(
+        100_000, "capacity", "most live producers per partition (`CAPACITY` beyond it)", "int", 1
+    )
+    reorder_window: int = option(
+        5, "reorderWindow", "how far past `highwater + 1` a record may wait for the gap", "int"
+    )
+    compact_every: int = option(
+        16, "compactEvery", "a full state snapshot after this many incremental ones", "int"
+    )
+    flush_held: bool = option(
+        False,
+        "flushHeld",
+        "decide held records (`OUT_OF_ORDER`) at the end of every batch instead of carrying them",
+        "bool",
+    )
+    #: Kafka 4.x refuses CreateTime more than 1 h ahead (``log.message.timestamp.after.max.ms``).
+    grace_ms: int = option(
+        3_600_000,
+        "timestampSkew",
+        "extra life of every producer entry: how far ahead of real time a record timestamp may "
+        "be (Kafka 4.x default `log.message.timestamp.after.max.ms`), so no accepted record "
+        "expires a live lease; raise it if the topic allows more",
+        "ms",
+        shown="`1h`",
+    )
+    lease_public_keys: tuple[str, ...] = option(
+        (),
+        "leasePublicKey",
+        "PEM public key file(s) of the lease servers, comma-separated (key rotation: list the "
+        "new key before the servers switch); when set, a record that would create an entry or "
+        "move a generation needs a valid, unexpired `pfc` certificate, else it is `FORGED`",
+        "paths",
+        shown="unset",
+    )
+    resolve_gaps: bool = option(
+        True,
+        "resolveGaps",
+        "when a producer's reorder window overflows, report the missing seqs as a gap and "
+        "continue after them; `false` keeps the proposal's `OUT_OF_ORDER` for every later record",
+        "bool",
+    )
+    record_mac_secret: str | None = option(
+        None,
+        "recordMacSecret",
+        "the lease servers' `--record-mac-secret` file: every idempotent record must then carry "
+        "a valid per-record MAC (`pfm`), else it is `FORGED` (reason `mac`)",
+        shown="unset",
+    )
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -101,24 +131,13 @@ class SinkOptions:
                 'the pidfence sink needs a path: .option("path", DIR) or .start(DIR)'
             )
         path = path.rstrip("/")
-        lifetime = opts.get("lifetime")
-        return cls(
-            path=path,
-            rejects_path=(opts.get("rejectspath") or f"{path}/_rejects").rstrip("/"),
-            lifetime_ms=DEFAULT_LIFETIME_MS if lifetime is None else parse_duration_ms(lifetime),
-            capacity=_int(opts, "capacity", DEFAULT_CAPACITY, 1),
-            reorder_window=_int(opts, "reorderwindow", DEFAULT_REORDER_WINDOW, 0),
-            compact_every=_int(opts, "compactevery", DEFAULT_COMPACT_EVERY, 0),
-            flush_held=_bool(opts, "flushheld"),
-            grace_ms=(
-                DEFAULT_TIMESTAMP_SKEW_MS
-                if opts.get("timestampskew") is None
-                else parse_duration_ms(opts["timestampskew"], "timestampSkew", low=0)
-            ),
-            lease_public_keys=_keys(opts.get("leasepublickey")),
-            resolve_gaps=_bool(opts, "resolvegaps", default=True),
-            record_mac_secret=opts.get("recordmacsecret") or None,
-        )
+        values = {
+            f.name: _read(f.metadata, raw)
+            for f in fields(cls)
+            if f.metadata and (raw := opts.get(f.metadata["name"].lower())) is not None
+        }
+        rejects = (opts.get("rejectspath") or f"{path}/_rejects").rstrip("/")
+        return cls(path=path, rejects_path=rejects, **values)
 
     def certificates(self) -> PlacedCheck | None:
         """The certificate check of the broker rules (None when ``leasePublicKey`` is unset);
@@ -159,12 +178,16 @@ class SinkOptions:
         return None if check is None else check.for_partition(topic, partition)
 
 
-def _keys(raw: str | None) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    paths = tuple(p.strip() for p in raw.split(",") if p.strip())
-    if not paths:
-        raise SinkOptionError(
-            "option leasePublicKey names no file; give PEM paths, comma-separated"
-        )
-    return paths
+def options_table() -> str:
+    """The options table of ``docs/sink.md``, made from the declarations."""
+    rows = [
+        "| option | default | meaning |",
+        "|---|---|---|",
+        "| `path` | required | root of the output log: a local path or a `pyarrow.fs` URI |",
+        "| `rejectsPath` | `<path>/_rejects` | root of the rejects log |",
+    ]
+    for f in fields(SinkOptions):
+        if f.metadata:
+            default = f.metadata["shown"] or f"`{str(f.default).lower()}`"
+            rows.append(f"| `{f.metadata['name']}` | {default} | {f.metadata['help']} |")
+    return "\n".join(rows)

@@ -1,37 +1,440 @@
-"""The sink's output path: its Delta layout, and which batches it committed.
+"""The sink's output path: the log and rejects Delta tables, and the sink's own files beside them.
 
-The writer knows its query from Spark; readers, the per-batch report and ``start_sink`` open the
-path as the query that owns it (its batches are the ones the log table's transaction id says that
-query committed).
+``P`` is the sink's ``path``, ``R`` its ``rejectsPath`` (default ``P/_rejects``); batch ids are
+zero-padded to 20 digits; ``TAG`` is unique per task attempt and starts with the query id::
+
+    P/_delta_log/, R/_delta_log/                    the two Delta tables' logs
+    P/data/QUERY/BATCH/TOPIC-PART.TAG.parquet       log rows of one task attempt (R/data/… rejects):
+                                                    invisible until the batch's commit adds them
+    P/_pidfence/_owner.json                         the query that owns the path (owner.py)
+    P/_pidfence/_manifests/BATCH.json               the batch's manifest (manifest.py)
+    P/_pidfence/_manifests/_index/BATCH.json        every partition's position as of BATCH, every
+                                                    INDEX_EVERY batches; ``latest`` names the newest
+    P/_pidfence/_held/BATCH/TOPIC~PART.TAG.parquet  records held for reordering at the batch's end
+    P/_pidfence/_decided/BATCH/…                    what the batch decided, by identity
+    P/_pidfence/_state/TOPIC~PART/BATCH.full|delta  the partition's state: a cache (state_files.py)
+
+Delta readers and ``VACUUM`` read only what a Delta log adds and never look under ``_pidfence/``.
+
+**The commit point is the Delta commit of the log table**, carrying the transaction id (query id,
+batch id). :meth:`Output.publish` writes the manifest (replaceable: it counts only once the log
+commit lands), commits the rejects table, then the log table (:func:`~.delta.commit.commit_files`).
+A batch is committed when the log table's transaction version for the query is at or above it;
+only then does :meth:`Output.committed` return its manifest. A crash between the two commits
+leaves the rejects committed and the log not: the re-run's rejects commit is a no-op (same
+transaction id) and its log commit lands. The sink never reads the tables' rows back (others
+append, OPTIMIZE and DELETE them): producer state derives from the decisions files.
 """
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import unquote
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
 from pidfence.spark_sink import owner
-from pidfence.spark_sink.delta.layout import DeltaLayout
-from pidfence.spark_sink.delta.table import OWN_DIR
-from pidfence.spark_sink.storage import Store
+from pidfence.spark_sink.crash_points import crash_point
+from pidfence.spark_sink.decisions import decided_rows
+from pidfence.spark_sink.delta.commit import check_log, commit_files, table_rows
+from pidfence.spark_sink.delta.errors import DeltaTableError, TableGone
+from pidfence.spark_sink.delta.stats import file_stats
+from pidfence.spark_sink.delta.table import (
+    OWN_DIR,
+    TableKind,
+    cached_table,
+    check_path,
+    check_table,
+)
+from pidfence.spark_sink.manifest import (
+    KINDS,
+    BatchManifest,
+    PartCommit,
+    PartFiles,
+    Position,
+    decode_positions,
+    encode_positions,
+    part_name,
+)
+from pidfence.spark_sink.schema import HELD_SCHEMA, conform
+from pidfence.spark_sink.storage import Store, batch_name
+from pidfence.wire import PidfenceError
 
-#: Query id of a Delta layout opened for reading when no query owns the path yet.
-NO_OWNER = "noquery0"
+#: A compacted index of every partition's position is written every this many batches, so a
+#: task reads at most this many manifests to find its partition's position (flat cost).
+INDEX_EVERY: Final = 64
+#: How many characters of the query id start every tag.
+QUERY_PREFIX: Final = 8
+#: Query id of an output opened for reading when no query owns the path yet.
+NO_OWNER: Final = "noquery0"
+MANIFESTS: Final = "_manifests"
+INDEX: Final = f"{MANIFESTS}/_index"
+#: (log path, rejects path) of the outputs this process opened.
+_OPENED: set[tuple[str, str]] = set()
 
 
-def reading_layout(path: str, rejects_path: str | None = None) -> DeltaLayout:
-    """The layout of an existing output, for reading what it committed.
+def new_tag(query_id: str) -> str:
+    """An attempt-unique file tag that starts with the query's id prefix."""
+    prefix = "".join(c for c in query_id if c.isalnum())[:QUERY_PREFIX].ljust(QUERY_PREFIX, "x")
+    return prefix + uuid.uuid4().hex[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class PartAttempt:
+    """One (topic, partition)'s part of a batch as one task attempt writes it: its files carry
+    the attempt's ``tag`` (:func:`new_tag`)."""
+
+    batch_id: int
+    tag: str
+    topic: str
+    partition: int
+
+
+class Output:
+    """The output path of one streaming query: its two Delta tables and the sink's own files.
 
     Args:
-        path: the sink's ``path``.
-        rejects_path: the sink's ``rejectsPath`` (default ``<path>/_rejects``).
+        path: the sink's ``path`` (the log table's root).
+        rejects_path: the sink's ``rejectsPath`` (the rejects table's root).
+        query_id: the streaming query's id: the Delta transaction ids' app id.
+        storage_options: deltalake storage options for object stores (credentials, endpoint).
     """
-    path = path.rstrip("/")
-    rejects = (rejects_path or f"{path}/_rejects").rstrip("/")
-    query = owner.owner_of(Store.at(f"{path}/{OWN_DIR}")) or NO_OWNER
-    return DeltaLayout(path, rejects, query)
+
+    def __init__(
+        self,
+        path: str,
+        rejects_path: str,
+        query_id: str,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.log = Store.at(path.rstrip("/"), storage_options)
+        self.rejects = Store.at(rejects_path.rstrip("/"), storage_options)
+        #: The sink's own files: ``P/_pidfence``.
+        self.own = self.log.child(OWN_DIR)
+        self.query_id = query_id
+        self._version: int | None = None
+        self._tables: dict[TableKind, DeltaTable] = {}
+
+    @classmethod
+    def reading(cls, path: str, rejects_path: str | None = None) -> Output:
+        """An existing output as its owner query committed it, for reading.
+
+        Args:
+            path: the sink's ``path``.
+            rejects_path: the sink's ``rejectsPath`` (default ``<path>/_rejects``).
+        """
+        path = path.rstrip("/")
+        found = cls(path, rejects_path or f"{path}/_rejects", NO_OWNER)
+        found.query_id = owner.owner_of(found.own) or NO_OWNER
+        return found
+
+    def table(self, kind: str) -> Store:
+        """The root of the log (``"log"``) or the rejects (``"rejects"``) table."""
+        return self.rejects if kind == "rejects" else self.log
+
+    # ----------------------------------------------------------------------------- tables
+
+    def open(self, committed_before: bool = False) -> None:
+        """Create-or-open both tables (driver, at query start): refuses a non-pidfence table
+        at either path before anything is written at either.
+
+        Args:
+            committed_before: the query's checkpoint says it committed batches already.
+
+        Raises:
+            TableGone: a table is missing although batches were committed to it (its manifests
+                or the checkpoint say so): creating an empty one would hide the loss.
+        """
+        key = (self.log.uri, self.rejects.uri)
+        if key in _OPENED and self._reopen():
+            return
+        options = self.log.storage_options
+        found = [check_path(self.log.uri, "log", options)]
+        found.append(check_path(self.rejects.uri, "rejects", options))
+        if not all(found) and (committed_before or self._manifest_ids()):
+            missing = self.log.uri if not found[0] else self.rejects.uri
+            raise TableGone(
+                f"{missing}: the sink committed batches to a Delta table here, and it is gone "
+                "(deleted, or its _delta_log removed). Restore it from a backup, or start a new "
+                "--output with a new --checkpoint"
+            )
+        self._table("rejects")
+        self._table("log")
+        _OPENED.add(key)
+
+    def _reopen(self) -> bool:
+        """Open both tables again in a process that opened them before (Spark builds a writer
+        for every batch, in the driver and in the commit process): bring the kept tables up
+        to date and check them as a fresh open would, without replaying their logs. False when
+        anything looks different (then the fresh open decides)."""
+        tables: dict[TableKind, DeltaTable] = {}
+        kinds: tuple[TableKind, TableKind] = ("rejects", "log")
+        try:
+            for kind in kinds:
+                store = self.table(kind)
+                dt = cached_table(
+                    store.uri, kind, create=False, storage_options=store.storage_options
+                )
+                check_table(dt, kind, store.uri)
+                # A kept table whose log was deleted still answers from memory.
+                check_log(store, dt.version())
+                tables[kind] = dt
+        except (PidfenceError, DeltaError, OSError):
+            return False
+        self._tables.update(tables)
+        return True
+
+    def _table(self, kind: TableKind, create: bool = True) -> DeltaTable:
+        if kind not in self._tables:
+            store = self.table(kind)
+            self._tables[kind] = cached_table(
+                store.uri, kind, create=create, storage_options=store.storage_options
+            )
+        return self._tables[kind]
+
+    def committed_version(self) -> int:
+        """The newest batch id committed for this query (-1 when none), cached per instance."""
+        if self._version is None:
+            try:
+                version = self._table("log", create=False).transaction_version(self.query_id)
+            except TableNotFoundError:
+                version = None
+            self._version = -1 if version is None else version
+        return self._version
+
+    # ----------------------------------------------------------------------------- lookups
+
+    def _manifest_path(self, batch_id: int) -> str:
+        return self.own.join(MANIFESTS, batch_name(batch_id) + ".json")
+
+    def _manifest_ids(self) -> list[int]:
+        names = self.own.list(self.own.join(MANIFESTS))
+        return [int(n[:-5]) for n in names if n.endswith(".json")]
+
+    def committed(self, batch_id: int) -> BatchManifest | None:
+        """The batch's manifest if the log table's transaction id says it is committed."""
+        if batch_id > self.committed_version():
+            return None
+        try:
+            return BatchManifest.decode(self.own.read(self._manifest_path(batch_id)))
+        except FileNotFoundError:
+            raise DeltaTableError(
+                f"{self.log.uri}: batch {batch_id} is committed in the Delta log but its "
+                f"manifest {self._manifest_path(batch_id)} is missing; pidfence's _pidfence/ "
+                "directory was damaged"
+            ) from None
+
+    def last_committed_before(self, batch_id: int) -> int | None:
+        """The newest committed batch below ``batch_id`` (manifests beyond the Delta
+        transaction version belong to attempts that never committed).
+
+        Spark numbers batches consecutively: in the steady state this is ``batch_id - 1``,
+        found without listing the manifests.
+        """
+        top = min(batch_id - 1, self.committed_version())
+        if top == batch_id - 1 >= 0 and self.own.exists(self._manifest_path(top)):
+            return top
+        ids = [b for b in self._manifest_ids() if b <= top]
+        return ids[-1] if ids else None
+
+    def committed_ids(self) -> list[int]:
+        """Every batch this query committed to the log table, ascending (re-reads the table's
+        transaction version: a manifest above it belongs to an attempt that never committed)."""
+        self._version = None
+        self._tables.pop("log", None)
+        top = self.committed_version()
+        return [b for b in self._manifest_ids() if b <= top]
+
+    def manifests(self, after: int = -1) -> Iterator[BatchManifest]:
+        """The manifests of the committed batches with ids above ``after``, in batch order."""
+        for batch_id in self.committed_ids():
+            manifest = self.committed(batch_id) if batch_id > after else None
+            if manifest is not None:
+                yield manifest
+
+    # ----------------------------------------------------------------------------- writing
+
+    def _place(self, kind: str, part: PartAttempt) -> tuple[Store, str]:
+        """Where an attempt's file of ``kind`` goes: its store, and the path relative to it."""
+        batch = batch_name(part.batch_id)
+        if kind in ("log", "rejects"):
+            # "~" is percent-encoded by some Delta writers (compaction then cannot find it).
+            name = f"{part.topic}-{part.partition}.{part.tag}.parquet"
+            return self.table(kind), f"data/{self.query_id}/{batch}/{name}"
+        name = f"{part_name(part.topic, part.partition)}.{part.tag}.parquet"
+        return self.own, f"_{kind}/{batch}/{name}"
+
+    def stage_part(self, part: PartAttempt, tables: dict[str, pa.Table]) -> PartFiles:
+        """Write one partition's ``log``, ``rejects`` and ``held`` rows and its decisions under
+        attempt-unique names (empty ones are skipped), durably, invisible until published.
+
+        The Delta statistics of the data files are taken here, in parallel tasks, rather than
+        from each file's footer on the driver.
+        """
+        log, rejects = tables.get("log"), tables.get("rejects")
+        staged = {**tables, "decided": decided_rows(log, rejects)}
+        for kind, rows in (("log", log), ("rejects", rejects)):
+            if rows is not None and rows.num_rows:
+                staged[kind] = table_rows(rows, kind)  # type: ignore[arg-type]
+        names: dict[str, str] = {}
+        for kind in KINDS:
+            rows = staged.get(kind)
+            if rows is None or not rows.num_rows:
+                continue
+            store, rel = self._place(kind, part)
+            # Snappy, Delta's own default codec: a quarter cheaper to write than zstd
+            # (bench/sink_task_cost.py), files somewhat larger.
+            store.write_table(
+                store.join(rel), rows, "snappy" if kind in ("log", "rejects") else "zstd"
+            )
+            names[kind] = rel
+        stats: dict[str, str] = {k: file_stats(staged[k]) for k in ("log", "rejects") if k in names}
+        return PartFiles(**names, stats=stats)
+
+    def publish(self, manifest: BatchManifest) -> bool:
+        """Write the manifest, commit the rejects table, then the log table (the commit point).
+
+        Returns False when the batch was already committed (nothing changes then).
+        """
+        batch_id = manifest.batch
+        if self.committed(batch_id) is not None:
+            return False
+        self.own.put(self._manifest_path(batch_id), manifest.encode())
+        done = False
+        kinds: tuple[TableKind, TableKind] = ("rejects", "log")
+        for kind in kinds:
+            store = self.table(kind)
+            files = [
+                (rel, part.files.stats.get(kind))
+                for part in manifest.parts
+                if (rel := part.files.of(kind)) is not None
+            ]
+            info = {"parts": len(manifest.parts)}
+            done = commit_files(store, kind, self.query_id, batch_id, files, info=info)
+            self._tables.pop(kind, None)
+            if not done:
+                # Committed by an earlier attempt (a crash between the two commits): this
+                # attempt's files of it are never needed.
+                for rel, _ in files:
+                    store.delete(store.join(rel))
+            if kind == "rejects":
+                crash_point("rejects_committed")
+        self._version = None
+        return done
+
+    def discard(self, batch_id: int, prefix: str, keep: set[str]) -> None:
+        """Delete the batch's files whose tag starts with ``prefix`` and that neither ``keep``
+        (relative paths) nor a table names: other attempts' leftovers, never read."""
+        for kind in KINDS:
+            store, rel = self._place(kind, PartAttempt(batch_id, "x", "x", 0))
+            folder = rel.rpartition("/")[0]
+            doomed = {
+                f"{folder}/{name}"
+                for name in store.list(store.join(folder))
+                if name.removesuffix(".parquet").rpartition(".")[2].startswith(prefix)
+            } - keep
+            if doomed and store is not self.own:
+                # An earlier attempt's files that its table committed (a crash between the two
+                # commits) are the table's now, whatever the manifest names.
+                doomed -= self._added(store, folder)
+            for path in doomed:
+                store.delete(store.join(path))
+
+    def _added(self, table: Store, folder: str) -> set[str]:
+        """The files under ``folder`` that the Delta table at ``table`` adds."""
+        kind: TableKind = "rejects" if table is self.rejects else "log"
+        actions = pa.table(self._table(kind, create=False).get_add_actions(flatten=True))
+        paths = (unquote(p) for p in actions.column("path").to_pylist())
+        return {p for p in paths if p.startswith(f"{folder}/")}
+
+    # ----------------------------------------------------------------------------- reading
+
+    def read_held(self, part: PartCommit) -> pa.Table | None:
+        """The records a committed part held for reordering at the end of its batch."""
+        rel = part.files.held
+        return (
+            None if rel is None else conform(self.own.read_table(self.own.join(rel)), HELD_SCHEMA)
+        )
+
+    def read_decided(self, part: PartCommit) -> pa.Table | None:
+        """What a committed part decided, record by record (None: it only held records, or
+        read none). The tables' rows are the users' (others append, OPTIMIZE, DELETE): the
+        sink reads its own account, never the rows."""
+        rel = part.files.decided
+        return None if rel is None else self.own.read_table(self.own.join(rel))
+
+    # ------------------------------------------------------------------------ the index
+
+    def _index_path(self, batch_id: int) -> str:
+        return self.own.join(INDEX, batch_name(batch_id) + ".json")
+
+    def _latest_index(self, last: int) -> tuple[int, dict[str, Position]]:
+        """(batch id, positions) of the newest index at or below ``last``; (-1, {}) if none."""
+        try:
+            latest = int(self.own.read(self.own.join(INDEX, "latest")).decode())
+        except (FileNotFoundError, ValueError):
+            latest = -1
+        if latest > last:
+            # The index moved past the batch asked about (a reader of history): step back.
+            latest = (last // INDEX_EVERY) * INDEX_EVERY
+        while latest >= 0:
+            with contextlib.suppress(FileNotFoundError):
+                return latest, decode_positions(self.own.read(self._index_path(latest)))
+            latest -= INDEX_EVERY
+        return -1, {}
+
+    def positions(self, last: int) -> dict[str, Position]:
+        """Per partition (``TOPIC~PART``), the newest committed batch <= ``last`` that read it:
+        the newest index, then at most INDEX_EVERY manifests."""
+        base, positions = self._latest_index(last)
+        for batch_id in range(base + 1, last + 1):
+            manifest = self.committed(batch_id)
+            for part in manifest.parts if manifest is not None else ():
+                positions[part.name] = Position(batch_id, part)
+        return positions
+
+    def write_index(self, batch_id: int) -> None:
+        """Write the index as of the committed ``batch_id`` and point ``latest`` at it."""
+        self.own.put(
+            self._index_path(batch_id), encode_positions(batch_id, self.positions(batch_id))
+        )
+        self.own.put(self.own.join(INDEX, "latest"), str(batch_id).encode())
+
+
+def open_output(
+    path: str,
+    rejects_path: str,
+    query_id: str,
+    storage_options: dict[str, str] | None = None,
+    committed_before: bool = False,
+) -> Output:
+    """An :class:`Output` with both tables created-or-opened (refusals happen here).
+
+    Args:
+        committed_before: the query's checkpoint says it committed batches already.
+    """
+    output = Output(path, rejects_path, query_id, storage_options)
+    output.open(committed_before)
+    return output
 
 
 def committed_ids(path: str) -> list[int]:
     """The batch ids committed at ``path``, ascending (empty for a new path)."""
-    return reading_layout(path).committed_ids()
+    return Output.reading(path).committed_ids()
 
 
-__all__ = ["committed_ids", "reading_layout"]
+__all__ = [
+    "INDEX_EVERY",
+    "NO_OWNER",
+    "Output",
+    "PartAttempt",
+    "committed_ids",
+    "new_tag",
+    "open_output",
+]

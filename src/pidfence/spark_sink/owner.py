@@ -1,4 +1,4 @@
-"""One query per output path, enforced with an owner record (``P/_owner.json``).
+"""One query per output path, enforced with an owner record (``P/_pidfence/_owner.json``).
 
 The first query to start on a path claims it (create-if-absent); any other query id is refused
 with :class:`OutputOwnedError` before it writes or deletes anything; a restart of the same query
@@ -12,13 +12,15 @@ import json
 import pyarrow as pa
 
 from pidfence.spark_sink.errors import OutputOwnedError
-from pidfence.spark_sink.storage import OWNER, Store
+from pidfence.spark_sink.storage import Store
+
+OWNER = "_owner.json"
 
 
 def owner_of(store: Store) -> str | None:
     """The query id that owns the output path, or None."""
     try:
-        data = json.loads(store.read_bytes(store.join(OWNER)))
+        data = json.loads(store.read(store.join(OWNER)))
     except FileNotFoundError:
         return None
     owner = data.get("query") if isinstance(data, dict) else None
@@ -32,7 +34,7 @@ def claim(store: Store, query_id: str) -> None:
         OutputOwnedError: the path belongs to another query.
     """
     body = json.dumps({"query": query_id}, sort_keys=True).encode()
-    if store.create_if_absent(store.join(OWNER), body):
+    if store.put_if_absent(store.join(OWNER), body):
         return
     owner = owner_of(store)
     if owner != query_id:
@@ -49,7 +51,7 @@ def checkpoint_committed(checkpoint: str | None) -> bool:
         return False
     try:
         store = Store.at(checkpoint)
-        return any(name.isdigit() for name in store.listdir(store.join("commits")))
+        return any(name.isdigit() for name in store.list(store.join("commits")))
     except (OSError, ValueError, pa.ArrowException):
         return False
 
@@ -81,7 +83,7 @@ def checkpoint_query_id(checkpoint: str | None) -> str | None:
         return None
     try:
         store = Store.at(checkpoint)
-        text = store.read_bytes(store.join("metadata")).decode()
+        text = store.read(store.join("metadata")).decode()
         # The file holds one JSON object per line; the first is {"id": ...}.
         value = json.loads(text.splitlines()[0])["id"]
     except (OSError, ValueError, KeyError, IndexError, TypeError, pa.ArrowException):

@@ -10,7 +10,8 @@ from typing import Any
 
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.failure import failure_of
-from pidfence.spark_sink.output import committed_ids, reading_layout
+from pidfence.spark_sink.manifest import BatchManifest
+from pidfence.spark_sink.output import Output, committed_ids
 
 #: Spark settings for a session that runs the sink: bigger Arrow batches to the Python writer
 #: than Spark's default 10k rows, fewer round trips per task (see bench/sink.py).
@@ -33,30 +34,26 @@ class SinkRunSummary:
     #: Gaps reported, by kind (``lost``, ``head``, ``expired``, ``offsets``).
     gaps: dict[str, int] = field(default_factory=dict)
 
-    def add_manifest(self, manifest: Mapping[str, Any]) -> None:
+    def add_manifest(self, manifest: BatchManifest) -> None:
         """Account one committed batch."""
-        self.batches.append(int(manifest["batch"]))
-        for part in manifest["parts"]:
-            for gap in part.get("gaps") or ():
-                self.gaps[gap["kind"]] = self.gaps.get(gap["kind"], 0) + 1
-            self.records_in += int(part["rows_in"])
-            self.appended += int(part["appended"])
-            for verdict, n in part["counts"].items():
+        self.batches.append(manifest.batch)
+        for part in manifest.parts:
+            for gap in part.gaps:
+                self.gaps[gap.kind] = self.gaps.get(gap.kind, 0) + 1
+            self.records_in += part.rows_in
+            self.appended += part.appended
+            for verdict, n in part.counts.items():
                 if verdict not in ("APPENDED", "NON_IDEMPOTENT"):
-                    self.dropped[verdict] = self.dropped.get(verdict, 0) + int(n)
-            for reason, n in (part.get("forged") or {}).items():
-                self.forged[reason] = self.forged.get(reason, 0) + int(n)
+                    self.dropped[verdict] = self.dropped.get(verdict, 0) + n
+            for reason, n in part.forged.items():
+                self.forged[reason] = self.forged.get(reason, 0) + n
 
 
 def summarise(output: str, after: int = -1) -> SinkRunSummary:
     """Summary of the batches committed with id > ``after``."""
-    layout = reading_layout(output)
     summary = SinkRunSummary()
-    for bid in layout.committed_ids():
-        if bid > after:
-            manifest = layout.committed(bid)
-            if manifest is not None:
-                summary.add_manifest(manifest)
+    for manifest in Output.reading(output).manifests(after):
+        summary.add_manifest(manifest)
     return summary
 
 
@@ -133,23 +130,19 @@ def build_query(
 def start_sink(
     spark: Any, bootstrap: str, topic: str, output: str, checkpoint: str, **kwargs: Any
 ) -> Any:
-    """Clean files of uncommitted batches, then start the query (see :func:`build_query`)."""
-    from pidfence.spark_sink.delta.layout import open_layout
+    """Check and open the output, then start the query (see :func:`build_query`)."""
     from pidfence.spark_sink.options import SinkOptions
-    from pidfence.spark_sink.output import NO_OWNER
+    from pidfence.spark_sink.output import NO_OWNER, open_output
     from pidfence.spark_sink.owner import checkpoint_committed
     from pidfence.spark_sink.preflight import check_output
-    from pidfence.spark_sink.writer import cleanup_uncommitted
 
     opts = SinkOptions.parse({"path": output, **(kwargs.get("sink_options") or {})})
     # Refuses what the query would refuse (another writer's table, another table format, a
     # lost table, another query's path) before Spark starts it.
     check_output(opts, checkpoint)
-    open_layout(
+    open_output(
         opts.path, opts.rejects_path, NO_OWNER, committed_before=checkpoint_committed(checkpoint)
     )
-    layout = reading_layout(opts.path, opts.rejects_path)
-    cleanup_uncommitted(layout.store, layout.rejects, committed_ids=layout.committed_ids())
     return build_query(spark, bootstrap, topic, output, checkpoint, **kwargs).start()
 
 
@@ -265,8 +258,8 @@ class BatchWatcher:
         unless a later batch is already committed or ``final`` is set.
         """
         # Opened afresh: the owner is known once the query claimed the path.
-        layout = reading_layout(self.output)
-        new = [b for b in layout.committed_ids() if b > self.last]
+        output = Output.reading(self.output)
+        new = [b for b in output.committed_ids() if b > self.last]
         if not new:
             return []
         progress = _progress_by_batch(query)
@@ -274,7 +267,7 @@ class BatchWatcher:
         for bid in new:
             if bid not in progress and bid == new[-1] and not final:
                 break
-            manifest = layout.committed(bid)
+            manifest = output.committed(bid)
             if manifest is None:
                 break
             one = SinkRunSummary()

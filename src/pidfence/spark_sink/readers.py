@@ -1,60 +1,62 @@
-"""Readers of the committed output log and rejects log (pyarrow), through the Delta log."""
+"""Readers of the committed output: the log and rejects tables' rows (through their Delta logs,
+as any Delta reader sees them), the sink's own account of what it appended, and the gaps.
+
+Any Delta reader sees exactly the committed rows: ``deltalake.DeltaTable(P).to_pyarrow_table()``,
+``polars.read_delta(P)``, or Spark with the ``delta-spark`` jars. These add pidfence's sort order
+and read what other engines made of the tables: columns another writer added come after the
+sink's, rows another writer appended are there too (:func:`read_written` tells them apart).
+"""
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake.exceptions import TableNotFoundError
 
-from pidfence.spark_sink.schema import LOG_SCHEMA, PLACE_FIELDS, REJECTS_SCHEMA, WRITER_FIELDS
+from pidfence.spark_sink.decisions import appended
+from pidfence.spark_sink.delta.table import TableKind, open_table, schema_of
+from pidfence.spark_sink.gaps import GapReport, gaps_table
+from pidfence.spark_sink.output import Output
+from pidfence.spark_sink.schema import PLACE_FIELDS, WRITER_FIELDS, conform
 
-
-def _read(path: str, rejects_path: str | None, table: str) -> pa.Table:
-    """The rows of the log or the rejects table (none while the table does not exist)."""
-    from deltalake.exceptions import TableNotFoundError
-
-    from pidfence.spark_sink.delta.readers import read_table
-
-    rejects = table == "rejects"
-    try:
-        if rejects:
-            return read_table(rejects_path or f"{path.rstrip('/')}/_rejects", "rejects")
-        return read_table(path, "log")
-    except TableNotFoundError:
-        return (REJECTS_SCHEMA if rejects else LOG_SCHEMA).empty_table()
+_LOG_ORDER = [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "ascending")]
+_REJECT_ORDER = [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
 
 
-def read_gaps(path: str) -> pa.Table:
-    """Every gap the committed batches reported (:data:`~pidfence.spark_sink.gaps.GAP_SCHEMA`),
-    in batch order: Kafka offsets the sink never read and seqs producers never delivered.
+def read_table(
+    path: str,
+    kind: TableKind,
+    where: pc.Expression | None = None,
+    *,
+    storage_options: dict[str, str] | None = None,
+) -> pa.Table:
+    """A table's current rows in the sink's schema, with columns others added after it (no rows
+    while the table does not exist).
 
     Args:
-        path: the sink's ``path`` option.
+        path: the table root.
+        kind: ``log`` or ``rejects``.
+        where: a filter (pushed down to the files' statistics).
     """
-    from pidfence.spark_sink.gaps import manifest_gaps
-    from pidfence.spark_sink.output import reading_layout
-
-    layout = reading_layout(path)
-    pairs = []
-    for bid in layout.committed_ids():
-        manifest = layout.committed(bid)
-        if manifest is not None:
-            pairs.append((bid, manifest))
-    return manifest_gaps(pairs)
+    try:
+        dt = open_table(path, kind, create=False, storage_options=storage_options, reading=True)
+    except TableNotFoundError:
+        return schema_of(kind).empty_table()
+    table = dt.to_pyarrow_dataset().to_table(filter=where)
+    return conform(table, schema_of(kind), keep_extra=True)
 
 
 def read_log(path: str) -> pa.Table:
     """The committed output log, sorted by (topic, partition, log_offset).
 
     Columns: :data:`~pidfence.spark_sink.schema.LOG_SCHEMA` (the Kafka source's, then ``pid,
-    generation, seq, log_offset``), then any column another writer added to a Delta output.
-    Rows another writer appended to a Delta output are included (``pidfence verify`` tells them
-    apart with :func:`read_written`).
+    generation, seq, log_offset``), then any column another writer added. Rows another writer
+    appended are included (``pidfence verify`` tells them apart with :func:`read_written`).
 
     Args:
         path: the sink's ``path`` option.
     """
-    return _read(path, None, "log").sort_by(
-        [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "ascending")]
-    )
+    return read_table(path, "log").sort_by(_LOG_ORDER)
 
 
 def read_rejects(path: str, rejects_path: str | None = None) -> pa.Table:
@@ -65,9 +67,25 @@ def read_rejects(path: str, rejects_path: str | None = None) -> pa.Table:
         path: the sink's ``path`` option.
         rejects_path: the sink's ``rejectsPath`` option if it was set.
     """
-    return _read(path, rejects_path, "rejects").sort_by(
-        [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
+    return read_table(rejects_path or f"{path.rstrip('/')}/_rejects", "rejects").sort_by(
+        _REJECT_ORDER
     )
+
+
+def read_gaps(path: str) -> pa.Table:
+    """Every gap the committed batches reported (:data:`~pidfence.spark_sink.gaps.GAP_SCHEMA`),
+    in batch order: Kafka offsets the sink never read and seqs producers never delivered.
+
+    Args:
+        path: the sink's ``path`` option.
+    """
+    rows: list[tuple[str, int, int, GapReport]] = [
+        (part.topic, part.partition, manifest.batch, gap)
+        for manifest in Output.reading(path).manifests()
+        for part in manifest.parts
+        for gap in part.gaps
+    ]
+    return gaps_table(rows)
 
 
 WRITTEN_SCHEMA = pa.schema(
@@ -92,36 +110,22 @@ def read_written(path: str, rejects_path: str | None = None) -> pa.Table:
         path: the sink's ``path`` option.
         rejects_path: the sink's ``rejectsPath`` option if it was set.
     """
-    from pidfence.spark_sink.decisions import appended
-    from pidfence.spark_sink.output import reading_layout
-
-    layout = reading_layout(path, rejects_path)
+    output = Output.reading(path, rejects_path)
     pieces = []
-    for bid in layout.committed_ids():
-        manifest = layout.committed(bid)
-        for part in manifest["parts"] if manifest is not None else []:
-            decided = layout.read_decided(bid, part)
+    for manifest in output.manifests():
+        for part in manifest.parts:
+            decided = output.read_decided(part)
             if decided is None:
                 continue
             rows = appended(decided)
             n = rows.num_rows
-            pieces.append(
-                pa.table(
-                    {
-                        "topic": pa.array([str(part["topic"])] * n, pa.string()),
-                        "partition": pa.array([int(part["partition"])] * n, pa.int32()),
-                        "log_offset": rows.column("log_offset"),
-                        "offset": rows.column("offset"),
-                        "pid": rows.column("pid"),
-                        "generation": rows.column("generation"),
-                        "seq": rows.column("seq"),
-                        "batch": pa.array([bid] * n, pa.int64()),
-                    },
-                    schema=WRITTEN_SCHEMA,
-                )
-            )
+            columns = {
+                "topic": pa.array([part.topic] * n, pa.string()),
+                "partition": pa.array([part.partition] * n, pa.int32()),
+                **{c: rows.column(c) for c in ("log_offset", "offset", "pid", "generation", "seq")},
+                "batch": pa.array([manifest.batch] * n, pa.int64()),
+            }
+            pieces.append(pa.table(columns, schema=WRITTEN_SCHEMA))
     if not pieces:
         return WRITTEN_SCHEMA.empty_table()
-    return pa.concat_tables(pieces).sort_by(
-        [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "ascending")]
-    )
+    return pa.concat_tables(pieces).sort_by(_LOG_ORDER)

@@ -97,7 +97,7 @@ class PidfenceReader(DataSourceReader):
         """The committed files of the log (or rejects): the files the Delta log adds."""
         from deltalake.exceptions import TableNotFoundError
 
-        from pidfence.spark_sink.delta.table import Location, open_table
+        from pidfence.spark_sink.delta.table import open_table
 
         kind: TableKind = "rejects" if self.table == "rejects" else "log"
         root = self._root()
@@ -105,18 +105,14 @@ class PidfenceReader(DataSourceReader):
             dt = open_table(root, kind, create=False, reading=True)
         except TableNotFoundError:
             return []
-        loc = Location.at(root)
+        table = Store.at(root)
         # Paths relative to the table root (percent-decoded), as the Delta log adds them.
-        return [FilePartition(root, loc.join(unquote(a["path"]))) for a in _adds(dt)]
+        return [FilePartition(root, table.join(unquote(a["path"]))) for a in _adds(dt)]
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         """Stream one file's record batches (the public columns only)."""
         schema = REJECTS_SCHEMA if self.table == "rejects" else LOG_SCHEMA
-        if "://" in partition.root and not partition.root.startswith("file://"):
-            store = Store.at(partition.root)
-        else:
-            store = Store.at(partition.root.removeprefix("file://"))
-        table = conform(store.read_table(partition.path), schema)
+        table = conform(Store.at(partition.root).read_table(partition.path), schema)
         yield from table.to_batches()
 
 

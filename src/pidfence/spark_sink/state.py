@@ -1,7 +1,7 @@
 """A partition's sink state: the rules table, held payloads and the next log offset.
 
-The committed output (log, rejects and held records of every committed batch, named by the
-manifests) determines the state exactly (DESIGN §4 amended); state files are only a cache of it.
+What the sink committed (every committed batch's decisions and held records, named by its
+manifest) determines the state exactly (DESIGN §4 amended); state files are only a cache of it.
 A task loads the state as of the newest committed batch that read its partition; if that batch's
 state file is missing, damaged or from another attempt, it restores the newest intact older chain
 (or nothing) and replays the committed batches after it through the broker rules
@@ -27,8 +27,9 @@ from pidfence.broker_plugin import (
     replay_batch,
 )
 from pidfence.spark_sink.decisions import replay_rows
-from pidfence.spark_sink.layout import BatchLayout
+from pidfence.spark_sink.manifest import PartCommit, part_name
 from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.state_files import (
     StateFile,
     decode_state,
@@ -37,7 +38,7 @@ from pidfence.spark_sink.state_files import (
     state_dir,
     state_files,
 )
-from pidfence.spark_sink.storage import Store, batch_name, part_name
+from pidfence.spark_sink.storage import Store, batch_name
 from pidfence.wire import Verdict
 
 #: (offset, key, value, timestamp_us, pid, generation, seq, raw pf header, timestampType,
@@ -113,7 +114,7 @@ def _restore_chain(
     while bid is not None:
         if bid not in files:
             raise CorruptSnapshot(f"state chain of {topic}[{partition}] misses batch {bid}")
-        sf = decode_state(store.read_bytes(f"{state_dir(store, topic, partition)}/{files[bid]}"))
+        sf = decode_state(store.read(f"{state_dir(store, topic, partition)}/{files[bid]}"))
         if sf.tag != want:
             # Written by an attempt whose batch was not the committed one.
             raise CorruptSnapshot(f"state file of batch {bid} is from another attempt")
@@ -129,8 +130,7 @@ def _restore_chain(
 
 
 def load_state(
-    layout: BatchLayout,
-    store: Store,
+    output: Output,
     topic: str,
     partition: int,
     batch_id: int,
@@ -143,28 +143,24 @@ def load_state(
     damaged state file: the newest intact older chain (or nothing) plus a replay of the committed
     batches since (see the module docstring).
     """
-    last = layout.last_committed_before(batch_id)
-    if last is None:
-        return PartitionState(new_table(opts, verifier))
-    name = part_name(topic, partition)
-    pos = layout.positions(last).get(name)
+    last = output.last_committed_before(batch_id)
+    pos = None if last is None else output.positions(last).get(part_name(topic, partition))
     if pos is None:
         return PartitionState(new_table(opts, verifier))
-    top = int(pos["batch"])
+    top, part = pos.batch, pos.part
+    store = output.own
     files = state_files(store, topic, partition)
-    held = _held_payloads(layout, top, pos)
+    held = _held_payloads(output.read_held(part))
     try:
-        table, sf, chain_len = _restore_chain(
-            store, topic, partition, files, top, pos.get("tag"), opts
-        )
+        table, sf, chain_len = _restore_chain(store, topic, partition, files, top, part.tag, opts)
     except (CorruptSnapshot, OSError):
         pass
     else:
         table.verifier = verifier
         return PartitionState(
-            table, held, sf.next_log, top, sf.tag, chain_len, top, int(pos["kafka_last"])
+            table, held, sf.next_log, top, sf.tag, chain_len, top, part.kafka_last
         )
-    table = _rebuild(layout, store, topic, partition, files, top, pos, opts)
+    table = _rebuild(output, topic, partition, files, top, part, opts)
     table.verifier = verifier
     refs = {h.ref for by_seq in table.held.values() for h in by_seq.values()}
     if refs != set(held):
@@ -172,13 +168,10 @@ def load_state(
             f"{topic}[{partition}]: replaying the committed output holds {sorted(refs)} but "
             f"batch {top} committed {sorted(held)} as held"
         )
-    return PartitionState(
-        table, held, int(pos["log_end"]), None, None, 0, top, int(pos["kafka_last"])
-    )
+    return PartitionState(table, held, part.log_end, None, None, 0, top, part.kafka_last)
 
 
-def _held_payloads(layout: BatchLayout, batch_id: int, part: dict[str, Any]) -> dict[int, HeldRow]:
-    table = layout.read_part(batch_id, part, "held")
+def _held_payloads(table: pa.Table | None) -> dict[int, HeldRow]:
     if table is None:
         return {}
     rows: dict[int, HeldRow] = {}
@@ -200,22 +193,20 @@ def _held_payloads(layout: BatchLayout, batch_id: int, part: dict[str, Any]) -> 
 
 
 def _rebuild(
-    layout: BatchLayout,
-    store: Store,
+    output: Output,
     topic: str,
     partition: int,
     files: dict[int, str],
     top: int,
-    pos: dict[str, Any],
+    top_part: PartCommit,
     opts: SinkOptions,
 ) -> ProducerStateTable:
     """Newest intact older chain on this partition's batch chain, plus a replay since then."""
-    # The batches that read this partition, newest first, linked by "prev".
-    history: list[tuple[int, dict[str, Any]]] = [(top, pos)]
-    while history[-1][1].get("prev") is not None:
-        prev = int(history[-1][1]["prev"])
-        manifest = layout.committed(prev)
-        part = _part_of(manifest, topic, partition) if manifest is not None else None
+    # The batches that read this partition, newest first, linked by ``prev``.
+    history: list[tuple[int, PartCommit]] = [(top, top_part)]
+    while (prev := history[-1][1].prev) is not None:
+        manifest = output.committed(prev)
+        part = manifest.part(topic, partition) if manifest is not None else None
         if part is None:
             break
         history.append((prev, part))
@@ -225,51 +216,43 @@ def _rebuild(
         if bid not in files:
             continue
         try:
-            table, _, _ = _restore_chain(store, topic, partition, files, bid, part.get("tag"), opts)
+            table, _, _ = _restore_chain(output.own, topic, partition, files, bid, part.tag, opts)
         except (CorruptSnapshot, OSError):
             continue
         start = i
         break
     if table is None:
         table = new_table(opts)
-        if history[-1][1].get("prev") is not None:
+        if history[-1][1].prev is not None:
             raise CorruptSnapshot(
                 f"{topic}[{partition}]: the committed history before batch {history[-1][0]} "
                 "is missing; cannot rebuild the state"
             )
-    replay = list(reversed(history[:start]))
-    after = int(history[start][1]["kafka_last"]) if start < len(history) else -1
-    _replay(layout, table, replay, top, pos, after)
+    replay = [part for _, part in reversed(history[:start])]
+    after = history[start][1].kafka_last if start < len(history) else -1
+    _replay(output, table, replay, top_part, after)
     return table
 
 
-def _part_of(manifest: dict[str, Any], topic: str, partition: int) -> dict[str, Any] | None:
-    for part in manifest["parts"]:
-        if part["topic"] == topic and int(part["partition"]) == partition:
-            return dict(part)
-    return None
-
-
 def _replay(
-    layout: BatchLayout,
+    output: Output,
     table: ProducerStateTable,
-    batches: list[tuple[int, dict[str, Any]]],
-    top: int,
-    top_part: dict[str, Any],
+    parts: list[PartCommit],
+    top_part: PartCommit,
     after: int,
 ) -> None:
-    """Replay every record of ``batches`` (Kafka offsets > ``after``) batch by batch.
+    """Replay every record of ``parts`` (Kafka offsets > ``after``) batch by batch.
 
     The records come from the batches' decisions (:mod:`decisions`), the sink's own account of
     what it committed: rows deleted from the table later, or appended by another writer, do not
     change it.
     """
     pieces: list[pa.Table] = []
-    for bid, part in batches:
-        decided = layout.read_decided(bid, part)
+    for part in parts:
+        decided = output.read_decided(part)
         if decided is not None:
             pieces.append(replay_rows(decided))
-    held = layout.read_part(top, top_part, "held")
+    held = output.read_held(top_part)
     if held is not None:
         pieces.append(replay_rows(held, Verdict.BUFFERED.value))
     if not pieces:
@@ -277,9 +260,8 @@ def _replay(
     rows = pa.concat_tables(pieces).sort_by("offset")
     rows = rows.filter(pc.greater(rows["offset"], after))
     offsets = rows.column("offset").to_numpy()
-    for _, part in batches:
-        lo, hi = int(part["kafka_first"]), int(part["kafka_last"])
-        a, b = np.searchsorted(offsets, [lo, hi + 1])
+    for part in parts:
+        a, b = np.searchsorted(offsets, [part.kafka_first, part.kafka_last + 1])
         chunk = rows.slice(int(a), int(b - a))
         replay_batch(
             table,
@@ -287,8 +269,8 @@ def _replay(
             chunk.column("ts_ms").to_pylist(),
             chunk.column("verdict").to_pylist(),
             chunk.column("offset").to_pylist(),
-            flush=bool(part.get("flushed")),
-            horizon_ms=part.get("horizon_ms"),
+            flush=part.flushed,
+            horizon_ms=part.horizon_ms,
         )
 
 
@@ -318,10 +300,10 @@ def save_state(
     )
     name = f"{batch_name(batch_id)}.{sf.kind}"
     directory = state_dir(store, topic, partition)
-    store.write_bytes(f"{directory}/{name}", encode_state(sf))
+    store.put(f"{directory}/{name}", encode_state(sf))
     # A re-run may have left the other kind for this batch id; only one may exist.
     other = f"{batch_name(batch_id)}.{'delta' if full else 'full'}"
-    store.delete_file(f"{directory}/{other}")
+    store.delete(f"{directory}/{other}")
     if full:
         drop_old_chains(store, directory, batch_id)
     return name

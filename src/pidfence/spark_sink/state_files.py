@@ -20,9 +20,12 @@ from typing import Final
 import msgpack
 
 from pidfence.broker_plugin import CorruptSnapshot
-from pidfence.spark_sink.storage import STATE, Store, batch_name, part_name
+from pidfence.spark_sink.manifest import part_name
+from pidfence.spark_sink.storage import Store, batch_name
 
 _MAGIC: Final = b"PFS1"
+#: The folder of the state files, under the sink's own folder: ``_state/TOPIC~PART/``.
+STATE: Final = "_state"
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def state_dir(store: Store, topic: str, partition: int) -> str:
 def state_files(store: Store, topic: str, partition: int) -> dict[int, str]:
     """Batch id → file name of the partition's state files."""
     out: dict[int, str] = {}
-    for name in store.listdir(state_dir(store, topic, partition)):
+    for name in store.list(state_dir(store, topic, partition)):
         stem, _, kind = name.partition(".")
         if kind in ("full", "delta") and stem.isdigit():
             out[int(stem)] = name
@@ -100,7 +103,7 @@ def drop_old_chains(store: Store, directory: str, batch_id: int) -> None:
     fulls = sorted(
         (
             int(n.partition(".")[0])
-            for n in store.listdir(directory)
+            for n in store.list(directory)
             if n.endswith(".full") and n.partition(".")[0].isdigit()
         ),
         reverse=True,
@@ -110,14 +113,14 @@ def drop_old_chains(store: Store, directory: str, batch_id: int) -> None:
         if bid >= batch_id:
             continue
         try:
-            decode_state(store.read_bytes(f"{directory}/{batch_name(bid)}.full"))
+            decode_state(store.read(f"{directory}/{batch_name(bid)}.full"))
         except (CorruptSnapshot, OSError):
             continue
         keep_from = bid
         break
     if keep_from is None:
         return
-    for n in store.listdir(directory):
+    for n in store.list(directory):
         stem = n.partition(".")[0]
         if stem.isdigit() and int(stem) < keep_from:
-            store.delete_file(f"{directory}/{n}")
+            store.delete(f"{directory}/{n}")

@@ -12,13 +12,17 @@ and asserts that the proof fails.
 * ``lease-share-per-connection``: the lease server gives each connection the share meant for
   each client (its turns, in-flight bound and rate buckets), so a flooder's connection count
   buys it more of the server, as a server keyed by connection would.
+* ``copy-commit-without-bump``: :meth:`~pidfence.producer.IdempotentProducer.bump` returns the
+  checkpoint without asking the lease server, so a copy group member commits records another
+  owner's takeover had fenced: those events are lost.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 from pidfence.wire import PidfenceError
 
@@ -111,9 +115,19 @@ def _lease_share_per_connection() -> None:
     Turns.key = per_connection  # type: ignore[method-assign]
 
 
+def _copy_commit_without_bump() -> None:
+    from pidfence.producer import IdempotentProducer
+
+    def unchecked_bump(self: Any) -> Any:
+        return self.checkpoint()
+
+    IdempotentProducer.bump = unchecked_bump  # type: ignore[method-assign]
+
+
 MUTATIONS: dict[str, Callable[[], None]] = {
     "resend-new-seq-on-timeout": _resend_new_seq_on_timeout,
     "lease-share-per-connection": _lease_share_per_connection,
+    "copy-commit-without-bump": _copy_commit_without_bump,
 }
 
 
@@ -129,3 +143,118 @@ def install_mutation(name: str) -> None:
         raise UnknownMutation(
             f"unknown mutation {name!r}: use one of {', '.join(sorted(MUTATIONS))}"
         ) from None
+
+
+# -- the lease authority's lineage (DESIGN.md §5 amended, round 4) ------------------------------
+#
+# Each breaks one rule of the lease servers' lineage, in the process that installs it (a
+# ``pidfence lease-server`` started through ``python -m pidfence.testing.run --mutation NAME``,
+# or a test). ``patch`` is how the broken piece is put in place: ``setattr`` for a process, a
+# test's ``monkeypatch.setattr`` to undo it afterwards.
+#
+# * ``lineage-fresh-version``: a bump or roll decides on one read, then writes at the version of a
+#   fresh read (a compare-and-set on the wrong version): two owners racing from one generation
+#   can both win.
+# * ``lineage-unversioned-set``: lineage records are set whatever their version (ZooKeeper's
+#   version -1).
+# * ``lineage-gc-before-refusal``: garbage collection deletes a lineage record at its own end plus
+#   retention, while its block still answers for the pid (issue 40: a second successor).
+# * ``lineage-non-owner-accepted``: any secret that names the pid's block is taken for its owner.
+# * ``lineage-expired-bump``: a pid whose lease ended is bumped (it may only be rolled).
+# * ``lineage-roll-leaves-pid-live``: a roll records the successor but leaves the rolled pid
+#   unretired at its generation.
+
+Patch = Callable[[Any, str, Any], None]
+
+
+class LineageMutant(Protocol):
+    """Installs a lineage mutant with ``patch`` (default ``setattr``)."""
+
+    def __call__(self, patch: Patch = ...) -> None: ...
+
+
+class _LineageStore:
+    """A coordinator as a broken lease server would use it: every call passes through."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+class _FreshVersion(_LineageStore):
+    def _fresh(self, pid: int) -> int | None:
+        found = self._store.read_lineage(pid)
+        return None if found is None else int(found[1])
+
+    def write_lineage(self, pid: int, record: Any, version: int | None) -> None:
+        self._store.write_lineage(pid, record, self._fresh(pid))
+
+    def write_roll(self, roll: Any) -> None:
+        self._store.write_roll(replace(roll, version=self._fresh(roll.pid)))
+
+
+class _Unversioned(_LineageStore):
+    def write_lineage(self, pid: int, record: Any, version: int | None) -> None:
+        self._store.write_lineage(pid, record, None if version is None else -1)
+
+    def write_roll(self, roll: Any) -> None:
+        self._store.write_roll(replace(roll, version=None if roll.version is None else -1))
+
+
+class _RollLeavesLive(_LineageStore):
+    def write_roll(self, roll: Any) -> None:
+        kept = replace(roll.record, successor=None, successor_generation=None)
+        self._store.write_roll(replace(roll, record=kept))
+
+
+def _lineage_store(wrapper: type[_LineageStore]) -> LineageMutant:
+    def install(patch: Patch = setattr) -> None:
+        from pidfence.pid_allocator.lineage import Lineage
+
+        init = Lineage.__init__
+
+        def broken_init(self: Any, store: Any, retention_ms: int) -> None:
+            init(self, wrapper(store), retention_ms)
+
+        patch(Lineage, "__init__", broken_init)
+
+    return install
+
+
+def _gc_before_refusal(patch: Patch = setattr) -> None:
+    from pidfence.pid_allocator.coordinator import LineageRecord
+
+    def own_retention_only(self: Any, block: Any, retention_ms: int) -> int:
+        return int(self.expire_ms) + retention_ms
+
+    patch(LineageRecord, "forgotten_at", own_retention_only)
+
+
+def _non_owner_accepted(patch: Patch = setattr) -> None:
+    from pidfence.pid_allocator import lineage, owners
+
+    def anyone(secret: bytes, block_start: int, salt: bytes, pid: int) -> bool:
+        return True
+
+    patch(lineage, "secret_matches", anyone)
+    patch(owners, "secret_matches", anyone)
+
+
+def _expired_bump(patch: Patch = setattr) -> None:
+    from pidfence.pid_allocator.lineage import Lineage
+
+    patch(Lineage, "ended", staticmethod(lambda expire_ms, now_ms: False))
+
+
+#: The lineage mutants: name -> install(patch=setattr).
+LINEAGE_MUTATIONS: dict[str, LineageMutant] = {
+    "lineage-fresh-version": _lineage_store(_FreshVersion),
+    "lineage-unversioned-set": _lineage_store(_Unversioned),
+    "lineage-gc-before-refusal": _gc_before_refusal,
+    "lineage-non-owner-accepted": _non_owner_accepted,
+    "lineage-expired-bump": _expired_bump,
+    "lineage-roll-leaves-pid-live": _lineage_store(_RollLeavesLive),
+}
+MUTATIONS.update(LINEAGE_MUTATIONS)

@@ -25,7 +25,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from pidfence.services.process import pid_alive
-from pidfence.spark_sink.faults import POINTS
+from pidfence.spark_sink.crash_points import POINTS
 from pidfence.testing.mutations import MUTATIONS, install_mutation
 from pidfence.testing.sink_faults import SinkFaults, lead_own_session
 from pidfence.testing.spark_python import python_wrapper

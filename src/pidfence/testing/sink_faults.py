@@ -1,9 +1,9 @@
 """The sink's fault hook: SIGKILL the sink's process group at a crash point, fail a task attempt.
 
 :class:`SinkFaults` says what to do; :meth:`SinkFaults.install` puts its hook into
-:mod:`pidfence.spark_sink.faults` in this process. The sink's executors and its commit runner are
-other Python processes that Spark starts: :mod:`pidfence.testing.spark_python` installs the same
-hook there (``python -m pidfence.testing.run`` arranges both).
+:mod:`pidfence.spark_sink.crash_points` in this process. The sink's executors and its commit
+runner are other Python processes that Spark starts: :mod:`pidfence.testing.spark_python`
+installs the same hook there (``python -m pidfence.testing.run`` arranges both).
 
 A crash kills the whole process group of the sink's driver (its JVM and the Python workers die
 with it, like a lost machine). It fires only in a process that belongs to that driver's group or
@@ -17,7 +17,7 @@ import os
 import signal
 from dataclasses import asdict, dataclass
 
-from pidfence.spark_sink import faults
+from pidfence.spark_sink import crash_points
 from pidfence.spark_sink.errors import InjectedFault
 from pidfence.wire import PidfenceError
 
@@ -32,7 +32,7 @@ class SinkFaults:
 
     Args:
         crash_at: SIGKILL the sink's process group at this point (one of
-            :data:`pidfence.spark_sink.faults.POINTS`), or None.
+            :data:`pidfence.spark_sink.crash_points.POINTS`), or None.
         group: the process group (the driver's pid when it leads its session) that dies.
         fail_first_attempt: every task's first attempt raises :class:`InjectedFault` at
             ``task_start`` (Spark retries it; run with a master such as ``local[2,3]``).
@@ -44,10 +44,9 @@ class SinkFaults:
 
     def __post_init__(self) -> None:
         if self.crash_at is not None:
-            if self.crash_at not in faults.POINTS:
-                raise BadSinkFault(
-                    f"unknown crash point {self.crash_at!r}: use one of {', '.join(faults.POINTS)}"
-                )
+            if self.crash_at not in crash_points.POINTS:
+                points = ", ".join(crash_points.POINTS)
+                raise BadSinkFault(f"unknown crash point {self.crash_at!r}: use one of {points}")
             if self.group is None or self.group <= 0:
                 raise BadSinkFault(f"crash at {self.crash_at} needs the sink's process group")
 
@@ -57,7 +56,7 @@ class SinkFaults:
         return self.crash_at is not None or self.fail_first_attempt
 
     def hook(self, point: str, attempt: int) -> None:
-        """The hook installed into :mod:`pidfence.spark_sink.faults`."""
+        """The hook installed into :mod:`pidfence.spark_sink.crash_points`."""
         if self.fail_first_attempt and point == "task_start" and attempt == 0:
             raise InjectedFault(f"injected failure of task attempt {attempt} (a retry passes)")
         if point == self.crash_at and self.group is not None:
@@ -65,7 +64,7 @@ class SinkFaults:
 
     def install(self) -> None:
         """Install the hook in this process (replacing any other)."""
-        faults.install_hook(self.hook if self.active else None)
+        crash_points.install_hook(self.hook if self.active else None)
 
     def to_json(self) -> str:
         """The settings as one JSON line (passed to the Python processes Spark starts)."""

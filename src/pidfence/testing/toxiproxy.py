@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pidfence.services.jars import project_root
 from pidfence.services.ports import free_port
 from pidfence.services.process import ManagedProcess, wait_until
 from pidfence.wire import PidfenceError
@@ -38,10 +37,12 @@ class ToxiproxyMissing(ToxiproxyError):
 
 
 def toxiproxy_binary() -> Path | None:
-    """The toxiproxy server: ``.cache/bin/toxiproxy-server`` of this checkout, else on PATH."""
-    built = project_root() / ".cache" / "bin" / BINARY
-    if built.is_file():
-        return built
+    """The toxiproxy server: ``.cache/bin/toxiproxy-server`` of the checkout ``make setup`` ran
+    in (the current folder or one above it, or the checkout of an editable install), else on
+    PATH."""
+    for base in (Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[3]):
+        if (built := base / ".cache" / "bin" / BINARY).is_file():
+            return built
     found = shutil.which(BINARY)
     return Path(found) if found else None
 

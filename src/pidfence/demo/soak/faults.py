@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pidfence.demo.faults import FaultScript, KillAndResume, LeaseZombie, Zombie, lease_end_ms
-from pidfence.demo.procs import ProducerRole, Worker
+from pidfence.demo.procs import ProducerRole, Worker, sink_args
 from pidfence.demo.procstat import children_map, descendants, is_stopped, parent_map
 from pidfence.services.process import ManagedProcess, ServiceFailed
 
@@ -141,14 +141,7 @@ def soak_sink_argv(
             sys.executable,
             "-m",
             "pidfence.demo.soak.sink",
-            "--bootstrap",
-            bootstrap,
-            "--topic",
-            topic,
-            "--output",
-            str(output),
-            "--checkpoint",
-            str(checkpoint),
+            *sink_args(bootstrap, topic, output, checkpoint),
             "--batches",
             str(batches),
             "--label",

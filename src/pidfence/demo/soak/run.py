@@ -38,7 +38,8 @@ from pidfence.demo.soak.faults import (
 )
 from pidfence.demo.soak.result import SoakResult, SoakServices
 from pidfence.demo.soak.sample import take_sample
-from pidfence.services.lease_server import LeaseServerProcess, spawn_lease_server
+from pidfence.demo.start import two_lease_servers
+from pidfence.services.lease_server import LeaseServerProcess
 from pidfence.services.process import ServiceFailed
 
 if TYPE_CHECKING:
@@ -139,18 +140,8 @@ class SoakRun:
         )
         self.topic = f"soak-raw-{os.getpid()}-{int(time.time())}"
         create_raw_topic(bootstrap, self.topic, config.partitions)
-        for i in range(2):
-            server = spawn_lease_server(
-                zk_hosts,
-                self.logs,
-                name=f"lease-{i}",
-                wait=False,
-                lifetime_ms=round(config.lease_lifetime_s * 1000),
-            )
-            self._cleanups.append(server.stop)
-            self.lease_servers.append(server)
-        for server in self.lease_servers:
-            server.wait_listening()
+        lifetime_ms = round(config.lease_lifetime_s * 1000)
+        self.lease_servers += two_lease_servers(zk_hosts, self.logs, self._cleanups, lifetime_ms)
         return SoakServices(bootstrap, zk_hosts, trees)
 
     def _soak(self, services: SoakServices) -> None:

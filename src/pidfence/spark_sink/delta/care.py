@@ -21,12 +21,12 @@ from pidfence.spark_sink.delta.commit import committed_version
 from pidfence.spark_sink.delta.errors import NotPidfenceTable
 from pidfence.spark_sink.delta.table import (
     DATA_DIR,
-    Location,
     TableKind,
     holds_delta,
     marker,
     open_table,
 )
+from pidfence.spark_sink.storage import Store
 
 
 def compact(
@@ -46,8 +46,8 @@ def compact(
     return dt.optimize.compact(target_size=target_size, commit_properties=marker())
 
 
-def _relative(loc: Location, uri: str) -> str:
-    for prefix in (loc.uri.rstrip("/") + "/", "file://" + loc.root.rstrip("/") + "/"):
+def _relative(table: Store, uri: str) -> str:
+    for prefix in (table.uri.rstrip("/") + "/", "file://" + table.root.rstrip("/") + "/"):
         if uri.startswith(prefix):
             return uri[len(prefix) :]
     return uri
@@ -83,7 +83,7 @@ def vacuum(
         dry_run: only list.
         enforce_retention: refuse a retention below the table's minimum (deltalake's check).
     """
-    loc = Location.at(path, storage_options)
+    table = Store.at(path, storage_options)
     dt = open_table(path, kind, create=False, storage_options=storage_options)
     if not full:
         found = dt.vacuum(
@@ -93,36 +93,33 @@ def vacuum(
             commit_properties=marker(),
             full=False,
         )
-        return sorted(_relative(loc, f) for f in found)
+        return sorted(_relative(table, f) for f in found)
     candidates = dt.vacuum(
         retention_hours, dry_run=True, enforce_retention_duration=enforce_retention, full=True
     )
     queries = {
         rel.split("/")[1]
-        for rel in (_relative(loc, c) for c in candidates)
+        for rel in (_relative(table, c) for c in candidates)
         if rel.startswith(DATA_DIR + "/") and rel.count("/") == 3
     }
     versions = {q: committed_version(dt, q) for q in queries}
     doomed = sorted(
-        rel for rel in (_relative(loc, c) for c in candidates) if not _uncommitted(rel, versions)
+        rel for rel in (_relative(table, c) for c in candidates) if not _uncommitted(rel, versions)
     )
     if not dry_run:
         for rel in doomed:
-            try:
-                loc.fs.delete_file(loc.join(rel))
-            except FileNotFoundError:
-                continue
-        _drop_empty_dirs(loc)
+            table.delete(table.join(rel))
+        _drop_empty_dirs(table)
     return doomed
 
 
-def _drop_empty_dirs(loc: Location) -> None:
-    top = loc.join(DATA_DIR)
-    infos = loc.fs.get_file_info(pafs.FileSelector(top, recursive=True, allow_not_found=True))
+def _drop_empty_dirs(table: Store) -> None:
+    top = table.join(DATA_DIR)
+    infos = table.fs.get_file_info(pafs.FileSelector(top, recursive=True, allow_not_found=True))
     dirs = sorted((i.path for i in infos if i.type == pafs.FileType.Directory), reverse=True)
     for d in dirs:
-        if not loc.fs.get_file_info(pafs.FileSelector(d, allow_not_found=True)):
-            loc.fs.delete_dir(d)
+        if not table.fs.get_file_info(pafs.FileSelector(d, allow_not_found=True)):
+            table.fs.delete_dir(d)
 
 
 def checkpoint(path: str, kind: TableKind = "log", **kwargs: Any) -> int:

@@ -17,17 +17,17 @@ from typing import Final
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from pidfence.spark_sink.delta.table import Location
+from pidfence.spark_sink.storage import Store
 
 #: Delta Lake's default ``delta.checkpointInterval``.
 DEFAULT_CHECKPOINT_INTERVAL: Final = 10
 _LOG = logging.getLogger(__name__)
 
 
-def last_checkpoint(loc: Location) -> int:
+def last_checkpoint(table: Store) -> int:
     """The version of the table's newest checkpoint (``_delta_log/_last_checkpoint``), or -1."""
     try:
-        with loc.fs.open_input_stream(loc.join("_delta_log", "_last_checkpoint")) as stream:
+        with table.fs.open_input_stream(table.join("_delta_log", "_last_checkpoint")) as stream:
             return int(json.loads(stream.read())["version"])
     except (OSError, ValueError, KeyError, TypeError):
         return -1
@@ -43,7 +43,7 @@ def checkpoint_interval(dt: DeltaTable) -> int:
     return value if value > 0 else DEFAULT_CHECKPOINT_INTERVAL
 
 
-def maybe_checkpoint(dt: DeltaTable, loc: Location, version: int) -> bool:
+def maybe_checkpoint(dt: DeltaTable, table: Store, version: int) -> bool:
     """Write a checkpoint at ``version`` when the newest one is ``interval`` or more versions
     old, then clean log files past ``delta.logRetentionDuration`` (unless the table turned
     ``delta.enableExpiredLogCleanup`` off). Returns whether it wrote one.
@@ -51,7 +51,7 @@ def maybe_checkpoint(dt: DeltaTable, loc: Location, version: int) -> bool:
     A failure is logged, not raised: the batch is committed; the next commit tries again.
     """
     # Counted from version 0 when there is none yet: at 10, 20 … as Spark's Delta writer does.
-    if version - max(0, last_checkpoint(loc)) < checkpoint_interval(dt):
+    if version - max(0, last_checkpoint(table)) < checkpoint_interval(dt):
         return False
     try:
         dt.update_incremental()
@@ -60,7 +60,7 @@ def maybe_checkpoint(dt: DeltaTable, loc: Location, version: int) -> bool:
         if cleanup.strip().lower() != "false":
             dt.cleanup_metadata()
     except (DeltaError, OSError) as exc:
-        _LOG.warning("%s: checkpoint at version %d failed: %s", loc.uri, version, exc)
+        _LOG.warning("%s: checkpoint at version %d failed: %s", table.uri, version, exc)
         return False
     return True
 

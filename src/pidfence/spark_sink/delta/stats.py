@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pidfence.spark_sink.delta.table import Location
 from pidfence.spark_sink.schema import TS_TYPE
+from pidfence.spark_sink.storage import Store
 
 #: Columns without min/max statistics (Delta keeps none for binary and nested columns).
 NO_STATS: Final = frozenset({"key", "value", "headers", "pf"})
@@ -65,14 +65,14 @@ def _bound(value: Any, bound: str) -> Any:
     return value
 
 
-def footer_stats(loc: Location, rel: str) -> str:
+def footer_stats(table: Store, rel: str) -> str:
     """Delta ``stats`` JSON of a Parquet file from its footer (no data read).
 
     Falls back to reading the file's non-binary columns when a row group has no statistics for
     one of them (a missing bound would hide the file from filtered reads, see
     :func:`file_stats`).
     """
-    meta = pq.read_metadata(loc.join(rel), filesystem=loc.fs)
+    meta = pq.read_metadata(table.join(rel), filesystem=table.fs)
     # Leaf paths: a nested column's leaves ("headers.list.element.key") get no statistics.
     names = [meta.schema.column(i).path for i in range(meta.num_columns)]
     mins: dict[str, Any] = {}
@@ -86,8 +86,8 @@ def footer_stats(loc: Location, rel: str) -> str:
             st = meta.row_group(g).column(i).statistics
             if st is None or not st.has_null_count:
                 table = pq.read_table(
-                    loc.join(rel),
-                    filesystem=loc.fs,
+                    table.join(rel),
+                    filesystem=table.fs,
                     columns=[n for n in names if n not in NO_STATS and "." not in n],
                 )
                 return file_stats(table)
@@ -98,8 +98,8 @@ def footer_stats(loc: Location, rel: str) -> str:
                 maxs[name] = hi if name not in maxs else max(maxs[name], hi)
             elif st.null_count < meta.row_group(g).num_rows:
                 table = pq.read_table(
-                    loc.join(rel),
-                    filesystem=loc.fs,
+                    table.join(rel),
+                    filesystem=table.fs,
                     columns=[n for n in names if n not in NO_STATS and "." not in n],
                 )
                 return file_stats(table)

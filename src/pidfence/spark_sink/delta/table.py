@@ -13,18 +13,16 @@ with ``_``, so nothing there is ever read as table data or deleted by table care
 
 from __future__ import annotations
 
-import os
 import threading
-from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from pidfence.spark_sink.delta.errors import NotPidfenceTable, SchemaChanged
 from pidfence.spark_sink.schema import LOG_SCHEMA, REJECTS_SCHEMA
+from pidfence.spark_sink.storage import Store
 
 TableKind = Literal["log", "rejects"]
 
@@ -41,9 +39,7 @@ WRITER_KEY: Final = "pidfence.writer"
 WRITER: Final = "pidfence-sink"
 #: pidfence's own files under a table root (hidden from Delta readers and VACUUM).
 OWN_DIR: Final = "_pidfence"
-#: Where executors write a batch's files before the driver's commit moves them into place.
-STAGING_DIR: Final = f"{OWN_DIR}/staging"
-#: Where committed data files live: ``data/QUERY/BATCH/TOPIC-PARTITION.parquet``.
+#: Where the data files of a batch live: ``data/QUERY/BATCH/TOPIC-PARTITION.TAG.parquet``.
 DATA_DIR: Final = "data"
 
 
@@ -55,38 +51,6 @@ def schema_of(kind: TableKind) -> pa.Schema:
 def marker(**extra: Any) -> CommitProperties:
     """Commit properties that mark a commit as pidfence's (plus ``extra`` commit info)."""
     return CommitProperties(custom_metadata={WRITER_KEY: WRITER, **extra})
-
-
-@dataclass(frozen=True)
-class Location:
-    """A table root as deltalake sees it (URI) and as pyarrow.fs sees it (file system + path)."""
-
-    uri: str
-    fs: pafs.FileSystem
-    root: str
-    storage_options: dict[str, str] | None = None
-
-    @classmethod
-    def at(cls, path: str, storage_options: dict[str, str] | None = None) -> Location:
-        """A local path or a URI (``s3://``, ``gs://``, ``abfss://``, ``file://``)."""
-        if "://" in path and not path.startswith("file://"):
-            fs, root = pafs.FileSystem.from_uri(path)
-            return cls(path.rstrip("/"), fs, root.rstrip("/"), storage_options)
-        local = os.path.abspath(path.removeprefix("file://"))
-        return cls(local, pafs.LocalFileSystem(), local, storage_options)
-
-    def join(self, *parts: str) -> str:
-        """A pyarrow.fs path under the root."""
-        return "/".join((self.root, *parts))
-
-    def kind_of(self, rel: str) -> pafs.FileType:
-        """File type of a path relative to the root."""
-        return self.fs.get_file_info(self.join(rel)).type
-
-    def entries(self) -> list[str]:
-        """Base names directly under the root (empty when it does not exist)."""
-        infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
-        return sorted(i.base_name for i in infos)
 
 
 def plain_type(t: pa.DataType) -> str:
@@ -212,14 +176,14 @@ def schema_changed(
     )
 
 
-def _refuse_non_delta(loc: Location, kind: TableKind) -> None:
-    entries = loc.entries()
+def _refuse_non_delta(root: Store, kind: TableKind) -> None:
+    entries = root.list(root.root)
     # Names starting with "_" or "." are invisible to Delta (pidfence's own _pidfence/, _state/,
     # a nested _rejects table); anything else would become an orphan that VACUUM deletes.
     visible = [e for e in entries if not e.startswith(("_", "."))]
     if visible:
         raise NotPidfenceTable(
-            f"{loc.uri} is not empty and not a Delta table ({', '.join(visible[:5])}); "
+            f"{root.uri} is not empty and not a Delta table ({', '.join(visible[:5])}); "
             f"refusing to create the pidfence {kind} table over other files"
         )
 
@@ -244,16 +208,16 @@ def open_table(
         SchemaChanged: a column the sink writes was removed or retyped (not when reading).
         TableNotFoundError: no table there and ``create`` is False.
     """
-    loc = Location.at(path, storage_options)
+    root = Store.at(path, storage_options)
     try:
-        dt = DeltaTable(loc.uri, storage_options=storage_options)
+        dt = DeltaTable(root.uri, storage_options=storage_options)
     except TableNotFoundError:
         if not create:
             raise
-        _refuse_non_delta(loc, kind)
+        _refuse_non_delta(root, kind)
         try:
             dt = DeltaTable.create(
-                loc.uri,
+                root.uri,
                 schema_of(kind),
                 mode="error",
                 name=f"pidfence_{kind}",
@@ -264,13 +228,13 @@ def open_table(
             )
         except Exception as exc:  # noqa: BLE001 - a concurrent creator won: open theirs
             try:
-                dt = DeltaTable(loc.uri, storage_options=storage_options)
+                dt = DeltaTable(root.uri, storage_options=storage_options)
             except TableNotFoundError:
                 raise exc from None
     if reading:
-        check_marker(dt, kind, loc.uri)
+        check_marker(dt, kind, root.uri)
     else:
-        check_table(dt, kind, loc.uri)
+        check_table(dt, kind, root.uri)
     return dt
 
 
@@ -280,13 +244,13 @@ def check_path(path: str, kind: TableKind, storage_options: dict[str, str] | Non
     Writes nothing. Raises :class:`NotPidfenceTable` like :func:`open_table` would, so a caller
     can check every table of a sink before creating any of them.
     """
-    loc = Location.at(path, storage_options)
+    root = Store.at(path, storage_options)
     try:
-        dt = DeltaTable(loc.uri, storage_options=storage_options)
+        dt = DeltaTable(root.uri, storage_options=storage_options)
     except TableNotFoundError:
-        _refuse_non_delta(loc, kind)
+        _refuse_non_delta(root, kind)
         return False
-    check_table(dt, kind, loc.uri)
+    check_table(dt, kind, root.uri)
     return True
 
 
@@ -307,7 +271,7 @@ def cached_table(
     dozen commits); bringing a loaded one up to date reads only the new commits. Spark reuses its
     Python workers, so each executor and the driver pay the full load once per table.
     """
-    key = (Location.at(path, storage_options).uri, kind)
+    key = (Store.at(path, storage_options).uri, kind)
     with _CACHE_LOCK:
         dt = _CACHE.get(key)
     if dt is not None:
@@ -327,5 +291,5 @@ def cached_table(
 
 def holds_delta(path: str, storage_options: dict[str, str] | None = None) -> bool:
     """Whether ``path`` holds a Delta table."""
-    loc = Location.at(path, storage_options)
-    return bool(DeltaTable.is_deltatable(loc.uri, storage_options))
+    root = Store.at(path, storage_options)
+    return bool(DeltaTable.is_deltatable(root.uri, storage_options))

@@ -1,0 +1,182 @@
+"""The manifest of one committed batch: what each partition's task wrote, as one typed value.
+
+The writer builds it from the tasks' :class:`PartCommit` messages and the driver stores it (JSON,
+:meth:`BatchManifest.encode`); state recovery, the readers, the per-batch report and ``pidfence
+verify`` read it back with :meth:`BatchManifest.decode`. Nothing else spells its keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Final
+
+from pidfence.spark_sink.gaps import GapReport
+
+#: The kinds of file a part may have: its appended rows, rejects, records held for reordering at
+#: the end of the batch, and its decisions (:mod:`~pidfence.spark_sink.decisions`).
+KINDS: Final = ("log", "rejects", "held", "decided")
+
+
+def part_name(topic: str, partition: int) -> str:
+    """File-name form of a (topic, partition): ``~`` cannot occur in a Kafka topic name."""
+    return f"{topic}~{partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class PartFiles:
+    """The files one task attempt staged for one partition, by kind (relative to their root;
+    None: the part has none of that kind), and the Delta ``stats`` JSON of its ``log`` and
+    ``rejects`` files, taken from the rows as they were written."""
+
+    log: str | None = None
+    rejects: str | None = None
+    held: str | None = None
+    decided: str | None = None
+    stats: Mapping[str, str] = field(default_factory=dict)
+
+    def of(self, kind: str) -> str | None:
+        """The file of ``kind`` (one of :data:`KINDS`)."""
+        path: str | None = getattr(self, kind)
+        return path
+
+    def named(self) -> set[str]:
+        """Every file named (relative paths)."""
+        return {path for kind in KINDS if (path := self.of(kind)) is not None}
+
+
+@dataclass(frozen=True)
+class PartCommit:
+    """What one task wrote for one (topic, partition) of a batch: one part of its manifest.
+
+    Attributes:
+        rows_in: Kafka records read; ``appended``, ``rejected`` and ``held`` what became of them.
+        log_start, log_end: the ``log_offset`` range the part appended (end exclusive).
+        kafka_first, kafka_last: the Kafka offsets read.
+        counts: records by verdict; ``forged``: ``FORGED`` records by reason.
+        flushed: the reorder window was closed at the end of the batch (a replay does the same).
+        state: the state file the task wrote; ``tag``: its attempt's tag (its files carry it).
+        prev: the previous committed batch that read this partition (None: none).
+        gaps: the gaps the part reported; ``horizon_ms``: the adoption horizon it opened.
+    """
+
+    topic: str
+    partition: int
+    rows_in: int
+    appended: int
+    rejected: int
+    log_start: int
+    log_end: int
+    kafka_first: int
+    kafka_last: int
+    counts: Mapping[str, int]
+    state: str
+    tag: str
+    files: PartFiles = PartFiles()
+    held: int = 0
+    flushed: bool = False
+    forged: Mapping[str, int] = field(default_factory=dict)
+    prev: int | None = None
+    gaps: tuple[GapReport, ...] = ()
+    horizon_ms: int | None = None
+
+    @property
+    def name(self) -> str:
+        """``TOPIC~PARTITION``."""
+        return part_name(self.topic, self.partition)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored in the manifest."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        files = self.files
+        data["files"] = {**{k: files.of(k) for k in KINDS}, "stats": dict(files.stats)}
+        data["counts"], data["forged"] = dict(sorted(self.counts.items())), dict(self.forged)
+        data["gaps"] = [asdict(gap) for gap in self.gaps]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PartCommit:
+        """A stored part back."""
+        files = dict(data["files"])
+        return cls(
+            **{
+                **data,
+                "files": PartFiles(**{**files, "stats": dict(files.get("stats") or {})}),
+                "gaps": tuple(GapReport(**gap) for gap in data["gaps"]),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class BatchManifest:
+    """One committed batch: its id, the streaming query that committed it, and its parts in
+    (topic, partition) order."""
+
+    VERSION: ClassVar[int] = 3
+
+    batch: int
+    query: str
+    parts: tuple[PartCommit, ...]
+
+    def part(self, topic: str, partition: int) -> PartCommit | None:
+        """The part of (topic, partition), if the batch read it."""
+        return next((p for p in self.parts if (p.topic, p.partition) == (topic, partition)), None)
+
+    def encode(self) -> bytes:
+        """The stored form (JSON)."""
+        body = {
+            "version": self.VERSION,
+            "batch": self.batch,
+            "query": self.query,
+            "parts": [p.to_dict() for p in self.parts],
+        }
+        return json.dumps(body, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> BatchManifest:
+        """A stored manifest back.
+
+        Raises:
+            ValueError: not a manifest of this version.
+        """
+        body = json.loads(data)
+        if body.get("version") != cls.VERSION:
+            raise ValueError(f"manifest version {body.get('version')!r} is not {cls.VERSION}")
+        parts = tuple(PartCommit.from_dict(p) for p in body["parts"])
+        return cls(int(body["batch"]), str(body["query"]), parts)
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a partition stands: the newest committed batch that read it, and its part there."""
+
+    batch: int
+    part: PartCommit
+
+
+def encode_positions(batch: int, positions: Mapping[str, Position]) -> bytes:
+    """The positions index as of ``batch`` (partition name to position), stored form."""
+    parts = {name: {"batch": p.batch, "part": p.part.to_dict()} for name, p in positions.items()}
+    return json.dumps({"batch": batch, "parts": parts}, sort_keys=True).encode()
+
+
+def decode_positions(data: bytes) -> dict[str, Position]:
+    """A stored positions index back."""
+    parts = json.loads(data)["parts"]
+    return {
+        name: Position(int(p["batch"]), PartCommit.from_dict(p["part"]))
+        for name, p in parts.items()
+    }
+
+
+__all__ = [
+    "KINDS",
+    "BatchManifest",
+    "PartCommit",
+    "PartFiles",
+    "Position",
+    "decode_positions",
+    "encode_positions",
+    "part_name",
+]
