@@ -8,7 +8,12 @@ request in flight each) in 2 load processes. Contenders, side by side in one run
 * 1 server, plain TCP, on asyncio's own loop and on uvloop (when installed);
 * 1 server with auth tokens (``hello``) and TLS, on both loops;
 * 2 servers on the same ZooKeeper, both on core 0 (clients split between them);
-* baseline: 1 server with blocks of 1 pid, i.e. one ZooKeeper compare-and-set per lease.
+* baseline: 1 server with blocks of 1 pid, i.e. one ZooKeeper compare-and-set per lease;
+* a victim's bumps alone, beside one flooder and beside two, and the server's throughput under the
+  flood (``_lease_flood.py``).
+
+The lease rows measure what one server serves, so the per-client lease rate is off there (the 8
+load clients share one client name: one address, or one token).
 
 Server CPU per lease is read from ``/proc/PID/stat`` of the server processes (user + system), which
 other load on the machine does not inflate the way it does wall-clock throughput. ZooKeeper writes
@@ -23,14 +28,11 @@ wait): on a shared machine the last is what is left of the tail.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import shutil
 import signal
-import ssl
-import struct
 import subprocess
 import sys
 import tempfile
@@ -39,12 +41,11 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import msgpack
 from rich.progress import Progress
 
-from pidfence.benchkit import BenchReport
+from pidfence.benchkit import BenchReport, load_bench
 from pidfence.services.ports import free_port
 from pidfence.services.zookeeper import ZooKeeperEnsemble
 
@@ -55,126 +56,21 @@ QUICK_LEASES = 8_000
 BASELINE_LEASES = 4_000
 QUICK_BASELINE_LEASES = 800
 WARMUP_LEASES = CLIENTS * 50
+#: The victim's bumps and seconds per flood row, at least: full run, ``--quick``.
+FLOOD_BUMPS, FLOOD_S = 300, 10.0
+QUICK_FLOOD_BUMPS, QUICK_FLOOD_S = 100, 3.0
 LOAD_PROCESSES = 2
 SERVER_CORE = 0
 CLIENT_CORE = 1
 #: Scheduling priority of the server and load processes: other work on a shared machine then
 #: takes less of "their" cores (the closest a shared machine gets to a core of its own).
 NICE = -10
-_LENGTH = struct.Struct(">I")
-_LEASE = msgpack.packb({"v": 1, "op": "lease", "id": 1, "partitions": []})
-_LEASE_FRAME = _LENGTH.pack(len(_LEASE)) + _LEASE
+#: The load processes' code (closed-loop lease clients).
+_LOAD = Path(__file__).with_name("_lease_load.py")
+_load = load_bench("_lease_load", _LOAD.parent)
 
 
 # -- load processes ----------------------------------------------------------------------------
-
-
-class _LoadClient(asyncio.Protocol):
-    """One closed-loop client: ``hello`` when given a token, then ``count`` leases back to back."""
-
-    def __init__(self, count: int, token: str | None, latencies: list[float]) -> None:
-        self.left = count
-        self.token = token
-        self.latencies = latencies
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport: asyncio.Transport | None = None
-        self.buffer = b""
-        self.started = 0.0
-        self.greeting = token is not None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        if self.token is not None:
-            hello = msgpack.packb({"v": 1, "op": "hello", "id": 0, "token": self.token})
-            self.transport.write(_LENGTH.pack(len(hello)) + hello)
-        else:
-            self._next()
-
-    def _next(self) -> None:
-        assert self.transport is not None
-        if self.left == 0:
-            self.done.set_result(None)
-            self.transport.close()
-            return
-        self.left -= 1
-        self.started = time.perf_counter()
-        self.transport.write(_LEASE_FRAME)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while len(self.buffer) >= 4:
-            (length,) = _LENGTH.unpack_from(self.buffer)
-            if len(self.buffer) < 4 + length:
-                return
-            reply = msgpack.unpackb(self.buffer[4 : 4 + length])
-            self.buffer = self.buffer[4 + length :]
-            if reply["error"] is not None:
-                self.done.set_exception(RuntimeError(f"request failed: {reply}"))
-                return
-            if self.greeting:
-                self.greeting = False
-            else:
-                self.latencies.append(time.perf_counter() - self.started)
-            self._next()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.done.set_exception(ConnectionError(f"connection lost: {exc}"))
-
-
-async def _clients(
-    addresses: list[str], clients: int, per_client: int, token: str | None, ca: str | None
-) -> list[float]:
-    loop = asyncio.get_running_loop()
-    tls = None if ca is None else ssl.create_default_context(cafile=ca)
-    latencies: list[float] = []
-    protocols = []
-    for i in range(clients):
-        host, port = addresses[i % len(addresses)].rsplit(":", 1)
-        _, protocol = await loop.create_connection(
-            lambda: _LoadClient(per_client, token, latencies), host, int(port), ssl=tls
-        )
-        protocols.append(protocol)
-    await asyncio.gather(*(p.done for p in protocols))
-    return latencies
-
-
-def _runqueue_s(pid: int | str) -> float:
-    """Seconds the threads of a process waited for a CPU while runnable (Linux schedstat)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended meanwhile, or no schedstat on this kernel
-    return total / 1e9
-
-
-def client_process_main() -> None:
-    """Entry of one load process: a JSON job on argv, latencies (JSON) to the job's file."""
-    job = json.loads(sys.argv[1])
-    token = None
-    if job["token_file"]:
-        token = Path(job["token_file"]).read_text().strip()
-    try:
-        import uvloop
-
-        factory = uvloop.new_event_loop
-    except ImportError:
-        factory = asyncio.new_event_loop
-    started = time.time()
-    waited = _runqueue_s("self")
-    with asyncio.Runner(loop_factory=factory) as runner:
-        latencies = runner.run(
-            _clients(job["addresses"], job["clients"], job["per_client"], token, job["ca"])
-        )
-    waited = _runqueue_s("self") - waited
-    # A file, not stdout: an event loop may leave stdout non-blocking and cut a long write.
-    Path(job["out"]).write_text(
-        json.dumps(
-            {"start": started, "end": time.time(), "latencies": latencies, "runqueue_s": waited}
-        )
-    )
 
 
 def _pinned(core: int) -> list[str]:
@@ -208,7 +104,7 @@ def _drive(
     latencies, and the load processes' run-queue wait (seconds)."""
     per_client = leases // CLIENTS
     per_process = CLIENTS // LOAD_PROCESSES
-    code = f"import runpy; runpy.run_path({__file__!r})['client_process_main']()"
+    code = f"import runpy; runpy.run_path({str(_LOAD)!r})['client_process_main']()"
     procs = []
     outs = []
     scratch = Path(tempfile.mkdtemp(prefix="pidfence-bench-load-"))
@@ -318,7 +214,7 @@ def _scrape_all(servers: list[_Server]) -> dict[str, float]:
         for key, value in _scrape(server.metrics_port).items():
             total[key] += value
         total["cpu_s"] += _cpu_s(server.proc.pid)
-        total["runqueue_s"] += _runqueue_s(server.proc.pid)
+        total["runqueue_s"] += _load.runqueue_s(server.proc.pid)
     return total
 
 
@@ -360,7 +256,7 @@ class Contender:
 def _contender(c: Contender, zk_hosts: str, pki: Any) -> dict[str, Any]:
     chroot = _chroot(zk_hosts)
     logs = Path(tempfile.mkdtemp(prefix="pidfence-bench-lease-"))
-    settings: dict[str, Any] = {"block_size": c.block_size, "event_loop": c.loop}
+    settings: dict[str, Any] = {"block_size": c.block_size, "event_loop": c.loop, "lease_rate": 0}
     if c.block_size == 1:
         settings["max_claim_blocks"] = 1  # the baseline: one compare-and-set per lease
     security = None
@@ -451,17 +347,24 @@ def run(quick: bool, progress: Progress) -> BenchReport:
 
     plan = _plan(quick)
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # readiness probes log refusals
-    task = progress.add_task("lease bench", total=len(plan))
+    task = progress.add_task("lease bench", total=len(plan) + 1)
     rows = []
-    pki = make_lease_pki(Path(tempfile.mkdtemp(prefix="pidfence-bench-pki-")))
+    clients = ("producer", "victim", "flood1", "flood2")
+    pki = make_lease_pki(Path(tempfile.mkdtemp(prefix="pidfence-bench-pki-")), clients=clients)
+    flood = load_bench("_lease_flood", Path(__file__).parent)
     load_before = os.getloadavg()
     with ZooKeeperEnsemble(1) as zk:
         for contender in plan:
             progress.update(task, description=contender.name)
             rows.append(_contender(contender, zk.hosts, pki))
             progress.advance(task)
+        progress.update(task, description="a victim's bumps beside flooders")
+        best = "uvloop" if uvloop_installed() else "asyncio"
+        bumps, seconds = (QUICK_FLOOD_BUMPS, QUICK_FLOOD_S) if quick else (FLOOD_BUMPS, FLOOD_S)
+        rows += flood.flood_rows(sys.modules[__name__], zk.hosts, pki, bumps, seconds, best)
+        progress.advance(task)
     load_after = os.getloadavg()
-    ratios = _ratios(rows)
+    ratios = _ratios(rows[: len(plan)])
     pinned = "taskset" in _pinned(SERVER_CORE)
     niced = "nice" in _pinned(SERVER_CORE)
     return BenchReport(
@@ -479,6 +382,9 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             "server_gc_ms",
             "server_runqueue_ms",
             "client_runqueue_ms",
+            "bumps_per_s",
+            "rate_limited",
+            "victim_errors",
         ],
         rows=rows,
         notes=[
@@ -507,6 +413,10 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             "garbage-collector pauses (all requests in flight wait); server_runqueue_ms / "
             "client_runqueue_ms = time the server / load processes were runnable but another "
             "process had their core (kernel schedstat).",
+            "victim rows: one auth server; p50/p99 are the victim's bump latency (one bump at a "
+            "time), bumps_per_s is every client's granted bumps per second over the row, "
+            "rate_limited the RATE_LIMITED answers (flooders only). A flooder: 8 connections x "
+            "32 pids, each pid bumped again as soon as answered, refusals re-sent at once.",
         ],
         params={
             "clients": CLIENTS,

@@ -1,5 +1,5 @@
-"""Smoke test: ``bench/lease.py`` runs every contender on tiny sizes (figures are not asserted:
-speed is measured by the bench, never by tests)."""
+"""Smoke test: ``bench/lease.py`` runs every contender and the flood rows on tiny sizes (figures
+are not asserted: speed is measured by the bench, never by tests)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,19 @@ def test_lease_bench_runs_every_contender() -> None:
     bench.QUICK_LEASES = bench.CLIENTS * 10
     bench.QUICK_BASELINE_LEASES = bench.CLIENTS * 2
     bench.WARMUP_LEASES = bench.CLIENTS * 2
+    bench.QUICK_FLOOD_BUMPS, bench.QUICK_FLOOD_S = 10, 0.5
     with Progress(disable=True) as progress:
         report = bench.run(quick=True, progress=progress)
     loops = 2 if uvloop_installed() else 1
-    assert len(report.rows) == 2 * loops + 2
-    assert {row["security"] for row in report.rows} == {"plain", "auth+TLS"}
-    for row in report.rows:
+    leases, flood = report.rows[:-3], report.rows[-3:]
+    assert len(leases) == 2 * loops + 2
+    assert {row["security"] for row in leases} == {"plain", "auth+TLS"}
+    assert [row["flooders"] for row in flood] == [0, 1, 2]
+    for row in flood:
+        assert row["bumps"] >= 10 and row["bumps_per_s"] > 0
+        assert row["p99_ms"] >= row["p50_ms"] > 0
+        assert [c.get("None", 0) > 0 for c in row["flood_counts"]] == [True] * row["flooders"]
+    for row in leases:
         assert row["leases"] == (
             bench.QUICK_BASELINE_LEASES if row["block_size"] == 1 else bench.QUICK_LEASES
         )

@@ -54,7 +54,7 @@ class Gate:
 @asynchronous
 async def test_clients_take_turns_whatever_the_flood(executor: ThreadPoolExecutor) -> None:
     gate = Gate()
-    queue = ZkQueue(executor, limit=100, share=50, workers=1)
+    queue = ZkQueue(executor, limit=100, share=50, workers=1, reserve=0)
     flood = [asyncio.ensure_future(queue.run("flooder", gate.job(f"f{i}"))) for i in range(20)]
     await asyncio.sleep(0)
     victim = [asyncio.ensure_future(queue.run("victim", gate.job(f"v{i}"))) for i in range(3)]
@@ -65,6 +65,50 @@ async def test_clients_take_turns_whatever_the_flood(executor: ThreadPoolExecuto
     # f0 was running and the flooder's turn already queued when the victim came: from then on
     # the two alternate, one job each, however many the flooder has waiting.
     assert gate.order[:8] == ["f0", "f1", "v0", "f2", "v1", "f3", "v2", "f4"]
+
+
+class Jobs:
+    """Jobs that each wait for their own release, recording the order they started in."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self._go: dict[str, threading.Event] = {}
+
+    def job(self, name: str) -> Callable[[], str]:
+        self._go[name] = threading.Event()
+
+        def work() -> str:
+            self.started.append(name)
+            self._go[name].wait(10)
+            return name
+
+        return work
+
+    async def finish(self, name: str) -> None:
+        self._go[name].set()
+        await asyncio.sleep(0.05)  # its worker returns, the next job starts
+
+
+@asynchronous
+async def test_a_client_with_nothing_running_never_waits_for_busy_workers() -> None:
+    pool = ThreadPoolExecutor(3)
+    jobs = Jobs()
+    queue = ZkQueue(pool, limit=100, share=50, workers=2, reserve=1)
+    runs = [asyncio.ensure_future(queue.run(c, jobs.job(f"{c}{i}"))) for i in (0, 1) for c in "ab"]
+    await asyncio.sleep(0.05)
+    runs += [asyncio.ensure_future(queue.run("v", jobs.job(f"v{i}"))) for i in (0, 1)]
+    await asyncio.sleep(0.05)
+    # Both workers took a flooder's job; the victim's first starts at once, on the reserve.
+    assert jobs.started == ["a0", "b0", "v0"]
+    for name in ("a0", "b0", "v0"):
+        await jobs.finish(name)
+    # The flooders' workers serve them in turn; the victim's second job starts as soon as its
+    # first is done (on the reserve again), not after the flooders' queued ones.
+    assert jobs.started == ["a0", "b0", "v0", "a1", "b1", "v1"]
+    for name in ("a1", "b1", "v1"):
+        await jobs.finish(name)
+    await asyncio.gather(*runs)
+    pool.shutdown()
 
 
 @asynchronous

@@ -20,6 +20,7 @@ from pidfence.pid_allocator.errors import (
     InvalidServerList,
     LeaseServerUnreachable,
     LeaseServiceUnavailable,
+    RateLimited,
     Unauthenticated,
     error_from_reply,
 )
@@ -95,6 +96,8 @@ class LeaseClient:
             ``--auth-tokens``). Read it from a file or the environment, never a command line.
         tls: client-side TLS context (``ssl.create_default_context(cafile=...)``; load a
             client certificate into it for mutual TLS).
+        rate_limited_wait_s: a RATE_LIMITED answer is retried on the same server after the wait
+            it names, without counting as a retry, until the waits of one call pass this.
     """
 
     servers: str | Sequence[str]
@@ -107,6 +110,7 @@ class LeaseClient:
     _: KW_ONLY
     token: str | None = None
     tls: ssl.SSLContext | None = None
+    rate_limited_wait_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -250,8 +254,12 @@ class LeaseClient:
         frame = encode_frame({"v": PROTOCOL_VERSION, "op": op, "id": request_id, **fields})
         tried: list[str] = []
         last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
+        attempt = 0
+        told_to_wait = 0.0
+        while attempt <= self.retries:
+            if isinstance(last, RateLimited):
+                self.sleep(last.retry_after_ms / 1000)  # the server said when
+            elif attempt:
                 self.sleep(min(self.backoff_s * 2 ** (attempt - 1), 2.0))
             host, port = self._addresses[self._index]
             tried.append(f"{host}:{port}")
@@ -259,6 +267,7 @@ class LeaseClient:
                 reply = self._exchange(frame, request_id)
             except _Broken as exc:
                 last = exc
+                attempt += 1
                 self._failover()
                 continue
             code = reply.get("error")
@@ -268,6 +277,14 @@ class LeaseClient:
             if not error.retriable:
                 raise error
             last = error
+            if isinstance(error, RateLimited):
+                # A healthy server asked for a pause: waited as told on the same server, and
+                # not an attempt, until the waits would pass ``rate_limited_wait_s``.
+                told_to_wait += error.retry_after_ms / 1000
+                if told_to_wait > self.rate_limited_wait_s:
+                    raise error
+                continue
+            attempt += 1
             self._failover()
         if isinstance(last, LeaseServiceUnavailable):
             raise last

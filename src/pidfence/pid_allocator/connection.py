@@ -1,6 +1,6 @@
 """One client connection of a lease server, as an asyncio protocol.
 
-A protocol (not streams) because a lease is answered straight from ``data_received`` with no
+A protocol (not streams) because a lease is answered in the event loop's own callbacks with no
 coroutine switch, which is most of a request's cost in Python. The replies answered in one turn
 go out in one ``transport.write`` (one send, one TLS record, for a client that pipelines).
 
@@ -10,11 +10,10 @@ first byte, through its handshake and until ``hello``; only then does it take an
 Before that its frames are at most ``max_pre_auth_frame_bytes``, and the whole pending phase must
 end within ``hello_timeout_s``.
 
-Bounded and fair: at most ``max_in_flight`` requests of a connection wait (bumps, rolls, a lease
-waiting for a block) at once, and at most ``FRAMES_PER_TURN`` frames are answered per event-loop
-turn. Past either bound the connection stops parsing and stops reading from its socket
-(backpressure onto the client's TCP window) until a request finishes or the next turn. A client
-that does not read its replies stops being read too.
+Bounded and fair (``fair.py``): a connection holding a whole frame waits in its client's line
+and is not read meanwhile (backpressure onto the client's TCP window); the server answers one
+frame per client in turn, and a client with ``max_in_flight`` requests being answered waits until
+one is. A client that does not read its replies stops being read too.
 
 Timeouts: idle ``idle_timeout_s``; a started frame must finish within ``frame_timeout_s``. A frame
 over the limit gets MALFORMED_REQUEST, then the connection is closed (the stream cannot be
@@ -32,12 +31,10 @@ from pidfence.pid_allocator.admission import STAGE_NEW
 from pidfence.pid_allocator.audit import FRAME_LIMIT, PENDING_TIMEOUT
 from pidfence.pid_allocator.decode import MAX_FRAME_BYTES
 from pidfence.pid_allocator.errors import FrameLimitExceeded, LeaseServiceUnavailable
+from pidfence.pid_allocator.fair import Turns
 from pidfence.pid_allocator.protocol import LENGTH, Request, RequestId, encode_frame, error_reply
 from pidfence.pid_allocator.settings import LeaseServerSettings
 from pidfence.pid_allocator.tls_start import TlsStart
-
-#: Frames answered per event-loop turn before yielding to other connections.
-FRAMES_PER_TURN = 64
 
 
 class ConnectionHost(Protocol):
@@ -45,6 +42,7 @@ class ConnectionHost(Protocol):
 
     settings: LeaseServerSettings
     tls: ssl.SSLContext | None
+    turns: Turns
 
     @property
     def auth_required(self) -> bool:
@@ -106,12 +104,13 @@ class LeaseConnection(asyncio.Protocol):
         self.authenticated = not server.auth_required
         self.max_frame = self.settings.max_pre_auth_frame_bytes
         self._buffer = bytearray()
-        self._offset = 0
+        self._replies: list[bytes] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._handshake: TlsStart | None = None
         self._reading_paused = False
         self._writing_paused = False
-        self._turn_scheduled = False
+        #: In its client's line (``fair.Turns``).
+        self.queued = False
         self._opened = self.loop.time()
         self._last_activity = self._opened
         self._partial_since: float | None = None
@@ -124,6 +123,11 @@ class LeaseConnection(asyncio.Protocol):
     def in_flight(self) -> int:
         """Requests of this connection being answered now."""
         return len(self._tasks)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed or closing."""
+        return self._closed
 
     def admitted(self, name: str | None = None) -> None:
         """The connection is admitted (``hello`` succeeded as client ``name``, or no auth)."""
@@ -188,23 +192,21 @@ class LeaseConnection(asyncio.Protocol):
                 )
                 self.close()
                 return
-        if self._buffer:
-            self._turn()
+        self._arrived()
 
     def data_received(self, data: bytes) -> None:
-        """Buffer, then answer what the bounds allow now."""
+        """Buffer; a whole frame joins the client's line (and stops the reading)."""
         if self._closed:
             return
         self._last_activity = self.loop.time()
+        self._buffer += data
         if self._handshake is not None and self._handshake.running:
             # The handshake finished and the client's first request came with it, before
             # start_tls returned the TLS transport that replies must go to: answer it then.
-            self._buffer += data
             return
         if self.pending and self.stage == STAGE_NEW:
             self.server.advance(self)
-        self._buffer += data
-        self._turn()
+        self._arrived()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection and cancel its waiting requests."""
@@ -223,82 +225,67 @@ class LeaseConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         """The client caught up."""
         self._writing_paused = False
-        self._schedule_turn()
+        self._arrived()
 
     # -- frames ---------------------------------------------------------------------------------
 
-    def _has_frame(self) -> bool:
-        remaining = len(self._buffer) - self._offset
-        if remaining < 4:
-            return False
-        length = int(LENGTH.unpack_from(self._buffer, self._offset)[0])
-        return length > self.max_frame or remaining >= 4 + length
-
-    def _turn(self) -> None:
-        """Answer up to ``FRAMES_PER_TURN`` frames; leave the rest for later turns."""
-        self._turn_scheduled = False
-        if self._closed:
-            return
+    def has_frame(self) -> bool:
+        """Whether a whole frame, or a length over the limit, is buffered."""
         buffer = self._buffer
-        offset = self._offset
-        handle_now = self.server.handle_now
-        max_in_flight = self.settings.max_in_flight
-        replies: list[bytes] = []
-        answered = 0
-        while not self._writing_paused and len(self._tasks) < max_in_flight:
-            if answered >= FRAMES_PER_TURN:
-                self._schedule_turn()
-                break
-            if len(buffer) - offset < 4:
-                break
-            (length,) = LENGTH.unpack_from(buffer, offset)
-            if length > self.max_frame:
-                self._refuse_frame(length, replies)
-                return
-            end = offset + 4 + length
-            if len(buffer) < end:
-                break
-            body = bytes(buffer[offset + 4 : end])
-            offset = end
-            answered += 1
-            result = handle_now(self, body)
-            if type(result) is bytes:
-                replies.append(result)
-                if self.close_after_reply:
-                    self._flush(replies)
-                    self.close()
-                    return
-            else:
-                self._spawn(result)  # type: ignore[arg-type]
-        if replies:
-            self._flush(replies)
-        if offset:
-            del buffer[:offset]
-        self._offset = 0
+        if len(buffer) < 4:
+            return False
+        length = int(LENGTH.unpack_from(buffer)[0])
+        return length > self.max_frame or len(buffer) >= 4 + length
+
+    def _arrived(self) -> None:
+        """Bytes came in (or the connection may be served again): join the client's line when a
+        whole frame is here; read on only while none is."""
         if self._closed:
             return
-        has_frame = self._has_frame()
-        self._track_partial(has_frame)
-        self._update_reading(has_frame)
+        if not self.queued and not self._writing_paused and self.has_frame():
+            self.server.turns.ready(self)  # may answer it at once
+        self._track_partial(self.queued or self.has_frame())
+        self._update_reading()
 
-    def _refuse_frame(self, length: int, replies: list[bytes]) -> None:
+    def serve_one(self) -> None:
+        """Answer the next frame (this connection's turn); its reply waits for :meth:`flush`."""
+        buffer = self._buffer
+        (length,) = LENGTH.unpack_from(buffer)
+        if length > self.max_frame:
+            self._refuse_frame(length)
+            return
+        body = bytes(buffer[4 : 4 + length])
+        del buffer[: 4 + length]
+        result = self.server.handle_now(self, body)
+        if type(result) is bytes:
+            self._replies.append(result)
+            if self.close_after_reply:
+                self.flush()
+                self.close()
+        else:
+            self._spawn(result)  # type: ignore[arg-type]
+
+    def drained(self) -> None:
+        """No whole frame is buffered any more: read again (unless otherwise held)."""
+        self._track_partial(False)
+        self._update_reading()
+
+    def flush(self) -> None:
+        """Write the replies answered since the last flush, in one write."""
+        replies = self._replies
+        if replies and not self._closed and self.transport is not None:
+            self.transport.write(replies[0] if len(replies) == 1 else b"".join(replies))
+        replies.clear()
+
+    def _refuse_frame(self, length: int) -> None:
         where = "before hello" if self.pending else "per frame"
         error = FrameLimitExceeded(
             f"frame of {length} bytes exceeds the {self.max_frame}-byte limit {where}"
         )
         self.server.note(FRAME_LIMIT, self, str(error))
-        replies.append(self.server.encode(self.server.error_reply(None, error)))
-        self._flush(replies)
+        self._replies.append(self.server.encode(self.server.error_reply(None, error)))
+        self.flush()
         self.close()
-
-    def _flush(self, replies: list[bytes]) -> None:
-        if not self._closed and self.transport is not None:
-            self.transport.write(replies[0] if len(replies) == 1 else b"".join(replies))
-
-    def _schedule_turn(self) -> None:
-        if not self._turn_scheduled and not self._closed:
-            self._turn_scheduled = True
-            self.loop.call_soon(self._turn)
 
     def _track_partial(self, has_frame: bool) -> None:
         if not self._buffer or has_frame:
@@ -309,18 +296,12 @@ class LeaseConnection(asyncio.Protocol):
                 self._timer.cancel()
             self._arm_timer(self._next_check())
 
-    def _update_reading(self, has_frame: bool | None = None) -> None:
+    def _update_reading(self) -> None:
         if self.transport is None or self._closed:
             return
-        if has_frame is None:
-            has_frame = self._has_frame()
-        # Stop reading while anything parsed waits: the kernel buffers, then TCP pushes back.
-        busy = (
-            self._writing_paused
-            or len(self._tasks) >= self.settings.max_in_flight
-            or has_frame
-            or len(self._buffer) > self.max_frame + 4
-        )
+        # Stop reading while a whole frame waits its turn: the kernel buffers, then TCP pushes
+        # back.
+        busy = self._writing_paused or self.queued or len(self._buffer) > self.max_frame + 4
         if busy and not self._reading_paused:
             self.transport.pause_reading()
             self._reading_paused = True
@@ -350,18 +331,31 @@ class LeaseConnection(asyncio.Protocol):
             self.transport.write(self.server.encode(reply))
 
     def _spawn(self, request: Request) -> None:
-        task = self.loop.create_task(self._answer(request))
+        client = self.server.turns.key(self)  # as it is now: a later hello may rename it
+        self.server.turns.started(client)
+        held = [client]  # emptied when its in-flight slot is given back
+        task = self.loop.create_task(self._answer(request, held))
         self._tasks.add(task)
-        task.add_done_callback(self._answered)
+        task.add_done_callback(lambda done: self._answered(done, held))
 
-    async def _answer(self, request: Request) -> None:
-        self._write(await self.server.handle(self, request))
+    def _give_back(self, held: list[str]) -> None:
+        if held:
+            self.server.turns.finished(held.pop())
 
-    def _answered(self, task: asyncio.Task[None]) -> None:
+    async def _answer(self, request: Request, held: list[str]) -> None:
+        try:
+            reply = await self.server.handle(self, request)
+        finally:
+            # Before the reply leaves: a client's next request, sent when this one is
+            # answered, must find nothing of it in flight (one request at a time is free).
+            self._give_back(held)
+        self._write(reply)
+
+    def _answered(self, task: asyncio.Task[None], held: list[str]) -> None:
         self._tasks.discard(task)
+        self._give_back(held)  # a task cancelled before it ran
         if not task.cancelled() and task.exception() is not None:
             self.close()  # handle() never raises; if it did, this stream is not trustworthy
-        self._schedule_turn()
 
     def pending_tasks(self) -> set[asyncio.Task[None]]:
         """Requests still being answered (the server awaits them when it closes)."""

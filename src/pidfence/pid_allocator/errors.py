@@ -92,10 +92,19 @@ class NotOwner(LeaseError):
 
 
 class RateLimited(LeaseError):
-    """The server's ZooKeeper queue (or this client's share of it) is full; retry after a pause."""
+    """This client is over its share (its rate, or its part of the ZooKeeper queue): retry after
+    ``retry_after_ms`` (the reply's field of that name).
+
+    Attributes:
+        retry_after_ms: when the server will take this client's request again.
+    """
 
     code = "RATE_LIMITED"
     retriable = True
+
+    def __init__(self, message: str, retry_after_ms: int = 100) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
 
 
 class Unauthenticated(LeaseError):
@@ -164,4 +173,7 @@ def error_from_reply(code: str, message: str, reply: Mapping[str, Any] | None = 
             _optional_int(fields.get("successor")),
             _optional_int(fields.get("successor_generation")),
         )
+    if cls is RateLimited:
+        wait = _optional_int((reply or {}).get("retry_after_ms"))
+        return RateLimited(message, *([] if wait is None else [max(0, wait)]))
     return cls(message)

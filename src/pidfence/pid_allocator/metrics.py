@@ -17,7 +17,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 #: Request latency buckets (seconds), as ``pidfence_request_seconds`` has always exposed them.
@@ -42,6 +47,15 @@ class LatencyHistogram:
 
 #: Figures owned by the service, read at scrape time: (blocks claimed, ZooKeeper writes, errors).
 ServiceCounts = Callable[[], tuple[int, int, int]]
+#: Per client, read at scrape time: (label, requests in flight, connections waiting their turn).
+ClientQueues = Callable[[], list[tuple[str, int, int]]]
+#: The one label of every client named by its address (no token): peers never create labels.
+BY_ADDRESS = "(address)"
+
+
+def client_label(client: str) -> str:
+    """The ``client`` label of a client: its token's name, or :data:`BY_ADDRESS`."""
+    return client[6:] if client.startswith("token:") else BY_ADDRESS
 
 
 class ServerMetrics:
@@ -65,6 +79,9 @@ class ServerMetrics:
         self.service_counts: ServiceCounts = lambda: (0, 0, 0)
         #: Refusals by kind (``audit.py``): failed hellos, owner refusals, rate limits, ...
         self.audit_events: dict[str, int] = {}
+        #: RATE_LIMITED answers by client label (token names: bounded by the tokens file).
+        self.client_refusals: dict[str, int] = {}
+        self.client_queues: ClientQueues = lambda: []
         self.bumps = Counter("pidfence_bumps", "Generation bumps granted", registry=r)
         self.rolls = Counter(
             "pidfence_rolls", "Rolls granted (pid retired, successor issued)", registry=r
@@ -142,6 +159,34 @@ class _HotCollector(Collector):
         for event, count in sorted(m.audit_events.items()):
             audit.add_metric([event], float(count))
         yield audit
+        refusals = CounterMetricFamily(
+            "pidfence_client_refusals",
+            "RATE_LIMITED answers by client (token name; all clients without one as one label)",
+            labels=["client"],
+        )
+        for label, count in sorted(m.client_refusals.items()):
+            refusals.add_metric([label], float(count))
+        yield refusals
+        in_flight = GaugeMetricFamily(
+            "pidfence_client_in_flight",
+            "Requests of a client being answered now (bounded by --max-in-flight)",
+            labels=["client"],
+        )
+        waiting = GaugeMetricFamily(
+            "pidfence_client_waiting",
+            "Connections of a client holding a request that waits for the client's turn",
+            labels=["client"],
+        )
+        queues: dict[str, list[int]] = {}
+        for label, flying, ready in m.client_queues():
+            totals = queues.setdefault(label, [0, 0])
+            totals[0] += flying
+            totals[1] += ready
+        for label, (flying, ready) in sorted(queues.items()):
+            in_flight.add_metric([label], float(flying))
+            waiting.add_metric([label], float(ready))
+        yield in_flight
+        yield waiting
         gc_family = HistogramMetricFamily(
             "pidfence_gc_pause_seconds", "Garbage-collector pauses of the server process"
         )

@@ -118,7 +118,11 @@ async def start_server(
         None if settings.record_mac_secret is None else load_mac_secret(settings.record_mac_secret)
     )
     zk_auth = None if settings.zk_auth_file is None else load_zk_auth(settings.zk_auth_file)
-    executor = ThreadPoolExecutor(max_workers=settings.zk_workers, thread_name_prefix="lease-zk")
+    # One thread more than --zk-workers: the fair queue's reserve (zk_queue.py) for clients with
+    # nothing running.
+    executor = ThreadPoolExecutor(
+        max_workers=settings.zk_workers + 1, thread_name_prefix="lease-zk"
+    )
     claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-claim")
     owned: Coordinator | None = None
     try:

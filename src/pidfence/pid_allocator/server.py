@@ -1,11 +1,12 @@
 """The asyncio TCP front of a lease server: admission, authentication, limits and dispatch
 (DESIGN.md §5 and its amendments).
 
-Connections (``connection.py``) hand each frame body to ``handle_now``, which answers whatever
-needs no waiting (bad frames, pings, hello, leases from a held block) synchronously, as an encoded
-frame; the rest (bumps, rolls, a lease waiting for a block claim) goes to ``handle`` as a task.
-Every bad frame gets an error reply and never an exception; a frame that breaks a decode limit
-gets MALFORMED_REQUEST and its connection is closed.
+Connections (``connection.py``) hand each frame body to ``handle_now`` in their client's turn
+(``fair.py``), which answers whatever needs no waiting (bad frames, pings, hello, leases from a
+held block, requests over the client's rate) synchronously, as an encoded frame; the rest (bumps,
+rolls, a lease waiting for a block claim) goes to ``handle`` as a task. Every bad frame gets an
+error reply and never an exception; a frame that breaks a decode limit gets MALFORMED_REQUEST and
+its connection is closed.
 
 The lease reply is the hot path: it is built as one dict literal and packed by one reused
 msgpack ``Packer`` (the event loop is the only thread that encodes), and its metrics are plain
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import ssl
 import time
 from collections.abc import Mapping
@@ -49,7 +51,8 @@ from pidfence.pid_allocator.errors import (
     StaleGeneration,
     Unauthenticated,
 )
-from pidfence.pid_allocator.metrics import ServerMetrics
+from pidfence.pid_allocator.fair import BUMPS, LEASES, Turns
+from pidfence.pid_allocator.metrics import ServerMetrics, client_label
 from pidfence.pid_allocator.protocol import (
     LENGTH,
     PROTOCOL_VERSION,
@@ -72,6 +75,19 @@ from pidfence.pid_allocator.settings import LeaseServerSettings
 log = logging.getLogger(__name__)
 
 _UNAUTHENTICATED = "say hello with a valid auth token first (the server runs with --auth-tokens)"
+#: The rate bucket each request charges (other requests charge none).
+# describe (the sinks' read-only question, issue 35) shares the lease bucket: no ZooKeeper write.
+_CHARGED: dict[type, int] = {
+    LeaseRequest: LEASES,
+    DescribeRequest: LEASES,
+    BumpRequest: BUMPS,
+    RollRequest: BUMPS,
+}
+#: What each bucket counts, and its settings (named in RATE_LIMITED messages).
+_RATES = {
+    BUMPS: "bumps and rolls than its rate allows (--bump-rate, --bump-burst)",
+    LEASES: "leases and describes than its rate allows (--lease-rate, --lease-burst)",
+}
 
 
 class LeaseServer:
@@ -108,6 +124,12 @@ class LeaseServer:
         self._lease_latency = self._latency["lease"]
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self.metrics.service_counts = self._service_counts
+        s = self.settings
+        rates = ((s.bump_rate, s.bump_burst), (s.lease_rate, s.lease_burst))
+        self.turns = Turns(asyncio.get_running_loop(), s.max_in_flight, rates)
+        #: Requests charged to a rate bucket (none when that rate is off).
+        self._charged = {t: kind for t, kind in _CHARGED.items() if rates[kind][0] > 0}
+        self.metrics.client_queues = self._client_queues
 
     @property
     def auth_required(self) -> bool:
@@ -213,8 +235,14 @@ class LeaseServer:
             reply = self._rejected(connection, exc)
             self._latency["invalid"].observe(time.perf_counter() - started)
             return self.encode(reply)
-        if type(request) is LeaseRequest and connection.authenticated:
-            return self._lease_now(connection, request, started)
+        if connection.authenticated:
+            kind = self._charged.get(type(request))
+            if kind is not None:
+                wait = self.turns.charge(connection, kind)
+                if wait:
+                    return self._rate_limited(connection, request.id, kind, wait, started)
+            if type(request) is LeaseRequest:
+                return self._lease_now(connection, request, started)
         if isinstance(request, PingRequest):
             op = "ping"
             reply = self._ping_reply(request.id, full=connection.authenticated)
@@ -230,6 +258,39 @@ class LeaseServer:
             return request
         self._latency[op].observe(time.perf_counter() - started)
         return self.encode(reply)
+
+    def _rate_limited(
+        self,
+        connection: LeaseConnection,
+        request_id: RequestId,
+        kind: int,
+        wait: float,
+        started: float,
+    ) -> bytes:
+        retry_ms = max(1, math.ceil(wait * 1000))
+        error = RateLimited(
+            f"this client sends more {_RATES[kind]} beside its other requests; retry after "
+            f"{retry_ms} ms",
+            retry_ms,
+        )
+        self.refused(connection)
+        frame = self.encode(self.error_reply(request_id, error))
+        self._latency["invalid"].observe(time.perf_counter() - started)
+        return frame
+
+    def refused(self, connection: LeaseConnection) -> None:
+        """Audit a RATE_LIMITED answer and count it for the client."""
+        self.note(RATE_LIMITED, connection)
+        label = client_label(connection.client)
+        refusals = self.metrics.client_refusals
+        refusals[label] = refusals.get(label, 0) + 1
+
+    def _client_queues(self) -> list[tuple[str, int, int]]:
+        """(label, requests in flight, connections waiting) per client, read at scrape time."""
+        return [
+            (client_label(c.name), c.in_flight, len(c.ready))
+            for c in list(self.turns.clients.values())
+        ]
 
     def _rejected(self, connection: LeaseConnection, exc: RequestRejected) -> dict[str, Any]:
         if isinstance(exc.error, FrameLimitExceeded):
@@ -336,8 +397,10 @@ class LeaseServer:
             else:
                 raise TypeError(f"{type(request).__name__} is answered by handle_now")
         except LeaseError as exc:
-            if isinstance(exc, NotOwner | RateLimited):
-                self.note(NOT_OWNER if isinstance(exc, NotOwner) else RATE_LIMITED, connection)
+            if isinstance(exc, NotOwner):
+                self.note(NOT_OWNER, connection)
+            elif isinstance(exc, RateLimited):
+                self.refused(connection)
             reply = self.error_reply(request.id, exc)
         except Exception as exc:  # a bug must not kill the server; the client may retry
             log.exception("request failed")
@@ -352,7 +415,9 @@ class LeaseServer:
         code = getattr(error, "code", "MALFORMED_REQUEST")
         self.metrics.errors.labels(code).inc()
         reply = error_reply(request_id, code, str(error))
-        if isinstance(error, StaleGeneration) and error.successor is not None:
+        if isinstance(error, RateLimited):
+            reply["retry_after_ms"] = error.retry_after_ms
+        elif isinstance(error, StaleGeneration) and error.successor is not None:
             reply["successor"] = error.successor
             reply["successor_generation"] = error.successor_generation
         return reply

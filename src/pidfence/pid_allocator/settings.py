@@ -249,7 +249,38 @@ class LeaseServerSettings:
     max_in_flight: int = setting(
         32,
         "max-in-flight",
-        "requests of one connection answered at once (backpressure past it)",
+        "requests of one client (token name, or address without auth) answered at once over all "
+        "its connections; past it its connections are not read (backpressure)",
+        kind="int",
+        low=1,
+    )
+    bump_rate: float = setting(
+        50.0,
+        "bump-rate",
+        "bumps and rolls per second a client may send beside its other requests (`RATE_LIMITED` "
+        "past it; a client one request at a time is never refused; `0`: no limit)",
+        kind="float",
+        low=0,
+    )
+    bump_burst: int = setting(
+        200,
+        "bump-burst",
+        "bumps and rolls a client may send at once past `--bump-rate`",
+        kind="int",
+        low=1,
+    )
+    lease_rate: float = setting(
+        2000.0,
+        "lease-rate",
+        "leases and describes per second a client may send beside its other requests (as "
+        "`--bump-rate`)",
+        kind="float",
+        low=0,
+    )
+    lease_burst: int = setting(
+        2000,
+        "lease-burst",
+        "leases and describes a client may send at once past `--lease-rate`",
         kind="int",
         low=1,
     )
@@ -284,7 +315,7 @@ class LeaseServerSettings:
     zk_queue: int = setting(
         256,
         "zk-queue",
-        'ZooKeeper jobs queued or running at most (see "Fair service")',
+        'ZooKeeper jobs queued or running at most (see "Nobody slows anybody")',
         kind="int",
         low=1,
     )
@@ -299,7 +330,8 @@ class LeaseServerSettings:
     zk_workers: int = setting(
         4,
         "zk-workers",
-        "threads serving bumps and rolls (block claims have their own)",
+        "threads serving bumps and rolls (block claims have their own), plus one kept for clients "
+        "with nothing running",
         kind="int",
         low=1,
     )

@@ -5,7 +5,9 @@ Every request that needs ZooKeeper (bumps, rolls, and owner checks the server ca
 locally) goes through :class:`ZkQueue`. Each client (token name, or address without auth) has a
 bucket of its own; workers take one job from each non-empty bucket in turn (round-robin), and at
 most ``workers`` jobs run at once, so the executor never holds a first-come queue of its own. A
-client waits behind at most one job of every other client, however many those have queued.
+client waits behind at most one job of every other client, however many those have queued; and
+``reserve`` more jobs may run for clients with nothing running, so a client one request at a
+time does not even wait for a flooder's ZooKeeper call to end before its own starts.
 
 Bounds: one client at most ``share`` jobs queued or running (more: ``RATE_LIMITED`` for it); all
 clients together at most ``limit``. When the whole queue is full, a job of a client holding less
@@ -54,14 +56,19 @@ class ZkQueue:
         executor: where the calls run.
         limit: jobs queued or running at most, all clients together.
         share: jobs one client may have queued or running at most.
-        workers: jobs running at once at most (the executor's thread count).
+        workers: jobs running at once at most.
+        reserve: jobs that may run beyond ``workers`` for clients with none running (the
+            executor has ``workers + reserve`` threads).
     """
 
-    def __init__(self, executor: Executor, limit: int, share: int, workers: int = 4) -> None:
+    def __init__(
+        self, executor: Executor, limit: int, share: int, workers: int = 4, reserve: int = 1
+    ) -> None:
         self._executor = executor
         self.limit = limit
         self.share = share
         self.workers = max(1, workers)
+        self.reserve = reserve
         self._buckets: dict[str, _Bucket] = {}
         self._turns: deque[str] = deque()  # clients with waiting jobs, in round-robin order
         self._pending = 0
@@ -134,10 +141,24 @@ class ZkQueue:
             )
         return True
 
+    def _next(self) -> str | None:
+        """The client whose job runs next (None: none may run now)."""
+        turns = self._turns
+        if not turns:
+            return None
+        if self._running < self.workers:
+            return turns.popleft()
+        if self._running < self.workers + self.reserve:
+            # The reserve: for the first client in turn with nothing running.
+            client = next((c for c in turns if not self._buckets[c].running), None)
+            if client is not None:
+                turns.remove(client)
+            return client
+        return None
+
     def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._running < self.workers and self._turns:
-            client = self._turns.popleft()
+        while (client := self._next()) is not None:
             bucket = self._buckets[client]
             job = bucket.waiting.popleft()
             if bucket.waiting:

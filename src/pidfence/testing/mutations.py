@@ -9,6 +9,9 @@ and asserts that the proof fails.
   :data:`RESEND_AFTER_S` is sent again as a new record (a new seq), as an application that
   "retries on timeout" above the producer would do. When the first copy did land (its reply was
   lost on the way back) the same event is appended twice: ``event_duplicate``.
+* ``lease-share-per-connection``: the lease server gives each connection the share meant for
+  each client (its turns, in-flight bound and rate buckets), so a flooder's connection count
+  buys it more of the server, as a server keyed by connection would.
 * ``copy-commit-without-bump``: :meth:`~pidfence.producer.IdempotentProducer.bump` returns the
   checkpoint without asking the lease server, so a copy group member commits records another
   owner's takeover had fenced: those events are lost.
@@ -106,6 +109,15 @@ def _resend_new_seq_on_timeout() -> None:
     IdempotentProducer.flush = broken_flush  # type: ignore[method-assign]
 
 
+def _lease_share_per_connection() -> None:
+    from pidfence.pid_allocator.fair import Served, Turns
+
+    def per_connection(self: Turns, connection: Served) -> str:
+        return f"{connection.client}#{id(connection)}"
+
+    Turns.key = per_connection  # type: ignore[method-assign]
+
+
 def _copy_commit_without_bump() -> None:
     from pidfence.producer import IdempotentProducer
 
@@ -139,6 +151,7 @@ def _producer_without_lock() -> None:
 
 MUTATIONS: dict[str, Callable[[], None]] = {
     "resend-new-seq-on-timeout": _resend_new_seq_on_timeout,
+    "lease-share-per-connection": _lease_share_per_connection,
     "copy-commit-without-bump": _copy_commit_without_bump,
     "producer-without-lock": _producer_without_lock,
 }
