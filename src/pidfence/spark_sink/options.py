@@ -120,6 +120,17 @@ class SinkOptions:
         "a valid per-record MAC (`pfm`), else it is `FORGED` (reason `mac`)",
         shown="unset",
     )
+    starting_offsets: str | None = option(
+        None,
+        "startingOffsets",
+        "where the Kafka source starts a new checkpoint, as it was told (`earliest`, `latest` or "
+        "offsets JSON); unset, a new checkpoint whose first batch starts above a partition's "
+        "offset 0 fails naming the records it would skip (Spark's Kafka source defaults to "
+        "`latest`)",
+        shown="unset",
+    )
+    #: Spark's checkpoint location (its ``checkpointLocation``), where the first batch's start is.
+    checkpoint: str | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -137,7 +148,8 @@ class SinkOptions:
             if f.metadata and (raw := opts.get(f.metadata["name"].lower())) is not None
         }
         rejects = (opts.get("rejectspath") or f"{path}/_rejects").rstrip("/")
-        return cls(path=path, rejects_path=rejects, **values)
+        checkpoint = opts.get("checkpointlocation")
+        return cls(path=path, rejects_path=rejects, checkpoint=checkpoint, **values)
 
     def certificates(self) -> PlacedCheck | None:
         """The certificate check of the broker rules (None when ``leasePublicKey`` is unset);

@@ -21,6 +21,7 @@ from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink import owner
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
+from pidfence.spark_sink.first_batch import check_first_batch
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import (
@@ -183,6 +184,8 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         query = next((m.query for m in ours), self.query_id or NO_QUERY)
         output = self.output(query)
         manifest = output.committed(batchId)
+        if manifest is None and batchId == 0:
+            check_first_batch(self.options, parts.values())
         crash_point("before_manifest")
         if manifest is None:
             manifest = BatchManifest(batchId, query, tuple(parts[k] for k in sorted(parts)))
