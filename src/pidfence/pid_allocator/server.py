@@ -70,7 +70,10 @@ from pidfence.pid_allocator.settings import LeaseServerSettings
 
 log = logging.getLogger(__name__)
 
-_UNAUTHENTICATED = "say hello with a valid auth token first (the server runs with --auth-tokens)"
+_UNAUTHENTICATED = (
+    "say hello with a valid auth token first (the server runs with --auth-tokens): give the "
+    "client its token file ($PIDFENCE_LEASE_TOKEN_FILE, or LeaseClient(token=load_token_file(F)))"
+)
 
 
 class LeaseServer:
