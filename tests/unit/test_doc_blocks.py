@@ -20,16 +20,16 @@ def _page(tmp_path: Path, text: str) -> Path:
 def test_blocks_their_languages_and_markers(tmp_path: Path) -> None:
     page = _page(
         tmp_path,
-        "intro\n```bash\necho hi\n```\n<!-- not run: needs a cluster -->\n\n"
+        "intro\n```bash\necho hi\n```\n<!-- not run: needs\na cluster -->\n\n"
         "```python\nif x:\n    y = 1\n```\n"
         "- item\n\n  ```sh\n  ls\n  ```\n```text\noutput\n```\n",
     )
     found = blocks(tmp_path, page)
     assert [(b.line, b.language, b.runner, b.not_run) for b in found] == [
         (2, "bash", "shell", None),
-        (7, "python", None, "needs a cluster"),
-        (13, "sh", "shell", None),
-        (16, "text", None, None),
+        (8, "python", None, "needs a cluster"),
+        (14, "sh", "shell", None),
+        (17, "text", None, None),
     ]
     assert found[1].text == "if x:\n    y = 1\n" and found[2].text == "ls\n"
     assert found[0].where == "page.md:2"
