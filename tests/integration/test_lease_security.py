@@ -5,10 +5,12 @@ per-address connection cap."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from pidfence.pid_allocator import (
     LeaseClient,
     LeaseServerThread,
     LeaseServerUnreachable,
+    LeaseTlsMismatch,
     NotOwner,
     Unauthenticated,
     client_tls_context,
@@ -24,7 +27,7 @@ from pidfence.pid_allocator import (
 )
 from pidfence.pid_allocator.capability import SECRET_BYTES
 from pidfence.pid_allocator.protocol import LENGTH, encode_frame
-from pidfence.services.lease_server import LeasePki
+from pidfence.services.lease_server import LeasePki, make_lease_pki
 from pidfence.wire import load_public_keys, verify_cert
 from tests.fixtures.lease import RawLease
 
@@ -252,13 +255,30 @@ def _send_ignoring_reset(sock: socket.socket, data: bytes) -> None:
 
 
 def test_tls_and_mutual_tls(
-    lease_server_factory: Callable[..., LeaseServerThread], lease_pki: LeasePki
+    lease_server_factory: Callable[..., LeaseServerThread],
+    lease_pki: LeasePki,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     plain_tls = lease_server_factory(tls_cert=lease_pki.server_cert, tls_key=lease_pki.server_key)
     with LeaseClient(plain_tls.address, tls=client_tls_context(lease_pki.ca)) as client:
         assert client.lease().pid >= 1
-    with LeaseClient(plain_tls.address, retries=0) as client, pytest.raises(LeaseServerUnreachable):
-        client.lease()  # plain TCP to a TLS server gets no reply
+    # A plain client is told the server wants TLS and which setting gives it (not retriable: a
+    # rerun meets the same refusal); the server logs the failed handshake.
+    with (
+        caplog.at_level(logging.WARNING, "pidfence.lease_server.audit"),
+        LeaseClient(plain_tls.address, retries=0) as client,
+        pytest.raises(LeaseTlsMismatch, match=r"wants TLS.*PIDFENCE_LEASE_TLS_CA") as plain,
+    ):
+        client.lease()
+    assert not plain.value.retriable
+    assert any("tls_failed" in r.getMessage() for r in caplog.records), caplog.text
+    other_ca = make_lease_pki(tmp_path / "other").ca  # a client that trusts another CA
+    with (
+        LeaseClient(plain_tls.address, retries=0, tls=client_tls_context(other_ca)) as client,
+        pytest.raises(LeaseTlsMismatch, match="PIDFENCE_LEASE_TLS_CA"),
+    ):
+        client.lease()
     mutual = lease_server_factory(
         tls_cert=lease_pki.server_cert,
         tls_key=lease_pki.server_key,

@@ -131,3 +131,15 @@ def test_keys_pki_writes_the_record_mac_secret(tmp_path: Path) -> None:
     from pidfence.wire import load_mac_secret
 
     assert len(load_mac_secret(secret)) == 32
+
+
+def test_keys_pki_refuses_to_replace_a_pki_without_force(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    assert CliRunner().invoke(app, ["keys", "pki", str(pki)]).exit_code == 0
+    ca, token = (pki / "ca.pem").read_bytes(), (pki / "producer.token").read_bytes()
+    again = CliRunner().invoke(app, ["keys", "pki", str(pki)])
+    assert again.exit_code == 2 and "--force" in again.stderr
+    assert (pki / "ca.pem").read_bytes() == ca and (pki / "producer.token").read_bytes() == token
+    forced = CliRunner().invoke(app, ["keys", "pki", str(pki), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert (pki / "ca.pem").read_bytes() != ca

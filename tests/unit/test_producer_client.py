@@ -30,6 +30,7 @@ from pidfence.producer import (
     ProducerConfig,
     ProducerFenced,
     ReservedHeader,
+    UnknownPartition,
     UnknownTopic,
     ValueTooLarge,
     key_partition,
@@ -268,6 +269,13 @@ class Rig:
 @pytest.fixture
 def rig() -> Rig:
     return Rig()
+
+
+def test_a_partition_the_topic_lacks_is_a_pidfence_error_naming_the_count(rig: Rig) -> None:
+    producer = rig.producer()
+    with pytest.raises(UnknownPartition, match=r"it has 3 partitions \(0\.\.2\)") as failed:
+        producer.produce("t", b"v", partition=3)
+    assert isinstance(failed.value, PidfenceError) and not failed.value.retriable
 
 
 def test_keyed_records_use_murmur2_and_count_seq_per_partition(rig: Rig) -> None:

@@ -172,6 +172,7 @@ def test_cli_status(tmp_path: Path) -> None:
     result = runner.invoke(app, ["services", "status", "--json", "--run-dir", str(tmp_path)])
     assert result.exit_code == 3
     assert "no services recorded" in result.stderr
+    assert json.loads(result.stdout) == {"zookeeper": None, "kafka": None, "alive": {}}
     stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
     result = runner.invoke(app, ["services", "status", "--json", "--run-dir", str(tmp_path)])
     assert result.exit_code == 3, result.output
@@ -190,6 +191,24 @@ def test_cli_status(tmp_path: Path) -> None:
     result = runner.invoke(app, ["services", "status", "--run-dir", str(tmp_path)])
     assert result.exit_code == 0
     assert "kafka-0" in result.stdout
+
+
+def test_cli_env_exports_the_addresses(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["services", "env", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 3 and "no services recorded" in result.stderr
+    stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")]))
+    result = runner.invoke(app, ["services", "env", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[:2] == [
+        "export PIDFENCE_BOOTSTRAP=127.0.0.1:9092",
+        f"export PIDFENCE_ZK={_state(tmp_path, []).zookeeper}",
+    ]
+    assert lines[2].startswith("export PIDFENCE_LEASE=127.0.0.1:")
+    stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
+    result = runner.invoke(app, ["services", "env", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 3 and result.stdout == ""
 
 
 def test_cli_rejects_bad_sizes() -> None:

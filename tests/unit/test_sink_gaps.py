@@ -24,7 +24,14 @@ from pidfence.spark_sink.writer import PidfenceStreamWriter
 from pidfence.wire import PidState, PidStatus, encode_pf
 from tests.unit.test_sink_process import Record, commit_batches, kafka_rows
 
-SETTINGS = {"capacity": "64", "lifetime": "10000", "reorderWindow": "3", "compactEvery": "1"}
+#: Batches here start above offset 0 on purpose (a trimmed head, a late start): say so.
+SETTINGS = {
+    "capacity": "64",
+    "lifetime": "10000",
+    "reorderWindow": "3",
+    "compactEvery": "1",
+    "startingOffsets": "latest",
+}
 QUERY = "0f1e2d3c-gaps-query"
 
 

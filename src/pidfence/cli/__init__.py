@@ -7,7 +7,19 @@ import signal
 
 import typer
 
-from pidfence.cli import bench, copy, demo, jars, keys, lease, produce, services, sink, verify
+from pidfence.cli import (
+    bench,
+    copy,
+    demo,
+    jars,
+    keys,
+    lease,
+    produce,
+    services,
+    sink,
+    topic,
+    verify,
+)
 
 app = typer.Typer(
     name="pidfence",
@@ -22,7 +34,7 @@ def _root() -> None:
     """Exactly-once Kafka pipelines: PID leases, idempotent producers, a deduplicating sink."""
 
 
-for _module in (services, jars, lease, keys, produce, copy, sink, verify, demo, bench):
+for _module in (services, topic, jars, lease, keys, produce, copy, sink, verify, demo, bench):
     _module.register(app)
 
 

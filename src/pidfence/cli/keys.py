@@ -1,8 +1,8 @@
 """``pidfence keys``: the lease server's Ed25519 signing key pair (``generate DIR``), the
 per-record MAC secret (``mac-secret FILE``) and a throw-away PKI for demos (``pki DIR``).
 
-Exit codes as every command: 0 done, 2 usage (a bad argument, a file that exists already),
-3 a file that cannot be written."""
+Exit codes as every command: 0 done, 2 usage (a bad argument, a file that exists already, a
+PKI in DIR already without ``--force``), 3 a file that cannot be written."""
 
 from __future__ import annotations
 
@@ -84,10 +84,23 @@ def register(app: typer.Typer) -> None:
         client: Annotated[
             list[str] | None, typer.Option(help="Token name to make (repeat)")
         ] = None,
+        force: Annotated[
+            bool, typer.Option("--force", help="Replace the CA, certificates and tokens in DIR")
+        ] = False,
     ) -> None:
         """A throw-away CA, lease-server and client certificates, auth tokens, a ZooKeeper
-        password and a signing key pair (demo, compose, tests; not for production)."""
+        password and a signing key pair (demo, compose, tests; not for production). Refuses a
+        DIR that holds a CA already (its servers and clients would stop trusting each other)
+        unless --force."""
         from pidfence.services.lease_server import make_lease_pki
+
+        if (directory / "ca.pem").exists() and not force:
+            fail(
+                "keys pki",
+                f"{directory} holds a PKI already (ca.pem): keep it, pick another DIR, or add "
+                "--force to replace the CA, server certificate and tokens",
+                EXIT_USAGE,
+            )
 
         with _key_errors("keys pki"):
             made = make_lease_pki(

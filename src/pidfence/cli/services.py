@@ -101,11 +101,9 @@ def register(app: typer.Typer) -> None:
         except ServicesError as exc:
             fail("services status", _first_line(exc), EXIT_UNAVAILABLE)
         if state is None:
-            fail(
-                "services status",
-                "no services recorded (start them with `pidfence services up`)",
-                EXIT_UNAVAILABLE,
-            )
+            if as_json:
+                typer.echo(json.dumps({"zookeeper": None, "kafka": None, "alive": {}}))
+            fail("services status", _NONE_RECORDED, EXIT_UNAVAILABLE)
         if as_json:
             typer.echo(json.dumps(state.status()))
         else:
@@ -114,6 +112,26 @@ def register(app: typer.Typer) -> None:
         if dead:
             names = ", ".join(f"{n.name} (pid {n.pid}, log {n.log})" for n in dead)
             fail("services status", f"not running: {names}", EXIT_UNAVAILABLE)
+
+    @group.command("env")
+    def env(run_dir: RunDir = None) -> None:
+        """Print shell `export` lines for `eval "$(pidfence services env)"`: PIDFENCE_BOOTSTRAP
+        (Kafka), PIDFENCE_ZK (ZooKeeper) and PIDFENCE_LEASE (a free loopback port for a lease
+        server you start). Exit 3 when none is recorded or one is dead."""
+        from pidfence.services import ServicesError, free_port
+        from pidfence.services import status as read_status
+
+        try:
+            state = read_status(run_dir)
+        except ServicesError as exc:
+            fail("services env", _first_line(exc), EXIT_UNAVAILABLE)
+        if state is None:
+            fail("services env", _NONE_RECORDED, EXIT_UNAVAILABLE)
+        if state.dead():
+            fail("services env", "a service is not running: see `pidfence services status`")
+        typer.echo(f"export PIDFENCE_BOOTSTRAP={state.kafka}")
+        typer.echo(f"export PIDFENCE_ZK={state.zookeeper}")
+        typer.echo(f"export PIDFENCE_LEASE=127.0.0.1:{free_port()}")
 
     @group.command("down")
     def down(
@@ -129,6 +147,9 @@ def register(app: typer.Typer) -> None:
         except ServicesError as exc:
             fail("services down", _first_line(exc), EXIT_UNAVAILABLE)
         typer.echo(f"stopped {', '.join(stopped) if stopped else 'nothing (none running)'}")
+
+
+_NONE_RECORDED = "no services recorded (start them with `pidfence services up`)"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ from pidfence.pid_allocator.errors import (
     LeaseError,
     LeaseServerUnreachable,
     LeaseServiceUnavailable,
+    LeaseTlsMismatch,
     MalformedRequest,
     NotOwner,
     RateLimited,
@@ -57,6 +58,7 @@ __all__ = [
     "LeaseCapacityExhausted",
     "LeaseServiceUnavailable",
     "LeaseServerUnreachable",
+    "LeaseTlsMismatch",
     "SecretFileError",
     # servers
     "LeaseServerSettings",

@@ -27,6 +27,7 @@ RATE_LIMITED = "rate_limited"
 EVICTED = "evicted"
 PENDING_TIMEOUT = "pending_timeout"
 REFUSED = "refused"
+TLS_FAILED = "tls_failed"
 
 #: Peers remembered at most; past it, entries older than the interval are forgotten.
 MAX_PEERS = 10_000

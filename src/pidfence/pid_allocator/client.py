@@ -20,11 +20,13 @@ from pidfence.pid_allocator.errors import (
     InvalidServerList,
     LeaseServerUnreachable,
     LeaseServiceUnavailable,
+    LeaseTlsMismatch,
     RateLimited,
     Unauthenticated,
     error_from_reply,
 )
 from pidfence.pid_allocator.protocol import LENGTH, PROTOCOL_VERSION, encode_frame
+from pidfence.pid_allocator.security import TLS_CA_ENV, TOKEN_FILE_ENV
 from pidfence.wire import PidState, PidStatus
 
 
@@ -289,6 +291,12 @@ class LeaseClient:
         if isinstance(last, LeaseServiceUnavailable):
             raise last
         names = ", ".join(dict.fromkeys(tried))
+        if self.tls is None and any(_speaks_tls(a, self.connect_timeout_s) for a in tried):
+            raise LeaseTlsMismatch(
+                f"the lease server at {names} wants TLS and this client has none: give it "
+                f"the server's CA (${TLS_CA_ENV}, LeaseClient(tls=client_tls_context(CA)), or "
+                "--tls-ca of lease-ping)"
+            )
         raise LeaseServerUnreachable(
             f"no lease server answered {op!r} after {self.retries + 1} attempts (tried {names}; "
             f"last error: {last}); start one with `pidfence lease-server --zk HOSTS --listen "
@@ -308,7 +316,16 @@ class LeaseClient:
                 if self.tls is not None:
                     name = host if self.tls.check_hostname else None
                     sock = self.tls.wrap_socket(sock, server_hostname=name)
-            except (OSError, ssl.SSLError) as exc:
+            except ssl.SSLError as exc:
+                if isinstance(exc, ssl.SSLCertVerificationError) or "WRONG_VERSION" in str(exc):
+                    raise LeaseTlsMismatch(
+                        f"TLS handshake with the lease server {host}:{port} failed ({exc}): "
+                        f"give the client the CA that signed its --tls-cert (${TLS_CA_ENV}, "
+                        "LeaseClient(tls=client_tls_context(CA)), or --tls-ca of lease-ping), "
+                        "or drop TLS on the client if the server has no --tls-cert"
+                    ) from None
+                raise _Broken(f"connect to {host}:{port} failed: {exc}") from exc
+            except OSError as exc:
                 raise _Broken(f"connect to {host}:{port} failed: {exc}") from exc
             self._sock = sock
             if self.token is not None:
@@ -327,7 +344,7 @@ class LeaseClient:
             if code == Unauthenticated.code:
                 raise Unauthenticated(
                     f"lease server refused the auth token: {reply.get('message', '')}; "
-                    "check --lease-token-file"
+                    f"check the client's token (${TOKEN_FILE_ENV} or LeaseClient(token=))"
                 )
             error = error_from_reply(str(code), str(reply.get("message", "")), reply)
             if error.retriable:
@@ -376,6 +393,23 @@ class LeaseClient:
                 raise _Broken("connection closed by the server")
             chunks += chunk
         return bytes(chunks)
+
+
+def _speaks_tls(address: str, timeout_s: float) -> bool:
+    """Whether ``HOST:PORT`` completes a TLS handshake (its certificate not checked): asked only
+    after a plain client's connections were closed without a reply."""
+    host, _, port = address.rpartition(":")
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, int(port)), timeout=timeout_s) as raw,
+            context.wrap_socket(raw),
+        ):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _key_field(key: bytes | None) -> dict[str, bytes]:

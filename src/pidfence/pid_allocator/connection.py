@@ -28,7 +28,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol, cast
 
 from pidfence.pid_allocator.admission import STAGE_NEW
-from pidfence.pid_allocator.audit import FRAME_LIMIT, PENDING_TIMEOUT
+from pidfence.pid_allocator.audit import FRAME_LIMIT, PENDING_TIMEOUT, TLS_FAILED
 from pidfence.pid_allocator.decode import MAX_FRAME_BYTES
 from pidfence.pid_allocator.errors import FrameLimitExceeded, LeaseServiceUnavailable
 from pidfence.pid_allocator.fair import Turns
@@ -177,6 +177,13 @@ class LeaseConnection(asyncio.Protocol):
         return refused
 
     def _tls_failed(self) -> None:
+        if not self._closed:  # failed on its own, not abandoned by abort()
+            self.server.note(
+                TLS_FAILED,
+                self,
+                "TLS handshake failed: a client without TLS, or one that does not trust this "
+                "server's certificate (clients: $PIDFENCE_LEASE_TLS_CA or --tls-ca)",
+            )
         self._closed = True  # the raw transport is aborted: connection_lost releases the slot
 
     def _tls_started(self, secured: asyncio.Transport) -> None:
@@ -321,6 +328,7 @@ class LeaseConnection(asyncio.Protocol):
         """Drop the connection now (evicted, or a pending deadline passed): nothing is flushed,
         its file descriptor is released at once."""
         if self._handshake is not None:
+            self._closed = True  # an abandoned handshake is not a failed one: not audited
             self._handshake.cancel()
         if self.transport is not None:
             self._closed = True

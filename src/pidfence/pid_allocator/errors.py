@@ -139,6 +139,13 @@ class LeaseServerUnreachable(LeaseError):
     retriable = True
 
 
+class LeaseTlsMismatch(LeaseError):
+    """The client and the server disagree on TLS (one speaks it, the other does not, or the
+    client does not trust the server's certificate): a rerun meets it again."""
+
+    code = "TLS_MISMATCH"
+
+
 ERRORS_BY_CODE: dict[str, type[LeaseError]] = {
     cls.code: cls
     for cls in (

@@ -5,7 +5,7 @@ File formats (each file should be mode 0600; a group- or world-readable one is r
 * auth tokens (``--auth-tokens``): one ``NAME TOKEN`` per line; ``#`` starts a comment. Names
   identify clients (their share of the ring and of the ZooKeeper queue), tokens authenticate.
 * ZooKeeper auth (``--zk-auth-file``): one line ``USER:PASSWORD`` (digest scheme).
-* a client token file (``--lease-token-file``): the token alone on the first line.
+* a client token file (``$PIDFENCE_LEASE_TOKEN_FILE``): the token alone on the first line.
 """
 
 from __future__ import annotations

@@ -88,6 +88,10 @@ _RATES = {
     BUMPS: "bumps and rolls than its rate allows (--bump-rate, --bump-burst)",
     LEASES: "leases and describes than its rate allows (--lease-rate, --lease-burst)",
 }
+_UNAUTHENTICATED = (
+    "say hello with a valid auth token first (the server runs with --auth-tokens): give the "
+    "client its token file ($PIDFENCE_LEASE_TOKEN_FILE, or LeaseClient(token=load_token_file(F)))"
+)
 
 
 class LeaseServer:

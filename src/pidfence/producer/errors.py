@@ -32,6 +32,10 @@ class UnknownTopic(ProducerError):
         self.topic = topic
 
 
+class UnknownPartition(ProducerError, ValueError):
+    """``produce(partition=N)`` named a partition the topic does not have."""
+
+
 class BrokerUnavailable(ProducerError):
     """No Kafka broker answered a metadata request; check --bootstrap and that Kafka runs."""
 

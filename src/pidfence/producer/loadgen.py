@@ -133,12 +133,30 @@ class LoadGenerator:
                 )
             next_i, start_ms = int(data["next_i"]), int(data["start_ms"])
             raw = data.get("checkpoint")
+            for option, value in self._repeated().items():
+                if data.get(option, value) != value:
+                    raise BadCheckpoint(
+                        f"state file {self.state_path} was written with --{option} "
+                        f"{data[option]}, not {value}: the records a resume sends again must "
+                        f"be the same; resume with --{option} {data[option]}, or use another "
+                        "--state"
+                    )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadCheckpoint):
                 raise
             raise BadCheckpoint(f"state file {self.state_path} is incomplete ({exc!r})") from exc
         cp = ProducerCheckpoint.from_dict(raw) if raw is not None else None
         return next_i, start_ms, cp
+
+    def _repeated(self) -> dict[str, object]:
+        """The options that shape each record's key and value: a resume must repeat them."""
+        spec = self.spec
+        return {
+            "name": spec.name,
+            "keys": spec.keys,
+            "value-size": spec.value_size,
+            "rate": spec.rate,
+        }
 
     def _save(self, producer: IdempotentProducer, next_i: int, start_ms: int) -> None:
         self._store(producer.checkpoint(), next_i, start_ms)
@@ -150,11 +168,11 @@ class LoadGenerator:
             self.state_path,
             {
                 "v": STATE_VERSION,
-                "name": self.spec.name,
                 "topic": self.spec.topic,
                 "next_i": next_i,
                 "start_ms": start_ms,
                 "checkpoint": checkpoint.to_dict(),
+                **self._repeated(),
             },
         )
         self._saves += 1

@@ -12,7 +12,7 @@ from typing import Any
 import confluent_kafka
 
 from pidfence.producer.blocking import may_block
-from pidfence.producer.errors import BrokerUnavailable, UnknownTopic
+from pidfence.producer.errors import BrokerUnavailable, UnknownPartition, UnknownTopic
 from pidfence.producer.murmur2 import key_partition
 
 
@@ -83,11 +83,12 @@ class Partitioner:
         return sticky[0]
 
     def check(self, topic: str, partition: int) -> None:
-        """Raise ``ValueError`` unless ``partition`` exists in ``topic``."""
+        """Raise :class:`UnknownPartition` unless ``partition`` exists in ``topic``."""
         count = self.counts.get(topic)
         if count is None:
             count = self.count(topic)
         if not 0 <= partition < count:
-            raise ValueError(
-                f"partition {partition} does not exist in {topic!r} ({count} partitions)"
+            raise UnknownPartition(
+                f"partition {partition} does not exist in {topic!r}: it has {count} "
+                f"partitions (0..{count - 1}); produce to one of them or add partitions"
             )

@@ -158,7 +158,7 @@ class LeasePki:
         client_key: its key.
         tokens_file: ``NAME TOKEN`` lines for ``--auth-tokens`` (clients ``producer`` and
             ``other``).
-        token_files: client name -> file holding its token (``--lease-token-file``).
+        token_files: client name -> file holding its token (``$PIDFENCE_LEASE_TOKEN_FILE``).
         zk_auth_file: ``USER:PASSWORD`` for ``--zk-auth-file``.
         signing_key: Ed25519 private key for ``--signing-key``.
         public_key: its public key for ``--lease-public-key``.

@@ -158,6 +158,17 @@ class SinkOptions:
     lease_tls_key: str | None = option(
         None, "leaseTlsKey", "client key file for the lease servers' TLS", shown="unset"
     )
+    starting_offsets: str | None = option(
+        None,
+        "startingOffsets",
+        "where the Kafka source starts a new checkpoint, as it was told (`earliest`, `latest` or "
+        "offsets JSON); unset, a new checkpoint whose first batch starts above a partition's "
+        "offset 0 fails naming the records it would skip (Spark's Kafka source defaults to "
+        "`latest`)",
+        shown="unset",
+    )
+    #: Spark's checkpoint location (its ``checkpointLocation``), where the first batch's start is.
+    checkpoint: str | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -175,7 +186,8 @@ class SinkOptions:
             if f.metadata and (raw := opts.get(f.metadata["name"].lower())) is not None
         }
         rejects = (opts.get("rejectspath") or f"{path}/_rejects").rstrip("/")
-        return cls(path=path, rejects_path=rejects, **values)
+        checkpoint = opts.get("checkpointlocation")
+        return cls(path=path, rejects_path=rejects, checkpoint=checkpoint, **values)
 
     def certificates(self) -> PlacedCheck | None:
         """The certificate check of the broker rules (None when ``leasePublicKey`` is unset);

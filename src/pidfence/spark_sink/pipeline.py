@@ -122,6 +122,7 @@ def build_query(
         .writeStream.format("pidfence")
         .option("path", output)
         .option("checkpointLocation", checkpoint)
+        .option("startingOffsets", starting_offsets)
         .queryName(f"pidfence-sink-{topic}")
     )
     for key, value in (sink_options or {}).items():

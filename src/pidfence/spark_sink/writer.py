@@ -23,6 +23,7 @@ from pidfence.spark_sink import owner
 from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
+from pidfence.spark_sink.first_batch import check_first_batch
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import (
@@ -201,6 +202,8 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         query = next((m.query for m in ours), self.query_id or NO_QUERY)
         output = self.output(query)
         manifest = output.committed(batchId)
+        if manifest is None and batchId == 0:
+            check_first_batch(self.options, parts.values())
         crash_point("before_manifest")
         if manifest is None:
             ordered = tuple(parts[k] for k in sorted(parts))
