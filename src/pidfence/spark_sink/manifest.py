@@ -110,18 +110,23 @@ class PartCommit:
 
 @dataclass(frozen=True)
 class BatchManifest:
-    """One committed batch: its id, the streaming query that committed it, and its parts in
-    (topic, partition) order."""
+    """One committed batch: its id, the streaming query that committed it, its parts in
+    (topic, partition) order, and the epoch of the sink instance that wrote it (0: unfenced)."""
 
     VERSION: ClassVar[int] = 3
 
     batch: int
     query: str
     parts: tuple[PartCommit, ...]
+    epoch: int = 0
 
     def part(self, topic: str, partition: int) -> PartCommit | None:
         """The part of (topic, partition), if the batch read it."""
         return next((p for p in self.parts if (p.topic, p.partition) == (topic, partition)), None)
+
+    def named(self) -> set[str]:
+        """Every file its parts name (relative paths)."""
+        return {name for part in self.parts for name in part.files.named()}
 
     def encode(self) -> bytes:
         """The stored form (JSON)."""
@@ -129,6 +134,7 @@ class BatchManifest:
             "version": self.VERSION,
             "batch": self.batch,
             "query": self.query,
+            "epoch": self.epoch,
             "parts": [p.to_dict() for p in self.parts],
         }
         return json.dumps(body, sort_keys=True, indent=1).encode()
@@ -144,7 +150,7 @@ class BatchManifest:
         if body.get("version") != cls.VERSION:
             raise ValueError(f"manifest version {body.get('version')!r} is not {cls.VERSION}")
         parts = tuple(PartCommit.from_dict(p) for p in body["parts"])
-        return cls(int(body["batch"]), str(body["query"]), parts)
+        return cls(int(body["batch"]), str(body["query"]), parts, int(body["epoch"]))
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,23 @@ class SinkOptions:
         shown="unset",
     )
 
+    claim_lapse_ms: int = option(
+        30_000,
+        "claimLapse",
+        "how long an owner's claim on the output may go unrenewed before a standby instance "
+        "takes the output over (the owner renews it every sixth of this)",
+        "ms",
+        1000,
+        "`30s`",
+    )
+    epoch: int = option(
+        0,
+        "epoch",
+        "set by `start_sink`: the epoch of this instance's claim on the output; every commit "
+        "checks that no newer epoch claimed it (`0`: a query started without a claim, unfenced)",
+        "int",
+    )
+
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
         """Validate Spark's option map (keys are case-insensitive in Spark; we accept both)."""

@@ -36,9 +36,9 @@ from pidfence.spark_sink.state_files import (
     drop_old_chains,
     encode_state,
     state_dir,
-    state_files,
+    state_name,
 )
-from pidfence.spark_sink.storage import Store, batch_name
+from pidfence.spark_sink.storage import Store
 from pidfence.wire import Verdict
 
 #: (offset, key, value, timestamp_us, pid, generation, seq, raw pf header, timestampType,
@@ -66,8 +66,8 @@ class PartitionState:
     next_log: int = 0
     #: batch id of the state file this was loaded from (None: fresh or rebuilt).
     base_batch: int | None = None
-    #: attempt tag of that state file.
-    base_tag: str | None = None
+    #: name of that state file.
+    base_name: str | None = None
     #: state files since the last full one, including base_batch's.
     chain_len: int = 0
     #: the newest committed batch that read this partition (None: none yet).
@@ -99,27 +99,20 @@ def _overrides(opts: SinkOptions) -> dict[str, Any]:
 
 
 def _restore_chain(
-    store: Store,
-    topic: str,
-    partition: int,
-    files: dict[int, str],
-    top: int,
-    tag: str | None,
-    opts: SinkOptions,
+    store: Store, topic: str, partition: int, name: str, tag: str, opts: SinkOptions
 ) -> tuple[ProducerStateTable, StateFile, int]:
-    """The table of the chain ending at batch ``top`` whose file has attempt tag ``tag``."""
+    """The table of the chain ending at state file ``name``, which attempt ``tag`` wrote.
+
+    Every link is read by the name its successor records: no folder is listed."""
     chain: list[StateFile] = []
-    bid: int | None = top
-    want = tag
-    while bid is not None:
-        if bid not in files:
-            raise CorruptSnapshot(f"state chain of {topic}[{partition}] misses batch {bid}")
-        sf = decode_state(store.read(f"{state_dir(store, topic, partition)}/{files[bid]}"))
-        if sf.tag != want:
+    link: str | None = name
+    while link is not None:
+        sf = decode_state(store.read(f"{state_dir(store, topic, partition)}/{link}"))
+        if sf.tag != (tag if not chain else link.split(".")[1]):
             # Written by an attempt whose batch was not the committed one.
-            raise CorruptSnapshot(f"state file of batch {bid} is from another attempt")
+            raise CorruptSnapshot(f"state file {link} is from another attempt")
         chain.append(sf)
-        bid, want = (sf.prev, sf.prev_tag) if sf.kind == "delta" else (None, None)
+        link = sf.prev_name if sf.kind == "delta" else None
     chain.reverse()
     if chain[0].kind != "full":
         raise CorruptSnapshot(f"state chain of {topic}[{partition}] does not start with a full")
@@ -149,18 +142,17 @@ def load_state(
         return PartitionState(new_table(opts, verifier))
     top, part = pos.batch, pos.part
     store = output.own
-    files = state_files(store, topic, partition)
     held = _held_payloads(output.read_held(part))
     try:
-        table, sf, chain_len = _restore_chain(store, topic, partition, files, top, part.tag, opts)
+        table, sf, chain_len = _restore_chain(store, topic, partition, part.state, part.tag, opts)
     except (CorruptSnapshot, OSError):
         pass
     else:
         table.verifier = verifier
         return PartitionState(
-            table, held, sf.next_log, top, sf.tag, chain_len, top, part.kafka_last
+            table, held, sf.next_log, top, part.state, chain_len, top, part.kafka_last
         )
-    table = _rebuild(output, topic, partition, files, top, part, opts)
+    table = _rebuild(output, topic, partition, top, part, opts)
     table.verifier = verifier
     refs = {h.ref for by_seq in table.held.values() for h in by_seq.values()}
     if refs != set(held):
@@ -196,7 +188,6 @@ def _rebuild(
     output: Output,
     topic: str,
     partition: int,
-    files: dict[int, str],
     top: int,
     top_part: PartCommit,
     opts: SinkOptions,
@@ -212,11 +203,9 @@ def _rebuild(
         history.append((prev, part))
     table: ProducerStateTable | None = None
     start = len(history)
-    for i, (bid, part) in enumerate(history[1:], start=1):
-        if bid not in files:
-            continue
+    for i, (_, part) in enumerate(history[1:], start=1):
         try:
-            table, _, _ = _restore_chain(output.own, topic, partition, files, bid, part.tag, opts)
+            table, _, _ = _restore_chain(output.own, topic, partition, part.state, part.tag, opts)
         except (CorruptSnapshot, OSError):
             continue
         start = i
@@ -285,25 +274,22 @@ def save_state(
 ) -> str:
     """Write the state as of ``batch_id``: a delta normally, a full one every ``compact_every``.
 
-    Returns the file name. The file is replaced atomically; it carries the attempt ``tag`` so a
-    loader only trusts it when the committed manifest names the same attempt.
+    Returns the file name, which carries the attempt ``tag``: a loader trusts only the file the
+    committed manifest names, and twin attempts never overwrite each other's.
     """
     full = st.base_batch is None or st.chain_len >= opts.compact_every + 1
     blob = st.table.snapshot() if full else st.table.snapshot_delta()
     sf = StateFile(
         kind="full" if full else "delta",
         prev=None if full else st.base_batch,
-        prev_tag=None if full else st.base_tag,
+        prev_name=None if full else st.base_name,
         tag=tag,
         table=blob,
         next_log=st.next_log,
     )
-    name = f"{batch_name(batch_id)}.{sf.kind}"
+    name = state_name(batch_id, tag, sf.kind)
     directory = state_dir(store, topic, partition)
     store.put(f"{directory}/{name}", encode_state(sf))
-    # A re-run may have left the other kind for this batch id; only one may exist.
-    other = f"{batch_name(batch_id)}.{'delta' if full else 'full'}"
-    store.delete(f"{directory}/{other}")
     if full:
         drop_old_chains(store, directory, batch_id)
     return name

@@ -23,14 +23,7 @@ from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import (
-    INDEX_EVERY,
-    QUERY_PREFIX,
-    Output,
-    PartAttempt,
-    new_tag,
-    open_output,
-)
+from pidfence.spark_sink.output import INDEX_EVERY, Output, PartAttempt, new_tag, open_output
 from pidfence.spark_sink.process import by_partition, process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import load_state, save_state
@@ -98,7 +91,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
 
     def output(self, query: str = NO_QUERY) -> Output:
         """The sink's output, committing as ``query``."""
-        return Output(self.options.path, self.options.rejects_path, query)
+        return Output(self.options.path, self.options.rejects_path, query, epoch=self.options.epoch)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         """Process this task's rows (one Kafka partition): write its files and state."""
@@ -116,7 +109,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             return message
         check = self.options.certificates()
         macs = self.options.record_macs()
-        message.tag = new_tag(query)
+        message.tag = new_tag(self.options.epoch)
         for topic, partition, mine in by_partition(rows):
             verifier = None if check is None else check.for_partition(topic, partition)
             attempt_part = PartAttempt(batch_id, message.tag, topic, partition)
@@ -185,25 +178,22 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         manifest = output.committed(batchId)
         crash_point("before_manifest")
         if manifest is None:
-            manifest = BatchManifest(batchId, query, tuple(parts[k] for k in sorted(parts)))
-            if not output.publish(manifest):
-                manifest = output.committed(batchId) or manifest
+            parts_in_order = tuple(parts[k] for k in sorted(parts))
+            manifest = BatchManifest(batchId, query, parts_in_order, self.options.epoch)
+            manifest = output.publish(manifest)
         crash_point("after_manifest")
         if batchId and batchId % INDEX_EVERY == 0:
             output.write_index(batchId)
-        keep = {name for part in manifest.parts for name in part.files.named()}
-        for prefix in {_prefix(m.query) for m in ours}:
-            output.discard(batchId, prefix, keep)
+        output.discard(batchId, manifest.named())
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Remove the files this batch's attempts wrote; nothing of it was ever visible."""
         query = next((m.query for m in messages if isinstance(m, SinkCommitMessage)), NO_QUERY)
         output = self.output(query)
-        if output.committed(batchId) is not None:
-            return
-        for message in messages:
-            if isinstance(message, SinkCommitMessage) and message.tag:
-                output.discard(batchId, message.tag, keep=set())
+        # A manifest written before the failure is the batch's intent: a re-run commits the
+        # files it names, so they stay.
+        intent = output.intent(batchId)
+        output.discard(batchId, set() if intent is None else intent.named())
 
 
 def _claim(output: Output, query: str) -> None:
@@ -219,10 +209,6 @@ def _kafka_rows(batches: list[pa.RecordBatch]) -> pa.Table | None:
         return None
     rows = pa.Table.from_batches(batches)
     return rows.select([c for c in KAFKA_COLUMNS if c in rows.column_names])
-
-
-def _prefix(query_id: str) -> str:
-    return new_tag(query_id)[:QUERY_PREFIX]
 
 
 def _committed_message(
