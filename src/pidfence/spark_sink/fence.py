@@ -65,6 +65,17 @@ class Claim:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
 
+def new_tag(epoch: int) -> str:
+    """An attempt-unique file tag: ``e{epoch}-`` and 12 random hex digits."""
+    return f"e{epoch}-{uuid.uuid4().hex[:12]}"
+
+
+def tag_epoch(tag: str) -> int | None:
+    """The epoch a tag of :func:`new_tag` starts with (None: not such a tag)."""
+    head, sep, _ = tag.partition("-")
+    return int(head[1:]) if sep and head[:1] == "e" and head[1:].isdigit() else None
+
+
 def _path(store: Store, epoch: int) -> str:
     return store.join(CLAIMS, batch_name(epoch) + ".json")
 
@@ -215,4 +226,13 @@ def claim_output(
         seen = None  # another standby won this epoch: watch the new owner
 
 
-__all__ = ["Claim", "OutputClaim", "OutputFenced", "check_epoch", "claim_output", "newest_claim"]
+__all__ = [
+    "Claim",
+    "OutputClaim",
+    "OutputFenced",
+    "check_epoch",
+    "claim_output",
+    "new_tag",
+    "newest_claim",
+    "tag_epoch",
+]

@@ -113,7 +113,7 @@ class BatchManifest:
     """One committed batch: its id, the streaming query that committed it, its parts in
     (topic, partition) order, and the epoch of the sink instance that wrote it (0: unfenced)."""
 
-    VERSION: ClassVar[int] = 3
+    VERSION: ClassVar[int] = 4
 
     batch: int
     query: str

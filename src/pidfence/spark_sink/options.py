@@ -130,6 +130,15 @@ class SinkOptions:
         1000,
         "`30s`",
     )
+    retain_batches: int = option(
+        100,
+        "retainBatches",
+        "how many recent batches keep their own files under `_pidfence/` (Spark's "
+        "`spark.sql.streaming.minBatchesToRetain`: all a re-run can need); older ones are folded "
+        "into a few segments, so the sink's files stay flat however long it runs",
+        "int",
+        1,
+    )
     epoch: int = option(
         0,
         "epoch",

@@ -14,8 +14,8 @@ sink instance's claim on the output (``e3-…``, :mod:`~pidfence.spark_sink.fenc
                                                     INDEX_EVERY batches; ``latest`` names the newest
     P/_pidfence/_held/BATCH/TOPIC~PART.TAG.parquet  records held for reordering at the batch's end
     P/_pidfence/_decided/BATCH/…                    what the batch decided, by identity
-    P/_pidfence/_state/TOPIC~PART/BATCH.TAG.full|delta  the partition's state: a cache
-                                                    (state_files.py)
+    P/_pidfence/_state/TOPIC~PART/BATCH.TAG.KIND    the partition's state: a cache (state_files)
+    P/_pidfence/_folded/…                           batches older than retainBatches (fold.py)
 
 Delta readers and ``VACUUM`` read only what a Delta log adds and never look under ``_pidfence/``.
 
@@ -23,18 +23,14 @@ Delta readers and ``VACUUM`` read only what a Delta log adds and never look unde
 batch id). :meth:`Output.publish` creates the manifest if absent (an attempt's intent, immutable
 once written: a later attempt of the batch, or a twin driver, commits the files it names rather
 than its own), commits the rejects table, then the log table (:func:`~.delta.commit.commit_files`),
-each step only while no newer epoch claimed the output (:func:`~.fence.check_epoch`).
-A batch is committed when the log table's transaction version for the query is at or above it;
-only then does :meth:`Output.committed` return its manifest. A crash between the two commits
-leaves the rejects committed and the log not: the re-run's rejects commit is a no-op (same
-transaction id) and its log commit lands. The sink never reads the tables' rows back (others
-append, OPTIMIZE and DELETE them): producer state derives from the decisions files.
+each step only while no newer epoch claimed the output (:func:`~.fence.check_epoch`). A batch
+is committed when the log table's transaction version for the query is at or above it. The sink
+never reads the tables' rows back: producer state derives from the decisions files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -57,7 +53,16 @@ from pidfence.spark_sink.delta.table import (
     check_path,
     check_table,
 )
-from pidfence.spark_sink.fence import check_epoch
+from pidfence.spark_sink.fence import check_epoch, tag_epoch
+from pidfence.spark_sink.fold import (
+    add_segment,
+    drop_empty_dir,
+    folded_decided,
+    folded_manifest,
+    folded_manifests,
+    segments,
+    with_place,
+)
 from pidfence.spark_sink.manifest import (
     KINDS,
     BatchManifest,
@@ -83,21 +88,10 @@ INDEX: Final = f"{MANIFESTS}/_index"
 _OPENED: set[tuple[str, str]] = set()
 
 
-def new_tag(epoch: int) -> str:
-    """An attempt-unique file tag: ``e{epoch}-`` and 12 random hex digits."""
-    return f"e{epoch}-{uuid.uuid4().hex[:12]}"
-
-
-def tag_epoch(tag: str) -> int | None:
-    """The epoch a tag of :func:`new_tag` starts with (None: not such a tag)."""
-    head, sep, _ = tag.partition("-")
-    return int(head[1:]) if sep and head[:1] == "e" and head[1:].isdigit() else None
-
-
 @dataclass(frozen=True, slots=True)
 class PartAttempt:
     """One (topic, partition)'s part of a batch as one task attempt writes it: its files carry
-    the attempt's ``tag`` (:func:`new_tag`)."""
+    the attempt's ``tag`` (:func:`~pidfence.spark_sink.fence.new_tag`)."""
 
     batch_id: int
     tag: str
@@ -222,7 +216,8 @@ class Output:
 
     # ----------------------------------------------------------------------------- lookups
 
-    def _manifest_path(self, batch_id: int) -> str:
+    def manifest_path(self, batch_id: int) -> str:
+        """Where the batch's manifest is while it is not folded."""
         return self.own.join(MANIFESTS, batch_name(batch_id) + ".json")
 
     def _manifest_ids(self) -> list[int]:
@@ -234,18 +229,21 @@ class Output:
         if batch_id > self.committed_version():
             return None
         try:
-            return BatchManifest.decode(self.own.read(self._manifest_path(batch_id)))
+            return BatchManifest.decode(self.own.read(self.manifest_path(batch_id)))
         except FileNotFoundError:
+            folded = folded_manifest(self.own, batch_id)
+            if folded is not None:
+                return folded
             raise DeltaTableError(
                 f"{self.log.uri}: batch {batch_id} is committed in the Delta log but its "
-                f"manifest {self._manifest_path(batch_id)} is missing; pidfence's _pidfence/ "
+                f"manifest {self.manifest_path(batch_id)} is missing; pidfence's _pidfence/ "
                 "directory was damaged"
             ) from None
 
     def intent(self, batch_id: int) -> BatchManifest | None:
         """The batch's manifest, committed or not (None: no attempt published one)."""
         try:
-            return BatchManifest.decode(self.own.read(self._manifest_path(batch_id)))
+            return BatchManifest.decode(self.own.read(self.manifest_path(batch_id)))
         except FileNotFoundError:
             return None
 
@@ -257,7 +255,7 @@ class Output:
         found without listing the manifests.
         """
         top = min(batch_id - 1, self.committed_version())
-        if top == batch_id - 1 >= 0 and self.own.exists(self._manifest_path(top)):
+        if top == batch_id - 1 >= 0 and self.own.exists(self.manifest_path(top)):
             return top
         ids = [b for b in self._manifest_ids() if b <= top]
         return ids[-1] if ids else None
@@ -271,7 +269,11 @@ class Output:
         return [b for b in self._manifest_ids() if b <= top]
 
     def manifests(self, after: int = -1) -> Iterator[BatchManifest]:
-        """The manifests of the committed batches with ids above ``after``, in batch order."""
+        """The manifests of the committed batches with ids above ``after``, in batch order:
+        the folded ones (:mod:`~pidfence.spark_sink.fold`), then the live ones."""
+        for folded in folded_manifests(self.own, after):
+            after = folded.batch
+            yield folded
         for batch_id in self.committed_ids():
             manifest = self.committed(batch_id) if batch_id > after else None
             if manifest is not None:
@@ -332,7 +334,7 @@ class Output:
         if found is not None:
             return found
         check_epoch(self.own, self.epoch)
-        path = self._manifest_path(batch_id)
+        path = self.manifest_path(batch_id)
         if not self.own.put_if_absent(path, manifest.encode()):
             manifest = BatchManifest.decode(self.own.read(path))
         kinds: tuple[TableKind, TableKind] = ("rejects", "log")
@@ -387,12 +389,17 @@ class Output:
             None if rel is None else conform(self.own.read_table(self.own.join(rel)), HELD_SCHEMA)
         )
 
-    def read_decided(self, part: PartCommit) -> pa.Table | None:
-        """What a committed part decided, record by record (None: it only held records, or
-        read none). The tables' rows are the users' (others append, OPTIMIZE, DELETE): the
-        sink reads its own account, never the rows."""
+    def read_decided(self, batch_id: int, part: PartCommit) -> pa.Table | None:
+        """What a committed part of batch ``batch_id`` decided, record by record (None: it only
+        held records, or read none), from its file or its folded segment. The tables' rows are
+        the users' (others append, OPTIMIZE, DELETE): the sink reads its own account."""
         rel = part.files.decided
-        return None if rel is None else self.own.read_table(self.own.join(rel))
+        if rel is None:
+            return None
+        try:
+            return self.own.read_table(self.own.join(rel))
+        except FileNotFoundError:
+            return folded_decided(self.own, batch_id, part)
 
     # ------------------------------------------------------------------------ the index
 
@@ -431,6 +438,34 @@ class Output:
             self._index_path(batch_id), encode_positions(batch_id, self.positions(batch_id))
         )
         self.own.put(self.own.join(INDEX, "latest"), str(batch_id).encode())
+        # Readers start at the newest index: two are kept.
+        self.own.delete(self._index_path(batch_id - 2 * INDEX_EVERY))
+
+    def fold(self, last: int, retain: int) -> None:
+        """Fold the batches up to ``last - retain`` not folded yet into a segment and delete
+        their own files, except those a partition's newest position names (driver, after the
+        commit of ``last``; :mod:`~pidfence.spark_sink.fold`)."""
+        spans = segments(self.own)
+        first = spans[-1][1] + 1 if spans else 0
+        upto = last - retain
+        if upto < first:
+            return
+        keep = {n for pos in self.positions(last).values() for n in pos.part.files.named()}
+        folded = [m for b in range(first, upto + 1) if (m := self.committed(b)) is not None]
+        decided = [
+            with_place(rows, m.batch, part)
+            for m in folded
+            for part in m.parts
+            if (rows := self.read_decided(m.batch, part)) is not None
+        ]
+        add_segment(self.own, self.epoch, (first, upto), folded, decided)
+        for manifest in folded:
+            for rel in manifest.named() - keep:
+                if not rel.startswith("data/"):
+                    self.own.delete(self.own.join(rel))
+            self.own.delete(self.manifest_path(manifest.batch))
+            for kind in ("held", "decided"):
+                drop_empty_dir(self.own, self.own.join(f"_{kind}", batch_name(manifest.batch)))
 
 
 def open_output(
@@ -461,6 +496,5 @@ __all__ = [
     "Output",
     "PartAttempt",
     "committed_ids",
-    "new_tag",
     "open_output",
 ]

@@ -217,7 +217,7 @@ def _rebuild(
                 f"{topic}[{partition}]: the committed history before batch {history[-1][0]} "
                 "is missing; cannot rebuild the state"
             )
-    replay = [part for _, part in reversed(history[:start])]
+    replay = list(reversed(history[:start]))
     after = history[start][1].kafka_last if start < len(history) else -1
     _replay(output, table, replay, top_part, after)
     return table
@@ -226,19 +226,20 @@ def _rebuild(
 def _replay(
     output: Output,
     table: ProducerStateTable,
-    parts: list[PartCommit],
+    parts: list[tuple[int, PartCommit]],
     top_part: PartCommit,
     after: int,
 ) -> None:
-    """Replay every record of ``parts`` (Kafka offsets > ``after``) batch by batch.
+    """Replay every record of ``parts`` (batch id and part; Kafka offsets > ``after``) batch by
+    batch.
 
     The records come from the batches' decisions (:mod:`decisions`), the sink's own account of
     what it committed: rows deleted from the table later, or appended by another writer, do not
     change it.
     """
     pieces: list[pa.Table] = []
-    for part in parts:
-        decided = output.read_decided(part)
+    for batch_id, part in parts:
+        decided = output.read_decided(batch_id, part)
         if decided is not None:
             pieces.append(replay_rows(decided))
     held = output.read_held(top_part)
@@ -249,7 +250,7 @@ def _replay(
     rows = pa.concat_tables(pieces).sort_by("offset")
     rows = rows.filter(pc.greater(rows["offset"], after))
     offsets = rows.column("offset").to_numpy()
-    for part in parts:
+    for _, part in parts:
         a, b = np.searchsorted(offsets, [part.kafka_first, part.kafka_last + 1])
         chunk = rows.slice(int(a), int(b - a))
         replay_batch(

@@ -21,9 +21,10 @@ from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink import owner
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
+from pidfence.spark_sink.fence import new_tag
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import INDEX_EVERY, Output, PartAttempt, new_tag, open_output
+from pidfence.spark_sink.output import INDEX_EVERY, Output, PartAttempt, open_output
 from pidfence.spark_sink.process import by_partition, process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import load_state, save_state
@@ -184,6 +185,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         crash_point("after_manifest")
         if batchId and batchId % INDEX_EVERY == 0:
             output.write_index(batchId)
+            output.fold(batchId, self.options.retain_batches)
         output.discard(batchId, manifest.named())
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
