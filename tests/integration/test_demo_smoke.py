@@ -110,6 +110,9 @@ def test_demo_with_all_faults_reports_zero_anomalies_and_prints_only_its_own_lin
     assert "pidfence demo" in result.stdout  # the summary table
     assert not JVM_LINE.search(console), JVM_LINE.search(console)
     assert re.search(r"sink pass \d: batch \d+: [\d,]+ in → [\d,]+ appended", console), console
+    # Where the lease servers and the sink serve their Prometheus metrics.
+    served = re.findall(r"metrics: (lease-0|lease-1|sink) http://127\.0\.0\.1:\d+/metrics", console)
+    assert sorted(served) == ["lease-0", "lease-1", "sink"], console
     assert "WARN" in (out / "logs" / "spark.log").read_text()  # Spark did talk, into the file
     for name in ("p0", "p1", "p2", "upstream", "copier"):  # every bar ends in a final state
         # The bars are printed again whenever a line is logged above them; the last print is

@@ -131,6 +131,18 @@ def register(app: typer.Typer) -> None:
                 "strict rule: every later record is OUT_OF_ORDER until the generation moves",
             ),
         ] = True,
+        metrics_port: Annotated[
+            int | None,
+            typer.Option(
+                min=0,
+                max=65535,
+                help="Serve Prometheus metrics (/metrics) on this PORT from the driver",
+            ),
+        ] = None,
+        metrics_host: Annotated[
+            str,
+            typer.Option(help="Address of the metrics endpoint: loopback unless told otherwise"),
+        ] = "127.0.0.1",
         verbose: Annotated[
             bool, typer.Option("--verbose", help="Show Spark's and the JVM's log on the console")
         ] = False,
@@ -210,26 +222,38 @@ def register(app: typer.Typer) -> None:
         total = None
         if available_now:
             total = sink_preflight.records_to_read(found.watermarks, starts)
+        metrics = None
+        if metrics_port is not None:
+            from pidfence.spark_sink.metrics import SinkMetrics
+
+            metrics = SinkMetrics(output, bootstrap, topics, checkpoint, starts=starts)
+            with exit_cleanly("sink"):
+                console.print(f"metrics: {metrics.serve(metrics_port, metrics_host)}")
 
         log_file = None if verbose else spark_log_path(checkpoint)
         if log_file is not None:
             console.print(f"Spark and JVM log: {log_file}")
-        summary = _run(
-            console,
-            master,
-            bootstrap,
-            topic,
-            output,
-            checkpoint,
-            log_file,
-            total,
-            available_now=available_now,
-            trigger_seconds=trigger,
-            starting_offsets=starting_offsets.value,
-            sink_options=sink_options,
-            allow_data_loss=allow_data_loss,
-            jars=jars,
-        )
+        try:
+            summary = _run(
+                console,
+                master,
+                bootstrap,
+                topic,
+                output,
+                checkpoint,
+                log_file,
+                total,
+                available_now=available_now,
+                trigger_seconds=trigger,
+                starting_offsets=starting_offsets.value,
+                sink_options=sink_options,
+                allow_data_loss=allow_data_loss,
+                jars=jars,
+                metrics=metrics,
+            )
+        finally:
+            if metrics is not None:
+                metrics.close()
         dropped = sum(summary.dropped.values())
         console.print(
             f"committed {len(summary.batches)} batch(es): {summary.records_in:,} in → "

@@ -67,6 +67,7 @@ class Endpoints:
         producer_bootstrap: Kafka as producers and the copier reach it.
         sink_bootstrap: Kafka as the sink reaches it.
         pids: process name -> pid of every service started here.
+        metrics: component name -> the URL its Prometheus metrics are served on.
     """
 
     bootstrap: str
@@ -77,6 +78,7 @@ class Endpoints:
     producer_bootstrap: str
     sink_bootstrap: str
     pids: Mapping[str, int] = field(default_factory=dict)
+    metrics: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

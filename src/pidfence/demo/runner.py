@@ -98,18 +98,26 @@ def run_demo(
                 ends = services.endpoints
                 for note in services.notes:
                     console.log(f"[yellow]net[/yellow]: {note}")
+                metrics = _sink_metrics(paths, ends, cleanups)
+                served = {**ends.metrics, "sink": metrics.serve(0)}
+                for name, url in served.items():
+                    console.log(f"metrics: {name} {url}")
             session = spark_future
 
             def mid_run() -> bool:
                 if not session.done():
                     return False
-                passes.append(_sink_pass(paths, ends, session.result(), console, len(passes)))
+                passes.append(
+                    _sink_pass(paths, ends, session.result(), console, len(passes), metrics)
+                )
                 return True
 
             with _phase(phases, "produce with faults", console):
                 produced = produce(config, paths, ends, services.links, cleanups, console, mid_run)
             with _phase(phases, "sink (final pass)", console):
-                passes.append(_sink_pass(paths, ends, spark_future.result(), console, len(passes)))
+                passes.append(
+                    _sink_pass(paths, ends, spark_future.result(), console, len(passes), metrics)
+                )
             if spark is None:
                 stop_session(spark_future.result())
             with _phase(phases, "check", console):
@@ -133,8 +141,19 @@ def _spark(master: str, log_file: Path) -> Any:
     return spark_session(master=master, app_name="pidfence-demo", log_file=log_file)
 
 
+def _sink_metrics(paths: DemoPaths, ends: Endpoints, cleanups: list[Callable[[], None]]) -> Any:
+    """The sink's metrics (both passes'), stopped with the demo."""
+    from pidfence.spark_sink.metrics import SinkMetrics
+
+    metrics = SinkMetrics(
+        str(paths.sink_output), ends.sink_bootstrap, [ends.raw_topic], str(paths.sink_checkpoint)
+    )
+    cleanups.append(metrics.close)
+    return metrics
+
+
 def _sink_pass(
-    paths: DemoPaths, ends: Endpoints, spark: Any, console: Console, done: int
+    paths: DemoPaths, ends: Endpoints, spark: Any, console: Console, done: int, metrics: Any
 ) -> dict[str, Any]:
     """One available-now pass of the sink, with ``pidfence sink``'s per-batch lines."""
     import threading
@@ -156,6 +175,7 @@ def _sink_pass(
         on_batch=on_batch,
         stop=threading.Event(),
         available_now=True,
+        metrics=metrics,
     )
     record: dict[str, Any] = {"pass": number, "seconds": round(time.monotonic() - started, 1)}
     record.update(_as_dict(result))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from pidfence.demo.record import DemoPaths, Endpoints
 from pidfence.demo.topic import create_raw_topic
 from pidfence.services.kafka import create_topic
 from pidfence.services.lease_server import LeaseServerProcess, make_lease_pki, spawn_lease_server
+from pidfence.services.ports import free_port
 from pidfence.testing.network import LinkFaults, ProxiedKafka, link_proxies
 from pidfence.testing.plan import Link
 from pidfence.testing.toxiproxy import Proxy, Toxiproxy, ToxiproxyServer
@@ -94,7 +95,7 @@ def start_services(config: DemoConfig, paths: DemoPaths, cleanups: Cleanups) -> 
         proxy = link_proxies(toxiproxy, {Link.LEASE_ZOOKEEPER: hosts.split(",")[0]})
         lease_zk = f"{proxy[Link.LEASE_ZOOKEEPER].address}{slash}{chroot}"
         proxies[Link.LEASE_ZOOKEEPER] = list(proxy.values())
-    servers = _start_lease_servers(config, paths, lease_zk, cleanups, pids)
+    servers, metrics = _start_lease_servers(config, paths, lease_zk, cleanups, pids)
     addresses = [s.address for s in servers]
     if toxiproxy is not None:
         fronts = [
@@ -112,6 +113,7 @@ def start_services(config: DemoConfig, paths: DemoPaths, cleanups: Cleanups) -> 
         producer_bootstrap=producer_bootstrap,
         sink_bootstrap=sink_bootstrap,
         pids=pids,
+        metrics=metrics,
     )
     links = LinkFaults(proxies) if toxiproxy is not None else None
     return Started(endpoints, links, servers, notes)
@@ -119,8 +121,9 @@ def start_services(config: DemoConfig, paths: DemoPaths, cleanups: Cleanups) -> 
 
 def _start_lease_servers(
     config: DemoConfig, paths: DemoPaths, zk_hosts: str, cleanups: Cleanups, pids: dict[str, int]
-) -> list[LeaseServerProcess]:
-    """Two lease servers with auth tokens and TLS, from certificates made now.
+) -> tuple[list[LeaseServerProcess], dict[str, str]]:
+    """Two lease servers with auth tokens and TLS, from certificates made now, each serving
+    Prometheus metrics; returns them and their metrics URLs by name.
 
     Every pidfence process the demo starts inherits the client side through the environment
     (``PIDFENCE_LEASE_TOKEN_FILE``, ``PIDFENCE_LEASE_TLS_CA``): a token never shows in ``ps``.
@@ -143,21 +146,36 @@ def _start_lease_servers(
     os.environ[TOKEN_FILE_ENV] = str(pki.token_files["producer"])
     os.environ[TLS_CA_ENV] = str(pki.ca)
     lifetime_ms = round(config.lease_lifetime_s * 1000) if config.short_leases else DAY_MS
-    servers = two_lease_servers(zk_hosts, paths.logs, cleanups, lifetime_ms, **pki.server_options())
+    ports = [free_port(), free_port()]
+    servers = two_lease_servers(
+        zk_hosts, paths.logs, cleanups, lifetime_ms, ports, **pki.server_options()
+    )
     pids.update({f"lease-{i}": s.pid for i, s in enumerate(servers) if s.pid is not None})
-    return servers
+    return servers, {f"lease-{i}": f"http://127.0.0.1:{p}/metrics" for i, p in enumerate(ports)}
 
 
 def two_lease_servers(
-    zk_hosts: str, logs: Path, cleanups: Cleanups, lifetime_ms: int, **options: Any
+    zk_hosts: str,
+    logs: Path,
+    cleanups: Cleanups,
+    lifetime_ms: int,
+    metrics_ports: Sequence[int | None] = (None, None),
+    **options: Any,
 ) -> list[LeaseServerProcess]:
-    """Lease servers ``lease-0`` and ``lease-1``, started side by side, each stopped by
-    ``cleanups`` even when the other fails to start; returned once both listen."""
+    """Lease servers ``lease-0`` and ``lease-1`` (serving metrics on ``metrics_ports``), started
+    side by side, each stopped by ``cleanups`` even when the other fails to start; returned once
+    both listen."""
     servers = []
-    for i in range(2):
+    for i, metrics_port in enumerate(metrics_ports):
         name = f"lease-{i}"
         server = spawn_lease_server(
-            zk_hosts, logs, name=name, wait=False, lifetime_ms=lifetime_ms, **options
+            zk_hosts,
+            logs,
+            name=name,
+            wait=False,
+            lifetime_ms=lifetime_ms,
+            metrics_port=metrics_port,
+            **options,
         )
         cleanups.append(server.stop)
         servers.append(server)

@@ -1,13 +1,16 @@
 """The manifest of one committed batch: what each partition's task wrote, as one typed value.
 
 The writer builds it from the tasks' :class:`PartCommit` messages and the driver stores it (JSON,
-:meth:`BatchManifest.encode`); state recovery, the readers, the per-batch report and ``pidfence
-verify`` read it back with :meth:`BatchManifest.decode`. Nothing else spells its keys.
+:meth:`BatchManifest.encode`); state recovery, the readers, the per-batch report, the metrics and
+``pidfence verify`` read it back with :meth:`BatchManifest.decode`. Nothing else spells its keys.
+Each manifest also carries the :class:`Totals` of every committed batch up to its own, so the
+newest one alone tells what the output holds.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Final
@@ -59,6 +62,9 @@ class PartCommit:
         state: the state file the task wrote; ``tag``: its attempt's tag (its files carry it).
         prev: the previous committed batch that read this partition (None: none).
         gaps: the gaps the part reported; ``horizon_ms``: the adoption horizon it opened.
+        producers: live producer entries of the partition after the batch.
+        state_bytes: bytes of the partition's state chain after the batch (the full snapshot
+            and the deltas a restart loads).
     """
 
     topic: str
@@ -80,6 +86,8 @@ class PartCommit:
     prev: int | None = None
     gaps: tuple[GapReport, ...] = ()
     horizon_ms: int | None = None
+    producers: int = 0
+    state_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -109,15 +117,52 @@ class PartCommit:
 
 
 @dataclass(frozen=True)
+class Totals:
+    """What an output's committed batches add up to, as of one batch.
+
+    Attributes:
+        batches: batches committed.
+        records_in: Kafka records they read; ``appended``: records in the log.
+        counts: records by final verdict (``APPENDED`` and ``NON_IDEMPOTENT`` included).
+        gaps: gaps reported, by kind (``offsets``, ``lost``, ``head``, ``filled`` ...).
+        committed_ms: when the newest of the batches was committed (ms since the epoch).
+    """
+
+    batches: int = 0
+    records_in: int = 0
+    appended: int = 0
+    counts: Mapping[str, int] = field(default_factory=dict)
+    gaps: Mapping[str, int] = field(default_factory=dict)
+    committed_ms: int = 0
+
+    def plus(self, parts: tuple[PartCommit, ...], committed_ms: int) -> Totals:
+        """These totals and one more batch of ``parts``, committed at ``committed_ms``."""
+        counts, gaps = Counter(self.counts), Counter(self.gaps)
+        for part in parts:
+            counts.update(part.counts)
+            gaps.update(gap.kind for gap in part.gaps)
+        return Totals(
+            self.batches + 1,
+            self.records_in + sum(p.rows_in for p in parts),
+            self.appended + sum(p.appended for p in parts),
+            dict(sorted(counts.items())),
+            dict(sorted(gaps.items())),
+            committed_ms,
+        )
+
+
+@dataclass(frozen=True)
 class BatchManifest:
     """One committed batch: its id, the streaming query that committed it, its parts in
-    (topic, partition) order, and the epoch of the sink instance that wrote it (0: unfenced)."""
+    (topic, partition) order, the output's totals including it, and the epoch of the sink
+    instance that wrote it (0: unfenced)."""
 
-    VERSION: ClassVar[int] = 4
+    VERSION: ClassVar[int] = 5
 
     batch: int
     query: str
     parts: tuple[PartCommit, ...]
+    totals: Totals = Totals()
     epoch: int = 0
 
     def part(self, topic: str, partition: int) -> PartCommit | None:
@@ -128,6 +173,19 @@ class BatchManifest:
         """Every file its parts name (relative paths)."""
         return {name for part in self.parts for name in part.files.named()}
 
+    def figures(self) -> dict[str, Any]:
+        """The batch's own figures, as each of its Delta commits' info carries them (beside
+        Spark's ``queryId`` and ``epochId``): what a Python data source cannot put in Spark's
+        ``StreamingQueryProgress``."""
+        one = Totals().plus(self.parts, 0)
+        return {
+            "parts": len(self.parts),
+            "rows_in": one.records_in,
+            "appended": one.appended,
+            "verdicts": dict(one.counts),
+            "gaps": dict(one.gaps),
+        }
+
     def encode(self) -> bytes:
         """The stored form (JSON)."""
         body = {
@@ -136,6 +194,7 @@ class BatchManifest:
             "query": self.query,
             "epoch": self.epoch,
             "parts": [p.to_dict() for p in self.parts],
+            "totals": asdict(self.totals),
         }
         return json.dumps(body, sort_keys=True, indent=1).encode()
 
@@ -150,7 +209,8 @@ class BatchManifest:
         if body.get("version") != cls.VERSION:
             raise ValueError(f"manifest version {body.get('version')!r} is not {cls.VERSION}")
         parts = tuple(PartCommit.from_dict(p) for p in body["parts"])
-        return cls(int(body["batch"]), str(body["query"]), parts, int(body["epoch"]))
+        totals = Totals(**body["totals"])
+        return cls(int(body["batch"]), str(body["query"]), parts, totals, int(body["epoch"]))
 
 
 @dataclass(frozen=True)
@@ -182,6 +242,7 @@ __all__ = [
     "PartCommit",
     "PartFiles",
     "Position",
+    "Totals",
     "decode_positions",
     "encode_positions",
     "part_name",

@@ -338,6 +338,7 @@ class Output:
         if not self.own.put_if_absent(path, manifest.encode()):
             manifest = BatchManifest.decode(self.own.read(path))
         kinds: tuple[TableKind, TableKind] = ("rejects", "log")
+        info = manifest.figures()
         for kind in kinds:
             files = [
                 (rel, part.files.stats.get(kind))
@@ -346,7 +347,6 @@ class Output:
             ]
             if kind == "log" or files:
                 check_epoch(self.own, self.epoch)
-                info = {"parts": len(manifest.parts)}
                 commit_files(self.table(kind), kind, self.query_id, batch_id, files, info=info)
                 self._tables.pop(kind, None)
             if kind == "rejects":

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import json
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.failure import failure_of
 from pidfence.spark_sink.fence import Claim, OutputClaim, claim_output
 from pidfence.spark_sink.manifest import BatchManifest
 from pidfence.spark_sink.output import Output
+from pidfence.spark_sink.progress import BatchProgress, progress_by_batch
+
+if TYPE_CHECKING:  # prometheus_client and Kafka's client load when metrics are asked for
+    from pidfence.spark_sink.metrics import SinkMetrics
 
 #: Spark settings for a session that runs the sink: bigger Arrow batches to the Python writer
 #: than Spark's default 10k rows, fewer round trips per task (see bench/sink.py).
@@ -20,6 +24,8 @@ SESSION_CONF = {"spark.sql.execution.arrow.maxRecordsPerBatch": "100000"}
 
 #: Kafka source options that split one topic-partition across tasks (forbidden: DESIGN §7).
 SPLITTING_OPTIONS = frozenset({"minpartitions", "maxrecordsperpartition"})
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -131,15 +137,40 @@ def build_query(
 
 
 def start_sink(
-    spark: Any, bootstrap: str, topic: str, output: str, checkpoint: str, **kwargs: Any
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    output: str,
+    checkpoint: str,
+    *,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+    metrics: SinkMetrics | None = None,
+    **kwargs: Any,
 ) -> Any:
     """Check the output, claim it (waiting as a standby while another sink instance holds it,
     :mod:`~pidfence.spark_sink.fence`), open it, then start the query (see :func:`build_query`).
 
     The claim is renewed while the query runs and released when it stops; if a newer instance
     takes the output over, the query is stopped (its next commit would be refused anyway).
+
+    Args:
+        metrics_port: serve the sink's Prometheus metrics (``/metrics``) from this process on
+            this port (0: a free one, logged), until the process ends.
+        metrics_host: the address to serve them on: loopback unless told otherwise.
+        metrics: metrics already served (``pidfence sink`` binds before Spark starts).
     """
-    started = _start(spark, bootstrap, topic, output, checkpoint, **kwargs)
+    started = _start(
+        spark,
+        bootstrap,
+        topic,
+        output,
+        checkpoint,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        metrics=metrics,
+        **kwargs,
+    )
     return None if started is None else started[0]  # None only when stopped on standby
 
 
@@ -152,9 +183,13 @@ def _start(
     *,
     on_standby: Callable[[Claim], None] = lambda claim: None,
     stop: threading.Event | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+    metrics: SinkMetrics | None = None,
     **kwargs: Any,
 ) -> tuple[Any, OutputClaim] | None:
     """:func:`start_sink`, returning the claim too (None: ``stop`` was set while on standby)."""
+    from pidfence.spark_sink.metrics import SinkMetrics
     from pidfence.spark_sink.options import SinkOptions
     from pidfence.spark_sink.output import NO_OWNER, open_output
     from pidfence.spark_sink.owner import checkpoint_committed
@@ -176,6 +211,11 @@ def _start(
             NO_OWNER,
             committed_before=checkpoint_committed(checkpoint),
         )
+        if metrics is None and metrics_port is not None:
+            topics = [t.strip() for t in topic.split(",") if t.strip()]
+            starting = kwargs.get("starting_offsets", "earliest")
+            metrics = SinkMetrics(output, bootstrap, topics, checkpoint, starting_offsets=starting)
+            log.info("sink metrics on %s", metrics.serve(metrics_port, metrics_host))
         sink_options["epoch"] = str(claim.epoch)
         query = build_query(
             spark, bootstrap, topic, output, checkpoint, sink_options=sink_options, **kwargs
@@ -184,6 +224,8 @@ def _start(
         claim.release()
         raise
     claim.watch(query)
+    if metrics is not None:
+        metrics.watch(query)
     return query, claim
 
 
@@ -263,30 +305,6 @@ class BatchLine:
         return f" ({reasons})" if reasons else ""
 
 
-@dataclass(frozen=True)
-class _Progress:
-    lag: int | None
-    seconds: float | None
-
-
-def _progress_by_batch(query: Any) -> dict[int, _Progress]:
-    out: dict[int, _Progress] = {}
-    for progress in query.recentProgress:
-        data = json.loads(progress.json) if hasattr(progress, "json") else dict(progress)
-        total = 0
-        known = False
-        for source in data.get("sources", []):
-            value = (source.get("metrics") or {}).get("maxOffsetsBehindLatest")
-            if value is not None:
-                total += int(float(value))
-                known = True
-        ms = (data.get("durationMs") or {}).get("triggerExecution")
-        out[int(data["batchId"])] = _Progress(
-            total if known else None, None if ms is None else float(ms) / 1000
-        )
-    return out
-
-
 class BatchWatcher:
     """Reports each batch a running query commits, once, from its manifest and progress.
 
@@ -313,7 +331,7 @@ class BatchWatcher:
         new = list(range(self.last + 1, output.committed_version() + 1))
         if not new:
             return []
-        progress = _progress_by_batch(query)
+        progress = progress_by_batch(query)
         lines = []
         for bid in new:
             if bid not in progress and bid == new[-1] and not final:
@@ -326,7 +344,7 @@ class BatchWatcher:
                 continue  # committed by another instance of the sink
             one = SinkRunSummary()
             one.add_manifest(manifest)
-            seen = progress.get(bid, _Progress(None, None))
+            seen = progress.get(bid, BatchProgress())
             lines.append(
                 BatchLine(
                     bid,

@@ -74,6 +74,8 @@ class PartitionState:
     last_batch: int | None = None
     #: the highest Kafka offset of the partition the committed batches read (None: none).
     kafka_last: int | None = None
+    #: bytes of the state chain (full snapshot and deltas) it was loaded from, then saved as.
+    state_bytes: int = 0
 
 
 def new_table(opts: SinkOptions, verifier: Verifier | None = None) -> ProducerStateTable:
@@ -100,14 +102,18 @@ def _overrides(opts: SinkOptions) -> dict[str, Any]:
 
 def _restore_chain(
     store: Store, topic: str, partition: int, name: str, tag: str, opts: SinkOptions
-) -> tuple[ProducerStateTable, StateFile, int]:
-    """The table of the chain ending at state file ``name``, which attempt ``tag`` wrote.
+) -> tuple[ProducerStateTable, StateFile, int, int]:
+    """The table of the chain ending at state file ``name``, which attempt ``tag`` wrote, its
+    last file, its length and its size in bytes.
 
     Every link is read by the name its successor records: no folder is listed."""
     chain: list[StateFile] = []
+    size = 0
     link: str | None = name
     while link is not None:
-        sf = decode_state(store.read(f"{state_dir(store, topic, partition)}/{link}"))
+        data = store.read(f"{state_dir(store, topic, partition)}/{link}")
+        size += len(data)
+        sf = decode_state(data)
         if sf.tag != (tag if not chain else link.split(".")[1]):
             # Written by an attempt whose batch was not the committed one.
             raise CorruptSnapshot(f"state file {link} is from another attempt")
@@ -119,7 +125,7 @@ def _restore_chain(
     table = ProducerStateTable.restore_chain(
         chain[0].table, [c.table for c in chain[1:]], **_overrides(opts)
     )
-    return table, chain[-1], len(chain)
+    return table, chain[-1], len(chain), size
 
 
 def load_state(
@@ -144,13 +150,14 @@ def load_state(
     store = output.own
     held = _held_payloads(output.read_held(part))
     try:
-        table, sf, chain_len = _restore_chain(store, topic, partition, part.state, part.tag, opts)
+        found = _restore_chain(store, topic, partition, part.state, part.tag, opts)
     except (CorruptSnapshot, OSError):
         pass
     else:
+        table, sf, chain_len, size = found
         table.verifier = verifier
         return PartitionState(
-            table, held, sf.next_log, top, part.state, chain_len, top, part.kafka_last
+            table, held, sf.next_log, top, part.state, chain_len, top, part.kafka_last, size
         )
     table = _rebuild(output, topic, partition, top, part, opts)
     table.verifier = verifier
@@ -205,7 +212,7 @@ def _rebuild(
     start = len(history)
     for i, (_, part) in enumerate(history[1:], start=1):
         try:
-            table, _, _ = _restore_chain(output.own, topic, partition, part.state, part.tag, opts)
+            table, *_ = _restore_chain(output.own, topic, partition, part.state, part.tag, opts)
         except (CorruptSnapshot, OSError):
             continue
         start = i
@@ -275,8 +282,9 @@ def save_state(
 ) -> str:
     """Write the state as of ``batch_id``: a delta normally, a full one every ``compact_every``.
 
-    Returns the file name, which carries the attempt ``tag``: a loader trusts only the file the
-    committed manifest names, and twin attempts never overwrite each other's.
+    Returns the file name, which carries the attempt ``tag`` (a loader trusts only the file the
+    committed manifest names, and twin attempts never overwrite each other's), and sets
+    ``st.state_bytes`` to the size of the chain it ends.
     """
     full = st.base_batch is None or st.chain_len >= opts.compact_every + 1
     blob = st.table.snapshot() if full else st.table.snapshot_delta()
@@ -290,7 +298,9 @@ def save_state(
     )
     name = state_name(batch_id, tag, sf.kind)
     directory = state_dir(store, topic, partition)
-    store.put(f"{directory}/{name}", encode_state(sf))
+    data = encode_state(sf)
+    store.put(f"{directory}/{name}", data)
+    st.state_bytes = len(data) + (0 if full else st.state_bytes)
     if full:
         drop_old_chains(store, directory, batch_id)
     return name

@@ -10,6 +10,7 @@ committed batch is immutable: a re-run of it writes nothing and returns what its
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ from pidfence.spark_sink import owner
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
 from pidfence.spark_sink.fence import new_tag
-from pidfence.spark_sink.manifest import BatchManifest, PartCommit
+from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import INDEX_EVERY, Output, PartAttempt, open_output
 from pidfence.spark_sink.process import by_partition, process_partition
@@ -153,6 +154,8 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             prev=st.last_batch,
             gaps=tuple(out.gaps),
             horizon_ms=out.horizon_ms,
+            producers=len(st.table),
+            state_bytes=st.state_bytes,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -179,8 +182,14 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         manifest = output.committed(batchId)
         crash_point("before_manifest")
         if manifest is None:
-            parts_in_order = tuple(parts[k] for k in sorted(parts))
-            manifest = BatchManifest(batchId, query, parts_in_order, self.options.epoch)
+            ordered = tuple(parts[k] for k in sorted(parts))
+            # The totals so far come from the previous committed batch: a re-run of a
+            # committed batch never gets here, so nothing is counted twice.
+            prev = output.last_committed_before(batchId)
+            last = None if prev is None else output.committed(prev)
+            before = Totals() if last is None else last.totals
+            totals = before.plus(ordered, int(time.time() * 1000))
+            manifest = BatchManifest(batchId, query, ordered, totals, self.options.epoch)
             manifest = output.publish(manifest)
         crash_point("after_manifest")
         if batchId and batchId % INDEX_EVERY == 0:

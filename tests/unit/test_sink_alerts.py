@@ -1,0 +1,176 @@
+"""The alert rules (``docs/alerts/``) and the Grafana dashboard (``docs/dashboards/``) ask for
+metrics that exist.
+
+Every expression is parsed by a PromQL parser (``promql-parser``, Prometheus' grammar), and
+every metric it selects must be a family of a real scrape of the sink's and the lease server's
+collectors; ``promtool check rules`` runs as well where Prometheus' tool is installed. The
+integration test ``test_sink_metrics.py`` checks the same names against running processes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pidfence.pid_allocator.metrics import ServerMetrics
+from pidfence.spark_sink.metrics import SinkMetrics
+from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.output import open_output
+from pidfence.spark_sink.writer import PidfenceStreamWriter
+from tests.unit.test_sink_metrics import QUERY, FakeKafka, two_partitions, write_task
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+RULES = sorted(p for p in (DOCS / "alerts").glob("*.yml") if not p.name.endswith(".test.yml"))
+DASHBOARDS = sorted((DOCS / "dashboards").glob("*.json"))
+#: Grafana's variables, as Grafana substitutes them before Prometheus sees a query.
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
+#: Series Prometheus itself records for each scrape target, served by no process.
+SCRAPE_SERIES = frozenset({"up"})
+#: What prometheus_client adds to a family's name for its samples.
+SUFFIXES = re.compile(r"_(total|bucket|count|sum|created)$")
+
+
+def selected_metrics(expr: str) -> set[str]:
+    """The metric names an expression selects (raises ValueError when it does not parse)."""
+    for variable, value in GRAFANA_VARIABLES.items():
+        expr = expr.replace(variable, value)
+    names: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector) and node.name:
+            names.add(node.name)
+
+    promql_parser.walk(promql_parser.parse(expr), pre_visit=visit)
+    return names
+
+
+def rule_exprs() -> dict[str, str]:
+    """Alert name -> expression, of every rule file."""
+    found = {}
+    for path in RULES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                found[rule["alert"]] = rule["expr"]
+    return found
+
+
+def dashboard_exprs() -> dict[str, str]:
+    """``panel title / refId`` -> expression, of every dashboard."""
+    found = {}
+    for path in DASHBOARDS:
+        for panel in json.loads(path.read_text())["panels"]:
+            for target in panel.get("targets", []):
+                found[f"{panel['title']} / {target['refId']}"] = target["expr"]
+    return found
+
+
+def families(text: str) -> set[str]:
+    """The metric family names of a scrape (text format)."""
+    return {f.name for f in text_string_to_metric_families(text)}
+
+
+def missing_from(scraped: set[str]) -> dict[str, set[str]]:
+    """Per rule or panel, the metrics it selects that no scraped family provides."""
+    wanted = {**rule_exprs(), **dashboard_exprs()}
+    missing = {}
+    for where, expr in wanted.items():
+        gone = {
+            n for n in selected_metrics(expr) - SCRAPE_SERIES if SUFFIXES.sub("", n) not in scraped
+        }
+        if gone:
+            missing[where] = gone
+    return missing
+
+
+def test_every_rule_is_complete_and_parses() -> None:
+    assert RULES, "no alert rules under docs/alerts"
+    alerts = set()
+    for path in RULES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                alerts.add(rule["alert"])
+                assert rule["labels"]["severity"] in ("page", "warning"), rule
+                assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+                assert selected_metrics(rule["expr"]), rule["alert"]
+    # What the issue asks to be alerted on: stalled, lag growing, fenced or unknown
+    # producers, a gap opened.
+    assert {
+        "PidfenceSinkStalled",
+        "PidfenceSinkDown",
+        "PidfenceSinkLagGrowing",
+        "PidfenceFencedOrUnknownProducers",
+        "PidfenceGapOpened",
+    } <= alerts
+
+
+def test_every_dashboard_query_parses_and_both_components_are_on_it() -> None:
+    assert DASHBOARDS, "no dashboard under docs/dashboards"
+    names = set().union(*(selected_metrics(e) for e in dashboard_exprs().values()))
+    assert any(n.startswith("pidfence_sink_") for n in names)
+    assert any(n.startswith("pidfence_") and not n.startswith("pidfence_sink_") for n in names)
+    for path in DASHBOARDS:
+        ids = [p["id"] for p in json.loads(path.read_text())["panels"]]
+        assert len(ids) == len(set(ids)), path
+
+
+def test_every_metric_queried_exists_in_a_scrape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sink with one committed batch (the last batch's gauges exist from then on).
+    options = SinkOptions.parse({"path": str(tmp_path / "out")})
+    open_output(options.path, options.rejects_path, QUERY)
+    writer = PidfenceStreamWriter(options)
+    writer.commit([write_task(monkeypatch, writer, 0, two_partitions(1, 40)[0])], 0)
+    kafka = FakeKafka()
+    kafka.marks = {("t", 0): (0, 100), ("t", 1): (0, 100)}
+    sink = SinkMetrics(str(tmp_path / "out"), "-", ["t"], str(tmp_path / "ckpt"), watermarks=kafka)
+    scraped = families(generate_latest(sink.registry).decode())
+    scraped |= families(generate_latest(ServerMetrics().registry).decode())
+    assert missing_from(scraped) == {}
+
+
+def test_a_metric_that_does_not_exist_is_found_missing() -> None:
+    # The check has teeth: a renamed metric is reported where it is used.
+    assert missing_from({"pidfence_sink_lag_records"})["PidfenceGapOpened"] == {
+        "pidfence_sink_gaps_opened_total"
+    }
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not on PATH")
+def test_promtool_checks_the_rules_and_their_unit_tests_fire() -> None:
+    # pidfence.test.yml: each alert fires on the series it is for, and not on its look-alikes
+    # (an idle sink with an old batch, duplicates).
+    for args in (["check", "rules", *map(str, RULES)], ["test", "rules", "pidfence.test.yml"]):
+        done = subprocess.run(
+            ["promtool", *args], capture_output=True, text=True, check=False, cwd=DOCS / "alerts"
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not on PATH")
+def test_the_scrape_config_in_the_docs_loads_the_rules(tmp_path: Path) -> None:
+    text = (DOCS / "metrics.md").read_text()
+    config = re.search(r"```yaml\n(# prometheus\.yml.*?)```", text, re.DOTALL)
+    assert config is not None, "docs/metrics.md lost its prometheus.yml example"
+    (tmp_path / "prometheus.yml").write_text(config.group(1))
+    for rules in RULES:
+        shutil.copy(rules, tmp_path)
+    done = subprocess.run(
+        ["promtool", "check", "config", "prometheus.yml"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rule_exprs())} rules found" in done.stdout, done.stdout
