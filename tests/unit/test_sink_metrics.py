@@ -27,7 +27,7 @@ from pidfence.spark_sink.manifest import Totals
 from pidfence.spark_sink.metrics import REJECTED, SinkMetrics
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import Output, open_output
-from pidfence.spark_sink.state_files import decode_state, state_dir, state_files
+from pidfence.spark_sink.state_files import decode_state, state_dir
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from tests.unit.test_delta_layout import Crash, commit_files_dying_at
@@ -254,21 +254,20 @@ def test_partition_gauges_and_lag(
         assert total(found, "pidfence_sink_live_producers", **labels) == part.producers > 0
         assert total(found, "pidfence_sink_records_held", **labels) == part.held
         # The state bytes are the chain a restart loads (a full snapshot and deltas), on disk.
-        size, files = _chain(store, "t", part.partition)
+        size, files = _chain(store, "t", part.partition, part.state)
         assert files > 1
         assert total(found, "pidfence_sink_state_bytes", **labels) == size
 
 
-def _chain(store: Store, topic: str, partition: int) -> tuple[int, int]:
-    """(bytes, files) of the partition's newest state chain."""
-    names = state_files(store, topic, partition)
-    bid: int | None = max(names)
+def _chain(store: Store, topic: str, partition: int, name: str) -> tuple[int, int]:
+    """(bytes, files) of the partition's state chain ending at the file ``name``."""
+    link: str | None = name
     size = files = 0
-    while bid is not None:
-        data = store.read(f"{state_dir(store, topic, partition)}/{names[bid]}")
+    while link is not None:
+        data = store.read(f"{state_dir(store, topic, partition)}/{link}")
         size, files = size + len(data), files + 1
         sf = decode_state(data)
-        bid = sf.prev if sf.kind == "delta" else None
+        link = sf.prev_name if sf.kind == "delta" else None
     return size, files
 
 

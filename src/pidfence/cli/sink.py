@@ -425,7 +425,20 @@ def _run(
         if total:
             bar.start()
         return serve(
-            spark, bootstrap, topic, output, checkpoint, on_batch=on_batch, stop=stop, **kwargs
+            spark,
+            bootstrap,
+            topic,
+            output,
+            checkpoint,
+            on_batch=on_batch,
+            stop=stop,
+            on_standby=lambda claim: console.print(
+                f"{output} is held by another sink instance: {claim.owner()}. Waiting as a "
+                "standby: this one takes over when that instance stops or its claim lapses "
+                "(sink option claimLapse). To run both, give each its own --output and "
+                "--checkpoint."
+            ),
+            **kwargs,
         )
     except PidfenceError as exc:
         # The sink's own error, found inside Spark's exception when the query ended on it.

@@ -159,18 +159,24 @@ class Totals:
 @dataclass(frozen=True)
 class BatchManifest:
     """One committed batch: its id, the streaming query that committed it, its parts in
-    (topic, partition) order, and the output's totals including it."""
+    (topic, partition) order, the output's totals including it, and the epoch of the sink
+    instance that wrote it (0: unfenced)."""
 
-    VERSION: ClassVar[int] = 4
+    VERSION: ClassVar[int] = 5
 
     batch: int
     query: str
     parts: tuple[PartCommit, ...]
     totals: Totals = Totals()
+    epoch: int = 0
 
     def part(self, topic: str, partition: int) -> PartCommit | None:
         """The part of (topic, partition), if the batch read it."""
         return next((p for p in self.parts if (p.topic, p.partition) == (topic, partition)), None)
+
+    def named(self) -> set[str]:
+        """Every file its parts name (relative paths)."""
+        return {name for part in self.parts for name in part.files.named()}
 
     def figures(self) -> dict[str, Any]:
         """The batch's own figures, as each of its Delta commits' info carries them (beside
@@ -191,6 +197,7 @@ class BatchManifest:
             "version": self.VERSION,
             "batch": self.batch,
             "query": self.query,
+            "epoch": self.epoch,
             "parts": [p.to_dict() for p in self.parts],
             "totals": asdict(self.totals),
         }
@@ -207,7 +214,8 @@ class BatchManifest:
         if body.get("version") != cls.VERSION:
             raise ValueError(f"manifest version {body.get('version')!r} is not {cls.VERSION}")
         parts = tuple(PartCommit.from_dict(p) for p in body["parts"])
-        return cls(int(body["batch"]), str(body["query"]), parts, Totals(**body["totals"]))
+        totals = Totals(**body["totals"])
+        return cls(int(body["batch"]), str(body["query"]), parts, totals, int(body["epoch"]))
 
 
 @dataclass(frozen=True)

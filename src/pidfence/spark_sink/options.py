@@ -170,6 +170,32 @@ class SinkOptions:
     #: Spark's checkpoint location (its ``checkpointLocation``), where the first batch's start is.
     checkpoint: str | None = None
 
+    claim_lapse_ms: int = option(
+        30_000,
+        "claimLapse",
+        "how long an owner's claim on the output may go unrenewed before a standby instance "
+        "takes the output over (the owner renews it every sixth of this)",
+        "ms",
+        1000,
+        "`30s`",
+    )
+    retain_batches: int = option(
+        100,
+        "retainBatches",
+        "how many recent batches keep their own files under `_pidfence/` (Spark's "
+        "`spark.sql.streaming.minBatchesToRetain`: all a re-run can need); older ones are folded "
+        "into a few segments, so the sink's files stay flat however long it runs",
+        "int",
+        1,
+    )
+    epoch: int = option(
+        0,
+        "epoch",
+        "set by `start_sink`: the epoch of this instance's claim on the output; every commit "
+        "checks that no newer epoch claimed it (`0`: a query started without a claim, unfenced)",
+        "int",
+    )
+
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
         """Validate Spark's option map (keys are case-insensitive in Spark; we accept both)."""

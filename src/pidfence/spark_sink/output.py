@@ -1,35 +1,36 @@
 """The sink's output path: the log and rejects Delta tables, and the sink's own files beside them.
 
 ``P`` is the sink's ``path``, ``R`` its ``rejectsPath`` (default ``P/_rejects``); batch ids are
-zero-padded to 20 digits; ``TAG`` is unique per task attempt and starts with the query id::
+zero-padded to 20 digits; ``TAG`` is unique per task attempt and starts with the epoch of the
+sink instance's claim on the output (``e3-…``, :mod:`~pidfence.spark_sink.fence`)::
 
     P/_delta_log/, R/_delta_log/                    the two Delta tables' logs
     P/data/QUERY/BATCH/TOPIC-PART.TAG.parquet       log rows of one task attempt (R/data/… rejects):
                                                     invisible until the batch's commit adds them
     P/_pidfence/_owner.json                         the query that owns the path (owner.py)
+    P/_pidfence/_claims/EPOCH.json                  the sink instance that owns it now (fence.py)
     P/_pidfence/_manifests/BATCH.json               the batch's manifest (manifest.py)
     P/_pidfence/_manifests/_index/BATCH.json        every partition's position as of BATCH, every
                                                     INDEX_EVERY batches; ``latest`` names the newest
     P/_pidfence/_held/BATCH/TOPIC~PART.TAG.parquet  records held for reordering at the batch's end
     P/_pidfence/_decided/BATCH/…                    what the batch decided, by identity
-    P/_pidfence/_state/TOPIC~PART/BATCH.full|delta  the partition's state: a cache (state_files.py)
+    P/_pidfence/_state/TOPIC~PART/BATCH.TAG.KIND    the partition's state: a cache (state_files)
+    P/_pidfence/_folded/…                           batches older than retainBatches (fold.py)
 
 Delta readers and ``VACUUM`` read only what a Delta log adds and never look under ``_pidfence/``.
 
 **The commit point is the Delta commit of the log table**, carrying the transaction id (query id,
-batch id). :meth:`Output.publish` writes the manifest (replaceable: it counts only once the log
-commit lands), commits the rejects table, then the log table (:func:`~.delta.commit.commit_files`).
-A batch is committed when the log table's transaction version for the query is at or above it;
-only then does :meth:`Output.committed` return its manifest. A crash between the two commits
-leaves the rejects committed and the log not: the re-run's rejects commit is a no-op (same
-transaction id) and its log commit lands. The sink never reads the tables' rows back (others
-append, OPTIMIZE and DELETE them): producer state derives from the decisions files.
+batch id). :meth:`Output.publish` creates the manifest if absent (an attempt's intent, immutable
+once written: a later attempt of the batch, or a twin driver, commits the files it names rather
+than its own), commits the rejects table, then the log table (:func:`~.delta.commit.commit_files`),
+each step only while no newer epoch claimed the output (:func:`~.fence.check_epoch`). A batch
+is committed when the log table's transaction version for the query is at or above it. The sink
+never reads the tables' rows back: producer state derives from the decisions files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -52,6 +53,16 @@ from pidfence.spark_sink.delta.table import (
     check_path,
     check_table,
 )
+from pidfence.spark_sink.fence import check_epoch, tag_epoch
+from pidfence.spark_sink.fold import (
+    add_segment,
+    drop_empty_dir,
+    folded_decided,
+    folded_manifest,
+    folded_manifests,
+    segments,
+    with_place,
+)
 from pidfence.spark_sink.manifest import (
     KINDS,
     BatchManifest,
@@ -69,8 +80,6 @@ from pidfence.wire import PidfenceError
 #: A compacted index of every partition's position is written every this many batches, so a
 #: task reads at most this many manifests to find its partition's position (flat cost).
 INDEX_EVERY: Final = 64
-#: How many characters of the query id start every tag.
-QUERY_PREFIX: Final = 8
 #: Query id of an output opened for reading when no query owns the path yet.
 NO_OWNER: Final = "noquery0"
 MANIFESTS: Final = "_manifests"
@@ -79,16 +88,10 @@ INDEX: Final = f"{MANIFESTS}/_index"
 _OPENED: set[tuple[str, str]] = set()
 
 
-def new_tag(query_id: str) -> str:
-    """An attempt-unique file tag that starts with the query's id prefix."""
-    prefix = "".join(c for c in query_id if c.isalnum())[:QUERY_PREFIX].ljust(QUERY_PREFIX, "x")
-    return prefix + uuid.uuid4().hex[:12]
-
-
 @dataclass(frozen=True, slots=True)
 class PartAttempt:
     """One (topic, partition)'s part of a batch as one task attempt writes it: its files carry
-    the attempt's ``tag`` (:func:`new_tag`)."""
+    the attempt's ``tag`` (:func:`~pidfence.spark_sink.fence.new_tag`)."""
 
     batch_id: int
     tag: str
@@ -104,6 +107,7 @@ class Output:
         rejects_path: the sink's ``rejectsPath`` (the rejects table's root).
         query_id: the streaming query's id: the Delta transaction ids' app id.
         storage_options: deltalake storage options for object stores (credentials, endpoint).
+        epoch: the epoch of this instance's claim on the output (0: unfenced).
     """
 
     def __init__(
@@ -112,7 +116,9 @@ class Output:
         rejects_path: str,
         query_id: str,
         storage_options: dict[str, str] | None = None,
+        epoch: int = 0,
     ) -> None:
+        self.epoch = epoch
         self.log = Store.at(path.rstrip("/"), storage_options)
         self.rejects = Store.at(rejects_path.rstrip("/"), storage_options)
         #: The sink's own files: ``P/_pidfence``.
@@ -210,7 +216,8 @@ class Output:
 
     # ----------------------------------------------------------------------------- lookups
 
-    def _manifest_path(self, batch_id: int) -> str:
+    def manifest_path(self, batch_id: int) -> str:
+        """Where the batch's manifest is while it is not folded."""
         return self.own.join(MANIFESTS, batch_name(batch_id) + ".json")
 
     def _manifest_ids(self) -> list[int]:
@@ -222,13 +229,23 @@ class Output:
         if batch_id > self.committed_version():
             return None
         try:
-            return BatchManifest.decode(self.own.read(self._manifest_path(batch_id)))
+            return BatchManifest.decode(self.own.read(self.manifest_path(batch_id)))
         except FileNotFoundError:
+            folded = folded_manifest(self.own, batch_id)
+            if folded is not None:
+                return folded
             raise DeltaTableError(
                 f"{self.log.uri}: batch {batch_id} is committed in the Delta log but its "
-                f"manifest {self._manifest_path(batch_id)} is missing; pidfence's _pidfence/ "
+                f"manifest {self.manifest_path(batch_id)} is missing; pidfence's _pidfence/ "
                 "directory was damaged"
             ) from None
+
+    def intent(self, batch_id: int) -> BatchManifest | None:
+        """The batch's manifest, committed or not (None: no attempt published one)."""
+        try:
+            return BatchManifest.decode(self.own.read(self.manifest_path(batch_id)))
+        except FileNotFoundError:
+            return None
 
     def last_committed_before(self, batch_id: int) -> int | None:
         """The newest committed batch below ``batch_id`` (manifests beyond the Delta
@@ -238,7 +255,7 @@ class Output:
         found without listing the manifests.
         """
         top = min(batch_id - 1, self.committed_version())
-        if top == batch_id - 1 >= 0 and self.own.exists(self._manifest_path(top)):
+        if top == batch_id - 1 >= 0 and self.own.exists(self.manifest_path(top)):
             return top
         ids = [b for b in self._manifest_ids() if b <= top]
         return ids[-1] if ids else None
@@ -252,7 +269,11 @@ class Output:
         return [b for b in self._manifest_ids() if b <= top]
 
     def manifests(self, after: int = -1) -> Iterator[BatchManifest]:
-        """The manifests of the committed batches with ids above ``after``, in batch order."""
+        """The manifests of the committed batches with ids above ``after``, in batch order:
+        the folded ones (:mod:`~pidfence.spark_sink.fold`), then the live ones."""
+        for folded in folded_manifests(self.own, after):
+            after = folded.batch
+            yield folded
         for batch_id in self.committed_ids():
             manifest = self.committed(batch_id) if batch_id > after else None
             if manifest is not None:
@@ -297,51 +318,57 @@ class Output:
         stats: dict[str, str] = {k: file_stats(staged[k]) for k in ("log", "rejects") if k in names}
         return PartFiles(**names, stats=stats)
 
-    def publish(self, manifest: BatchManifest) -> bool:
-        """Write the manifest, commit the rejects table, then the log table (the commit point).
+    def publish(self, manifest: BatchManifest) -> BatchManifest:
+        """Create the batch's manifest if absent, commit the rejects table (when the batch has
+        rejects), then the log table (the commit point); each step only while this instance's
+        epoch is the newest (:func:`~pidfence.spark_sink.fence.check_epoch`).
 
-        Returns False when the batch was already committed (nothing changes then).
+        Returns the batch's manifest as committed: ``manifest``, or the one an earlier attempt
+        (a crashed run, a twin driver) created first, whose files are then the ones committed.
+
+        Raises:
+            OutputFenced: a newer sink instance claimed the output.
         """
         batch_id = manifest.batch
-        if self.committed(batch_id) is not None:
-            return False
-        self.own.put(self._manifest_path(batch_id), manifest.encode())
-        done = False
+        found = self.committed(batch_id)
+        if found is not None:
+            return found
+        check_epoch(self.own, self.epoch)
+        path = self.manifest_path(batch_id)
+        if not self.own.put_if_absent(path, manifest.encode()):
+            manifest = BatchManifest.decode(self.own.read(path))
         kinds: tuple[TableKind, TableKind] = ("rejects", "log")
         info = manifest.figures()
         for kind in kinds:
-            store = self.table(kind)
             files = [
                 (rel, part.files.stats.get(kind))
                 for part in manifest.parts
                 if (rel := part.files.of(kind)) is not None
             ]
-            done = commit_files(store, kind, self.query_id, batch_id, files, info=info)
-            self._tables.pop(kind, None)
-            if not done:
-                # Committed by an earlier attempt (a crash between the two commits): this
-                # attempt's files of it are never needed.
-                for rel, _ in files:
-                    store.delete(store.join(rel))
+            if kind == "log" or files:
+                check_epoch(self.own, self.epoch)
+                commit_files(self.table(kind), kind, self.query_id, batch_id, files, info=info)
+                self._tables.pop(kind, None)
             if kind == "rejects":
                 crash_point("rejects_committed")
         self._version = None
-        return done
+        return manifest
 
-    def discard(self, batch_id: int, prefix: str, keep: set[str]) -> None:
-        """Delete the batch's files whose tag starts with ``prefix`` and that neither ``keep``
-        (relative paths) nor a table names: other attempts' leftovers, never read."""
+    def discard(self, batch_id: int, keep: set[str]) -> None:
+        """Delete the batch's files of attempts at this instance's epoch or older that neither
+        ``keep`` (relative paths) nor a table names: leftovers of failed attempts and of fenced
+        instances, never read. A newer epoch's files are never touched."""
         for kind in KINDS:
             store, rel = self._place(kind, PartAttempt(batch_id, "x", "x", 0))
             folder = rel.rpartition("/")[0]
-            doomed = {
-                f"{folder}/{name}"
-                for name in store.list(store.join(folder))
-                if name.removesuffix(".parquet").rpartition(".")[2].startswith(prefix)
-            } - keep
+            doomed = set()
+            for name in store.list(store.join(folder)):
+                epoch = tag_epoch(name.removesuffix(".parquet").rpartition(".")[2])
+                if epoch is not None and epoch <= self.epoch:
+                    doomed.add(f"{folder}/{name}")
+            doomed -= keep
             if doomed and store is not self.own:
-                # An earlier attempt's files that its table committed (a crash between the two
-                # commits) are the table's now, whatever the manifest names.
+                # Files a table adds are the table's, whatever the manifest names.
                 doomed -= self._added(store, folder)
             for path in doomed:
                 store.delete(store.join(path))
@@ -362,12 +389,17 @@ class Output:
             None if rel is None else conform(self.own.read_table(self.own.join(rel)), HELD_SCHEMA)
         )
 
-    def read_decided(self, part: PartCommit) -> pa.Table | None:
-        """What a committed part decided, record by record (None: it only held records, or
-        read none). The tables' rows are the users' (others append, OPTIMIZE, DELETE): the
-        sink reads its own account, never the rows."""
+    def read_decided(self, batch_id: int, part: PartCommit) -> pa.Table | None:
+        """What a committed part of batch ``batch_id`` decided, record by record (None: it only
+        held records, or read none), from its file or its folded segment. The tables' rows are
+        the users' (others append, OPTIMIZE, DELETE): the sink reads its own account."""
         rel = part.files.decided
-        return None if rel is None else self.own.read_table(self.own.join(rel))
+        if rel is None:
+            return None
+        try:
+            return self.own.read_table(self.own.join(rel))
+        except FileNotFoundError:
+            return folded_decided(self.own, batch_id, part)
 
     # ------------------------------------------------------------------------ the index
 
@@ -401,10 +433,39 @@ class Output:
 
     def write_index(self, batch_id: int) -> None:
         """Write the index as of the committed ``batch_id`` and point ``latest`` at it."""
+        check_epoch(self.own, self.epoch)
         self.own.put(
             self._index_path(batch_id), encode_positions(batch_id, self.positions(batch_id))
         )
         self.own.put(self.own.join(INDEX, "latest"), str(batch_id).encode())
+        # Readers start at the newest index: two are kept.
+        self.own.delete(self._index_path(batch_id - 2 * INDEX_EVERY))
+
+    def fold(self, last: int, retain: int) -> None:
+        """Fold the batches up to ``last - retain`` not folded yet into a segment and delete
+        their own files, except those a partition's newest position names (driver, after the
+        commit of ``last``; :mod:`~pidfence.spark_sink.fold`)."""
+        spans = segments(self.own)
+        first = spans[-1][1] + 1 if spans else 0
+        upto = last - retain
+        if upto < first:
+            return
+        keep = {n for pos in self.positions(last).values() for n in pos.part.files.named()}
+        folded = [m for b in range(first, upto + 1) if (m := self.committed(b)) is not None]
+        decided = [
+            with_place(rows, m.batch, part)
+            for m in folded
+            for part in m.parts
+            if (rows := self.read_decided(m.batch, part)) is not None
+        ]
+        add_segment(self.own, self.epoch, (first, upto), folded, decided)
+        for manifest in folded:
+            for rel in manifest.named() - keep:
+                if not rel.startswith("data/"):
+                    self.own.delete(self.own.join(rel))
+            self.own.delete(self.manifest_path(manifest.batch))
+            for kind in ("held", "decided"):
+                drop_empty_dir(self.own, self.own.join(f"_{kind}", batch_name(manifest.batch)))
 
 
 def open_output(
@@ -435,6 +496,5 @@ __all__ = [
     "Output",
     "PartAttempt",
     "committed_ids",
-    "new_tag",
     "open_output",
 ]

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.failure import failure_of
+from pidfence.spark_sink.fence import Claim, OutputClaim, claim_output
 from pidfence.spark_sink.manifest import BatchManifest
-from pidfence.spark_sink.output import Output, committed_ids
+from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.progress import BatchProgress, progress_by_batch
 
 if TYPE_CHECKING:  # prometheus_client and Kafka's client load when metrics are asked for
@@ -55,11 +56,13 @@ class SinkRunSummary:
                 self.forged[reason] = self.forged.get(reason, 0) + n
 
 
-def summarise(output: str, after: int = -1) -> SinkRunSummary:
-    """Summary of the batches committed with id > ``after``."""
+def summarise(output: str, after: int = -1, epoch: int = 0) -> SinkRunSummary:
+    """Summary of the batches committed with id > ``after`` (by the sink instance of ``epoch``
+    only, unless it is 0)."""
     summary = SinkRunSummary()
     for manifest in Output.reading(output).manifests(after):
-        summary.add_manifest(manifest)
+        if epoch in (0, manifest.epoch):
+            summary.add_manifest(manifest)
     return summary
 
 
@@ -146,7 +149,11 @@ def start_sink(
     metrics: SinkMetrics | None = None,
     **kwargs: Any,
 ) -> Any:
-    """Check and open the output, then start the query (see :func:`build_query`).
+    """Check the output, claim it (waiting as a standby while another sink instance holds it,
+    :mod:`~pidfence.spark_sink.fence`), open it, then start the query (see :func:`build_query`).
+
+    The claim is renewed while the query runs and released when it stops; if a newer instance
+    takes the output over, the query is stopped (its next commit would be refused anyway).
 
     Args:
         metrics_port: serve the sink's Prometheus metrics (``/metrics``) from this process on
@@ -154,28 +161,73 @@ def start_sink(
         metrics_host: the address to serve them on: loopback unless told otherwise.
         metrics: metrics already served (``pidfence sink`` binds before Spark starts).
     """
+    started = _start(
+        spark,
+        bootstrap,
+        topic,
+        output,
+        checkpoint,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        metrics=metrics,
+        **kwargs,
+    )
+    return None if started is None else started[0]  # None only when stopped on standby
+
+
+def _start(
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    output: str,
+    checkpoint: str,
+    *,
+    on_standby: Callable[[Claim], None] = lambda claim: None,
+    stop: threading.Event | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+    metrics: SinkMetrics | None = None,
+    **kwargs: Any,
+) -> tuple[Any, OutputClaim] | None:
+    """:func:`start_sink`, returning the claim too (None: ``stop`` was set while on standby)."""
     from pidfence.spark_sink.metrics import SinkMetrics
     from pidfence.spark_sink.options import SinkOptions
     from pidfence.spark_sink.output import NO_OWNER, open_output
     from pidfence.spark_sink.owner import checkpoint_committed
     from pidfence.spark_sink.preflight import check_output
 
-    opts = SinkOptions.parse({"path": output, **(kwargs.get("sink_options") or {})})
+    sink_options = dict(kwargs.pop("sink_options", None) or {})
+    opts = SinkOptions.parse({"path": output, **sink_options})
     # Refuses what the query would refuse (another writer's table, another table format, a
     # lost table, another query's path) before Spark starts it.
     check_output(opts, checkpoint)
-    open_output(
-        opts.path, opts.rejects_path, NO_OWNER, committed_before=checkpoint_committed(checkpoint)
-    )
-    if metrics is None and metrics_port is not None:
-        topics = [t.strip() for t in topic.split(",") if t.strip()]
-        starting = kwargs.get("starting_offsets", "earliest")
-        metrics = SinkMetrics(output, bootstrap, topics, checkpoint, starting_offsets=starting)
-        log.info("sink metrics on %s", metrics.serve(metrics_port, metrics_host))
-    query = build_query(spark, bootstrap, topic, output, checkpoint, **kwargs).start()
+    own = Output(opts.path, opts.rejects_path, NO_OWNER).own
+    claim = claim_output(own, opts.claim_lapse_ms / 1000, on_standby, stop)
+    if claim is None:
+        return None
+    try:
+        open_output(
+            opts.path,
+            opts.rejects_path,
+            NO_OWNER,
+            committed_before=checkpoint_committed(checkpoint),
+        )
+        if metrics is None and metrics_port is not None:
+            topics = [t.strip() for t in topic.split(",") if t.strip()]
+            starting = kwargs.get("starting_offsets", "earliest")
+            metrics = SinkMetrics(output, bootstrap, topics, checkpoint, starting_offsets=starting)
+            log.info("sink metrics on %s", metrics.serve(metrics_port, metrics_host))
+        sink_options["epoch"] = str(claim.epoch)
+        query = build_query(
+            spark, bootstrap, topic, output, checkpoint, sink_options=sink_options, **kwargs
+        ).start()
+    except BaseException:
+        claim.release()
+        raise
+    claim.watch(query)
     if metrics is not None:
         metrics.watch(query)
-    return query
+    return query, claim
 
 
 def run_sink(
@@ -188,13 +240,20 @@ def run_sink(
 ) -> SinkRunSummary:
     """Run the sink to completion (``available_now``, the default) and summarise what it
     committed; ``kwargs`` as :func:`build_query`'s."""
-    before = max(committed_ids(output), default=-1)
-    query = start_sink(spark, bootstrap, topic, output, checkpoint, **kwargs)
+    before = Output.reading(output).committed_version()
+    started = _start(spark, bootstrap, topic, output, checkpoint, **kwargs)
+    if started is None:  # no stop event is given: it waits until it holds the output
+        return SinkRunSummary()
+    query, claim = started
     try:
         query.awaitTermination()
     except Exception as exc:
-        raise failure_of(exc) from exc
-    return summarise(output, after=before)
+        raise failure_of(claim.fenced or exc) from exc
+    finally:
+        claim.release()
+    if claim.fenced is not None:
+        raise claim.fenced
+    return summarise(output, after=before, epoch=claim.epoch)
 
 
 @dataclass(frozen=True)
@@ -253,11 +312,13 @@ class BatchWatcher:
     Args:
         output: the sink's ``path``.
         after: report only batches with a larger id (the last committed one before the start).
+        epoch: report only the batches the sink instance of this epoch committed (0: all).
     """
 
-    def __init__(self, output: str, after: int = -1) -> None:
+    def __init__(self, output: str, after: int = -1, epoch: int = 0) -> None:
         self.output = output
         self.last = after
+        self.epoch = epoch
 
     def poll(self, query: Any, final: bool = False) -> list[BatchLine]:
         """Lines of the batches committed since the previous call, in batch order.
@@ -265,9 +326,10 @@ class BatchWatcher:
         A batch whose progress event (its lag) has not arrived yet waits for the next call,
         unless a later batch is already committed or ``final`` is set.
         """
-        # Opened afresh: the owner is known once the query claimed the path.
+        # Opened afresh: the owner is known once the query claimed the path. Batch ids are
+        # consecutive up to the log table's transaction version: nothing is listed.
         output = Output.reading(self.output)
-        new = [b for b in output.committed_ids() if b > self.last]
+        new = list(range(self.last + 1, output.committed_version() + 1))
         if not new:
             return []
         progress = progress_by_batch(query)
@@ -278,6 +340,9 @@ class BatchWatcher:
             manifest = output.committed(bid)
             if manifest is None:
                 break
+            self.last = bid
+            if self.epoch not in (0, manifest.epoch):
+                continue  # committed by another instance of the sink
             one = SinkRunSummary()
             one.add_manifest(manifest)
             seen = progress.get(bid, BatchProgress())
@@ -293,7 +358,6 @@ class BatchWatcher:
                     one.gaps,
                 )
             )
-            self.last = bid
         return lines
 
 
@@ -307,6 +371,7 @@ def serve(
     on_batch: Callable[[BatchLine], None],
     stop: threading.Event,
     poll_seconds: float = 0.5,
+    on_standby: Callable[[Claim], None] = lambda claim: None,
     **kwargs: Any,
 ) -> SinkRunSummary:
     """Run the sink until it finishes (``available_now``) or ``stop`` is set; report each batch.
@@ -320,6 +385,8 @@ def serve(
         on_batch: called once per committed batch, in order.
         stop: set it (e.g. from a signal handler) to stop the query after the running batch.
         poll_seconds: how often to look for newly committed batches.
+        on_standby: called with the owner's claim if another sink instance holds the output:
+            this one waits as a standby until that claim lapses (or ``stop`` is set).
         **kwargs: passed to :func:`build_query`.
 
     Returns:
@@ -329,9 +396,14 @@ def serve(
         PidfenceError: the query failed: the sink's own error that ended it (its ``retriable``
             says whether running again continues), else :class:`SparkQueryFailed`.
     """
-    before = max(committed_ids(output), default=-1)
-    watcher = BatchWatcher(output, after=before)
-    query = start_sink(spark, bootstrap, topic, output, checkpoint, **kwargs)
+    before = Output.reading(output).committed_version()
+    started = _start(
+        spark, bootstrap, topic, output, checkpoint, on_standby=on_standby, stop=stop, **kwargs
+    )
+    if started is None:
+        return SinkRunSummary()  # stopped while on standby
+    query, claim = started
+    watcher = BatchWatcher(output, after=before, epoch=claim.epoch)
     try:
         while query.isActive and not stop.is_set():
             query.awaitTermination(poll_seconds)
@@ -340,13 +412,16 @@ def serve(
     except Exception as exc:  # Spark's exception: raise the sink's cause found in it
         for line in watcher.poll(query, final=True):
             on_batch(line)
-        raise failure_of(exc) from exc
+        raise failure_of(claim.fenced or exc) from exc
     finally:
         if query.isActive:
             query.stop()
+        claim.release()
     for line in watcher.poll(query, final=True):
         on_batch(line)
+    if claim.fenced is not None:
+        raise claim.fenced
     error = query.exception()
     if error is not None:
         raise failure_of(error) from error
-    return summarise(output, after=before)
+    return summarise(output, after=before, epoch=claim.epoch)

@@ -114,7 +114,7 @@ def read_written(path: str, rejects_path: str | None = None) -> pa.Table:
     pieces = []
     for manifest in output.manifests():
         for part in manifest.parts:
-            decided = output.read_decided(part)
+            decided = output.read_decided(manifest.batch, part)
             if decided is None:
                 continue
             rows = appended(decided)

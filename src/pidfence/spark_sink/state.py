@@ -37,9 +37,9 @@ from pidfence.spark_sink.state_files import (
     drop_old_chains,
     encode_state,
     state_dir,
-    state_files,
+    state_name,
 )
-from pidfence.spark_sink.storage import Store, batch_name
+from pidfence.spark_sink.storage import Store
 from pidfence.wire import Verdict
 
 #: (offset, key, value, timestamp_us, pid, generation, seq, raw pf header, timestampType,
@@ -67,8 +67,8 @@ class PartitionState:
     next_log: int = 0
     #: batch id of the state file this was loaded from (None: fresh or rebuilt).
     base_batch: int | None = None
-    #: attempt tag of that state file.
-    base_tag: str | None = None
+    #: name of that state file.
+    base_name: str | None = None
     #: state files since the last full one, including base_batch's.
     chain_len: int = 0
     #: the newest committed batch that read this partition (None: none yet).
@@ -102,31 +102,24 @@ def _overrides(opts: SinkOptions) -> dict[str, Any]:
 
 
 def _restore_chain(
-    store: Store,
-    topic: str,
-    partition: int,
-    files: dict[int, str],
-    top: int,
-    tag: str | None,
-    opts: SinkOptions,
+    store: Store, topic: str, partition: int, name: str, tag: str, opts: SinkOptions
 ) -> tuple[ProducerStateTable, StateFile, int, int]:
-    """The table of the chain ending at batch ``top`` whose file has attempt tag ``tag``, its
-    last file, its length and its size in bytes."""
+    """The table of the chain ending at state file ``name``, which attempt ``tag`` wrote, its
+    last file, its length and its size in bytes.
+
+    Every link is read by the name its successor records: no folder is listed."""
     chain: list[StateFile] = []
     size = 0
-    bid: int | None = top
-    want = tag
-    while bid is not None:
-        if bid not in files:
-            raise CorruptSnapshot(f"state chain of {topic}[{partition}] misses batch {bid}")
-        data = store.read(f"{state_dir(store, topic, partition)}/{files[bid]}")
+    link: str | None = name
+    while link is not None:
+        data = store.read(f"{state_dir(store, topic, partition)}/{link}")
         size += len(data)
         sf = decode_state(data)
-        if sf.tag != want:
+        if sf.tag != (tag if not chain else link.split(".")[1]):
             # Written by an attempt whose batch was not the committed one.
-            raise CorruptSnapshot(f"state file of batch {bid} is from another attempt")
+            raise CorruptSnapshot(f"state file {link} is from another attempt")
         chain.append(sf)
-        bid, want = (sf.prev, sf.prev_tag) if sf.kind == "delta" else (None, None)
+        link = sf.prev_name if sf.kind == "delta" else None
     chain.reverse()
     if chain[0].kind != "full":
         raise CorruptSnapshot(f"state chain of {topic}[{partition}] does not start with a full")
@@ -156,19 +149,18 @@ def load_state(
         return PartitionState(new_table(opts, verifier))
     top, part = pos.batch, pos.part
     store = output.own
-    files = state_files(store, topic, partition)
     held = _held_payloads(output.read_held(part))
     try:
-        found = _restore_chain(store, topic, partition, files, top, part.tag, opts)
+        found = _restore_chain(store, topic, partition, part.state, part.tag, opts)
     except (CorruptSnapshot, OSError):
         pass
     else:
         table, sf, chain_len, size = found
         table.verifier = verifier
         return PartitionState(
-            table, held, sf.next_log, top, sf.tag, chain_len, top, part.kafka_last, size
+            table, held, sf.next_log, top, part.state, chain_len, top, part.kafka_last, size
         )
-    table = _rebuild(output, topic, partition, files, top, part, opts)
+    table = _rebuild(output, topic, partition, top, part, opts)
     table.verifier = verifier
     # The old batches replayed under the settings they recorded; this one runs under today's.
     for name, value in _overrides(opts).items():
@@ -208,7 +200,6 @@ def _rebuild(
     output: Output,
     topic: str,
     partition: int,
-    files: dict[int, str],
     top: int,
     top_part: PartCommit,
     opts: SinkOptions,
@@ -224,11 +215,9 @@ def _rebuild(
         history.append((prev, part))
     table: ProducerStateTable | None = None
     start = len(history)
-    for i, (bid, part) in enumerate(history[1:], start=1):
-        if bid not in files:
-            continue
+    for i, (_, part) in enumerate(history[1:], start=1):
         try:
-            table, *_ = _restore_chain(output.own, topic, partition, files, bid, part.tag, opts)
+            table, *_ = _restore_chain(output.own, topic, partition, part.state, part.tag, opts)
         except (CorruptSnapshot, OSError):
             continue
         start = i
@@ -240,7 +229,7 @@ def _rebuild(
                 f"{topic}[{partition}]: the committed history before batch {history[-1][0]} "
                 "is missing; cannot rebuild the state"
             )
-    replay = [part for _, part in reversed(history[:start])]
+    replay = list(reversed(history[:start]))
     after = history[start][1].kafka_last if start < len(history) else -1
     _replay(output, table, replay, top_part, after)
     return table
@@ -249,19 +238,20 @@ def _rebuild(
 def _replay(
     output: Output,
     table: ProducerStateTable,
-    parts: list[PartCommit],
+    parts: list[tuple[int, PartCommit]],
     top_part: PartCommit,
     after: int,
 ) -> None:
-    """Replay every record of ``parts`` (Kafka offsets > ``after``) batch by batch.
+    """Replay every record of ``parts`` (batch id and part; Kafka offsets > ``after``) batch by
+    batch.
 
     The records come from the batches' decisions (:mod:`decisions`), the sink's own account of
     what it committed: rows deleted from the table later, or appended by another writer, do not
     change it.
     """
     pieces: list[pa.Table] = []
-    for part in parts:
-        decided = output.read_decided(part)
+    for batch_id, part in parts:
+        decided = output.read_decided(batch_id, part)
         if decided is not None:
             pieces.append(replay_rows(decided))
     held = output.read_held(top_part)
@@ -272,7 +262,7 @@ def _replay(
     rows = pa.concat_tables(pieces).sort_by("offset")
     rows = rows.filter(pc.greater(rows["offset"], after))
     offsets = rows.column("offset").to_numpy()
-    for part in parts:
+    for _, part in parts:
         a, b = np.searchsorted(offsets, [part.kafka_first, part.kafka_last + 1])
         chunk = rows.slice(int(a), int(b - a))
         replay_batch(
@@ -299,28 +289,25 @@ def save_state(
 ) -> str:
     """Write the state as of ``batch_id``: a delta normally, a full one every ``compact_every``.
 
-    Returns the file name, and sets ``st.state_bytes`` to the size of the chain it ends. The file
-    is replaced atomically; it carries the attempt ``tag`` so a loader only trusts it when the
-    committed manifest names the same attempt.
+    Returns the file name, which carries the attempt ``tag`` (a loader trusts only the file the
+    committed manifest names, and twin attempts never overwrite each other's), and sets
+    ``st.state_bytes`` to the size of the chain it ends.
     """
     full = st.base_batch is None or st.chain_len >= opts.compact_every + 1
     blob = st.table.snapshot() if full else st.table.snapshot_delta()
     sf = StateFile(
         kind="full" if full else "delta",
         prev=None if full else st.base_batch,
-        prev_tag=None if full else st.base_tag,
+        prev_name=None if full else st.base_name,
         tag=tag,
         table=blob,
         next_log=st.next_log,
     )
-    name = f"{batch_name(batch_id)}.{sf.kind}"
+    name = state_name(batch_id, tag, sf.kind)
     directory = state_dir(store, topic, partition)
     data = encode_state(sf)
     store.put(f"{directory}/{name}", data)
     st.state_bytes = len(data) + (0 if full else st.state_bytes)
-    # A re-run may have left the other kind for this batch id; only one may exist.
-    other = f"{batch_name(batch_id)}.{'delta' if full else 'full'}"
-    store.delete(f"{directory}/{other}")
     if full:
         drop_old_chains(store, directory, batch_id)
     return name

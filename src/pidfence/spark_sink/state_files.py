@@ -1,9 +1,11 @@
-"""State files: the cache of a partition's sink state, one per committed batch.
+"""State files: the cache of a partition's sink state, one per task attempt.
 
-A state file is ``b"PFS1" + crc32 (4 bytes, big endian) + msgpack`` of::
+A state file is named ``BATCH.TAG.full|delta`` (by batch *and* attempt: twin attempts of a batch
+never overwrite each other's; the committed manifest names the one to trust), and holds
+``b"PFS1" + crc32 (4 bytes, big endian) + msgpack`` of::
 
     {"kind": "full"|"delta", "prev": batch id the delta applies to (or None),
-     "prev_tag": that batch's attempt tag, "tag": this batch's attempt tag,
+     "prev_name": the name of the state file it applies to, "tag": this attempt's tag,
      "table": ProducerStateTable snapshot bytes, "next_log": next log_offset}
 
 Held payloads are not in it: they are committed with the batch (its ``held`` file). Losing any
@@ -34,7 +36,7 @@ class StateFile:
 
     kind: str
     prev: int | None
-    prev_tag: str | None
+    prev_name: str | None
     tag: str | None
     table: bytes
     next_log: int
@@ -46,7 +48,7 @@ def encode_state(sf: StateFile) -> bytes:
         {
             "kind": sf.kind,
             "prev": sf.prev,
-            "prev_tag": sf.prev_tag,
+            "prev_name": sf.prev_name,
             "tag": sf.tag,
             "table": sf.table,
             "next_log": sf.next_log,
@@ -68,7 +70,7 @@ def decode_state(data: bytes) -> StateFile:
         return StateFile(
             kind=str(obj["kind"]),
             prev=None if obj["prev"] is None else int(obj["prev"]),
-            prev_tag=None if obj.get("prev_tag") is None else str(obj["prev_tag"]),
+            prev_name=None if obj.get("prev_name") is None else str(obj["prev_name"]),
             tag=None if obj.get("tag") is None else str(obj["tag"]),
             table=bytes(obj["table"]),
             next_log=int(obj["next_log"]),
@@ -84,14 +86,9 @@ def state_dir(store: Store, topic: str, partition: int) -> str:
     return store.join(STATE, part_name(topic, partition))
 
 
-def state_files(store: Store, topic: str, partition: int) -> dict[int, str]:
-    """Batch id → file name of the partition's state files."""
-    out: dict[int, str] = {}
-    for name in store.list(state_dir(store, topic, partition)):
-        stem, _, kind = name.partition(".")
-        if kind in ("full", "delta") and stem.isdigit():
-            out[int(stem)] = name
-    return out
+def state_name(batch_id: int, tag: str, kind: str) -> str:
+    """``BATCH.TAG.KIND``: a state file's name."""
+    return f"{batch_name(batch_id)}.{tag}.{kind}"
 
 
 def drop_old_chains(store: Store, directory: str, batch_id: int) -> None:
@@ -100,27 +97,24 @@ def drop_old_chains(store: Store, directory: str, batch_id: int) -> None:
     A damaged older full snapshot is no fallback, so the search goes on to the next older one
     (otherwise the only intact chain could be deleted).
     """
+    names = store.list(directory)
     fulls = sorted(
-        (
-            int(n.partition(".")[0])
-            for n in store.list(directory)
-            if n.endswith(".full") and n.partition(".")[0].isdigit()
-        ),
+        ((int(n.partition(".")[0]), n) for n in names if n.endswith(".full") and n[:1].isdigit()),
         reverse=True,
     )
     keep_from: int | None = None
-    for bid in fulls:
+    for bid, name in fulls:
         if bid >= batch_id:
             continue
         try:
-            decode_state(store.read(f"{directory}/{batch_name(bid)}.full"))
+            decode_state(store.read(f"{directory}/{name}"))
         except (CorruptSnapshot, OSError):
             continue
         keep_from = bid
         break
     if keep_from is None:
         return
-    for n in store.list(directory):
+    for n in names:
         stem = n.partition(".")[0]
         if stem.isdigit() and int(stem) < keep_from:
             store.delete(f"{directory}/{n}")

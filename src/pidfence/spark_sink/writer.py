@@ -23,17 +23,11 @@ from pidfence.spark_sink import owner
 from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
+from pidfence.spark_sink.fence import new_tag
 from pidfence.spark_sink.first_batch import check_first_batch
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import (
-    INDEX_EVERY,
-    QUERY_PREFIX,
-    Output,
-    PartAttempt,
-    new_tag,
-    open_output,
-)
+from pidfence.spark_sink.output import INDEX_EVERY, Output, PartAttempt, open_output
 from pidfence.spark_sink.process import by_partition, process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import load_state, save_state
@@ -101,7 +95,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
 
     def output(self, query: str = NO_QUERY) -> Output:
         """The sink's output, committing as ``query``."""
-        return Output(self.options.path, self.options.rejects_path, query)
+        return Output(self.options.path, self.options.rejects_path, query, epoch=self.options.epoch)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         """Process this task's rows (one Kafka partition): write its files and state."""
@@ -119,7 +113,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             return message
         check = self.options.certificates()
         macs = self.options.record_macs()
-        message.tag = new_tag(query)
+        message.tag = new_tag(self.options.epoch)
         client = self.options.lease_client()
         try:
             for topic, partition, mine in by_partition(rows):
@@ -213,25 +207,22 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             last = None if prev is None else output.committed(prev)
             before = Totals() if last is None else last.totals
             totals = before.plus(ordered, int(time.time() * 1000))
-            manifest = BatchManifest(batchId, query, ordered, totals)
-            if not output.publish(manifest):
-                manifest = output.committed(batchId) or manifest
+            manifest = BatchManifest(batchId, query, ordered, totals, self.options.epoch)
+            manifest = output.publish(manifest)
         crash_point("after_manifest")
         if batchId and batchId % INDEX_EVERY == 0:
             output.write_index(batchId)
-        keep = {name for part in manifest.parts for name in part.files.named()}
-        for prefix in {_prefix(m.query) for m in ours}:
-            output.discard(batchId, prefix, keep)
+            output.fold(batchId, self.options.retain_batches)
+        output.discard(batchId, manifest.named())
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Remove the files this batch's attempts wrote; nothing of it was ever visible."""
         query = next((m.query for m in messages if isinstance(m, SinkCommitMessage)), NO_QUERY)
         output = self.output(query)
-        if output.committed(batchId) is not None:
-            return
-        for message in messages:
-            if isinstance(message, SinkCommitMessage) and message.tag:
-                output.discard(batchId, message.tag, keep=set())
+        # A manifest written before the failure is the batch's intent: a re-run commits the
+        # files it names, so they stay.
+        intent = output.intent(batchId)
+        output.discard(batchId, set() if intent is None else intent.named())
 
 
 def _claim(output: Output, query: str) -> None:
@@ -247,10 +238,6 @@ def _kafka_rows(batches: list[pa.RecordBatch]) -> pa.Table | None:
         return None
     rows = pa.Table.from_batches(batches)
     return rows.select([c for c in KAFKA_COLUMNS if c in rows.column_names])
-
-
-def _prefix(query_id: str) -> str:
-    return new_tag(query_id)[:QUERY_PREFIX]
 
 
 def _committed_message(

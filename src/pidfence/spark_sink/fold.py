@@ -1,0 +1,170 @@
+"""Bounded bookkeeping: old batches' manifests and decisions folded into a few segments.
+
+A batch's own files (its manifest, decisions and held records under ``_pidfence/``) are kept
+only while Spark can re-run it or a state rebuild is likely to start there: the newest
+``retainBatches`` batches (Spark's ``spark.sql.streaming.minBatchesToRetain``, 100 by default).
+Older ones are folded, every :data:`~pidfence.spark_sink.output.INDEX_EVERY` batches, by the
+driver after a commit, into a segment: ``_folded/FIRST-LAST.json`` (their manifests, one per
+line) and ``_folded/FIRST-LAST.parquet`` (their decisions, with ``batch``, ``topic`` and
+``partition`` columns). ``_folded/segments.json`` names the segments; it is the only file the
+fold replaces, each time after the epoch check. Segments of equal span merge four at a time, so
+their number grows with the log of the output's age: the files under ``_pidfence/`` stay flat.
+
+A held file or state chain that a partition's newest position still names is never deleted (an
+idle partition's last batch may be old). Readers of history (``read_written``, ``read_gaps``,
+``pidfence verify``, a state rebuild) read the segments, then the live batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pidfence.spark_sink.fence import check_epoch
+from pidfence.spark_sink.manifest import BatchManifest, PartCommit
+from pidfence.spark_sink.storage import Store, batch_name
+
+FOLDED: Final = "_folded"
+SEGMENTS: Final = f"{FOLDED}/segments.json"
+#: Segments of one span merge this many at a time.
+MERGE: Final = 4
+
+Span = tuple[int, int]
+
+
+def segments(store: Store) -> list[Span]:
+    """The folded (first, last) batch spans, ascending (empty: nothing folded yet)."""
+    try:
+        return [(int(a), int(b)) for a, b in json.loads(store.read(store.join(SEGMENTS)))]
+    except FileNotFoundError:
+        return []
+
+
+def _stem(span: Span) -> str:
+    return f"{FOLDED}/{batch_name(span[0])}-{batch_name(span[1])}"
+
+
+#: Decoded segments by path (a segment never changes once named).
+_SEEN: dict[str, dict[int, BatchManifest]] = {}
+
+
+def _manifests(store: Store, span: Span) -> dict[int, BatchManifest]:
+    path = store.join(_stem(span) + ".json")
+    if path not in _SEEN:
+        lines = store.read(path).splitlines()
+        _SEEN.clear()  # a few at a time: readers walk them in order
+        _SEEN[path] = {m.batch: m for m in (BatchManifest.decode(x) for x in lines if x)}
+    return _SEEN[path]
+
+
+def folded_manifest(store: Store, batch_id: int) -> BatchManifest | None:
+    """A folded batch's manifest (None: not folded)."""
+    for span in segments(store):
+        if span[0] <= batch_id <= span[1]:
+            return _manifests(store, span).get(batch_id)
+    return None
+
+
+def folded_manifests(store: Store, after: int) -> Iterator[BatchManifest]:
+    """The folded manifests of batches above ``after``, in batch order."""
+    for span in segments(store):
+        if span[1] > after:
+            found = _manifests(store, span)
+            yield from (found[b] for b in sorted(found) if b > after)
+
+
+def folded_decided(store: Store, batch_id: int, part: PartCommit) -> pa.Table | None:
+    """A folded part's decisions (None: the part decided nothing, or is not folded)."""
+    for span in segments(store):
+        if span[0] <= batch_id <= span[1]:
+            rows = pq.read_table(
+                store.join(_stem(span) + ".parquet"),
+                filesystem=store.fs,
+                filters=[
+                    ("batch", "=", batch_id),
+                    ("topic", "=", part.topic),
+                    ("partition", "=", part.partition),
+                ],
+            )
+            return rows.drop_columns(["batch", "topic", "partition"]) if rows.num_rows else None
+    return None
+
+
+def add_segment(
+    own: Store, epoch: int, span: Span, manifests: list[BatchManifest], decided: list[pa.Table]
+) -> None:
+    """Store the segment of ``span`` (its manifests and their parts' decisions, with ``batch``,
+    ``topic`` and ``partition`` columns), merge segments, and name them in ``segments.json``
+    (after the epoch check); the caller then deletes the folded batches' own files."""
+    _put_segment(own, span, [m.encode().replace(b"\n", b"") for m in manifests], decided)
+    merged, gone = _merge(own, [*segments(own), span])
+    check_epoch(own, epoch)
+    own.put(own.join(SEGMENTS), json.dumps(merged).encode())
+    for old in gone:
+        own.delete(own.join(_stem(old) + ".json"))
+        own.delete(own.join(_stem(old) + ".parquet"))
+
+
+def with_place(decided: pa.Table, batch_id: int, part: PartCommit) -> pa.Table:
+    """A part's decisions with the columns that place them in a segment."""
+    n = decided.num_rows
+    return (
+        decided.append_column("batch", pa.array([batch_id] * n, pa.int64()))
+        .append_column("topic", pa.array([part.topic] * n, pa.string()))
+        .append_column("partition", pa.array([part.partition] * n, pa.int32()))
+    )
+
+
+def _put_segment(own: Store, span: Span, lines: list[bytes], pieces: list[pa.Table]) -> None:
+    if pieces:
+        own.write_table(own.join(_stem(span) + ".parquet"), pa.concat_tables(pieces))
+    own.put(own.join(_stem(span) + ".json"), b"\n".join(lines) + b"\n")
+
+
+def _merge(own: Store, spans: list[Span]) -> tuple[list[Span], list[Span]]:
+    """Merge runs of :data:`MERGE` adjacent segments of one span length, repeatedly: (the spans
+    now, the segments merged away, to delete once the new list is stored)."""
+    gone: list[Span] = []
+    while True:
+        widths = [b - a for a, b in spans]
+        at = next(
+            (i for i in range(len(spans) - MERGE + 1) if len(set(widths[i : i + MERGE])) == 1),
+            None,
+        )
+        if at is None:
+            return spans, gone
+        run = spans[at : at + MERGE]
+        merged = (run[0][0], run[-1][1])
+        lines, pieces = [], []
+        for span in run:
+            lines += [m.encode().replace(b"\n", b"") for m in _manifests(own, span).values()]
+            path = own.join(_stem(span) + ".parquet")
+            if own.exists(path):
+                pieces.append(own.read_table(path))
+        _put_segment(own, merged, lines, pieces)
+        spans = [*spans[:at], merged, *spans[at + MERGE :]]
+        gone += run
+
+
+def drop_empty_dir(store: Store, path: str) -> None:
+    """Remove a batch's folder once empty (local disks; object stores have no folders)."""
+    if store.local:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
+__all__ = [
+    "add_segment",
+    "drop_empty_dir",
+    "folded_decided",
+    "folded_manifest",
+    "folded_manifests",
+    "segments",
+    "with_place",
+]

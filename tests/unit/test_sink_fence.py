@@ -1,0 +1,128 @@
+"""The output claim (fence.py): one owner, standbys that wait, takeover by epoch."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from pidfence.spark_sink.fence import (
+    Claim,
+    OutputFenced,
+    check_epoch,
+    claim_output,
+    newest_claim,
+)
+from pidfence.spark_sink.storage import Store
+
+
+class _Query:
+    isActive = True
+
+    def stop(self) -> None:
+        self.isActive = False
+
+
+def test_first_claim_is_epoch_one_and_names_this_process(tmp_path: Path) -> None:
+    claim = claim_output(Store.at(str(tmp_path)), lapse=30)
+    assert claim is not None and claim.epoch == 1
+    found = newest_claim(Store.at(str(tmp_path)))
+    assert found is not None
+    assert (found.host, found.pid) == (socket.gethostname(), os.getpid())
+
+
+def test_a_standby_waits_while_the_owner_is_live_and_names_it(tmp_path: Path) -> None:
+    store = Store.at(str(tmp_path))
+    owner = claim_output(store, lapse=30)
+    assert owner is not None
+    seen: list[Claim] = []
+    stop = threading.Event()
+
+    def on_standby(claim: Claim) -> None:
+        seen.append(claim)
+        stop.set()  # an operator's Ctrl-C while waiting
+
+    assert claim_output(store, lapse=30, on_standby=on_standby, stop=stop) is None
+    assert [c.epoch for c in seen] == [1]
+    assert f"process {os.getpid()}" in seen[0].owner()
+    check_epoch(store, owner.epoch)  # the owner is not fenced by a standby
+
+
+def test_a_lapsed_claim_is_taken_over_and_its_owner_fenced(tmp_path: Path) -> None:
+    store = Store.at(str(tmp_path))
+    owner = claim_output(store, lapse=30)
+    assert owner is not None
+    ticks = iter(range(0, 1000, 40))
+    standby = claim_output(store, lapse=30, clock=lambda: float(next(ticks)))
+    assert standby is not None and standby.epoch == 2
+    with pytest.raises(OutputFenced, match=f"process {os.getpid()}"):
+        check_epoch(store, owner.epoch)
+    owner.beat()
+    assert owner.fenced is not None
+    owner.release()  # a fenced owner never marks the newer claim released
+    assert newest_claim(store) == standby.claim
+
+
+def test_a_released_claim_is_taken_over_at_once(tmp_path: Path) -> None:
+    store = Store.at(str(tmp_path))
+    owner = claim_output(store, lapse=3600)
+    assert owner is not None
+    owner.release()
+    nxt = claim_output(store, lapse=3600)
+    assert nxt is not None and nxt.epoch == 2
+
+
+def test_a_claim_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path: Path) -> None:
+    store = Store.at(str(tmp_path))
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    claim = Claim(7, socket.gethostname(), int(dead.stdout), "2026-01-01T00:00:00+00:00")
+    store.put(store.join("_claims", f"{7:020d}.json"), claim.encode())
+    nxt = claim_output(store, lapse=3600)
+    assert nxt is not None and nxt.epoch == 8
+
+
+def test_the_owner_renews_while_its_query_runs_and_releases_when_it_stops(
+    tmp_path: Path,
+) -> None:
+    store = Store.at(str(tmp_path))
+    owner = claim_output(store, lapse=1.2)
+    assert owner is not None
+    query = _Query()
+    owner.watch(query)
+    path = tmp_path / "_claims" / f"{1:020d}.json"
+    beats = set()
+    while len(beats) < 3:
+        beats.add(json.loads(path.read_text())["beat"])
+    query.stop()
+    owner.release()
+    assert json.loads(path.read_text())["released"] is True
+
+
+def test_twins_claiming_at_once_one_owns_the_other_waits(tmp_path: Path) -> None:
+    store = Store.at(str(tmp_path))
+    barrier = threading.Barrier(2)
+    stop = threading.Event()
+    got: list[int | None] = []
+
+    def twin() -> None:
+        barrier.wait()
+        claim = claim_output(store, lapse=30, on_standby=lambda c: stop.set(), stop=stop)
+        got.append(None if claim is None else claim.epoch)
+
+    threads = [threading.Thread(target=twin) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(got, key=str) == [1, None]
