@@ -14,7 +14,7 @@ import pytest
 
 from pidfence.cli.exits import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from pidfence.services import free_port
-from tests.fixtures.commands import sink_args, timed_pidfence
+from tests.fixtures.commands import sink_args, stderr_lines, timed_pidfence
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,7 +36,7 @@ def paths(tmp_path: Path) -> list[str]:
 
 
 def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
-    lines = result.stderr.strip().splitlines()
+    lines = stderr_lines(result.stderr)
     assert result.returncode == code, result.stderr + result.stdout
     assert len(lines) == 1, result.stderr
     assert result.stdout.strip() == ""
@@ -139,7 +139,7 @@ def test_plain_topic_runs_with_a_warning_human_batch_lines_and_no_jvm_line(
         "local[2]",
     )
     assert result.returncode == EXIT_OK, result.stderr + result.stdout
-    warning = result.stderr.strip().splitlines()
+    warning = stderr_lines(result.stderr)
     assert len(warning) == 1 and "has a `pf` header" in warning[0], result.stderr
     out = result.stdout
     assert re.search(r"^batch 0: 300 in → 300 appended, 0 dropped, lag 0, [\d.]+ s$", out, re.M), (
@@ -169,7 +169,7 @@ def test_spark_failure_is_one_line_with_the_log_path(
         "--master",
         "local[1]",
     )
-    lines = result.stderr.strip().splitlines()
+    lines = stderr_lines(result.stderr)
     assert result.returncode == EXIT_UNAVAILABLE, result.stderr  # it failed at the start
     assert len(lines) == 2 and "has a `pf` header" in lines[0], result.stderr
     assert lines[1].startswith("pidfence sink: "), lines

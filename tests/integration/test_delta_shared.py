@@ -34,6 +34,7 @@ from pidfence.ledger import LedgerEntry, LedgerWriter, value_digest
 from pidfence.spark_sink import read_log, read_rejects, read_written
 from pidfence.spark_sink.delta.history import BATCH_KEY
 from pidfence.wire import encode_pf
+from tests.fixtures.commands import stderr_lines
 from tests.fixtures.delta_spark import has_delta
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -278,7 +279,7 @@ def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_b
     DeltaTable(str(out)).restore(last - 1)
     up.send(101, range(120, 130), 0)
     code = sink.proc.wait(timeout=600)
-    lines = sink.stderr.read_text().strip().splitlines()
+    lines = stderr_lines(sink.stderr.read_text())
     assert code == EXIT_UNAVAILABLE, sink.output()
     assert len(lines) == 1, sink.output()
     assert "(RESTORE" in lines[0] and "(RestoredPastSink; details in" in lines[0], lines[0]
