@@ -312,24 +312,33 @@ def _at_million(progress: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
     return best[1], best[2]
 
 
-def _chain_bytes(root: str, batch: int) -> tuple[int, int]:
-    """(bytes, files) of every partition's state chain as of ``batch`` under ``root``."""
-    from pidfence.spark_sink.state_files import STATE, decode_state, state_dir, state_files
-    from pidfence.spark_sink.storage import Store
+def _chain_bytes(out: str, batch: int) -> tuple[int, int]:
+    """(bytes, files) of every partition's state chain as of ``batch`` at output ``out``.
 
-    store = Store.at(root)
+    Read from the committed manifests, as a restart finds the chains: each partition's newest part
+    up to ``batch`` records the chain's bytes and names its state file; a delta's links are the
+    states of the earlier batches that read the partition (``prev``), back to a full snapshot.
+    """
+    from pidfence.spark_sink.manifest import PartCommit
+    from pidfence.spark_sink.output import Output
+
+    parts: dict[tuple[int, str], PartCommit] = {}
+    for manifest in Output.reading(out).manifests():
+        if manifest.batch > batch:
+            break
+        for part in manifest.parts:
+            parts[(manifest.batch, part.name)] = part
+    newest: dict[str, tuple[int, PartCommit]] = {}
+    for (bid, name), part in parts.items():
+        newest[name] = (bid, part)
     size = files = 0
-    for part in store.list(store.join(STATE)):
-        topic, _, partition = part.rpartition("~")
-        names = state_files(store, topic, int(partition))
-        bid: int | None = max((b for b in names if b <= batch), default=None)
-        while bid is not None:
-            path = f"{state_dir(store, topic, int(partition))}/{names[bid]}"
-            data = store.read(path)
-            size += len(data)
+    for name, (_, part) in newest.items():
+        size += part.state_bytes
+        link: PartCommit | None = part
+        while link is not None:
             files += 1
-            sf = decode_state(data)
-            bid = sf.prev if sf.kind == "delta" else None
+            prev = None if link.state.endswith(".full") else link.prev
+            link = None if prev is None else parts.get((prev, name))
     return size, files
 
 
@@ -388,30 +397,26 @@ def _dedup_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
     )
 
 
-def _pidfence_outcome(state_under: str) -> Callable[[str, list[dict[str, Any]]], Outcome]:
-    def outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
-        from pidfence.spark_sink.pipeline import summarise
+def _pidfence_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
+    from pidfence.spark_sink.pipeline import summarise
 
-        summary = summarise(out)
-        at, mid = _at_million(progress)
-        root = f"{out}/{state_under}" if state_under else out
-        mid_bytes, mid_files = _chain_bytes(root, int(mid["batchId"]))
-        end_bytes, end_files = _chain_bytes(root, int(progress[-1]["batchId"]))
-        return Outcome(
-            summary.appended,
-            mid_bytes,
-            end_bytes,
-            at,
-            {
-                "dropped": dict(summary.dropped),
-                "forged_reasons": dict(summary.forged),
-                "state_files_at_1M": mid_files,
-                "state_files_at_end": end_files,
-                "batches": len(summary.batches),
-            },
-        )
-
-    return outcome
+    summary = summarise(out)
+    at, mid = _at_million(progress)
+    mid_bytes, mid_files = _chain_bytes(out, int(mid["batchId"]))
+    end_bytes, end_files = _chain_bytes(out, int(progress[-1]["batchId"]))
+    return Outcome(
+        summary.appended,
+        mid_bytes,
+        end_bytes,
+        at,
+        {
+            "dropped": dict(summary.dropped),
+            "forged_reasons": dict(summary.forged),
+            "state_files_at_1M": mid_files,
+            "state_files_at_end": end_files,
+            "batches": len(summary.batches),
+        },
+    )
 
 
 def _noop_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
@@ -452,8 +457,6 @@ def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -
 
         return build
 
-    from pidfence.spark_sink.delta.table import OWN_DIR
-
     rows = [
         Contender("plain", "(a) Parquet sink, no dedup", writer("parquet"), _parquet_rows),
         Contender(
@@ -465,12 +468,12 @@ def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -
             writer("parquet", dedup=True),
             _dedup_outcome,
         ),
-        Contender("pidfence", "(c) pidfence sink", writer("pidfence"), _pidfence_outcome(OWN_DIR)),
+        Contender("pidfence", "(c) pidfence sink", writer("pidfence"), _pidfence_outcome),
         Contender(
             "verify",
             "(v) pidfence, leasePublicKey on",
             writer("pidfence", {"leasePublicKey": str(public_key)}),
-            _pidfence_outcome(OWN_DIR),
+            _pidfence_outcome,
         ),
     ]
     if _delta_spark_jars():
