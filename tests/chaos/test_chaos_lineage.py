@@ -140,10 +140,11 @@ class Relay:
         """Producer ``label``'s state file."""
         return self.kit.tmp / f"{label}.json"
 
-    def heir_of(self, a: Producer) -> Producer:
-        """B, resuming a copy of the checkpoint A stored, run to its end."""
+    def heir_of(self, a: Producer, *extra: str) -> Producer:
+        """B, resuming a copy of the checkpoint A stored, run to its end; ``extra`` repeats the
+        options of A that shape its records (a resume is refused without them)."""
         shutil.copy(a.state, self.state("b"))
-        b = self.start("b")
+        b = self.start("b", *extra)
         assert b.wait() == 0, b.tail()
         return b
 
@@ -216,7 +217,8 @@ def test_zombie_woken_after_its_checkpoint_was_resumed_appends_nothing_twice(
 def test_zombie_stopped_at_any_point_and_woken_past_its_rollover(relay: Relay, spark: Any) -> None:
     """A is stopped from outside wherever it is (records in flight or acknowledged past its
     checkpoint); B resumes A's last stored checkpoint; the outcome must not depend on where."""
-    a = relay.start("a", "--rate", "10", "--checkpoint-every", "3")
+    rate = ("--rate", "10")
+    a = relay.start("a", *rate, "--checkpoint-every", "3")
     deadline = time.monotonic() + 120
     while not (a.state.exists() and a.state_data()["next_i"] >= 6):
         assert a.proc.poll() is None, a.tail()
@@ -227,7 +229,7 @@ def test_zombie_stopped_at_any_point_and_woken_past_its_rollover(relay: Relay, s
     # At 10 records/s, 14 records were still to go when A stopped: it must roll when woken.
     assert a.state_data()["next_i"] < EVENTS - 5
     checkpoint = a.state_data()["checkpoint"]
-    relay.heir_of(a)
+    relay.heir_of(a, *rate)
     wait_clock_past(checkpoint["expire_ms"] - checkpoint["lifetime_ms"] // 2)
     os.kill(a.proc.pid, signal.SIGCONT)
     assert a.wait() == 3, a.tail()  # fenced: a non-retriable failure

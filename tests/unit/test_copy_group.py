@@ -11,7 +11,7 @@ from typing import Any
 import confluent_kafka
 import pytest
 
-from pidfence.producer import ProducerCheckpoint, ProducerFenced
+from pidfence.producer import BrokerUnavailable, ProducerCheckpoint, ProducerFenced
 from pidfence.producer.copier import CopySpec
 from pidfence.producer.copy_checkpoint import MetadataCodec
 from pidfence.producer.copy_group import CopyGroup, PartitionsNotCopied
@@ -320,6 +320,40 @@ def test_a_refused_commit_keeps_the_task_and_is_made_again_without_a_new_bump(
     assert member.producers[0].log.count("bump") == 2
     assert member.consumer.commits[0][0] == 6
     assert member.consumer.log.index("commit 0 at 6") < member.consumer.log.index("close")
+
+
+def test_a_timed_out_read_of_the_groups_commit_is_tried_again_and_the_task_goes_on() -> None:
+    """A busy coordinator times the read out (a rebalance under load): the partition is opened
+    again ``RETRY_S`` later from the commit, instead of ending the member."""
+    member = Member([("assign", [0]), *([("records", [])] * 20), records(0, range(3))])
+    committed = member.consumer.committed
+    timed_out: list[int] = []
+
+    def time_out_once(tps: list[Any], timeout: float) -> list[Any]:
+        if not timed_out:
+            timed_out.append(tps[0].partition)
+            raise confluent_kafka.KafkaException(
+                confluent_kafka.KafkaError(confluent_kafka.KafkaError._TIMED_OUT)
+            )
+        return committed(tps, timeout)
+
+    member.consumer.committed = time_out_once  # type: ignore[method-assign]
+    member.group.run()
+    assert timed_out == [0] and member.consumer.log[:2] == ["commit 0 at 0", "fetch 0 from 0"]
+    assert member.consumer.commits[0][0] == 3
+
+
+def test_a_read_of_the_groups_commit_refused_for_good_ends_the_member() -> None:
+    member = Member([("assign", [0])])
+
+    def refuse(tps: list[Any], timeout: float) -> list[Any]:
+        raise confluent_kafka.KafkaException(
+            confluent_kafka.KafkaError(confluent_kafka.KafkaError.GROUP_AUTHORIZATION_FAILED)
+        )
+
+    member.consumer.committed = refuse  # type: ignore[method-assign]
+    with pytest.raises(BrokerUnavailable, match="reading the group's commit"):
+        member.group.run()
 
 
 def test_a_member_waits_for_its_first_assignment_and_reports_partitions_it_cannot_open() -> None:

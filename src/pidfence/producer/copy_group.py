@@ -14,8 +14,9 @@ machine continues it. The consumer's rebalance callbacks move the tasks:
 
 A task whose bump fails (another owner fenced it) or whose records Kafka did not acknowledge is
 dropped without a commit and, while the partition is still assigned here, opened again from the
-group's commit ``RETRY_S`` later; the other tasks go on. A commit the group refuses (a rebalance
-under way) is made at the next checkpoint.
+group's commit ``RETRY_S`` later; the other tasks go on. So is a task whose group commit could not
+be read in time (a member woken from a pause, rejoining while the coordinator rebalances). A
+commit the group refuses (a rebalance under way) is made at the next checkpoint.
 """
 
 from __future__ import annotations
@@ -77,6 +78,15 @@ _TASK_ERRORS = (
     LeaseExpired,
     CommitFailed,
 )
+
+
+def _transient(exc: confluent_kafka.KafkaException) -> bool:
+    """A Kafka error a later try can get past (a busy coordinator timing out a read); the
+    partition is opened again later, and a member that never gets past it says so at idle."""
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, confluent_kafka.KafkaError):
+        return False
+    return bool(error.retriable()) or error.code() == confluent_kafka.KafkaError._TIMED_OUT
 
 
 class CopyGroup:
@@ -289,14 +299,14 @@ class CopyGroup:
                 partition, spec.to_topic, state, start, self._open_producer, self._store
             )
         except confluent_kafka.KafkaException as exc:
-            raise BrokerUnavailable(
+            error = BrokerUnavailable(
                 f"reading the group's commit of {spec.from_topic}[{partition}] failed ({exc})"
-            ) from exc
+            )
+            if not _transient(exc):
+                raise error from exc
+            return self._open_later(partition, error)
         except _TASK_ERRORS as exc:
-            log.warning("partition %d not opened (%s); trying again soon", partition, exc)
-            self._retry[partition] = self._clock() + RETRY_S
-            self._why[partition] = exc
-            return False
+            return self._open_later(partition, exc)
         self._resumed |= state is not None
         self.tasks[partition] = task
         self._retry.pop(partition, None)
@@ -306,6 +316,13 @@ class CopyGroup:
         )
         log.info("copying %s[%d] from offset %d", spec.from_topic, partition, task.offset)
         return True
+
+    def _open_later(self, partition: int, error: Exception) -> bool:
+        """Schedule another try at opening ``partition``; False (not opened)."""
+        log.warning("partition %d not opened (%s); trying again soon", partition, error)
+        self._retry[partition] = self._clock() + RETRY_S
+        self._why[partition] = error
+        return False
 
     def _reopen_due(self, consumer: Any) -> None:
         now = self._clock()
