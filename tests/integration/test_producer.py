@@ -380,7 +380,14 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
         shutil.copyfile(state_a, state_b)
         taken_over_at = _state_next_i(state_b)
         heir = run_cli(
-            "produce", *common, "--count", str(taken_over_at + 40), "--state", str(state_b)
+            "produce",
+            *common,
+            "--count",
+            str(taken_over_at + 40),
+            "--rate",
+            "400",  # a resume must repeat the options that shaped its records
+            "--state",
+            str(state_b),
         )
         assert heir.returncode == 0, heir.stderr
         # Let the zombie write on: every record it sends now carries the fenced generation.
