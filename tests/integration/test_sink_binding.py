@@ -350,10 +350,12 @@ def test_a_late_sink_adopts_a_signed_producer_at_its_first_restamped_record(
     new_topic: Any,
     lease_client: LeaseClient,
     lease_pki: LeasePki,
+    signing_server: Any,
 ) -> None:
     """Issue 26 with signing on: retention trimmed the head (and the producer's first ``pfc``)
     before the sink first read the partition. The producer's clock is stepped over its
-    ``restamp_ms`` (1 s, the default) so where the re-stamp falls does not depend on load."""
+    ``restamp_ms`` (1 s, the default) so where the re-stamp falls does not depend on load.
+    The lease server vouches for the pid (issue 35: without one the sink adopts nothing)."""
     topic = new_topic(partitions=1)
     now = [int(time.time() * 1000)]
     config = ProducerConfig(kafka.bootstrap)
@@ -371,7 +373,10 @@ def test_a_late_sink_adopts_a_signed_producer_at_its_first_restamped_record(
         delete_records_before(kafka.bootstrap, topic, 50)
 
         out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-        options = {"leasePublicKey": str(lease_pki.public_key)}
+        options = {
+            "leasePublicKey": str(lease_pki.public_key),
+            "leaseServer": signing_server.address,
+        }
         run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt), sink_options=options)
         log = read_log(str(out))
         assert values(log) == [f"e{i}" for i in range(120, 150)]
