@@ -22,6 +22,7 @@ from pidfence.pid_allocator import LeaseClient, LeaseServerThread
 from pidfence.producer import IdempotentProducer, ProducerConfig, ProducerFenced
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.copy_task import CopyTask, task_opener
+from pidfence.spark_sink import read_log, read_rejects, run_sink
 from pidfence.testing import FaultKind, FaultPlan, drive, install_mutation, step
 from pidfence.wire import Verdict
 from tests.integration.test_producer import Record, read_topic, replay, run_cli
@@ -212,6 +213,43 @@ def _race(
     owner.checkpoint()
     assert_exact(kafka.bootstrap, source, target)
     return went_through
+
+
+def test_a_takeover_that_recopies_across_two_checkpoints_loses_nothing(
+    kafka: Any,
+    new_topic: Callable[..., str],
+    copy_kit: Callable[[Commits, str], CopyTask],
+    spark: Any,
+    tmp_path: Path,
+) -> None:
+    """The owner copied far past its last commit, then died (SIGKILL: no commit). The next owner
+    re-copies those records across two of its checkpoints, and the sink drops every one as a
+    ``DUPLICATE``, which moves no generation. Each checkpoint bumps, so its first new record is
+    two generations ahead of what the sink holds unless each bump FENCEs its generation: without
+    that (issue 44's chaos failure) it is ``INVALID_GENERATION``, and so is every record after
+    it, which the owner goes on committing: those events are lost."""
+    source, target = new_topic(), new_topic()
+    records = [Consumed(source, r) for r in _fill(kafka.bootstrap, source, 200)]
+    commits = Commits()
+    first = copy_kit(commits, target)
+    for msg in records[:50]:
+        first.copy(msg)
+    first.checkpoint()
+    for msg in records[50:170]:
+        first.copy(msg)
+    first.producer.flush(30)  # in Kafka, then SIGKILLed before its next checkpoint
+    owner = copy_kit(commits, target)  # the group's next owner: resume, FENCE, commit
+    for msg in records[owner.offset :]:
+        owner.copy(msg)
+        if owner.pending == 50:
+            owner.checkpoint()
+    owner.checkpoint()
+    out = tmp_path / "out"
+    run_sink(spark, kafka.bootstrap, target, str(out), str(tmp_path / "ckpt"))
+    log = read_log(str(out)).sort_by("log_offset")
+    verdicts = Counter(str(v) for v in read_rejects(str(out)).column("verdict").to_pylist())
+    assert log.column("value").to_pylist() == [r.value for r in records], verdicts
+    assert set(verdicts) == {"DUPLICATE", "FENCE"}, verdicts
 
 
 def _at(committed: tuple[int, ProducerCheckpoint] | None) -> Commits:

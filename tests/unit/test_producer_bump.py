@@ -22,8 +22,29 @@ def test_a_bump_moves_the_generation_and_keeps_the_seqs(rig: SharedRig) -> None:
     after = producer.bump()
     assert (after.pid, after.generation) == (before.pid, before.generation + 1)
     assert after.next_seq == before.next_seq and producer.state is LeaseState.LEASED
-    send(producer, 6, 12)  # under the new generation, no FENCE needed: the rules accept g + 1
+    send(producer, 6, 12)  # under the new generation
     exactly_once(rig, 12)
+
+
+def test_generations_whose_records_were_all_duplicates_still_reach_the_rules(
+    rig: SharedRig,
+) -> None:
+    """A resumer re-sends what its predecessor got in after the checkpoint: the rules drop the
+    re-sends as ``DUPLICATE``, which moves no generation. Two bumps over such re-sends would put
+    the next new record two generations ahead (``INVALID_GENERATION``, lost) were each bump not
+    FENCEd on every partition the pid wrote."""
+    first = rig.producer()
+    send(first, 0, 3)
+    checkpoint = first.checkpoint()
+    send(first, 3, 12)  # in Kafka, then the owner dies before its next checkpoint
+    resumed = rig.resume(checkpoint)
+    for start in (3, 6):
+        send(resumed, start, start + 3)  # re-sends: DUPLICATE on every partition
+        resumed.bump()
+    send(resumed, 9, 15)  # three re-sends, then new records
+    exactly_once(rig, 15)
+    fences = [m for m in rig.log if dict(m.headers())["pf"][-1] == FLAG_FENCE]
+    assert len(fences) == 3 * 3  # the resume's, then one per partition at each bump
 
 
 def test_a_bump_is_refused_once_another_owner_moved_the_pid_and_nothing_more_is_sent(

@@ -9,12 +9,15 @@ partition changes hands, or two members both think they hold it:
   FENCE the output partition, recovery scan) or lease a fresh pid, then commit before any data:
   a pid nobody committed could not be fenced by the next owner.
 * **Checkpoint**: flush, then :meth:`~pidfence.producer.IdempotentProducer.bump` (a
-  compare-and-set on the generation the records went out under), then commit the checkpoint of
-  that generation. The bump succeeds only if nobody bumped the pid since this task's last bump,
-  resume or roll, so none of the records the commit covers can have been ``FENCED`` by another
-  owner. If it fails, nothing is committed and the task is dropped; the records are copied
-  again from the last commit. (The lease server is then one generation ahead of the commit;
-  the next owner's resume probes past it and FENCEs from the committed one up.)
+  compare-and-set on the generation the records went out under, then a FENCE of the new one),
+  then commit the checkpoint of that generation. The bump succeeds only if nobody bumped the pid
+  since this task's last bump, resume or roll, so none of the records the commit covers can have
+  been ``FENCED`` by another owner. If it fails, nothing is committed and the task is dropped;
+  the records are copied again from the last commit. (The lease server is then one generation
+  ahead of the commit; the next owner's resume probes past it and FENCEs from the committed one
+  up.) The FENCE makes every generation land on the output partition even when all its records
+  are re-copies the sink drops as ``DUPLICATE`` (which move nothing): without it, the next
+  generation's data would be two ahead of the sink, ``INVALID_GENERATION``, and lost.
 * **Roll over**: a roll is itself a compare-and-set; its successor is committed with the
   offset of the record about to be sent.
 """

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 SaveCheckpoint = Callable[[ProducerCheckpoint], None]
 #: Extra headers of a record, as ``produce`` takes them.
 Headers = Sequence[tuple[str, bytes | str | None]]
+#: How long a bump waits for its FENCE records' acknowledgements.
+BUMP_FENCE_TIMEOUT_S = 60.0
 
 
 class ProducerOptions(TypedDict, total=False):
@@ -160,7 +162,8 @@ class SessionDriver:
             raise ProducerConfigError(f"lease_public_keys: {exc}") from None
 
     def bump(self) -> ProducerCheckpoint:
-        """Bump the live pid's generation (:meth:`pidfence.producer.IdempotentProducer.bump`)."""
+        """Bump the live pid's generation, then FENCE its partitions at the new one
+        (:meth:`pidfence.producer.IdempotentProducer.bump`)."""
         self._sender.require_idle()
         session = self._session
         try:
@@ -168,7 +171,17 @@ class SessionDriver:
         except ProducerFenced:
             session.refused()
             raise
-        return session.bumped(bumped, self._clock())
+        session.bumped(bumped, self._clock())
+        self.announce(bumped)
+        return session.checkpoint(self._clock())
+
+    def announce(self, bumped: Sequencer) -> None:
+        """FENCE every partition ``bumped`` wrote or fenced at its generation, acknowledged
+        before any data. The rules move ``gE`` one generation at a time and only on records
+        that land: data re-sent under a generation may all be ``DUPLICATE``, and the data of the
+        next one would then be ``INVALID_GENERATION``; a FENCE always lands."""
+        fences = self._session.fences(bumped.generation, bumped.fenced)
+        self._sender.send_fences(fences, BUMP_FENCE_TIMEOUT_S)
 
     def roll(self, save: SaveCheckpoint | None) -> ProducerCheckpoint:
         """Drain, roll through the lease server, hand over, then ``save`` the successor's

@@ -196,7 +196,7 @@ class IdempotentProducer:
             return self._driver.roll(save if save is not None else self.on_roll)
 
     def bump(self) -> ProducerCheckpoint:
-        """Move to a new generation of the same pid; returns the checkpoint to store.
+        """Move to a new generation of the same pid, FENCEd where it wrote; returns the checkpoint.
 
         A compare-and-set on the current generation at the lease server: it succeeds only if
         nobody bumped or rolled the pid since this producer's lease, resume, roll or last bump,
@@ -208,6 +208,7 @@ class IdempotentProducer:
             ProducerFenced: another owner moved the pid on: records sent since the last bump may
                 be ``FENCED``; store nothing, resume from the last stored checkpoint.
             LeaseServerDown: no lease server answered (retriable; nothing changed).
+            DeliveryFailed / BrokerUnavailable: a FENCE was not acknowledged (bumped).
         """
         with self._lock.held():  # no record handed over between the idle check and the bump
             return self._driver.bump()

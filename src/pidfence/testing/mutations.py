@@ -15,6 +15,9 @@ and asserts that the proof fails.
 * ``copy-commit-without-bump``: :meth:`~pidfence.producer.IdempotentProducer.bump` returns the
   checkpoint without asking the lease server, so a copy group member commits records another
   owner's takeover had fenced: those events are lost.
+* ``bump-without-fence``: :meth:`~pidfence.producer.IdempotentProducer.bump` writes no FENCE,
+  so a generation whose records were all re-sends (``DUPLICATE``) never reaches the sink, and a
+  copy task's records two bumps later are ``INVALID_GENERATION``: lost.
 * ``producer-without-lock``: ``IdempotentProducer``'s lock does nothing, so threads sharing a
   producer take, stamp and hand over seqs unguarded (the producer before issue 42): two records
   get one (pid, generation, seq) and the sink keeps only the first.
@@ -127,6 +130,12 @@ def _copy_commit_without_bump() -> None:
     IdempotentProducer.bump = unchecked_bump  # type: ignore[method-assign]
 
 
+def _bump_without_fence() -> None:
+    from pidfence.producer.driver import SessionDriver
+
+    SessionDriver.announce = lambda self, bumped: None  # type: ignore[method-assign]
+
+
 class _NoLock:
     """A lock that never waits: a queue whose token is always there."""
 
@@ -153,6 +162,7 @@ MUTATIONS: dict[str, Callable[[], None]] = {
     "resend-new-seq-on-timeout": _resend_new_seq_on_timeout,
     "lease-share-per-connection": _lease_share_per_connection,
     "copy-commit-without-bump": _copy_commit_without_bump,
+    "bump-without-fence": _bump_without_fence,
     "producer-without-lock": _producer_without_lock,
 }
 
