@@ -52,10 +52,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-# Run as a script, bench/ comes first on sys.path, where copy.py would shadow the standard copy.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    del sys.path[0]
-
 PARTITIONS = 4
 VALUE_SIZE = 100
 LINGER_MS = 5

@@ -1,4 +1,4 @@
-"""``pidfence bench copy``: copier group throughput with 1, 2 and 3 members, and takeover time.
+"""``pidfence bench copier``: copier group throughput with 1, 2 and 3 members, and takeover time.
 
 One ZooKeeper, one Kafka broker and one lease server are started for the run. The input topic
 has ``PARTITIONS`` partitions (6: an even share for 1, 2 and 3 members) filled with 100-byte
@@ -158,9 +158,9 @@ def _first_after(bootstrap: str, topic: str, since_ms: int) -> dict[int, int]:
             msg = reader.poll(1.0)
             if msg is None or msg.error() is not None or not msg.value():
                 continue  # nothing yet, or a FENCE (empty value)
-            stamp = msg.timestamp()[1]
-            if stamp >= since_ms:
-                found.setdefault(msg.partition(), stamp)
+            stamp, partition = msg.timestamp()[1], msg.partition()
+            if partition is not None and stamp >= since_ms:
+                found.setdefault(partition, stamp)
         return found
     finally:
         reader.close()

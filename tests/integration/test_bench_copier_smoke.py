@@ -1,6 +1,6 @@
-"""`pidfence bench copy` on tiny sizes: every row is measured and written (never how fast).
+"""`pidfence bench copier` on tiny sizes: every row is measured and written (never how fast).
 
-It runs as ``pidfence bench copy --quick --bench-dir COPY`` in a subprocess, like a real run (its
+It runs as ``pidfence bench copier --quick --bench-dir COPY`` in a subprocess, like a real run (its
 own ZooKeeper, Kafka and lease server, members as processes).
 """
 
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def test_copy_bench_measures_one_to_three_members_and_both_takeovers(tmp_path: Path) -> None:
-    written = run_quick_bench("copy", tmp_path, 500, timeout=540)
+    written = run_quick_bench("copier", tmp_path, 500, timeout=540)
     rows = {row["contender"]: row for row in written["rows"]}
     members = ["1 member", "2 members", "3 members"]
     assert all(rows[name]["records"] == 3000 and rows[name]["msgs_per_s"] > 0 for name in members)
