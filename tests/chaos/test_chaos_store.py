@@ -154,7 +154,9 @@ def store_run(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> StoreRun:
-    """A pipeline on a store of the test's own; round one of the events is in the topic."""
+    """A pipeline on a store of the test's own; round one of the events is in the topic. The
+    sinks run in the test's folder (their logs' folder must not land in the checkout)."""
+    monkeypatch.chdir(tmp_path)
     env = own_s3_store.environment()
     for key, value in env.items():
         monkeypatch.setenv(key, value)
