@@ -90,6 +90,8 @@ class Mode:
     driver_memory: str = "6g"
     worker_memory: str = "4g"
     executor_memory: str = "3500m"
+    #: "s3": outputs and checkpoints on an S3 store (SeaweedFS) the bench starts.
+    store: str | None = None
 
     @property
     def standalone(self) -> bool:
@@ -99,7 +101,8 @@ class Mode:
 
 LOCAL = Mode("local", partitions=4)
 STANDALONE64 = Mode("standalone64", partitions=64, standalone_workers=2)
-MODES = {m.name: m for m in (LOCAL, STANDALONE64)}
+S3 = Mode("s3", partitions=4, store="s3")
+MODES = {m.name: m for m in (LOCAL, STANDALONE64, S3)}
 
 
 def _env_int(name: str, default: int) -> int:
@@ -493,10 +496,11 @@ def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -
 # --- the run -------------------------------------------------------------------------------
 
 
-def _start_spark(mode: Mode, cluster: Any) -> Any:
+def _start_spark(mode: Mode, cluster: Any, bucket: str | None = None) -> Any:
     from pidfence.services import spark_session
+    from pidfence.spark_sink.object_store import session_conf
 
-    conf = {"spark.driver.memory": mode.driver_memory}
+    conf = {"spark.driver.memory": mode.driver_memory, **session_conf([bucket or ""])}
     jars = _delta_spark_jars()
     if jars:
         from pidfence.services.spark import connector_jars
@@ -611,6 +615,7 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
     work = Path(tempfile.mkdtemp(prefix="pidfence-bench-sink-"))
     kafka = KafkaCluster(1, heap="768m").start()
     cluster: Any = None
+    store, bucket = _start_store(mode, work)
     load_rounds: list[str] = []
     try:
         public_key, sign = _signer(work / "keys")
@@ -635,7 +640,7 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
                 worker_memory=mode.worker_memory,
             ).start()
         progress.update(task, description="starting Spark, warming up")
-        spark = _start_spark(mode, cluster)
+        spark = _start_spark(mode, cluster, bucket)
         register(spark)
         _register_noop(spark)
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(_arrow_batch()))
@@ -647,7 +652,7 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
             warm_of = {w.key: w for w in warmers}
             for w, c in zip(warmers, field_contenders, strict=True):
                 if warm_up:
-                    _attempt(c, _warm, w, spark, str(work / f"warm-{c.key}"))
+                    _attempt(c, _warm, w, spark, _place(work, bucket, c.key, "warm-"))
             for r in range(rounds):
                 # Interleaved rounds, best time kept, order reversed every other round: this
                 # machine is shared and noisy, and whichever query follows (b) runs ~7 s slower
@@ -663,11 +668,11 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
                     # Warm again right before: Spark ends Python workers idle for a minute, so
                     # a Python sink measured after (b) or (s) would pay fresh workers.
                     if warm_up:
-                        rewarm = str(work / f"rewarm-{c.key}{r}")
+                        rewarm = _place(work, bucket, c.key, "rewarm-", r)
                         _attempt(c, _warm, warm_of[c.key], spark, rewarm)
                         shutil.rmtree(rewarm, ignore_errors=True)
                         shutil.rmtree(f"{rewarm}-ckpt", ignore_errors=True)
-                    out = str(work / f"{c.key}{r}")
+                    out = _place(work, bucket, c.key, "", r)
                     _attempt(c, _measure, c, spark, out)
                     shutil.rmtree(out, ignore_errors=True)
                     shutil.rmtree(f"{out}-ckpt", ignore_errors=True)
@@ -678,11 +683,33 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
     finally:
         if cluster is not None:
             cluster.stop()
+        if store is not None:
+            store.stop()
         kafka.stop()
         shutil.rmtree(work, ignore_errors=True)
     load_end = load_average()
     return _report(mode, n, rounds, per_trigger, warmup, fill_s, sent, field_contenders,
                    (load_start, load_rounds, load_end))  # fmt: skip
+
+
+def _start_store(mode: Mode, work: Path) -> tuple[Any, str | None]:
+    """In the s3 mode: a SeaweedFS store in ``work``, its AWS environment set in this process
+    (Spark's S3A, pyarrow and delta-rs read it there), and its bucket's URI."""
+    if mode.store != "s3":
+        return None, None
+    from pidfence.services.seaweedfs import SeaweedFS
+
+    store = SeaweedFS(work / "s3").start()
+    os.environ.update(store.environment())
+    return store, store.make_bucket("bench")
+
+
+def _place(work: Path, bucket: str | None, key: str, prefix: str, r: int | str = "") -> str:
+    """Where a query writes: the store's bucket in the s3 mode (the no-op writer, which only
+    counts rows into local files, stays local; the store is thrown away at the end, so the
+    local ``rmtree`` after each query is a no-op there), else the work folder."""
+    name = f"{prefix}{key}{r}"
+    return str(work / name) if bucket is None or key == "noop" else f"{bucket}/{name}"
 
 
 def _report(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from pidfence.testing import (
     step,
 )
 from pidfence.testing.network import LinkFaults
-from pidfence.testing.sink_faults import kill_group
+from pidfence.testing.sink_faults import HELD, RELEASE, kill_group
 from pidfence.testing.spark_python import python_wrapper
 
 
@@ -59,6 +60,26 @@ def test_a_crash_needs_a_known_point_and_a_group() -> None:
         SinkFaults(crash_at="after_write")
     given = SinkFaults(crash_at="after_write", group=123, fail_first_attempt=True)
     assert SinkFaults.from_json(given.to_json()) == given
+
+
+def test_a_hold_keeps_the_first_arrival_until_released_and_lets_later_ones_pass(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(BadSinkFault, match="folder"):
+        SinkFaults(hold_at="before_manifest")
+    given = SinkFaults(hold_at="before_manifest", hold_dir=str(tmp_path))
+    assert SinkFaults.from_json(given.to_json()) == given
+    given.install()
+    first = threading.Thread(target=crash_points.crash_point, args=("before_manifest",))
+    first.start()
+    while not (tmp_path / HELD).exists():
+        first.join(0.01)
+    crash_points.crash_point("before_manifest")  # a later arrival passes
+    crash_points.crash_point("after_manifest")
+    assert first.is_alive()
+    (tmp_path / RELEASE).touch()
+    first.join(5)
+    assert not first.is_alive()
 
 
 def test_a_crash_never_fires_outside_the_sinks_group_or_session() -> None:

@@ -194,3 +194,12 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path: Path, make: object, me
 def test_missing_required_option_is_a_usage_error(tmp_path: Path) -> None:
     code, _ = invoke("--output", str(tmp_path))
     assert code == 2
+
+
+def test_verify_refuses_a_malformed_storage_option_as_a_usage_error(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("")
+    args = ["verify", "--ledger", str(ledger), "--output", "s3://lake/out"]
+    result = CliRunner().invoke(app, [*args, "--storage-option", "region"])
+    assert result.exit_code == 2, result.output
+    assert "AWS_REGION=eu-west-1" in result.output

@@ -18,10 +18,16 @@ def register(app: typer.Typer) -> None:
         bench_dir: Annotated[
             Path | None, typer.Option(help="Folder holding the benchmarks (default: ./bench)")
         ] = None,
+        store: Annotated[
+            str | None,
+            typer.Option(help="Run bench/NAME_STORE.py: e.g. `sink --store s3` writes to S3"),
+        ] = None,
     ) -> None:
         """Run a benchmark, print its table and write bench/results/NAME.json."""
         from pidfence.benchkit import BenchNotFound, run_bench
 
+        if store is not None:
+            name = f"{name}_{store}"
         try:
             run_bench(name, quick=quick, bench_dir=bench_dir)
         except BenchNotFound as exc:

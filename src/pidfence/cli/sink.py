@@ -32,6 +32,7 @@ from pidfence.cli.exits import (
 )
 from pidfence.cli.extras import require
 from pidfence.cli.keys import key_paths
+from pidfence.cli.storage import StorageOption, apply_storage_options
 
 
 class StartingOffsets(StrEnum):
@@ -158,15 +159,7 @@ def register(app: typer.Typer) -> None:
         verbose: Annotated[
             bool, typer.Option("--verbose", help="Show Spark's and the JVM's log on the console")
         ] = False,
-        storage_option: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--storage-option",
-                help="KEY=VALUE for an s3:// output or checkpoint (repeatable): an AWS_* "
-                "variable (beside the AWS environment the store is read from) or a Spark S3A "
-                "setting (fs.s3a.*)",
-            ),
-        ] = None,
+        storage_option: StorageOption = None,
         jars: Annotated[
             Path | None,
             typer.Option(
@@ -222,8 +215,7 @@ def register(app: typer.Typer) -> None:
         sink_options = {k: v for k, v in flags.items() if v is not None}
         topics = [t.strip() for t in topic.split(",") if t.strip()]
         with exit_cleanly("sink"):
-            stores = object_store.storage_options(storage_option or [])
-            object_store.apply(stores)
+            stores = apply_storage_options(storage_option)
             options = SinkOptions.parse({"path": output, **sink_options})
             options.certificates()  # the key files load (a usage error otherwise)
             options.record_macs()
@@ -313,6 +305,7 @@ def _register_care(group: typer.Typer) -> None:
         target_size: Annotated[
             int | None, typer.Option(min=1, help="Target file size in bytes (default ~100 MB)")
         ] = None,
+        storage_option: StorageOption = None,
     ) -> None:
         """Rewrite the small files of committed batches into big ones (log and rejects tables).
 
@@ -323,6 +316,7 @@ def _register_care(group: typer.Typer) -> None:
         from pidfence.spark_sink.delta import care
 
         with exit_cleanly("sink compact"):
+            apply_storage_options(storage_option)
             for kind, where in care.tables_of(path, rejects_path):
                 metrics = care.compact(where, kind, target_size=target_size)
                 typer.echo(
@@ -345,6 +339,7 @@ def _register_care(group: typer.Typer) -> None:
             ),
         ] = False,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list")] = False,
+        storage_option: StorageOption = None,
     ) -> None:
         """Delete files the log and rejects tables no longer need (after compaction).
 
@@ -357,6 +352,7 @@ def _register_care(group: typer.Typer) -> None:
         from pidfence.spark_sink.delta import care
 
         with exit_cleanly("sink vacuum"):
+            apply_storage_options(storage_option)
             for kind, where in care.tables_of(path, rejects_path):
                 try:
                     gone = care.vacuum(

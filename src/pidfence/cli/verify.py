@@ -11,6 +11,7 @@ import typer
 
 from pidfence.cli.exits import EXIT_ANOMALIES, EXIT_OK, exit_cleanly
 from pidfence.cli.extras import require
+from pidfence.cli.storage import StorageOption, apply_storage_options
 
 
 def register(app: typer.Typer) -> None:
@@ -31,6 +32,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[
             bool, typer.Option("--json", help="Print the report as JSON instead of a table")
         ] = False,
+        storage_option: StorageOption = None,
     ) -> None:
         """Compare the send ledger with the output log; exit 0 only when no anomaly is found.
 
@@ -41,6 +43,8 @@ def register(app: typer.Typer) -> None:
         counted for information (foreign, deleted), never as anomalies.
         """
         require("verify", "verify")
+        with exit_cleanly("verify"):
+            apply_storage_options(storage_option)
         code = run_verify(ledger, output, rejects, as_json)
         raise typer.Exit(code)
 

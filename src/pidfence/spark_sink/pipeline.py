@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -230,6 +231,15 @@ def _start(
     return query, claim
 
 
+def _release(claim: OutputClaim) -> None:
+    """Give the output up; a store that does not answer leaves the claim to lapse instead, so
+    the failure that ended the run (often that same store) is the one reported."""
+    try:
+        claim.release()
+    except OSError as exc:
+        log.warning("the claim on the output was not released (it lapses): %s", exc)
+
+
 def run_sink(
     spark: Any,
     bootstrap: str,
@@ -250,7 +260,7 @@ def run_sink(
     except Exception as exc:
         raise failure_of(claim.fenced or exc) from exc
     finally:
-        claim.release()
+        _release(claim)
     if claim.fenced is not None:
         raise claim.fenced
     return summarise(output, after=before, epoch=claim.epoch)
@@ -410,13 +420,14 @@ def serve(
             for line in watcher.poll(query):
                 on_batch(line)
     except Exception as exc:  # Spark's exception: raise the sink's cause found in it
-        for line in watcher.poll(query, final=True):
-            on_batch(line)
+        with contextlib.suppress(OSError):  # the store may be what failed: report the cause
+            for line in watcher.poll(query, final=True):
+                on_batch(line)
         raise failure_of(claim.fenced or exc) from exc
     finally:
         if query.isActive:
             query.stop()
-        claim.release()
+        _release(claim)
     for line in watcher.poll(query, final=True):
         on_batch(line)
     if claim.fenced is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 #: The module's command line, for building argv in tests and scripts.
 RUN = (sys.executable, "-m", "pidfence.testing.run")
@@ -18,6 +19,7 @@ def run_argv(
     crash_at: str | None = None,
     fail_first_attempt: bool = False,
     mutations: Sequence[str] = (),
+    hold_at: tuple[str, Path] | None = None,
 ) -> list[str]:
     """The argv that runs ``pidfence PIDFENCE_ARGS`` with these faults installed.
 
@@ -28,6 +30,8 @@ def run_argv(
         crash_at: a sink crash point.
         fail_first_attempt: fail every sink task's first attempt.
         mutations: names of :data:`pidfence.testing.mutations.MUTATIONS` to install.
+        hold_at: ``(point, folder)``: hold the sink at a crash point until the test releases it
+            (:func:`pidfence.testing.sink_faults.hold`).
     """
     args = list(pidfence_args)
     if args[:2] == [sys.executable, "-c"]:
@@ -39,4 +43,6 @@ def run_argv(
         argv.append("--fail-first-attempt")
     for name in mutations:
         argv += ["--mutation", name]
+    if hold_at is not None:
+        argv += ["--hold-at", hold_at[0], "--hold-dir", str(hold_at[1])]
     return [*argv, "--", *args]

@@ -5,6 +5,8 @@ Installs what the options ask for in this process, then runs the normal CLI with
 
 * ``--crash-at POINT``: SIGKILL this process's group at a sink crash point (this process becomes
   the leader of a session of its own, if it is not one already);
+* ``--hold-at POINT --hold-dir DIR``: the first process of the sink to reach ``POINT`` waits
+  there until the test releases it (:func:`pidfence.testing.sink_faults.hold`);
 * ``--fail-first-attempt``: every sink task's first attempt fails (Spark retries it);
 * ``--mutation NAME``: a deliberately broken build (:mod:`pidfence.testing.mutations`).
 
@@ -37,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the pidfence CLI with test faults installed.",
     )
     parser.add_argument("--crash-at", choices=POINTS, help="SIGKILL the sink at this point")
+    parser.add_argument("--hold-at", choices=POINTS, help="wait at this point until released")
+    parser.add_argument("--hold-dir", help="the folder where the test releases a hold")
     parser.add_argument("--fail-first-attempt", action="store_true")
     parser.add_argument("--mutation", action="append", default=[], choices=sorted(MUTATIONS))
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then pidfence's arguments")
@@ -61,7 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     if args[:1] == ["--"]:
         args = args[1:]
     group = lead_own_session() if options.crash_at else None
-    faults = SinkFaults(options.crash_at, group, options.fail_first_attempt)
+    hold_dir = options.hold_dir and str(Path(options.hold_dir).resolve())
+    faults = SinkFaults(
+        options.crash_at, group, options.fail_first_attempt, options.hold_at, hold_dir
+    )
     if faults.active:
         faults.install()
         _sweep_folders_of_dead_runs()

@@ -1,4 +1,5 @@
-"""The sink's fault hook: SIGKILL the sink's process group at a crash point, fail a task attempt.
+"""The sink's fault hook: SIGKILL the sink's process group at a crash point, hold the sink at a
+point while a test breaks something else (the store, the network), fail a task attempt.
 
 :class:`SinkFaults` says what to do; :meth:`SinkFaults.install` puts its hook into
 :mod:`pidfence.spark_sink.crash_points` in this process. The sink's executors and its commit
@@ -15,7 +16,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from pidfence.spark_sink import crash_points
 from pidfence.spark_sink.errors import InjectedFault
@@ -36,24 +39,31 @@ class SinkFaults:
         group: the process group (the driver's pid when it leads its session) that dies.
         fail_first_attempt: every task's first attempt raises :class:`InjectedFault` at
             ``task_start`` (Spark retries it; run with a master such as ``local[2,3]``).
+        hold_at: the first process to reach this point waits there (:func:`hold`), in
+            ``hold_dir``, until the test releases it.
+        hold_dir: the folder of that rendezvous.
     """
 
     crash_at: str | None = None
     group: int | None = None
     fail_first_attempt: bool = False
+    hold_at: str | None = None
+    hold_dir: str | None = None
 
     def __post_init__(self) -> None:
-        if self.crash_at is not None:
-            if self.crash_at not in crash_points.POINTS:
+        for point in (self.crash_at, self.hold_at):
+            if point is not None and point not in crash_points.POINTS:
                 points = ", ".join(crash_points.POINTS)
-                raise BadSinkFault(f"unknown crash point {self.crash_at!r}: use one of {points}")
-            if self.group is None or self.group <= 0:
-                raise BadSinkFault(f"crash at {self.crash_at} needs the sink's process group")
+                raise BadSinkFault(f"unknown crash point {point!r}: use one of {points}")
+        if self.crash_at is not None and (self.group is None or self.group <= 0):
+            raise BadSinkFault(f"crash at {self.crash_at} needs the sink's process group")
+        if self.hold_at is not None and self.hold_dir is None:
+            raise BadSinkFault(f"hold at {self.hold_at} needs a folder to meet the test in")
 
     @property
     def active(self) -> bool:
         """True when the hook does anything."""
-        return self.crash_at is not None or self.fail_first_attempt
+        return self.crash_at is not None or self.fail_first_attempt or self.hold_at is not None
 
     def hook(self, point: str, attempt: int) -> None:
         """The hook installed into :mod:`pidfence.spark_sink.crash_points`."""
@@ -61,6 +71,8 @@ class SinkFaults:
             raise InjectedFault(f"injected failure of task attempt {attempt} (a retry passes)")
         if point == self.crash_at and self.group is not None:
             kill_group(self.group)
+        if point == self.hold_at and self.hold_dir is not None:
+            hold(Path(self.hold_dir))
 
     def install(self) -> None:
         """Install the hook in this process (replacing any other)."""
@@ -78,7 +90,25 @@ class SinkFaults:
             crash_at=data.get("crash_at"),
             group=data.get("group"),
             fail_first_attempt=bool(data.get("fail_first_attempt")),
+            hold_at=data.get("hold_at"),
+            hold_dir=data.get("hold_dir"),
         )
+
+
+#: The files of a hold's rendezvous: the sink made ``HELD``, the test makes ``RELEASE``.
+HELD, RELEASE = "held", "release"
+
+
+def hold(folder: Path, poll_s: float = 0.05) -> None:
+    """The first caller (of any process) creates ``folder/held`` and waits until
+    ``folder/release`` exists; later callers pass at once. A test that sees ``held`` knows the
+    sink is at the point, breaks what it wants, then creates ``release``."""
+    try:
+        (folder / HELD).touch(exist_ok=False)
+    except FileExistsError:
+        return
+    while not (folder / RELEASE).exists():
+        time.sleep(poll_s)
 
 
 def kill_group(leader: int) -> None:
