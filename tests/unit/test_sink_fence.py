@@ -109,6 +109,35 @@ def test_the_owner_renews_while_its_query_runs_and_releases_when_it_stops(
     assert json.loads(path.read_text())["released"] is True
 
 
+def test_a_store_that_blips_does_not_end_the_renewals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two renewals fail with the store's OSError; the heartbeat goes on, and the claim is
+    renewed once the store answers again (a dead heartbeat lets a standby take over a live
+    sink)."""
+    store = Store.at(str(tmp_path))
+    owner = claim_output(store, lapse=0.6)
+    assert owner is not None
+    failures = [OSError("store unreachable"), OSError("store unreachable")]
+    put = Store.put
+
+    def blipping_put(self: Store, path: str, data: bytes) -> None:
+        if failures:
+            raise failures.pop()
+        put(self, path, data)
+
+    monkeypatch.setattr(Store, "put", blipping_put)
+    query = _Query()
+    owner.watch(query)
+    path = tmp_path / "_claims" / f"{1:020d}.json"
+    while json.loads(path.read_text())["beat"] < 2:
+        pass
+    assert not failures
+    query.stop()
+    owner.release()
+    assert json.loads(path.read_text())["released"] is True
+
+
 def test_twins_claiming_at_once_one_owns_the_other_waits(tmp_path: Path) -> None:
     store = Store.at(str(tmp_path))
     barrier = threading.Barrier(2)

@@ -17,6 +17,7 @@ stops with :class:`OutputFenced`: exit 3, never 75, since a rerun would only wai
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -29,6 +30,8 @@ from typing import Any, Final
 
 from pidfence.spark_sink.errors import SinkError
 from pidfence.spark_sink.storage import Store, batch_name
+
+log = logging.getLogger(__name__)
 
 #: The claims' folder, under the sink's own folder. Only the two newest claims are kept.
 CLAIMS: Final = "_claims"
@@ -153,10 +156,17 @@ class OutputClaim:
 
         def run() -> None:
             while not self._stop.wait(self.lapse / 6):
-                if not query.isActive:
-                    self.release()
-                    return
-                self.beat()
+                try:
+                    if not query.isActive:
+                        self.release()
+                        return
+                    self.beat()
+                except OSError as exc:
+                    # A store that blips must not end the renewals: the next beat tries again.
+                    # Safety does not rest on them (every commit checks the next epoch first);
+                    # only an outage longer than the lapse lets a standby take over.
+                    log.warning("the claim on the output was not renewed (retrying): %s", exc)
+                    continue
                 if self.fenced is not None:
                     query.stop()
                     return
