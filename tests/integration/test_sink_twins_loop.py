@@ -55,9 +55,13 @@ class SinkProcess:
         return [int(b) for b in re.findall(r"^batch (\d+):", self.text(), re.M)]
 
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
-        """Send ``sig`` to its process group; its exit code."""
+        """SIGTERM the sink (it stops after its batch), or SIGKILL its whole process group (a
+        lost machine); its exit code."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
+            if sig == signal.SIGKILL:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
         return self.proc.wait(LIMIT_S)
 
 
