@@ -430,7 +430,7 @@ class Output:
             manifest = self.committed(batch_id)
             for part in manifest.parts if manifest is not None else ():
                 positions[part.name] = Position(batch_id, part)
-        if last <= self.committed_version():
+        if last <= self.committed_version() and (known is None or last >= known[0]):
             _KNOWN.pop(key, None)
             _KNOWN[key] = (last, dict(positions))
             while len(_KNOWN) > 8:

@@ -230,7 +230,8 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
 def fold(output: Output, last: int, retain: int) -> None:
     """Fold the batches up to ``last - retain`` not folded yet into a segment and delete their
     own files, except those a partition's newest position names (driver, after the commit of
-    ``last``; :mod:`~pidfence.spark_sink.fold`)."""
+    ``last``; :mod:`~pidfence.spark_sink.fold`). Files an earlier fold kept for a partition's
+    position go once the partition moved on (the previous index names them)."""
     own = output.own
     spans = segments(own)
     first = spans[-1][1] + 1 if spans else 0
@@ -238,6 +239,11 @@ def fold(output: Output, last: int, retain: int) -> None:
     if upto < first:
         return
     keep = {n for pos in output.positions(last).values() for n in pos.part.files.named()}
+    before = output.positions(last - INDEX_EVERY).values() if last >= INDEX_EVERY else ()
+    moved = {n for pos in before if pos.batch < first for n in pos.part.files.named()} - keep
+    for rel in (r for r in moved if not r.startswith("data/")):
+        own.delete(own.join(rel))
+        drop_empty_dir(own, own.join(rel.rpartition("/")[0]))
     folded = [m for b in range(first, upto + 1) if (m := output.committed(b)) is not None]
     decided = [
         with_place(rows, m.batch, part)
