@@ -431,10 +431,9 @@ class Output:
             for part in manifest.parts if manifest is not None else ():
                 positions[part.name] = Position(batch_id, part)
         if last <= self.committed_version() and (known is None or last >= known[0]):
-            _KNOWN.pop(key, None)
+            if len(_KNOWN) >= 8 and key not in _KNOWN:
+                _KNOWN.clear()  # a process serves a few outputs at most
             _KNOWN[key] = (last, dict(positions))
-            while len(_KNOWN) > 8:
-                del _KNOWN[next(iter(_KNOWN))]
         return positions
 
     def write_index(self, batch_id: int) -> None:
