@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from pidfence.cli.exits import EXIT_RETRIABLE
 from pidfence.demo.procs import sink_argv
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.output import committed_ids
@@ -82,13 +83,23 @@ class SinkProc:
 def run_cli(
     tmp: Path, name: str, argv: list[str], env: dict[str, str] | None = None
 ) -> tuple[int, str]:
-    """Run the sink to its end; (exit code, output)."""
-    proc = SinkProc(argv, tmp / f"{name}.log", env)
-    try:
-        code = proc.wait()
-    finally:
-        proc.kill()
-    return code, proc.text()
+    """Run the sink to its end; (exit code, output).
+
+    Exit 75 says that running the same command again continues (e.g. Spark's JVM did not start
+    in time on a loaded machine, a Kafka request timed out): the command then runs once more, as
+    a supervisor would, and the output of both runs is returned.
+    """
+    texts: list[str] = []
+    for attempt in range(2):
+        proc = SinkProc(argv, tmp / f"{name}{'.rerun' * attempt}.log", env)
+        try:
+            code = proc.wait()
+        finally:
+            proc.kill()
+        texts.append(proc.text())
+        if code != EXIT_RETRIABLE:
+            break
+    return code, "\n".join(texts)
 
 
 def committed(output: Path, batch: int) -> bool:

@@ -220,6 +220,7 @@ def test_a_restart_reads_the_index_not_every_manifest(
         return committed(self, batch_id)
 
     monkeypatch.setattr(Output, "committed", counted)
+    monkeypatch.setattr(output_mod, "_KNOWN", {})  # a restart: a new process knows nothing
     found = scrape(metrics_of())
     last = len(batches) - 1
     assert total(found, "pidfence_sink_last_batch_id") == last

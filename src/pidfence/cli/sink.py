@@ -338,19 +338,29 @@ def _register_care(group: typer.Typer) -> None:
                 "--full", help="Also delete files no commit added (except uncommitted batches')"
             ),
         ] = False,
+        bookkeeping_age: Annotated[
+            int,
+            typer.Option(
+                min=0, help="Delete unneeded files under PATH/_pidfence once this old (minutes)"
+            ),
+        ] = 60,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list")] = False,
         storage_option: StorageOption = None,
     ) -> None:
-        """Delete files the log and rejects tables no longer need (after compaction).
+        """Delete files the log and rejects tables no longer need (after compaction), and the
+        sink's own files under PATH/_pidfence that no retained batch or running sink reads.
 
-        Never deletes a file of a batch that is not committed yet. A retention below the
-        table's (7 days) breaks readers of older versions and is refused. Exit 3 when PATH is
-        not a pidfence Delta output.
+        Never deletes a file of a batch that is not committed yet, nor one of a sink instance
+        that claimed the output after the vacuum began. A retention below the table's (7 days)
+        breaks readers of older versions and is refused. Safe while the sink runs. Exit 3 when
+        PATH is not a pidfence Delta output.
         """
         from deltalake.exceptions import DeltaError
 
         from pidfence.spark_sink.delta import care
+        from pidfence.spark_sink.sweep import sweep
 
+        verb = "would delete" if dry_run else "deleted"
         with exit_cleanly("sink vacuum"):
             apply_storage_options(storage_option)
             for kind, where in care.tables_of(path, rejects_path):
@@ -360,10 +370,13 @@ def _register_care(group: typer.Typer) -> None:
                     )
                 except DeltaError as exc:  # e.g. a retention below the table's minimum
                     fail("sink vacuum", f"{kind} {where}: {first_line(exc)}", EXIT_USAGE)
-                verb = "would delete" if dry_run else "deleted"
                 typer.echo(f"{kind} {where}: {verb} {len(gone)} files")
                 for rel in gone if dry_run else []:
                     typer.echo(f"  {rel}")
+            swept = sweep(path, bookkeeping_age * 60.0, dry_run)
+            typer.echo(f"bookkeeping {path.rstrip('/')}/_pidfence: {verb} {len(swept)} files")
+            for rel in swept if dry_run else []:
+                typer.echo(f"  {rel}")
 
 
 def _run(

@@ -54,15 +54,7 @@ from pidfence.spark_sink.delta.table import (
     check_table,
 )
 from pidfence.spark_sink.fence import check_epoch, tag_epoch
-from pidfence.spark_sink.fold import (
-    add_segment,
-    drop_empty_dir,
-    folded_decided,
-    folded_manifest,
-    folded_manifests,
-    segments,
-    with_place,
-)
+from pidfence.spark_sink.fold import folded_decided, folded_manifest, folded_manifests
 from pidfence.spark_sink.manifest import (
     KINDS,
     BatchManifest,
@@ -86,6 +78,9 @@ MANIFESTS: Final = "_manifests"
 INDEX: Final = f"{MANIFESTS}/_index"
 #: (log path, rejects path) of the outputs this process opened.
 _OPENED: set[tuple[str, str]] = set()
+#: Per (sink folder, query, log table id): the newest positions this process found, and the
+#: batch they are as of (a Python worker runs the next batch's tasks from them).
+_KNOWN: dict[tuple[str, str, str], tuple[int, dict[str, Position]]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,12 +418,22 @@ class Output:
 
     def positions(self, last: int) -> dict[str, Position]:
         """Per partition (``TOPIC~PART``), the newest committed batch <= ``last`` that read it:
-        the newest index, then at most INDEX_EVERY manifests."""
-        base, positions = self._latest_index(last)
+        the positions this process found last for this output, else the newest index, then at
+        most INDEX_EVERY manifests (committed manifests never change)."""
+        key = (self.own.uri, self.query_id, str(self._table("log", create=False).metadata().id))
+        known = _KNOWN.get(key)
+        if known is not None and known[0] <= last < known[0] + INDEX_EVERY:
+            base, positions = known[0], dict(known[1])
+        else:
+            base, positions = self._latest_index(last)
         for batch_id in range(base + 1, last + 1):
             manifest = self.committed(batch_id)
             for part in manifest.parts if manifest is not None else ():
                 positions[part.name] = Position(batch_id, part)
+        if last <= self.committed_version() and (known is None or last >= known[0]):
+            if len(_KNOWN) >= 8 and key not in _KNOWN:
+                _KNOWN.clear()  # a process serves a few outputs at most
+            _KNOWN[key] = (last, dict(positions))
         return positions
 
     def write_index(self, batch_id: int) -> None:
@@ -440,32 +445,6 @@ class Output:
         self.own.put(self.own.join(INDEX, "latest"), str(batch_id).encode())
         # Readers start at the newest index: two are kept.
         self.own.delete(self._index_path(batch_id - 2 * INDEX_EVERY))
-
-    def fold(self, last: int, retain: int) -> None:
-        """Fold the batches up to ``last - retain`` not folded yet into a segment and delete
-        their own files, except those a partition's newest position names (driver, after the
-        commit of ``last``; :mod:`~pidfence.spark_sink.fold`)."""
-        spans = segments(self.own)
-        first = spans[-1][1] + 1 if spans else 0
-        upto = last - retain
-        if upto < first:
-            return
-        keep = {n for pos in self.positions(last).values() for n in pos.part.files.named()}
-        folded = [m for b in range(first, upto + 1) if (m := self.committed(b)) is not None]
-        decided = [
-            with_place(rows, m.batch, part)
-            for m in folded
-            for part in m.parts
-            if (rows := self.read_decided(m.batch, part)) is not None
-        ]
-        add_segment(self.own, self.epoch, (first, upto), folded, decided)
-        for manifest in folded:
-            for rel in manifest.named() - keep:
-                if not rel.startswith("data/"):
-                    self.own.delete(self.own.join(rel))
-            self.own.delete(self.manifest_path(manifest.batch))
-            for kind in ("held", "decided"):
-                drop_empty_dir(self.own, self.own.join(f"_{kind}", batch_name(manifest.batch)))
 
 
 def open_output(

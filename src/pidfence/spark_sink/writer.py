@@ -25,12 +25,14 @@ from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
 from pidfence.spark_sink.fence import new_tag
 from pidfence.spark_sink.first_batch import check_first_batch
+from pidfence.spark_sink.fold import add_segment, drop_empty_dir, segments, with_place
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import INDEX_EVERY, Output, PartAttempt, open_output
 from pidfence.spark_sink.process import by_partition, process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import load_state, save_state
+from pidfence.spark_sink.storage import batch_name
 from pidfence.wire.mac import RecordMacCheck
 
 #: Query id used when Spark gives none (only outside structured streaming, i.e. in unit tests).
@@ -212,7 +214,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         crash_point("after_manifest")
         if batchId and batchId % INDEX_EVERY == 0:
             output.write_index(batchId)
-            output.fold(batchId, self.options.retain_batches)
+            fold(output, batchId, self.options.retain_batches)
         output.discard(batchId, manifest.named())
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -223,6 +225,40 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         # files it names, so they stay.
         intent = output.intent(batchId)
         output.discard(batchId, set() if intent is None else intent.named())
+
+
+def fold(output: Output, last: int, retain: int) -> None:
+    """Fold the batches up to ``last - retain`` not folded yet into a segment and delete their
+    own files, except those a partition's newest position names (driver, after the commit of
+    ``last``; :mod:`~pidfence.spark_sink.fold`). Files an earlier fold kept for a partition's
+    position go once the partition moved on (the previous index names them)."""
+    own = output.own
+    spans = segments(own)
+    first = spans[-1][1] + 1 if spans else 0
+    upto = last - retain
+    if upto < first:
+        return
+    keep = {n for pos in output.positions(last).values() for n in pos.part.files.named()}
+    before = output.positions(last - INDEX_EVERY).values() if last >= INDEX_EVERY else ()
+    moved = {n for pos in before if pos.batch < first for n in pos.part.files.named()} - keep
+    for rel in (r for r in moved if not r.startswith("data/")):
+        own.delete(own.join(rel))
+        drop_empty_dir(own, own.join(rel.rpartition("/")[0]))
+    folded = [m for b in range(first, upto + 1) if (m := output.committed(b)) is not None]
+    decided = [
+        with_place(rows, m.batch, part)
+        for m in folded
+        for part in m.parts
+        if (rows := output.read_decided(m.batch, part)) is not None
+    ]
+    add_segment(own, output.epoch, (first, upto), folded, decided)
+    for manifest in folded:
+        for rel in manifest.named() - keep:
+            if not rel.startswith("data/"):
+                own.delete(own.join(rel))
+        own.delete(output.manifest_path(manifest.batch))
+        for kind in ("held", "decided"):
+            drop_empty_dir(own, own.join(f"_{kind}", batch_name(manifest.batch)))
 
 
 def _claim(output: Output, query: str) -> None:

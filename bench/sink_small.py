@@ -1,0 +1,154 @@
+"""``pidfence bench sink_small``: a batch's fixed cost, small batches over many partitions.
+
+Issue 45, point 3: with micro-batches of 5,000 records a batch's fixed cost dominates, and it
+grows with partitions (each partition's task loads state, writes files, and a Python worker
+round trip). For 4 and 64 partitions, one raw topic of the shape ``pidfence bench sink`` fills
+(``fill_topic``: 1k producers, 5% resends, ``pf`` headers) is read from the start by each
+contender with the same trigger (available-now, ``maxOffsetsPerTrigger`` 5,000: batches of 5,000
+records) on one ``local[2]`` SparkSession:
+
+(a) Spark's plain Parquet file sink, no deduplication;
+(c) the pidfence sink (broker rules, Delta log and rejects tables, its bookkeeping).
+
+Each batch's time is the query progress's ``triggerExecution``; the first ``WARM`` batches of
+every query are left out (Python workers starting, the first Delta commits). Rounds alternate
+the order (a, c then c, a). Shown per contender: the median and the 90th percentile batch time,
+and the ratio of the medians (goal: pidfence at most 1.2x of (a)). ``PIDFENCE_BENCH_BATCHES``
+overrides the measured batches per query.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+
+from pidfence.benchkit import BenchReport, load_bench
+
+BATCH = 5_000
+PARTITIONS = (4, 64)
+WARM = 5
+BATCHES_ENV = "PIDFENCE_BENCH_BATCHES"
+ROUNDS = 2
+GOAL = 1.2
+
+
+def _batch_ms(spark: Any, build: Any, out: Path) -> list[int]:
+    """Run one query over the topic; each batch's ``triggerExecution`` ms after the warm ones."""
+    query = build(spark, str(out), f"{out}-ckpt").trigger(availableNow=True).start()
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"query failed: {query.exception()}")
+    progress = [json.loads(p.json) for p in query.recentProgress]
+    ms = [int(p["durationMs"]["triggerExecution"]) for p in progress if p.get("numInputRows")]
+    return ms[WARM:]
+
+
+def _writer(sink: Any, bootstrap: str, topic: str, fmt: str) -> Any:
+    def build(spark: Any, out: str, ckpt: str) -> Any:
+        df = sink._kafka_df(spark, bootstrap, topic, BATCH)
+        return df.writeStream.format(fmt).option("path", out).option("checkpointLocation", ckpt)
+
+    return build
+
+
+def run(quick: bool, progress: Progress) -> BenchReport:
+    """Run both partition counts (starts and stops its own Kafka and Spark)."""
+    from pidfence.services import KafkaCluster, create_topic, spark_session, stop_session
+    from pidfence.spark_sink import register
+
+    sink = load_bench("sink", Path(__file__).resolve().parent)
+    batches = sink._env_int(BATCHES_ENV, 15 if quick else 30)
+    records = BATCH * (WARM + batches)
+    loads = [sink.load_average()]
+    task = progress.add_task("starting Kafka", total=1 + len(PARTITIONS) * ROUNDS)
+    work = Path(tempfile.mkdtemp(prefix="pidfence-bench-sink-small-"))
+    kafka = KafkaCluster(1, heap="768m").start()
+    times: dict[tuple[int, str], list[int]] = {}
+    try:
+        topics = {}
+        for n in PARTITIONS:
+            progress.update(task, description=f"filling {n} partitions with {records:,} records")
+            topics[n] = create_topic(kafka.bootstrap, f"small-{n}", n)
+            sink.fill_topic(kafka.bootstrap, topics[n], records, n, seed=n)
+        progress.advance(task)
+        spark = spark_session(master="local[2]", app_name="pidfence-bench-sink-small")
+        try:
+            register(spark)
+            for n in PARTITIONS:
+                contenders = {
+                    key: _writer(sink, kafka.bootstrap, topics[n], fmt)
+                    for key, fmt in (("plain", "parquet"), ("pidfence", "pidfence"))
+                }
+                for r in range(ROUNDS):
+                    for key in list(contenders) if r % 2 == 0 else reversed(contenders):
+                        progress.update(task, description=f"{n} partitions, round {r + 1}: {key}")
+                        out = work / f"{key}-{n}-{r}"
+                        times.setdefault((n, key), []).extend(
+                            _batch_ms(spark, contenders[key], out)
+                        )
+                        shutil.rmtree(out, ignore_errors=True)
+                        shutil.rmtree(f"{out}-ckpt", ignore_errors=True)
+                    loads.append(sink.load_average())
+                    progress.advance(task)
+        finally:
+            stop_session(spark)
+    finally:
+        kafka.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return _report(times, batches, loads)
+
+
+def _p90(values: list[int]) -> float:
+    return float(statistics.quantiles(values, n=10)[-1]) if len(values) > 1 else float(values[0])
+
+
+def _report(times: dict[tuple[int, str], list[int]], batches: int, loads: list[str]) -> BenchReport:
+    rows = []
+    ratios = {}
+    for n in PARTITIONS:
+        plain = statistics.median(times[(n, "plain")])
+        for key, label in (("plain", "(a) Parquet sink"), ("pidfence", "(c) pidfence sink")):
+            ms = times[(n, key)]
+            rows.append(
+                {
+                    "partitions": n,
+                    "contender": label,
+                    "batches": len(ms),
+                    "median ms": statistics.median(ms),
+                    "p90 ms": _p90(ms),
+                    "ms per partition": statistics.median(ms) / n,
+                    "vs (a)": statistics.median(ms) / plain,
+                }
+            )
+        ratios[n] = statistics.median(times[(n, "pidfence")]) / plain
+    verdicts = ", ".join(
+        f"{n} partitions {r:.2f}x ({'met' if r <= GOAL else 'not met'})" for n, r in ratios.items()
+    )
+    return BenchReport(
+        title=f"small batches: {BATCH:,} records per batch, 4 and 64 partitions, local[2]",
+        columns=list(rows[0]),
+        rows=rows,
+        params={
+            "records_per_batch": BATCH,
+            "measured_batches_per_query": batches,
+            "warm_batches_left_out": WARM,
+            "rounds": ROUNDS,
+            "per_batch_ms": {f"{n}/{k}": v for (n, k), v in times.items()},
+            "ratio_of_medians": {str(n): round(r, 3) for n, r in ratios.items()},
+            "load_average": loads,
+        },
+        notes=[
+            f"pidfence / plain Parquet, median batch time: {verdicts}; goal <= {GOAL}x",
+            "same topic, trigger (availableNow, maxOffsetsPerTrigger 5,000) and SparkSession for "
+            f"both; {ROUNDS} rounds in alternating order; the first {WARM} batches of each query "
+            "left out",
+            f"load average (1/5/15 min) at start, after each round: {' | '.join(loads)} "
+            "(2 cores shared with other jobs)",
+        ],
+    )
