@@ -1,5 +1,5 @@
 """A copier group as processes: members of ``pidfence copy --group`` that a fault plan kills,
-pauses, wakes as zombies, adds and removes (the chaos tests and ``pidfence bench copy``).
+pauses, wakes as zombies, adds and removes (the chaos tests and ``pidfence bench copier``).
 
 Every member instance writes its own send ledger (``NAME.jsonl``; a restarted member is
 ``NAME.r1``, ...), so the checker sees every record any instance got acknowledged.
