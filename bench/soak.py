@@ -62,13 +62,13 @@ def soak_bench(config: SoakConfig, progress: Progress) -> BenchReport:
             wall_start=result.wall_started,
             title=f"pidfence soak: {config.minutes:g} min, {config.producers} producers x "
             f"{config.rate:g}/s, trigger {config.trigger_s:g} s, faults every "
-            f"{config.fault_every_s / 60:g} min",
+            f"{config.fault_every_s / 60:g} min{_sink_mode(config)}",
         )
     return BenchReport(
         title=(
             f"soak: {config.minutes:g} min, {config.producers} producers at {config.rate:g}/s, "
             f"{config.partitions} partitions, trigger {config.trigger_s:g} s, faults every "
-            f"{config.fault_every_s:g} s"
+            f"{config.fault_every_s:g} s{_sink_mode(config)}"
         ),
         columns=list(rows[0]) if rows else ["series"],
         rows=rows,
@@ -83,6 +83,7 @@ def soak_bench(config: SoakConfig, progress: Progress) -> BenchReport:
             "sample_s": config.sample_s,
             "trigger_s": config.trigger_s,
             "master": config.master,
+            "sink_restarts": config.sink_restarts,
             "slopes_after_s": warmup,
             "anomalies": result.anomalies,
             "informational": result.informational,
@@ -100,6 +101,10 @@ def soak_bench(config: SoakConfig, progress: Progress) -> BenchReport:
         },
         notes=_notes(result, rows, stats, warmup),
     )
+
+
+def _sink_mode(config: SoakConfig) -> str:
+    return "" if config.sink_restarts else ", one sink instance (never restarted)"
 
 
 def _notes(

@@ -73,6 +73,42 @@ def test_soak_minutes_come_from_the_environment(tmp_path: Path) -> None:
         config_from_env(False, None, {MINUTES_ENV: "half an hour"})
 
 
+def test_the_steady_soak_runs_two_hours_on_one_sink_instance(tmp_path: Path) -> None:
+    steady = config_from_env(False, None, {"PIDFENCE_SOAK_OUT": str(tmp_path)}, steady=True)
+    assert (steady.minutes, steady.trigger_s, steady.sink_restarts) == (120.0, 0.5, False)
+    assert config_from_env(False, None, {"PIDFENCE_SOAK_OUT": str(tmp_path)}).sink_restarts
+
+
+@pytest.mark.slow  # over a minute: handed out first under xdist (tests/README.md)
+def test_a_steady_soak_never_restarts_the_sink_and_counts_its_files(tmp_path: Path) -> None:
+    bench = load_bench("soak", BENCH_DIR)
+    config = SoakConfig(
+        minutes=1.0,
+        out=tmp_path / "soak",
+        lease_lifetime_s=12.0,
+        fault_every_s=30.0,
+        sample_s=15.0,
+        rate=50.0,
+        trigger_s=0.5,
+        sink_restarts=False,
+    )
+    with Progress(disable=True) as progress:
+        report = bench.soak_bench(config, progress)
+
+    params = report.params
+    assert params["ok"], json.dumps({k: params[k] for k in ("anomalies", "examples", "failures")})
+    assert "sink-restart" not in params["faults_happened"]
+    assert "sink-crash" not in params["faults_happened"]
+    # One streaming instance from start to end, then the final available-now drain.
+    assert params["counts"]["sink_instances"] == 2
+    samples = params["samples"]
+    assert samples[-1]["pidfence_files"] > 0
+    assert samples[-1]["delta_log_files"] > 0
+    assert {"files under _pidfence/", "files under _delta_log/"} <= {
+        row["series"] for row in report.rows
+    }
+
+
 def test_parent_pid_parsing_survives_odd_command_names() -> None:
     assert parse_stat_ppid("42 (a) b (c)) S 7 42 42 0 -1") == 7
 

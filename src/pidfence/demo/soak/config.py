@@ -35,6 +35,8 @@ class SoakConfig(ExistingServices):
         trigger_s: the sink's processing-time trigger.
         resend_every: the resend producer re-sends one acknowledged record every N records.
         master: the sink's Spark master.
+        sink_restarts: restart the sink halfway between fault rounds (False: one sink instance
+            runs from start to end, the steady soak of ``pidfence bench soak_steady``).
         bootstrap: use this Kafka instead of starting one (its RSS is then not sampled).
         zk_hosts: use this ZooKeeper instead of starting one (:class:`ExistingServices`).
     """
@@ -52,6 +54,7 @@ class SoakConfig(ExistingServices):
     trigger_s: float = 2.0
     resend_every: int = 100
     master: str = "local[2]"
+    sink_restarts: bool = True
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.minutes <= 24 * 60:
@@ -80,17 +83,23 @@ class SoakConfig(ExistingServices):
 
 
 def config_from_env(
-    quick: bool, plot: Path | None, environ: Mapping[str, str] | None = None
+    quick: bool,
+    plot: Path | None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    steady: bool = False,
 ) -> SoakConfig:
     """The bench's config: 30 minutes (``quick``: 3), ``PIDFENCE_SOAK_MINUTES`` overrides.
 
     Faults come every 5 minutes in runs of 10 minutes or more, else every minute; samples every
-    minute, or a quarter of the run when it is shorter than 3 minutes.
+    minute, or a quarter of the run when it is shorter than 3 minutes. ``steady``: 2 hours by
+    default, a 0.5 s trigger, and the sink never restarted (producer faults still run).
     """
     env = os.environ if environ is None else environ
     text = env.get(MINUTES_ENV, "").strip()
     try:
-        minutes = float(text) if text else (3.0 if quick else 30.0)
+        default = 3.0 if quick else (120.0 if steady else 30.0)
+        minutes = float(text) if text else default
     except ValueError:
         raise BadDemoOption(f"{MINUTES_ENV} must be a number of minutes, got {text!r}") from None
     out_text = env.get(OUT_ENV, "").strip()
@@ -101,4 +110,6 @@ def config_from_env(
         plot=plot,
         fault_every_s=300.0 if minutes >= 10 else 60.0,
         sample_s=60.0 if minutes >= 3 else minutes * 15.0,
+        trigger_s=0.5 if steady else 2.0,
+        sink_restarts=not steady,
     )

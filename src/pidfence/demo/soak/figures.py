@@ -30,7 +30,8 @@ def series(samples: Sequence[dict[str, Any]]) -> dict[str, tuple[str, list[tuple
     """``{name: (unit, [(seconds, value), ...])}`` from the samples, in plot order.
 
     RSS per process tree (MB; a tree absent from a sample, e.g. the sink between instances, is
-    skipped there), the median batch time since the previous sample (s), state bytes (KB).
+    skipped there), the median batch time since the previous sample (s), state bytes (KB), and
+    the files under the output's ``_pidfence/`` and ``_delta_log/`` (samples that counted them).
     """
     out: dict[str, tuple[str, list[tuple[float, float]]]] = {}
     names: list[str] = []
@@ -52,6 +53,10 @@ def series(samples: Sequence[dict[str, Any]]) -> dict[str, tuple[str, list[tuple
         ],
     )
     out["state bytes"] = ("KB", [(float(s["t_s"]), s["state_bytes"] / 1024) for s in samples])
+    for key, name in (("pidfence_files", "_pidfence/"), ("delta_log_files", "_delta_log/")):
+        points = [(float(s["t_s"]), float(s[key])) for s in samples if key in s]
+        if points:
+            out[f"files under {name}"] = ("files", points)
     return out
 
 

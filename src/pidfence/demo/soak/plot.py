@@ -17,7 +17,8 @@ def write_plot(
     wall_start: float,
     title: str,
 ) -> None:
-    """Three panels sharing the time axis (minutes since the producers started).
+    """Four panels sharing the time axis (minutes since the producers started): RSS, batch time,
+    state bytes and records read, files under the output's ``_pidfence/`` and ``_delta_log/``.
 
     Args:
         samples: the soak's samples (``t_s``, ``rss``, ``state_bytes``, ``batch_s_median``).
@@ -32,7 +33,7 @@ def write_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_rss, ax_batch, ax_state) = plt.subplots(3, 1, figsize=(11, 11), sharex=True)
+    fig, (ax_rss, ax_batch, ax_state, ax_files) = plt.subplots(4, 1, figsize=(11, 14), sharex=True)
     names: list[str] = []
     for sample in samples:
         names.extend(n for n in sample["rss"] if n not in names)
@@ -74,18 +75,30 @@ def write_plot(
     xs: list[float] = [s["t_s"] / 60 for s in samples]
     ax_state.plot(xs, [s["state_bytes"] / 1024 for s in samples], marker="o", label="state KB")
     ax_state.set_ylabel("bytes under _state (KB)")
-    ax_state.set_xlabel("minutes since the producers started")
     ax_state.set_title("sink state on disk")
     twin = ax_state.twinx()
     twin.plot(xs, [s["records_in"] for s in samples], color="grey", ls="--", label="records in")
     twin.set_ylabel("records read (cumulative)")
+
+    for key, name in (("pidfence_files", "_pidfence/"), ("delta_log_files", "_delta_log/")):
+        counted = [(s["t_s"] / 60, s[key]) for s in samples if key in s]
+        if counted:
+            fx, fy = zip(*counted, strict=True)
+            ax_files.plot(fx, fy, marker="o", label=f"files under {name}")
+    ax_files.set_ylabel("files")
+    ax_files.set_xlabel("minutes since the producers started")
+    ax_files.set_title("the output's bookkeeping: files under _pidfence/ and _delta_log/")
+    ax_files.legend(fontsize="x-small", loc="upper left")
+    batches_twin = ax_files.twinx()
+    batches_twin.plot(xs, [s["batches"] for s in samples], color="grey", ls="--")
+    batches_twin.set_ylabel("batches committed (cumulative, dashed)")
 
     # Producer rounds start kill, zombie and lease-zombie together: one line per round.
     colours = {"kill": "red", "sink-restart": "green", "sink-crash": "brown"}
     for event in faults:
         name = event["fault"]
         if name in colours and str(event["event"]).startswith("round"):
-            for ax in (ax_rss, ax_batch, ax_state):
+            for ax in (ax_rss, ax_batch, ax_state, ax_files):
                 ax.axvline(event["t_s"] / 60, color=colours[name], alpha=0.3, lw=1)
     legend = (
         "vertical lines: red = a round of producer faults (kill + resume, zombie, lease-zombie), "

@@ -239,7 +239,8 @@ class SoakRun:
                         shown[key] = 0
                         self._event(fault.name, f"round {rounds} on {role.current.name}")
                 next_round += config.fault_every_s
-            if now >= next_sink and now <= last_start and "sink" not in active and self.sink:
+            restart_due = config.sink_restarts and now >= next_sink and now <= last_start
+            if restart_due and "sink" not in active and self.sink:
                 active["sink"] = SinkRestart(self.sink, crash=sink_restarts % 2 == 1)
                 shown["sink"] = 0
                 sink_restarts += 1
@@ -340,7 +341,8 @@ class SoakRun:
         total = sum(sample["rss"].values()) / 2**20
         self.log(
             f"[{t:7.1f} s] sample: RSS {total:,.0f} MB in all, state "
-            f"{sample['state_bytes'] / 1024:,.0f} KB, {sample['batches']} batches, median batch "
+            f"{sample['state_bytes'] / 1024:,.0f} KB, {sample['pidfence_files']} files under "
+            f"_pidfence/, {sample['batches']} batches, median batch "
             f"{sample['batch_s_median']} s, {sample['records_in']:,} in → "
             f"{sample['appended']:,} appended"
         )

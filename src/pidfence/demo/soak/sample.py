@@ -72,11 +72,15 @@ def take_sample(
     delta_state = output / "_pidfence" / "_state"
     state_root = delta_state if delta_state.is_dir() else output / "_state"
     state_bytes, state_files = dir_bytes(state_root)
+    _, pidfence_files = dir_bytes(output / "_pidfence")
+    _, delta_log_files = dir_bytes(output / "_delta_log")
     return {
         "t_s": t_s,
         "rss": rss,
         "state_bytes": state_bytes,
         "state_files": state_files,
+        "pidfence_files": pidfence_files,
+        "delta_log_files": delta_log_files,
         "batches": len(lines),
         "batches_since": len(recent),
         "batch_s_median": statistics.median(recent) if recent else None,
