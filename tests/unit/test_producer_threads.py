@@ -244,15 +244,24 @@ def test_threads_stamp_every_header_form_without_sharing_an_identity() -> None:
 
 
 def test_without_the_lock_threads_share_identities(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The teeth of the test above: the seeded mutant fails it."""
+    """The teeth of the test above: the seeded mutant fails it. A race shows only when the
+    threads interleave inside the unguarded stamping, which a loaded machine can miss in one run;
+    the mutant must show within ten (it shows in the first on an idle machine)."""
     monkeypatch.setattr(producer_lock, "SimpleQueue", producer_lock.SimpleQueue)  # undone after
     install_mutation("producer-without-lock")
-    rig = Rig()
-    producer = rig.producer()
-    in_threads(send_mixed(producer, "one"))
-    producer.flush()
-    assert rig.kafka is not None
-    assert any("share their identity" in p for p in problems(rig.kafka, THREADS * PER_THREAD))
+    found: list[str] = []
+    for _ in range(10):
+        rig = Rig()
+        producer = rig.producer()
+        in_threads(send_mixed(producer, "one"))
+        producer.flush()
+        assert rig.kafka is not None
+        found = [
+            p for p in problems(rig.kafka, THREADS * PER_THREAD) if "share their identity" in p
+        ]
+        if found:
+            break
+    assert found
 
 
 def test_a_rollover_racing_threads_drains_before_the_successor_sends() -> None:
