@@ -23,6 +23,7 @@ from pidfence.spark_sink.delta.table import (
     DELTA_REJECTS_SCHEMA,
     FORMAT_KEY,
     FORMAT_VERSION,
+    LOG_RETENTION,
     TABLE_KEY,
     holds_delta,
     open_table,
@@ -97,7 +98,11 @@ def test_create_then_reopen(tmp_path: Path) -> None:
     path = str(tmp_path / "out")
     dt = open_table(path, "log")
     assert dt.version() == 0
-    assert dt.metadata().configuration == {TABLE_KEY: "log", FORMAT_KEY: FORMAT_VERSION}
+    assert dt.metadata().configuration == {
+        TABLE_KEY: "log",
+        FORMAT_KEY: FORMAT_VERSION,
+        "delta.logRetentionDuration": LOG_RETENTION,
+    }
     assert pa.schema(dt.schema().to_arrow()).names == DELTA_LOG_SCHEMA.names
     again = open_table(path, "log")
     assert again.version() == 0

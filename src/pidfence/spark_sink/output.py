@@ -53,6 +53,7 @@ from pidfence.spark_sink.delta.table import (
     check_path,
     check_table,
 )
+from pidfence.spark_sink.delta.tip import Tip, query_tip
 from pidfence.spark_sink.fence import check_epoch, tag_epoch
 from pidfence.spark_sink.fold import folded_decided, folded_manifest, folded_manifests
 from pidfence.spark_sink.manifest import (
@@ -199,11 +200,16 @@ class Output:
             )
         return self._tables[kind]
 
+    def _tip(self) -> Tip:
+        """The log table's newest version, id and this query's transaction version, read
+        without listing its log (:mod:`~pidfence.spark_sink.delta.tip`)."""
+        return query_tip(self.log, self.query_id, lambda: self._table("log", create=False))
+
     def committed_version(self) -> int:
         """The newest batch id committed for this query (-1 when none), cached per instance."""
         if self._version is None:
             try:
-                version = self._table("log", create=False).transaction_version(self.query_id)
+                version = self._tip().txn
             except TableNotFoundError:
                 version = None
             self._version = -1 if version is None else version
@@ -420,7 +426,7 @@ class Output:
         """Per partition (``TOPIC~PART``), the newest committed batch <= ``last`` that read it:
         the positions this process found last for this output, else the newest index, then at
         most INDEX_EVERY manifests (committed manifests never change)."""
-        key = (self.own.uri, self.query_id, str(self._table("log", create=False).metadata().id))
+        key = (self.own.uri, self.query_id, self._tip().table_id)
         known = _KNOWN.get(key)
         if known is not None and known[0] <= last < known[0] + INDEX_EVERY:
             base, positions = known[0], dict(known[1])

@@ -37,6 +37,11 @@ TABLE_KEY: Final = "pidfence.table"
 FORMAT_KEY: Final = "pidfence.format"
 WRITER_KEY: Final = "pidfence.writer"
 WRITER: Final = "pidfence-sink"
+#: The log retention the sink gives the tables it creates (Delta's default is 30 days). Every
+#: deltalake load or commit lists ``_delta_log/``, which on a local disk costs about 3 µs per
+#: entry it keeps: at one commit a second, 30 days is 2.9M entries and seconds a batch; an hour
+#: keeps it under 4,000 (docs/delta.md, "History, checkpoints, retention").
+LOG_RETENTION: Final = "interval 1 hours"
 #: pidfence's own files under a table root (hidden from Delta readers and VACUUM).
 OWN_DIR: Final = "_pidfence"
 #: Where the data files of a batch live: ``data/QUERY/BATCH/TOPIC-PARTITION.TAG.parquet``.
@@ -221,7 +226,11 @@ def open_table(
                 schema_of(kind),
                 mode="error",
                 name=f"pidfence_{kind}",
-                configuration={TABLE_KEY: kind, FORMAT_KEY: FORMAT_VERSION},
+                configuration={
+                    TABLE_KEY: kind,
+                    FORMAT_KEY: FORMAT_VERSION,
+                    "delta.logRetentionDuration": LOG_RETENTION,
+                },
                 storage_options=storage_options,
                 commit_properties=marker(),
                 raise_if_key_not_exists=False,

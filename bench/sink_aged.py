@@ -1,0 +1,169 @@
+"""``pidfence bench sink_aged``: a batch on a month-old output against one on a fresh output.
+
+Issue 45: every batch must cost the same however long the sink has run. One raw topic of the
+shape ``pidfence bench sink`` fills (``fill_topic``: 1k producers, 5% resends) over 2 partitions
+is read in small batches (``maxOffsetsPerTrigger`` 5,000) into the pidfence sink on one
+``local[2]`` SparkSession:
+
+1. a seed run commits ``SEED`` batches to a fresh output;
+2. ``_aged_output.age_output`` writes beside it the output a month at a 1 s trigger leaves
+   (``PIDFENCE_BENCH_AGE_DAYS``, default 30: 2,592,000 batches; its docstring says what is
+   generated and what stands in), standing at the same Kafka offsets with the same state;
+3. both continue over the same records, ``WARM`` + ``PIDFENCE_BENCH_BATCHES`` batches each per
+   round, in alternating order over ``ROUNDS`` rounds.
+
+Each batch's time is the query progress's ``triggerExecution``; the first ``WARM`` batches of each
+query are left out. Shown: median and 90th percentile of each output, and the ratio of the medians
+(goal: aged at most 1.1x fresh).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+
+from pidfence.benchkit import BenchReport, load_bench
+
+BATCH = 5_000
+PARTITIONS = 2
+SEED = 6
+WARM = 3
+ROUNDS = 2
+GOAL = 1.1
+AGE_ENV = "PIDFENCE_BENCH_AGE_DAYS"
+BATCHES_ENV = "PIDFENCE_BENCH_BATCHES"
+
+
+def _run(spark: Any, sink: Any, bootstrap: str, topic: str, out: Path, n: int) -> list[int]:
+    """Run the pidfence sink at ``out`` until ``n`` batches read records; their times (ms)."""
+    df = sink._kafka_df(spark, bootstrap, topic, BATCH)
+    query = (
+        df.writeStream.format("pidfence")
+        .option("path", str(out))
+        .option("checkpointLocation", f"{out}-ckpt")
+        .start()
+    )
+    try:
+        while sum(1 for p in query.recentProgress if p.numInputRows) < n:
+            if query.exception() is not None:
+                raise RuntimeError(f"query failed: {query.exception()}")
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    progress = [json.loads(p.json) for p in query.recentProgress]
+    ms = [int(p["durationMs"]["triggerExecution"]) for p in progress if p.get("numInputRows")]
+    return ms[:n]
+
+
+def run(quick: bool, progress: Progress) -> BenchReport:
+    """Seed, age, then run both outputs side by side (starts and stops its own Kafka, Spark)."""
+    from pidfence.services import KafkaCluster, create_topic, spark_session, stop_session
+    from pidfence.spark_sink import register
+
+    here = Path(__file__).resolve().parent
+    sink = load_bench("sink", here)
+    aging = load_bench("_aged_output", here)
+    days = sink._env_int(AGE_ENV, 30)
+    batches = sink._env_int(BATCHES_ENV, 15 if quick else 30)
+    records = BATCH * (SEED + 2 + ROUNDS * (WARM + batches + 1))
+    loads = [sink.load_average()]
+    task = progress.add_task("starting Kafka", total=3 + ROUNDS)
+    work = Path(tempfile.mkdtemp(prefix="pidfence-bench-sink-aged-"))
+    kafka = KafkaCluster(1, heap="768m").start()
+    times: dict[str, list[int]] = {"fresh": [], "aged": []}
+    try:
+        progress.update(task, description=f"filling {PARTITIONS} partitions, {records:,} records")
+        topic = create_topic(kafka.bootstrap, "aged", PARTITIONS)
+        sink.fill_topic(kafka.bootstrap, topic, records, PARTITIONS, seed=7)
+        progress.advance(task)
+        spark = spark_session(master="local[2]", app_name="pidfence-bench-sink-aged")
+        try:
+            register(spark)
+            fresh, aged = work / "fresh", work / "aged"
+            progress.update(task, description=f"seed: {SEED} batches")
+            _run(spark, sink, kafka.bootstrap, topic, fresh, SEED)
+            progress.advance(task)
+            progress.update(task, description=f"ageing a copy by {days} days")
+            started = time.perf_counter()
+            made = aging.age_output(
+                fresh, Path(f"{fresh}-ckpt"), aged, Path(f"{aged}-ckpt"), days * aging.DAY
+            )
+            made["seconds"] = round(time.perf_counter() - started, 1)
+            made["bytes"] = sum(p.stat().st_size for p in aged.rglob("*") if p.is_file())
+            progress.advance(task)
+            for r in range(ROUNDS):
+                order = ("fresh", "aged") if r % 2 == 0 else ("aged", "fresh")
+                for key in order:
+                    progress.update(task, description=f"round {r + 1}: {key}")
+                    out = fresh if key == "fresh" else aged
+                    ms = _run(spark, sink, kafka.bootstrap, topic, out, WARM + batches)
+                    times[key].extend(ms[WARM:])
+                loads.append(sink.load_average())
+                progress.advance(task)
+        finally:
+            stop_session(spark)
+    finally:
+        kafka.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return _report(times, days, batches, made, loads)
+
+
+def _p90(values: list[int]) -> float:
+    return float(statistics.quantiles(values, n=10)[-1]) if len(values) > 1 else float(values[0])
+
+
+def _report(
+    times: dict[str, list[int]], days: int, batches: int, made: dict[str, Any], loads: list[str]
+) -> BenchReport:
+    fresh = statistics.median(times["fresh"])
+    rows = [
+        {
+            "output": label,
+            "batches": len(times[key]),
+            "median ms": statistics.median(times[key]),
+            "p90 ms": _p90(times[key]),
+            "max ms": max(times[key]),
+            "vs fresh": statistics.median(times[key]) / fresh,
+        }
+        for key, label in (("fresh", f"fresh ({SEED} batches old)"), ("aged", f"{days} days old"))
+    ]
+    ratio = rows[1]["vs fresh"]
+    entries = made["delta_log_entries"]
+    return BenchReport(
+        title=f"a batch on a {days}-day-old output vs a fresh one: {BATCH:,} records, "
+        f"{PARTITIONS} partitions, local[2]",
+        columns=list(rows[0]),
+        rows=rows,
+        params={
+            "records_per_batch": BATCH,
+            "partitions": PARTITIONS,
+            "age_days": days,
+            "measured_batches_per_query": batches,
+            "warm_batches_left_out": WARM,
+            "rounds": ROUNDS,
+            "aged_output": made,
+            "per_batch_ms": times,
+            "ratio_of_medians": round(ratio, 3),
+            "load_average": loads,
+        },
+        notes=[
+            f"aged / fresh, median batch time: {ratio:.2f}x "
+            f"({'met' if ratio <= GOAL else 'not met'}; goal <= {GOAL}x)",
+            f"aged output: {made['batches']:,} batches committed ({days} days at a 1 s trigger), "
+            f"{made['live_batches']} live, {made['segments']} folded segments, "
+            f"{made['pidfence_files']} files under _pidfence/; _delta_log/ entries kept by the "
+            f"tables' log retention: log {entries['log']:,}, rejects {entries['rejects']:,}; "
+            f"generated in {made['seconds']} s",
+            f"same topic, records, state and SparkSession for both; {ROUNDS} rounds in "
+            f"alternating order; the first {WARM} batches of each query left out",
+            f"load average (1/5/15 min) at start, after each round: {' | '.join(loads)} "
+            "(2 cores shared with other jobs)",
+        ],
+    )
