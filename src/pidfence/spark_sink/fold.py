@@ -7,8 +7,11 @@ Older ones are folded, every :data:`~pidfence.spark_sink.output.INDEX_EVERY` bat
 driver after a commit, into a segment: ``_folded/FIRST-LAST.json`` (their manifests, one per
 line) and ``_folded/FIRST-LAST.parquet`` (their decisions, with ``batch``, ``topic`` and
 ``partition`` columns). ``_folded/segments.json`` names the segments; it is the only file the
-fold replaces, each time after the epoch check. Segments of equal span merge four at a time, so
-their number grows with the log of the output's age: the files under ``_pidfence/`` stay flat.
+fold replaces, each time after the epoch check. Segments of equal span merge four at a time up
+to :data:`WIDEST` batches: no fold rewrites more than that many batches' decisions (a merge
+without a cap would, at a month's age, rewrite the whole month in one batch), and the segments
+grow by one per :data:`WIDEST` batches (about 630 a month at a 1 s trigger), so the files under
+``_pidfence/`` stay nearly flat.
 
 A held file or state chain that a partition's newest position still names is never deleted (an
 idle partition's last batch may be old). Readers of history (``read_written``, ``read_gaps``,
@@ -34,6 +37,8 @@ FOLDED: Final = "_folded"
 SEGMENTS: Final = f"{FOLDED}/segments.json"
 #: Segments of one span merge this many at a time.
 MERGE: Final = 4
+#: No merge makes a segment of more batches than this (64 x 4 x 4 x 4: three merges of folds).
+WIDEST: Final = 4096
 
 Span = tuple[int, int]
 
@@ -128,14 +133,13 @@ def _put_segment(own: Store, span: Span, lines: list[bytes], pieces: list[pa.Tab
 
 
 def _merge(own: Store, spans: list[Span]) -> tuple[list[Span], list[Span]]:
-    """Merge runs of :data:`MERGE` adjacent segments of one span length, repeatedly: (the spans
-    now, the segments merged away, to delete once the new list is stored)."""
+    """Merge runs of :data:`MERGE` adjacent segments of one span length into one of at most
+    :data:`WIDEST` batches, repeatedly: (the spans now, the segments merged away, to delete once
+    the new list is stored)."""
     gone: list[Span] = []
     while True:
-        widths = [b - a for a, b in spans]
         at = next(
-            (i for i in range(len(spans) - MERGE + 1) if len(set(widths[i : i + MERGE])) == 1),
-            None,
+            (i for i in range(len(spans) - MERGE + 1) if _mergeable(spans[i : i + MERGE])), None
         )
         if at is None:
             return spans, gone
@@ -150,6 +154,11 @@ def _merge(own: Store, spans: list[Span]) -> tuple[list[Span], list[Span]]:
         _put_segment(own, merged, lines, pieces)
         spans = [*spans[:at], merged, *spans[at + MERGE :]]
         gone += run
+
+
+def _mergeable(run: list[Span]) -> bool:
+    widths = {b - a for a, b in run}
+    return len(widths) == 1 and run[-1][1] - run[0][0] + 1 <= WIDEST
 
 
 def drop_empty_dir(store: Store, path: str) -> None:
