@@ -159,17 +159,7 @@ class LeaseKeeper:
             LeaseServerDown: no lease server answered (retriable; nothing changed, or a lost
                 reply, which the next attempt reports as fenced).
         """
-        try:
-            lease = self._call(
-                lambda: self._client.roll(
-                    current.pid, current.generation, current.secret, key=self._key
-                )
-            )
-        except (StaleGeneration, NotOwner, UnknownPid) as exc:
-            raise ProducerFenced(
-                f"pid {current.pid} generation {current.generation} could not roll over "
-                f"({type(exc).__name__}: {exc}): another owner moved it on; stop this instance"
-            ) from exc
+        lease = self._move(self._client.roll, current, "roll over")
         return self._sequencer(lease, lifetime_ms=current.lifetime_ms)
 
     def bump(self, current: Sequencer) -> Sequencer:
@@ -180,17 +170,7 @@ class LeaseKeeper:
             ProducerFenced: another owner bumped or rolled the pid since, or its lease ended.
             LeaseServerDown: no lease server answered (retriable; nothing changed).
         """
-        try:
-            lease = self._call(
-                lambda: self._client.bump(
-                    current.pid, current.generation, current.secret, key=self._key
-                )
-            )
-        except (StaleGeneration, NotOwner, UnknownPid) as exc:
-            raise ProducerFenced(
-                f"pid {current.pid} generation {current.generation} could not be bumped "
-                f"({type(exc).__name__}: {exc}): another owner moved it on; stop this instance"
-            ) from exc
+        lease = self._move(self._client.bump, current, "be bumped")
         seq = Sequencer.resumed(
             current.checkpoint(),
             lease.generation,
@@ -200,6 +180,18 @@ class LeaseKeeper:
         )
         seq.fenced = dict(current.fenced)
         return self._keyed(seq, lease)
+
+    def _move(self, op: Callable[..., Any], current: Sequencer, verb: str) -> Any:
+        """``op`` (the client's bump or roll) on ``current``; an owner's refusal is fencing."""
+        try:
+            return self._call(
+                lambda: op(current.pid, current.generation, current.secret, key=self._key)
+            )
+        except (StaleGeneration, NotOwner, UnknownPid) as exc:
+            raise ProducerFenced(
+                f"pid {current.pid} generation {current.generation} could not {verb} "
+                f"({type(exc).__name__}: {exc}): another owner moved it on; stop this instance"
+            ) from exc
 
     def _probe(
         self,
