@@ -81,11 +81,14 @@ class CertCheck:
     producer_key: bytes | None = None
 
 
+def _signed_fields(pid: int, generation: int, expire_ms: int, key: bytes | None) -> list[Any]:
+    if key is None:
+        return [CERT_VERSION, pid, generation, expire_ms]
+    return [CERT_VERSION_KEYED, pid, generation, expire_ms, key]
+
+
 def _signed_part(pid: int, generation: int, expire_ms: int, producer_key: bytes | None) -> bytes:
-    fields: list[Any] = [CERT_VERSION, pid, generation, expire_ms]
-    if producer_key is not None:
-        fields = [CERT_VERSION_KEYED, pid, generation, expire_ms, producer_key]
-    data: bytes = msgpack.packb(fields, use_bin_type=True)
+    data: bytes = msgpack.packb(_signed_fields(pid, generation, expire_ms, producer_key))
     return data
 
 
@@ -114,11 +117,9 @@ def encode_cert(
         raise InvalidProducerKey(
             f"a producer key is a raw Ed25519 public key of {PRODUCER_KEY_BYTES} bytes"
         )
-    signature = private_key.sign(_signed_part(pid, generation, expire_ms, producer_key))
-    fields: list[Any] = [CERT_VERSION, pid, generation, expire_ms, signature]
-    if producer_key is not None:
-        fields = [CERT_VERSION_KEYED, pid, generation, expire_ms, producer_key, signature]
-    data: bytes = msgpack.packb(fields, use_bin_type=True)
+    fields = _signed_fields(pid, generation, expire_ms, producer_key)
+    signature = private_key.sign(msgpack.packb(fields))
+    data: bytes = msgpack.packb([*fields, signature])
     return data
 
 
