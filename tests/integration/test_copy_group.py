@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from pidfence.spark_sink import read_log, read_rejects, run_sink
 from pidfence.testing import FaultKind, FaultPlan, drive, install_mutation, step
 from pidfence.wire import Verdict
 from tests.integration.test_producer import Record, read_topic, replay, run_cli
+from tests.unit.kafka_kit import Message
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,32 +102,6 @@ def test_three_members_share_the_partitions_through_a_kill_and_a_join(
     assert set(verdicts) <= {Verdict.APPENDED, Verdict.DUPLICATE, Verdict.FENCE, Verdict.FENCED}
 
 
-@dataclass(frozen=True)
-class Consumed:
-    """An input record as :meth:`CopyTask.copy` reads it (the consumer's message interface)."""
-
-    source: str
-    record: Record
-
-    def topic(self) -> str:
-        return self.source
-
-    def partition(self) -> int:
-        return self.record.partition
-
-    def offset(self) -> int:
-        return self.record.offset
-
-    def key(self) -> bytes | None:
-        return self.record.key
-
-    def value(self) -> bytes | None:
-        return self.record.value
-
-    def headers(self) -> None:
-        return None
-
-
 class Commits:
     """The group's committed (offset, checkpoint) of one partition, as a dict."""
 
@@ -182,7 +156,10 @@ def _race(
 ) -> bool:
     """The race of the test above; True when the owner's checkpoint went through."""
     source, target = new_topic(), new_topic()
-    records = [Consumed(source, r) for r in _fill(kafka.bootstrap, source, 300)]
+    records = [
+        Message(source, r.partition, r.offset, r.key, r.value)
+        for r in _fill(kafka.bootstrap, source, 300)
+    ]
     commits = Commits()
     first = open_task(commits, target)
     for msg in records[:100]:
@@ -229,7 +206,10 @@ def test_a_takeover_that_recopies_across_two_checkpoints_loses_nothing(
     that (issue 44's chaos failure) it is ``INVALID_GENERATION``, and so is every record after
     it, which the owner goes on committing: those events are lost."""
     source, target = new_topic(), new_topic()
-    records = [Consumed(source, r) for r in _fill(kafka.bootstrap, source, 200)]
+    records = [
+        Message(source, r.partition, r.offset, r.key, r.value)
+        for r in _fill(kafka.bootstrap, source, 200)
+    ]
     commits = Commits()
     first = copy_kit(commits, target)
     for msg in records[:50]:
