@@ -222,7 +222,7 @@ def test_a_takeover_that_recopies_across_two_checkpoints_loses_nothing(
     run_sink(spark, kafka.bootstrap, target, str(out), str(tmp_path / "ckpt"))
     log = read_log(str(out)).sort_by("log_offset")
     verdicts = Counter(str(v) for v in read_rejects(str(out)).column("verdict").to_pylist())
-    assert log.column("value").to_pylist() == [r.record.value for r in records], verdicts
+    assert log.column("value").to_pylist() == [r.value() for r in records], verdicts
     assert set(verdicts) == {"DUPLICATE", "FENCE"}, verdicts
 
 
