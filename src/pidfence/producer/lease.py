@@ -171,14 +171,19 @@ class LeaseKeeper:
             LeaseServerDown: no lease server answered (retriable; nothing changed).
         """
         lease = self._move(self._client.bump, current, "be bumped")
+        seq = self._bumped(current.checkpoint(), lease)
+        seq.fenced = dict(current.fenced)
+        return seq
+
+    def _bumped(self, cp: ProducerCheckpoint, lease: Any) -> Sequencer:
+        """``cp``'s sequencer (its pid, seqs, skips and topics) at ``lease``'s generation."""
         seq = Sequencer.resumed(
-            current.checkpoint(),
+            cp,
             lease.generation,
             lease.expire_ms,
-            getattr(lease, "secret", b"") or current.secret,
+            getattr(lease, "secret", b"") or cp.secret,
             getattr(lease, "cert", None),
         )
-        seq.fenced = dict(current.fenced)
         return self._keyed(seq, lease)
 
     def _move(self, op: Callable[..., Any], current: Sequencer, verb: str) -> Any:
@@ -234,15 +239,7 @@ class LeaseKeeper:
         if not expired:
             result = self._probe(self._client.bump, cp.pid, cp.generation, cp.secret, probe)
             if result.outcome == "ok":
-                lease = result.lease
-                seq = Sequencer.resumed(
-                    cp,
-                    lease.generation,
-                    lease.expire_ms,
-                    getattr(lease, "secret", b"") or cp.secret,
-                    getattr(lease, "cert", None),
-                )
-                return Resumed(self._keyed(seq, lease), cp.generation + 1, "bumped")
+                return Resumed(self._bumped(cp, result.lease), cp.generation + 1, "bumped")
         if result.outcome == "ended":
             expired = True
             result = self._probe(self._client.roll, cp.pid, cp.generation, cp.secret, probe)
