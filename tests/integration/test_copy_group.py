@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,8 @@ from pidfence.producer.copy_task import CopyTask, task_opener
 from pidfence.spark_sink import read_log, read_rejects, run_sink
 from pidfence.testing import FaultKind, FaultPlan, drive, install_mutation, step
 from pidfence.wire import Verdict
-from tests.integration.test_producer import Record, read_topic, replay, run_cli
+from tests.integration.test_producer import read_topic, replay, run_cli
+from tests.unit.kafka_kit import Message
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,32 +102,6 @@ def test_three_members_share_the_partitions_through_a_kill_and_a_join(
     assert set(verdicts) <= {Verdict.APPENDED, Verdict.DUPLICATE, Verdict.FENCE, Verdict.FENCED}
 
 
-@dataclass(frozen=True)
-class Consumed:
-    """An input record as :meth:`CopyTask.copy` reads it (the consumer's message interface)."""
-
-    source: str
-    record: Record
-
-    def topic(self) -> str:
-        return self.source
-
-    def partition(self) -> int:
-        return self.record.partition
-
-    def offset(self) -> int:
-        return self.record.offset
-
-    def key(self) -> bytes | None:
-        return self.record.key
-
-    def value(self) -> bytes | None:
-        return self.record.value
-
-    def headers(self) -> None:
-        return None
-
-
 class Commits:
     """The group's committed (offset, checkpoint) of one partition, as a dict."""
 
@@ -182,7 +156,7 @@ def _race(
 ) -> bool:
     """The race of the test above; True when the owner's checkpoint went through."""
     source, target = new_topic(), new_topic()
-    records = [Consumed(source, r) for r in _fill(kafka.bootstrap, source, 300)]
+    records = _fill(kafka.bootstrap, source, 300)
     commits = Commits()
     first = open_task(commits, target)
     for msg in records[:100]:
@@ -229,7 +203,7 @@ def test_a_takeover_that_recopies_across_two_checkpoints_loses_nothing(
     that (issue 44's chaos failure) it is ``INVALID_GENERATION``, and so is every record after
     it, which the owner goes on committing: those events are lost."""
     source, target = new_topic(), new_topic()
-    records = [Consumed(source, r) for r in _fill(kafka.bootstrap, source, 200)]
+    records = _fill(kafka.bootstrap, source, 200)
     commits = Commits()
     first = copy_kit(commits, target)
     for msg in records[:50]:
@@ -248,7 +222,7 @@ def test_a_takeover_that_recopies_across_two_checkpoints_loses_nothing(
     run_sink(spark, kafka.bootstrap, target, str(out), str(tmp_path / "ckpt"))
     log = read_log(str(out)).sort_by("log_offset")
     verdicts = Counter(str(v) for v in read_rejects(str(out)).column("verdict").to_pylist())
-    assert log.column("value").to_pylist() == [r.record.value for r in records], verdicts
+    assert log.column("value").to_pylist() == [r.value() for r in records], verdicts
     assert set(verdicts) == {"DUPLICATE", "FENCE"}, verdicts
 
 
@@ -258,12 +232,15 @@ def _at(committed: tuple[int, ProducerCheckpoint] | None) -> Commits:
     return commits
 
 
-def _fill(bootstrap: str, topic: str, count: int) -> list[Record]:
+def _fill(bootstrap: str, topic: str, count: int) -> list[Message]:
+    """``count`` plain records sent to partition 0 of ``topic``, as a copier consumes them."""
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all"})
     for i in range(count):
         producer.produce(topic, f"r{i}".encode(), partition=0)
     assert producer.flush(30) == 0
-    return read_topic(bootstrap, topic)
+    return [
+        Message(topic, r.partition, r.offset, r.key, r.value) for r in read_topic(bootstrap, topic)
+    ]
 
 
 def test_a_member_is_told_what_it_needs(

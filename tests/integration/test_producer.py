@@ -555,22 +555,6 @@ def test_lease_server_down_is_retried_then_named_and_retriable(kafka: Any) -> No
     assert len(attempts) >= 3  # the client backed off between its retries
 
 
-def test_lease_server_down_via_cli_exits_retriable(kafka: Any) -> None:
-    done = run_cli(
-        "produce",
-        "--bootstrap",
-        kafka.bootstrap,
-        "--lease-server",
-        f"127.0.0.1:{free_port()}",
-        "--topic",
-        "t",
-        "--count",
-        "1",
-    )
-    assert done.returncode == 75, done.stderr
-    assert "LeaseServerDown" in done.stderr
-
-
 def test_expired_lease_without_lease_server_is_named_and_retriable(
     kafka: Any,
     new_topic: Callable[..., str],
@@ -649,11 +633,11 @@ def test_zookeeper_down_behind_the_lease_server_is_named_not_the_lease_server() 
     assert "start one" not in done.stderr and "start a lease server" not in done.stderr
 
 
-def test_lease_server_down_says_how_to_start_one_once() -> None:
+def test_lease_server_down_says_how_to_start_one_once(kafka: Any) -> None:
     done = run_cli(
         "produce",
         "--bootstrap",
-        dead_address(),
+        kafka.bootstrap,
         "--lease-server",
         dead_address(),
         "--topic",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
-import subprocess
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +25,6 @@ from typing import Any
 import pytest
 
 from pidfence.cli.exits import EXIT_OK
-from pidfence.demo.procs import pidfence_argv
 from pidfence.ledger import LedgerEntry, LedgerWriter, value_digest
 from pidfence.pid_allocator import LeaseClient, LeaseServerThread
 from pidfence.producer import (
@@ -38,6 +36,7 @@ from pidfence.producer import (
 from pidfence.producer import lock as producer_lock
 from pidfence.spark_sink import run_sink
 from pidfence.testing.mutations import install_mutation
+from tests.fixtures.commands import run_pidfence
 from tests.integration.test_producer import Record, assert_gap_free, read_topic
 from tests.unit.test_producer_threads import in_threads
 
@@ -99,18 +98,20 @@ def ledger_of(records: list[Record], topic: str, path: Path, expire_ms: int) -> 
     return path
 
 
-def verify(ledger: Path, output: Path) -> dict[str, int]:
-    """``pidfence verify`` as a user runs it; returns every finding's count (exit 0 asserted)."""
-    done = subprocess.run(
-        pidfence_argv("verify", "--ledger", str(ledger), "--output", str(output), "--json"),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
+def assert_sink_appends_each_once(
+    spark: Any, bootstrap: str, topics: str, ledger: Path, tmp_path: Path, count: int
+) -> None:
+    """One sink run over ``topics`` appends ``count`` rows, and ``pidfence verify`` (as a user
+    runs it) finds no event lost or twice."""
+    out = tmp_path / "out"
+    summary = run_sink(spark, bootstrap, topics, str(out), str(tmp_path / "ckpt"))
+    assert summary.appended == count, summary
+    done = run_pidfence(
+        "verify", "--ledger", str(ledger), "--output", str(out), "--json", timeout=300
     )
     assert done.returncode == EXIT_OK, done.stdout + done.stderr
-    report = json.loads(done.stdout)
-    return {name: finding["count"] for name, finding in report["findings"].items()}
+    findings = {n: f["count"] for n, f in json.loads(done.stdout)["findings"].items()}
+    assert findings["event_lost"] == findings["event_duplicate"] == findings["lost"] == 0, findings
 
 
 def test_threads_sharing_a_producer_write_every_event_exactly_once(
@@ -140,12 +141,9 @@ def test_threads_sharing_a_producer_write_every_event_exactly_once(
         assert len({r.partition for r in records}) == (4 if keyed else 1)
         ledger_of(records, topic, ledger, expire_ms)
         read += records
-
-    out = tmp_path / "out"
-    summary = run_sink(spark, kafka.bootstrap, ",".join(layouts), str(out), str(tmp_path / "ck"))
-    assert summary.appended == len(read), summary
-    findings = verify(ledger, out)
-    assert findings["event_lost"] == findings["event_duplicate"] == findings["lost"] == 0, findings
+    assert_sink_appends_each_once(
+        spark, kafka.bootstrap, ",".join(layouts), ledger, tmp_path, len(read)
+    )
 
 
 def test_without_the_lock_threads_put_records_on_one_identity(
@@ -206,11 +204,7 @@ def test_an_asyncio_application_writes_exactly_once(
     records = read_topic(kafka.bootstrap, topic)
     assert shared_identities(records) == 0
     assert_gap_free(records)
-    out = tmp_path / "out"
-    summary = run_sink(spark, kafka.bootstrap, topic, str(out), str(tmp_path / "ckpt"))
-    assert summary.appended == 8 * per_task, summary
-    findings = verify(ledger, out)
-    assert findings["event_lost"] == findings["event_duplicate"] == findings["lost"] == 0, findings
+    assert_sink_appends_each_once(spark, kafka.bootstrap, topic, ledger, tmp_path, 8 * per_task)
 
 
 def _send_in_child(producer: IdempotentProducer, topic: str, out: Any) -> None:

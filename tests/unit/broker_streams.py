@@ -8,7 +8,7 @@ something obviously right.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -759,3 +759,35 @@ def knobs_strategy_of(
 
 #: (capacity, lifetime, reorder window)
 table_args = st.tuples(st.integers(1, 8), st.integers(1, 3000), st.integers(0, 4))
+
+
+def batches(stream: Stream, cuts: Sequence[int]) -> Iterator[tuple[int, int, list[Any], list[int]]]:
+    """``stream`` cut into batches of the sizes ``cuts``, the rest in a last one: each batch's
+    (start, end, headers, stamps)."""
+    start = 0
+    for size in [*cuts, len(stream)]:
+        chunk = stream[start : start + size]
+        end = start + len(chunk)
+        yield start, end, [h for h, _ in chunk], [t for _, t in chunk]
+        start = end
+
+
+def restored(snapshot: bytes | None, args: tuple[int, int, int]) -> ProducerStateTable:
+    """The table ``snapshot`` restores (None: a new one of ``args``, capacity, lifetime and
+    window)."""
+    return ProducerStateTable(*args) if snapshot is None else ProducerStateTable.restore(snapshot)
+
+
+def decide_alike_after(
+    live: ProducerStateTable,
+    rebuilt: ProducerStateTable,
+    more: Stream,
+    certs: Sequence[bytes | None] | None = None,
+) -> None:
+    """``live`` and ``rebuilt`` decide every record of ``more`` (after the live clock) alike."""
+    base = live.clock if live.clock > -(2**62) else 0
+    for i, (header, ts) in enumerate(more):
+        cert = None if certs is None else certs[i]
+        a = live.offer_header(header, base + ts, 10_000 + i, cert)
+        b = rebuilt.offer_header(header, base + ts, 10_000 + i, cert)
+        assert a == b, f"record {i} after the rebuild"

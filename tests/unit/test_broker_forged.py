@@ -151,21 +151,15 @@ def test_forged_cases_match_the_reference_and_the_batch_path(
     batched = ProducerStateTable(capacity, lifetime, window, verifier=streams.FakeVerifier())
     b_final: dict[int, Verdict] = {}
     b_log: list[int] = []
-    start = 0
-    for size in [*cuts, len(stream)]:
-        lo, hi = start, min(len(stream), start + size)
+    for lo, hi, headers, stamps in streams.batches(stream, cuts):
         res = batched.offer_batch(
-            [h for h, _ in stream[lo:hi]],
-            np.array([t for _, t in stream[lo:hi]], np.int64),
-            list(range(lo, hi)),
-            certs[lo:hi],
+            headers, np.array(stamps, np.int64), list(range(lo, hi)), certs[lo:hi]
         )
         for d in res.released:
             b_final[d.ref] = d.verdict
         for row, v in enumerate(res.verdicts()):
             b_final[lo + row] = v
         b_log += [lo + i if i >= 0 else res.released[-i - 1].ref for i in res.log_order.tolist()]
-        start = hi
     assert b_final == final and b_log == log
     assert batched == one
     assert batched.forged == one.forged

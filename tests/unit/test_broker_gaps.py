@@ -30,6 +30,8 @@ from pidfence.wire import FLAG_FENCE, PidState, PidStatus, Verdict, encode_pf
 from tests.unit.broker_streams import (
     StreamKnobs,
     authority_answers,
+    batches,
+    decide_alike_after,
     fixed_authority,
     flush_alike,
     knobs_strategy_of,
@@ -37,6 +39,7 @@ from tests.unit.broker_streams import (
     note_batch,
     offer_alike,
     offer_one_by_one,
+    restored,
     table_args,
     twin_tables,
 )
@@ -509,10 +512,7 @@ def test_state_with_extensions_is_a_function_of_the_committed_output(
     )
     snapshots: list[bytes | None] = [None]
     committed: list[tuple[Any, ...]] = []
-    start = 0
-    for size in [*cuts, len(stream)]:
-        lo, hi = start, min(len(stream), start + size)
-        headers, stamps = [h for h, _ in stream[lo:hi]], [t for _, t in stream[lo:hi]]
+    for lo, hi, headers, stamps in batches(stream, cuts):
         horizon = stamps[0] if stamps and data.draw(st.booleans(), label="open") else None
         # A flip of resolveGaps between batches applies from the batch it was made for.
         gaps_on = data.draw(st.booleans(), label="resolveGaps")
@@ -533,14 +533,8 @@ def test_state_with_extensions_is_a_function_of_the_committed_output(
             )
         )
         snapshots.append(live_table.snapshot())
-        start = hi
     k = data.draw(st.integers(0, len(committed)), label="rebuild from snapshot")
-    snap = snapshots[k]
-    rebuilt = (
-        ProducerStateTable(capacity, lifetime, window)
-        if snap is None
-        else ProducerStateTable.restore(snap)
-    )
+    rebuilt = restored(snapshots[k], args)
     for headers, stamps, decided, refs, horizon, asked, gaps_on in committed[k:]:
         replay_batch(
             rebuilt,
@@ -554,12 +548,7 @@ def test_state_with_extensions_is_a_function_of_the_committed_output(
         )
     assert rebuilt == live_table
     rebuilt.authority = live_table.authority = fixed_authority(answers)
-    more = make_stream(random.Random(seed + 1), knobs)
-    base = live_table.clock if live_table.clock > -(2**62) else 0
-    for i, (header, ts) in enumerate(more):
-        assert live_table.offer_header(header, base + ts, 10_000 + i) == rebuilt.offer_header(
-            header, base + ts, 10_000 + i
-        ), f"record {i} after the rebuild"
+    decide_alike_after(live_table, rebuilt, make_stream(random.Random(seed + 1), knobs))
 
 
 def test_recorded_authority_answers_what_was_recorded() -> None:

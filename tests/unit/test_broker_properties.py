@@ -305,10 +305,7 @@ def test_state_is_a_function_of_the_committed_output(
     live = ProducerStateTable(capacity, lifetime, window, verifier=streams.FakeVerifier())
     snapshots: list[bytes | None] = [None]
     committed: list[tuple[list[Any], list[int], list[str], list[int], bool]] = []
-    start = 0
-    for i, size in enumerate([*cuts, len(stream)]):
-        lo, hi = start, min(len(stream), start + size)
-        headers, stamps = [h for h, _ in stream[lo:hi]], [t for _, t in stream[lo:hi]]
+    for i, (lo, hi, headers, stamps) in enumerate(streams.batches(stream, cuts)):
         res = live.offer_batch(
             headers, np.array(stamps, np.int64), list(range(lo, hi)), certs[lo:hi]
         )
@@ -318,23 +315,13 @@ def test_state_is_a_function_of_the_committed_output(
         verdicts = [v.value for v in res.verdicts()]
         committed.append((headers, stamps, verdicts, list(range(lo, hi)), flush))
         snapshots.append(live.snapshot())
-        start = hi
     k = data.draw(st.integers(0, len(committed)), label="rebuild from snapshot")
-    snap = snapshots[k]
-    rebuilt = (
-        ProducerStateTable(capacity, lifetime, window)
-        if snap is None
-        else ProducerStateTable.restore(snap)
-    )
+    rebuilt = streams.restored(snapshots[k], args)
     for headers, stamps, verdicts, refs, flush in committed[k:]:
         replay_batch(rebuilt, headers, stamps, verdicts, refs, flush)
     assert rebuilt == live
     rebuilt.verifier = streams.FakeVerifier()
     more = streams.make_stream(random.Random(seed + 1), knobs)
     more_certs = streams.with_certs(random.Random(seed + 2), more, forge)
-    base = live.clock if live.clock > -(2**62) else 0
-    for i, ((header, ts), cert) in enumerate(zip(more, more_certs, strict=True)):
-        a = live.offer_header(header, base + ts, 10_000 + i, cert)
-        b = rebuilt.offer_header(header, base + ts, 10_000 + i, cert)
-        assert a == b, f"record {i} after the rebuild"
+    streams.decide_alike_after(live, rebuilt, more, more_certs)
     assert rebuilt == live

@@ -16,38 +16,10 @@ from pidfence.producer.copier import CopySpec
 from pidfence.producer.copy_checkpoint import MetadataCodec
 from pidfence.producer.copy_group import CopyGroup, PartitionsNotCopied
 from pidfence.testing import ManualClock
+from tests.unit.kafka_kit import Message
 
 SOURCE, TARGET = "in", "out"
 CODEC = MetadataCodec("g", SOURCE, TARGET)
-
-
-@dataclass
-class Msg:
-    """A consumed record (the consumer message interface the member reads)."""
-
-    p: int
-    o: int
-
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return SOURCE
-
-    def partition(self) -> int:
-        return self.p
-
-    def offset(self) -> int:
-        return self.o
-
-    def key(self) -> None:
-        return None
-
-    def value(self) -> bytes:
-        return f"{self.p}:{self.o}".encode()
-
-    def headers(self) -> None:
-        return None
 
 
 @dataclass
@@ -112,7 +84,7 @@ class ScriptedConsumer:
         self.ends: dict[int, int] = {}
         for what, items in script:
             for msg in items if what == "records" else ():
-                self.ends[msg.p] = max(self.ends.get(msg.p, 0), msg.o + 1)
+                self.ends[msg.partition_] = max(self.ends.get(msg.partition_, 0), msg.offset_ + 1)
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         info = SimpleNamespace(error=None, partitions=dict.fromkeys(range(2)))
@@ -130,9 +102,9 @@ class ScriptedConsumer:
             items[0]()
             return []
         if what == "records":
-            out = [m for m in items if m.p in self.fetching]
+            out = [m for m in items if m.partition_ in self.fetching]
             for msg in out:
-                self.fetching[msg.p] = msg.o + 1
+                self.fetching[msg.partition_] = msg.offset_ + 1
             return out
         parts = [confluent_kafka.TopicPartition(SOURCE, p) for p in items]
         self.callbacks[f"on_{what}"](self, parts)
@@ -211,7 +183,10 @@ class Member:
 
 
 def records(partition: int, offsets: range) -> tuple[str, list[Any]]:
-    return ("records", [Msg(partition, o) for o in offsets])
+    return (
+        "records",
+        [Message(SOURCE, partition, o, value_=f"{partition}:{o}".encode()) for o in offsets],
+    )
 
 
 def test_a_task_commits_before_its_first_record_and_hands_over_with_a_proven_commit() -> None:

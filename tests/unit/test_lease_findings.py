@@ -99,6 +99,20 @@ def _frames(sock: socket.socket, count: int) -> list[dict[str, Any]]:
     return out
 
 
+def _stale_bump(lease: Any) -> bytes:
+    """A bump of ``lease`` from generation 0, which the server answers ``STALE_GENERATION``."""
+    request = {"v": 1, "op": "bump", "id": 1, "pid": lease.pid, "generation": 0}
+    return encode_frame({**request, "secret": lease.secret})
+
+
+def _wait_for_waiting(store: GatedStore, count: int) -> None:
+    """Until ``count`` requests wait at the gated store (30 s at most)."""
+    deadline = 600
+    while store.waiting < count and deadline:
+        deadline -= 1
+        threading.Event().wait(0.05)
+
+
 def _on_loop(server: LeaseServerThread, fn: Any) -> Any:
     async def call() -> Any:
         return fn()
@@ -115,26 +129,14 @@ def test_pipelined_requests_are_bounded_per_client_over_its_connections() -> Non
         with LeaseClient(server.address) as client:
             lease = client.lease()
         store.gate.clear()
-        frame = encode_frame(
-            {
-                "v": 1,
-                "op": "bump",
-                "id": 1,
-                "pid": lease.pid,
-                "generation": 0,
-                "secret": lease.secret,
-            }
-        )
+        frame = _stale_bump(lease)
         address: Any = tuple(server.address.rsplit(":", 1))
         # Two connections of one client (no tokens: its address).
         socks = [socket.create_connection(address, timeout=30) for _ in range(2)]
         for sock in socks:
             sock.sendall(frame * 2500)
         limit = server.settings.max_in_flight
-        deadline = 600
-        while store.waiting < limit and deadline:  # the server has taken all it may take
-            deadline -= 1
-            threading.Event().wait(0.05)
+        _wait_for_waiting(store, limit)  # the server has taken all it may take
         threading.Event().wait(0.2)  # time to take more, if it wrongly would
         in_flight = _on_loop(
             server, lambda: [c.in_flight for c in server.running.server._connections]
@@ -160,16 +162,7 @@ def test_zookeeper_queue_is_bounded_per_client_with_rate_limited() -> None:
         store.gate.clear()
         host, port = server.address.rsplit(":", 1)
         flooder = socket.create_connection((host, int(port)), timeout=30)
-        frame = encode_frame(
-            {
-                "v": 1,
-                "op": "bump",
-                "id": 1,
-                "pid": lease.pid,
-                "generation": 0,
-                "secret": lease.secret,
-            }
-        )
+        frame = _stale_bump(lease)
         flooder.sendall(frame * 20)
         refused = _frames(flooder, 16)  # 4 queued (this client's share of 8); 16 refused now
         assert {r["error"] for r in refused} == {"RATE_LIMITED"}
@@ -178,10 +171,7 @@ def test_zookeeper_queue_is_bounded_per_client_with_rate_limited() -> None:
             (host, int(port)), timeout=30, source_address=("127.0.0.2", 0)
         )
         other.sendall(frame)
-        deadline = 600
-        while store.waiting < 5 and deadline:
-            deadline -= 1
-            threading.Event().wait(0.05)
+        _wait_for_waiting(store, 5)
         assert store.waiting == 5
         store.gate.set()
         assert _frames(other, 1)[0]["error"] == "STALE_GENERATION"  # served, not rate limited

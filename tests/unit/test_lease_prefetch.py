@@ -82,26 +82,26 @@ async def test_a_busy_server_claims_several_blocks_in_one_write() -> None:
         await _settle(service)
         coordinator.gate.clear()
         while not service.claiming:
-            assert service.lease_now() is not None
+            assert service.lease_fields_now() is not None
         at_claim = service.leases - 1  # the lease that started the claim was issued in it
         while service.supply.remaining() > 0:  # the held pids all go while the claim waits
-            assert service.lease_now() is not None
+            assert service.lease_fields_now() is not None
         used = service.leases - at_claim
-        assert service.lease_now() is None  # dry: this one would wait
+        assert service.lease_fields_now() is None  # dry: this one would wait
         coordinator.gate.set()
         await _settle(service)
         expected_blocks = min(-(-RESERVE_FACTOR * used // BLOCK), MAX_RESERVE_BLOCKS)
         assert service.supply.claim_blocks == expected_blocks > 1
         writes = coordinator.writes
         while not service.claiming:  # down to the new reserve: the bigger claim starts
-            assert service.lease_now() is not None
+            assert service.lease_fields_now() is not None
         await _settle(service)
         assert coordinator.writes == writes + 1  # one write for all of its blocks
         newest = service.supply.blocks[-1]
         assert newest.end - newest.start == expected_blocks * BLOCK
         # Every pid is issued once, in order, across the bigger block too.
-        pids = [service.lease_now() for _ in range(expected_blocks * BLOCK)]
-        issued = [grant.pid for grant in pids if grant is not None]
+        pids = [service.lease_fields_now() for _ in range(expected_blocks * BLOCK)]
+        issued = [fields[0] for fields in pids if fields is not None]
         assert issued == sorted(set(issued))
 
 
@@ -113,19 +113,19 @@ async def test_a_slow_claim_makes_the_next_one_start_earlier() -> None:
         # Issue down to half a block: the prefetch claim starts and is held open.
         coordinator.gate.clear()
         while not service.claiming:
-            assert service.lease_now() is not None
+            assert service.lease_fields_now() is not None
         issued_before = service.leases
         for _ in range(3):  # leases issued while the claim waits
-            assert service.lease_now() is not None
+            assert service.lease_fields_now() is not None
         used = service.leases - issued_before
         coordinator.gate.set()
         await _settle(service)
         assert service.supply.reserve == max(BLOCK // 2, RESERVE_FACTOR * (used + 1))
         # The next claim starts as soon as the held pids drop to the new reserve.
         while service.supply.remaining() > service.supply.reserve:
-            assert service.lease_now() is not None
+            assert service.lease_fields_now() is not None
             assert not service.claiming
-        assert service.lease_now() is not None
+        assert service.lease_fields_now() is not None
         assert service.claiming
         await _settle(service)
 

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from pidfence.pid_allocator import (
     LeaseService,
-    NotOwner,
     UnknownPid,
 )
 from pidfence.pid_allocator.capability import (
@@ -19,7 +18,6 @@ from pidfence.pid_allocator.capability import (
     block_hint,
     issue_offset,
     make_secret,
-    make_secret_v1,
     secret_matches,
 )
 from pidfence.pid_allocator.coordinator import LineageRecord
@@ -67,21 +65,6 @@ async def test_an_ended_lease_is_still_refused_via_any_server(servers: LeaseServ
 
 
 @asynchronous
-async def test_a_version_1_secret_still_works_with_the_earliest_end(servers: LeaseServers) -> None:
-    issuer, other = _pair(servers)
-    lease = await issuer.lease()
-    block = servers.store.block_at(block_hint(lease.secret) or 0)
-    assert block is not None
-    old_secret = make_secret_v1(block.start, block.salt, lease.pid)  # an old checkpoint's
-    servers.clock.now += 1_000
-    bumped = await other.bump(lease.pid, lease.generation, old_secret)
-    assert bumped.expire_ms == block.claimed_ms + LIFETIME  # as before: the earliest end
-    assert bumped.secret == old_secret
-    with pytest.raises(NotOwner):
-        await other.bump(lease.pid, bumped.generation, old_secret[:-1] + b"\x01")
-
-
-@asynchronous
 async def test_lineage_authority_gets_the_successors_own_secret(servers: LeaseServers) -> None:
     issuer, other = _pair(servers)
     lease = await issuer.lease()
@@ -109,8 +92,6 @@ def test_secrets_carry_their_issue_offset(start: int, salt: bytes, pid: int, off
     moved = secret[:8] + ((offset + 1) % 2**32).to_bytes(4, "big") + secret[12:]
     assert not secret_matches(moved, start, salt, pid)  # the offset is under the MAC
     assert not secret_matches(secret, start, salt, pid + 1)
-    old = make_secret_v1(start, salt, pid)
-    assert issue_offset(old) is None and secret_matches(old, start, salt, pid)
 
 
 def test_lineage_records_keep_the_offset_and_stay_readable() -> None:

@@ -38,6 +38,7 @@ from pidfence.producer import (
 from pidfence.producer.recovery import ScanState
 from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf
 from pidfence.wire.mac import MAC_HEADER_KEY, RecordMacCheck, derive_record_key
+from tests.unit.kafka_kit import Message
 
 LIFETIME = 24_000
 
@@ -125,52 +126,14 @@ class FakeLeaseClient:
         return successor
 
 
-class FakeMsg:
-    def __init__(self, topic: str, partition: int, key: Any, value: Any, headers: Any) -> None:
-        self._t, self._p, self._k, self._v, self._h = topic, partition, key, value, headers
-        self._offset = -1
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def key(self) -> Any:
-        return self._k
-
-    def value(self) -> Any:
-        return self._v
-
-    def headers(self) -> Any:
-        return list(self._h)
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_700_000_000_000 + self._offset)
-
-
-class FakeReport(FakeMsg):
-    """A delivery report: like confluent-kafka's, it carries no headers."""
-
-    def __init__(self, msg: FakeMsg) -> None:
-        super().__init__(msg._t, msg._p, msg._k, msg._v, ())
-        self._offset = msg._offset
-
-    def headers(self) -> Any:
-        return None
-
-
 class FakeKafka:
     """Queues records; poll/flush acknowledge them in order (or fail the ones marked)."""
 
     def __init__(self, conf: dict[str, Any], topics: dict[str, int]) -> None:
         self.conf = conf
         self.topics = topics
-        self.pending: list[tuple[FakeMsg, Any]] = []
-        self.log: list[FakeMsg] = []
+        self.pending: list[tuple[Message, Any]] = []
+        self.log: list[Message] = []
         self.offsets: dict[tuple[str, int], int] = {}
         self.fail: Any = None
         self.full_once = False
@@ -190,19 +153,19 @@ class FakeKafka:
             self.full_once = False
             raise BufferError("queue full")
         callback = on_delivery or self.conf["on_delivery"]
-        self.pending.append((FakeMsg(topic, partition, key, value, headers), callback))
+        self.pending.append((Message(topic, partition, -1, key, value, headers), callback))
 
     def poll(self, timeout: float = 0) -> int:
         served, self.pending = self.pending, []
         for msg, callback in served:
             if self.fail is not None:
-                callback(self.fail, FakeReport(msg))
+                callback(self.fail, msg.report())
                 continue
             tp = (msg.topic(), msg.partition())
-            msg._offset = self.offsets.get(tp, 0)
-            self.offsets[tp] = msg._offset + 1
+            msg.offset_ = self.offsets.get(tp, 0)
+            self.offsets[tp] = msg.offset_ + 1
             self.log.append(msg)
-            callback(None, FakeReport(msg))
+            callback(None, msg.report())
         return len(served)
 
     def flush(self, timeout: float = -1) -> int:

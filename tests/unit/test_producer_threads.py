@@ -33,30 +33,12 @@ from pidfence.producer import (
 from pidfence.producer import lock as producer_lock
 from pidfence.testing.mutations import install_mutation
 from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf
+from tests.unit.kafka_kit import Message
 from tests.unit.test_producer_client import LIFETIME, FakeLeaseClient
 
 THREADS = 4
 PER_THREAD = 2_000
 PARTITIONS = 4
-
-
-class Report:
-    """A delivery report (no headers, as confluent-kafka's)."""
-
-    def __init__(self, topic: str, partition: int, value: bytes, offset: int) -> None:
-        self._t, self._p, self._v, self._o = topic, partition, value, offset
-
-    def offset(self) -> int:
-        return self._o
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def value(self) -> bytes:
-        return self._v
 
 
 class ThreadedKafka:
@@ -69,7 +51,7 @@ class ThreadedKafka:
         self.full_every = full_every
         self.fail: Any = None
         self.log: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in range(PARTITIONS)}
-        self.reports: deque[tuple[Any, Report]] = deque()
+        self.reports: deque[tuple[Any, Message]] = deque()
         self._calls = itertools.count(1)
 
     def produce(
@@ -86,7 +68,7 @@ class ThreadedKafka:
         log = self.log[partition]
         log.append((dict(headers)["pf"], value))
         callback = on_delivery or self.conf["on_delivery"]
-        self.reports.append((callback, Report(topic, partition, value, len(log) - 1)))
+        self.reports.append((callback, Message(topic, partition, len(log) - 1, value_=value)))
 
     def poll(self, timeout: float = 0) -> int:
         served = 0

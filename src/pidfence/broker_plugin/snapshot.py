@@ -115,14 +115,8 @@ def full_snapshot(table: RulesKernel) -> bytes:
                 table.grace_ms,
                 int(table.resolve_gaps),
             ],
-            "clock": table.clock,
-            "horizon": table.horizon,
-            "serial": table.next_serial,
-            "arrival": table.next_arrival,
             "entries": entries,
-            "held": _held_rows(table),
-            "pending": _pending_rows(table),
-            "unconfirmed": sorted(table.unconfirmed),
+            **_moving(table),
         }
     )
     _mark_clean(table, epoch)
@@ -132,7 +126,6 @@ def full_snapshot(table: RulesKernel) -> bytes:
 def delta_snapshot(table: RulesKernel) -> bytes:
     """What changed since the previous snapshot; work proportional to the producers touched."""
     epoch = table.epoch + 1
-    new: list[list[Any]] = []
     updated: list[list[Any]] = []
     for pid in table.touched:
         entry = table.entries.get(pid)
@@ -145,27 +138,33 @@ def delta_snapshot(table: RulesKernel) -> bytes:
             break
         e = table.entries[pid]
         tail.append([pid, serial, e.generation, e.highwater, e.first_seen, e.holes])
-    new = tail[::-1]
     data = _frame(
         {
             "v": VERSION,
             "kind": "delta",
             "prev": table.epoch,
             "epoch": epoch,
-            "clock": table.clock,
-            "horizon": table.horizon,
-            "serial": table.next_serial,
-            "arrival": table.next_arrival,
             "expired": table.expired_since,
-            "new": new,
+            "new": tail[::-1],
             "updated": sorted(updated, key=lambda row: row[0]),
-            "held": _held_rows(table),
-            "pending": _pending_rows(table),
-            "unconfirmed": sorted(table.unconfirmed),
+            **_moving(table),
         }
     )
     _mark_clean(table, epoch)
     return data
+
+
+def _moving(table: RulesKernel) -> dict[str, Any]:
+    """What a full snapshot and a delta both carry whole: counters, held and waiting records."""
+    return {
+        "clock": table.clock,
+        "horizon": table.horizon,
+        "serial": table.next_serial,
+        "arrival": table.next_arrival,
+        "held": _held_rows(table),
+        "pending": _pending_rows(table),
+        "unconfirmed": sorted(table.unconfirmed),
+    }
 
 
 def _reverse_ring(table: RulesKernel) -> Any:

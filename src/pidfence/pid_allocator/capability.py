@@ -8,10 +8,8 @@ lease writes nothing per pid; and because the issue time is in it, authenticated
 server knows the exact end the issuing server granted (``claimed + offset + lifetime``), not
 just the earliest it could have been (DESIGN.md §5 amended again: the true end everywhere).
 
-Version 1 secrets (24 bytes: ``block start || blake2b(key=salt, pid)``), from servers before the
-issue offset, stay valid; for them a server that did not issue the pid still takes the earliest
-possible end. The block record, and with it the salt, is readable only by lease servers when
-ZooKeeper ACLs are on. A pid's secret never changes over its generations.
+The block record, and with it the salt, is readable only by lease servers when ZooKeeper ACLs
+are on. A pid's secret never changes over its generations.
 """
 
 from __future__ import annotations
@@ -20,9 +18,7 @@ import hashlib
 import hmac
 
 SECRET_BYTES = 28
-SECRET_BYTES_V1 = 24
 _MAC_BYTES = 16
-_PERSON_V1 = b"pidfence-secret"
 _PERSON = b"pidfence-secret2"
 
 
@@ -47,24 +43,16 @@ def make_secret(block_start: int, salt: bytes, pid: int, offset_ms: int) -> byte
     return secret_from(block_start, secret_hasher(salt), pid, offset_ms)
 
 
-def make_secret_v1(block_start: int, salt: bytes, pid: int) -> bytes:
-    """A version 1 secret (no issue offset), as servers before version 2 issued them."""
-    mac = hashlib.blake2b(
-        pid.to_bytes(8, "big"), key=salt, digest_size=_MAC_BYTES, person=_PERSON_V1
-    ).digest()
-    return block_start.to_bytes(8, "big") + mac
-
-
 def block_hint(secret: bytes) -> int | None:
     """The block start a secret names, or None when it cannot be a secret at all."""
-    if len(secret) not in (SECRET_BYTES, SECRET_BYTES_V1):
+    if len(secret) != SECRET_BYTES:
         return None
     start = int.from_bytes(secret[:8], "big")
     return start if start >= 1 else None
 
 
 def issue_offset(secret: bytes) -> int | None:
-    """The issue offset (ms after the block's claim) a version 2 secret carries, else None.
+    """The issue offset (ms after the block's claim) a secret carries (None: not a secret).
 
     Trust it only once :func:`secret_matches` has checked the secret."""
     if len(secret) != SECRET_BYTES:
@@ -73,13 +61,8 @@ def issue_offset(secret: bytes) -> int | None:
 
 
 def secret_matches(secret: bytes, block_start: int, salt: bytes, pid: int) -> bool:
-    """Constant-time check that ``secret`` (either version) is the secret of ``pid`` from that
-    block."""
+    """Constant-time check that ``secret`` is the secret of ``pid`` from that block."""
     offset = issue_offset(secret)
-    if offset is not None:
-        expected = make_secret(block_start, salt, pid, offset)
-    elif len(secret) == SECRET_BYTES_V1:
-        expected = make_secret_v1(block_start, salt, pid)
-    else:
+    if offset is None:
         return False
-    return hmac.compare_digest(secret, expected)
+    return hmac.compare_digest(secret, make_secret(block_start, salt, pid, offset))

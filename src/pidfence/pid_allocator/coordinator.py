@@ -48,11 +48,8 @@ class Block:
         record (its last lease's end plus retention): the block-level refusal."""
         return self.last_expiry_ms + retention_ms
 
-    def issued_end(self, offset_ms: int | None) -> int:
-        """The end of a lease issued ``offset_ms`` after the claim (None, for a version 1
-        secret: the earliest end any of the block's leases can have)."""
-        if offset_ms is None:
-            return min(self.claimed_ms + self.lifetime_ms, self.last_expiry_ms)
+    def issued_end(self, offset_ms: int) -> int:
+        """The end of a lease issued ``offset_ms`` after the claim."""
         return self.claimed_ms + offset_ms + self.lifetime_ms
 
     def encode(self) -> bytes:
@@ -129,8 +126,8 @@ class LineageRecord:
         successor_generation: the successor's starting generation.
         predecessor: the pid that was rolled into this one (lineage authority, one step).
         offset: for a pid a roll created, its issue offset (ms after its block's claim): what
-            rebuilds its version 2 secret for a caller holding its predecessor's (None: a
-            version 1 secret).
+            rebuilds its secret for a caller holding its predecessor's (None: not made by a
+            roll).
     """
 
     generation: int

@@ -32,6 +32,16 @@ MAX_FIELDS = 16
 MAX_STR_BYTES = 1024
 MAX_BIN_BYTES = 64
 MAX_PARTITIONS = 100_000
+#: The limits msgpack enforces as it reads a frame, whole or field by field.
+_LIMITS: dict[str, Any] = {
+    "raw": False,
+    "strict_map_key": False,
+    "max_str_len": MAX_STR_BYTES,
+    "max_bin_len": MAX_BIN_BYTES,
+    "max_array_len": MAX_PARTITIONS,
+    "max_map_len": MAX_FIELDS,
+    "max_ext_len": 0,
+}
 
 _CONTAINERS = (list, dict)
 #: Every field any request has (``protocol.py`` reads them).
@@ -56,16 +66,7 @@ def decode_message(body: bytes) -> dict[Any, Any]:
     if len(body) > FAST_DECODE_BYTES:
         return _decode_large(body)
     try:
-        message = msgpack.unpackb(
-            body,
-            raw=False,
-            strict_map_key=False,
-            max_str_len=MAX_STR_BYTES,
-            max_bin_len=MAX_BIN_BYTES,
-            max_array_len=MAX_PARTITIONS,
-            max_map_len=MAX_FIELDS,
-            max_ext_len=0,
-        )
+        message = msgpack.unpackb(body, **_LIMITS)
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad bytes
         raise _decode_error(exc) from None
     if type(message) is not dict:
@@ -110,16 +111,7 @@ class _Reader:
 
     def __init__(self, body: bytes) -> None:
         self.body = body
-        self.unpacker = msgpack.Unpacker(
-            raw=False,
-            strict_map_key=False,
-            max_buffer_size=len(body),
-            max_str_len=MAX_STR_BYTES,
-            max_bin_len=MAX_BIN_BYTES,
-            max_array_len=MAX_PARTITIONS,
-            max_map_len=MAX_FIELDS,
-            max_ext_len=0,
-        )
+        self.unpacker = msgpack.Unpacker(max_buffer_size=len(body), **_LIMITS)
         self.unpacker.feed(body)
 
     def marker(self) -> int:

@@ -19,7 +19,6 @@ from pidfence.pid_allocator.capability import (
     block_hint,
     issue_offset,
     make_secret,
-    make_secret_v1,
     secret_matches,
 )
 from pidfence.pid_allocator.coordinator import (
@@ -96,12 +95,12 @@ class _State:
     secret: bytes
 
 
-def own_secret(block: Block, pid: int, record: LineageRecord | None) -> bytes:
-    """The secret of ``pid`` (from ``block``) as its lineage record knows it: a pid a roll
-    created keeps its issue offset there; any other record means a version 1 secret."""
-    if record is not None and record.offset is not None:
-        return make_secret(block.start, block.salt, pid, record.offset)
-    return make_secret_v1(block.start, block.salt, pid)
+def own_secret(block: Block, pid: int, record: LineageRecord) -> bytes:
+    """The secret of ``pid`` (from ``block``), a pid a roll created: its lineage record keeps
+    its issue offset (empty, matching nothing, where a record has none)."""
+    if record.offset is None:
+        return b""
+    return make_secret(block.start, block.salt, pid, record.offset)
 
 
 class Lineage:
@@ -152,13 +151,10 @@ class Lineage:
         local = change.local
         if local is not None:
             return _State(None, None, local.generation, local.expire_ms, block, own)
-        # Another server issued it: a version 2 secret says exactly when, so this server grants
-        # and records the end the issuer granted, and refuses past its retention as a record
-        # would; a version 1 secret does not, so the earliest possible end (the producer renews
-        # early rather than writing past its lease), and the block decides its retention.
-        offset = issue_offset(own)
-        expire_ms = block.issued_end(offset)
-        if offset is not None and now_ms >= expire_ms + self.retention_ms:
+        # Another server issued it: the secret says exactly when, so this server grants and
+        # records the end the issuer granted, and refuses past its retention as a record would.
+        expire_ms = block.issued_end(issue_offset(own) or 0)
+        if now_ms >= expire_ms + self.retention_ms:
             raise NotOwner(NOT_OWNER_MESSAGE)
         return _State(None, None, initial_generation(block.salt, pid), expire_ms, block, own)
 

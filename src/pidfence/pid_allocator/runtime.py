@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from pidfence.lifecycle import Startable
 from pidfence.pid_allocator.coordinator import Coordinator
@@ -35,10 +35,17 @@ from pidfence.wire.cert import load_private_key
 from pidfence.wire.mac import load_mac_secret
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ServerNotStarted(PidfenceError, RuntimeError):
     """A ``LeaseServerThread`` was asked for its address or parts before ``start()``."""
+
+
+def _started(part: T | None) -> T:
+    if part is None:
+        raise ServerNotStarted("the lease server is not started; call start() first")
+    return part
 
 
 @dataclass
@@ -197,23 +204,17 @@ class LeaseServerThread(Startable):
     @property
     def address(self) -> str:
         """``"host:port"`` once started."""
-        if self._running is None:
-            raise ServerNotStarted("the lease server is not started; call start() first")
-        return f"{self._running.host}:{self._running.port}"
+        return f"{self.running.host}:{self.running.port}"
 
     @property
     def running(self) -> RunningServer:
         """The started server's parts (service, coordinator) for inspection."""
-        if self._running is None:
-            raise ServerNotStarted("the lease server is not started; call start() first")
-        return self._running
+        return _started(self._running)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The server's event loop (to run checks on it with ``call_soon_threadsafe``)."""
-        if self._loop is None:
-            raise ServerNotStarted("the lease server is not started; call start() first")
-        return self._loop
+        return _started(self._loop)
 
     def start(self, timeout_s: float = 30.0) -> Self:
         """Start and return once listening; re-raise a startup error."""

@@ -158,22 +158,14 @@ class LeaseService:
         secret = make_secret(block.start, block.salt, pid, max(0, now - block.claimed_ms))
         return Outcome(pid, generation, expire_ms, block, secret)
 
-    def lease_now(self, client: str = "", key: bytes | None = None) -> Grant | None:
-        """Issue a lease without waiting, or None when a block claim must be awaited first.
+    def lease_fields_now(self, client: str = "", key: bytes | None = None) -> LeaseFields | None:
+        """Issue a lease without waiting, as a plain tuple (the server's hot path: one clock
+        read, no intermediate objects, the block's keyed hashes prepared once per block), or None
+        when a block claim must be awaited first.
 
         Raises:
             LeaseCapacityExhausted: the ring is full of live leases, or ``client`` holds its
                 share of it.
-        """
-        fields = self.lease_fields_now(client, key)
-        return None if fields is None else Grant(*fields)
-
-    def lease_fields_now(self, client: str = "", key: bytes | None = None) -> LeaseFields | None:
-        """:meth:`lease_now` as a plain tuple: the server's hot path (one clock read, no
-        intermediate objects, the block's keyed hashes prepared once per block).
-
-        Raises:
-            LeaseCapacityExhausted: as :meth:`lease_now`.
         """
         now = self.clock()
         ring = self.ring

@@ -74,7 +74,6 @@ class ZkQueue:
         self._pending = 0
         self._running = 0
         self.refused = 0
-        self.pushed_out = 0
 
     @property
     def pending(self) -> int:
@@ -128,7 +127,6 @@ class ZkQueue:
         bucket = self._buckets[busiest]
         job = bucket.waiting.pop()
         self._pending -= 1
-        self.pushed_out += 1
         if not bucket.waiting:
             self._turns.remove(busiest)
             self._forget_if_idle(busiest)

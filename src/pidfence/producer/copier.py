@@ -25,8 +25,9 @@ import confluent_kafka
 
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.client_log import librdkafka_logger
-from pidfence.producer.errors import BadCheckpoint, BrokerUnavailable, ProducerError, UnknownTopic
+from pidfence.producer.errors import BadCheckpoint, BrokerUnavailable, ProducerError
 from pidfence.producer.idempotent import IdempotentProducer
+from pidfence.producer.partitioner import partition_count
 from pidfence.producer.statefile import load_state, save_state
 from pidfence.wire import PF_HEADER_KEY
 from pidfence.wire.cert import CERT_HEADER_KEY
@@ -111,25 +112,6 @@ class CopyResult:
     offsets: dict[int, int]
     resumed: bool
     per_partition: dict[int, int] = field(default_factory=dict)
-
-
-def partition_count(client: Any, bootstrap: str, topic: str) -> int:
-    """Partitions of ``topic`` from ``client``'s metadata.
-
-    Raises:
-        BrokerUnavailable: no broker answered.
-        UnknownTopic: no such topic.
-    """
-    try:
-        meta = client.list_topics(topic, timeout=10.0)
-    except confluent_kafka.KafkaException as exc:
-        raise BrokerUnavailable(
-            f"no Kafka broker at {bootstrap} answered ({exc}); check --bootstrap"
-        ) from exc
-    info = meta.topics.get(topic)
-    if info is None or info.error is not None or not info.partitions:
-        raise UnknownTopic(topic)
-    return len(info.partitions)
 
 
 def check_partitions(spec: CopySpec, n_in: int, n_out: int) -> None:
@@ -226,7 +208,7 @@ class Copier:
         offsets, checkpoint, copied_before = self._load()
         consumer = self._consumer_factory(spec.consumer_config())
         try:
-            n_in = partition_count(consumer, spec.bootstrap, spec.from_topic)
+            n_in = partition_count(consumer.list_topics, spec.bootstrap, spec.from_topic)
             producer = self._open(checkpoint)
             try:
                 result = self._copy(consumer, producer, n_in, offsets, copied_before, on_progress)

@@ -32,7 +32,7 @@ from typing import Any
 import confluent_kafka
 
 from pidfence.producer.checkpoint import ProducerCheckpoint
-from pidfence.producer.copier import CopyResult, CopySpec, check_partitions, partition_count
+from pidfence.producer.copier import CopyResult, CopySpec, check_partitions
 from pidfence.producer.copy_checkpoint import MetadataCodec
 from pidfence.producer.copy_task import CopyTask, OpenTask
 from pidfence.producer.errors import (
@@ -44,6 +44,7 @@ from pidfence.producer.errors import (
     ProducerError,
     ProducerFenced,
 )
+from pidfence.producer.partitioner import partition_count
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +152,12 @@ class CopyGroup:
         previous = signal.signal(signal.SIGTERM, self._stop) if main else None
         consumer = self._consumer = self._consumer_factory(spec.consumer_config())
         try:
-            n_in = self._partitions = partition_count(consumer, spec.bootstrap, spec.from_topic)
-            check_partitions(spec, n_in, partition_count(consumer, spec.bootstrap, spec.to_topic))
+            n_in = self._partitions = partition_count(
+                consumer.list_topics, spec.bootstrap, spec.from_topic
+            )
+            check_partitions(
+                spec, n_in, partition_count(consumer.list_topics, spec.bootstrap, spec.to_topic)
+            )
             consumer.subscribe(
                 [spec.from_topic],
                 on_assign=self._on_assign,

@@ -159,17 +159,7 @@ class LeaseKeeper:
             LeaseServerDown: no lease server answered (retriable; nothing changed, or a lost
                 reply, which the next attempt reports as fenced).
         """
-        try:
-            lease = self._call(
-                lambda: self._client.roll(
-                    current.pid, current.generation, current.secret, key=self._key
-                )
-            )
-        except (StaleGeneration, NotOwner, UnknownPid) as exc:
-            raise ProducerFenced(
-                f"pid {current.pid} generation {current.generation} could not roll over "
-                f"({type(exc).__name__}: {exc}): another owner moved it on; stop this instance"
-            ) from exc
+        lease = self._move(self._client.roll, current, "roll over")
         return self._sequencer(lease, lifetime_ms=current.lifetime_ms)
 
     def bump(self, current: Sequencer) -> Sequencer:
@@ -180,26 +170,33 @@ class LeaseKeeper:
             ProducerFenced: another owner bumped or rolled the pid since, or its lease ended.
             LeaseServerDown: no lease server answered (retriable; nothing changed).
         """
+        lease = self._move(self._client.bump, current, "be bumped")
+        seq = self._bumped(current.checkpoint(), lease)
+        seq.fenced = dict(current.fenced)
+        return seq
+
+    def _bumped(self, cp: ProducerCheckpoint, lease: Any) -> Sequencer:
+        """``cp``'s sequencer (its pid, seqs, skips and topics) at ``lease``'s generation."""
+        seq = Sequencer.resumed(
+            cp,
+            lease.generation,
+            lease.expire_ms,
+            getattr(lease, "secret", b"") or cp.secret,
+            getattr(lease, "cert", None),
+        )
+        return self._keyed(seq, lease)
+
+    def _move(self, op: Callable[..., Any], current: Sequencer, verb: str) -> Any:
+        """``op`` (the client's bump or roll) on ``current``; an owner's refusal is fencing."""
         try:
-            lease = self._call(
-                lambda: self._client.bump(
-                    current.pid, current.generation, current.secret, key=self._key
-                )
+            return self._call(
+                lambda: op(current.pid, current.generation, current.secret, key=self._key)
             )
         except (StaleGeneration, NotOwner, UnknownPid) as exc:
             raise ProducerFenced(
-                f"pid {current.pid} generation {current.generation} could not be bumped "
+                f"pid {current.pid} generation {current.generation} could not {verb} "
                 f"({type(exc).__name__}: {exc}): another owner moved it on; stop this instance"
             ) from exc
-        seq = Sequencer.resumed(
-            current.checkpoint(),
-            lease.generation,
-            lease.expire_ms,
-            getattr(lease, "secret", b"") or current.secret,
-            getattr(lease, "cert", None),
-        )
-        seq.fenced = dict(current.fenced)
-        return self._keyed(seq, lease)
 
     def _probe(
         self,
@@ -242,15 +239,7 @@ class LeaseKeeper:
         if not expired:
             result = self._probe(self._client.bump, cp.pid, cp.generation, cp.secret, probe)
             if result.outcome == "ok":
-                lease = result.lease
-                seq = Sequencer.resumed(
-                    cp,
-                    lease.generation,
-                    lease.expire_ms,
-                    getattr(lease, "secret", b"") or cp.secret,
-                    getattr(lease, "cert", None),
-                )
-                return Resumed(self._keyed(seq, lease), cp.generation + 1, "bumped")
+                return Resumed(self._bumped(cp, result.lease), cp.generation + 1, "bumped")
         if result.outcome == "ended":
             expired = True
             result = self._probe(self._client.roll, cp.pid, cp.generation, cp.secret, probe)

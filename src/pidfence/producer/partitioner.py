@@ -16,6 +16,28 @@ from pidfence.producer.errors import BrokerUnavailable, UnknownPartition, Unknow
 from pidfence.producer.murmur2 import key_partition
 
 
+def partition_count(
+    list_topics: Callable[..., Any], bootstrap: str, topic: str, timeout_s: float = 10.0
+) -> int:
+    """Partitions of ``topic`` from a metadata request (``list_topics``: a Kafka client's).
+
+    Raises:
+        UnknownTopic: the topic does not exist.
+        BrokerUnavailable: no broker answered within the timeout.
+    """
+    try:
+        meta = list_topics(topic, timeout=timeout_s)
+    except confluent_kafka.KafkaException as exc:
+        raise BrokerUnavailable(
+            f"no Kafka broker at {bootstrap} answered a metadata request "
+            f"({exc}); check --bootstrap and that Kafka runs, then retry"
+        ) from exc
+    info = meta.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        raise UnknownTopic(topic)
+    return len(info.partitions)
+
+
 class Partitioner:
     """Partition counts from metadata (fetched once per topic) and the partition of a record.
 
@@ -51,17 +73,9 @@ class Partitioner:
         if count is not None:
             return count
         may_block()
-        try:
-            meta = self._list_topics(topic, timeout=self._timeout_s)
-        except confluent_kafka.KafkaException as exc:
-            raise BrokerUnavailable(
-                f"no Kafka broker at {self._bootstrap} answered a metadata request "
-                f"({exc}); check --bootstrap and that Kafka runs, then retry"
-            ) from exc
-        info = meta.topics.get(topic)
-        if info is None or info.error is not None or not info.partitions:
-            raise UnknownTopic(topic)
-        self.counts[topic] = count = len(info.partitions)
+        self.counts[topic] = count = partition_count(
+            self._list_topics, self._bootstrap, topic, self._timeout_s
+        )
         return count
 
     def pick(self, topic: str, key: bytes | None, pid: int) -> int:

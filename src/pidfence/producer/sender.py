@@ -104,27 +104,22 @@ class Sender:
         partition: int,
         headers: list[tuple[str, Any]],
         callback: DeliveryCallback | None = None,
+        wait: bool = False,
     ) -> None:
-        """Hand one record to the client (``BufferError``: its queue is full, nothing queued)."""
-        extra = {} if callback is None else {"on_delivery": callback}
-        self.client.produce(topic, value, key, partition=partition, headers=headers, **extra)
+        """Hand one record to the client (``BufferError``: its queue is full, nothing queued).
 
-    def send(
-        self,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None,
-        partition: int,
-        headers: list[tuple[str, Any]],
-        callback: DeliveryCallback | None = None,
-    ) -> None:
-        """:meth:`hand_over`, waiting out a full queue (FENCE records and resends: no seq is
-        taken for them, so nothing is held while it waits)."""
+        ``wait``: wait out a full queue instead (FENCE records and resends: no seq is taken for
+        them, so nothing is held while it waits)."""
+        extra = {} if callback is None else {"on_delivery": callback}
         while True:
             try:
-                self.hand_over(topic, value, key, partition, headers, callback)
+                self.client.produce(
+                    topic, value, key, partition=partition, headers=headers, **extra
+                )
                 return
             except BufferError:
+                if not wait:
+                    raise
                 self.wait_for_room()
 
     def wait_for_room(self) -> None:
@@ -143,7 +138,7 @@ class Sender:
         for fence in fences:
             headers: list[tuple[str, Any]] = [(PF_HEADER_KEY, fence.header), *fence.extras]
             on_fence = functools.partial(self.delivery.on_other, fence.header, True, None)
-            self.send(fence.topic, b"", None, fence.partition, headers, on_fence)
+            self.hand_over(fence.topic, b"", None, fence.partition, headers, on_fence, wait=True)
         left = self.flush(timeout_s)
         if left:
             raise BrokerUnavailable(
@@ -158,7 +153,9 @@ class Sender:
         for (topic, partition), buffer in sorted(self.delivery.kept.items()):
             for key, value, header, event in list(buffer)[-n:] if n > 0 else []:
                 on_resend = functools.partial(self.delivery.on_other, header, False, event)
-                self.send(topic, value, key, partition, [(PF_HEADER_KEY, header)], on_resend)
+                self.hand_over(
+                    topic, value, key, partition, [(PF_HEADER_KEY, header)], on_resend, wait=True
+                )
                 sent += 1
         return sent
 

@@ -88,7 +88,6 @@ class Sequencer:
     #: The cells of partitions whose next record needs no skip and no extra header: the
     #: producer's stamping loop stamps those inline (see :meth:`mark_ready`, :meth:`header`).
     ready: dict[str, dict[int, list[int]]] = field(init=False, default_factory=dict)
-    _prefix: bytes = field(init=False)
     #: The complete headers of seqs 0..255 (msgpack positive fixints below 128, then the
     #: ``0xcc`` uint8 form).
     fixed: tuple[bytes, ...] = field(init=False)
@@ -109,7 +108,6 @@ class Sequencer:
         # this sequencer, so a header is a prefix plus the packed seq plus the flags byte.
         packer = msgpack.Packer()
         prefix = b"\x95" + b"".join(map(packer.pack, (PF_VERSION, pid, generation)))
-        self._prefix = prefix
         self.fixed = tuple(prefix + bytes((n, 0)) for n in range(128)) + tuple(
             prefix + bytes((0xCC, n, 0)) for n in range(128, 256)
         )

@@ -27,9 +27,6 @@ from pidfence.jars import cache_dir, java
 #: ``off``: no archive; ``record``: write one at the JVM's exit (what ``make setup`` runs).
 CLASS_ARCHIVE_ENV = "PIDFENCE_CLASS_ARCHIVE"
 
-#: The applications with an archive of their own.
-APPLICATIONS = ("zookeeper", "kafka", "spark")
-
 #: A mismatched archive (new jars, another JDK) is a silent fallback, not a line on the console.
 _QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 

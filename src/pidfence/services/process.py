@@ -107,9 +107,7 @@ class ManagedProcess:
         """SIGTERM, then SIGKILL after ``timeout`` seconds; waits for the exit."""
         if self._proc is None:
             return
-        if self.paused:
-            self.resume()
-        self._signal(signal.SIGTERM)
+        self.terminate()
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:

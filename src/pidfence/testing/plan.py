@@ -194,11 +194,6 @@ class FaultPlan:
         """The toxics, by start time."""
         return tuple(sorted((s for s in self.steps if s.network), key=lambda s: s.at_s))
 
-    @property
-    def heals_at_s(self) -> float:
-        """When the last timed network step is over (0 without network steps)."""
-        return max((s.ends_s for s in self.network_steps), default=0.0)
-
     def describe(self) -> list[str]:
         """One line per step, timed steps first."""
         return [s.describe() for s in sorted(self.steps, key=lambda s: (s.at_acked, s.at_s))]

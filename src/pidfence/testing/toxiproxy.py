@@ -112,10 +112,6 @@ class Toxiproxy:
         )
         return Proxy(self, name, port, upstream)
 
-    def proxy_names(self) -> list[str]:
-        """Names of every proxy the server holds."""
-        return sorted(self._call("GET", "/proxies") or {})
-
     def reset(self) -> None:
         """Enable every proxy and remove every toxic."""
         self._call("POST", "/reset")
@@ -159,11 +155,6 @@ class Proxy:
     def remove_toxic(self, name: str) -> None:
         """Remove one toxic (connections it held go on)."""
         self.client._call("DELETE", f"/proxies/{self.name}/toxics/{name}")
-
-    def toxic_names(self) -> list[str]:
-        """Names of the toxics on this proxy now."""
-        toxics = self.client._call("GET", f"/proxies/{self.name}/toxics") or []
-        return sorted(t["name"] for t in toxics)
 
     def delete(self) -> None:
         """Remove the proxy (its port closes)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -81,11 +81,14 @@ class CertCheck:
     producer_key: bytes | None = None
 
 
+def _signed_fields(pid: int, generation: int, expire_ms: int, key: bytes | None) -> list[Any]:
+    if key is None:
+        return [CERT_VERSION, pid, generation, expire_ms]
+    return [CERT_VERSION_KEYED, pid, generation, expire_ms, key]
+
+
 def _signed_part(pid: int, generation: int, expire_ms: int, producer_key: bytes | None) -> bytes:
-    fields: list[Any] = [CERT_VERSION, pid, generation, expire_ms]
-    if producer_key is not None:
-        fields = [CERT_VERSION_KEYED, pid, generation, expire_ms, producer_key]
-    data: bytes = msgpack.packb(fields, use_bin_type=True)
+    data: bytes = msgpack.packb(_signed_fields(pid, generation, expire_ms, producer_key))
     return data
 
 
@@ -114,11 +117,9 @@ def encode_cert(
         raise InvalidProducerKey(
             f"a producer key is a raw Ed25519 public key of {PRODUCER_KEY_BYTES} bytes"
         )
-    signature = private_key.sign(_signed_part(pid, generation, expire_ms, producer_key))
-    fields: list[Any] = [CERT_VERSION, pid, generation, expire_ms, signature]
-    if producer_key is not None:
-        fields = [CERT_VERSION_KEYED, pid, generation, expire_ms, producer_key, signature]
-    data: bytes = msgpack.packb(fields, use_bin_type=True)
+    fields = _signed_fields(pid, generation, expire_ms, producer_key)
+    signature = private_key.sign(msgpack.packb(fields))
+    data: bytes = msgpack.packb([*fields, signature])
     return data
 
 
@@ -289,28 +290,6 @@ def load_public_keys(paths: Iterable[str | Path]) -> list[Ed25519PublicKey]:
     if not keys:
         raise KeyFileError("no public key given; name one or more PEM files")
     return keys
-
-
-def cert_verifier(
-    paths: Iterable[str | Path],
-) -> Callable[[int, int, bytes | None, int], str | None]:
-    """``verify(pid, generation, pfc, now_ms)``: None when ``pfc`` is a valid, unexpired cert for
-    (pid, generation) signed by one of the keys in ``paths``, else the reason (``missing``,
-    ``malformed``, ``wrong_length``, ``other_identity``, ``expired``, ``unknown_key``). The
-    sink's broker rules and the producer's recovery scan use the same check.
-
-    Raises:
-        KeyFileError: a file is missing or not an Ed25519 public key, or none given.
-    """
-    keys = load_public_keys(paths)
-
-    def verify(pid: int, generation: int, cert: bytes | None, now_ms: int) -> str | None:
-        if cert is None:
-            return "missing"
-        check = verify_cert(cert, keys, pid, generation, now_ms)
-        return None if check.ok else check.reason
-
-    return verify
 
 
 def generate_keypair(directory: str | Path) -> tuple[Path, Path]:

@@ -51,6 +51,8 @@ _WHAT = "record MAC secret"
 #: ``topic, partition, pid, generation, seq, flags``), then its Kafka key (None: no key) and its
 #: value (None: a tombstone).
 MacedRecord = tuple[*RecordPlace, bytes | None, bytes | None]
+#: A :data:`MacedRecord` and the MAC it carries (``pfm``, None when absent).
+MacChecked = tuple[*MacedRecord, bytes | None]
 
 
 def load_mac_secret(path: str | Path) -> bytes:
@@ -138,23 +140,10 @@ def record_mac(record_key: bytes, *record: *MacedRecord) -> bytes:
     return record_mac_from(record_hasher(record_key), *record)
 
 
-def check_record_mac(
-    record_key: bytes,
-    topic: str,
-    partition: int,
-    pid: int,
-    generation: int,
-    seq: int,
-    flags: int,
-    key: bytes | None,
-    value: bytes | None,
-    mac: bytes | None,
-) -> bool:
-    """Whether ``mac`` is the record's MAC under ``record_key`` (constant-time comparison)."""
-    if mac is None:
-        return False
-    expected = record_mac(record_key, topic, partition, pid, generation, seq, flags, key, value)
-    return mac_matches(expected, mac)
+def check_record_mac(record_key: bytes, *record: *MacChecked) -> bool:
+    """Whether the ``record``'s last field, its ``pfm`` value, is its MAC under ``record_key``
+    (constant-time comparison)."""
+    return mac_matches(record_mac(record_key, *record[:-1]), record[-1])
 
 
 def mac_matches(expected: bytes, mac: bytes | None) -> bool:
