@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -50,13 +50,21 @@ def demo(
         int | None,
         typer.Option(help="Seed of the network faults (net); the same seed replays them."),
     ] = None,
+    store: Annotated[
+        Literal["local", "s3"],
+        typer.Option(
+            help="Where the sink's output and checkpoint live: local (folders in OUT) or s3 (a "
+            "bucket on an S3 store, SeaweedFS, started for the run and stopped with it).",
+        ),
+    ] = "local",
 ) -> None:
     """Run ZooKeeper, Kafka, lease servers, producers, a copier and the Spark sink with faults,
     then check exactly-once.
 
     Exit 0 with zero anomalies, 1 on any anomaly, 2 for a bad option, 3 when a service does not
     start or cannot be reached, 75 for a retriable failure. Spark's and the JVM's output goes to
-    OUT/logs/spark.log.
+    OUT/logs/spark.log. With `--store s3` the sink's output and checkpoint are on an S3 store
+    started for the run (SeaweedFS on loopback) and the checker reads the table from there.
     """
     from rich.console import Console
 
@@ -64,7 +72,7 @@ def demo(
     from pidfence.cli.extras import require
 
     require("demo", "demo")
-    from pidfence.demo import BadDemoOption, DemoConfig, Fault, parse_faults, run_demo
+    from pidfence.demo import BadDemoOption, DemoConfig, Fault, SinkStore, parse_faults, run_demo
     from pidfence.testing import missing_reason
 
     console = Console(log_path=False)
@@ -74,6 +82,7 @@ def demo(
         seed = secrets.randbelow(1_000_000)
     try:
         config = DemoConfig(
+            store=SinkStore(store),
             records=records,
             producers=producers,
             partitions=partitions,

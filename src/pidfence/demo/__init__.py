@@ -1,7 +1,7 @@
 """``pidfence demo``: the whole pipeline with injected faults, and the process helpers the chaos
 tests share with it."""
 
-from pidfence.demo.config import BadDemoOption, DemoConfig, Fault, parse_faults
+from pidfence.demo.config import BadDemoOption, DemoConfig, Fault, SinkStore, parse_faults
 from pidfence.demo.faults import (
     CopierCrash,
     FaultScript,
@@ -17,6 +17,7 @@ __all__ = [
     # running the demo
     "DemoConfig",
     "Fault",
+    "SinkStore",
     "parse_faults",
     "run_demo",
     "BadDemoOption",

@@ -22,6 +22,13 @@ class Fault(StrEnum):
     NET = "net"  # (g) seeded network faults on every link, through a TCP fault proxy
 
 
+class SinkStore(StrEnum):
+    """Where the sink's output and checkpoint live."""
+
+    LOCAL = "local"  # folders under ``out``
+    S3 = "s3"  # a bucket on a SeaweedFS S3 store started for the run
+
+
 #: What ``--faults all`` means: every fault that needs nothing beyond the demo's own processes
 #: (``net`` needs the toxiproxy server ``make setup`` builds when go is installed).
 PROCESS_FAULTS = frozenset(Fault) - {Fault.NET}
@@ -82,6 +89,7 @@ class DemoConfig(ExistingServices):
             to exceed 23/24 of ``lease_lifetime_s``).
         copier_records: records the upstream producer writes for the copier (0: no copier).
         sink_master: Spark master of the sink.
+        store: where the sink's output and checkpoint live (:class:`SinkStore`).
         bootstrap: use this Kafka instead of starting one (topics get a unique suffix).
         zk_hosts: use this ZooKeeper instead of starting one (:class:`ExistingServices`).
         seed: the network nemesis's seed (``net``); the same seed replays the same faults.
@@ -97,6 +105,7 @@ class DemoConfig(ExistingServices):
     produce_seconds: float = 26.0
     copier_records: int = 2000
     sink_master: str = "local[2]"
+    store: SinkStore = SinkStore.LOCAL
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -36,8 +36,8 @@ class DemoPaths:
     logs = _Folder("logs", "One log per process.")
     state = _Folder("state", "Producer and copier checkpoints.")
     run = _Folder("run", "ZooKeeper and Kafka data.")
-    sink_output = _Folder("output", "The output log (and rejects) the sink writes.")
-    sink_checkpoint = _Folder("checkpoint", "Spark's checkpoint.")
+    sink_output = _Folder("output", "The output log (and rejects) the sink writes (local store).")
+    sink_checkpoint = _Folder("checkpoint", "Spark's checkpoint (local store).")
 
     def reset(self) -> None:
         """Remove a previous run's data; keep anything else in ``out``."""
@@ -66,8 +66,12 @@ class Endpoints:
         lease_servers: ``host:port,...`` as producers reach them (through proxies under ``net``).
         producer_bootstrap: Kafka as producers and the copier reach it.
         sink_bootstrap: Kafka as the sink reaches it.
+        output: where the sink writes its tables (a folder under ``out``, or ``s3://demo/output``
+            under ``--store s3``).
+        checkpoint: Spark's checkpoint, likewise.
         pids: process name -> pid of every service started here.
         metrics: component name -> the URL its Prometheus metrics are served on.
+        store: the AWS environment that reaches the S3 store (``--store s3``), else empty.
     """
 
     bootstrap: str
@@ -77,8 +81,11 @@ class Endpoints:
     lease_servers: str
     producer_bootstrap: str
     sink_bootstrap: str
+    output: str
+    checkpoint: str
     pids: Mapping[str, int] = field(default_factory=dict)
     metrics: Mapping[str, str] = field(default_factory=dict)
+    store: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

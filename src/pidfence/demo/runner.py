@@ -28,7 +28,7 @@ from pidfence.demo.config import DemoConfig
 from pidfence.demo.produce import produce
 from pidfence.demo.record import DemoPaths, DemoRecord, Endpoints
 from pidfence.demo.report import write_report
-from pidfence.demo.start import start_services
+from pidfence.demo.start import s3_store, start_services
 from pidfence.demo.summary import collect
 from pidfence.services.spark import stop_session
 
@@ -88,17 +88,19 @@ def run_demo(
     try:
         with _sigterm_unwinds():
             with _phase(phases, "services", console):
+                store = s3_store(config, paths, cleanups)  # its environment, for Spark's S3A
                 if spark is None:
                     # The Spark JVM starts while producers run; the sink needs it first.
-                    spark_future = pool.submit(_spark, config.sink_master, paths.logs / "spark.log")
+                    log = paths.logs / "spark.log"
+                    spark_future = pool.submit(_spark, config.sink_master, log, store is not None)
                 else:
                     spark_future = Future[Any]()
                     spark_future.set_result(spark)
-                services = start_services(config, paths, cleanups)
+                services = start_services(config, paths, cleanups, store)
                 ends = services.endpoints
                 for note in services.notes:
                     console.log(f"[yellow]net[/yellow]: {note}")
-                metrics = _sink_metrics(paths, ends, cleanups)
+                metrics = _sink_metrics(ends, cleanups)
                 served = {**ends.metrics, "sink": metrics.serve(0)}
                 for name, url in served.items():
                     console.log(f"metrics: {name} {url}")
@@ -107,16 +109,14 @@ def run_demo(
             def mid_run() -> bool:
                 if not session.done():
                     return False
-                passes.append(
-                    _sink_pass(paths, ends, session.result(), console, len(passes), metrics)
-                )
+                passes.append(_sink_pass(ends, session.result(), console, len(passes), metrics))
                 return True
 
             with _phase(phases, "produce with faults", console):
                 produced = produce(config, paths, ends, services.links, cleanups, console, mid_run)
             with _phase(phases, "sink (final pass)", console):
                 passes.append(
-                    _sink_pass(paths, ends, spark_future.result(), console, len(passes), metrics)
+                    _sink_pass(ends, spark_future.result(), console, len(passes), metrics)
                 )
             if spark is None:
                 stop_session(spark_future.result())
@@ -134,26 +134,26 @@ def run_demo(
         _cleanup(cleanups, spark_future if spark is None else None, pool, console)
 
 
-def _spark(master: str, log_file: Path) -> Any:
+def _spark(master: str, log_file: Path, s3: bool) -> Any:
     from pidfence.services import spark_session
+    from pidfence.spark_sink.object_store import session_conf
 
+    conf = session_conf(["s3://"] if s3 else [], master=master)  # S3A for the checkpoint
     # The JVM's output (Spark's log at WARN, JVM warnings) goes to out/logs, not the terminal.
-    return spark_session(master=master, app_name="pidfence-demo", log_file=log_file)
+    return spark_session(master=master, app_name="pidfence-demo", conf=conf, log_file=log_file)
 
 
-def _sink_metrics(paths: DemoPaths, ends: Endpoints, cleanups: list[Callable[[], None]]) -> Any:
+def _sink_metrics(ends: Endpoints, cleanups: list[Callable[[], None]]) -> Any:
     """The sink's metrics (both passes'), stopped with the demo."""
     from pidfence.spark_sink.metrics import SinkMetrics
 
-    metrics = SinkMetrics(
-        str(paths.sink_output), ends.sink_bootstrap, [ends.raw_topic], str(paths.sink_checkpoint)
-    )
+    metrics = SinkMetrics(ends.output, ends.sink_bootstrap, [ends.raw_topic], ends.checkpoint)
     cleanups.append(metrics.close)
     return metrics
 
 
 def _sink_pass(
-    paths: DemoPaths, ends: Endpoints, spark: Any, console: Console, done: int, metrics: Any
+    ends: Endpoints, spark: Any, console: Console, done: int, metrics: Any
 ) -> dict[str, Any]:
     """One available-now pass of the sink, with ``pidfence sink``'s per-batch lines."""
     import threading
@@ -170,8 +170,8 @@ def _sink_pass(
         spark,
         ends.sink_bootstrap,
         ends.raw_topic,
-        str(paths.sink_output),
-        str(paths.sink_checkpoint),
+        ends.output,
+        ends.checkpoint,
         on_batch=on_batch,
         stop=threading.Event(),
         available_now=True,
@@ -207,6 +207,8 @@ def _keep(
                 "kafka": ends.bootstrap,
                 "lease_servers": ends.lease_servers,
                 "raw_topic": ends.raw_topic,
+                "output": ends.output,
+                "store": dict(ends.store),
                 "pids": dict(ends.pids),
             },
             indent=2,
@@ -218,6 +220,12 @@ def _keep(
         f"[bold]--keep-running[/bold]: ZooKeeper {ends.zk_hosts}, Kafka {ends.bootstrap}, "
         f"lease servers {ends.lease_servers} (details in {state}). Stop them with: kill {pids}"
     )
+    if ends.store:
+        exports = "\n".join(f"export {k}={v}" for k, v in ends.store.items())
+        console.print(
+            f"The table {ends.output} is on the S3 store; export this to read it:", soft_wrap=True
+        )
+        console.print(exports, soft_wrap=True, markup=False, highlight=False)
 
 
 def _cleanup(

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pidfence.demo.config import DemoConfig, Fault
+from pidfence.demo.config import DemoConfig, Fault, SinkStore
 from pidfence.demo.record import DemoPaths, Endpoints
 from pidfence.demo.topic import create_raw_topic
 from pidfence.services.kafka import create_topic
 from pidfence.services.lease_server import LeaseServerProcess, make_lease_pki, spawn_lease_server
 from pidfence.services.ports import free_port
+from pidfence.services.seaweedfs import SeaweedFS
 from pidfence.testing.network import LinkFaults, ProxiedKafka, link_proxies
 from pidfence.testing.plan import Link
 from pidfence.testing.toxiproxy import Proxy, Toxiproxy, ToxiproxyServer
@@ -41,12 +42,49 @@ class Started:
     notes: list[str] = field(default_factory=list)
 
 
-def start_services(config: DemoConfig, paths: DemoPaths, cleanups: Cleanups) -> Started:
-    """Start (or reuse) every service; each stop is added to ``cleanups``."""
+def s3_store(config: DemoConfig, paths: DemoPaths, cleanups: Cleanups) -> SeaweedFS | None:
+    """``--store s3``: the run's SeaweedFS store (data in ``out/run/s3``), not started yet,
+    stopped by pid with the demo. Its AWS environment is set in this process until the demo ends:
+    pyarrow, delta-rs, boto3 and Spark's S3A read it there, Spark's Python workers inherit it."""
+    if config.store is not SinkStore.S3:
+        return None
+    store = SeaweedFS(run_dir=paths.run / "s3")
+    cleanups.append(store.stop)
+    set_environment(store.environment(), cleanups)
+    return store
+
+
+def set_environment(values: Mapping[str, str], cleanups: Cleanups) -> None:
+    """Set ``values`` in this process's environment; ``cleanups`` put them back as they were (the
+    demo may run inside a caller's process, e.g. the test suite)."""
+    before = {name: os.environ.get(name) for name in values}
+
+    def restore() -> None:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    cleanups.append(restore)
+    os.environ.update(values)
+
+
+def start_services(
+    config: DemoConfig, paths: DemoPaths, cleanups: Cleanups, store: SeaweedFS | None = None
+) -> Started:
+    """Start (or reuse) every service, ``store`` (from :func:`s3_store`) too; each stop is added to
+    ``cleanups``."""
     from pidfence.services import KafkaCluster, ZooKeeperEnsemble
 
     pids: dict[str, int] = {}
     notes: list[str] = []
+    output, checkpoint = str(paths.sink_output.resolve()), str(paths.sink_checkpoint.resolve())
+    if store is not None:
+        store.start()
+        pids.update({f"seaweedfs-{i}": p for i, p in enumerate(store.pids())})
+        bucket = store.make_bucket("demo")
+        output, checkpoint = f"{bucket}/output", f"{bucket}/checkpoint"
     toxiproxy: Toxiproxy | None = None
     proxies: dict[Link, list[Proxy]] = {}
     if Fault.NET in config.faults:
@@ -112,8 +150,11 @@ def start_services(config: DemoConfig, paths: DemoPaths, cleanups: Cleanups) -> 
         lease_servers=",".join(addresses),
         producer_bootstrap=producer_bootstrap,
         sink_bootstrap=sink_bootstrap,
+        output=output,
+        checkpoint=checkpoint,
         pids=pids,
         metrics=metrics,
+        store=store.environment() if store is not None else {},
     )
     links = LinkFaults(proxies) if toxiproxy is not None else None
     return Started(endpoints, links, servers, notes)
@@ -126,25 +167,14 @@ def _start_lease_servers(
     Prometheus metrics; returns them and their metrics URLs by name.
 
     Every pidfence process the demo starts inherits the client side through the environment
-    (``PIDFENCE_LEASE_TOKEN_FILE``, ``PIDFENCE_LEASE_TLS_CA``): a token never shows in ``ps``.
-    The variables are put back as they were when the demo ends (it may run inside a caller's
-    process, e.g. the test suite).
+    (``PIDFENCE_LEASE_TOKEN_FILE``, ``PIDFENCE_LEASE_TLS_CA``; :func:`set_environment`): a token
+    never shows in ``ps``.
     """
     from pidfence.pid_allocator.security import TLS_CA_ENV, TOKEN_FILE_ENV
 
     pki = make_lease_pki(paths.out / "pki")
-    before = {name: os.environ.get(name) for name in (TOKEN_FILE_ENV, TLS_CA_ENV)}
-
-    def restore() -> None:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-    cleanups.append(restore)
-    os.environ[TOKEN_FILE_ENV] = str(pki.token_files["producer"])
-    os.environ[TLS_CA_ENV] = str(pki.ca)
+    client = {TOKEN_FILE_ENV: str(pki.token_files["producer"]), TLS_CA_ENV: str(pki.ca)}
+    set_environment(client, cleanups)
     lifetime_ms = round(config.lease_lifetime_s * 1000) if config.short_leases else DAY_MS
     ports = [free_port(), free_port()]
     servers = two_lease_servers(

@@ -128,8 +128,8 @@ def collect(run: DemoRecord) -> dict[str, Any]:
     paths, ends, produced = run.paths, run.endpoints, run.produced
     ledgers = ledger_entries(paths.ledgers)
     everything = [e for entries in ledgers.values() for e in entries]
-    log = read_log(str(paths.sink_output))
-    rejects = read_rejects(str(paths.sink_output))
+    log = read_log(ends.output)
+    rejects = read_rejects(ends.output)
     raw = read_topic(ends.bootstrap, ends.raw_topic)
     report = check(everything, log, rejects)
     anomalies = anomaly_counts(report)
@@ -164,7 +164,7 @@ def collect(run: DemoRecord) -> dict[str, Any]:
     faults = produced.faults
     summary: dict[str, Any] = {
         "ok": not any(anomalies.values()),
-        "output": str(paths.sink_output.resolve()),
+        "output": ends.output,
         "config": {
             "records": run.config.records,
             "producers": run.config.producers,
