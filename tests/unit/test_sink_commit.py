@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,6 +14,7 @@ from pidfence.spark_sink import SplitPartitionError, read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.errors import SinkOptionError
+from pidfence.spark_sink.manifest import BatchManifest
 from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from tests.unit.test_sink_process import Record, kafka_rows, make_stream, micro_batches, reference
@@ -125,6 +127,55 @@ def test_partitions_in_one_task_are_kept_apart(
         (0, log.num_rows // 2),
         (1, log.num_rows // 2),
     ]
+
+
+def test_staged_files_and_delta_commits_are_flushed_before_anything_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No fsync per staged file: ``publish`` flushes the file system once before the manifest
+    names the batch's files, and after each Delta commit (deltalake does not fsync them)."""
+    from pidfence.spark_sink import output as output_mod
+    from pidfence.spark_sink.storage import Store
+
+    dirty: set[str] = set()
+    write_table, put_staged, sync = Store.write_table, Store.put_staged, Store.sync
+    put_if_absent, commit_files = Store.put_if_absent, output_mod.commit_files
+
+    def staged(original: Any) -> Any:
+        def write(self: Store, path: str, *args: Any) -> None:
+            dirty.add(path)
+            original(self, path, *args)
+
+        return write
+
+    def flush(self: Store) -> None:
+        dirty.clear()
+        sync(self)
+
+    def manifest(self: Store, path: str, data: bytes) -> bool:
+        if "_manifests" in path:
+            named = BatchManifest.decode(data).named()
+            unflushed = [p for p in dirty for n in named if p.endswith(f"/{n}")]
+            assert not unflushed, f"the manifest names files not flushed yet: {unflushed}"
+        return bool(put_if_absent(self, path, data))
+
+    def commit(table: Store, kind: str, *args: Any, **kwargs: Any) -> bool:
+        assert "rejects-commit" not in dirty, "the log's commit point before the rejects flushed"
+        done = bool(commit_files(table, kind, *args, **kwargs))
+        dirty.add(f"{kind}-commit")
+        return done
+
+    monkeypatch.setattr(Store, "write_table", staged(write_table))
+    monkeypatch.setattr(Store, "put_staged", staged(put_staged))
+    monkeypatch.setattr(Store, "sync", flush)
+    monkeypatch.setattr(Store, "put_if_absent", manifest)
+    monkeypatch.setattr(output_mod, "commit_files", commit)
+    records = make_stream(21, 300)  # resends: every batch has rejects
+    w = _writer(tmp_path)
+    for b, chunk in enumerate(micro_batches(records, 100)):
+        w.commit([_write(monkeypatch, w, b, kafka_rows(chunk))], b)
+        assert "log-commit" not in dirty, "batch committed before its Delta commit was flushed"
+    assert read_rejects(str(tmp_path)).num_rows > 0
 
 
 @pytest.mark.parametrize("damage", ["delete", "corrupt", "delete_all"])

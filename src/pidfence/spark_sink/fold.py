@@ -109,6 +109,7 @@ def add_segment(
     (after the epoch check); the caller then deletes the folded batches' own files."""
     _put_segment(own, span, [m.encode().replace(b"\n", b"") for m in manifests], decided)
     merged, gone = _merge(own, [*segments(own), span])
+    own.sync()  # the segments' Parquet files, before segments.json names them
     check_epoch(own, epoch)
     own.put(own.join(SEGMENTS), json.dumps(merged).encode())
     for old in gone:

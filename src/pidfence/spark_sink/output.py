@@ -294,7 +294,8 @@ class Output:
 
     def stage_part(self, part: PartAttempt, tables: dict[str, pa.Table]) -> PartFiles:
         """Write one partition's ``log``, ``rejects`` and ``held`` rows and its decisions under
-        attempt-unique names (empty ones are skipped), durably, invisible until published.
+        attempt-unique names (empty ones are skipped), invisible until published (which makes
+        them durable first: :meth:`publish`).
 
         The Delta statistics of the data files are taken here, in parallel tasks, rather than
         from each file's footer on the driver.
@@ -335,6 +336,9 @@ class Output:
         if found is not None:
             return found
         check_epoch(self.own, self.epoch)
+        # The tasks staged their files without a fsync each; make them durable before the
+        # manifest names them (one flush per batch; the manifest itself is fsynced).
+        self._sync()
         path = self.manifest_path(batch_id)
         if not self.own.put_if_absent(path, manifest.encode()):
             manifest = BatchManifest.decode(self.own.read(path))
@@ -349,11 +353,20 @@ class Output:
             if kind == "log" or files:
                 check_epoch(self.own, self.epoch)
                 commit_files(self.table(kind), kind, self.query_id, batch_id, files, info=info)
+                # deltalake does not fsync its commit: make the rejects durable before the log's
+                # commit point, and the batch before Spark counts it committed.
+                self.table(kind).sync()
                 self._tables.pop(kind, None)
             if kind == "rejects":
                 crash_point("rejects_committed")
         self._version = None
         return manifest
+
+    def _sync(self) -> None:
+        """:meth:`~pidfence.spark_sink.storage.Store.sync` the file systems of both tables."""
+        self.log.sync()
+        if not self.rejects.root.startswith(self.log.root + "/"):
+            self.rejects.sync()
 
     def discard(self, batch_id: int, keep: set[str]) -> None:
         """Delete the batch's files of attempts at this instance's epoch or older that neither

@@ -306,7 +306,8 @@ def save_state(
     name = state_name(batch_id, tag, sf.kind)
     directory = state_dir(store, topic, partition)
     data = encode_state(sf)
-    store.put(f"{directory}/{name}", data)
+    # Attempt-unique and a cache: a torn file (crash) fails its CRC and the state is rebuilt.
+    store.put_staged(f"{directory}/{name}", data)
     st.state_bytes = len(data) + (0 if full else st.state_bytes)
     if full:
         drop_old_chains(store, directory, batch_id)
