@@ -36,7 +36,8 @@ from pidfence.testing.toxiproxy import Proxy
 from tests.fixtures.commands import run_pidfence
 from tests.integration.test_delta_shared import Upstream
 
-pytestmark = pytest.mark.timeout(300)
+# A hang guard, not a speed claim: one test takes about 300 s at load 14 on 2 cores.
+pytestmark = pytest.mark.timeout(900)
 
 #: Events per producer in each round (two producers, one per partition).
 EVENTS = 60
