@@ -12,6 +12,9 @@ import pytest
 
 from tests.fixtures.bench import run_quick_bench
 
+SESSION_S = 10  # bench/copier.py passes --session-timeout 10
+HEARTBEAT_S = 3  # librdkafka heartbeat.interval.ms default
+
 # Over a minute: handed out first under xdist (tests/README.md).
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -24,5 +27,7 @@ def test_copy_bench_measures_one_to_three_members_and_both_takeovers(tmp_path: P
     for name in ("takeover after SIGKILL", "takeover after SIGTERM (leave)"):
         waits = rows[name]["per_partition_s"]
         assert len(waits) == 6 and rows[name]["takeover_s"] == max(waits.values()) > 0
-    # A killed member's partitions wait at least for its session to time out.
-    assert rows["takeover after SIGKILL"]["takeover_s"] >= 10
+    # A killed member's partitions wait for its session to time out: the coordinator counts the
+    # session from the member's last heartbeat (librdkafka's heartbeat.interval.ms, 3 s by
+    # default), which can come up to one interval before the kill.
+    assert rows["takeover after SIGKILL"]["takeover_s"] >= SESSION_S - HEARTBEAT_S
