@@ -8,9 +8,7 @@ demo as a library, ``run_demo`` on the session's Spark, is driven by ``test_demo
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,64 +16,20 @@ import pytest
 
 from pidfence.cli.exits import EXIT_OK
 from tests.fixtures.commands import timed_pidfence
+from tests.fixtures.demo import left_running, small_demo_args, summary_of
 from tests.integration.test_cli_sink import JVM_LINE
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def _running_with(folder: Path) -> list[str]:
-    """Command lines of live processes that name ``folder`` (the demo's children do)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile
-        if str(folder) in text:
-            found.append(text)
-    return found
-
-
-def _left_running(folder: Path, grace_s: float = 30.0) -> list[str]:
-    """:func:`_running_with` after up to ``grace_s``: the Spark driver JVM leaves after its Python
-    driver (it notices the closed pipe), so it may outlive the command by a moment."""
-    deadline = time.monotonic() + grace_s
-    while (left := _running_with(folder)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
 
 
 def test_demo_with_all_faults_reports_zero_anomalies_and_prints_only_its_own_lines(
     tmp_path: Path, kafka: Any, zookeeper: Any
 ) -> None:
     out = tmp_path / "out"
-    result, _ = timed_pidfence(
-        "demo",
-        "--records",
-        "400",
-        "--producers",
-        "4",
-        "--partitions",
-        "2",
-        "--copier-records",
-        "300",
-        "--lease-lifetime",
-        "8",
-        "--produce-seconds",
-        "10",
-        "--bootstrap",
-        kafka.bootstrap,
-        "--zk",
-        zookeeper.hosts,
-        "--out",
-        str(out),
-        timeout=500,
-    )
+    result, _ = timed_pidfence(*small_demo_args(kafka, zookeeper, out), timeout=500)
     console = result.stdout + result.stderr
-    assert (out / "summary.json").exists(), console[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
     shown = ("anomalies", "examples", "downstream", "faults", "instances")
-    verdict = json.dumps({k: summary.get(k) for k in shown})
+    summary, verdict = summary_of(result, out, shown)
     assert result.returncode == EXIT_OK, (console[-3000:], verdict)
     assert summary["ok"], verdict
     assert (out / "report.html").stat().st_size > 10_000
@@ -104,7 +58,7 @@ def test_demo_with_all_faults_reports_zero_anomalies_and_prints_only_its_own_lin
     # producer and copier authenticated through the environment.
     assert (out / "pki" / "ca.pem").exists()
     # Every process the demo started is gone (the session's services are not its own).
-    assert _left_running(out) == []
+    assert left_running(out) == []
 
     # What the user saw: the demo's own lines only; the JVM's are in out/logs/spark.log.
     assert "pidfence demo" in result.stdout  # the summary table

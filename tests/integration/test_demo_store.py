@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from pidfence.cli.exits import EXIT_OK
 from pidfence.services.seaweedfs import s3_client
 from tests.fixtures.commands import run_pidfence
-from tests.integration.test_demo_smoke import _left_running
+from tests.fixtures.demo import left_running, small_demo_args, summary_of
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -52,39 +52,15 @@ def test_demo_on_an_s3_store_checks_the_table_there_and_keeps_nothing_of_it_loca
 ) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     work.mkdir()
+    argv = small_demo_args(kafka, zookeeper, out)
     result = run_pidfence(
-        "demo",
-        "--store",
-        "s3",
-        "--keep-running",
-        "--records",
-        "400",
-        "--producers",
-        "4",
-        "--partitions",
-        "2",
-        "--copier-records",
-        "300",
-        "--lease-lifetime",
-        "8",
-        "--produce-seconds",
-        "10",
-        "--bootstrap",
-        kafka.bootstrap,
-        "--zk",
-        zookeeper.hosts,
-        "--out",
-        str(out),
-        timeout=500,
-        cwd=work,
+        argv[0], "--store", "s3", "--keep-running", *argv[1:], timeout=500, cwd=work
     )
     console = result.stdout + result.stderr
     kill = re.search(r"Stop them with: kill ([\d ]+)", result.stdout)
     kept = [int(p) for p in kill.group(1).split()] if kill else []
     try:
-        assert (out / "summary.json").exists(), console[-3000:]
-        summary = json.loads((out / "summary.json").read_text())
-        verdict = json.dumps({k: summary.get(k) for k in ("anomalies", "examples", "faults")})
+        summary, verdict = summary_of(result, out, ("anomalies", "examples", "faults"))
         assert result.returncode == EXIT_OK, (console[-3000:], verdict)
         assert summary["ok"], verdict
         assert all(summary["faults_happened"].values()), summary["faults"]
@@ -115,4 +91,4 @@ def test_demo_on_an_s3_store_checks_the_table_there_and_keeps_nothing_of_it_loca
         assert local == []
     finally:
         _stop(kept)
-    assert _left_running(out) == []
+    assert left_running(out) == []
