@@ -28,6 +28,11 @@ from pidfence.spark_sink.jvm_cause import fix_for
 
 #: How often a put that met a concurrent conditional write (409) is tried again.
 _CONFLICT_RETRIES = 5
+#: Seconds to connect to the store, and to wait for an answer, before a request is tried again.
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 20
+#: Attempts per request (botocore's standard retry mode: throttling, 5xx, timeouts).
+ATTEMPTS = 3
 
 
 class StoreUnusable(SinkError):
@@ -49,7 +54,19 @@ def _client(pid: int, endpoint: str | None, region: str | None, key: str | None)
     del pid, key
     import boto3
 
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region)
+    from botocore.config import Config
+
+    # botocore waits 60 s to connect and 60 s to read, five times over, before it fails: a
+    # stopped store would hold a task for minutes. pyarrow's S3 client gives up in seconds,
+    # and Spark retries the task; these bounds keep both alike.
+    config = Config(
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        retries={"mode": "standard", "max_attempts": ATTEMPTS},
+    )
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint, region_name=region, config=config
+    )
 
 
 def client() -> Any:
