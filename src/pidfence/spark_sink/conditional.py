@@ -1,18 +1,26 @@
-"""Create-if-absent on S3: a conditional put (``If-None-Match: *``), and the probe that refuses a
-store ignoring it.
+"""The sink's own requests to S3: create-if-absent as a conditional put (``If-None-Match: *``),
+the probe that refuses a store ignoring it, and whole-object put, get and delete.
 
 AWS S3, MinIO, SeaweedFS and R2 answer such a put with 412 Precondition Failed when the key
 exists; delta-rs (1.0 on) commits a Delta version the same way. A store that ignores the header
 overwrites instead, and two writers would both "create" one commit: :func:`probe` finds that
 out before the sink writes anything. The client is boto3's (pyarrow's S3 file system has no
 conditional put), configured from the same AWS environment as pyarrow and delta-rs.
+
+:func:`put`, :func:`get` and :func:`delete` are one request each. Through pyarrow's S3 file system
+a small put cost eight (a folder marker per level of the key, a multipart upload of one part), a
+read two and a delete three (it re-creates the parent's marker), counted on SeaweedFS; a local
+disk hides that, an object store bills and waits for each. Their errors are ``OSError`` (a missing
+key ``FileNotFoundError``), as pyarrow's are, so callers handle a store that blips as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import uuid
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from pidfence.spark_sink.errors import SinkError
@@ -20,6 +28,11 @@ from pidfence.spark_sink.jvm_cause import fix_for
 
 #: How often a put that met a concurrent conditional write (409) is tried again.
 _CONFLICT_RETRIES = 5
+#: Seconds to connect to the store, and to wait for an answer, before a request is tried again.
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 20
+#: Attempts per request (botocore's standard retry mode: throttling, 5xx, timeouts).
+ATTEMPTS = 3
 
 
 class StoreUnusable(SinkError):
@@ -41,7 +54,19 @@ def _client(pid: int, endpoint: str | None, region: str | None, key: str | None)
     del pid, key
     import boto3
 
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region)
+    from botocore.config import Config
+
+    # botocore waits 60 s to connect and 60 s to read, five times over, before it fails: a
+    # stopped store would hold a task for minutes. pyarrow's S3 client gives up in seconds,
+    # and Spark retries the task; these bounds keep both alike.
+    config = Config(
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        retries={"mode": "standard", "max_attempts": ATTEMPTS},
+    )
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint, region_name=region, config=config
+    )
 
 
 def client() -> Any:
@@ -50,6 +75,46 @@ def client() -> Any:
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     key = env.get("AWS_ACCESS_KEY_ID")
     return _client(os.getpid(), env.get("AWS_ENDPOINT_URL"), region, key)
+
+
+@contextlib.contextmanager
+def _as_os_error(path: str) -> Iterator[None]:
+    """boto3's errors as pyarrow's file systems raise them: a missing key (or bucket)
+    ``FileNotFoundError``, any other failure ``OSError``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status == 404 or error.get("Code") in {"NoSuchKey", "NoSuchBucket"}:
+            raise FileNotFoundError(f"s3://{path}: {error.get('Code', status)}") from exc
+        raise OSError(f"s3://{path}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise OSError(f"s3://{path}: {exc}") from exc
+
+
+def put(path: str, data: bytes) -> None:
+    """Write or replace ``bucket/key`` with ``data`` (one PUT: readers see the old or the new
+    object, never a mix)."""
+    bucket, _, key = path.partition("/")
+    with _as_os_error(path):
+        client().put_object(Bucket=bucket, Key=key, Body=data)
+
+
+def get(path: str) -> bytes:
+    """The whole object ``bucket/key`` (one GET)."""
+    bucket, _, key = path.partition("/")
+    with _as_os_error(path):
+        return bytes(client().get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def delete(path: str) -> None:
+    """Remove ``bucket/key`` if present (one DELETE; S3 answers a missing key alike)."""
+    bucket, _, key = path.partition("/")
+    with _as_os_error(path):
+        client().delete_object(Bucket=bucket, Key=key)
 
 
 def put_if_absent(path: str, data: bytes) -> bool:
@@ -103,4 +168,13 @@ def probe(bucket_path: str, where: str) -> None:
     )
 
 
-__all__ = ["StoreIgnoresConditions", "StoreUnusable", "client", "probe", "put_if_absent"]
+__all__ = [
+    "StoreIgnoresConditions",
+    "StoreUnusable",
+    "client",
+    "delete",
+    "get",
+    "probe",
+    "put",
+    "put_if_absent",
+]
