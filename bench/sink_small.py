@@ -8,13 +8,20 @@ contender with the same trigger (available-now, ``maxOffsetsPerTrigger`` 5,000: 
 records) on one ``local[2]`` SparkSession:
 
 (a) Spark's plain Parquet file sink, no deduplication;
-(c) the pidfence sink (broker rules, Delta log and rejects tables, its bookkeeping).
+(n) the no-op Python Arrow writer of ``pidfence bench sink``: a Python data source whose tasks
+    only consume their rows, the floor of any sink written in Python (DESIGN: no JVM writer);
+(c) the pidfence sink (broker rules, Delta log and rejects tables, its bookkeeping) as
+    ``pidfence sink`` and ``build_query`` run it: the Kafka partitions coalesced into one task
+    per core (``--tasks``), each partition whole in one task;
+(p) the pidfence sink with one task per Kafka partition (``--tasks 0``), as a query that puts
+    ``format("pidfence")`` straight on the Kafka source runs it.
 
 Each batch's time is the query progress's ``triggerExecution``; the first ``WARM`` batches of
 every query are left out (Python workers starting, the first Delta commits). Rounds alternate
-the order (a, c then c, a). Shown per contender: the median and the 90th percentile batch time,
-and the ratio of the medians (goal: pidfence at most 1.2x of (a)). ``PIDFENCE_BENCH_BATCHES``
-overrides the measured batches per query.
+the order (a, n, c, p then p, c, n, a). Shown per contender: the median and the 90th percentile
+batch time, and the ratios of the medians to (a) (goal: pidfence at most 1.2x of it) and to (n)
+(what the sink adds to any Python writer). ``PIDFENCE_BENCH_BATCHES`` overrides the measured
+batches per query.
 """
 
 from __future__ import annotations
@@ -49,9 +56,11 @@ def _batch_ms(spark: Any, build: Any, out: Path) -> list[int]:
     return ms[WARM:]
 
 
-def _writer(sink: Any, bootstrap: str, topic: str, fmt: str) -> Any:
+def _writer(sink: Any, bootstrap: str, topic: str, fmt: str, tasks: int = 0) -> Any:
     def build(spark: Any, out: str, ckpt: str) -> Any:
         df = sink._kafka_df(spark, bootstrap, topic, BATCH)
+        if tasks:
+            df = df.coalesce(tasks)  # what build_query does (pidfence.spark_sink.pipeline)
         return df.writeStream.format(fmt).option("path", out).option("checkpointLocation", ckpt)
 
     return build
@@ -80,10 +89,18 @@ def run(quick: bool, progress: Progress) -> BenchReport:
         spark = spark_session(master="local[2]", app_name="pidfence-bench-sink-small")
         try:
             register(spark)
+            sink._register_noop(spark)
+            cores = int(spark.sparkContext.defaultParallelism)
+            formats = (
+                ("plain", "parquet", 0),
+                ("noop", "pidfence_bench_noop", 0),
+                ("pidfence", "pidfence", cores),
+                ("pertask", "pidfence", 0),
+            )
             for n in PARTITIONS:
                 contenders = {
-                    key: _writer(sink, kafka.bootstrap, topics[n], fmt)
-                    for key, fmt in (("plain", "parquet"), ("pidfence", "pidfence"))
+                    key: _writer(sink, kafka.bootstrap, topics[n], fmt, tasks)
+                    for key, fmt, tasks in formats
                 }
                 for r in range(ROUNDS):
                     for key in list(contenders) if r % 2 == 0 else reversed(contenders):
@@ -110,10 +127,17 @@ def _p90(values: list[int]) -> float:
 
 def _report(times: dict[tuple[int, str], list[int]], batches: int, loads: list[str]) -> BenchReport:
     rows = []
-    ratios = {}
+    ratios, over_noop = {}, {}
+    labels = (
+        ("plain", "(a) Parquet sink"),
+        ("noop", "(n) no-op Python writer"),
+        ("pidfence", "(c) pidfence sink, a task per core"),
+        ("pertask", "(p) pidfence sink, a task per partition"),
+    )
     for n in PARTITIONS:
         plain = statistics.median(times[(n, "plain")])
-        for key, label in (("plain", "(a) Parquet sink"), ("pidfence", "(c) pidfence sink")):
+        noop = statistics.median(times[(n, "noop")])
+        for key, label in labels:
             ms = times[(n, key)]
             rows.append(
                 {
@@ -124,9 +148,11 @@ def _report(times: dict[tuple[int, str], list[int]], batches: int, loads: list[s
                     "p90 ms": _p90(ms),
                     "ms per partition": statistics.median(ms) / n,
                     "vs (a)": statistics.median(ms) / plain,
+                    "vs (n)": statistics.median(ms) / noop,
                 }
             )
         ratios[n] = statistics.median(times[(n, "pidfence")]) / plain
+        over_noop[n] = statistics.median(times[(n, "pidfence")]) / noop
     verdicts = ", ".join(
         f"{n} partitions {r:.2f}x ({'met' if r <= GOAL else 'not met'})" for n, r in ratios.items()
     )
@@ -141,12 +167,15 @@ def _report(times: dict[tuple[int, str], list[int]], batches: int, loads: list[s
             "rounds": ROUNDS,
             "per_batch_ms": {f"{n}/{k}": v for (n, k), v in times.items()},
             "ratio_of_medians": {str(n): round(r, 3) for n, r in ratios.items()},
+            "ratio_to_noop": {str(n): round(r, 3) for n, r in over_noop.items()},
             "load_average": loads,
         },
         notes=[
             f"pidfence / plain Parquet, median batch time: {verdicts}; goal <= {GOAL}x",
+            "pidfence / no-op Python writer: "
+            + ", ".join(f"{n} partitions {r:.2f}x" for n, r in over_noop.items()),
             "same topic, trigger (availableNow, maxOffsetsPerTrigger 5,000) and SparkSession for "
-            f"both; {ROUNDS} rounds in alternating order; the first {WARM} batches of each query "
+            f"all; {ROUNDS} rounds in alternating order; the first {WARM} batches of each query "
             "left out",
             f"load average (1/5/15 min) at start, after each round: {' | '.join(loads)} "
             "(2 cores shared with other jobs)",

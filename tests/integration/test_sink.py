@@ -23,6 +23,7 @@ from confluent_kafka import Producer
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.manifest import part_name
+from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.state_files import STATE
 from pidfence.spark_sink.storage import Store
 from pidfence.wire import FLAG_FENCE, encode_pf
@@ -160,7 +161,7 @@ def expected_log(
 ) -> list[dict[str, Any]]:
     """Output log rows of runs ``logs`` (log offsets continue across runs)."""
     rows = []
-    for partition in (0, 1):
+    for partition in sorted({p for log in logs for p in log}):
         labels = [label for log in logs for label in log.get(partition, [])]
         for log_offset, label in enumerate(labels):
             rows.append(_row(topic, sent, label, log_offset))
@@ -303,6 +304,30 @@ def test_crafted_topic_becomes_the_expected_log_run_after_run(
         (REJECTS1 | REJECTS2 | REJECTS3).values()
     )
     _spark_delta_reads(spark, out, expected)
+
+
+def test_partitions_coalesced_into_fewer_tasks_are_each_judged_whole_and_alone(
+    sink_over: Callable[..., SinkOver],
+) -> None:
+    """``build_query`` coalesces the topic's partitions into as many tasks as Spark has cores
+    (two here, for six partitions): a task then writes several partitions, each one whole and
+    judged on its own state, and the output is the same as with a task per partition."""
+    sink = sink_over(partitions=6, resolveGaps="false")
+    copies = range(3)  # RUN1's two partitions, again in partitions 2-3 and 4-5
+
+    def moved(rec: Rec, k: int) -> Rec:
+        return Rec(f"{k}{rec.label}", rec.partition + 2 * k, rec.header)
+
+    sink.send([moved(rec, k) for rec in RUN1 for k in copies])
+    summary = sink.run()
+    assert summary.records_in == 3 * len(RUN1)
+    logs = {p + 2 * k: [f"{k}{label}" for label in LOG1[p]] for p in LOG1 for k in copies}
+    rejects = {f"{k}{label}": v for label, v in REJECTS1.items() for k in copies}
+    assert_output(sink.out, sink.topic, sink.sent, [logs], rejects)
+    # Parts one task wrote share its attempt tag: six partitions, at most two tasks.
+    (manifest,) = Output.reading(str(sink.out)).manifests(-1)
+    assert len(manifest.parts) == 6
+    assert len({part.tag for part in manifest.parts}) <= 2
 
 
 def _plain(value: Any) -> Any:

@@ -91,6 +91,14 @@ def register(app: typer.Typer) -> None:
         starting_offsets: Annotated[
             StartingOffsets, typer.Option(help="Where a new checkpoint starts")
         ] = StartingOffsets.earliest,
+        tasks: Annotated[
+            int | None,
+            typer.Option(
+                min=0,
+                help="Spark tasks per batch, the topic's partitions coalesced into them, each "
+                "partition whole in one (default: the cores Spark has; 0: one per partition)",
+            ),
+        ] = None,
         lifetime: Annotated[
             str | None, typer.Option(help="Producer entry lifetime: ms, or 90s, 15m, 24h, 7d")
         ] = None,
@@ -277,6 +285,7 @@ def register(app: typer.Typer) -> None:
                 starting_offsets=starting_offsets.value,
                 sink_options=sink_options,
                 allow_data_loss=allow_data_loss,
+                tasks=tasks,
                 jars=jars,
                 metrics=metrics,
             )

@@ -67,6 +67,14 @@ def summarise(output: str, after: int = -1, epoch: int = 0) -> SinkRunSummary:
     return summary
 
 
+def _cores(spark: Any) -> int:
+    """Spark's default parallelism (0 when the session does not say: Spark Connect)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except (AttributeError, NotImplementedError):  # Spark Connect has no SparkContext
+        return 0
+
+
 def build_query(
     spark: Any,
     bootstrap: str,
@@ -80,6 +88,7 @@ def build_query(
     sink_options: Mapping[str, str] | None = None,
     kafka_options: Mapping[str, str] | None = None,
     allow_data_loss: bool = False,
+    tasks: int | None = None,
 ) -> Any:
     """A ready ``DataStreamWriter`` from a Kafka topic into the pidfence sink (not started).
 
@@ -98,6 +107,11 @@ def build_query(
         allow_data_loss: continue past Kafka offsets that are gone (retention during downtime;
             the source's ``failOnDataLoss=false``); the sink reports them as an ``offsets`` gap
             and adopts the producers it meets there. Default: the query fails.
+        tasks: Spark tasks per batch. The Kafka source makes one per partition, and every task
+            of a Python writer pays a round trip to a Python worker (at 64 partitions and small
+            batches more than the sink's own work); the partitions are coalesced into this many
+            tasks, each partition whole in one. None (default): Spark's default parallelism,
+            the cores the application has; 0: one task per partition.
 
     Raises:
         SinkOptionError: a forbidden Kafka option.
@@ -121,9 +135,14 @@ def build_query(
     )
     for key, value in (kafka_options or {}).items():
         reader = reader.option(key, value)
+    stream = reader.load()
+    if tasks is None:
+        tasks = _cores(spark)
+    if tasks:
+        # Narrow: a task reads its Kafka partitions one after the other, each one whole.
+        stream = stream.coalesce(tasks)
     writer = (
-        reader.load()
-        .writeStream.format("pidfence")
+        stream.writeStream.format("pidfence")
         .option("path", output)
         .option("checkpointLocation", checkpoint)
         .option("startingOffsets", starting_offsets)
