@@ -10,7 +10,6 @@ the lease servers' answers it got (``answers``) and the rules' settings it ran u
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -118,23 +117,6 @@ def _to_ts(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     return column.cast(pa.int64()).cast(TS_TYPE) if column.type != TS_TYPE else column
-
-
-def by_partition(rows: pa.Table) -> Iterator[tuple[str, int, pa.Table]]:
-    """``(topic, partition, rows)`` per Kafka partition in the rows, in key order.
-
-    A task of the Kafka source reads one partition: then the rows are handed over as they are
-    (a filter would copy every key, value and header).
-    """
-    topics, partitions = pc.unique(rows["topic"]), pc.unique(rows["partition"])
-    if len(topics) == 1 and len(partitions) == 1:
-        yield str(topics[0].as_py()), int(partitions[0].as_py()), rows
-        return
-    keys = rows.group_by(["topic", "partition"]).aggregate([]).to_pylist()
-    for key in sorted(keys, key=lambda k: (k["topic"], k["partition"])):
-        topic, partition = str(key["topic"]), int(key["partition"])
-        mask = pc.and_(pc.equal(rows["topic"], topic), pc.equal(rows["partition"], partition))
-        yield topic, partition, rows.filter(mask)
 
 
 def process_partition(

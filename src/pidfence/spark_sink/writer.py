@@ -10,10 +10,12 @@ committed batch is immutable: a re-run of it writes nothing and returns what its
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
@@ -29,7 +31,7 @@ from pidfence.spark_sink.fold import add_segment, drop_empty_dir, segments, with
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import INDEX_EVERY, Output, PartAttempt, open_output
-from pidfence.spark_sink.process import by_partition, process_partition
+from pidfence.spark_sink.process import process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import load_state, save_state
 from pidfence.spark_sink.storage import batch_name
@@ -100,25 +102,26 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         return Output(self.options.path, self.options.rejects_path, query, epoch=self.options.epoch)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        """Process this task's rows (one Kafka partition): write its files and state."""
+        """Process this task's rows (one Kafka partition, or several whole ones when the stream
+        is coalesced): write each partition's files and state."""
         batch_id, attempt, query = _task_context()
         crash_point("task_start", attempt)
-        batches = list(iterator)
         message = SinkCommitMessage(batch_id, query=query)
         output = self.output(query)
         _claim(output, query)
-        rows = _kafka_rows(batches)
+        parts = kafka_partitions(iterator)
         manifest = output.committed(batch_id)
         if manifest is not None:
-            return _committed_message(manifest, rows, query)
-        if rows is None or rows.num_rows == 0:
+            return _committed_message(manifest, parts, query)
+        first = next(parts, None)
+        if first is None:
             return message
         check = self.options.certificates()
         macs = self.options.record_macs()
         message.tag = new_tag(self.options.epoch)
         client = self.options.lease_client()
         try:
-            for topic, partition, mine in by_partition(rows):
+            for topic, partition, mine in itertools.chain([first], parts):
                 verifier = None if check is None else check.for_partition(topic, partition)
                 authority = None if client is None else BatchAuthority(client)
                 attempt_part = PartAttempt(batch_id, message.tag, topic, partition)
@@ -268,29 +271,68 @@ def _claim(output: Output, query: str) -> None:
         owner.claim(output.own, query)
 
 
-def _kafka_rows(batches: list[pa.RecordBatch]) -> pa.Table | None:
-    """The task's rows, the Kafka source's columns only (None for no batches)."""
-    if not batches:
-        return None
-    rows = pa.Table.from_batches(batches)
-    return rows.select([c for c in KAFKA_COLUMNS if c in rows.column_names])
+def kafka_partitions(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[str, int, pa.Table]]:
+    """``(topic, partition, rows)`` per Kafka partition of a task's rows, the Kafka source's
+    columns only, in the order the task reads them.
+
+    A task reads its partitions one after the other (one partition, or several whole ones when
+    the stream is coalesced), so each partition's rows are consecutive: a partition is handed
+    over when the next one starts, and the task holds one partition's rows at a time.
+
+    Raises:
+        SplitPartitionError: a partition's rows came back after another's (the stream was
+            shuffled, e.g. repartitioned, rather than coalesced).
+    """
+    key: tuple[str, int] | None = None
+    pending: list[pa.RecordBatch] = []
+    seen: set[tuple[str, int]] = set()
+    for arrived in batches:
+        if not arrived.num_rows:
+            continue
+        batch = arrived.select([c for c in KAFKA_COLUMNS if c in arrived.schema.names])
+        for run, piece in _runs(batch):
+            if run == key:
+                pending.append(piece)
+                continue
+            if key is not None:
+                yield (*key, pa.Table.from_batches(pending))
+            if run in seen:
+                raise SplitPartitionError(
+                    f"the rows of {run[0]}[{run[1]}] are not consecutive in this task; nothing "
+                    "was published. Coalesce the Kafka stream (narrow) rather than repartition "
+                    "it: the sink needs each partition whole and in order in one task."
+                )
+            seen.add(run)
+            key, pending = run, [piece]
+    if key is not None:
+        yield (*key, pa.Table.from_batches(pending))
+
+
+def _runs(batch: pa.RecordBatch) -> Iterator[tuple[tuple[str, int], pa.RecordBatch]]:
+    """The batch cut where its (topic, partition) changes, each piece with its key."""
+    topics = batch.column(batch.schema.get_field_index("topic"))
+    partitions = batch.column(batch.schema.get_field_index("partition")).to_numpy(
+        zero_copy_only=False
+    )
+    change = partitions[1:] != partitions[:-1]
+    if pc.count_distinct(topics).as_py() > 1:
+        change |= pc.not_equal(topics[1:], topics[:-1]).to_numpy(zero_copy_only=False)
+    starts = [0, *(np.flatnonzero(change) + 1).tolist(), batch.num_rows]
+    for start, end in itertools.pairwise(starts):
+        key = (str(topics[start].as_py()), int(partitions[start]))
+        yield key, batch.slice(start, end - start)
 
 
 def _committed_message(
-    manifest: BatchManifest, rows: pa.Table | None, query: str
+    manifest: BatchManifest, parts: Iterator[tuple[str, int, pa.Table]], query: str
 ) -> SinkCommitMessage:
     """A re-run of a committed batch: check its offsets, write nothing, return the manifest's."""
     batch_id = manifest.batch
     message = SinkCommitMessage(batch_id, query=query, committed=True)
-    if rows is None or rows.num_rows == 0:
-        return message
-    keys = rows.group_by(["topic", "partition"]).aggregate(
-        [("offset", "min"), ("offset", "max"), ("offset", "count")]
-    )
-    for row in keys.to_pylist():
-        topic, partition = str(row["topic"]), int(row["partition"])
+    for topic, partition, rows in parts:
+        offsets = rows.column("offset")
         part = manifest.part(topic, partition)
-        seen = (int(row["offset_min"]), int(row["offset_max"]), int(row["offset_count"]))
+        seen = (int(pc.min(offsets).as_py()), int(pc.max(offsets).as_py()), rows.num_rows)
         want = None if part is None else (part.kafka_first, part.kafka_last, part.rows_in)
         if part is None or seen != want:
             raise CommittedBatchMismatch(
