@@ -53,7 +53,6 @@ def _client(pid: int, endpoint: str | None, region: str | None, key: str | None)
     a session reads the credentials once)."""
     del pid, key
     import boto3
-
     from botocore.config import Config
 
     # botocore waits 60 s to connect and 60 s to read, five times over, before it fails: a
