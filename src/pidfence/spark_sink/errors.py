@@ -16,7 +16,8 @@ class SinkOptionError(SinkError):
 
 
 class SplitPartitionError(SinkError):
-    """One Kafka partition's records reached two tasks of one batch; nothing was published."""
+    """One Kafka partition's records reached two tasks of one batch, or came to one task
+    interleaved with another partition's (a shuffled stream); nothing was published."""
 
 
 class InjectedFault(SinkError):
