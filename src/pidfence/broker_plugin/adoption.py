@@ -29,12 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pidfence.broker_plugin.entry import (
-    BUFFERED,
-    FENCED,
-    FORGED,
-    INVALID_GENERATION,
     PENDING_LIMIT,
-    UNKNOWN_PID,
     Authority,
     Emit,
     Entry,
@@ -42,7 +37,7 @@ from pidfence.broker_plugin.entry import (
     Pending,
     Verifier,
 )
-from pidfence.wire import FLAG_FENCE
+from pidfence.wire import FLAG_FENCE, Verdict
 
 #: :meth:`Adoption.ask`'s answers besides a verdict emitted.
 VOUCHED = "vouched"
@@ -95,10 +90,10 @@ class Adoption:
         if status is None or not status.known:
             return UNANSWERED
         if at >= status.expire_ms:
-            out.append((ref, UNKNOWN_PID, token))
+            out.append((ref, Verdict.UNKNOWN_PID, token))
             return None
         if g > status.generation:
-            out.append((ref, INVALID_GENERATION, token))
+            out.append((ref, Verdict.INVALID_GENERATION, token))
             return None
         if g == status.generation:
             return VOUCHED
@@ -175,7 +170,7 @@ class Adoption:
             Held(s, g, flags, max(self.clock, ts), self.next_arrival, ref, token)
         )
         self.next_arrival += 1
-        out.append((ref, BUFFERED, token))
+        out.append((ref, Verdict.BUFFERED, token))
         self.advance(ts, out)
 
     def still_waiting(
@@ -209,13 +204,13 @@ class Adoption:
                 self.wait(pid, g, s, fence, ts, ref, out, token)
                 return True
         elif g < top:
-            out.append((ref, FENCED, token))
+            out.append((ref, Verdict.FENCED, token))
             return True
         elif fence and g == top + 1 and len(waiting.records) < PENDING_LIMIT:
             status = self.authority(pid) if self.authority is not None else None
             if status is not None and status.known and g <= status.generation:
                 if not self.certified(pid, g, s, FLAG_FENCE, cert, ts):
-                    out.append((ref, FORGED, token))
+                    out.append((ref, Verdict.FORGED, token))
                     return True
                 if g < status.generation:
                     waiting.generation = g
@@ -224,7 +219,7 @@ class Adoption:
                 self.adopt_waiting(pid, g, out)
                 return False
         del self.pending[pid]
-        out.extend((h.ref, FENCED, h.token) for h in waiting.records)
+        out.extend((h.ref, Verdict.FENCED, h.token) for h in waiting.records)
         if pid in self.entries:
             # A known pid's: the record that ended the wait is asked about in turn.
             self.unconfirmed.add(pid)
@@ -250,4 +245,4 @@ class Adoption:
         """Waiting records of pids whose lease ended (plus the grace) are ``FENCED``."""
         ended = [pid for pid, w in self.pending.items() if w.expire_ms + self.grace_ms <= now]
         for pid in ended:
-            out.extend((h.ref, FENCED, h.token) for h in self.pending.pop(pid).records)
+            out.extend((h.ref, Verdict.FENCED, h.token) for h in self.pending.pop(pid).records)

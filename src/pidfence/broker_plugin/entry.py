@@ -31,19 +31,6 @@ Verifier = Callable[[int, int, int, int, "bytes | None", int], "str | None"]
 #: (inside a horizon), and for records waiting on an answer (see :class:`Pending`).
 Authority = Callable[[int], "PidStatus | None"]
 
-APPENDED: Final = Verdict.APPENDED
-NON_IDEMPOTENT: Final = Verdict.NON_IDEMPOTENT
-MALFORMED: Final = Verdict.MALFORMED
-CAPACITY: Final = Verdict.CAPACITY
-FENCE: Final = Verdict.FENCE
-UNKNOWN_PID: Final = Verdict.UNKNOWN_PID
-FENCED: Final = Verdict.FENCED
-INVALID_GENERATION: Final = Verdict.INVALID_GENERATION
-DUPLICATE: Final = Verdict.DUPLICATE
-BUFFERED: Final = Verdict.BUFFERED
-OUT_OF_ORDER: Final = Verdict.OUT_OF_ORDER
-FORGED: Final = Verdict.FORGED
-UNVERIFIED: Final = Verdict.UNVERIFIED
 
 #: What a gap report says: ``lost`` (the reorder window overflowed past seqs that never came:
 #: they stay open, see :class:`Entry`), ``head`` (the producer was adopted beyond the horizon at

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pidfence.broker_plugin.entry import FORGED, INVALID_GENERATION, Held, Verifier
+from pidfence.broker_plugin.entry import Held, Verifier
 from pidfence.wire import Verdict
 
 
@@ -70,10 +70,10 @@ class Proofs:
         if self.covered(pid, g) or (cert is None and self.vouches(pid, g, ts)):
             return None
         if self.verifier is None:
-            return INVALID_GENERATION
+            return Verdict.INVALID_GENERATION
         held = self.held.get(pid)
         if held is not None and any(h.generation == g for h in held.values()):
             return None
         if cert is None:
-            return INVALID_GENERATION
-        return None if self.certified(pid, g, s, flags, cert, ts) else FORGED
+            return Verdict.INVALID_GENERATION
+        return None if self.certified(pid, g, s, flags, cert, ts) else Verdict.FORGED

@@ -45,18 +45,7 @@ from typing import Any
 from pidfence.broker_plugin import holes
 from pidfence.broker_plugin.adoption import VOUCHED, Adoption
 from pidfence.broker_plugin.entry import (
-    APPENDED,
-    BUFFERED,
-    CAPACITY,
-    DUPLICATE,
-    FENCE,
-    FENCED,
-    FORGED,
     NO_CLOCK,
-    NON_IDEMPOTENT,
-    OUT_OF_ORDER,
-    UNKNOWN_PID,
-    UNVERIFIED,
     Authority,
     Emit,
     Entry,
@@ -69,7 +58,7 @@ from pidfence.broker_plugin.entry import (
 )
 from pidfence.broker_plugin.proofs import Proofs
 from pidfence.broker_plugin.ring import EntryRing
-from pidfence.wire import FLAG_FENCE
+from pidfence.wire import FLAG_FENCE, Verdict
 
 
 class RulesKernel(Proofs, Adoption):
@@ -190,7 +179,7 @@ class RulesKernel(Proofs, Adoption):
                 # The producer's life ended with a gap open: its held records can never be
                 # appended (its resumer, if any, re-sent them under a successor).
                 for h in sorted(held.values(), key=lambda h: h.arrival):
-                    out.append((h.ref, OUT_OF_ORDER, h.token))
+                    out.append((h.ref, Verdict.OUT_OF_ORDER, h.token))
 
     def create(self, pid: int, generation: int, highwater: int, now: int) -> None:
         """Add a new entry at the ring's tail."""
@@ -218,7 +207,7 @@ class RulesKernel(Proofs, Adoption):
         does its timestamp move the clock (DESIGN §4 amended).
         """
         if pid == 0:
-            out.append((ref, NON_IDEMPOTENT, token))
+            out.append((ref, Verdict.NON_IDEMPOTENT, token))
             self.advance(ts, out)
             return
         fence = flags & FLAG_FENCE
@@ -238,7 +227,7 @@ class RulesKernel(Proofs, Adoption):
             return
         current = entry.generation
         if g < current:
-            out.append((ref, FENCED, token))
+            out.append((ref, Verdict.FENCED, token))
             return
         leapt = g > current + 1
         if leapt:
@@ -250,11 +239,11 @@ class RulesKernel(Proofs, Adoption):
         moves = g != current and not leapt
         if fence:
             if moves and not self.proven(pid, g, s, flags, cert, ts):
-                out.append((ref, FORGED, token))
+                out.append((ref, Verdict.FORGED, token))
                 return
             self.touched.add(pid)
             entry.generation = g
-            out.append((ref, FENCE, token))
+            out.append((ref, Verdict.FENCE, token))
             if g > current and self.resolve_gaps and pid in self.held:
                 self.settle(pid, entry, out)
             self.advance(ts, out)
@@ -264,17 +253,17 @@ class RulesKernel(Proofs, Adoption):
             hole = holes.find(entry, s)
             if hole < 0:
                 # Rejected: no state change, even under the next generation (Kafka's rule).
-                out.append((ref, DUPLICATE, token))
+                out.append((ref, Verdict.DUPLICATE, token))
                 return
             if moves and not self.proven(pid, g, s, flags, cert, ts):
-                out.append((ref, FORGED, token))
+                out.append((ref, Verdict.FORGED, token))
                 return
             if not holes.fill(entry, hole, s):
-                out.append((ref, OUT_OF_ORDER, token))  # it would split a hole: none left
+                out.append((ref, Verdict.OUT_OF_ORDER, token))  # it would split a hole: none left
                 return
             self.touched.add(pid)
             entry.generation = g
-            out.append((ref, APPENDED, token))
+            out.append((ref, Verdict.APPENDED, token))
             self.gaps.append(Gap(pid, g, s, s, ref, "filled"))
             if g > current and self.resolve_gaps and pid in self.held:
                 self.settle(pid, entry, out)
@@ -282,12 +271,12 @@ class RulesKernel(Proofs, Adoption):
             return
         if s == high + 1:
             if moves and not self.proven(pid, g, s, flags, cert, ts):
-                out.append((ref, FORGED, token))
+                out.append((ref, Verdict.FORGED, token))
                 return
             self.touched.add(pid)
             entry.generation = g
             entry.highwater = s
-            out.append((ref, APPENDED, token))
+            out.append((ref, Verdict.APPENDED, token))
             if pid in self.held:
                 if g > current and self.resolve_gaps:
                     self.settle(pid, entry, out)
@@ -297,10 +286,10 @@ class RulesKernel(Proofs, Adoption):
             return
         if s - high - 1 > self.reorder_window:
             if not self.resolve_gaps or not holes.room(entry):
-                out.append((ref, OUT_OF_ORDER, token))
+                out.append((ref, Verdict.OUT_OF_ORDER, token))
                 return
             if moves and not self.proven(pid, g, s, flags, cert, ts):
-                out.append((ref, FORGED, token))
+                out.append((ref, Verdict.FORGED, token))
                 return
             self.skip_gap(pid, entry, g, s, ref, out)
             # Judged again against the entry that now follows the gap.
@@ -311,10 +300,12 @@ class RulesKernel(Proofs, Adoption):
         if waiting is not None and g <= waiting.generation:
             # The same record arrived twice while waiting, or an older generation's copy of a
             # record a newer generation is already holding.
-            out.append((ref, DUPLICATE if g == waiting.generation else FENCED, token))
+            out.append(
+                (ref, Verdict.DUPLICATE if g == waiting.generation else Verdict.FENCED, token)
+            )
             return
         if moves and not self.proven(pid, g, s, flags, cert, ts):
-            out.append((ref, FORGED, token))
+            out.append((ref, Verdict.FORGED, token))
             return
         self.touched.add(pid)
         if waiting is not None and held is not None:
@@ -322,12 +313,12 @@ class RulesKernel(Proofs, Adoption):
             # waiting copy could only be fenced at release, and calling the resend a DUPLICATE of
             # it would lose the record. Fence the zombie's copy now and hold the resend instead.
             del held[s]
-            out.append((waiting.ref, FENCED, waiting.token))
+            out.append((waiting.ref, Verdict.FENCED, waiting.token))
         if held is None:
             held = self.held[pid] = {}
         held[s] = Held(s, g, flags, max(self.clock, ts), self.next_arrival, ref, token)
         self.next_arrival += 1
-        out.append((ref, BUFFERED, token))
+        out.append((ref, Verdict.BUFFERED, token))
         self.advance(ts, out)
 
     def decide_new(
@@ -345,22 +336,22 @@ class RulesKernel(Proofs, Adoption):
     ) -> None:
         """A record of a pid without a live entry: create one, adopt it, or refuse it."""
         if self.ring.full and self.entries[self.ring.head()[0]].first_seen + self.life > at:
-            out.append((ref, CAPACITY, token))
+            out.append((ref, Verdict.CAPACITY, token))
             return
         # A waiting record proved its generation when it started to wait.
         vouched = self.covered(pid, g)
         start = fence or s == 0
         inside = at < self.horizon
         if not (vouched or start or inside):
-            out.append((ref, UNKNOWN_PID, token))
+            out.append((ref, Verdict.UNKNOWN_PID, token))
             return
         if not vouched and self.verifier is not None:
             # Forgeries are refused before anyone is asked about them.
             if not start and cert is None:
-                out.append((ref, UNVERIFIED, token))
+                out.append((ref, Verdict.UNVERIFIED, token))
                 return
             if not self.certified(pid, g, s, fence, cert, ts):
-                out.append((ref, FORGED, token))
+                out.append((ref, Verdict.FORGED, token))
                 return
         answer = VOUCHED if vouched else None
         if not vouched and inside and self.authority is not None:
@@ -368,9 +359,9 @@ class RulesKernel(Proofs, Adoption):
             if answer is None:
                 return
         if not start and answer != VOUCHED:
-            out.append((ref, UNKNOWN_PID, token))
+            out.append((ref, Verdict.UNKNOWN_PID, token))
             return
-        out.append((ref, FENCE if fence else APPENDED, token))
+        out.append((ref, Verdict.FENCE if fence else Verdict.APPENDED, token))
         self.advance(ts, out)
         self.create(pid, g, s - 1 if fence else s, self.clock)
         if s and not fence:
@@ -413,7 +404,7 @@ class RulesKernel(Proofs, Adoption):
             del held[h.seq]
             gap = h.seq > entry.highwater + 1
             if (cut is not None and h.arrival > cut) or (gap and not holes.room(entry)):
-                out.append((h.ref, FENCED, h.token))
+                out.append((h.ref, Verdict.FENCED, h.token))
                 continue
             if gap:
                 self.gaps.append(
@@ -421,7 +412,7 @@ class RulesKernel(Proofs, Adoption):
                 )
                 holes.add(entry, entry.highwater + 1, h.seq - 1)
             entry.highwater = h.seq
-            out.append((h.ref, APPENDED, h.token))
+            out.append((h.ref, Verdict.APPENDED, h.token))
         if held:
             self.release(pid, entry, out)
         elif pid in self.held:
@@ -436,19 +427,21 @@ class RulesKernel(Proofs, Adoption):
                 break
             if nxt.generation < entry.generation:
                 # A generation bump while it waited: a zombie's record.
-                out.append((nxt.ref, FENCED, nxt.token))
+                out.append((nxt.ref, Verdict.FENCED, nxt.token))
                 break
             entry.generation = nxt.generation
             entry.highwater = nxt.seq
-            out.append((nxt.ref, APPENDED, nxt.token))
+            out.append((nxt.ref, Verdict.APPENDED, nxt.token))
         if not held:
             del self.held[pid]
 
     def flush_held(self, out: list[Emit]) -> None:
         """Every held record becomes ``OUT_OF_ORDER``, every waiting one ``FENCED`` (in arrival
         order)."""
-        closing = [(h, OUT_OF_ORDER) for by_seq in self.held.values() for h in by_seq.values()]
-        closing += [(h, FENCED) for w in self.pending.values() for h in w.records]
+        closing = [
+            (h, Verdict.OUT_OF_ORDER) for by_seq in self.held.values() for h in by_seq.values()
+        ]
+        closing += [(h, Verdict.FENCED) for w in self.pending.values() for h in w.records]
         for held, verdict in sorted(closing, key=lambda c: c[0].arrival):
             out.append((held.ref, verdict, held.token))
         self.touched.update(self.held)

@@ -12,17 +12,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Unpack
 
 from pidfence.broker_plugin.decision import Decision
-from pidfence.broker_plugin.entry import (
-    MALFORMED,
-    NON_IDEMPOTENT,
-    Emit,
-    SettingOverrides,
-    as_int_fields,
-    as_timestamp,
-)
+from pidfence.broker_plugin.entry import Emit, SettingOverrides, as_int_fields, as_timestamp
 from pidfence.broker_plugin.rules import RulesKernel
 from pidfence.broker_plugin.snapshot import delta_snapshot, full_snapshot, restore_chain
-from pidfence.wire import MalformedHeader, decode_pf_fields, valid_fields
+from pidfence.wire import MalformedHeader, Verdict, decode_pf_fields, valid_fields
 
 if TYPE_CHECKING:  # the batch path needs numpy and pyarrow; a producer's recovery does not
     from pidfence.broker_plugin.batch import BatchResult
@@ -82,7 +75,7 @@ class ProducerStateTable(RulesKernel):
         if valid_fields(pid, generation, seq, flags):
             self.decide(pid, generation, seq, flags, ts_ms, ref, out, None, cert)
         else:
-            out.append((ref, MALFORMED, None))
+            out.append((ref, Verdict.MALFORMED, None))
         return [Decision(r, v) for r, v, _ in out]
 
     def offer_header(
@@ -93,9 +86,9 @@ class ProducerStateTable(RulesKernel):
             try:
                 pid, generation, seq, flags = decode_pf_fields(header)
             except MalformedHeader:
-                return [Decision(ref, MALFORMED)]
+                return [Decision(ref, Verdict.MALFORMED)]
             return self.offer(pid, generation, seq, ts_ms, flags, ref, cert)
-        out: list[Emit] = [(ref, NON_IDEMPOTENT, None)]
+        out: list[Emit] = [(ref, Verdict.NON_IDEMPOTENT, None)]
         self.advance(as_timestamp(ts_ms), out)
         return [Decision(r, v) for r, v, _ in out]
 
