@@ -170,15 +170,7 @@ class LeaseClient:
             UnknownPid: the pid's lease ended (roll it to continue its lineage).
             RateLimited, LeaseServiceUnavailable, LeaseServerUnreachable: retriable.
         """
-        reply = self._call(
-            "bump",
-            pid=pid,
-            generation=generation,
-            secret=bytes(secret),
-            token=token or uuid.uuid4().hex,
-            **_key_field(key),
-        )
-        return _lease(reply)
+        return self._change("bump", pid, generation, secret, token, key)
 
     def roll(self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None) -> Lease:
         """Retire ``pid`` at ``generation`` (its current one) and lease its successor.
@@ -201,15 +193,20 @@ class LeaseClient:
             NotOwner: wrong secret, or no such pid.
             RateLimited, LeaseServiceUnavailable, LeaseServerUnreachable: retriable.
         """
-        reply = self._call(
-            "roll",
-            pid=pid,
-            generation=generation,
-            secret=bytes(secret),
-            token=uuid.uuid4().hex,
-            **_key_field(key),
-        )
-        return _lease(reply)
+        return self._change("roll", pid, generation, secret, None, key)
+
+    def _change(
+        self,
+        op: str,
+        pid: int,
+        generation: int,
+        secret: bytes,
+        token: str | None,
+        key: bytes | None,
+    ) -> Lease:
+        """A bump or a roll: one token for all its retries, so a lost reply is answered."""
+        fields = {"pid": pid, "generation": generation, "secret": bytes(secret)}
+        return _lease(self._call(op, **fields, token=token or uuid.uuid4().hex, **_key_field(key)))
 
     def describe(self, pid: int) -> PidStatus:
         """What the lease authority knows of ``pid``: its current generation, its lease end and

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -151,42 +151,39 @@ class _HotCollector(Collector):
         for op, histogram in m.latency.items():
             family.add_metric([op], _cumulative(bounds, histogram), histogram.sum)
         yield family
-        audit = CounterMetricFamily(
+        yield _by_label(
+            CounterMetricFamily,
             "pidfence_audit_events",
             "Refusals by kind: failed hellos, owner refusals, rate limits, decode-limit closes",
-            labels=["event"],
+            "event",
+            m.audit_events,
         )
-        for event, count in sorted(m.audit_events.items()):
-            audit.add_metric([event], float(count))
-        yield audit
-        refusals = CounterMetricFamily(
+        yield _by_label(
+            CounterMetricFamily,
             "pidfence_client_refusals",
             "RATE_LIMITED answers by client (token name; all clients without one as one label)",
-            labels=["client"],
+            "client",
+            m.client_refusals,
         )
-        for label, count in sorted(m.client_refusals.items()):
-            refusals.add_metric([label], float(count))
-        yield refusals
-        in_flight = GaugeMetricFamily(
+        flying: dict[str, int] = {}
+        ready: dict[str, int] = {}
+        for label, in_flight, waiting in m.client_queues():
+            flying[label] = flying.get(label, 0) + in_flight
+            ready[label] = ready.get(label, 0) + waiting
+        yield _by_label(
+            GaugeMetricFamily,
             "pidfence_client_in_flight",
             "Requests of a client being answered now (bounded by --max-in-flight)",
-            labels=["client"],
+            "client",
+            flying,
         )
-        waiting = GaugeMetricFamily(
+        yield _by_label(
+            GaugeMetricFamily,
             "pidfence_client_waiting",
             "Connections of a client holding a request that waits for the client's turn",
-            labels=["client"],
+            "client",
+            ready,
         )
-        queues: dict[str, list[int]] = {}
-        for label, flying, ready in m.client_queues():
-            totals = queues.setdefault(label, [0, 0])
-            totals[0] += flying
-            totals[1] += ready
-        for label, (flying, ready) in sorted(queues.items()):
-            in_flight.add_metric([label], float(flying))
-            waiting.add_metric([label], float(ready))
-        yield in_flight
-        yield waiting
         gc_family = HistogramMetricFamily(
             "pidfence_gc_pause_seconds", "Garbage-collector pauses of the server process"
         )
@@ -205,6 +202,19 @@ def _cumulative(bounds: list[str], histogram: LatencyHistogram) -> list[tuple[st
         running += count
         cumulative.append((bound, float(running)))
     return cumulative
+
+
+def _by_label(
+    family: type[CounterMetricFamily | GaugeMetricFamily],
+    name: str,
+    documentation: str,
+    label: str,
+    values: Mapping[str, int],
+) -> Metric:
+    metric = family(name, documentation, labels=[label])
+    for key, value in sorted(values.items()):
+        metric.add_metric([key], float(value))
+    return metric
 
 
 def _counter(name: str, documentation: str, value: int) -> CounterMetricFamily:

@@ -42,7 +42,7 @@ class KafkaScanner:
         since_ms: int,
         until: Mapping[TopicPartition, int],
     ) -> None:
-        """See :class:`Scanner`.
+        """Feed ``state`` the records of ``partitions`` (a :data:`~.recovery.Scanner`).
 
         Raises:
             BrokerUnavailable: Kafka did not answer within the timeout (retriable).

@@ -14,7 +14,7 @@ over a real cluster is :class:`~pidfence.producer.kafka_scan.KafkaScanner`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from pidfence.broker_plugin import ProducerStateTable, Verifier
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
@@ -30,19 +30,12 @@ CertVerifier = Callable[[str, int], Verifier]
 Highs = dict[int, dict[TopicPartition, int]]
 
 
-class Scanner(Protocol):
-    """Reads the highest appended seq per (pid, partition) from the raw partitions."""
-
-    def __call__(
-        self,
-        state: ScanState,
-        partitions: Iterable[TopicPartition],
-        since_ms: int,
-        until: Mapping[TopicPartition, int],
-    ) -> None:
-        """Feed ``state`` the records of ``partitions`` from the first one at or after
-        ``since_ms`` up to ``until`` (an exclusive end offset per partition: this resumer's
-        FENCE record; partitions without one are read to their current end)."""
+#: ``scanner(state, partitions, since_ms, until)``: reads the raw partitions and feeds ``state``
+#: the records of ``partitions`` from the first one at or after ``since_ms`` up to ``until`` (an
+#: exclusive end offset per partition: this resumer's FENCE record; partitions without one are
+#: read to their current end). Over a real cluster:
+#: :class:`~pidfence.producer.kafka_scan.KafkaScanner`.
+Scanner = Callable[["ScanState", Iterable[TopicPartition], int, Mapping[TopicPartition, int]], None]
 
 
 class ScanState:

@@ -189,7 +189,7 @@ class SimClient:
 
 class KafkaReader:
     """A resume's recovery scan over the simulated Kafka (what ``KafkaScanner`` reads from a
-    real cluster): a :class:`~pidfence.producer.recovery.Scanner`."""
+    real cluster): a :data:`~pidfence.producer.recovery.Scanner`."""
 
     def __init__(self, kafka: SimKafka) -> None:
         self._kafka = kafka
