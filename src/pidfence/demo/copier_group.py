@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pidfence.demo.procs import Worker, pidfence_argv
+from pidfence.demo.procs import Worker, cli_options, pidfence_argv
 from pidfence.services.process import ServiceFailed
 from pidfence.testing.plan import FaultKind, FaultPlan, FaultStep
 from pidfence.testing.script import FaultScript
@@ -61,17 +61,14 @@ class CopierGroup:
         logs.mkdir(parents=True, exist_ok=True)
         argv = pidfence_argv(
             "copy",
-            "--bootstrap",
-            self.bootstrap,
-            "--lease-server",
-            self.lease_servers,
-            "--from-topic",
-            self.from_topic,
-            "--to-topic",
-            self.to_topic,
-            "--group",
-            self.group,
-            *(("--ledger", str(ledger)) if self.ledgers else ()),
+            *cli_options(
+                bootstrap=self.bootstrap,
+                lease_server=self.lease_servers,
+                from_topic=self.from_topic,
+                to_topic=self.to_topic,
+                group=self.group,
+                ledger=ledger if self.ledgers else None,
+            ),
             *self.extra,
             *more,
         )

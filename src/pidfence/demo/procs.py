@@ -28,6 +28,17 @@ def pidfence_argv(*args: str) -> list[str]:
     return [*PIDFENCE, *args]
 
 
+def cli_options(**values: object) -> list[str]:
+    """``--name VALUE`` per keyword, in order (``value_size`` is ``--value-size``; a float is
+    written ``%g``); a keyword given None is left out, so the command's default applies."""
+    args: list[str] = []
+    for name, value in values.items():
+        if value is not None:
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            args += [f"--{name.replace('_', '-')}", text]
+    return args
+
+
 class Worker(RunsProcess):
     """One pidfence subprocess (producer, copier, sink) plus the ledger it writes, if any.
 
@@ -158,31 +169,21 @@ class ProducerSpec:
         """The ``pidfence produce`` command line writing ``ledger``."""
         args = [
             "produce",
-            "--bootstrap",
-            self.bootstrap,
-            "--lease-server",
-            self.lease_servers,
-            "--topic",
-            self.topic,
-            "--count",
-            str(self.count),
-            "--keys",
-            str(self.keys),
-            "--value-size",
-            str(self.value_size),
-            "--state",
-            str(self.state),
-            "--ledger",
-            str(ledger),
-            "--name",
-            self.name,
-            "--checkpoint-every",
-            str(self.checkpoint_every),
+            *cli_options(
+                bootstrap=self.bootstrap,
+                lease_server=self.lease_servers,
+                topic=self.topic,
+                count=self.count,
+                keys=self.keys,
+                value_size=self.value_size,
+                state=self.state,
+                ledger=ledger,
+                name=self.name,
+                checkpoint_every=self.checkpoint_every,
+                rate=self.rate or None,
+                resend_every=self.resend_every or None,
+            ),
         ]
-        if self.rate > 0:
-            args += ["--rate", f"{self.rate:g}"]
-        if self.resend_every > 0:
-            args += ["--resend-every", str(self.resend_every)]
         if self.mutations:
             return run_argv([*args, *self.extra], mutations=self.mutations)
         return pidfence_argv(*args, *self.extra)
@@ -266,32 +267,22 @@ def copier_argv(
     max_records: int = 0,
 ) -> list[str]:
     """The ``pidfence copy`` command line."""
-    args = [
-        "copy",
-        "--bootstrap",
-        bootstrap,
-        "--lease-server",
-        lease_servers,
-        "--from-topic",
-        from_topic,
-        "--to-topic",
-        to_topic,
-        "--state",
-        str(state),
-        "--idle-exit",
-        f"{idle_exit_s:g}",
-    ]
-    if ledger is not None:
-        args += ["--ledger", str(ledger)]
-    if max_records:
-        args += ["--max-records", str(max_records)]
-    return pidfence_argv(*args)
+    args = cli_options(
+        bootstrap=bootstrap,
+        lease_server=lease_servers,
+        from_topic=from_topic,
+        to_topic=to_topic,
+        state=state,
+        idle_exit=idle_exit_s,
+        ledger=ledger,
+        max_records=max_records or None,
+    )
+    return pidfence_argv("copy", *args)
 
 
 def sink_args(bootstrap: str, topic: str, output: Path, checkpoint: Path) -> list[str]:
     """``pidfence sink``'s options over one topic into one output."""
-    where = ("--output", str(output), "--checkpoint", str(checkpoint))
-    return ["--bootstrap", bootstrap, "--topic", topic, *where]
+    return cli_options(bootstrap=bootstrap, topic=topic, output=output, checkpoint=checkpoint)
 
 
 def sink_argv(

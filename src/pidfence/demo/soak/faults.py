@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pidfence.demo.faults import FaultScript, KillAndResume, LeaseZombie, Zombie, lease_end_ms
-from pidfence.demo.procs import ProducerRole, Worker, sink_args
+from pidfence.demo.procs import ProducerRole, Worker, cli_options, sink_args
 from pidfence.demo.procstat import children_map, descendants, is_stopped, parent_map
 from pidfence.services.process import ManagedProcess, ServiceFailed
 
@@ -142,18 +142,14 @@ def soak_sink_argv(
             "-m",
             "pidfence.demo.soak.sink",
             *sink_args(bootstrap, topic, output, checkpoint),
-            "--batches",
-            str(batches),
-            "--label",
-            label,
-            "--trigger",
-            f"{trigger_s:g}",
-            "--lifetime",
-            lifetime,
-            "--master",
-            master,
-            "--spark-log",
-            str(logs / f"{label}-spark.log"),
+            *cli_options(
+                batches=batches,
+                label=label,
+                trigger=trigger_s,
+                lifetime=lifetime,
+                master=master,
+                spark_log=logs / f"{label}-spark.log",
+            ),
         ]
         return [*args, "--available-now"] if available_now else args
 
