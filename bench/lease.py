@@ -135,7 +135,7 @@ def _drive(
 _SERVER_CODE = """
 import json, sys
 from pathlib import Path
-from pidfence.pid_allocator.cli_main import serve_forever
+from pidfence.pid_allocator.daemon import serve_forever
 from pidfence.pid_allocator.settings import LeaseServerSettings
 zk, raw = sys.argv[1], json.loads(sys.argv[2])
 paths = {"auth_tokens_file", "tls_cert", "tls_key", "ready_file"}

@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.spark_sink.decisions import decided_rows
-from pidfence.spark_sink.process import process_partition
+from pidfence.spark_sink.partition_batch import process_partition
 from pidfence.spark_sink.state import PartitionState
 from pidfence.spark_sink.storage import write_parquet
 from pidfence.wire import encode_pf

@@ -94,7 +94,7 @@ def test_unreadable_auth_tokens_exit_2(tmp_path: Path) -> None:
 
 
 def test_ready_file_write_leaves_nothing_behind_on_failure(tmp_path: Path) -> None:
-    from pidfence.pid_allocator.cli_main import write_ready_file
+    from pidfence.pid_allocator.daemon import write_ready_file
 
     target = tmp_path / "ready"
     write_ready_file(target, "127.0.0.1:7070")

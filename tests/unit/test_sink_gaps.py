@@ -18,7 +18,7 @@ from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.gaps import GapReport, unread_offsets
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.process import process_partition
+from pidfence.spark_sink.partition_batch import process_partition
 from pidfence.spark_sink.state import PartitionState
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from pidfence.wire import PidState, PidStatus, encode_pf

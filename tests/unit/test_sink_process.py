@@ -10,7 +10,7 @@ import pytest
 
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.process import pf_headers, process_partition
+from pidfence.spark_sink.partition_batch import pf_headers, process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import PartitionState
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage

@@ -82,7 +82,7 @@ def _parameter(item: Setting) -> inspect.Parameter:
 
 
 def _run(flags: dict[str, Any], config: Path | None) -> None:
-    from pidfence.pid_allocator.cli_main import serve_forever
+    from pidfence.pid_allocator.daemon import serve_forever
     from pidfence.pid_allocator.errors import LeaseServiceUnavailable
     from pidfence.pid_allocator.settings import SettingsError
 

@@ -34,7 +34,7 @@ from pidfence.pid_allocator.server import LeaseServer
 from pidfence.pid_allocator.service import Grant, LeaseService
 from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
 from pidfence.pid_allocator.settings_sources import load_settings
-from pidfence.pid_allocator.zk_blocks import ZkCoordinator
+from pidfence.pid_allocator.zookeeper import ZkCoordinator
 
 __all__ = [
     # client

@@ -1,7 +1,7 @@
 """Running a lease server in-process: ``start_server`` (any event loop) and
 ``LeaseServerThread`` (its own loop thread, for tests and the demo).
 
-A lease server as a separate process is started with ``pidfence lease-server`` (``cli_main``);
+A lease server as a separate process is started with ``pidfence lease-server`` (``daemon``);
 tests and the demo spawn it through ``pidfence.services.spawn_lease_server``.
 """
 
@@ -29,7 +29,7 @@ from pidfence.pid_allocator.security import (
 from pidfence.pid_allocator.server import LeaseServer
 from pidfence.pid_allocator.service import LeaseService
 from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
-from pidfence.pid_allocator.zk_blocks import ZkCoordinator
+from pidfence.pid_allocator.zookeeper import ZkCoordinator
 from pidfence.wire import PidfenceError
 from pidfence.wire.cert import load_private_key
 from pidfence.wire.mac import load_mac_secret

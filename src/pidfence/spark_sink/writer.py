@@ -31,7 +31,7 @@ from pidfence.spark_sink.fold import add_segment, drop_empty_dir, segments, with
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import INDEX_EVERY, Output, PartAttempt, open_output
-from pidfence.spark_sink.process import process_partition
+from pidfence.spark_sink.partition_batch import process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import load_state, save_state
 from pidfence.spark_sink.storage import batch_name

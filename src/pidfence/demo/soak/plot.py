@@ -109,11 +109,3 @@ def write_plot(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
-
-
-def replot(soak_json: Path, path: Path, title: str) -> None:
-    """Draw the plot again from a run's ``out/soak.json``."""
-    import json
-
-    data = json.loads(soak_json.read_text())
-    write_plot(data["samples"], data["batches"], data["faults"], path, data["wall_started"], title)
