@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pidfence.demo.procs import Worker, cli_options, pidfence_argv
+from pidfence.demo.procs import Worker, copier_argv
 from pidfence.services.process import ServiceFailed
 from pidfence.testing.plan import FaultKind, FaultPlan, FaultStep
 from pidfence.testing.script import FaultScript
@@ -59,20 +59,10 @@ class CopierGroup:
         ledger.parent.mkdir(parents=True, exist_ok=True)
         logs = self.folder / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        argv = pidfence_argv(
-            "copy",
-            *cli_options(
-                bootstrap=self.bootstrap,
-                lease_server=self.lease_servers,
-                from_topic=self.from_topic,
-                to_topic=self.to_topic,
-                group=self.group,
-                ledger=ledger if self.ledgers else None,
-            ),
-            *self.extra,
-            *more,
-        )
-        worker = Worker(label, argv, logs, ledger=ledger if self.ledgers else None).start()
+        ledger_option = ledger if self.ledgers else None
+        ends = (self.bootstrap, self.lease_servers, self.from_topic, self.to_topic)
+        argv = [*copier_argv(*ends, group=self.group, ledger=ledger_option), *self.extra, *more]
+        worker = Worker(label, argv, logs, ledger=ledger_option).start()
         instances.append(worker)
         return worker
 

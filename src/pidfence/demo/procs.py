@@ -257,27 +257,14 @@ class ProducerRole:
 
 
 def copier_argv(
-    bootstrap: str,
-    lease_servers: str,
-    from_topic: str,
-    to_topic: str,
-    state: Path,
-    ledger: Path | None = None,
-    idle_exit_s: float = 5.0,
-    max_records: int = 0,
+    bootstrap: str, lease_servers: str, from_topic: str, to_topic: str, **options: object
 ) -> list[str]:
-    """The ``pidfence copy`` command line."""
-    args = cli_options(
-        bootstrap=bootstrap,
-        lease_server=lease_servers,
-        from_topic=from_topic,
-        to_topic=to_topic,
-        state=state,
-        idle_exit=idle_exit_s,
-        ledger=ledger,
-        max_records=max_records or None,
+    """The ``pidfence copy`` command line; ``options`` are more of its options by name
+    (``state=``, ``group=``, ``ledger=``, ``idle_exit=``: :func:`cli_options`)."""
+    ends = cli_options(bootstrap=bootstrap, lease_server=lease_servers)
+    return pidfence_argv(
+        "copy", *ends, *cli_options(from_topic=from_topic, to_topic=to_topic, **options)
     )
-    return pidfence_argv("copy", *args)
 
 
 def sink_args(bootstrap: str, topic: str, output: Path, checkpoint: Path) -> list[str]:

@@ -257,9 +257,9 @@ def _copier(
             ends.lease_servers,
             ends.upstream_topic,
             ends.raw_topic,
-            state,
+            state=state,
             ledger=ledger,
-            idle_exit_s=6.0,
+            idle_exit=6.0,
         )
         worker = Worker(name, argv, paths.logs, ledger=ledger).start()
         cleanups.append(worker.stop)
