@@ -55,6 +55,7 @@ class Gap:
     kind: GapKind
 
 
+@dataclass(slots=True, eq=False)
 class Entry:
     """A live producer's state on this partition.
 
@@ -63,21 +64,11 @@ class Entry:
     appended (DESIGN §4 amended a third time: a skipped gap stays open).
     """
 
-    __slots__ = ("first_seen", "generation", "highwater", "holes", "serial")
-
-    def __init__(
-        self,
-        generation: int,
-        highwater: int,
-        first_seen: int,
-        serial: int,
-        holes: list[list[int]] | None = None,
-    ) -> None:
-        self.generation = generation
-        self.highwater = highwater
-        self.first_seen = first_seen
-        self.serial = serial
-        self.holes = holes
+    generation: int
+    highwater: int
+    first_seen: int
+    serial: int
+    holes: list[list[int]] | None = None
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
@@ -44,6 +45,7 @@ Store = Callable[[int, int, ProducerCheckpoint], None]
 OpenTask = Callable[[ProducerCheckpoint | None, TopicPartition], IdempotentProducer]
 
 
+@dataclass(eq=False)
 class CopyTask:
     """Copies one input partition to the same partition of ``to_topic``.
 
@@ -55,24 +57,16 @@ class CopyTask:
         store: commits the task's checkpoint to the group.
     """
 
-    def __init__(
-        self,
-        partition: int,
-        to_topic: str,
-        producer: IdempotentProducer,
-        offset: int,
-        store: Store,
-    ) -> None:
-        self.partition = partition
-        self.to_topic = to_topic
-        self.producer = producer
-        self.offset = offset
-        self._store = store
-        #: Records copied since the last bump.
-        self.pending = 0
-        self._unstored: tuple[int, ProducerCheckpoint] | None = None
-        #: The last committed checkpoint: its generation is the one the output holds.
-        self._stored: ProducerCheckpoint | None = None
+    partition: int
+    to_topic: str
+    producer: IdempotentProducer
+    offset: int
+    store: Store
+    #: Records copied since the last bump.
+    pending: int = field(default=0, init=False)
+    _unstored: tuple[int, ProducerCheckpoint] | None = field(default=None, init=False)
+    #: The last committed checkpoint: its generation is the one the output holds.
+    _stored: ProducerCheckpoint | None = field(default=None, init=False)
 
     @classmethod
     def open(
@@ -154,7 +148,7 @@ class CopyTask:
 
     def _save(self, offset: int, checkpoint: ProducerCheckpoint) -> None:
         self._unstored = (offset, checkpoint)
-        self._store(self.partition, offset, checkpoint)
+        self.store(self.partition, offset, checkpoint)
         self._unstored = None
         self._stored = checkpoint
 
