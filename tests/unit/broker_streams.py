@@ -754,6 +754,20 @@ def knobs_strategy_of(
 table_args = st.tuples(st.integers(1, 8), st.integers(1, 3000), st.integers(0, 4))
 
 
+def batched_streams(
+    knobs: st.SearchStrategy[StreamKnobs], shortest: int = 0
+) -> tuple[st.SearchStrategy[Any], ...]:
+    """What a batch-path property draws first: a stream (its seed and ``knobs``), the table's
+    :data:`table_args`, and the sizes of the batches :func:`batches` cuts the stream into (at
+    least ``shortest``: 0 allows an empty batch)."""
+    return (
+        st.integers(0, 2**32),
+        knobs,
+        table_args,
+        st.lists(st.integers(shortest, 60), max_size=8),
+    )
+
+
 def batches(stream: Stream, cuts: Sequence[int]) -> Iterator[tuple[int, int, list[Any], list[int]]]:
     """``stream`` cut into batches of the sizes ``cuts``, the rest in a last one: each batch's
     (start, end, headers, stamps)."""

@@ -60,14 +60,7 @@ def spread_pids(
     return out
 
 
-#: A stream (its seed and knobs), the table's settings (capacity, lifetime, window) and the
-#: sizes of the batches the stream is cut into (the rest in a last batch; 0: an empty batch).
-BATCHED_STREAMS = (
-    st.integers(0, 2**32),
-    knobs_strategy,
-    streams.table_args,
-    st.lists(st.integers(0, 60), max_size=8),
-)
+BATCHED_STREAMS = streams.batched_streams(knobs_strategy)
 
 
 @SETTINGS
