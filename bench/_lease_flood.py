@@ -4,8 +4,8 @@ One ``pidfence lease-server`` with auth tokens on the server core. A victim (thi
 its own pid one request at a time, as a resume does: alone, then beside one flooder, then beside
 two. A flooder is another token holder that opens 8 connections, leases 32 pids on each and keeps
 every one of them bumping, pipelined, as fast as the server answers, a refusal sent again at once
-(the hostile client of ``tests/fixtures/hostile.py``, mode ``flood`` with ``pids``, run as a
-process of its own on the load core). Per row: the victim's bump latency and errors, and the
+(``tests/fixtures/lease_clients.py``'s ``HostileProcess``, mode ``flood`` with ``pids``, on the
+load core; the victim is its ``RawLease``). Per row: the victim's bump latency and errors, and the
 server's total throughput (bumps granted to everyone per second, from ``pidfence_bumps_total``)
 and RATE_LIMITED answers over the row. A row lasts ``bumps`` victim bumps and at least
 ``min_s`` seconds (the victim bumps on meanwhile), so its throughput is the flood's sustained one
@@ -14,87 +14,17 @@ rather than a flooder's first burst.
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-import msgpack
+from pidfence.benchkit import load_bench
 
 CONNECTIONS = 8
 PIDS = 32
-_HOSTILE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hostile.py"
-_LENGTH_BYTES = 4
-
-
-class _Victim:
-    """A blocking lease-protocol client: one request, then its reply."""
-
-    def __init__(self, address: str, token: str) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=60)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.next_id = 0
-        assert self.call("hello", token=token)["error"] is None
-
-    def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        self.next_id += 1
-        body = msgpack.packb({"v": 1, "op": op, "id": self.next_id, **fields})
-        self.sock.sendall(len(body).to_bytes(_LENGTH_BYTES, "big") + body)
-        length = int.from_bytes(self._exactly(_LENGTH_BYTES), "big")
-        reply: dict[str, Any] = msgpack.unpackb(self._exactly(length), raw=False)
-        return reply
-
-    def _exactly(self, n: int) -> bytes:
-        data = bytearray()
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the lease server closed the victim's connection")
-            data += chunk
-        return bytes(data)
-
-
-class _Flooder:
-    """``hostile_main`` in a process of its own, pinned to the load core."""
-
-    def __init__(self, bench: Any, address: str, token: str, scratch: Path, name: str) -> None:
-        self.ready = scratch / f"{name}.ready"
-        self.stop_file = scratch / f"{name}.stop"
-        self.out = scratch / f"{name}.json"
-        job = {
-            "mode": "flood",
-            "address": address,
-            "token": token,
-            "connections": CONNECTIONS,
-            "pids": PIDS,
-            "ready": str(self.ready),
-            "stop": str(self.stop_file),
-            "out": str(self.out),
-        }
-        code = f"import runpy, sys; runpy.run_path({str(_HOSTILE)!r})['hostile_main']()"
-        argv = [*bench._pinned(bench.CLIENT_CORE), sys.executable, "-c", code, json.dumps(job)]
-        self.proc = subprocess.Popen(argv)
-        deadline = time.monotonic() + 120
-        while not self.ready.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"flooder {name} did not get going")
-            time.sleep(0.05)
-
-    def stop(self) -> dict[str, Any]:
-        self.stop_file.touch()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        counts: dict[str, Any] = json.loads(self.out.read_text())
-        return counts
+_clients = load_bench("lease_clients", Path(__file__).resolve().parents[1] / "tests" / "fixtures")
 
 
 def _counters(bench: Any, server: Any) -> tuple[float, float, float]:
@@ -118,29 +48,35 @@ def flood_rows(
     settings = {"block_size": 100, "event_loop": loop, "auth_tokens_file": str(pki.tokens_file)}
     server = bench._start_server(bench._chroot(zk_hosts), scratch, "flooded", settings)
     tokens = {name: Path(pki.token_files[name]).read_text().strip() for name in pki.token_files}
-    flooders: list[_Flooder] = []
+    flooders: list[Any] = []
     rows = []
     try:
-        victim = _Victim(server.address, tokens["victim"])
+        victim = _clients.RawLease(server.address, timeout=60)
+        assert victim.call("hello", token=tokens["victim"])["error"] is None
         lease = victim.call("lease")
         for count in (0, 1, 2):
             if count:
                 name = f"flood{count}"
-                flooders.append(_Flooder(bench, server.address, tokens[name], scratch, name))
+                flooder = _clients.HostileProcess(
+                    "flood",
+                    scratch,
+                    name,
+                    launcher=bench._pinned(bench.CLIENT_CORE),
+                    address=server.address,
+                    token=tokens[name],
+                    connections=CONNECTIONS,
+                    pids=PIDS,
+                )
+                flooders.append(flooder)
+                flooder.wait_ready(120)
                 time.sleep(1)  # its bumps are under way
             before = _counters(bench, server)
             started = time.perf_counter()
             waits, errors = [], 0
             while len(waits) < bumps or time.perf_counter() - started < min_s:
-                sent = time.perf_counter()
-                reply = victim.call(
-                    "bump", pid=lease["pid"], generation=lease["generation"], secret=lease["secret"]
-                )
-                waits.append(time.perf_counter() - sent)
-                if reply["error"] is None:
-                    lease["generation"] = reply["generation"]
-                else:
-                    errors += 1
+                waited, reply = victim.bump(lease)
+                waits.append(waited)
+                errors += reply["error"] is not None
             elapsed = time.perf_counter() - started
             after = _counters(bench, server)
             rows.append(
@@ -160,9 +96,7 @@ def flood_rows(
         flood_counts = [flooder.stop() for flooder in flooders]
     finally:
         for flooder in flooders:
-            if flooder.proc.poll() is None:
-                flooder.proc.kill()
-                flooder.proc.wait()
+            flooder.kill()
         bench._stop(server)
     for row in rows:
         row["flood_counts"] = flood_counts[: row["flooders"]]

@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,50 @@ def load_average() -> str:
     """The 1/5/15-minute load averages, for the notes (the machine is shared)."""
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+# --- small-batch benches (sink_small, sink_aged): their Kafka, Spark and batch times ---------
+
+
+@contextmanager
+def one_broker(prefix: str) -> Iterator[tuple[Any, Path]]:
+    """A one-broker Kafka and a scratch folder named ``prefix...``; stopped and removed after."""
+    from pidfence.services import KafkaCluster
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    kafka = KafkaCluster(1, heap="768m").start()
+    try:
+        yield kafka, work
+    finally:
+        kafka.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextmanager
+def local_spark(app_name: str) -> Iterator[Any]:
+    """A ``local[2]`` SparkSession with the pidfence sink and the no-op writer registered;
+    stopped after."""
+    from pidfence.services import spark_session, stop_session
+    from pidfence.spark_sink import register
+
+    spark = spark_session(master="local[2]", app_name=app_name)
+    try:
+        register(spark)
+        _register_noop(spark)
+        yield spark
+    finally:
+        stop_session(spark)
+
+
+def batch_ms(query: Any) -> list[int]:
+    """The ``triggerExecution`` time (ms) of each batch of ``query`` that read records."""
+    progress = [json.loads(p.json) for p in query.recentProgress]
+    return [int(p["durationMs"]["triggerExecution"]) for p in progress if p.get("numInputRows")]
+
+
+def p90(values: list[int]) -> float:
+    """The 90th percentile of ``values`` (the value itself if there is one)."""
+    return float(statistics.quantiles(values, n=10)[-1]) if len(values) > 1 else float(values[0])
 
 
 # --- the raw topic -------------------------------------------------------------------------

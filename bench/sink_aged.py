@@ -19,10 +19,7 @@ query are left out. Shown: median and 90th percentile of each output, and the ra
 
 from __future__ import annotations
 
-import json
-import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -57,15 +54,12 @@ def _run(spark: Any, sink: Any, bootstrap: str, topic: str, out: Path, n: int) -
             time.sleep(0.2)
     finally:
         query.stop()
-    progress = [json.loads(p.json) for p in query.recentProgress]
-    ms = [int(p["durationMs"]["triggerExecution"]) for p in progress if p.get("numInputRows")]
-    return ms[:n]
+    return list(sink.batch_ms(query)[:n])
 
 
 def run(quick: bool, progress: Progress) -> BenchReport:
     """Seed, age, then run both outputs side by side (starts and stops its own Kafka, Spark)."""
-    from pidfence.services import KafkaCluster, create_topic, spark_session, stop_session
-    from pidfence.spark_sink import register
+    from pidfence.services import create_topic
 
     here = Path(__file__).resolve().parent
     sink = load_bench("sink", here)
@@ -75,17 +69,13 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     records = BATCH * (SEED + 2 + ROUNDS * (WARM + batches + 1))
     loads = [sink.load_average()]
     task = progress.add_task("starting Kafka", total=3 + ROUNDS)
-    work = Path(tempfile.mkdtemp(prefix="pidfence-bench-sink-aged-"))
-    kafka = KafkaCluster(1, heap="768m").start()
     times: dict[str, list[int]] = {"fresh": [], "aged": []}
-    try:
+    with sink.one_broker("pidfence-bench-sink-aged-") as (kafka, work):
         progress.update(task, description=f"filling {PARTITIONS} partitions, {records:,} records")
         topic = create_topic(kafka.bootstrap, "aged", PARTITIONS)
         sink.fill_topic(kafka.bootstrap, topic, records, PARTITIONS, seed=7)
         progress.advance(task)
-        spark = spark_session(master="local[2]", app_name="pidfence-bench-sink-aged")
-        try:
-            register(spark)
+        with sink.local_spark("pidfence-bench-sink-aged") as spark:
             fresh, aged = work / "fresh", work / "aged"
             progress.update(task, description=f"seed: {SEED} batches")
             _run(spark, sink, kafka.bootstrap, topic, fresh, SEED)
@@ -107,20 +97,16 @@ def run(quick: bool, progress: Progress) -> BenchReport:
                     times[key].extend(ms[WARM:])
                 loads.append(sink.load_average())
                 progress.advance(task)
-        finally:
-            stop_session(spark)
-    finally:
-        kafka.stop()
-        shutil.rmtree(work, ignore_errors=True)
-    return _report(times, days, batches, made, loads)
-
-
-def _p90(values: list[int]) -> float:
-    return float(statistics.quantiles(values, n=10)[-1]) if len(values) > 1 else float(values[0])
+    return _report(sink, times, days, batches, made, loads)
 
 
 def _report(
-    times: dict[str, list[int]], days: int, batches: int, made: dict[str, Any], loads: list[str]
+    sink: Any,
+    times: dict[str, list[int]],
+    days: int,
+    batches: int,
+    made: dict[str, Any],
+    loads: list[str],
 ) -> BenchReport:
     fresh = statistics.median(times["fresh"])
     rows = [
@@ -128,7 +114,7 @@ def _report(
             "output": label,
             "batches": len(times[key]),
             "median ms": statistics.median(times[key]),
-            "p90 ms": _p90(times[key]),
+            "p90 ms": sink.p90(times[key]),
             "max ms": max(times[key]),
             "vs fresh": statistics.median(times[key]) / fresh,
         }

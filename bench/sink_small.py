@@ -26,10 +26,8 @@ batches per query.
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +43,13 @@ ROUNDS = 2
 GOAL = 1.2
 
 
-def _batch_ms(spark: Any, build: Any, out: Path) -> list[int]:
+def _batch_ms(spark: Any, sink: Any, build: Any, out: Path) -> list[int]:
     """Run one query over the topic; each batch's ``triggerExecution`` ms after the warm ones."""
     query = build(spark, str(out), f"{out}-ckpt").trigger(availableNow=True).start()
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"query failed: {query.exception()}")
-    progress = [json.loads(p.json) for p in query.recentProgress]
-    ms = [int(p["durationMs"]["triggerExecution"]) for p in progress if p.get("numInputRows")]
-    return ms[WARM:]
+    return list(sink.batch_ms(query)[WARM:])
 
 
 def _writer(sink: Any, bootstrap: str, topic: str, fmt: str, tasks: int = 0) -> Any:
@@ -68,28 +64,22 @@ def _writer(sink: Any, bootstrap: str, topic: str, fmt: str, tasks: int = 0) -> 
 
 def run(quick: bool, progress: Progress) -> BenchReport:
     """Run both partition counts (starts and stops its own Kafka and Spark)."""
-    from pidfence.services import KafkaCluster, create_topic, spark_session, stop_session
-    from pidfence.spark_sink import register
+    from pidfence.services import create_topic
 
     sink = load_bench("sink", Path(__file__).resolve().parent)
     batches = sink._env_int(BATCHES_ENV, 15 if quick else 30)
     records = BATCH * (WARM + batches)
     loads = [sink.load_average()]
     task = progress.add_task("starting Kafka", total=1 + len(PARTITIONS) * ROUNDS)
-    work = Path(tempfile.mkdtemp(prefix="pidfence-bench-sink-small-"))
-    kafka = KafkaCluster(1, heap="768m").start()
     times: dict[tuple[int, str], list[int]] = {}
-    try:
+    with sink.one_broker("pidfence-bench-sink-small-") as (kafka, work):
         topics = {}
         for n in PARTITIONS:
             progress.update(task, description=f"filling {n} partitions with {records:,} records")
             topics[n] = create_topic(kafka.bootstrap, f"small-{n}", n)
             sink.fill_topic(kafka.bootstrap, topics[n], records, n, seed=n)
         progress.advance(task)
-        spark = spark_session(master="local[2]", app_name="pidfence-bench-sink-small")
-        try:
-            register(spark)
-            sink._register_noop(spark)
+        with sink.local_spark("pidfence-bench-sink-small") as spark:
             cores = int(spark.sparkContext.defaultParallelism)
             formats = (
                 ("plain", "parquet", 0),
@@ -107,25 +97,18 @@ def run(quick: bool, progress: Progress) -> BenchReport:
                         progress.update(task, description=f"{n} partitions, round {r + 1}: {key}")
                         out = work / f"{key}-{n}-{r}"
                         times.setdefault((n, key), []).extend(
-                            _batch_ms(spark, contenders[key], out)
+                            _batch_ms(spark, sink, contenders[key], out)
                         )
                         shutil.rmtree(out, ignore_errors=True)
                         shutil.rmtree(f"{out}-ckpt", ignore_errors=True)
                     loads.append(sink.load_average())
                     progress.advance(task)
-        finally:
-            stop_session(spark)
-    finally:
-        kafka.stop()
-        shutil.rmtree(work, ignore_errors=True)
-    return _report(times, batches, loads)
+    return _report(sink, times, batches, loads)
 
 
-def _p90(values: list[int]) -> float:
-    return float(statistics.quantiles(values, n=10)[-1]) if len(values) > 1 else float(values[0])
-
-
-def _report(times: dict[tuple[int, str], list[int]], batches: int, loads: list[str]) -> BenchReport:
+def _report(
+    sink: Any, times: dict[tuple[int, str], list[int]], batches: int, loads: list[str]
+) -> BenchReport:
     rows = []
     ratios, over_noop = {}, {}
     labels = (
@@ -145,7 +128,7 @@ def _report(times: dict[tuple[int, str], list[int]], batches: int, loads: list[s
                     "contender": label,
                     "batches": len(ms),
                     "median ms": statistics.median(ms),
-                    "p90 ms": _p90(ms),
+                    "p90 ms": sink.p90(ms),
                     "ms per partition": statistics.median(ms) / n,
                     "vs (a)": statistics.median(ms) / plain,
                     "vs (n)": statistics.median(ms) / noop,

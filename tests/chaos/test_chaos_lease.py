@@ -62,16 +62,40 @@ def expiry_topic(kafka: Any, request: Any) -> str:
     )
 
 
-def pause_past_expiry(worker: Any) -> None:
-    """The process stopped itself at its fault hook; keep it stopped until its lease has ended."""
+def self_stopped_producer(
+    chaos: ChaosKit,
+    stop_all: Any,
+    bootstrap: str,
+    address: str,
+    topic: str,
+    *,
+    rate: float,
+    checkpoint_every: int,
+    stop_after: int,
+) -> tuple[Any, Any]:
+    """A producer of 6,000 records to ``topic`` at ``rate`` records/s that stops itself right
+    after its state save number ``stop_after`` (``stop_all`` ends it at teardown): its role,
+    and its process once stopped."""
+    extra = ("--stop-after-checkpoint", str(stop_after))
+    role = chaos.role(
+        "p",
+        bootstrap,
+        address,
+        topic,
+        6000,
+        rate=rate,
+        checkpoint_every=checkpoint_every,
+        extra=extra,
+    )
+    stop_all(role)
+    worker = role.spawn()
     wait_for(
         lambda: (worker.pid is not None and is_stopped(worker.pid)) or not worker.running,
         120,
-        "the producer to stop itself at its fault hook",
+        f"the producer to stop itself after state save {stop_after}",
     )
     assert worker.running, worker.tail()
-    time.sleep(LIFETIME_S + 2)  # the fault itself: the pause outlives the lease
-    worker.resume()
+    return role, worker
 
 
 def judge_expiry_run(chaos: ChaosKit, kafka: Any, spark: Any, topic: str, count: int) -> None:
@@ -99,19 +123,18 @@ def test_lease_expiry_while_paused_at_a_checkpoint_rolls_on(
         server.wait_listening()
         # It stops itself right after its third state save (at record 2000): everything it sent
         # is acknowledged, nothing is in flight when it wakes after its lease ended.
-        role = chaos.role(
-            "p",
+        _, worker = self_stopped_producer(
+            chaos,
+            stop_all,
             kafka.bootstrap,
             server.address,
             topic,
-            6000,
             rate=2000.0,
             checkpoint_every=1000,
-            extra=("--stop-after-checkpoint", "3"),
+            stop_after=3,
         )
-        stop_all(role)
-        worker = role.spawn()
-        pause_past_expiry(worker)
+        time.sleep(LIFETIME_S + 2)  # the fault itself: the pause outlives the lease
+        worker.resume()
         # Nothing to drain: it rolls over to a successor through the lineage and goes on.
         assert worker.wait(180) == 0, worker.tail()
     finally:
@@ -152,24 +175,16 @@ def test_lease_expiry_with_records_in_flight_refuses_to_roll_then_restarts(
         # It stops itself right after its first state save (a fresh lease, nothing sent yet);
         # meanwhile the topic's only broker crashes; then it goes on at 500 records/s, so it
         # reaches its rollover point long before its 6,000 records are handed over.
-        role = chaos.role(
-            "p",
+        role, worker = self_stopped_producer(
+            chaos,
+            stop_all,
             bootstrap,
             server.address,
             topic,
-            6000,
             rate=500.0,
             checkpoint_every=6000,
-            extra=("--stop-after-checkpoint", "1"),
+            stop_after=1,
         )
-        stop_all(role)
-        worker = role.spawn()
-        wait_for(
-            lambda: (worker.pid is not None and is_stopped(worker.pid)) or not worker.running,
-            120,
-            "the producer to stop itself after its first state save",
-        )
-        assert worker.running, worker.tail()
         kafka_cluster3.kill(2)  # broker id 3
         broker_down = True
         worker.resume()

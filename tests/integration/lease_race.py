@@ -32,7 +32,7 @@ from typing import Any
 
 from pidfence.pid_allocator import LeaseClient, LineageRecord, ZkCoordinator
 from pidfence.pid_allocator.errors import LeaseError
-from tests.fixtures.lease import RawLease
+from tests.fixtures.lease_clients import RawLease
 
 #: Answers that end an owner's round.
 REFUSED = {"STALE_GENERATION", "NOT_OWNER", "UNKNOWN_PID"}

@@ -158,11 +158,7 @@ def _race(
     source, target = new_topic(), new_topic()
     records = _fill(kafka.bootstrap, source, 300)
     commits = Commits()
-    first = open_task(commits, target)
-    for msg in records[:100]:
-        first.copy(msg)
-    first.checkpoint()
-    first.close()
+    _first_owner(open_task, commits, target, records[:100]).close()
     read_by_zombie = commits.last
     owner = open_task(commits, target)  # the group's new owner of the partition
     for msg in records[100:150]:
@@ -205,10 +201,7 @@ def test_a_takeover_that_recopies_across_two_checkpoints_loses_nothing(
     source, target = new_topic(), new_topic()
     records = _fill(kafka.bootstrap, source, 200)
     commits = Commits()
-    first = copy_kit(commits, target)
-    for msg in records[:50]:
-        first.copy(msg)
-    first.checkpoint()
+    first = _first_owner(copy_kit, commits, target, records[:50])
     for msg in records[50:170]:
         first.copy(msg)
     first.producer.flush(30)  # in Kafka, then SIGKILLed before its next checkpoint
@@ -224,6 +217,20 @@ def test_a_takeover_that_recopies_across_two_checkpoints_loses_nothing(
     verdicts = Counter(str(v) for v in read_rejects(str(out)).column("verdict").to_pylist())
     assert log.column("value").to_pylist() == [r.value() for r in records], verdicts
     assert set(verdicts) == {"DUPLICATE", "FENCE"}, verdicts
+
+
+def _first_owner(
+    open_task: Callable[[Commits, str], CopyTask],
+    commits: Commits,
+    target: str,
+    records: list[Message],
+) -> CopyTask:
+    """The partition's first owner: it copies ``records`` and commits them."""
+    task = open_task(commits, target)
+    for msg in records:
+        task.copy(msg)
+    task.checkpoint()
+    return task
 
 
 def _at(committed: tuple[int, ProducerCheckpoint] | None) -> Commits:

@@ -139,10 +139,11 @@ def sink_and_upstream(
             sink.proc.wait()
 
 
-def _written(out: Path) -> int:
+def written_rows(out: Path) -> int:
+    """Rows in the sink's written table at ``out`` (0 before its first batch)."""
     try:
         return read_written(str(out)).num_rows
-    except Exception:  # noqa: BLE001 - the tables do not exist before the query starts
+    except Exception:  # noqa: BLE001 - the tables do not exist before the first batch
         return 0
 
 
@@ -190,7 +191,7 @@ def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_b
     sink, up, out = sink_and_upstream
     up.send(101, range(0, 50), 0)
     up.send(102, range(0, 50), 1)
-    sink.wait_for("100 rows", lambda: _written(out) == 100)
+    sink.wait_for("100 rows", lambda: written_rows(out) == 100)
 
     # delta-rs, beside the running sink: a blind append (a copy of a sink row and a row of its
     # own), properties, a new column.
@@ -209,7 +210,7 @@ def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_b
     DeltaTable(str(out)).alter.add_columns([Field("region", PrimitiveType("string"), True)])
     up.send(101, range(50, 100), 0)
     up.send(102, range(50, 100), 1)
-    sink.wait_for("200 rows", lambda: _written(out) == 200)
+    sink.wait_for("200 rows", lambda: written_rows(out) == 200)
 
     # Table care and a retention delete by delta-rs, then upstream replays the deleted records.
     DeltaTable(str(out)).optimize.compact()
@@ -235,7 +236,7 @@ def test_the_sink_shares_its_table_and_stops_only_on_a_restore_before_its_last_b
         sink.wait_for("25 DUPLICATE", lambda: _rejected(out, "DUPLICATE") == 25)
     deleted = 20 + (5 if spark_delta else 0)
     up.send(101, range(100, 120), 0)
-    sink.wait_for("220 rows", lambda: _written(out) == 220)
+    sink.wait_for("220 rows", lambda: written_rows(out) == 220)
 
     # Exactly once: every acknowledged record in the table once, deleted ones gone for good.
     verify = subprocess.run(

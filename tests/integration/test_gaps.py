@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,24 +35,12 @@ from tests.integration.test_cli_sink import run_sink as run_sink_cli
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-def produce_real(producer: IdempotentProducer, topic: str, first: int, n: int) -> None:
-    """``n`` events ``e<first>..`` through the real producer, to partition 0, acknowledged."""
-    for i in range(first, first + n):
-        producer.produce(topic, f"e{i}".encode(), partition=0)
-    producer.flush()
-
-
 def delete_records_before(bootstrap: str, topic: str, offset: int, partition: int = 0) -> None:
     """What retention does: Kafka's log start of the partition moves to ``offset``."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.delete_records([TopicPartition(topic, partition, offset)])
     for future in futures.values():
         future.result(timeout=30)
-
-
-def pid_of(producer: IdempotentProducer) -> int:
-    """The producer's pid (from its checkpoint: everything is flushed when this is asked)."""
-    return producer.checkpoint().pid
 
 
 def values(table: pa.Table) -> list[str]:
@@ -73,33 +63,50 @@ def gap_rows(path: Path) -> list[tuple[Any, ...]]:
     ]
 
 
-@pytest.fixture
-def producer(kafka: Any, lease_server: Any) -> Any:
-    client = LeaseClient(lease_server.address)
-    prod = IdempotentProducer(ProducerConfig(kafka.bootstrap), client)
-    yield prod
-    prod.close()
-    client.close()
-
-
 def authority(lease_server: Any) -> dict[str, str]:
     """The sink options that let it adopt through the test's lease server."""
     return {"leaseServer": lease_server.address}
 
 
+@dataclass
+class Leased:
+    """A real producer leased from the test's lease server, the one-partition topic it filled
+    with ``e0..e99``, and the sink options that adopt through that server."""
+
+    producer: IdempotentProducer
+    topic: str
+    adopt: dict[str, str]
+
+    @property
+    def pid(self) -> int:
+        """The producer's pid (from its checkpoint: everything is flushed when this is asked)."""
+        return self.producer.checkpoint().pid
+
+    def produce(self, first: int, n: int) -> None:
+        """``n`` events ``e<first>..`` through the real producer, to partition 0, acknowledged."""
+        for i in range(first, first + n):
+            self.producer.produce(self.topic, f"e{i}".encode(), partition=0)
+        self.producer.flush()
+
+
+@pytest.fixture
+def leased(kafka: Any, new_topic: Any, lease_server: Any) -> Iterator[Leased]:
+    client = LeaseClient(lease_server.address)
+    prod = IdempotentProducer(ProducerConfig(kafka.bootstrap), client)
+    case = Leased(prod, new_topic(partitions=1), authority(lease_server))
+    case.produce(0, 100)
+    yield case
+    prod.close()
+    client.close()
+
+
 def test_retention_trimmed_head_before_the_first_read(
-    spark: Any,
-    kafka: Any,
-    new_topic: Any,
-    producer: IdempotentProducer,
-    lease_server: Any,
-    tmp_path: Path,
+    spark: Any, kafka: Any, leased: Leased, tmp_path: Path
 ) -> None:
     """Issue 26 case 1: was 0 of 150 appended (150 UNKNOWN_PID)."""
-    topic = new_topic(partitions=1)
-    produce_real(producer, topic, 0, 100)
+    topic = leased.topic
     delete_records_before(kafka.bootstrap, topic, 50)
-    produce_real(producer, topic, 100, 100)
+    leased.produce(100, 100)
     out = tmp_path / "out"
     bare = tmp_path / "bare"
     # Without the lease server nothing is adopted: every record is named UNKNOWN_PID.
@@ -112,15 +119,15 @@ def test_retention_trimmed_head_before_the_first_read(
         topic,
         str(out),
         str(tmp_path / "ckpt"),
-        sink_options=authority(lease_server),
+        sink_options=leased.adopt,
     )
     log = read_log(str(out))
     assert values(log) == [f"e{i}" for i in range(50, 200)]
-    assert seqs_of(log, pid_of(producer)) == list(range(50, 200))
+    assert seqs_of(log, leased.pid) == list(range(50, 200))
     assert read_rejects(str(out)).num_rows == 0
     assert gap_rows(out) == [
         ("offsets", None, None, None, None, 50),
-        ("head", pid_of(producer), 0, 49, None, 50),
+        ("head", leased.pid, 0, 49, None, 50),
     ]
     assert summary.gaps == {"head": 1, "offsets": 1}
 
@@ -163,15 +170,9 @@ def test_one_record_lost_by_kafka_is_a_gap_not_a_blocked_producer(
 
 
 def test_a_new_sink_started_at_latest_adopts_producers_mid_stream(
-    spark: Any,
-    kafka: Any,
-    new_topic: Any,
-    producer: IdempotentProducer,
-    lease_server: Any,
-    tmp_path: Path,
+    spark: Any, kafka: Any, leased: Leased, tmp_path: Path
 ) -> None:
-    topic = new_topic(partitions=1)
-    produce_real(producer, topic, 0, 100)
+    topic = leased.topic
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     query = start_sink(
         spark,
@@ -182,7 +183,7 @@ def test_a_new_sink_started_at_latest_adopts_producers_mid_stream(
         available_now=False,
         trigger_seconds=0.5,
         starting_offsets="latest",
-        sink_options=authority(lease_server),
+        sink_options=leased.adopt,
     )
     try:
         # The source writes its initial (latest) offsets when the query starts.
@@ -190,7 +191,7 @@ def test_a_new_sink_started_at_latest_adopts_producers_mid_stream(
         while not (ckpt / "sources" / "0" / "0").exists():
             assert query.isActive and time.monotonic() < deadline, query.exception()
             time.sleep(0.2)
-        produce_real(producer, topic, 100, 100)
+        leased.produce(100, 100)
         while read_log(str(out)).num_rows < 100:
             assert query.isActive and time.monotonic() < deadline, query.exception()
             time.sleep(0.5)
@@ -198,29 +199,23 @@ def test_a_new_sink_started_at_latest_adopts_producers_mid_stream(
         query.stop()
     log = read_log(str(out))
     assert values(log) == [f"e{i}" for i in range(100, 200)]
-    assert seqs_of(log, pid_of(producer)) == list(range(100, 200))
+    assert seqs_of(log, leased.pid) == list(range(100, 200))
     assert gap_rows(out) == [
         ("offsets", None, None, None, None, 100),
-        ("head", pid_of(producer), 0, 99, None, 100),
+        ("head", leased.pid, 0, 99, None, 100),
     ]
 
 
 def test_retention_while_the_sink_is_stopped(
-    spark: Any,
-    kafka: Any,
-    new_topic: Any,
-    producer: IdempotentProducer,
-    lease_server: Any,
-    tmp_path: Path,
+    spark: Any, kafka: Any, leased: Leased, tmp_path: Path
 ) -> None:
     """By default the next run refuses before Spark starts (exit 3, naming topic, partition,
     range and the option); the library's query fails the same way; with the option it continues
     and reports the gap."""
-    topic = new_topic(partitions=1)
+    topic = leased.topic
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    produce_real(producer, topic, 0, 100)
     run_sink(spark, kafka.bootstrap, topic, str(out), str(ckpt))
-    produce_real(producer, topic, 100, 100)
+    leased.produce(100, 100)
     delete_records_before(kafka.bootstrap, topic, 150)
 
     result, _ = run_sink_cli(
@@ -247,13 +242,13 @@ def test_retention_while_the_sink_is_stopped(
         str(out),
         str(ckpt),
         allow_data_loss=True,
-        sink_options=authority(lease_server),
+        sink_options=leased.adopt,
     )
     log = read_log(str(out))
     assert values(log) == [f"e{i}" for i in (*range(100), *range(150, 200))]
     assert gap_rows(out) == [
         ("offsets", None, None, None, 99, 150),
-        ("lost", pid_of(producer), 100, 149, None, 150),
+        ("lost", leased.pid, 100, 149, None, 150),
     ]
     assert summary.appended == 50
 

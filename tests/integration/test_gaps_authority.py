@@ -45,7 +45,7 @@ class Writer:
     as a send ledger (the producer's own, had it written them)."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.topic = topic
+        self.bootstrap, self.topic = bootstrap, topic
         self.raw = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
         self.acked: list[LedgerEntry] = []
 
@@ -154,6 +154,28 @@ def verify(ledger: Path, output: Path) -> dict[str, Any]:
     return report
 
 
+def bumped_lease(client: LeaseClient) -> tuple[int, int, int]:
+    """A new lease and its first bump: the pid, its first generation and the bumped one."""
+    lease = client.lease()
+    return (
+        lease.pid,
+        lease.generation,
+        client.bump(lease.pid, lease.generation, lease.secret).generation,
+    )
+
+
+def fenced_and_trimmed(
+    w: Writer, client: LeaseClient, partition: int, label: str
+) -> tuple[int, int, int]:
+    """Case 2's start on ``partition``: g1 wrote ``label`` 0..9, its successor g2 FENCEd at 10,
+    and retention deleted all of it. The pid, g1 and g2."""
+    pid, g1, g2 = bumped_lease(client)
+    w.write([(partition, f"{label}{s}", pid, g1, s, 0) for s in range(10)])
+    w.write([(partition, "", pid, g2, 10, FLAG_FENCE)])
+    delete_records_before(w.bootstrap, w.topic, 11, partition=partition)
+    return pid, g1, g2
+
+
 def test_cases_1_2_and_4_each_event_once_through_the_lease_server(
     kafka: Any, new_topic: Any, lease_server: Any, tmp_path: Path
 ) -> None:
@@ -164,43 +186,28 @@ def test_cases_1_2_and_4_each_event_once_through_the_lease_server(
 
     # Case 1 (partition 0): g1 writes e0, e1, e4..e10 (e2, e3 timed out in librdkafka's
     # queue); the resume bumps to g2, FENCEs at seq 2 and re-sends e2..e12.
-    a = client.lease()
-    g1 = a.generation
-    g2 = client.bump(a.pid, g1, a.secret).generation
-    w.write([(0, f"a{s}", a.pid, g1, s, 0) for s in (0, 1, *range(4, 11))])
-    w.write([(0, "", a.pid, g2, 2, FLAG_FENCE)])
-    w.write([(0, f"a{s}", a.pid, g2, s, 0) for s in range(2, 13)])
+    a, g1, g2 = bumped_lease(client)
+    w.write([(0, f"a{s}", a, g1, s, 0) for s in (0, 1, *range(4, 11))])
+    w.write([(0, "", a, g2, 2, FLAG_FENCE)])
+    w.write([(0, f"a{s}", a, g2, s, 0) for s in range(2, 13)])
 
-    # Case 2 (partition 1): g1 wrote 0..9, its successor FENCEd g2 at 10; retention deleted all
-    # of it; then the zombie (g1) and the successor (g2) interleave.
-    b = client.lease()
-    bg1 = b.generation
-    bg2 = client.bump(b.pid, bg1, b.secret).generation
-    w.write([(1, f"b{s}", b.pid, bg1, s, 0) for s in range(10)])
-    w.write([(1, "", b.pid, bg2, 10, FLAG_FENCE)])
-    delete_records_before(kafka.bootstrap, topic, 11, partition=1)
+    # Case 2 (partition 1): then the zombie (g1) and the successor (g2) interleave.
+    b, bg1, bg2 = fenced_and_trimmed(w, client, 1, "b")
     interleaved = [(bg1, 10), (bg2, 10), (bg1, 11), (bg2, 11), (bg2, 12), (bg1, 12), (bg2, 13)]
-    w.write([(1, f"{'z' if g == bg1 else 'b'}{s}", b.pid, g, s, 0) for g, s in interleaved])
+    w.write([(1, f"{'z' if g == bg1 else 'b'}{s}", b, g, s, 0) for g, s in interleaved])
 
     # Case 2 across two runs (partition 3): the zombie's records in this run, the successor's in
     # the next.
-    c = client.lease()
-    cg1 = c.generation
-    cg2 = client.bump(c.pid, cg1, c.secret).generation
-    w.write([(3, f"c{s}", c.pid, cg1, s, 0) for s in range(10)])
-    w.write([(3, "", c.pid, cg2, 10, FLAG_FENCE)])
-    delete_records_before(kafka.bootstrap, topic, 11, partition=3)
-    w.write([(3, f"y{s}", c.pid, cg1, s, 0) for s in (10, 11, 12)])
+    c, cg1, cg2 = fenced_and_trimmed(w, client, 3, "c")
+    w.write([(3, f"y{s}", c, cg1, s, 0) for s in (10, 11, 12)])
 
     # Case 4 (partition 2): g1 writes 0, 1, 3 (2 missing); g2's 5 arrives, then g1's 4 (after
     # it: a zombie's), then g2 FENCEs at 2 and re-sends 2, 3, 4.
-    d = client.lease()
-    dg1 = d.generation
-    dg2 = client.bump(d.pid, dg1, d.secret).generation
-    w.write([(2, f"d{s}", d.pid, dg1, s, 0) for s in (0, 1, 3)])
-    w.write([(2, "d5", d.pid, dg2, 5, 0), (2, "x4", d.pid, dg1, 4, 0)])
-    w.write([(2, "", d.pid, dg2, 2, FLAG_FENCE)])
-    w.write([(2, f"d{s}", d.pid, dg2, s, 0) for s in (2, 3, 4)])
+    d, dg1, dg2 = bumped_lease(client)
+    w.write([(2, f"d{s}", d, dg1, s, 0) for s in (0, 1, 3)])
+    w.write([(2, "d5", d, dg2, 5, 0), (2, "x4", d, dg1, 4, 0)])
+    w.write([(2, "", d, dg2, 2, FLAG_FENCE)])
+    w.write([(2, f"d{s}", d, dg2, s, 0) for s in (2, 3, 4)])
 
     sink(kafka.bootstrap, topic, tmp_path, lease_server.address)
     log, rejects = read_log(str(out)), read_rejects(str(out))
@@ -208,7 +215,7 @@ def test_cases_1_2_and_4_each_event_once_through_the_lease_server(
     assert labels(part(log, 3)) == []
     assert part(rejects, 3) == []
 
-    w.write([(3, f"c{s}", c.pid, cg2, s, 0) for s in (10, 11, 12, 13)])
+    w.write([(3, f"c{s}", c, cg2, s, 0) for s in (10, 11, 12, 13)])
     sink(kafka.bootstrap, topic, tmp_path, lease_server.address)
     log, rejects = read_log(str(out)), read_rejects(str(out))
     client.close()

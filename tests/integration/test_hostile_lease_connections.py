@@ -14,7 +14,8 @@ import pytest
 
 from pidfence.pid_allocator import LeaseClient, load_token_file
 from pidfence.services.lease_server import LeasePki, LeaseServerProcess
-from tests.fixtures.lease import HostileProcess, RawLease, open_files, rss_bytes
+from tests.fixtures.lease import open_files, rss_bytes
+from tests.fixtures.lease_clients import HostileProcess, RawLease
 
 # Each test asserts a wait or a deadline: no other test may run beside it (tests/README.md).
 pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]

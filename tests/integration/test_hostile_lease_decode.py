@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pidfence.pid_allocator import LeaseClient, load_token_file
 from pidfence.services.lease_server import LeasePki, LeaseServerProcess
 from pidfence.services.ports import free_port
-from tests.fixtures.lease import AuditedServer, HostileProcess, RawLease, percentile
+from tests.fixtures.lease import AuditedServer, percentile
+from tests.fixtures.lease_clients import HostileProcess, RawLease
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,7 +16,6 @@ meant for each client (the ``lease-share-per-connection`` mutant) fails the same
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,8 @@ import pytest
 from pidfence.pid_allocator import load_token_file
 from pidfence.pid_allocator.metrics import BY_ADDRESS
 from pidfence.services.lease_server import LeasePki
-from tests.fixtures.lease import AuditedServer, HostileProcess, RawLease, percentile
+from tests.fixtures.lease import AuditedServer, percentile
+from tests.fixtures.lease_clients import HostileProcess, RawLease
 from tests.integration.test_hostile_lease_decode import audit_count, log_lines, scrape
 
 # Asserts a p99 latency against a baseline: no other test may run beside it (tests/README.md).
@@ -67,14 +67,9 @@ def _bumps(victim: RawLease, lease: dict[str, Any], errors: list[dict[str, Any]]
     """``BUMPS`` bumps of the victim's own pid, one at a time: their latencies."""
     waits = []
     for _ in range(BUMPS):
-        started = time.perf_counter()
-        reply = victim.call(
-            "bump", pid=lease["pid"], generation=lease["generation"], secret=lease["secret"]
-        )
-        waits.append(time.perf_counter() - started)
-        if reply["error"] is None:
-            lease["generation"] = reply["generation"]
-        else:
+        waited, reply = victim.bump(lease)
+        waits.append(waited)
+        if reply["error"] is not None:
             errors.append(reply)
     return waits
 

@@ -29,7 +29,7 @@ from pidfence.pid_allocator.capability import SECRET_BYTES
 from pidfence.pid_allocator.protocol import LENGTH, encode_frame
 from pidfence.services.lease_server import LeasePki, make_lease_pki
 from pidfence.wire import load_public_keys, verify_cert
-from tests.fixtures.lease import RawLease
+from tests.fixtures.lease_clients import RawLease
 
 pytestmark = pytest.mark.timeout(180)
 

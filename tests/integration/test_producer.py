@@ -44,6 +44,7 @@ from pidfence.producer import (
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.services.ports import free_port
 from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, PfHeader, Verdict, decode_pf
+from tests.fixtures.commands import produce_args
 
 PIDFENCE = str(Path(sys.executable).with_name("pidfence"))
 DAY_MS = 24 * 3600 * 1000
@@ -197,13 +198,7 @@ def test_produce_cli_writes_gap_free_sequences_from_zero(
     topic = new_topic(partitions=4)
     ledger = tmp_path / "ledger.jsonl"
     done = run_cli(
-        "produce",
-        "--bootstrap",
-        kafka.bootstrap,
-        "--lease-server",
-        lease_server.address,
-        "--topic",
-        topic,
+        *produce_args(kafka.bootstrap, lease_server.address, topic),
         "--count",
         "2000",
         "--keys",
@@ -344,23 +339,13 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
     """Process A is SIGSTOPped; B resumes A's checkpoint; A, continued, is FENCED everywhere."""
     topic = new_topic(partitions=2)
     state_a, state_b = tmp_path / "a.json", tmp_path / "b.json"
-    common = [
-        "--bootstrap",
-        kafka.bootstrap,
-        "--lease-server",
-        lease_server.address,
-        "--topic",
-        topic,
-        "--keys",
-        "0",
-        "--checkpoint-every",
-        "20",
-    ]
+    common = produce_args(
+        kafka.bootstrap, lease_server.address, topic, "--keys", "0", "--checkpoint-every", "20"
+    )
     zombie_log = (tmp_path / "zombie.err").open("w")
     zombie = subprocess.Popen(
         [
             PIDFENCE,
-            "produce",
             *common,
             "--count",
             "1000000",
@@ -380,7 +365,6 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
         shutil.copyfile(state_a, state_b)
         taken_over_at = _state_next_i(state_b)
         heir = run_cli(
-            "produce",
             *common,
             "--count",
             str(taken_over_at + 40),
@@ -613,17 +597,7 @@ def test_zookeeper_down_behind_the_lease_server_is_named_not_the_lease_server() 
     store.up = False  # every ZooKeeper call answers UNAVAILABLE, as with ZooKeeper unreachable
     server = LeaseServerThread(None, coordinator=store, block_size=1).start()
     try:
-        done = run_cli(
-            "produce",
-            "--bootstrap",
-            dead_address(),
-            "--lease-server",
-            server.address,
-            "--topic",
-            "t",
-            "--count",
-            "1",
-        )
+        done = run_cli(*produce_args(dead_address(), server.address, "t", "--count", "1"))
     finally:
         server.stop()
     assert done.returncode == 75, done.stderr
@@ -634,17 +608,7 @@ def test_zookeeper_down_behind_the_lease_server_is_named_not_the_lease_server() 
 
 
 def test_lease_server_down_says_how_to_start_one_once(kafka: Any) -> None:
-    done = run_cli(
-        "produce",
-        "--bootstrap",
-        kafka.bootstrap,
-        "--lease-server",
-        dead_address(),
-        "--topic",
-        "t",
-        "--count",
-        "1",
-    )
+    done = run_cli(*produce_args(kafka.bootstrap, dead_address(), "t", "--count", "1"))
     assert done.returncode == 75, done.stderr
     assert "pidfence: retriable: LeaseServerDown: no lease server answered" in done.stderr
     assert done.stderr.count("pidfence lease-server") == 1, done.stderr

@@ -34,7 +34,7 @@ from pidfence.demo.topic import RAW_TOPIC_CONFIG
 from pidfence.pid_allocator import LeaseClient
 from pidfence.producer import IdempotentProducer, ProducerConfig
 from pidfence.services.lease_server import LeasePki
-from pidfence.spark_sink import read_log, read_rejects, run_sink
+from pidfence.spark_sink import SinkRunSummary, read_log, read_rejects, run_sink
 from pidfence.spark_sink.pipeline import summarise
 from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE, PF_HEADER_KEY, decode_pf, encode_pf
 from pidfence.wire.mac import MAC_HEADER_KEY, RECORD_MAC_BYTES
@@ -150,6 +150,19 @@ def lease_client(signing_server: Any) -> Iterator[LeaseClient]:
     client.close()
 
 
+def run_signed(
+    spark: Any, bootstrap: str, topics: str, tmp_path: Path, pki: LeasePki
+) -> tuple[Path, SinkRunSummary]:
+    """One sink run over ``topics`` into ``tmp_path/out`` that checks lease certificates against
+    ``pki``'s public key: the output folder and what the run committed."""
+    out = tmp_path / "out"
+    options = {"leasePublicKey": str(pki.public_key)}
+    summary = run_sink(
+        spark, bootstrap, topics, str(out), str(tmp_path / "ckpt"), sink_options=options
+    )
+    return out, summary
+
+
 def test_a_certificate_copied_to_other_partitions_and_a_topic_admits_nothing(
     spark: Any,
     kafka: Any,
@@ -196,16 +209,7 @@ def test_a_certificate_copied_to_other_partitions_and_a_topic_admits_nothing(
             produce(producer, t, p, labels)
     legit[(topic, 0)] = [f"t0-a{i}" for i in range(8)]
 
-    out = tmp_path / "out"
-    options = {"leasePublicKey": str(lease_pki.public_key)}
-    summary = run_sink(
-        spark,
-        kafka.bootstrap,
-        f"{topic},{other}",
-        str(out),
-        str(tmp_path / "ckpt"),
-        sink_options=options,
-    )
+    out, summary = run_signed(spark, kafka.bootstrap, f"{topic},{other}", tmp_path, lease_pki)
     log = read_log(str(out))
     assert by_place(log) == legit
     assert by_place(log, "seq") == {place: list(range(len(v))) for place, v in legit.items()}
@@ -255,15 +259,7 @@ def test_a_back_dated_expired_certificate_is_forged_on_a_log_append_time_topic(
         ],
     )
 
-    out = tmp_path / "out"
-    summary = run_sink(
-        spark,
-        kafka.bootstrap,
-        topic,
-        str(out),
-        str(tmp_path / "ckpt"),
-        sink_options={"leasePublicKey": str(lease_pki.public_key)},
-    )
+    out, summary = run_signed(spark, kafka.bootstrap, topic, tmp_path, lease_pki)
     assert values(read_log(str(out))) == ["live"]
     rejects = read_rejects(str(out))
     assert verdicts(rejects) == {"expired-s0": "FORGED", "expired-fence": "FORGED"}

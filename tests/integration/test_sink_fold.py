@@ -16,7 +16,7 @@ from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter
-from tests.unit.test_sink_process import kafka_rows, make_stream, micro_batches, reference
+from tests.unit.test_sink_process import expected_log, kafka_rows, make_stream, micro_batches
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -52,7 +52,7 @@ def test_bookkeeping_stays_flat_and_history_stays_whole(
     assert len(segments(Store.at(str(tmp_path / OWN_DIR)))) <= 8
     # Exact output, and the sink's own account of every batch, folded or not.
     log = read_log(str(tmp_path))
-    expected, _ = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
+    expected = expected_log(records)
     assert log["offset"].to_pylist() == expected
     written = read_written(str(tmp_path))
     assert written["offset"].to_pylist() == expected
@@ -69,5 +69,4 @@ def test_lost_state_files_rebuild_through_folded_history(
     assert segments(Store.at(str(tmp_path / OWN_DIR)))
     shutil.rmtree(tmp_path / OWN_DIR / "_state")
     _run(monkeypatch, tmp_path, chunks[135:], first=135)
-    expected, _ = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
-    assert read_log(str(tmp_path))["offset"].to_pylist() == expected
+    assert read_log(str(tmp_path))["offset"].to_pylist() == expected_log(records)

@@ -29,7 +29,7 @@ from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.state_files import decode_state, state_dir
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
-from tests.unit.test_sink_process import kafka_rows, make_stream, micro_batches, reference
+from tests.unit.test_sink_process import expected_log, kafka_rows, make_stream, micro_batches
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -109,8 +109,7 @@ def test_loser_of_a_batch_never_overwrites_or_deletes_the_winners_files(
     # The next batches continue, exactly.
     for batch in (2, 3):
         a.commit([_task(monkeypatch, a, batch, kafka_rows(chunks[batch]))], batch)
-    expected, _ = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
-    assert read_log(str(tmp_path))["offset"].to_pylist() == expected
+    assert read_log(str(tmp_path))["offset"].to_pylist() == expected_log(records)
 
 
 def test_twins_state_files_do_not_overwrite_each_other(
@@ -164,8 +163,7 @@ def test_a_fenced_driver_commits_nothing_and_deletes_nothing_of_its_successor(
     b.commit([from_b], 1)
     for batch in (2, 3):
         b.commit([_task(monkeypatch, b, batch, kafka_rows(chunks[batch]))], batch)
-    expected, _ = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
-    assert read_log(str(tmp_path))["offset"].to_pylist() == expected
+    assert read_log(str(tmp_path))["offset"].to_pylist() == expected_log(records)
     manifest = Output.reading(str(tmp_path)).committed(3)
     assert manifest is not None and manifest.epoch == first + 1
 

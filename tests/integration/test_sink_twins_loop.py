@@ -21,9 +21,8 @@ import pytest
 
 from pidfence.cli.exits import EXIT_OK
 from pidfence.demo.procs import pidfence_argv, sink_args
-from pidfence.spark_sink import read_written
 from tests.fixtures.commands import run_pidfence
-from tests.integration.test_delta_shared import Upstream
+from tests.integration.test_delta_shared import Upstream, written_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -75,13 +74,6 @@ def _wait_for(what: str, check: Callable[[], bool], alive: list[SinkProcess]) ->
         time.sleep(0.3)
 
 
-def _written(out: Path) -> int:
-    try:
-        return read_written(str(out)).num_rows
-    except Exception:  # noqa: BLE001 - the tables do not exist before the first batch
-        return 0
-
-
 def _verify(ledger: Path, out: Path) -> None:
     args = ("verify", "--ledger", str(ledger), "--output", str(out), "--json")
     result = run_pidfence(*args, timeout=300)
@@ -126,7 +118,7 @@ def test_a_restarted_second_sink_never_takes_down_the_owner_and_twins_leave_it_i
 
     send(20)
     owner = start("owner")
-    _wait_for("the owner's first records", lambda: _written(out) == 2 * sent, [owner])
+    _wait_for("the owner's first records", lambda: written_rows(out) == 2 * sent, [owner])
 
     # A supervisor restarts the second sink whenever it exits; here it is stopped as a
     # supervisor or a person would (SIGTERM, SIGKILL) while it waits as a standby.
@@ -135,7 +127,7 @@ def test_a_restarted_second_sink_never_takes_down_the_owner_and_twins_leave_it_i
         _wait_for("the standby's line", lambda s=second: STANDBY in s.text(), [owner, second])
         assert f"process {owner.proc.pid}" in second.text()
         send(10)
-        _wait_for(f"round {round_}'s records", lambda: _written(out) == 2 * sent, [owner])
+        _wait_for(f"round {round_}'s records", lambda: written_rows(out) == 2 * sent, [owner])
         code = second.stop(sig)
         assert code in (EXIT_OK, -signal.SIGKILL), second.text()
         assert owner.proc.poll() is None, owner.text()
@@ -146,7 +138,7 @@ def test_a_restarted_second_sink_never_takes_down_the_owner_and_twins_leave_it_i
     assert owner.stop() == EXIT_OK, owner.text()
     twins = [start("twin_a"), start("twin_b")]
     send(10)
-    _wait_for("the twins' records", lambda: _written(out) == 2 * sent, twins)
+    _wait_for("the twins' records", lambda: written_rows(out) == 2 * sent, twins)
     _wait_for("one standby", lambda: any(STANDBY in t.text() for t in twins), twins)
     runner, standby = sorted(twins, key=lambda t: STANDBY in t.text())
     assert STANDBY not in runner.text() and standby.batches() == [], standby.text()
@@ -154,7 +146,7 @@ def test_a_restarted_second_sink_never_takes_down_the_owner_and_twins_leave_it_i
     # The runner stops; the standby takes over at once (the claim is released) and continues.
     assert runner.stop() == EXIT_OK, runner.text()
     send(10)
-    _wait_for("the standby's records", lambda: _written(out) == 2 * sent, [standby])
+    _wait_for("the standby's records", lambda: written_rows(out) == 2 * sent, [standby])
     assert standby.stop() == EXIT_OK, standby.text()
     printed = [set(s.batches()) for s in started]
     assert all(not (a & b) for i, a in enumerate(printed) for b in printed[i + 1 :]), printed
@@ -165,5 +157,5 @@ def test_a_restarted_second_sink_never_takes_down_the_owner_and_twins_leave_it_i
     once = (*sink_args(kafka.bootstrap, topic, out, ckpt), "--available-now")
     result = run_pidfence("sink", *once, "--master", "local[1]", timeout=LIMIT_S)
     assert result.returncode == EXIT_OK, result.stdout + result.stderr
-    assert _written(out) == 2 * sent
+    assert written_rows(out) == 2 * sent
     _verify(ledger, out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from hypothesis import strategies as st
@@ -166,6 +166,18 @@ def make_stream(rng: random.Random, knobs: StreamKnobs) -> list[tuple[bytes | No
     return out
 
 
+class _Offer(NamedTuple):
+    """One record as the reference model judges it: header fields, time, ref and certificate."""
+
+    pid: int
+    g: int
+    s: int
+    fence: bool
+    ts: int
+    ref: Any
+    cert: bytes | None
+
+
 @dataclass
 class ReferenceTable:
     """DESIGN §4 (amended three times) with plain dicts, sets and scans; held records as a list.
@@ -270,29 +282,19 @@ class ReferenceTable:
         except MalformedHeader:
             out.append((ref, Verdict.MALFORMED))
             return out
-        pid, g, s, fence = h.pid, h.generation, h.seq, h.is_fence
-        if pid == 0:
+        if h.pid == 0:
             out.append((ref, Verdict.NON_IDEMPOTENT))
             self._land(ts, out)
             return out
-        self._decide(pid, g, s, fence, ts, ref, cert, out)
+        self._decide(_Offer(h.pid, h.generation, h.seq, h.is_fence, ts, ref, cert), out)
         return out
 
     def _hold(self, pid: int, s: int, g: int, ref: Any) -> None:
         self.held.append({"pid": pid, "seq": s, "gen": g, "ref": ref, "arrival": self.arrival})
         self.arrival += 1
 
-    def _new(
-        self,
-        pid: int,
-        g: int,
-        s: int,
-        fence: bool,
-        ts: int,
-        ref: Any,
-        cert: bytes | None,
-        out: list[tuple[Any, Verdict]],
-    ) -> None:
+    def _new(self, o: _Offer, out: list[tuple[Any, Verdict]]) -> None:
+        pid, g, s, fence, ts, ref, cert = o
         flags = FLAG_FENCE if fence else 0
         at = max(self.clock, ts)
         if sum(1 for x in self.entries.values() if x[2] + self.lifetime > at) >= self.capacity:
@@ -323,7 +325,7 @@ class ReferenceTable:
                     return
                 if g < status.generation:
                     self.pending[pid] = {"gen": g, "expire": status.expire_ms, "recs": []}
-                    self._wait(pid, s, g, fence, ts, ref, out)
+                    self._wait(o, out)
                     return
                 known = True
         if not start and not known:
@@ -336,41 +338,30 @@ class ReferenceTable:
         if s and not fence:
             self.gaps.append((pid, g, 0, s - 1, ref, "head"))
 
-    def _wait(
-        self, pid: int, s: int, g: int, fence: bool, ts: int, ref: Any, out: list[Any]
-    ) -> None:
-        w = self.pending[pid]
+    def _wait(self, o: _Offer, out: list[Any]) -> None:
+        w = self.pending[o.pid]
         w["recs"].append(
             {
-                "seq": s,
-                "gen": g,
-                "fence": fence,
-                "ts": max(self.clock, ts),
-                "ref": ref,
+                "seq": o.s,
+                "gen": o.g,
+                "fence": o.fence,
+                "ts": max(self.clock, o.ts),
+                "ref": o.ref,
                 "arrival": self.arrival,
             }
         )
         self.arrival += 1
-        out.append((ref, Verdict.BUFFERED))
-        self._land(ts, out)
+        out.append((o.ref, Verdict.BUFFERED))
+        self._land(o.ts, out)
 
-    def _decide(
-        self,
-        pid: int,
-        g: int,
-        s: int,
-        fence: bool,
-        ts: int,
-        ref: Any,
-        cert: bytes | None,
-        out: list[tuple[Any, Verdict]],
-    ) -> None:
+    def _decide(self, o: _Offer, out: list[tuple[Any, Verdict]]) -> None:
+        pid, g, s, fence, ts, ref, cert = o
         flags = FLAG_FENCE if fence else 0
         w = self.pending.get(pid)
         if w is not None:
             room = len(w["recs"]) < PENDING_LIMIT
             if g == w["gen"] and room:
-                self._wait(pid, s, g, fence, ts, ref, out)
+                self._wait(o, out)
                 return
             if g < w["gen"]:
                 out.append((ref, Verdict.FENCED))
@@ -386,12 +377,14 @@ class ReferenceTable:
                     return
                 if g < status.generation:
                     w["gen"] = g
-                    self._wait(pid, s, g, fence, ts, ref, out)
+                    self._wait(o, out)
                     return
                 del self.pending[pid]
                 self.vouched = (pid, g)
                 for r in w["recs"]:
-                    self._decide(pid, r["gen"], r["seq"], r["fence"], r["ts"], r["ref"], None, out)
+                    self._decide(
+                        _Offer(pid, r["gen"], r["seq"], r["fence"], r["ts"], r["ref"], None), out
+                    )
                 self.vouched = None
             else:
                 del self.pending[pid]
@@ -403,7 +396,7 @@ class ReferenceTable:
         if e is not None and e[2] + self.lifetime <= at:
             e = None  # expired at the record's time (removed only if the record lands)
         if e is None:
-            self._new(pid, g, s, fence, ts, ref, cert, out)
+            self._new(o, out)
             return
         if (
             pid in self.unconfirmed
@@ -418,7 +411,7 @@ class ReferenceTable:
                     e[0] = g
                 elif g == e[0]:
                     self.pending[pid] = {"gen": g, "expire": st.expire_ms, "recs": []}
-                    self._wait(pid, s, g, fence, ts, ref, out)
+                    self._wait(o, out)
                     return
         moves = g == e[0] + 1
         leap = self._leap(pid, g, s, flags, cert, ts) if g > e[0] + 1 else None
@@ -482,7 +475,7 @@ class ReferenceTable:
                 e[4].update(range(e[1] + 1, low["seq"]))
                 e[1] = low["seq"] - 1
                 self._release(pid, e, out)
-            self._decide(pid, g, s, fence, ts, ref, cert, out)
+            self._decide(o, out)
         else:
             same = [x for x in self.held if x["pid"] == pid and x["seq"] == s]
             if same and g == same[0]["gen"]:
@@ -759,6 +752,20 @@ def knobs_strategy_of(
 
 #: (capacity, lifetime, reorder window)
 table_args = st.tuples(st.integers(1, 8), st.integers(1, 3000), st.integers(0, 4))
+
+
+def batched_streams(
+    knobs: st.SearchStrategy[StreamKnobs], shortest: int = 0
+) -> tuple[st.SearchStrategy[Any], ...]:
+    """What a batch-path property draws first: a stream (its seed and ``knobs``), the table's
+    :data:`table_args`, and the sizes of the batches :func:`batches` cuts the stream into (at
+    least ``shortest``: 0 allows an empty batch)."""
+    return (
+        st.integers(0, 2**32),
+        knobs,
+        table_args,
+        st.lists(st.integers(shortest, 60), max_size=8),
+    )
 
 
 def batches(stream: Stream, cuts: Sequence[int]) -> Iterator[tuple[int, int, list[Any], list[int]]]:

@@ -30,6 +30,7 @@ from pidfence.wire import FLAG_FENCE, PidState, PidStatus, Verdict, encode_pf
 from tests.unit.broker_streams import (
     StreamKnobs,
     authority_answers,
+    batched_streams,
     batches,
     decide_alike_after,
     fixed_authority,
@@ -428,14 +429,7 @@ def test_extensions_match_the_reference_model(
 
 
 @SETTINGS
-@given(
-    st.integers(0, 2**32),
-    knobs_strategy,
-    table_args,
-    st.lists(st.integers(1, 60), max_size=8),
-    st.booleans(),
-    authority_answers,
-)
+@given(*batched_streams(knobs_strategy, shortest=1), st.booleans(), authority_answers)
 def test_batch_path_with_extensions_decides_exactly_like_offer(
     seed: int, knobs: StreamKnobs, args: Any, cuts: list[int], gaps_on: bool, answers: Any
 ) -> None:
@@ -485,14 +479,7 @@ class Recorder:
 
 
 @SETTINGS
-@given(
-    st.integers(0, 2**32),
-    knobs_strategy,
-    table_args,
-    st.lists(st.integers(0, 60), max_size=8),
-    authority_answers,
-    st.data(),
-)
+@given(*batched_streams(knobs_strategy), authority_answers, st.data())
 def test_state_with_extensions_is_a_function_of_the_committed_output(
     seed: int,
     knobs: StreamKnobs,

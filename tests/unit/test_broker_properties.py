@@ -60,15 +60,11 @@ def spread_pids(
     return out
 
 
+BATCHED_STREAMS = streams.batched_streams(knobs_strategy)
+
+
 @SETTINGS
-@given(
-    st.integers(0, 2**32),
-    knobs_strategy,
-    streams.table_args,
-    st.lists(st.integers(1, 60), max_size=8),
-    st.booleans(),
-    st.sampled_from(PID_SPREADS),
-)
+@given(*BATCHED_STREAMS, st.booleans(), st.sampled_from(PID_SPREADS))
 def test_batch_path_decides_exactly_like_offer(
     seed: int,
     knobs: streams.StreamKnobs,
@@ -85,23 +81,13 @@ def test_batch_path_decides_exactly_like_offer(
     batched = ProducerStateTable(capacity, lifetime, window)
     final: dict[int, Verdict] = {}
     log: list[int] = []
-    start = 0
-    bounds = [*cuts, len(stream)]
-    while start < len(stream) or not bounds:
-        size = bounds.pop(0) if bounds else len(stream) - start
-        chunk = stream[start : start + size]
-        headers: Any = [h for h, _ in chunk]
-        if as_arrow:
-            headers = pa.array(headers, type=pa.binary())
+    for start, end, headers, stamps in streams.batches(stream, cuts):
         result = batched.offer_batch(
-            headers,
-            np.array([t for _, t in chunk], dtype=np.int64),
-            refs=list(range(start, start + len(chunk))),
+            pa.array(headers, type=pa.binary()) if as_arrow else headers,
+            np.array(stamps, dtype=np.int64),
+            refs=list(range(start, end)),
         )
         streams.note_batch(result, start, final, log)
-        start += len(chunk)
-        if not chunk:
-            break
     assert final == expected_final
     assert log == expected_log
     assert batched == one_by_one
@@ -183,13 +169,7 @@ def test_snapshots_and_delta_chains_restore_the_live_table(
 
 
 @SETTINGS
-@given(
-    st.integers(0, 2**32),
-    knobs_strategy,
-    streams.table_args,
-    st.lists(st.integers(1, 60), max_size=8),
-    st.lists(st.booleans(), max_size=8),
-)
+@given(*BATCHED_STREAMS, st.lists(st.booleans(), max_size=8))
 def test_batch_path_with_delta_chains_restores_the_live_table(
     seed: int, knobs: streams.StreamKnobs, args: Any, cuts: list[int], fulls: list[bool]
 ) -> None:
@@ -198,15 +178,8 @@ def test_batch_path_with_delta_chains_restores_the_live_table(
     stream = streams.make_stream(random.Random(seed), knobs)
     chain = Chain(ProducerStateTable(*args))
     table = chain.table
-    start = 0
-    for i, size in enumerate([*cuts, len(stream)]):
-        chunk = stream[start : start + size]
-        table.offer_batch(
-            [h for h, _ in chunk],
-            np.array([t for _, t in chunk], dtype=np.int64),
-            refs=list(range(start, start + len(chunk))),
-        )
-        start += len(chunk)
+    for i, (start, end, headers, stamps) in enumerate(streams.batches(stream, cuts)):
+        table.offer_batch(headers, np.array(stamps, dtype=np.int64), refs=list(range(start, end)))
         if i < len(fulls) and fulls[i]:
             chain.restart()
         else:
@@ -273,15 +246,7 @@ def test_rebuild_replays_the_log_after_a_snapshot() -> None:
 
 
 @SETTINGS
-@given(
-    st.integers(0, 2**32),
-    knobs_strategy,
-    streams.table_args,
-    st.lists(st.integers(0, 60), max_size=8),
-    st.lists(st.booleans(), max_size=9),
-    st.floats(0, 0.5),
-    st.data(),
-)
+@given(*BATCHED_STREAMS, st.lists(st.booleans(), max_size=9), st.floats(0, 0.5), st.data())
 def test_state_is_a_function_of_the_committed_output(
     seed: int,
     knobs: streams.StreamKnobs,

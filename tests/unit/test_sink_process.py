@@ -117,6 +117,12 @@ def record_headers(offset: int, pf: bytes | None) -> list[dict[str, Any]]:
     return [*own, {"key": "pf", "value": pf}] if pf is not None else own
 
 
+def expected_log(records: list[Record]) -> list[int]:
+    """The offsets :func:`reference` appends with the table the sink tests' writers use
+    (capacity 64, lifetime 10,000 s, reorder window 3)."""
+    return reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)[0]
+
+
 def reference(records: list[Record], **kwargs: Any) -> tuple[list[int], dict[int, str]]:
     """Per-record rules: appended Kafka offsets in log order, and dropped offset → verdict.
 
