@@ -151,7 +151,6 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     ]
     return BenchReport(
         title=f"broker rules: {n:,} in-order records, {PIDS:,} producers, {DUP_RATE:.0%} resends",
-        columns=list(rows[0]),
         rows=rows,
         params={
             "records": n,

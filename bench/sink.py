@@ -896,7 +896,6 @@ def _report(
             f"sinks: {n:,} raw records, {PIDS:,} producers, {DUP_RATE:.0%} resends, "
             f"{mode.partitions} partitions, {master}"
         ),
-        columns=list(rows[0]),
         rows=rows,
         params={
             "mode": mode.name,

@@ -125,7 +125,6 @@ def _report(
     return BenchReport(
         title=f"a batch on a {days}-day-old output vs a fresh one: {BATCH:,} records, "
         f"{PARTITIONS} partitions, local[2]",
-        columns=list(rows[0]),
         rows=rows,
         params={
             "records_per_batch": BATCH,

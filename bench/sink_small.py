@@ -141,7 +141,6 @@ def _report(
     )
     return BenchReport(
         title=f"small batches: {BATCH:,} records per batch, 4 and 64 partitions, local[2]",
-        columns=list(rows[0]),
         rows=rows,
         params={
             "records_per_batch": BATCH,

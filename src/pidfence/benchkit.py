@@ -33,13 +33,18 @@ class BenchNotFound(PidfenceError):
 
 @dataclass
 class BenchReport:
-    """What one benchmark measured: rows of figures (one row per contender) plus notes."""
+    """What one benchmark measured: rows of figures (one row per contender) plus notes; the
+    columns are the first row's keys unless named."""
 
     title: str
-    columns: list[str]
     rows: list[dict[str, Any]]
+    columns: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.columns and self.rows:
+            self.columns = list(self.rows[0])
 
 
 def machine_facts() -> dict[str, Any]:
