@@ -245,6 +245,7 @@ def _copier(
     config: DemoConfig, paths: DemoPaths, ends: Endpoints, cleanups: Cleanups, armed: bool
 ) -> CopierCrash:
     state = paths.state / "copier.json"
+    copies = (ends.producer_bootstrap, ends.lease_servers, ends.upstream_topic, ends.raw_topic)
     started = 0
 
     def start() -> Worker:
@@ -252,15 +253,7 @@ def _copier(
         name = "copier" if not started else f"copier.r{started}"
         started += 1
         ledger = paths.ledgers / f"{name}.jsonl"
-        argv = copier_argv(
-            ends.producer_bootstrap,
-            ends.lease_servers,
-            ends.upstream_topic,
-            ends.raw_topic,
-            state=state,
-            ledger=ledger,
-            idle_exit=6.0,
-        )
+        argv = copier_argv(*copies, state=state, ledger=ledger, idle_exit=6.0)
         worker = Worker(name, argv, paths.logs, ledger=ledger).start()
         cleanups.append(worker.stop)
         return worker

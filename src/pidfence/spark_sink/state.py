@@ -26,6 +26,7 @@ from pidfence.broker_plugin import (
     Verifier,
     replay_batch,
 )
+from pidfence.broker_plugin.entry import SettingOverrides
 from pidfence.spark_sink.authority import recorded_answers
 from pidfence.spark_sink.decisions import replay_rows
 from pidfence.spark_sink.manifest import PartCommit, part_name
@@ -92,13 +93,8 @@ def new_table(opts: SinkOptions, verifier: Verifier | None = None) -> ProducerSt
 
 
 def _overrides(opts: SinkOptions) -> dict[str, Any]:
-    return {
-        "capacity": opts.capacity,
-        "lifetime_ms": opts.lifetime_ms,
-        "reorder_window": opts.reorder_window,
-        "grace_ms": opts.grace_ms,
-        "resolve_gaps": opts.resolve_gaps,
-    }
+    """The rules' settings as the sink's options set them (each named as the options name it)."""
+    return {name: getattr(opts, name) for name in SettingOverrides.__annotations__}
 
 
 def _restore_chain(
