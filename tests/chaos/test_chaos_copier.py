@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from pidfence.demo.copier_group import CopierGroup, GroupFaults, wait_all
+from pidfence.demo.copier_group import CopierGroup, GroupFaults, run_with_faults
 from pidfence.demo.procs import ProducerRole, ProducerSpec
 from pidfence.demo.summary import copier_exactly_once
 from pidfence.demo.topic import read_topic
-from pidfence.testing import FaultKind, FaultPlan, drive, step
+from pidfence.testing import FaultKind, FaultPlan, step
 from tests.chaos.conftest import ChaosKit, Outcome
 
 pytestmark = pytest.mark.timeout(420)
@@ -57,16 +57,7 @@ def _run(
         kafka.bootstrap, lease_server.address, source, target, f"g-{source}", chaos.tmp, MEMBER_ARGS
     )
     faults = GroupFaults(group, plan, total=RECORDS)
-    try:
-        upstream.spawn()
-        for name, args in first.items():
-            group.start(name, *args)
-        drive([faults], timeout=240)
-        assert upstream.current.wait(120) == 0, upstream.current.tail()
-        codes = wait_all(group, 180)
-    finally:
-        group.stop()
-        upstream.stop()
+    codes = run_with_faults(group, upstream, faults, first, drive_s=240, wait_s=180)
     assert faults.happened, faults.events
     failed = {w.name: w.tail() for w in group.workers if w.fate is None and codes[w.name] != 0}
     assert not failed, failed

@@ -15,14 +15,14 @@ from typing import Any
 import confluent_kafka
 import pytest
 
-from pidfence.demo.copier_group import CopierGroup, GroupFaults, wait_all
+from pidfence.demo.copier_group import CopierGroup, GroupFaults, run_with_faults
 from pidfence.demo.procs import ProducerRole, ProducerSpec
 from pidfence.pid_allocator import LeaseClient, LeaseServerThread
 from pidfence.producer import IdempotentProducer, ProducerConfig, ProducerFenced
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.copy_task import CopyTask, task_opener
 from pidfence.spark_sink import read_log, read_rejects, run_sink
-from pidfence.testing import FaultKind, FaultPlan, drive, install_mutation, step
+from pidfence.testing import FaultKind, FaultPlan, install_mutation, step
 from pidfence.wire import Verdict
 from tests.integration.test_producer import read_topic, replay, run_cli
 from tests.unit.kafka_kit import Message
@@ -83,16 +83,7 @@ def test_three_members_share_the_partitions_through_a_kill_and_a_join(
         (step(FaultKind.KILL, "a", at_acked=0.2), step(FaultKind.JOIN, "c", at_acked=0.4))
     )
     faults = GroupFaults(group, plan, total=count)
-    try:
-        upstream.spawn()
-        group.start("a")
-        group.start("b")
-        drive([faults], timeout=180)
-        assert upstream.current.wait(120) == 0, upstream.current.tail()
-        codes = wait_all(group, 120)
-    finally:
-        group.stop()
-        upstream.stop()
+    codes = run_with_faults(group, upstream, faults, {"a": (), "b": ()}, drive_s=180, wait_s=120)
     assert faults.happened, faults.events
     ended = {w.name: w.fate or codes[w.name] for w in group.workers}
     assert ended == {"a": "killed", "a.r1": 0, "b": 0, "c": 0}, [w.tail() for w in group.workers]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pidfence.demo.procs import Worker, copier_argv
+from pidfence.demo.procs import ProducerRole, Worker, copier_argv
 from pidfence.services.process import ServiceFailed
 from pidfence.testing.plan import FaultKind, FaultPlan, FaultStep
-from pidfence.testing.script import FaultScript
+from pidfence.testing.script import FaultScript, drive
 
 #: How long past its pause a zombie waits for another member's FENCE before it is woken anyway
 #: (a build that fences nobody must still finish, so its output can be judged).
@@ -193,3 +194,34 @@ def wait_all(group: CopierGroup, timeout: float) -> dict[str, int]:
     """Wait until every member instance exited; their exit codes by instance name."""
     deadline = time.monotonic() + timeout
     return {w.name: w.wait(max(1.0, deadline - time.monotonic())) for w in group.workers}
+
+
+def run_with_faults(
+    group: CopierGroup,
+    upstream: ProducerRole,
+    faults: GroupFaults,
+    first: Mapping[str, Sequence[str]],
+    *,
+    drive_s: float,
+    wait_s: float,
+) -> dict[str, int]:
+    """Start the upstream producer and the group's ``first`` members (name: extra arguments),
+    play ``faults`` to the end, wait for the producer and then every member instance; both
+    are stopped whatever happens. Returns the members' exit codes by instance name.
+
+    Raises:
+        ServiceFailed: the faults did not play out within ``drive_s``, or the upstream
+            producer failed.
+    """
+    try:
+        upstream.spawn()
+        for name, args in first.items():
+            group.start(name, *args)
+        drive([faults], timeout=drive_s)
+        code = upstream.current.wait(120)
+        if code != 0:
+            raise ServiceFailed(f"the upstream producer exited {code}:\n{upstream.current.tail()}")
+        return wait_all(group, wait_s)
+    finally:
+        group.stop()
+        upstream.stop()
