@@ -135,6 +135,7 @@ class Race:
     stats: Counter[str] = field(default_factory=Counter)
     log: list[dict[str, Any]] = field(default_factory=list)
     granted: dict[tuple[int, int], str] = field(default_factory=dict)
+    heads: dict[int, Head] = field(default_factory=dict)  # each lineage's head after its last round
     bumps: list[tuple[int, int]] = field(default_factory=list)  # (pid, generation) granted
     rolls: list[tuple[int, int, int]] = field(default_factory=list)  # (pid, successor, its gen)
 
@@ -169,6 +170,7 @@ class Race:
                 while not until():
                     head, before = self._round(index, head, before, owners, pool, rng)
         finally:
+            self.heads[index] = head
             for owner in owners:
                 owner.close()
 
@@ -303,6 +305,38 @@ class Race:
                     "zookeeper": None if after is None else repr(after[0]),
                 }
             )
+
+    def replay_landed(self, op: str) -> None:
+        """Each lineage's head moved by ``op`` through the first server, then the same request
+        (same token) sent again through the second, as an owner whose reply was lost retries:
+        the retry must be answered with the same grant, not refused as stale."""
+        first, again = Owner(0, self.servers, timeout_s=10.0), Owner(1, self.servers, 10.0)
+        try:
+            for index, head in sorted(self.heads.items()):
+                fields = {"pid": head.pid, "generation": head.generation, "secret": head.secret}
+                token = uuid.uuid4().hex
+                landed, retried = Answer(0, op, token), Answer(1, op, token)
+                first.send(landed, fields, time.monotonic() + 30)
+                again.send(retried, fields, time.monotonic() + 30)
+                where = f"lineage {index}: {op} of pid {head.pid} at {head.generation}"
+                if not landed.granted:
+                    self._anomaly(f"{where}: not granted ({landed.reply})")
+                    continue
+                if not retried.granted or retried.identity != landed.identity:
+                    self._anomaly(f"{where}: granted {landed.identity}, its retry {retried.reply}")
+                    continue
+                with self._lock:
+                    self.stats[f"{op} retried after it landed"] += 1
+                    if op == "bump":
+                        self.bumps.append(landed.identity)
+                        self.heads[index] = Head(head.pid, landed.identity[1], head.secret)
+                    else:
+                        self.rolls.append((head.pid, *landed.identity))
+                        assert landed.reply is not None
+                        self.heads[index] = Head(*landed.identity, bytes(landed.reply["secret"]))
+        finally:
+            first.close()
+            again.close()
 
     def check_zookeeper(self) -> None:
         """Every grant of the run is in ZooKeeper (after the faults healed)."""

@@ -206,6 +206,8 @@ def test_racing_owners_through_faults_never_get_a_pid_twice(
         healed.set()
         runner.join(120)
     try:
+        for op in ("bump", "roll"):
+            race.replay_landed(op)
         race.check_zookeeper()
     finally:
         race.close()
@@ -215,11 +217,18 @@ def test_racing_owners_through_faults_never_get_a_pid_twice(
     assert not race.anomalies, report(race, tmp_path, nemesis, processes)
     assert nemesis.happened and processes.happened
     stats = race.stats
-    # Every round was contended on a versioned set, losers went on, and writes answered
-    # UNAVAILABLE (or not at all) were won by retrying the same token.
+    # Every round was contended on a versioned set, losers went on, owners retried through the
+    # faults, and a write sent again with its token after it landed (its reply lost) was
+    # answered with its grant, through either server. (Retries that won a round under the
+    # faults are counted too, but how many there are depends on timing: since the fair
+    # ZooKeeper queue, a request queued through an outage wins without a retry.)
     assert stats["rounds"] >= 100, stats
     assert stats["bump STALE_GENERATION"] + stats["roll STALE_GENERATION"] >= stats["rounds"]
-    assert stats["retries"] > 0 and stats["won by a retry"] > 0, stats
+    assert stats["retries"] > 0, stats
+    lineages = race.lineages
+    assert (
+        stats["bump retried after it landed"] == stats["roll retried after it landed"] == lineages
+    )
 
 
 @pytest.mark.parametrize("mutation", ["lineage-fresh-version", "lineage-unversioned-set"])
