@@ -25,7 +25,7 @@ from pidfence.pid_allocator import (
     MemoryCoordinator,
     SteadyClock,
 )
-from pidfence.pid_allocator.coordinator import Block, LineageRecord
+from pidfence.pid_allocator.coordinator import Block, BlockRequest, LineageRecord
 from pidfence.pid_allocator.protocol import LENGTH, encode_frame
 from tests.unit.lease_kit import asynchronous
 
@@ -52,7 +52,7 @@ async def test_finished_claim_with_its_callback_pending_and_deadline_passed_does
         return original(now_ms)
 
     service.supply.pid_now = counted  # type: ignore[method-assign]
-    block = Block(1, 11, "other", "t", service.clock(), 10_000, 10_000, b"s" * 16)
+    block = BlockRequest(10, "other", "t", service.clock(), 10_000, 10_000, b"s" * 16).placed(1)
     claim: asyncio.Future[Block] = asyncio.get_running_loop().create_future()
     claim.set_result(block)  # finished; no done-callback has run (none was even added)
     service.supply._claim = claim

@@ -5,20 +5,19 @@ Calls are blocking; the server runs them on an executor, never on its event loop
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import msgpack
 
 
 @dataclass(frozen=True, slots=True)
-class Block:
-    """A claimed range of pids ``[start, end)`` and what any server needs to judge its pids.
+class BlockRequest:
+    """What a claim asks for; the store decides where the block starts.
 
     Attributes:
-        start: first pid of the block.
-        end: one past the last pid.
-        owner: id of the server that claimed it.
+        size: how many pids.
+        owner: id of the server that claims it.
         token: random claim token; tells an ambiguous claim apart on re-read.
         claimed_ms: claim time (epoch ms).
         lifetime_ms: lease lifetime of pids issued from it.
@@ -26,14 +25,30 @@ class Block:
         salt: key of the starting-generation hash.
     """
 
-    start: int
-    end: int
+    size: int
     owner: str
     token: str
     claimed_ms: int
     lifetime_ms: int
     ttl_ms: int
     salt: bytes
+
+    def placed(self, start: int) -> Block:
+        """The block this request becomes when the store places it at ``start``."""
+        return Block(**asdict(self), start=start)
+
+
+@dataclass(frozen=True, slots=True)
+class Block(BlockRequest):
+    """A claimed range of pids ``[start, end)``: a request the store placed at ``start``, with
+    what any server needs to judge its pids."""
+
+    start: int
+
+    @property
+    def end(self) -> int:
+        """One past the last pid."""
+        return self.start + self.size
 
     def __contains__(self, pid: object) -> bool:
         return isinstance(pid, int) and self.start <= pid < self.end
@@ -74,9 +89,9 @@ class Block:
     def decode(cls, data: bytes) -> Block:
         """Parse a block record written by ``encode``."""
         m: dict[str, Any] = msgpack.unpackb(data, raw=False)
-        return cls(
-            int(m["start"]),
-            int(m["end"]),
+        start = int(m["start"])
+        request = BlockRequest(
+            int(m["end"]) - start,
             str(m["owner"]),
             str(m["token"]),
             int(m["claimed_ms"]),
@@ -84,32 +99,7 @@ class Block:
             int(m["ttl_ms"]),
             bytes(m["salt"]),
         )
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRequest:
-    """What a claim asks for; the store decides ``start``."""
-
-    size: int
-    owner: str
-    token: str
-    claimed_ms: int
-    lifetime_ms: int
-    ttl_ms: int
-    salt: bytes
-
-    def placed(self, start: int) -> Block:
-        """The block this request becomes when the store places it at ``start``."""
-        return Block(
-            start,
-            start + self.size,
-            self.owner,
-            self.token,
-            self.claimed_ms,
-            self.lifetime_ms,
-            self.ttl_ms,
-            self.salt,
-        )
+        return request.placed(start)
 
 
 @dataclass(frozen=True, slots=True)
