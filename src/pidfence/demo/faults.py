@@ -109,8 +109,8 @@ class Zombie(Takeover):
     replacement's FENCE records are acknowledged, SIGCONT the old instance and let it write with
     its fenced generation for ``zombie_records`` records (or ``zombie_s`` seconds), then SIGKILL it.
 
-    The zombie is killed in the end because, left alone, it would roll its lease over to a fresh
-    pid and become a legitimate producer again (nothing tells a producer it was fenced).
+    The zombie is killed in the end. One that reaches its rollover point first stops by itself
+    (its roll is refused: the replacement rolled the pid on) and counts as fenced too.
     """
 
     name = "zombie"
@@ -156,11 +156,19 @@ class Zombie(Takeover):
         timed_out = self.zombie_s is not None and self._waited() >= self.zombie_s
         if wrote < self.zombie_records and not timed_out and zombie.running:
             return
+        stopped = not zombie.running and refused_its_roll(zombie)
         zombie.kill()
         self.zombie_wrote = wrote
-        zombie.fate = "fenced" if wrote else "replaced"
-        self.note(f"zombie {zombie.name} wrote {wrote} records after SIGCONT, then killed")
+        zombie.fate = "fenced" if wrote or stopped else "replaced"
+        end = "stopped itself: its roll was refused" if stopped else "then killed"
+        self.note(f"zombie {zombie.name} wrote {wrote} records after SIGCONT, {end}")
         self.done = True
+
+
+def refused_its_roll(zombie: Worker) -> bool:
+    """Whether ``zombie`` stopped itself because its lease's roll was refused (``ProducerFenced``:
+    its replacement had rolled the pid on): fenced, which is what a woken zombie should be."""
+    return "ProducerFenced" in zombie.tail(20)
 
 
 def lease_end_ms(worker: Worker) -> int:
@@ -239,7 +247,7 @@ class LeaseZombie(Takeover):
         self.zombie_wrote = zombie.acked() - self._zombie_acked
         self.happened = True
         code = zombie.exit_code()
-        fenced = "ProducerFenced" in zombie.tail(20)
+        fenced = refused_its_roll(zombie)
         zombie.fate = "fenced" if fenced else f"exited {code}"
         self.note(
             f"zombie {zombie.name} "
