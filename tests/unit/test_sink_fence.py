@@ -155,3 +155,26 @@ def test_twins_claiming_at_once_one_owns_the_other_waits(tmp_path: Path) -> None
     for t in threads:
         t.join(timeout=120)  # fsyncs on a disk a soak keeps busy can take long
     assert sorted(got, key=str) == [1, None]
+
+
+def test_a_listing_survives_its_folder_coming_and_going(tmp_path: Path) -> None:
+    """Twins starting on a new output: one lists the claims while the other creates their
+    folder. Arrow's listing failed in that instant ("Cannot list directory", errno 2: about one
+    listing in 70 here while another thread makes and removes the folder)."""
+    store = Store.at(str(tmp_path))
+    folder = tmp_path / "_claims"
+    done = threading.Event()
+
+    def come_and_go() -> None:
+        while not done.is_set():
+            folder.mkdir()
+            folder.rmdir()
+
+    churn = threading.Thread(target=come_and_go)
+    churn.start()
+    try:
+        for _ in range(20_000):
+            assert store.list(str(folder)) == []
+    finally:
+        done.set()
+        churn.join()

@@ -94,7 +94,18 @@ class Store:
         return bool(self.fs.get_file_info(path).type == pafs.FileType.File)
 
     def list(self, path: str) -> list[str]:
-        """Base names directly under ``path`` (empty when it does not exist), sorted."""
+        """Base names directly under ``path`` (empty when it does not exist), sorted.
+
+        Locally through ``os.listdir``: Arrow's listing stats every entry, and fails the whole
+        listing ("Cannot list directory") when another writer's temporary file is renamed or
+        removed between its readdir and that stat (a standby listing the claims while the owner
+        renews its own).
+        """
+        if self.local:
+            try:
+                return sorted(os.listdir(path))
+            except FileNotFoundError:
+                return []
         infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
         return sorted(info.base_name for info in infos)
 
