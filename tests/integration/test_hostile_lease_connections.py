@@ -63,7 +63,9 @@ def test_two_thousand_half_open_tls_connections_keep_no_client_out(
         f"{spread}: waits max {max(waits):.3f} s, open files {base_files} -> max {max(files)}, "
         f"RSS +{(max(rss) - base_rss) / MIB:.1f} MiB, holder {counts}"
     )
-    assert max(waits) < 1.0, waits
+    # A client kept out waits for a held handshake's 3 s deadline to free a slot; one let in
+    # takes milliseconds, or about a second on a loaded 2-core runner (1.026 s seen once).
+    assert max(waits) < 1.5, waits
     assert max(files) <= CAP + 64, files
     assert max(rss) <= base_rss + 64 * MIB, (base_rss, rss)
     # The attack was real: the pending pool was full, and the server closed held connections.
