@@ -107,9 +107,10 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     progress.update(task, description="state sizes")
     assert table_seq == table_batch, "batch path diverged from offer"
     appended = sum(
-        1 for d in ProducerStateTable(PIDS * 2, 86_400_000).offer_batch(arrow, ts).verdicts()
+        1
+        for d in ProducerStateTable(PIDS * 2, 86_400_000).offer_batch(arrow, ts).verdicts()
         if d is Verdict.APPENDED
-    )  # fmt: skip
+    )
     table_half_mem = _state_bytes(lambda: batched(half))
     table_full_mem = _state_bytes(lambda: batched(n))
     naive_half_mem = _state_bytes(lambda: naive(half))

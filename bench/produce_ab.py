@@ -88,8 +88,12 @@ def _worker(mode: str, bootstrap: str, topic: str, records: int) -> dict[str, fl
             for i, value in enumerate(values):
                 while True:
                     try:
-                        produce(topic, value, partition=i % PARTITIONS,
-                                headers=[("pf", CONSTANT_HEADER)])  # fmt: skip
+                        produce(
+                            topic,
+                            value,
+                            partition=i % PARTITIONS,
+                            headers=[("pf", CONSTANT_HEADER)],
+                        )
                         break
                     except BufferError:
                         poll(0.05)
@@ -140,8 +144,15 @@ class _NullKafka:
         self.pending: list[tuple[str, int, Any]] = []
         self.only_errors = bool(conf.get("delivery.report.only.error"))
 
-    def produce(self, topic: str, value: Any, key: Any = None, partition: int = -1,
-                headers: Any = None, on_delivery: Any = None) -> None:  # fmt: skip
+    def produce(
+        self,
+        topic: str,
+        value: Any,
+        key: Any = None,
+        partition: int = -1,
+        headers: Any = None,
+        on_delivery: Any = None,
+    ) -> None:
         self.pending.append((topic, partition, on_delivery))
 
     def poll(self, timeout: float = 0) -> int:
@@ -169,8 +180,15 @@ class _Lease:
 
     def lease(self, partitions: Any = (), *, key: bytes | None = None) -> Any:
         expire_ms = time.time_ns() // 1_000_000 + 86_400_000
-        return SimpleNamespace(pid=7, generation=0, sequence=0, expire_ms=expire_ms,
-                               secret=b"s", cert=None, mac_key=None)  # fmt: skip
+        return SimpleNamespace(
+            pid=7,
+            generation=0,
+            sequence=0,
+            expire_ms=expire_ms,
+            secret=b"s",
+            cert=None,
+            mac_key=None,
+        )
 
 
 #: The counted loops: the floor's (with and without success reports) and the producer's.
@@ -356,17 +374,19 @@ def main() -> None:
     rows = []
     for name, _, _ in contenders:
         best, median = min(cpus[name]), statistics.median(cpus[name])
-        rows.append({
-            "contender": name,
-            "cpu_us_best": best * 1e6 / args.records,
-            "cpu_us_median": median * 1e6 / args.records,
-            "vs_floor_best": best / floor_best,
-            "vs_floor_median": median / floor_median,
-            "cpu_us_rounds": [c * 1e6 / args.records for c in cpus[name]],
-            "loop_us_best": min(loops[name]) * 1e6 / args.records,
-            "loop_us_median": statistics.median(loops[name]) * 1e6 / args.records,
-            "loop_us_rounds": [c * 1e6 / args.records for c in loops[name]],
-        })  # fmt: skip
+        rows.append(
+            {
+                "contender": name,
+                "cpu_us_best": best * 1e6 / args.records,
+                "cpu_us_median": median * 1e6 / args.records,
+                "vs_floor_best": best / floor_best,
+                "vs_floor_median": median / floor_median,
+                "cpu_us_rounds": [c * 1e6 / args.records for c in cpus[name]],
+                "loop_us_best": min(loops[name]) * 1e6 / args.records,
+                "loop_us_median": statistics.median(loops[name]) * 1e6 / args.records,
+                "loop_us_rounds": [c * 1e6 / args.records for c in loops[name]],
+            }
+        )
         row = rows[-1]
         print(
             f"{name:28s} best {row['cpu_us_best']:.2f} us ({row['vs_floor_best']:.2f}x)  "
@@ -374,8 +394,13 @@ def main() -> None:
             f"loop thread best {row['loop_us_best']:.2f} median {row['loop_us_median']:.2f} us"
         )
     if args.out:
-        report = {"records": args.records, "rounds": args.rounds, "checkouts": checkouts,
-                  "load_1min": load, "rows": rows}  # fmt: skip
+        report = {
+            "records": args.records,
+            "rounds": args.rounds,
+            "checkouts": checkouts,
+            "load_1min": load,
+            "rows": rows,
+        }
         with open(args.out, "w") as out:
             json.dump(report, out, indent=2)
 

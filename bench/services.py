@@ -98,8 +98,12 @@ def spark_ready() -> float:
     try:
         result = subprocess.run(
             [sys.executable, "-c", _SPARK_PROBE, str(scratch)],
-            capture_output=True, text=True, timeout=600, check=True, cwd=scratch,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+            cwd=scratch,
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     ready: float = json.loads(result.stdout.strip().splitlines()[-1])["ready_s"]

@@ -38,9 +38,9 @@ AGE_ENV = "PIDFENCE_BENCH_AGE_DAYS"
 BATCHES_ENV = "PIDFENCE_BENCH_BATCHES"
 
 
-def _run(spark: Any, sink: Any, bootstrap: str, topic: str, out: Path, n: int) -> list[int]:
+def _run(spark: Any, world: Any, bootstrap: str, topic: str, out: Path, n: int) -> list[int]:
     """Run the pidfence sink at ``out`` until ``n`` batches read records; their times (ms)."""
-    df = sink._kafka_df(spark, bootstrap, topic, BATCH)
+    df = world.kafka_df(spark, bootstrap, topic, BATCH)
     query = (
         df.writeStream.format("pidfence")
         .option("path", str(out))
@@ -54,7 +54,7 @@ def _run(spark: Any, sink: Any, bootstrap: str, topic: str, out: Path, n: int) -
             time.sleep(0.2)
     finally:
         query.stop()
-    return list(sink.batch_ms(query)[:n])
+    return list(world.batch_ms(query)[:n])
 
 
 def run(quick: bool, progress: Progress) -> BenchReport:
@@ -62,23 +62,23 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     from pidfence.services import create_topic
 
     here = Path(__file__).resolve().parent
-    sink = load_bench("sink", here)
+    world = load_bench("_sink_world", here)
     aging = load_bench("_aged_output", here)
-    days = sink._env_int(AGE_ENV, 30)
-    batches = sink._env_int(BATCHES_ENV, 15 if quick else 30)
+    days = world.env_int(AGE_ENV, 30)
+    batches = world.env_int(BATCHES_ENV, 15 if quick else 30)
     records = BATCH * (SEED + 2 + ROUNDS * (WARM + batches + 1))
-    loads = [sink.load_average()]
+    loads = [world.load_average()]
     task = progress.add_task("starting Kafka", total=3 + ROUNDS)
     times: dict[str, list[int]] = {"fresh": [], "aged": []}
-    with sink.one_broker("pidfence-bench-sink-aged-") as (kafka, work):
+    with world.one_broker("pidfence-bench-sink-aged-") as (kafka, work):
         progress.update(task, description=f"filling {PARTITIONS} partitions, {records:,} records")
         topic = create_topic(kafka.bootstrap, "aged", PARTITIONS)
-        sink.fill_topic(kafka.bootstrap, topic, records, PARTITIONS, seed=7)
+        world.fill_topic(kafka.bootstrap, topic, records, PARTITIONS, seed=7)
         progress.advance(task)
-        with sink.local_spark("pidfence-bench-sink-aged") as spark:
+        with world.local_spark("pidfence-bench-sink-aged") as spark:
             fresh, aged = work / "fresh", work / "aged"
             progress.update(task, description=f"seed: {SEED} batches")
-            _run(spark, sink, kafka.bootstrap, topic, fresh, SEED)
+            _run(spark, world, kafka.bootstrap, topic, fresh, SEED)
             progress.advance(task)
             progress.update(task, description=f"ageing a copy by {days} days")
             started = time.perf_counter()
@@ -93,15 +93,15 @@ def run(quick: bool, progress: Progress) -> BenchReport:
                 for key in order:
                     progress.update(task, description=f"round {r + 1}: {key}")
                     out = fresh if key == "fresh" else aged
-                    ms = _run(spark, sink, kafka.bootstrap, topic, out, WARM + batches)
+                    ms = _run(spark, world, kafka.bootstrap, topic, out, WARM + batches)
                     times[key].extend(ms[WARM:])
-                loads.append(sink.load_average())
+                loads.append(world.load_average())
                 progress.advance(task)
-    return _report(sink, times, days, batches, made, loads)
+    return _report(world, times, days, batches, made, loads)
 
 
 def _report(
-    sink: Any,
+    world: Any,
     times: dict[str, list[int]],
     days: int,
     batches: int,
@@ -114,7 +114,7 @@ def _report(
             "output": label,
             "batches": len(times[key]),
             "median ms": statistics.median(times[key]),
-            "p90 ms": sink.p90(times[key]),
+            "p90 ms": world.p90(times[key]),
             "max ms": max(times[key]),
             "vs fresh": statistics.median(times[key]) / fresh,
         }

@@ -43,18 +43,18 @@ ROUNDS = 2
 GOAL = 1.2
 
 
-def _batch_ms(spark: Any, sink: Any, build: Any, out: Path) -> list[int]:
+def _batch_ms(spark: Any, world: Any, build: Any, out: Path) -> list[int]:
     """Run one query over the topic; each batch's ``triggerExecution`` ms after the warm ones."""
     query = build(spark, str(out), f"{out}-ckpt").trigger(availableNow=True).start()
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"query failed: {query.exception()}")
-    return list(sink.batch_ms(query)[WARM:])
+    return list(world.batch_ms(query)[WARM:])
 
 
-def _writer(sink: Any, bootstrap: str, topic: str, fmt: str, tasks: int = 0) -> Any:
+def _writer(world: Any, bootstrap: str, topic: str, fmt: str, tasks: int = 0) -> Any:
     def build(spark: Any, out: str, ckpt: str) -> Any:
-        df = sink._kafka_df(spark, bootstrap, topic, BATCH)
+        df = world.kafka_df(spark, bootstrap, topic, BATCH)
         if tasks:
             df = df.coalesce(tasks)  # what build_query does (pidfence.spark_sink.pipeline)
         return df.writeStream.format(fmt).option("path", out).option("checkpointLocation", ckpt)
@@ -66,20 +66,20 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     """Run both partition counts (starts and stops its own Kafka and Spark)."""
     from pidfence.services import create_topic
 
-    sink = load_bench("sink", Path(__file__).resolve().parent)
-    batches = sink._env_int(BATCHES_ENV, 15 if quick else 30)
+    world = load_bench("_sink_world", Path(__file__).resolve().parent)
+    batches = world.env_int(BATCHES_ENV, 15 if quick else 30)
     records = BATCH * (WARM + batches)
-    loads = [sink.load_average()]
+    loads = [world.load_average()]
     task = progress.add_task("starting Kafka", total=1 + len(PARTITIONS) * ROUNDS)
     times: dict[tuple[int, str], list[int]] = {}
-    with sink.one_broker("pidfence-bench-sink-small-") as (kafka, work):
+    with world.one_broker("pidfence-bench-sink-small-") as (kafka, work):
         topics = {}
         for n in PARTITIONS:
             progress.update(task, description=f"filling {n} partitions with {records:,} records")
             topics[n] = create_topic(kafka.bootstrap, f"small-{n}", n)
-            sink.fill_topic(kafka.bootstrap, topics[n], records, n, seed=n)
+            world.fill_topic(kafka.bootstrap, topics[n], records, n, seed=n)
         progress.advance(task)
-        with sink.local_spark("pidfence-bench-sink-small") as spark:
+        with world.local_spark("pidfence-bench-sink-small") as spark:
             cores = int(spark.sparkContext.defaultParallelism)
             formats = (
                 ("plain", "parquet", 0),
@@ -89,7 +89,7 @@ def run(quick: bool, progress: Progress) -> BenchReport:
             )
             for n in PARTITIONS:
                 contenders = {
-                    key: _writer(sink, kafka.bootstrap, topics[n], fmt, tasks)
+                    key: _writer(world, kafka.bootstrap, topics[n], fmt, tasks)
                     for key, fmt, tasks in formats
                 }
                 for r in range(ROUNDS):
@@ -97,17 +97,17 @@ def run(quick: bool, progress: Progress) -> BenchReport:
                         progress.update(task, description=f"{n} partitions, round {r + 1}: {key}")
                         out = work / f"{key}-{n}-{r}"
                         times.setdefault((n, key), []).extend(
-                            _batch_ms(spark, sink, contenders[key], out)
+                            _batch_ms(spark, world, contenders[key], out)
                         )
                         shutil.rmtree(out, ignore_errors=True)
                         shutil.rmtree(f"{out}-ckpt", ignore_errors=True)
-                    loads.append(sink.load_average())
+                    loads.append(world.load_average())
                     progress.advance(task)
-    return _report(sink, times, batches, loads)
+    return _report(world, times, batches, loads)
 
 
 def _report(
-    sink: Any, times: dict[tuple[int, str], list[int]], batches: int, loads: list[str]
+    world: Any, times: dict[tuple[int, str], list[int]], batches: int, loads: list[str]
 ) -> BenchReport:
     rows = []
     ratios, over_noop = {}, {}
@@ -128,7 +128,7 @@ def _report(
                     "contender": label,
                     "batches": len(ms),
                     "median ms": statistics.median(ms),
-                    "p90 ms": sink.p90(ms),
+                    "p90 ms": world.p90(ms),
                     "ms per partition": statistics.median(ms) / n,
                     "vs (a)": statistics.median(ms) / plain,
                     "vs (n)": statistics.median(ms) / noop,

@@ -72,9 +72,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument(
-        "--compression", default="zstd", help="codec of the log and rejects: zstd (manifest "
-        "layout) or snappy (Delta layout)"
-    )  # fmt: skip
+        "--compression",
+        default="snappy",
+        help="codec of the log and rejects (the sink writes snappy, as Delta readers expect)",
+    )
     args = parser.parse_args()
     rng = random.Random(1)
     next_seq = [0] * (PRODUCERS + 1)
