@@ -21,7 +21,7 @@ import confluent_kafka
 
 from pidfence.pid_allocator import LeaseServerThread
 from pidfence.wire import FLAG_FENCE, Verdict
-from tests.integration.test_producer import PIDFENCE, read_topic, replay
+from tests.fixtures.produced import PIDFENCE, read_topic, replay
 
 PARTITIONS = 3
 PER_PARTITION = 4000

@@ -24,7 +24,7 @@ from pidfence.producer.copy_task import CopyTask, task_opener
 from pidfence.spark_sink import read_log, read_rejects, run_sink
 from pidfence.testing import FaultKind, FaultPlan, install_mutation, step
 from pidfence.wire import Verdict
-from tests.integration.test_producer import read_topic, replay, run_cli
+from tests.fixtures.produced import read_topic, replay, run_cli
 from tests.unit.kafka_kit import Message
 
 pytestmark = pytest.mark.timeout(300)

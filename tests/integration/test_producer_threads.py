@@ -37,7 +37,7 @@ from pidfence.producer import lock as producer_lock
 from pidfence.spark_sink import run_sink
 from pidfence.testing.mutations import install_mutation
 from tests.fixtures.commands import run_pidfence
-from tests.integration.test_producer import Record, assert_gap_free, read_topic
+from tests.fixtures.produced import Record, assert_gap_free, read_topic
 from tests.unit.test_producer_threads import in_threads
 
 THREADS = 4

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pidfence.broker_plugin import (
     Authority,
     BatchResult,
+    Gap,
     ProducerStateTable,
     Verifier,
 )
@@ -406,3 +407,8 @@ def decide_alike_after(
         a = live.offer_header(header, base + ts, 10_000 + i, cert)
         b = rebuilt.offer_header(header, base + ts, 10_000 + i, cert)
         assert a == b, f"record {i} after the rebuild"
+
+
+def gap_tuples(gaps: Sequence[Gap]) -> list[tuple[Any, ...]]:
+    """The table's gaps as the reference model lists them."""
+    return [(g.pid, g.generation, g.first, g.last, g.ref, g.kind) for g in gaps]

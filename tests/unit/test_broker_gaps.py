@@ -1,21 +1,17 @@
 """Gap resolution and adoption through the authority (DESIGN §4 amended again, a third time).
 
 The default table keeps the proposal's rules (the other broker tests); these tests turn the two
-extensions on with the sink's settings and hold them to the issue's four cases, to the reference
-model, the batch path to ``offer``, and the state to a function of the committed output, as the
-default rules are held.
+extensions on with the sink's settings and hold them to the issue's four cases, holes, waiting
+records and recorded answers; ``test_broker_gaps_properties.py`` holds them to the reference model,
+the batch path to ``offer``, and the state to a function of the committed output.
 """
 
 from __future__ import annotations
 
-import itertools
-import random
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from pidfence.broker_plugin import (
     MAX_HOLES,
@@ -27,31 +23,8 @@ from pidfence.broker_plugin import (
     replay_batch,
 )
 from pidfence.wire import FLAG_FENCE, PidState, PidStatus, Verdict, encode_pf
-from tests.unit.broker_streams import (
-    StreamKnobs,
-    authority_answers,
-    batched_streams,
-    batches,
-    decide_alike_after,
-    fixed_authority,
-    flush_alike,
-    knobs_strategy_of,
-    make_stream,
-    note_batch,
-    offer_alike,
-    offer_one_by_one,
-    restored,
-    table_args,
-    twin_tables,
-)
+from tests.unit.broker_streams import fixed_authority, gap_tuples
 
-knobs_strategy = knobs_strategy_of(
-    6, 220, 0.1, loss_rate=st.floats(0, 0.15), late_start_rate=st.floats(0, 1)
-)
-#: Where the reader opens a horizon: before these record indexes (the stream's own time there).
-horizons = st.lists(st.integers(0, 220), max_size=3)
-
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DAY = 86_400_000
 HOUR = 3_600_000
 A, D, B, F = Verdict.APPENDED, Verdict.DUPLICATE, Verdict.BUFFERED, Verdict.FENCED
@@ -83,10 +56,6 @@ def final(decisions: list[tuple[Any, Verdict]]) -> dict[Any, Verdict]:
     return dict(decisions)
 
 
-def _gap_tuples(gaps: list[Gap]) -> list[tuple[Any, ...]]:
-    return [(g.pid, g.generation, g.first, g.last, g.ref, g.kind) for g in gaps]
-
-
 # ------------------------------------------------------------------ the issue's four cases
 
 
@@ -102,7 +71,7 @@ def test_case_1_a_timeout_hole_is_filled_by_the_resume() -> None:
     assert sorted(events) == list(range(13))  # every event once
     assert [decided[i] for i in range(10, 12)] == [A, A]  # the re-sends of 2 and 3, filled
     assert [decided[i] for i in range(12, 19)] == [D] * 7  # 4..10 were appended under g1
-    assert _gap_tuples(table.gaps) == [
+    assert gap_tuples(table.gaps) == [
         (7, 1, 2, 3, 2, "lost"),
         (7, 2, 2, 2, 10, "filled"),
         (7, 2, 3, 3, 11, "filled"),
@@ -128,7 +97,7 @@ def test_case_2_a_zombie_beyond_a_trimmed_head_is_fenced() -> None:
     records = [(1, 10, 0), (2, 10, 0), (1, 11, 0), (2, 11, 0), (2, 12, 0), (1, 12, 0), (2, 13, 0)]
     decided = final(verdicts(table, records))
     assert [decided[i] for i in range(7)] == [F, A, F, A, A, F, A]
-    assert _gap_tuples(table.gaps) == [(7, 2, 0, 9, 1, "head")]
+    assert gap_tuples(table.gaps) == [(7, 2, 0, 9, 1, "head")]
 
 
 def test_case_2_across_two_sink_runs() -> None:
@@ -150,7 +119,7 @@ def test_case_2_records_before_the_next_generations_fence_are_adopted() -> None:
     table.open_horizon(1_000)
     decided = verdicts(table, [(1, 10, 0), (1, 11, 0), (2, 12, FLAG_FENCE), (1, 12, 0), (2, 12, 0)])
     assert decided == [(0, B), (1, B), (0, A), (1, A), (2, Verdict.FENCE), (3, F), (4, A)]
-    assert _gap_tuples(table.gaps) == [(7, 1, 0, 9, 0, "head")]
+    assert gap_tuples(table.gaps) == [(7, 1, 0, 9, 0, "head")]
 
 
 def test_case_3_an_expired_pid_is_not_adopted_again() -> None:
@@ -409,133 +378,6 @@ def test_the_batch_path_reports_the_same_gaps(gaps_on: bool) -> None:
     res = table.offer_batch(headers, np.arange(len(seqs), dtype=np.int64) + 1_000)
     assert res.counts().get(A, 0) == (149 if gaps_on else 50)
     assert [(g.first, g.last) for g in table.gaps] == ([(50, 50)] if gaps_on else [])
-
-
-# ------------------------------------------------------------------ properties
-
-
-@SETTINGS
-@given(
-    st.integers(0, 2**32), knobs_strategy, table_args, horizons, st.booleans(), authority_answers
-)
-def test_extensions_match_the_reference_model(
-    seed: int, knobs: StreamKnobs, args: Any, opens: list[int], gaps_on: bool, answers: Any
-) -> None:
-    stream = make_stream(random.Random(seed), knobs)
-    table, ref = twin_tables(args, resolve_gaps=gaps_on, authority=fixed_authority(answers))
-    offer_alike(table, ref, stream, opens=opens)
-    flush_alike(table, ref, stream)
-    assert _gap_tuples(table.gaps) == ref.gaps
-
-
-@SETTINGS
-@given(*batched_streams(knobs_strategy, shortest=1), st.booleans(), authority_answers)
-def test_batch_path_with_extensions_decides_exactly_like_offer(
-    seed: int, knobs: StreamKnobs, args: Any, cuts: list[int], gaps_on: bool, answers: Any
-) -> None:
-    capacity, lifetime, window = args
-    stream = make_stream(random.Random(seed), knobs)
-    authority = fixed_authority(answers)
-    # The horizon opens at the start of batches (where the sink opens it).
-    bounds = np.cumsum([0, *cuts]).tolist()
-    opens = [b for b in bounds if b < len(stream)][:2]
-    one = ProducerStateTable(capacity, lifetime, window, resolve_gaps=gaps_on, authority=authority)
-    expected_final, expected_log = offer_one_by_one(one, stream, opens)
-
-    batched = ProducerStateTable(
-        capacity, lifetime, window, resolve_gaps=gaps_on, authority=authority
-    )
-    got: dict[int, Verdict] = {}
-    log: list[int] = []
-    edges = sorted({*(b for b in bounds if b < len(stream)), len(stream)})
-    for lo, hi in itertools.pairwise(edges):
-        if lo in opens:
-            batched.open_horizon(stream[lo][1])
-        chunk = stream[lo:hi]
-        result = batched.offer_batch(
-            [h for h, _ in chunk],
-            np.array([t for _, t in chunk], np.int64),
-            refs=list(range(lo, hi)),
-        )
-        note_batch(result, lo, got, log)
-    assert got == expected_final
-    assert log == expected_log
-    assert batched == one
-    assert _gap_tuples(batched.gaps) == _gap_tuples(one.gaps)
-
-
-class Recorder:
-    """An authority that records what it answered, batch by batch (as the sink records it)."""
-
-    def __init__(self, answers: dict[int, tuple[int, int] | None]) -> None:
-        self.ask = fixed_authority(answers)
-        self.batch: dict[int, PidStatus] = {}
-
-    def __call__(self, pid: int) -> PidStatus:
-        status = self.ask(pid)
-        assert status is not None
-        self.batch[pid] = status
-        return status
-
-
-@SETTINGS
-@given(*batched_streams(knobs_strategy), authority_answers, st.data())
-def test_state_with_extensions_is_a_function_of_the_committed_output(
-    seed: int,
-    knobs: StreamKnobs,
-    args: Any,
-    cuts: list[int],
-    answers: Any,
-    data: st.DataObject,
-) -> None:
-    """Rebuilt from any older snapshot plus the committed batches (with the horizons they
-    opened, the answers they got and the settings they ran under), the state equals the live
-    one and decides the same from then on."""
-    capacity, lifetime, window = args
-    stream = make_stream(random.Random(seed), knobs)
-    recorder = Recorder(answers)
-    live_table = ProducerStateTable(
-        capacity, lifetime, window, resolve_gaps=True, authority=recorder
-    )
-    snapshots: list[bytes | None] = [None]
-    committed: list[tuple[Any, ...]] = []
-    for lo, hi, headers, stamps in batches(stream, cuts):
-        horizon = stamps[0] if stamps and data.draw(st.booleans(), label="open") else None
-        # A flip of resolveGaps between batches applies from the batch it was made for.
-        gaps_on = data.draw(st.booleans(), label="resolveGaps")
-        live_table.resolve_gaps = gaps_on
-        if horizon is not None:
-            live_table.open_horizon(horizon)
-        recorder.batch = {}
-        res = live_table.offer_batch(headers, np.array(stamps, np.int64), list(range(lo, hi)))
-        committed.append(
-            (
-                headers,
-                stamps,
-                [v.value for v in res.verdicts()],
-                list(range(lo, hi)),
-                horizon,
-                dict(recorder.batch),
-                gaps_on,
-            )
-        )
-        snapshots.append(live_table.snapshot())
-    k = data.draw(st.integers(0, len(committed)), label="rebuild from snapshot")
-    rebuilt = restored(snapshots[k], args)
-    for headers, stamps, decided, refs, horizon, asked, gaps_on in committed[k:]:
-        replay_batch(
-            rebuilt,
-            headers,
-            stamps,
-            decided,
-            refs,
-            horizon_ms=horizon,
-            answers=asked,
-            rules={"resolve_gaps": gaps_on},
-        )
-    assert rebuilt == live_table
-    rebuilt.authority = live_table.authority = fixed_authority(answers)
-    decide_alike_after(live_table, rebuilt, make_stream(random.Random(seed + 1), knobs))
 
 
 def test_recorded_authority_answers_what_was_recorded() -> None:

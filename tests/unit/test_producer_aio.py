@@ -20,7 +20,7 @@ from pidfence.producer import (
     ProducerConfigError,
 )
 from pidfence.wire import decode_pf
-from tests.unit.test_producer_client import LIFETIME, FakeLeaseClient
+from tests.unit.producer_kit import LIFETIME, FakeLeaseClient
 from tests.unit.test_producer_threads import ThreadedKafka, problems
 
 

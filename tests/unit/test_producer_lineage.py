@@ -25,7 +25,7 @@ from pidfence.producer import (
 from pidfence.producer.recovery import scan_state
 from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, decode_pf, encode_pf
 from pidfence.wire.cert import CERT_HEADER_KEY
-from tests.unit.test_producer_client import LIFETIME, FakeKafka, Rig
+from tests.unit.producer_kit import LIFETIME, FakeKafka, Rig
 
 ROLL_AT = LIFETIME * 23 // 24
 

@@ -38,7 +38,7 @@ from pidfence.producer import (
 )
 from pidfence.wire import SEQ_LIMIT, decode_pf, encode_pf
 from pidfence.wire.cert import CERT_HEADER_KEY
-from tests.unit.test_producer_client import LIFETIME, Rig
+from tests.unit.producer_kit import LIFETIME, Rig
 from tests.unit.test_producer_lineage import ROLL_AT, SharedRig
 
 INLINE = ProducerConfig("127.0.0.1:9", sticky_records=3)  # nothing tracked: inline path

@@ -69,7 +69,7 @@ def test_config_takes_one_path_or_several_and_reports_a_bad_key_on_resume(
     assert one.lease_public_keys == ("a.pub",)
     two = ProducerConfig("127.0.0.1:9", lease_public_keys=["a.pub", "b.pub"])  # type: ignore[arg-type]
     assert two.lease_public_keys == ("a.pub", "b.pub")
-    from tests.unit.test_producer_client import Rig
+    from tests.unit.producer_kit import Rig
 
     bad = tmp_path / "bad.pub"
     bad.write_text("not a key")

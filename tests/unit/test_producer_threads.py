@@ -34,7 +34,7 @@ from pidfence.producer import lock as producer_lock
 from pidfence.testing.mutations import install_mutation
 from pidfence.wire import FLAG_FENCE, PidfenceError, decode_pf
 from tests.unit.kafka_kit import Message
-from tests.unit.test_producer_client import LIFETIME, FakeLeaseClient
+from tests.unit.producer_kit import LIFETIME, FakeLeaseClient
 
 THREADS = 4
 PER_THREAD = 2_000
