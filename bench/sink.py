@@ -32,6 +32,10 @@ it checks what the measured runs wrote, not their speed).
 State bytes are taken after the batch whose cumulative count is nearest to 1M and at the end:
 for (b) the state store's ``memoryUsedBytes`` from the query progress, for the pidfence sinks the
 bytes of the state files a task reads to restore every partition (newest full snapshot + deltas).
+
+This file runs the rounds and makes the table; the raw topic, its broker and a local Spark are in
+``_sink_world.py``, each contender's query, outcome and measurement in ``_sink_contenders.py``,
+and (n) in ``_noop_writer.py``.
 """
 
 from __future__ import annotations
