@@ -96,10 +96,9 @@ class Store:
     def list(self, path: str) -> list[str]:
         """Base names directly under ``path`` (empty when it does not exist), sorted.
 
-        Locally through ``os.listdir``: Arrow's listing stats every entry, and fails the whole
-        listing ("Cannot list directory") when another writer's temporary file is renamed or
-        removed between its readdir and that stat (a standby listing the claims while the owner
-        renews its own).
+        Locally through ``os.listdir``: Arrow's listing fails ("Cannot list directory", errno 2)
+        despite ``allow_not_found`` when the folder is created while it lists (twin sinks on a
+        new output: one lists the claims while the other makes their folder).
         """
         if self.local:
             try:
