@@ -47,7 +47,11 @@ def test_soak_bench_runs_every_fault_and_finds_no_anomaly(tmp_path: Path) -> Non
     happened = params["faults_happened"]
     for fault in ("kill", "zombie", "lease-zombie", "sink-restart"):
         assert happened.get(fault, 0) >= 1, (fault, params["faults"])
-    assert params["verdicts"].get("FENCED", 0) >= 1
+    # The replacements' FENCE markers reached the sink. A woken zombie's own records are FENCED
+    # only if it sends one before its refused roll stops it, which a one-minute run's short
+    # leases often prevent (seen: its 13 late acknowledgements were of records it wrote before
+    # the fence); none may be appended either way (``anomalies`` above has a ``zombie`` check).
+    assert params["verdicts"].get("FENCE", 0) >= 1
     assert params["verdicts"].get("DUPLICATE", 0) >= 1
     # The samples are written as they are taken, with the RSS of every process tree.
     lines = (tmp_path / "soak" / "samples.jsonl").read_text().splitlines()
