@@ -54,8 +54,8 @@ from rich.progress import Progress
 from pidfence.benchkit import BenchReport, load_bench
 
 HERE = Path(__file__).resolve().parent
-world = load_bench("_sink_world", HERE)
 contending = load_bench("_sink_contenders", HERE)
+world = contending.world  # one copy of each helper module, loaded once
 Contender = Any  # a _sink_contenders.Contender (loaded by path: no static type)
 
 RECORDS_ENV = "PIDFENCE_BENCH_RECORDS"
@@ -196,7 +196,7 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
         progress.update(task, description="starting Spark, warming up")
         spark = _start_spark(mode, cluster, bucket)
         register(spark)
-        load_bench("_noop_writer", HERE).register(spark)
+        contending.noop.register(spark)
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(_arrow_batch()))
         field_contenders = _chosen(
             contending.contenders(kafka.bootstrap, topic, per_trigger, public_key)
