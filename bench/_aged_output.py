@@ -47,7 +47,7 @@ from pidfence.spark_sink.manifest import (
     Position,
     encode_positions,
 )
-from pidfence.spark_sink.output import INDEX, INDEX_EVERY, open_output
+from pidfence.spark_sink.output import INDEX, INDEX_EVERY, NO_OWNER, open_output
 from pidfence.spark_sink.state_files import STATE, decode_state, encode_state
 from pidfence.spark_sink.storage import Store, batch_name
 
@@ -155,7 +155,7 @@ def _age_log(root: str, commits: int) -> int:
 def age_output(young: Path, young_ckpt: Path, aged: Path, aged_ckpt: Path, batches: int) -> Any:
     """Write at ``aged`` (and ``aged_ckpt``) the output ``young`` would be after ``batches``
     batches; returns what it generated."""
-    src = open_output(str(young), str(young / "_rejects"), "noquery0")
+    src = open_output(str(young), str(young / "_rejects"), NO_OWNER)
     query = owner.owner_of(src.own) or ""
     src.query_id = query
     newest = src.committed_version()

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from pidfence.demo.procs import ProducerRole, ProducerSpec, Worker
-from pidfence.verify.ledger import read_ledger
+from pidfence.ledger import read_ledger
 
 
 @dataclass

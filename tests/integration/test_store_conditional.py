@@ -1,4 +1,5 @@
-"""Create-if-absent on a real S3 store (SeaweedFS) is atomic: racing writers, one winner."""
+"""The store operations the sink relies on, on a real S3 store (SeaweedFS): create-if-absent is
+atomic (racing writers, one winner), and Spark's checkpoint there reads like a local one."""
 
 from __future__ import annotations
 
@@ -33,3 +34,21 @@ def test_racing_creates_of_one_key_have_one_winner(s3_bucket: Bucket) -> None:
             racer.join()
         assert len(wins) == 1, wins
         assert store.read(key) == str(wins[0]).encode()
+
+
+def test_a_checkpoint_on_s3_gives_the_offsets_of_its_last_committed_batch(
+    s3_bucket: Bucket,
+) -> None:
+    """What ``pidfence sink`` reads before Spark starts (the records Kafka deleted under the
+    checkpoint, the progress total) comes from an ``s3a://`` checkpoint as from a local one."""
+    from pidfence.spark_sink.checkpoint import start_offsets
+
+    checkpoint = f"s3a://{s3_bucket.name}/ckpt"
+    store = Store.at(checkpoint)
+    marks = {("t", 0): (5, 100), ("t", 1): (0, 50)}
+    assert start_offsets(checkpoint, marks, "earliest") == {("t", 0): 5, ("t", 1): 0}
+    meta = '{"batchWatermarkMs":0}'
+    store.put(store.join("offsets", "0"), f'v1\n{meta}\n{{"t":{{"0":40,"1":20}}}}\n'.encode())
+    store.put(store.join("offsets", "1"), f'v1\n{meta}\n{{"t":{{"0":90,"1":45}}}}\n'.encode())
+    store.put(store.join("commits", "0"), b"v1\n{}\n")  # batch 1 planned, not committed
+    assert start_offsets(checkpoint, marks, "earliest") == {("t", 0): 40, ("t", 1): 20}

@@ -22,9 +22,10 @@ from pidfence.cli.preflight import PathUnusable, TopicReport, check_writable
 from pidfence.demo.procs import Worker
 from pidfence.demo.progress import role_line
 from pidfence.spark_sink import BatchLine, SinkOptionError
+from pidfence.spark_sink.checkpoint import start_offsets
 from pidfence.spark_sink.delta.errors import RestoredPastSink
 from pidfence.spark_sink.failure import SparkQueryFailed
-from pidfence.spark_sink.preflight import records_to_read, start_offsets
+from pidfence.spark_sink.preflight import records_to_read
 from pidfence.verify import VerifyInputError
 from pidfence.wire import PidfenceError
 

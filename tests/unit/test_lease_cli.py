@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pidfence.cli import app
+from pidfence.durations import parse_duration_ms
 from pidfence.pid_allocator import LeaseServerThread, MemoryCoordinator
-from pidfence.pid_allocator.settings_sources import parse_duration_ms, parse_listen
+from pidfence.pid_allocator.settings_sources import parse_listen
 
 
 @pytest.mark.parametrize(

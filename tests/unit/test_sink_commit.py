@@ -234,6 +234,12 @@ def test_options_are_validated() -> None:
     assert parse_duration_ms("250") == 250
     with pytest.raises(SinkOptionError, match="lifetime"):
         parse_duration_ms("soon")
+    # A minimum holds for the duration, not the number before its unit: 30s passes 1000 ms.
+    assert SinkOptions.parse({"path": "/x", "claimLapse": "30s"}).claim_lapse_ms == 30_000
+    with pytest.raises(SinkOptionError, match="claimLapse '500ms' is a duration shorter than 1s"):
+        SinkOptions.parse({"path": "/x", "claimLapse": "500ms"})
+    with pytest.raises(SinkOptionError, match="claimLapse"):
+        SinkOptions.parse({"path": "/x", "claimLapse": "999"})
     with pytest.raises(SinkOptionError, match="path"):
         SinkOptions.parse({})
     with pytest.raises(SinkOptionError, match="capacity"):

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 from rich.console import Console
 
+from pidfence.ledger import LedgerWriter, ledger_files, read_ledger, value_digest
 from pidfence.spark_sink.schema import LOG_SCHEMA as SINK_LOG_SCHEMA
 from pidfence.verify import ANOMALIES, INFORMATIONAL, LOG_COLUMNS, CheckReport, LedgerEntry, check
 from pidfence.verify.errors import VerifyInputError
 from pidfence.verify.finding import MAX_EXAMPLES
-from pidfence.verify.ledger import LedgerWriter, ledger_files, read_ledger, value_digest
 
 TOPIC = "t"
 PID = 7

@@ -18,8 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
+from pidfence import durations
 from pidfence.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE, code_of, fail
-from pidfence.pid_allocator import settings_sources
 from pidfence.pid_allocator.settings import Setting, declared
 from pidfence.pid_allocator.settings_sources import (
     default_text,
@@ -40,7 +40,7 @@ def parse_duration_ms(text: str) -> int:
         typer.BadParameter: not a positive whole duration (typer's usage error, exit 2).
     """
     try:
-        return settings_sources.parse_duration_ms(text)
+        return durations.parse_duration_ms(text)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 

@@ -205,6 +205,7 @@ def register(app: typer.Typer) -> None:
 
         from pidfence.cli import preflight
         from pidfence.spark_sink import SinkOptions, object_store
+        from pidfence.spark_sink import checkpoint as sink_checkpoint
         from pidfence.spark_sink import preflight as sink_preflight
         from pidfence.spark_sink.data_loss import data_lost, lost_ranges
         from pidfence.spark_sink.pipeline import SESSION_CONF
@@ -234,7 +235,7 @@ def register(app: typer.Typer) -> None:
             preflight.check_writable(output, "output")
             preflight.check_writable(checkpoint, "checkpoint")
             sink_preflight.check_output(options, checkpoint)
-            starts = sink_preflight.start_offsets(
+            starts = sink_checkpoint.start_offsets(
                 checkpoint, found.watermarks, starting_offsets.value
             )
             lost = lost_ranges(starts, found.watermarks)

@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
 
         Exit 1 when any anomaly (lost, duplicate, reordered, zombie, unexpected, event_duplicate,
         event_lost) is non-zero; 2 when a ledger or the output path is missing or unreadable;
-        3 when the output is not a pidfence output (another writer's table, a table to migrate).
+        3 when the output is not a pidfence output (another writer's table, or a kind of table
+        this version does not write).
         Rows other writers appended to a Delta output and rows deleted from it after commit are
         counted for information (foreign, deleted), never as anomalies.
         """

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pidfence.demo.record import DemoRecord
+from pidfence.ledger import LedgerEntry, read_ledger, value_digest
 from pidfence.verify.check import ANOMALIES, INFORMATIONAL, CheckReport
-from pidfence.verify.ledger import LedgerEntry, read_ledger, value_digest
 
 _INSTANCE = re.compile(r"\.r\d+$")
 

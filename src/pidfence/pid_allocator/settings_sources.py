@@ -15,31 +15,17 @@ checked by ``LeaseServerSettings`` itself, so there is one way to validate whate
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pidfence.durations import format_duration_ms, parse_duration_ms
 from pidfence.pid_allocator.settings import LeaseServerSettings, Setting, SettingsError, declared
 
 ENV_PREFIX = "PIDFENCE_LEASE_SERVER_"
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-
-
-def parse_duration_ms(text: str, low: int = 1) -> int:
-    """``"24h"``, ``"90s"``, ``"500ms"``, ``"15m"``, ``"2d"`` (or bare milliseconds) in ms.
-
-    Raises:
-        ValueError: not a whole duration of at least ``low`` ms.
-    """
-    match = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|h|d)?\s*", text)
-    value = None if match is None else int(match.group(1)) * _UNITS_MS[match.group(2) or "ms"]
-    if value is None or value < low:
-        raise ValueError(f"{text!r} is not a duration like 24h, 90s, 15m or 500ms")
-    return value
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -52,17 +38,6 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:7070)")
     return host.strip("[]"), int(port)
-
-
-def format_duration_ms(ms: float) -> str:
-    """``ms`` in the largest unit that holds it whole: ``86400000`` -> ``"1d"``, ``90000`` ->
-    ``"90s"`` (what ``settings_sources.parse_duration_ms`` reads back)."""
-    ms = round(ms)
-    for unit in ("d", "h", "m", "s"):
-        size = _UNITS_MS[unit]
-        if ms and ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
 
 
 def _bool(text: str) -> bool:

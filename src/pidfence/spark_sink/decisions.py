@@ -7,10 +7,7 @@ commits, per (topic, partition), one small *decisions* file: every record the ba
 identity only (Kafka offset, ``log_offset``, pid, generation, seq, timestamp, verdict and, for
 rejects, the raw ``pf`` header): no key, no value, no headers. A state rebuild replays these
 files; ``pidfence verify`` tells the sink's rows from others' and from rows deleted after commit
-with them.
-
-The manifest layout's own files are immutable and pidfence's alone, so it derives the same rows
-from its log and rejects files; the Delta layout writes the file under ``_pidfence/``.
+with them. The files live under ``_pidfence/``, invisible to Delta readers and ``VACUUM``.
 """
 
 from __future__ import annotations

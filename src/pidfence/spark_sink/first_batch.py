@@ -12,41 +12,18 @@ offset Kafka still has; ``latest`` or offsets: the skip was asked for).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
+from pidfence.spark_sink.checkpoint import initial_offsets
 from pidfence.spark_sink.errors import SinkError
 from pidfence.spark_sink.manifest import PartCommit
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.storage import Store
 
 
 class StartSkipsRecords(SinkError):
     """A new checkpoint's first batch starts above a partition's offset 0, and the sink was not
     told that the query starts there on purpose. A rerun from the same checkpoint meets it again:
     the fix is a new checkpoint with ``startingOffsets`` set."""
-
-
-def initial_offsets(checkpoint: str) -> dict[tuple[str, int], int]:
-    """Where a checkpoint's first batch starts reading each partition, from Spark's record of
-    each Kafka source's initial offsets (``sources/N/0``: a zero byte, ``v1``, then JSON);
-    empty when there is none to read."""
-    found: dict[tuple[str, int], int] = {}
-    try:
-        store = Store.at(checkpoint)
-        sources = store.list(store.join("sources"))
-    except (OSError, ValueError):
-        return found
-    for source in sources:
-        try:
-            text = store.read(store.join("sources", source, "0")).lstrip(b"\0").decode()
-            doc = json.loads(text.partition("\n")[2])
-        except (OSError, ValueError):
-            continue
-        for topic, parts in doc.items() if isinstance(doc, dict) else ():
-            for partition, offset in parts.items() if isinstance(parts, dict) else ():
-                found[(str(topic), int(partition))] = int(offset)
-    return found
 
 
 def check_first_batch(options: SinkOptions, parts: Iterable[PartCommit]) -> None:
@@ -78,4 +55,4 @@ def check_first_batch(options: SinkOptions, parts: Iterable[PartCommit]) -> None
     )
 
 
-__all__ = ["StartSkipsRecords", "check_first_batch", "initial_offsets"]
+__all__ = ["StartSkipsRecords", "check_first_batch"]

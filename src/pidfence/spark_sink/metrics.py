@@ -30,11 +30,11 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from pidfence.spark_sink.checkpoint import start_offsets
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.lag import KafkaWatermarks, Watermarks, partition_lag
 from pidfence.spark_sink.manifest import PartCommit, Totals
 from pidfence.spark_sink.output import INDEX_EVERY, Output
-from pidfence.spark_sink.preflight import start_offsets
 from pidfence.spark_sink.progress import progress_by_batch
 from pidfence.wire import PidfenceError, Verdict
 
@@ -62,7 +62,7 @@ class SinkMetrics(Collector):
         topics: the topics the sink reads.
         checkpoint: the query's checkpoint, and ``starting_offsets`` its ``startingOffsets``:
             where a partition no committed batch read yet starts (for its lag; as
-            :func:`~.preflight.start_offsets` says).
+            :func:`~.checkpoint.start_offsets` says).
         starts: those start offsets when already known (``pidfence sink`` asks Kafka anyway).
         watermarks: asks Kafka for the watermarks (tests give a fake).
         clock: seconds since the epoch.

@@ -7,12 +7,11 @@ a unit test keeps the page equal to it) are made from those declarations.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from pidfence.broker_plugin import Verifier
+from pidfence import durations
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.wire.mac import RecordMacCheck
 from pidfence.wire.statement import PlacedCheck
@@ -20,19 +19,18 @@ from pidfence.wire.statement import PlacedCheck
 if TYPE_CHECKING:
     from pidfence.pid_allocator import LeaseClient
 
-_UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION: Final = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
-
 
 def parse_duration_ms(text: str, name: str = "lifetime", low: int = 1) -> int:
-    """``"3600000"``, ``"90s"``, ``"15m"``, ``"24h"`` or ``"7d"`` as milliseconds (>= ``low``)."""
-    match = _DURATION.match(text)
-    if match is None or int(match.group(1)) < low:
-        kind = "positive " if low > 0 else ""
-        raise SinkOptionError(
-            f"{name} {text!r} is not a {kind}duration; use milliseconds or e.g. 90s, 15m, 24h"
-        )
-    return int(match.group(1)) * _UNITS[match.group(2) or "ms"]
+    """``"3600000"``, ``"90s"``, ``"15m"``, ``"24h"`` or ``"7d"`` as milliseconds, at least
+    ``low`` once its unit is applied.
+
+    Raises:
+        SinkOptionError: not a whole duration, or shorter than ``low``.
+    """
+    try:
+        return durations.parse_duration_ms(text, low)
+    except ValueError as exc:
+        raise SinkOptionError(f"{name} {exc}") from None
 
 
 def option(
@@ -269,11 +267,6 @@ class SinkOptions:
             )
         except SecretFileError as exc:
             raise SinkOptionError(f"option leaseServer: {exc}") from None
-
-    def verifier(self, topic: str, partition: int) -> Verifier | None:
-        """The broker rules' verifier of one (topic, partition), or None without signing."""
-        check = self.certificates()
-        return None if check is None else check.for_partition(topic, partition)
 
 
 def options_table() -> str:

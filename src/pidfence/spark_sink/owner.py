@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 
-import pyarrow as pa
-
+from pidfence.spark_sink.checkpoint import checkpoint_query_id
 from pidfence.spark_sink.errors import OutputOwnedError
 from pidfence.spark_sink.storage import Store
 
@@ -45,17 +44,6 @@ def claim(store: Store, query_id: str) -> None:
         )
 
 
-def checkpoint_committed(checkpoint: str | None) -> bool:
-    """Whether Spark's checkpoint records a committed batch (``<checkpoint>/commits/N``)."""
-    if not checkpoint:
-        return False
-    try:
-        store = Store.at(checkpoint)
-        return any(name.isdigit() for name in store.list(store.join("commits")))
-    except (OSError, ValueError, pa.ArrowException):
-        return False
-
-
 def check_owner(store: Store, checkpoint: str | None) -> None:
     """Refuse, before anything starts, a path another query owns (what :func:`claim` would
     refuse once the query runs): the checkpoint names the query this run continues, a new
@@ -75,17 +63,3 @@ def check_owner(store: Store, checkpoint: str | None) -> None:
             f"{checkpoint} is {this}: stop the other query and use its checkpoint, or choose "
             "another --output"
         )
-
-
-def checkpoint_query_id(checkpoint: str | None) -> str | None:
-    """The query id Spark keeps in ``<checkpoint>/metadata``, if it can be read."""
-    if not checkpoint:
-        return None
-    try:
-        store = Store.at(checkpoint)
-        text = store.read(store.join("metadata")).decode()
-        # The file holds one JSON object per line; the first is {"id": ...}.
-        value = json.loads(text.splitlines()[0])["id"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError, pa.ArrowException):
-        return None
-    return str(value)

@@ -210,10 +210,10 @@ def _start(
     **kwargs: Any,
 ) -> tuple[Any, OutputClaim] | None:
     """:func:`start_sink`, returning the claim too (None: ``stop`` was set while on standby)."""
+    from pidfence.spark_sink.checkpoint import checkpoint_committed
     from pidfence.spark_sink.metrics import SinkMetrics
     from pidfence.spark_sink.options import SinkOptions
     from pidfence.spark_sink.output import NO_OWNER, open_output
-    from pidfence.spark_sink.owner import checkpoint_committed
     from pidfence.spark_sink.preflight import check_output
 
     sink_options = dict(kwargs.pop("sink_options", None) or {})

@@ -9,10 +9,8 @@ Spark's checkpoint, for the progress bar.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from pidfence.spark_sink import conditional, owner
+from pidfence.spark_sink.checkpoint import checkpoint_committed
 from pidfence.spark_sink.object_store import is_s3
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.storage import Store
@@ -32,7 +30,7 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> None:
     from pidfence.spark_sink.delta.table import OWN_DIR, check_path
 
     found = [check_path(options.path, "log"), check_path(options.rejects_path, "rejects")]
-    if not all(found) and owner.checkpoint_committed(checkpoint):
+    if not all(found) and checkpoint_committed(checkpoint):
         missing = options.path if not found[0] else options.rejects_path
         raise TableGone(
             f"{missing}: checkpoint {checkpoint} committed batches to a Delta table here, "
@@ -44,39 +42,6 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> None:
         conditional.probe(Store.at(options.path).root, options.path)
 
 
-def start_offsets(
-    checkpoint: str, watermarks: dict[tuple[str, int], tuple[int, int]], starting: str
-) -> dict[tuple[str, int], int]:
-    """Where this run starts reading each partition: after the checkpoint's last committed batch,
-    else ``starting`` (earliest: the low watermark, latest: the high one)."""
-    default = {
-        tp: (low if starting == "earliest" else high) for tp, (low, high) in watermarks.items()
-    }
-    if "://" in checkpoint and not checkpoint.startswith("file://"):
-        return default
-    root = Path(checkpoint.removeprefix("file://"))
-    commits = sorted(int(p.name) for p in (root / "commits").glob("[0-9]*") if p.name.isdigit())
-    if not commits:
-        return default
-    try:
-        lines = (root / "offsets" / str(commits[-1])).read_text().splitlines()
-    except OSError:
-        return default
-    out = dict(default)
-    for line in lines[2:]:
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(doc, dict):
-            continue
-        for topic, parts in doc.items():
-            if isinstance(parts, dict):
-                for partition, offset in parts.items():
-                    out[(topic, int(partition))] = int(offset)
-    return out
-
-
 def records_to_read(
     watermarks: dict[tuple[str, int], tuple[int, int]], starts: dict[tuple[str, int], int]
 ) -> int:
@@ -86,4 +51,4 @@ def records_to_read(
     )
 
 
-__all__ = ["check_output", "records_to_read", "start_offsets"]
+__all__ = ["check_output", "records_to_read"]

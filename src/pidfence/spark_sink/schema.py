@@ -43,8 +43,6 @@ PLACE_FIELDS: Final = KAFKA_FIELDS[2:4]
 #: Who wrote a record and where in its sequence (``pid``, ``generation``, ``seq``).
 WRITER_FIELDS: Final = PIDFENCE_FIELDS[:3]
 REJECTS_SCHEMA: Final = LOG_SCHEMA.append(pa.field("verdict", pa.string()))
-#: What the manifest layout's rejects files hold: the public columns plus the raw ``pf`` header.
-REJECTS_FILE_SCHEMA: Final = REJECTS_SCHEMA.append(pa.field("pf", pa.binary()))
 #: Records held for reordering at the end of a batch: the log columns plus the raw ``pf``.
 HELD_SCHEMA: Final = LOG_SCHEMA.append(pa.field("pf", pa.binary()))
 
@@ -88,7 +86,6 @@ __all__ = [
     "LOG_DDL",
     "LOG_SCHEMA",
     "REJECTS_DDL",
-    "REJECTS_FILE_SCHEMA",
     "REJECTS_SCHEMA",
     "TS_TYPE",
     "conform",

@@ -10,10 +10,10 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from pidfence.spark_sink.checkpoint import checkpoint_committed, checkpoint_query_id
 from pidfence.spark_sink.delta.table import TableKind
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.owner import checkpoint_committed, checkpoint_query_id
 from pidfence.spark_sink.schema import (
     KAFKA_COLUMNS,
     LOG_DDL,

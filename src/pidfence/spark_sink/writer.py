@@ -30,15 +30,16 @@ from pidfence.spark_sink.first_batch import check_first_batch
 from pidfence.spark_sink.fold import add_segment, drop_empty_dir, segments, with_place
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import INDEX_EVERY, Output, PartAttempt, open_output
+from pidfence.spark_sink.output import INDEX_EVERY, NO_OWNER, Output, PartAttempt, open_output
 from pidfence.spark_sink.partition_batch import process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.state import load_state, save_state
 from pidfence.spark_sink.storage import batch_name
 from pidfence.wire.mac import RecordMacCheck
 
-#: Query id used when Spark gives none (only outside structured streaming, i.e. in unit tests).
-NO_QUERY = "noquery0"
+#: Query id used when Spark gives none (only outside structured streaming, i.e. in unit tests):
+#: the id of an output no query owns yet.
+NO_QUERY = NO_OWNER
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The checker (DESIGN §8), the send ledger it reads, and the downstream job of seed 003."""
 
+from pidfence.ledger import LedgerEntry, LedgerWriter, read_ledger, value_digest
 from pidfence.verify.check import (
     ANOMALIES,
     INFORMATIONAL,
@@ -11,7 +12,6 @@ from pidfence.verify.check import (
 from pidfence.verify.downstream import truth_from_ledger, unique_users_per_minute
 from pidfence.verify.errors import VerifyInputError
 from pidfence.verify.finding import Finding
-from pidfence.verify.ledger import LedgerEntry, LedgerWriter, read_ledger, value_digest
 from pidfence.verify.output import verify_output
 
 __all__ = [

@@ -22,8 +22,8 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from pidfence.ledger import LedgerEntry, value_digest
 from pidfence.verify.errors import VerifyInputError
-from pidfence.verify.ledger import LedgerEntry, value_digest
 
 _SECONDS_BELOW: Final = 10**11
 _MINUTE_MS: Final = 60_000

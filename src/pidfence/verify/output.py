@@ -29,8 +29,8 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
     """
     from deltalake.exceptions import DeltaError
 
+    from pidfence.ledger import ledger_files, read_ledger
     from pidfence.spark_sink import read_gaps, read_log, read_rejects, read_written
-    from pidfence.verify.ledger import ledger_files, read_ledger
 
     for path in ledgers:
         if path.is_dir() and not any(path.glob("*.jsonl")):
