@@ -20,9 +20,7 @@ idle partition's last batch may be old). Readers of history (``read_written``, `
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from collections.abc import Iterator
 from typing import Final
 
@@ -162,16 +160,8 @@ def _mergeable(run: list[Span]) -> bool:
     return len(widths) == 1 and run[-1][1] - run[0][0] + 1 <= WIDEST
 
 
-def drop_empty_dir(store: Store, path: str) -> None:
-    """Remove a batch's folder once empty (local disks; object stores have no folders)."""
-    if store.local:
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
-
-
 __all__ = [
     "add_segment",
-    "drop_empty_dir",
     "folded_decided",
     "folded_manifest",
     "folded_manifests",

@@ -44,14 +44,14 @@ from pidfence.spark_sink import owner
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.decisions import decided_rows
 from pidfence.spark_sink.delta.commit import check_log, commit_files, table_rows
-from pidfence.spark_sink.delta.errors import DeltaTableError, TableGone
+from pidfence.spark_sink.delta.errors import DeltaTableError
 from pidfence.spark_sink.delta.stats import file_stats
 from pidfence.spark_sink.delta.table import (
     OWN_DIR,
     TableKind,
     cached_table,
-    check_path,
     check_table,
+    check_tables,
 )
 from pidfence.spark_sink.delta.tip import Tip, query_tip
 from pidfence.spark_sink.fence import check_epoch, tag_epoch
@@ -102,7 +102,8 @@ class Output:
         path: the sink's ``path`` (the log table's root).
         rejects_path: the sink's ``rejectsPath`` (the rejects table's root).
         query_id: the streaming query's id: the Delta transaction ids' app id.
-        storage_options: deltalake storage options for object stores (credentials, endpoint).
+        storage_options: deltalake's storage options (see :class:`~.storage.Store`: the
+            sink's own requests read the AWS environment instead).
         epoch: the epoch of this instance's claim on the output (0: unfenced).
     """
 
@@ -156,16 +157,7 @@ class Output:
         key = (self.log.uri, self.rejects.uri)
         if key in _OPENED and self._reopen():
             return
-        options = self.log.storage_options
-        found = [check_path(self.log.uri, "log", options)]
-        found.append(check_path(self.rejects.uri, "rejects", options))
-        if not all(found) and (committed_before or self._manifest_ids()):
-            missing = self.log.uri if not found[0] else self.rejects.uri
-            raise TableGone(
-                f"{missing}: the sink committed batches to a Delta table here, and it is gone "
-                "(deleted, or its _delta_log removed). Restore it from a backup, or start a new "
-                "--output with a new --checkpoint"
-            )
+        check_tables(self.log, self.rejects, lambda: committed_before or bool(self._manifest_ids()))
         self._table("rejects")
         self._table("log")
         _OPENED.add(key)

@@ -220,9 +220,8 @@ def _start(
     opts = SinkOptions.parse({"path": output, **sink_options})
     # Refuses what the query would refuse (another writer's table, another table format, a
     # lost table, another query's path) before Spark starts it.
-    check_output(opts, checkpoint)
-    own = Output(opts.path, opts.rejects_path, NO_OWNER).own
-    claim = claim_output(own, opts.claim_lapse_ms / 1000, on_standby, stop)
+    checked = check_output(opts, checkpoint)
+    claim = claim_output(checked.own, opts.claim_lapse_ms / 1000, on_standby, stop)
     if claim is None:
         return None
     try:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from pidfence.spark_sink import conditional, owner
 from pidfence.spark_sink.checkpoint import checkpoint_committed
+from pidfence.spark_sink.delta.table import check_tables
 from pidfence.spark_sink.object_store import is_s3
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.storage import Store
+from pidfence.spark_sink.output import NO_OWNER, Output
 
 
-def check_output(options: SinkOptions, checkpoint: str | None) -> None:
-    """Refuse an output the sink cannot write with ``options``, before anything starts.
+def check_output(options: SinkOptions, checkpoint: str | None) -> Output:
+    """Refuse an output the sink cannot write with ``options``, before anything starts; the
+    output, checked, when it may be written.
 
     Raises:
         NotPidfenceTable: another writer's Delta table, the other kind, or stray files.
@@ -26,20 +28,12 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> None:
         OutputOwnedError: another query owns the output.
         StoreIgnoresConditions: the output's object store ignores conditional puts.
     """
-    from pidfence.spark_sink.delta.errors import TableGone
-    from pidfence.spark_sink.delta.table import OWN_DIR, check_path
-
-    found = [check_path(options.path, "log"), check_path(options.rejects_path, "rejects")]
-    if not all(found) and checkpoint_committed(checkpoint):
-        missing = options.path if not found[0] else options.rejects_path
-        raise TableGone(
-            f"{missing}: checkpoint {checkpoint} committed batches to a Delta table here, "
-            "and it is gone. Restore it from a backup, or start a new --output with a new "
-            "--checkpoint"
-        )
-    owner.check_owner(Store.at(f"{options.path}/{OWN_DIR}"), checkpoint)
+    output = Output(options.path, options.rejects_path, NO_OWNER)
+    check_tables(output.log, output.rejects, lambda: checkpoint_committed(checkpoint))
+    owner.check_owner(output.own, checkpoint)
     if is_s3(options.path):
-        conditional.probe(Store.at(options.path).root, options.path)
+        conditional.probe(output.log.root, options.path)
+    return output
 
 
 def records_to_read(

@@ -18,8 +18,9 @@ import contextlib
 import ctypes
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -44,6 +45,14 @@ def batch_name(batch_id: int) -> str:
     return f"{batch_id:020d}"
 
 
+class FileStat(NamedTuple):
+    """A file's ``size`` in bytes and modification time ``mtime_ns`` (0 when the store keeps
+    none)."""
+
+    size: int
+    mtime_ns: int
+
+
 @dataclass(frozen=True)
 class Store:
     """A folder on some pyarrow file system.
@@ -52,7 +61,10 @@ class Store:
         fs: the file system.
         root: the folder as ``fs`` names it; every path a method takes is :meth:`join`'s.
         uri: the folder as deltalake names it (a local path, or the URI it was given).
-        storage_options: deltalake's storage options for it (credentials, endpoint).
+        storage_options: deltalake's storage options for it (credentials, endpoint): they
+            reach deltalake only. The store's own S3 requests (boto3) and pyarrow's S3 file
+            system read the standard AWS environment, which is where ``pidfence sink
+            --storage-option`` puts them (:mod:`~pidfence.spark_sink.object_store`).
     """
 
     fs: pafs.FileSystem
@@ -107,6 +119,40 @@ class Store:
                 return []
         infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
         return sorted(info.base_name for info in infos)
+
+    def is_dir(self, path: str) -> bool:
+        """Whether a folder exists (on an object store: whether any key lies below it)."""
+        return bool(self.fs.get_file_info(path).type == pafs.FileType.Directory)
+
+    def stat(self, path: str) -> FileStat | None:
+        """A file's size and modification time; None when no file is there."""
+        info = self.fs.get_file_info(path)
+        if info.type != pafs.FileType.File:
+            return None
+        return FileStat(info.size or 0, info.mtime_ns or 0)
+
+    def files(self, path: str) -> Iterator[tuple[str, FileStat]]:
+        """Every file below ``path``, at any depth, with its path relative to ``path``; none
+        when ``path`` does not exist."""
+        infos = self.fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        start = len(path.rstrip("/")) + 1
+        for info in infos:
+            if info.type == pafs.FileType.File:
+                yield info.path[start:], FileStat(info.size or 0, info.mtime_ns or 0)
+
+    def drop_empty_dir(self, path: str) -> None:
+        """Remove the folder ``path`` if it is empty. Only local disks have folders to remove:
+        an object store's "folders" are key prefixes, gone with their last key."""
+        if self.local:
+            with contextlib.suppress(OSError):  # not empty, or already gone
+                os.rmdir(path)
+
+    def drop_empty_dirs_below(self, path: str) -> None:
+        """Remove every folder below ``path`` that is (or becomes) empty, deepest first."""
+        if self.local:
+            for folder, _, _ in os.walk(path, topdown=False):
+                if folder != path:
+                    self.drop_empty_dir(folder)
 
     def read(self, path: str) -> bytes:
         """A whole file."""
@@ -269,4 +315,11 @@ def write_parquet(
     pq.write_table(table, path, filesystem=fs, compression=compression, use_dictionary=dictionary)
 
 
-__all__ = ["DELTA_ENCODED", "DICTIONARY_COLUMNS", "Store", "batch_name", "write_parquet"]
+__all__ = [
+    "DELTA_ENCODED",
+    "DICTIONARY_COLUMNS",
+    "FileStat",
+    "Store",
+    "batch_name",
+    "write_parquet",
+]

@@ -27,10 +27,8 @@ from __future__ import annotations
 import time
 from typing import Final
 
-import pyarrow.fs as pafs
-
 from pidfence.spark_sink.fence import CLAIMS, newest_claim, tag_epoch
-from pidfence.spark_sink.fold import FOLDED, SEGMENTS, drop_empty_dir, folded_manifest, segments
+from pidfence.spark_sink.fold import FOLDED, SEGMENTS, folded_manifest, segments
 from pidfence.spark_sink.output import INDEX, INDEX_EVERY, MANIFESTS, Output
 from pidfence.spark_sink.storage import Store, batch_name
 
@@ -99,19 +97,16 @@ def sweep(path: str, min_age_s: float = MIN_AGE_S, dry_run: bool = False) -> lis
     own: Store = output.own
     found = _Sweep(output)
     now_ns = time.time_ns()
-    selector = pafs.FileSelector(own.root, recursive=True, allow_not_found=True)
     doomed = sorted(
         rel
-        for info in own.fs.get_file_info(selector)
-        if info.type == pafs.FileType.File
-        and (now_ns - (info.mtime_ns or now_ns)) / 1e9 >= min_age_s
-        and found.unneeded(rel := info.path[len(own.root) + 1 :])
+        for rel, stat in own.files(own.root)
+        if (now_ns - (stat.mtime_ns or now_ns)) / 1e9 >= min_age_s and found.unneeded(rel)
     )
     if not dry_run:
         for rel in doomed:
             own.delete(own.join(rel))
         for folder in {rel.rpartition("/")[0] for rel in doomed}:
-            drop_empty_dir(own, own.join(folder))
+            own.drop_empty_dir(own.join(folder))
     return doomed
 
 

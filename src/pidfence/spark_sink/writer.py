@@ -27,7 +27,7 @@ from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
 from pidfence.spark_sink.fence import new_tag
 from pidfence.spark_sink.first_batch import check_first_batch
-from pidfence.spark_sink.fold import add_segment, drop_empty_dir, segments, with_place
+from pidfence.spark_sink.fold import add_segment, segments, with_place
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import INDEX_EVERY, NO_OWNER, Output, PartAttempt, open_output
@@ -247,7 +247,7 @@ def fold(output: Output, last: int, retain: int) -> None:
     moved = {n for pos in before if pos.batch < first for n in pos.part.files.named()} - keep
     for rel in (r for r in moved if not r.startswith("data/")):
         own.delete(own.join(rel))
-        drop_empty_dir(own, own.join(rel.rpartition("/")[0]))
+        own.drop_empty_dir(own.join(rel.rpartition("/")[0]))
     folded = [m for b in range(first, upto + 1) if (m := output.committed(b)) is not None]
     decided = [
         with_place(rows, m.batch, part)
@@ -262,7 +262,7 @@ def fold(output: Output, last: int, retain: int) -> None:
                 own.delete(own.join(rel))
         own.delete(output.manifest_path(manifest.batch))
         for kind in ("held", "decided"):
-            drop_empty_dir(own, own.join(f"_{kind}", batch_name(manifest.batch)))
+            own.drop_empty_dir(own.join(f"_{kind}", batch_name(manifest.batch)))
 
 
 def _claim(output: Output, query: str) -> None:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from pidfence.spark_sink.delta.commit import committed_version
 from pidfence.spark_sink.delta.errors import NotPidfenceTable
 from pidfence.spark_sink.delta.table import (
@@ -109,17 +107,8 @@ def vacuum(
     if not dry_run:
         for rel in doomed:
             table.delete(table.join(rel))
-        _drop_empty_dirs(table)
+        table.drop_empty_dirs_below(table.join(DATA_DIR))
     return doomed
-
-
-def _drop_empty_dirs(table: Store) -> None:
-    top = table.join(DATA_DIR)
-    infos = table.fs.get_file_info(pafs.FileSelector(top, recursive=True, allow_not_found=True))
-    dirs = sorted((i.path for i in infos if i.type == pafs.FileType.Directory), reverse=True)
-    for d in dirs:
-        if not table.fs.get_file_info(pafs.FileSelector(d, allow_not_found=True)):
-            table.fs.delete_dir(d)
 
 
 def checkpoint(path: str, kind: TableKind = "log", **kwargs: Any) -> int:

@@ -27,8 +27,7 @@ _LOG = logging.getLogger(__name__)
 def last_checkpoint(table: Store) -> int:
     """The version of the table's newest checkpoint (``_delta_log/_last_checkpoint``), or -1."""
     try:
-        with table.fs.open_input_stream(table.join("_delta_log", "_last_checkpoint")) as stream:
-            return int(json.loads(stream.read())["version"])
+        return int(json.loads(table.read(table.join("_delta_log", "_last_checkpoint")))["version"])
     except (OSError, ValueError, KeyError, TypeError):
         return -1
 

@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaProtocolError, TableNotFoundError
 from deltalake.transaction import AddAction, PostCommitHookProperties
@@ -56,15 +55,14 @@ def table_rows(rows: pa.Table, kind: TableKind) -> pa.Table:
 
 def _added(table: Store, query_id: str, batch_id: int, rel: str, stats: str | None) -> AddAction:
     """The Delta add action of one of the batch's files."""
-    info = table.fs.get_file_info(table.join(rel))
-    if info.type != pafs.FileType.File:
+    found = table.stat(table.join(rel))
+    if found is None:
         raise StagedFileMissing(
             f"batch {batch_id} of query {query_id}: its file {rel} is gone (removed by a "
             "cleanup?); nothing was committed. Re-run the batch."
         )
-    mtime_ms = int(info.mtime_ns // 1_000_000) if info.mtime_ns is not None else 0
     stats = stats if stats is not None else footer_stats(table, rel)
-    return AddAction(rel, int(info.size), {}, mtime_ms, True, stats)
+    return AddAction(rel, found.size, {}, found.mtime_ns // 1_000_000, True, stats)
 
 
 def _adds(
@@ -204,7 +202,7 @@ def check_log(table: Store, version: int) -> None:
     log = table.join("_delta_log", f"{version:020d}")
     if any(table.exists(log + suffix) for suffix in (".json", ".checkpoint.parquet")):
         return
-    if table.fs.get_file_info(table.join("_delta_log")).type == pafs.FileType.Directory:
+    if table.is_dir(table.join("_delta_log")):
         return  # cleaned up behind a newer checkpoint: the table is there
     raise TableGone(
         f"{table.uri}: the Delta table the sink commits to is gone (no _delta_log); its batches "

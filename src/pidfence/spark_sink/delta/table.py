@@ -14,13 +14,14 @@ with ``_``, so nothing there is ever read as table data or deleted by table care
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, Final, Literal
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from pidfence.spark_sink.delta.errors import NotPidfenceTable, SchemaChanged
+from pidfence.spark_sink.delta.errors import NotPidfenceTable, SchemaChanged, TableGone
 from pidfence.spark_sink.schema import LOG_SCHEMA, REJECTS_SCHEMA
 from pidfence.spark_sink.storage import Store
 
@@ -261,6 +262,27 @@ def check_path(path: str, kind: TableKind, storage_options: dict[str, str] | Non
         return False
     check_table(dt, kind, root.uri)
     return True
+
+
+def check_tables(log: Store, rejects: Store, committed: Callable[[], bool]) -> None:
+    """Refuse, writing nothing, what a sink cannot write at its two tables: a non-pidfence table
+    at either (:func:`check_path`), or a table missing although ``committed()`` says batches
+    were committed to it (creating an empty one would hide the loss).
+
+    Raises:
+        NotPidfenceTable: another writer's Delta table, the other kind, or stray files.
+        SchemaChanged: a column the sink writes was removed or retyped.
+        TableGone: a table is missing and ``committed()`` is true.
+    """
+    found = [check_path(log.uri, "log", log.storage_options)]
+    found.append(check_path(rejects.uri, "rejects", rejects.storage_options))
+    if not all(found) and committed():
+        missing = log.uri if not found[0] else rejects.uri
+        raise TableGone(
+            f"{missing}: the sink committed batches to a Delta table here, and it is gone "
+            "(deleted, or its _delta_log removed). Restore it from a backup, or start a new "
+            "--output with a new --checkpoint"
+        )
 
 
 _CACHE: dict[tuple[str, str], DeltaTable] = {}
