@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from pidfence.demo.procs import ProducerRole, Worker
 from pidfence.services.process import ServiceFailed
@@ -101,6 +102,14 @@ class Takeover(ProducerFault):
         """SIGCONT the zombie, counting its writes from here."""
         self._zombie_acked = zombie.acked()
         zombie.resume()
+
+
+#: The share of its lease a producer must have left when the zombie fault pauses it: just after a
+#: rollover. The replacement's start and FENCEs must happen before the zombie's own rollover
+#: point, or the woken zombie's roll is refused before it writes anything past the fence (no
+#: FENCED to show). With half a lease left, that room was a quarter of a lifetime (2 s of an 8 s
+#: lease), too little on a loaded machine; four fifths leave 55 % (4.4 s).
+ZOMBIE_LEASE_LEFT: Final = 0.8
 
 
 @dataclass(eq=False)

@@ -15,7 +15,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pidfence.demo.config import DemoConfig
-from pidfence.demo.faults import CopierCrash, FaultScript, KillAndResume, LeaseZombie, Zombie
+from pidfence.demo.faults import (
+    ZOMBIE_LEASE_LEFT,
+    CopierCrash,
+    FaultScript,
+    KillAndResume,
+    LeaseZombie,
+    Zombie,
+)
 from pidfence.demo.procs import ProducerRole, ProducerSpec, Worker, copier_argv
 from pidfence.demo.progress import role_line
 from pidfence.demo.record import DemoPaths, Endpoints, FaultOutcome, Produced
@@ -58,7 +65,8 @@ def produce(
         if fault.kind is FaultKind.KILL:
             scripts.append(KillAndResume(role, at=at))
         elif fault.kind is FaultKind.ZOMBIE:
-            left = int(config.lease_lifetime_s * 1000) // 2 if config.short_leases else 0
+            lifetime_ms = config.lease_lifetime_s * 1000
+            left = int(lifetime_ms * ZOMBIE_LEASE_LEFT) if config.short_leases else 0
             scripts.append(Zombie(role, at=at, lease_left_ms=left))
         elif fault.kind is FaultKind.LEASE_ZOMBIE:
             # The producer stops itself right after a state save (nothing in flight), not from

@@ -218,8 +218,11 @@ def _keep(
     pids = " ".join(str(p) for p in ends.pids.values())
     console.print(
         f"[bold]--keep-running[/bold]: ZooKeeper {ends.zk_hosts}, Kafka {ends.bootstrap}, "
-        f"lease servers {ends.lease_servers} (details in {state}). Stop them with: kill {pids}"
+        f"lease servers {ends.lease_servers} (details in {state}).",
+        soft_wrap=True,
     )
+    # A line of its own, never wrapped: it is meant to be copied.
+    console.print(f"Stop them with: kill {pids}", soft_wrap=True, highlight=False)
     if ends.store:
         exports = "\n".join(f"export {k}={v}" for k, v in ends.store.items())
         console.print(
