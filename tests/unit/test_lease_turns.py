@@ -5,6 +5,7 @@ beside others, and the mute after a refusal. Against real servers:
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections import deque
@@ -271,9 +272,14 @@ class RateLimitingServer:
             conn.sendall(encode_frame({"v": 1, "id": request["id"], **reply}))
 
     def close(self) -> None:
+        # Shut down before closing: the serving thread may still be in recv(), and a socket
+        # closed under it fails there (EBADF); a shut-down one reads end-of-stream.
+        for conn in self.accepted:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self.thread.join(10)
         for conn in self.accepted:
             conn.close()
-        self.thread.join(10)
         self.listener.close()
 
 
