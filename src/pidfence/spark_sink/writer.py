@@ -37,10 +37,6 @@ from pidfence.spark_sink.state import load_state, save_state
 from pidfence.spark_sink.storage import batch_name
 from pidfence.wire.mac import RecordMacCheck
 
-#: Query id used when Spark gives none (only outside structured streaming, i.e. in unit tests):
-#: the id of an output no query owns yet.
-NO_QUERY = NO_OWNER
-
 
 @dataclass
 class SinkCommitMessage(WriterCommitMessage):
@@ -51,7 +47,7 @@ class SinkCommitMessage(WriterCommitMessage):
 
     batch_id: int
     parts: list[PartCommit] = field(default_factory=list)
-    query: str = NO_QUERY
+    query: str = NO_OWNER
     tag: str | None = None
     committed: bool = False
 
@@ -68,7 +64,7 @@ def _task_context() -> tuple[int, int, str]:
         raise SinkError(
             "no streaming.sql.batchId in the task; use format('pidfence') only with writeStream"
         )
-    query = ctx.getLocalProperty("sql.streaming.queryId") or NO_QUERY
+    query = ctx.getLocalProperty("sql.streaming.queryId") or NO_OWNER
     return int(raw), ctx.attemptNumber(), query
 
 
@@ -91,14 +87,14 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         # so the first batch's tasks find them (unless the query committed batches before: then
         # a missing table is a lost one).
         output = open_output(
-            options.path, options.rejects_path, query_id or NO_QUERY, None, committed_before
+            options.path, options.rejects_path, query_id or NO_OWNER, None, committed_before
         )
         if query_id is not None:
             # Spark builds a writer at start and again in the process that runs commit(), so
             # this only claims; leftovers of a dead attempt go when its batch commits.
             _claim(output, query_id)
 
-    def output(self, query: str = NO_QUERY) -> Output:
+    def output(self, query: str = NO_OWNER) -> Output:
         """The sink's output, committing as ``query``."""
         return Output(self.options.path, self.options.rejects_path, query, epoch=self.options.epoch)
 
@@ -199,7 +195,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
                         "minPartitions or maxRecordsPerPartition with the pidfence sink."
                     )
                 parts[key] = part
-        query = next((m.query for m in ours), self.query_id or NO_QUERY)
+        query = next((m.query for m in ours), self.query_id or NO_OWNER)
         output = self.output(query)
         manifest = output.committed(batchId)
         if manifest is None and batchId == 0:
@@ -223,7 +219,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Remove the files this batch's attempts wrote; nothing of it was ever visible."""
-        query = next((m.query for m in messages if isinstance(m, SinkCommitMessage)), NO_QUERY)
+        query = next((m.query for m in messages if isinstance(m, SinkCommitMessage)), NO_OWNER)
         output = self.output(query)
         # A manifest written before the failure is the batch's intent: a re-run commits the
         # files it names, so they stay.
