@@ -9,6 +9,7 @@ two, a delete three. The sink's operations are one request each.
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -65,10 +66,27 @@ def metered(monkeypatch: pytest.MonkeyPatch) -> Iterator[MeteredSeaweedFS]:
         store.stop()
 
 
+def _settled(store: MeteredSeaweedFS) -> Counter[str]:
+    """The request counts once they stop moving.
+
+    SeaweedFS counts a request after its handler returns, so after the response is on its way: a
+    client can read its answer, and the metrics, before the count is taken. Two reads 0.2 s apart
+    that agree have nothing left in flight (this test sends nothing meanwhile).
+    """
+    deadline = time.monotonic() + 10
+    counts = store.requests()
+    while True:
+        time.sleep(0.2)
+        again = store.requests()
+        if again == counts or time.monotonic() > deadline:
+            return again
+        counts = again
+
+
 def _cost(store: MeteredSeaweedFS, operation: Callable[[], object]) -> dict[str, int]:
-    before = store.requests()
+    before = _settled(store)
     operation()
-    after = store.requests()
+    after = _settled(store)
     return {k: after[k] - before[k] for k in after if after[k] != before[k]}
 
 
