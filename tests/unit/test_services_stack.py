@@ -206,6 +206,12 @@ def test_cli_env_exports_the_addresses(tmp_path: Path) -> None:
         f"export PIDFENCE_ZK={_state(tmp_path, []).zookeeper}",
     ]
     assert lines[2].startswith("export PIDFENCE_LEASE=127.0.0.1:")
+    live = _state(tmp_path, [_me("zookeeper-0"), _me("kafka-0")])
+    live.lease = "127.0.0.1:7071"
+    stack.write_state(tmp_path, live)
+    for _ in range(2):  # a new shell exports the same address for the lease server
+        result = runner.invoke(app, ["services", "env", "--run-dir", str(tmp_path)])
+        assert result.stdout.splitlines()[2] == "export PIDFENCE_LEASE=127.0.0.1:7071"
     stack.write_state(tmp_path, _state(tmp_path, [_me("zookeeper-0"), _dead("kafka-0")]))
     result = runner.invoke(app, ["services", "env", "--run-dir", str(tmp_path)])
     assert result.exit_code == 3 and result.stdout == ""
@@ -214,3 +220,14 @@ def test_cli_env_exports_the_addresses(tmp_path: Path) -> None:
 def test_cli_rejects_bad_sizes() -> None:
     result = CliRunner().invoke(app, ["services", "up", "--kafka", "4"])
     assert result.exit_code == 2
+
+
+def test_the_lease_address_is_kept_while_the_services_are_recorded(tmp_path: Path) -> None:
+    services = stack.Services(run_dir=tmp_path)
+    first = services.record().lease
+    assert first.startswith("127.0.0.1:")
+    assert services.record().lease == first  # a restart records again: the same address
+    recorded = stack.read_state(tmp_path)
+    assert recorded is not None and recorded.lease == first
+    stack.remove_state(tmp_path)
+    assert stack.Services(run_dir=tmp_path).record().lease.startswith("127.0.0.1:")

@@ -116,8 +116,9 @@ def register(app: typer.Typer) -> None:
     @group.command("env")
     def env(run_dir: RunDir = None) -> None:
         """Print shell `export` lines for `eval "$(pidfence services env)"`: PIDFENCE_BOOTSTRAP
-        (Kafka), PIDFENCE_ZK (ZooKeeper) and PIDFENCE_LEASE (a free loopback port for a lease
-        server you start). Exit 3 when none is recorded or one is dead."""
+        (Kafka), PIDFENCE_ZK (ZooKeeper) and PIDFENCE_LEASE (a loopback address `services up`
+        kept free for a lease server you start: the same in every shell). Exit 3 when none is
+        recorded or one is dead."""
         from pidfence.services import ServicesError, free_port
         from pidfence.services import status as read_status
 
@@ -131,7 +132,8 @@ def register(app: typer.Typer) -> None:
             fail("services env", "a service is not running: see `pidfence services status`")
         typer.echo(f"export PIDFENCE_BOOTSTRAP={state.kafka}")
         typer.echo(f"export PIDFENCE_ZK={state.zookeeper}")
-        typer.echo(f"export PIDFENCE_LEASE=127.0.0.1:{free_port()}")
+        # A state written before the address was kept has none: any free port, as then.
+        typer.echo(f"export PIDFENCE_LEASE={state.lease or f'127.0.0.1:{free_port()}'}")
 
     @group.command("down")
     def down(

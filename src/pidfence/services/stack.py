@@ -23,6 +23,7 @@ from typing import Any
 from pidfence.jars import user_cache
 from pidfence.services.kafka import KafkaCluster
 from pidfence.services.node import ServerNode
+from pidfence.services.ports import free_port
 from pidfence.services.seaweedfs import SeaweedFS
 from pidfence.services.zookeeper import ZooKeeperEnsemble
 from pidfence.wire import PidfenceError
@@ -110,6 +111,9 @@ class ServicesState:
     created_at: str = ""
     #: The AWS environment of the S3 store (``services up --s3``), else empty.
     s3: dict[str, str] = field(default_factory=dict)
+    #: ``127.0.0.1:PORT`` kept free for a lease server the user starts (``services env``'s
+    #: ``PIDFENCE_LEASE``): the same in every shell until ``services down``.
+    lease: str = ""
 
     def pids(self) -> dict[str, int]:
         """Node name to pid."""
@@ -128,6 +132,7 @@ class ServicesState:
             "pids": self.pids(),
             "alive": {n.name: same_process(n.pid, n.start_time) for n in self.nodes},
             "s3": self.s3,
+            "lease": self.lease,
         }
 
     def to_json(self) -> str:
@@ -149,6 +154,7 @@ class ServicesState:
                 nodes=nodes,
                 created_at=raw.get("created_at", ""),
                 s3=dict(raw.get("s3") or {}),
+                lease=str(raw.get("lease") or ""),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ServicesError(f"unreadable services state: {exc}") from exc
@@ -281,7 +287,10 @@ class Services:
         return self.record()
 
     def record(self) -> ServicesState:
-        """Write the current pids and ports to ``state.json`` and return the state."""
+        """Write the current pids and ports to ``state.json`` and return the state (the lease
+        server's address kept from the state it replaces, else a free port)."""
+        previous = read_state(self.run_dir)
+        lease = previous.lease if previous is not None and previous.lease else ""
         nodes: list[NodeRecord] = []
         for node, port in self._nodes_with_ports():
             pid = node.pid
@@ -295,6 +304,7 @@ class Services:
             nodes=nodes,
             created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             s3=self.s3.environment() if self.s3 is not None else {},
+            lease=lease or f"127.0.0.1:{free_port()}",
         )
         write_state(self.run_dir, state)
         return state
