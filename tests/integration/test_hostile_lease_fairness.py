@@ -39,6 +39,8 @@ PIDS = 32
 #: The victim's p99 beside flooders must stay under max(FLOOR_S, RATIO x its p99 alone).
 FLOOR_S = 0.100
 RATIO = 3
+#: The lease server's ``--max-in-flight`` default: requests of one client answered at once.
+MAX_IN_FLIGHT = 32
 
 
 @dataclass
@@ -58,9 +60,38 @@ class Attack:
     def bound(self) -> float:
         return max(FLOOR_S, RATIO * self.p99("alone"))
 
+    def in_flight(self) -> dict[str, float]:
+        """Requests of each client being answered at the scrape, summed over its shares (a
+        build keyed by connection labels each connection's share ``CLIENT#CONNECTION``)."""
+        total: dict[str, float] = {}
+        for label, (in_flight, _) in self.queues.items():
+            client = label.partition("#")[0]
+            total[client] = total.get(client, 0.0) + in_flight
+        return total
+
+    def unfair(self) -> list[str]:
+        """What broke the share each client is owed: the victim slowed past its bound, or a
+        flooder answered more requests at once than one client may have."""
+        broken = [
+            f"victim p99 {self.p99(phase) * 1000:.1f} ms beside {phase} flooder(s) >= "
+            f"{self.bound() * 1000:.1f} ms"
+            for phase in self.waits
+            if phase != "alone" and self.p99(phase) >= self.bound()
+        ]
+        in_flight = self.in_flight()
+        broken += [
+            f"{client} had {in_flight[client]:.0f} requests in flight > {MAX_IN_FLIGHT}"
+            for client in ("flood1", "flood2")
+            if in_flight.get(client, 0.0) > MAX_IN_FLIGHT
+        ]
+        return broken
+
     def summary(self) -> str:
         p99 = {phase: round(self.p99(phase) * 1000, 1) for phase in self.waits}
-        return f"victim bump p99 ms {p99}, errors {self.errors[:3]}, flooders {self.flooders}"
+        return (
+            f"victim bump p99 ms {p99}, in flight {self.in_flight()}, errors "
+            f"{self.errors[:3]}, flooders {self.flooders}"
+        )
 
 
 def _bumps(victim: RawLease, lease: dict[str, Any], errors: list[dict[str, Any]]) -> list[float]:
@@ -129,18 +160,17 @@ def test_flooders_delay_only_themselves(
     attack = _attack(audited, hostile_pki, tmp_path, ("one", "two"))
     print(attack.summary())
     assert not attack.errors, attack.summary()  # never RATE_LIMITED, nor anything else
-    assert attack.p99("one") < attack.bound(), attack.summary()
-    assert attack.p99("two") < attack.bound(), attack.summary()
+    assert not attack.unfair(), attack.summary()
     assert audited.server.proc.running
     for flooder in attack.flooders:
         # Each really flooded, and was served: its own legal bumps went through by the hundred.
         assert flooder.get("None", 0) >= 100, flooder
         assert flooder.get("closed", 0) == 0, flooder
-    # Per-client queue depth: each flooder at most its in-flight bound (32), the rest unread.
+    # Per-client queue depth: each flooder queued (its in-flight bound checked above).
     assert {"flood1", "flood2"} <= set(attack.queues), attack.queues
     for client in ("flood1", "flood2"):
         in_flight, waiting = attack.queues[client]
-        assert in_flight + waiting > 0 and in_flight <= 32, attack.queues
+        assert in_flight + waiting > 0, attack.queues
     # Refusals are counted for the client that got them only; peers never make labels.
     assert set(attack.refusals) <= {"flood1", "flood2"}, attack.refusals
     assert set(attack.queues) <= {"victim", "flood1", "flood2", BY_ADDRESS}, attack.queues
@@ -155,9 +185,12 @@ def test_a_server_sharing_by_connection_fails_the_check(
     audited_server: Callable[..., AuditedServer], hostile_pki: LeasePki, tmp_path: Path
 ) -> None:
     """The teeth of the test above: the same attack on a build that gives each connection the
-    share meant for each client breaks the victim's bound."""
+    share meant for each client fails its check. A flooder's 24 connections then have up to 24
+    in-flight bounds between them, and the victim waits behind their ZooKeeper work. On an idle
+    2-core machine that wait alone does not cross the bound: the victim's p99 came out at 73-95 ms
+    in three runs, under the 100 ms floor (2-7 ms with the fair build), while each flooder had
+    about 130 requests in flight against its bound of 32 (the fair build: at most 1)."""
     audited = audited_server("per-connection", mutation="lease-share-per-connection")
     attack = _attack(audited, hostile_pki, tmp_path, ("one", "two"))
     print(attack.summary())
-    broken = max(attack.p99("one"), attack.p99("two")) >= attack.bound()
-    assert attack.errors or broken, attack.summary()
+    assert attack.errors or attack.unfair(), attack.summary()
