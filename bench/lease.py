@@ -334,9 +334,11 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
             out[f"{loop}_secure_throughput_ratio"] = (
                 secure[0]["leases_per_s"] / plain[0]["leases_per_s"]
             )
-            out[f"{loop}_secure_capacity_ratio"] = (
-                plain[0]["server_cpu_us_per_lease"] / secure[0]["server_cpu_us_per_lease"]
-            )
+            # CPU is read from /proc in clock ticks: a quick run's server can spend less than one.
+            if secure[0]["server_cpu_us_per_lease"] > 0:
+                out[f"{loop}_secure_capacity_ratio"] = (
+                    plain[0]["server_cpu_us_per_lease"] / secure[0]["server_cpu_us_per_lease"]
+                )
     return out
 
 

@@ -36,3 +36,13 @@ def test_lease_bench_runs_every_contender() -> None:
         )
         assert row["server_cpu_us_per_lease"] >= 0
         assert row["p99_ms"] >= row["p50_ms"] > 0
+
+
+def test_a_server_that_spent_less_than_a_clock_tick_gets_no_capacity_ratio() -> None:
+    bench = load_bench("lease", BENCH_DIR)
+    row = {"loop": "asyncio", "servers": 1, "block_size": 100, "leases_per_s": 500.0}
+    plain = {**row, "security": "plain", "server_cpu_us_per_lease": 40.0}
+    secure = {**row, "security": "auth+TLS", "server_cpu_us_per_lease": 0.0}
+    assert bench._ratios([plain, secure]) == {"asyncio_secure_throughput_ratio": 1.0}
+    secure["server_cpu_us_per_lease"] = 80.0
+    assert bench._ratios([plain, secure])["asyncio_secure_capacity_ratio"] == 0.5
