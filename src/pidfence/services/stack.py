@@ -290,7 +290,7 @@ class Services:
         """Write the current pids and ports to ``state.json`` and return the state (the lease
         server's address kept from the state it replaces, else a free port)."""
         previous = read_state(self.run_dir)
-        lease = previous.lease if previous is not None and previous.lease else ""
+        lease = previous.lease if previous is not None else ""
         nodes: list[NodeRecord] = []
         for node, port in self._nodes_with_ports():
             pid = node.pid
