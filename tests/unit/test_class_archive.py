@@ -70,3 +70,17 @@ def test_the_archive_name_carries_the_jdk(monkeypatch: pytest.MonkeyPatch) -> No
         assert archive_path("kafka", "/jars/a.jar") != before
     finally:
         class_archive._jdk_identity.cache_clear()
+
+
+def test_a_driver_with_the_s3a_jars_first_has_an_archive_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The JVM maps an archive only onto the class path it was recorded with; an s3:// run puts
+    # the S3A jars first (spark.driver.extraClassPath), so the local run's archive never maps.
+    from pidfence.services import spark
+
+    monkeypatch.setattr(spark, "connector_jars", lambda folder=None: "/jars/kafka.jar")
+    local = spark.driver_classpath_identity()
+    s3 = spark.driver_classpath_identity("/jars/hadoop-aws.jar:/jars/bundle.jar")
+    assert spark.driver_classpath_identity("") == local
+    assert archive_path("spark", s3) != archive_path("spark", local)

@@ -3,8 +3,11 @@
 ``python -m pidfence.services.class_archive_record`` starts ZooKeeper and Kafka, produces a few
 hundred records with ``pf`` headers, runs ``pidfence sink --available-now`` over them into a
 Delta table, and stops everything cleanly: each JVM writes the classes it loaded at its exit
-(:mod:`pidfence.services.class_archive`). It takes about a minute once; every later start of
-those JVMs is faster. A failure here only costs speed: JVMs start as they would without it.
+(:mod:`pidfence.services.class_archive`). When the S3A jars are in the jar cache and SeaweedFS is
+installed, it runs the sink once more with its output and checkpoint on a SeaweedFS store: the
+driver of an ``s3://`` run has the S3A jars first on its class path, so it needs an archive of its
+own. It takes about a minute once; every later start of those JVMs is faster. A failure here only
+costs speed: JVMs start as they would without it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,11 +26,14 @@ from pathlib import Path
 from pidfence.jars import classpath
 from pidfence.services.class_archive import (
     CLASS_ARCHIVE_ENV,
+    archive_dir,
     archive_path,
     recording_path,
 )
 from pidfence.services.kafka import KafkaCluster, create_topic
 from pidfence.services.node import Cluster
+from pidfence.services.process import ServiceFailed
+from pidfence.services.seaweedfs import SeaweedFS, weed
 from pidfence.services.spark import driver_classpath_identity
 from pidfence.services.zookeeper import ZooKeeperEnsemble
 from pidfence.wire import encode_pf
@@ -58,12 +65,37 @@ def _produce(bootstrap: str) -> None:
         raise RuntimeError("class archive: records not delivered to the local Kafka")
 
 
-def _run_sink(bootstrap: str, run: Path) -> int:
-    """Run the sink once; its process group id (the driver JVM may still be writing its archive).
+def _s3_classpath() -> str | None:
+    """The driver's extra class path in an ``s3://`` run, when the S3A jars are already cached and
+    SeaweedFS is installed (nothing is fetched here: ``make setup`` fetched the jars before)."""
+    from pidfence.jars.cache import cached
+    from pidfence.jars.components import hadoop_aws
+    from pidfence.spark_sink.object_store import session_conf
+
+    try:
+        weed()
+    except ServiceFailed:
+        return None
+    if cached(hadoop_aws()) is None:
+        return None
+    return session_conf(["s3://"])["spark.driver.extraClassPath"]
+
+
+def _run_sink(
+    bootstrap: str,
+    run: Path,
+    where: tuple[str, str],
+    env: dict[str, str] | None = None,
+) -> int:
+    """Run the sink once with ``where`` as its output and checkpoint, in ``run`` (a remote
+    checkpoint's logs go to the working folder); its process group id (the driver JVM may still be
+    writing its archive).
 
     Raises:
         RuntimeError: the sink failed (its log's tail in the message).
     """
+    output, checkpoint = where
+    log_path = run / f"sink-{uuid.uuid4().hex[:6]}.log"
     argv = [
         sys.executable,
         "-c",
@@ -74,23 +106,42 @@ def _run_sink(bootstrap: str, run: Path) -> int:
         "--topic",
         TOPIC,
         "--output",
-        str(run / "out"),
+        output,
         "--checkpoint",
-        str(run / "ckpt"),
+        checkpoint,
         "--master",
         "local[2]",
         "--available-now",
         "--starting-offsets",
         "earliest",
     ]
-    with (run / "sink.log").open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=run,
+            env={**os.environ, **(env or {})},
+        )
         code = proc.wait(EXIT_LIMIT_S)
     if code != 0:
         _wait_group_gone(proc.pid)
-        tail = (run / "sink.log").read_text(errors="replace")[-2000:]
+        tail = log_path.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"class archive: the sink run exited {code}\n{tail}")
     return proc.pid
+
+
+def _run_sink_on_s3(bootstrap: str, run: Path) -> int:
+    """:func:`_run_sink` with its output and checkpoint on a SeaweedFS store of its own (stopped
+    before this returns: the driver has read and written what it loads classes for)."""
+    store = SeaweedFS(run / "s3").start()
+    try:
+        store.make_bucket("cds")
+        where = ("s3://cds/out", "s3a://cds/ckpt")
+        return _run_sink(bootstrap, run, where, store.environment())
+    finally:
+        store.stop()
 
 
 def _wait_group_gone(pgid: int) -> None:
@@ -121,12 +172,15 @@ def _publish(application: str, key: str) -> Path | None:
 
 def record(progress: Callable[[str], None] = print) -> list[Path]:
     """Record every application's archive; the archives written (missing ones failed to dump)."""
-    keys = {
-        "zookeeper": classpath("zookeeper"),
-        "kafka": classpath("kafka"),
-        "spark": driver_classpath_identity(),
-    }
-    archive_path("spark", keys["spark"]).parent.mkdir(parents=True, exist_ok=True)
+    keys = [
+        ("zookeeper", classpath("zookeeper")),
+        ("kafka", classpath("kafka")),
+        ("spark", driver_classpath_identity()),
+    ]
+    s3_classpath = _s3_classpath()
+    if s3_classpath is not None:
+        keys.append(("spark", driver_classpath_identity(s3_classpath)))
+    archive_dir().mkdir(parents=True, exist_ok=True)
     previous = os.environ.get(CLASS_ARCHIVE_ENV)
     os.environ[CLASS_ARCHIVE_ENV] = "record"
     try:
@@ -143,9 +197,14 @@ def record(progress: Callable[[str], None] = print) -> list[Path]:
                         start.result()
                     _produce(kafka.bootstrap)
                     progress("class archives: running the sink once")
-                    driver_group = _run_sink(kafka.bootstrap, run)
+                    local = (str(run / "out"), str(run / "ckpt"))
+                    drivers = [_run_sink(kafka.bootstrap, run, local)]
+                    if s3_classpath is not None:
+                        progress("class archives: running the sink once on an S3 store")
+                        drivers.append(_run_sink_on_s3(kafka.bootstrap, run))
                     stops = [pool.submit(_stop_slowly, cluster) for cluster in clusters]
-                    _wait_group_gone(driver_group)
+                    for driver_group in drivers:
+                        _wait_group_gone(driver_group)
                     for stop in stops:
                         stop.result()
                 finally:
@@ -157,7 +216,7 @@ def record(progress: Callable[[str], None] = print) -> list[Path]:
         else:
             os.environ[CLASS_ARCHIVE_ENV] = previous
         # What did record is good even when a later step failed.
-        written = [a for app, key in keys.items() if (a := _publish(app, key)) is not None]
+        written = [a for app, key in keys if (a := _publish(app, key)) is not None]
     return written
 
 

@@ -32,12 +32,19 @@ def connector_jars(folder: str | Path | None = None) -> str:
     return ",".join(str(p) for p in connector_jar_paths(folder))
 
 
-def driver_classpath_identity() -> str:
-    """What the driver JVM loads its classes from: pyspark's jars and the connector's (the key of
-    its class archive, :mod:`pidfence.services.class_archive`)."""
+def driver_classpath_identity(extra_classpath: str = "") -> str:
+    """What the driver JVM loads its classes from: pyspark's jars, the connector's and
+    ``spark.driver.extraClassPath`` (the key of its class archive,
+    :mod:`pidfence.services.class_archive`).
+
+    The extra class path (the S3A jars of an ``s3://`` run) comes first on the driver's class
+    path, and the JVM maps an archive only onto the class path it was recorded with: a run on the
+    object store has an archive of its own.
+    """
     import pyspark
 
-    return f"{spark_home() / 'jars'} {pyspark.__version__}\n{connector_jars()}"
+    identity = f"{spark_home() / 'jars'} {pyspark.__version__}\n{connector_jars()}"
+    return f"{identity}\n{extra_classpath}" if extra_classpath else identity
 
 
 def _zips_spark_prepends() -> list[str]:
@@ -135,7 +142,8 @@ def spark_session(
     if extra := " ".join(jvm_options()):
         for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
             settings[key] = f"{settings[key]} {extra}" if settings.get(key) else extra
-    if driver := " ".join(archive_options("spark", driver_classpath_identity())):
+    identity = driver_classpath_identity(settings.get("spark.driver.extraClassPath", ""))
+    if driver := " ".join(archive_options("spark", identity)):
         key = "spark.driver.extraJavaOptions"
         settings[key] = f"{settings[key]} {driver}" if settings.get(key) else driver
     if log_file is not None:
