@@ -2,7 +2,7 @@
 ``LeaseServerThread`` (its own loop thread, for tests and the demo).
 
 A lease server as a separate process is started with ``pidfence lease-server`` (``daemon``);
-tests and the demo spawn it through ``pidfence.services.spawn_lease_server``.
+tests and the demo spawn it through ``pidfence.services.lease_server.spawn_lease_server``.
 """
 
 from __future__ import annotations
