@@ -4,10 +4,10 @@
 hundred records with ``pf`` headers, runs ``pidfence sink --available-now`` over them into a
 Delta table, and stops everything cleanly: each JVM writes the classes it loaded at its exit
 (:mod:`pidfence.services.class_archive`). When the S3A jars are in the jar cache and SeaweedFS is
-installed, it runs the sink once more with its output and checkpoint on a SeaweedFS store: the
-driver of an ``s3://`` run has the S3A jars first on its class path, so it needs an archive of its
-own. It takes about a minute once; every later start of those JVMs is faster. A failure here only
-costs speed: JVMs start as they would without it.
+installed, a second sink runs beside the first with its output and checkpoint on a SeaweedFS
+store: the driver of an ``s3://`` run has the S3A jars first on its class path, so it needs an
+archive of its own. It takes about a minute once; every later start of those JVMs is faster. A
+failure here only costs speed: JVMs start as they would without it.
 """
 
 from __future__ import annotations
@@ -132,18 +132,6 @@ def _run_sink(
     return proc.pid
 
 
-def _run_sink_on_s3(bootstrap: str, run: Path) -> int:
-    """:func:`_run_sink` with its output and checkpoint on a SeaweedFS store of its own (stopped
-    before this returns: the driver has read and written what it loads classes for)."""
-    store = SeaweedFS(run / "s3").start()
-    try:
-        store.make_bucket("cds")
-        where = ("s3://cds/out", "s3a://cds/ckpt")
-        return _run_sink(bootstrap, run, where, store.environment())
-    finally:
-        store.stop()
-
-
 def _wait_group_gone(pgid: int) -> None:
     deadline = time.monotonic() + EXIT_LIMIT_S
     while time.monotonic() < deadline:
@@ -188,20 +176,28 @@ def record(progress: Callable[[str], None] = print) -> list[Path]:
             run = Path(tmp)
             progress("class archives: starting ZooKeeper and Kafka")
             # Kafka runs in KRaft mode: ZooKeeper is started only to record its own archive, so
-            # the two start side by side, and stop side by side while the driver JVM writes.
+            # the servers start side by side, the sinks run side by side, and the servers stop
+            # side by side while the driver JVMs write.
             kafka = KafkaCluster(1, run / "kafka")
+            store = SeaweedFS(run / "s3") if s3_classpath is not None else None
             clusters: list[Cluster] = [ZooKeeperEnsemble(1, run / "zk"), kafka]
-            with ThreadPoolExecutor(2, thread_name_prefix="pidfence-cds") as pool:
+            clusters += [store] if store is not None else []
+            with ThreadPoolExecutor(len(clusters), thread_name_prefix="pidfence-cds") as pool:
                 try:
                     for start in [pool.submit(cluster.start) for cluster in clusters]:
                         start.result()
                     _produce(kafka.bootstrap)
-                    progress("class archives: running the sink once")
-                    local = (str(run / "out"), str(run / "ckpt"))
-                    drivers = [_run_sink(kafka.bootstrap, run, local)]
-                    if s3_classpath is not None:
-                        progress("class archives: running the sink once on an S3 store")
-                        drivers.append(_run_sink_on_s3(kafka.bootstrap, run))
+                    sinks: list[tuple[tuple[str, str], dict[str, str] | None]] = [
+                        ((str(run / "out"), str(run / "ckpt")), None)
+                    ]
+                    if store is not None:
+                        store.make_bucket("cds")
+                        sinks.append((("s3://cds/out", "s3a://cds/ckpt"), store.environment()))
+                        progress("class archives: running the sink on the local disk and on S3")
+                    else:
+                        progress("class archives: running the sink once")
+                    runs = [pool.submit(_run_sink, kafka.bootstrap, run, *sink) for sink in sinks]
+                    drivers = [sink_run.result() for sink_run in runs]
                     stops = [pool.submit(_stop_slowly, cluster) for cluster in clusters]
                     for driver_group in drivers:
                         _wait_group_gone(driver_group)
