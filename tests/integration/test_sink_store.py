@@ -139,6 +139,56 @@ def test_a_checkpoint_in_a_missing_bucket_says_the_cause_and_the_fix(
     assert "create the bucket" in verbose.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize(
+    ("bucket", "env", "fix"),
+    [
+        ("no-such-bucket", {}, "create the bucket"),
+        ("", {"AWS_SECRET_ACCESS_KEY": "not-the-secret"}, "refused the credentials"),
+        ("", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "the store did not answer"),
+    ],
+    ids=["missing-bucket", "wrong-secret", "no-store"],
+)
+def test_an_output_on_an_unusable_store_is_one_line_and_exit_3_before_spark_starts(
+    kafka: Any,
+    new_topic: Any,
+    s3_bucket: Bucket,
+    tmp_path: Path,
+    bucket: str,
+    env: dict[str, str],
+    fix: str,
+) -> None:
+    out = f"s3://{bucket or s3_bucket.name}/out"
+    argv = _sink(kafka.bootstrap, new_topic(), out, str(tmp_path / "ckpt"), "--available-now")
+    result = run_pidfence(*argv, timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == EXIT_UNAVAILABLE, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"pidfence sink: error: {out} (store "), lines
+    assert fix in lines[-1], lines
+    assert "Traceback" not in result.stderr
+    assert "Spark and JVM log" not in result.stdout  # refused before Spark started
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+@pytest.mark.parametrize(
+    "command", [["verify", "--ledger", "LEDGER"], ["sink", "compact"], ["sink", "vacuum"]]
+)
+def test_a_care_command_or_verify_on_a_missing_bucket_is_one_line_and_exit_3(
+    s3_bucket: Bucket, tmp_path: Path, command: list[str]
+) -> None:
+    del s3_bucket  # the AWS environment of a store that answers
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("")
+    out = "s3://no-such-bucket/out"
+    args = [str(ledger) if a == "LEDGER" else a for a in command]
+    args += ["--output", out] if command[0] == "verify" else [out]
+    result = run_pidfence(*args, timeout=120)
+    assert result.returncode == EXIT_UNAVAILABLE, result.stdout + result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert "bucket no-such-bucket does not exist" in line, result.stderr
+    assert "create the bucket" in line
+    assert "Traceback" not in result.stderr
+
+
 def test_services_up_s3_prints_the_environment_and_down_stops_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "services"
     up = run_pidfence("services", "up", "--s3", "--run-dir", str(run_dir), timeout=300)

@@ -32,7 +32,7 @@ from pidfence.cli.exits import (
 )
 from pidfence.cli.extras import require
 from pidfence.cli.keys import key_paths
-from pidfence.cli.storage import StorageOption, apply_storage_options
+from pidfence.cli.storage import StorageOption, apply_storage_options, reach_stores
 
 
 class StartingOffsets(StrEnum):
@@ -327,6 +327,7 @@ def _register_care(group: typer.Typer) -> None:
 
         with exit_cleanly("sink compact"):
             apply_storage_options(storage_option)
+            reach_stores(path, rejects_path)
             for kind, where in care.tables_of(path, rejects_path):
                 metrics = care.compact(where, kind, target_size=target_size)
                 typer.echo(
@@ -373,6 +374,7 @@ def _register_care(group: typer.Typer) -> None:
         verb = "would delete" if dry_run else "deleted"
         with exit_cleanly("sink vacuum"):
             apply_storage_options(storage_option)
+            reach_stores(path, rejects_path)
             for kind, where in care.tables_of(path, rejects_path):
                 try:
                     gone = care.vacuum(

@@ -128,8 +128,23 @@ def _run_sink(
     if code != 0:
         _wait_group_gone(proc.pid)
         tail = log_path.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"class archive: the sink run exited {code}\n{tail}")
+        raise RuntimeError(f"the sink run into {output} exited {code}\n{tail}")
     return proc.pid
+
+
+def _store_or_none(run: Path, progress: Callable[[str], None]) -> SeaweedFS | None:
+    """A started SeaweedFS store with the bucket the ``s3://`` sink writes to; None, said, when it
+    does not start (then only the ``s3://`` driver's archive is missing)."""
+    store = SeaweedFS(run / "s3")
+    try:
+        store.start()
+        store.make_bucket("cds")
+    except Exception as exc:  # noqa: BLE001 - any failure here only costs that one archive
+        store.stop()
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        progress(f"class archives: no S3 store ({first}); s3:// runs start without an archive")
+        return None
+    return store
 
 
 def _wait_group_gone(pgid: int) -> None:
@@ -176,33 +191,37 @@ def record(progress: Callable[[str], None] = print) -> list[Path]:
             run = Path(tmp)
             progress("class archives: starting ZooKeeper and Kafka")
             # Kafka runs in KRaft mode: ZooKeeper is started only to record its own archive, so
-            # the servers start side by side, the sinks run side by side, and the servers stop
-            # side by side while the driver JVMs write.
+            # the two start side by side; the sinks run side by side, and the servers stop side
+            # by side while the driver JVMs write.
             kafka = KafkaCluster(1, run / "kafka")
-            store = SeaweedFS(run / "s3") if s3_classpath is not None else None
+            store = _store_or_none(run, progress) if s3_classpath is not None else None
             clusters: list[Cluster] = [ZooKeeperEnsemble(1, run / "zk"), kafka]
             clusters += [store] if store is not None else []
-            with ThreadPoolExecutor(len(clusters), thread_name_prefix="pidfence-cds") as pool:
+            with ThreadPoolExecutor(2, thread_name_prefix="pidfence-cds") as pool:
                 try:
-                    for start in [pool.submit(cluster.start) for cluster in clusters]:
+                    for start in [pool.submit(cluster.start) for cluster in clusters[:2]]:
                         start.result()
                     _produce(kafka.bootstrap)
                     sinks: list[tuple[tuple[str, str], dict[str, str] | None]] = [
                         ((str(run / "out"), str(run / "ckpt")), None)
                     ]
                     if store is not None:
-                        store.make_bucket("cds")
                         sinks.append((("s3://cds/out", "s3a://cds/ckpt"), store.environment()))
                         progress("class archives: running the sink on the local disk and on S3")
                     else:
                         progress("class archives: running the sink once")
                     runs = [pool.submit(_run_sink, kafka.bootstrap, run, *sink) for sink in sinks]
-                    drivers = [sink_run.result() for sink_run in runs]
+                    # One sink's failure must not cost the other's archive: wait for both.
+                    failures = [e for r in runs if (e := r.exception()) is not None]
+                    drivers = [r.result() for r in runs if r.exception() is None]
                     stops = [pool.submit(_stop_slowly, cluster) for cluster in clusters]
                     for driver_group in drivers:
                         _wait_group_gone(driver_group)
                     for stop in stops:
                         stop.result()
+                    for failure in failures:
+                        first = str(failure).splitlines()[0]
+                        progress(f"class archives: {first}; that driver's archive is not recorded")
                 finally:
                     for cluster in clusters:  # a no-op for a cluster already stopped
                         _stop_slowly(cluster)

@@ -135,6 +135,40 @@ def put_if_absent(path: str, data: bytes) -> bool:
                 raise
 
 
+def _fix(text: str) -> str:
+    return fix_for(text) or "check the AWS environment (AWS_ENDPOINT_URL, credentials)"
+
+
+def reach(bucket_path: str, where: str) -> None:
+    """Refuse a store the sink cannot use before reading or writing anything there: one HEAD of
+    the bucket says whether it exists, whether the credentials are accepted and whether a store
+    answers at all.
+
+    Args:
+        bucket_path: a folder as pyarrow's S3 file system names it (``bucket/prefix``), or as
+            the user does (``s3://bucket/prefix``).
+        where: how messages name the store (the user's URI).
+
+    Raises:
+        StoreUnusable: the bucket is missing, the credentials were refused, or no store answered
+            (the message names the fix).
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket = bucket_path.split("://", 1)[-1].partition("/")[0]
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "AWS S3")
+    try:
+        client().head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        # A HEAD has no body: the status is all the store says.
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        said = {404: f"bucket {bucket} does not exist", 403: "403 Forbidden"}.get(status)
+        said = said or str(exc)
+        raise StoreUnusable(f"{where} (store {endpoint}): {said}; {_fix(said)}") from exc
+    except BotoCoreError as exc:
+        raise StoreUnusable(f"{where} (store {endpoint}): {exc}; {_fix(str(exc))}") from exc
+
+
 def probe(bucket_path: str, where: str) -> None:
     """Put one fresh key twice, conditionally: the second must be refused.
 
@@ -156,8 +190,7 @@ def probe(bucket_path: str, where: str) -> None:
         second = put_if_absent(key, b"2")
         client().delete_object(Bucket=bucket, Key=name)
     except (BotoCoreError, ClientError) as exc:
-        fix = fix_for(str(exc)) or "check the AWS environment (AWS_ENDPOINT_URL, credentials)"
-        raise StoreUnusable(f"{where} (store {endpoint}): {exc}; {fix}") from exc
+        raise StoreUnusable(f"{where} (store {endpoint}): {exc}; {_fix(str(exc))}") from exc
     if first and not second:
         return
     raise StoreIgnoresConditions(
@@ -176,4 +209,5 @@ __all__ = [
     "probe",
     "put",
     "put_if_absent",
+    "reach",
 ]

@@ -26,9 +26,13 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> Output:
         SchemaChanged: a column the sink writes was removed or retyped.
         TableGone: the checkpoint committed batches, and the Delta table is gone.
         OutputOwnedError: another query owns the output.
+        StoreUnusable: the output's bucket is missing, the store refused the credentials, or
+            no store answered.
         StoreIgnoresConditions: the output's object store ignores conditional puts.
     """
     output = Output(options.path, options.rejects_path, NO_OWNER)
+    if is_s3(options.path):
+        conditional.reach(output.log.root, options.path)
     check_tables(output.log, output.rejects, lambda: checkpoint_committed(checkpoint))
     owner.check_owner(output.own, checkpoint)
     if is_s3(options.path):

@@ -44,6 +44,7 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
     for local in (output, rejects):
         if local is not None and "://" not in local and not Path(local).is_dir():
             raise VerifyInputError(f"output path {local} does not exist or is not a folder")
+    _reach_stores(output, rejects)
     try:
         entries = list(read_ledger(files))
     except (OSError, ValueError) as exc:
@@ -58,3 +59,21 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
 
 
 __all__ = ["verify_output"]
+
+
+def _reach_stores(*paths: str | None) -> None:
+    """A missing bucket, refused credentials or no store at the endpoint, said with its fix
+    before any read (delta-rs would only say "Generic S3 error").
+
+    Raises:
+        OutputUnreadable: an ``s3://`` path's store cannot be used.
+    """
+    from pidfence.spark_sink.conditional import StoreUnusable, reach
+    from pidfence.spark_sink.object_store import is_s3
+
+    for path in paths:
+        if path is not None and is_s3(path):
+            try:
+                reach(path, path)
+            except StoreUnusable as exc:
+                raise OutputUnreadable(f"cannot read the output: {exc}") from exc
