@@ -145,8 +145,14 @@ def test_a_checkpoint_in_a_missing_bucket_says_the_cause_and_the_fix(
         ("no-such-bucket", {}, "create the bucket"),
         ("", {"AWS_SECRET_ACCESS_KEY": "not-the-secret"}, "refused the credentials"),
         ("", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "the store did not answer"),
+        # Nothing exported (empty is unset): AWS S3 itself, and no credentials for it.
+        (
+            "",
+            {"AWS_ENDPOINT_URL": "", "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""},
+            "check the AWS environment",
+        ),
     ],
-    ids=["missing-bucket", "wrong-secret", "no-store"],
+    ids=["missing-bucket", "wrong-secret", "no-store", "no-environment"],
 )
 def test_an_output_on_an_unusable_store_is_one_line_and_exit_3_before_spark_starts(
     kafka: Any,

@@ -73,7 +73,7 @@ def client() -> Any:
     env = os.environ
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     key = env.get("AWS_ACCESS_KEY_ID")
-    return _client(os.getpid(), env.get("AWS_ENDPOINT_URL"), region, key)
+    return _client(os.getpid(), env.get("AWS_ENDPOINT_URL") or None, region, key)
 
 
 @contextlib.contextmanager
@@ -156,7 +156,7 @@ def reach(bucket_path: str, where: str) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket = bucket_path.split("://", 1)[-1].partition("/")[0]
-    endpoint = os.environ.get("AWS_ENDPOINT_URL", "AWS S3")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
     try:
         client().head_bucket(Bucket=bucket)
     except ClientError as exc:
@@ -184,7 +184,7 @@ def probe(bucket_path: str, where: str) -> None:
 
     key = f"{bucket_path.rstrip('/')}/_pidfence/probe-{uuid.uuid4().hex}"
     bucket, _, name = key.partition("/")
-    endpoint = os.environ.get("AWS_ENDPOINT_URL", "AWS S3")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
     try:
         first = put_if_absent(key, b"1")
         second = put_if_absent(key, b"2")

@@ -30,9 +30,9 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> Output:
             no store answered.
         StoreIgnoresConditions: the output's object store ignores conditional puts.
     """
+    if is_s3(options.path):  # before pyarrow's S3 file system, which asks for the region
+        conditional.reach(options.path, options.path)
     output = Output(options.path, options.rejects_path, NO_OWNER)
-    if is_s3(options.path):
-        conditional.reach(output.log.root, options.path)
     check_tables(output.log, output.rejects, lambda: checkpoint_committed(checkpoint))
     owner.check_owner(output.own, checkpoint)
     if is_s3(options.path):
