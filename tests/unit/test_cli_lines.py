@@ -25,7 +25,7 @@ from pidfence.spark_sink import BatchLine, SinkOptionError
 from pidfence.spark_sink.checkpoint import start_offsets
 from pidfence.spark_sink.delta.errors import RestoredPastSink
 from pidfence.spark_sink.failure import SparkQueryFailed
-from pidfence.spark_sink.preflight import records_to_read
+from pidfence.spark_sink.preflight import check_apart, records_to_read
 from pidfence.verify import VerifyInputError
 from pidfence.wire import PidfenceError
 
@@ -132,6 +132,42 @@ def test_check_writable_refuses_a_file_and_creates_a_folder(tmp_path: Path) -> N
     assert list((tmp_path / "new" / "deep").iterdir()) == []  # the probe file is gone
     with pytest.raises(PathUnusable, match="not writable"):
         check_writable(str(tmp_path / "f" / "below"), "output")
+
+
+@pytest.mark.parametrize(
+    ("output", "checkpoint"),
+    [
+        ("out", "out"),
+        ("out", "./out/"),
+        ("out", "out/ckpt"),
+        ("s3://lake/out", "s3a://lake/out"),
+        ("s3://lake/out/", "s3a://lake/out/ckpt"),
+    ],
+)
+def test_a_checkpoint_at_or_inside_the_output_is_a_usage_error(
+    output: str, checkpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SinkOptionError, match="next to it") as caught:
+        check_apart(output, checkpoint)
+    assert code_of(caught.value) == EXIT_USAGE
+
+
+@pytest.mark.parametrize(
+    ("output", "checkpoint"),
+    [
+        ("out", "out-ckpt"),
+        ("out", "ckpt"),
+        ("s3://lake/out", "s3a://lake/out-ckpt"),
+        ("out/x", "out"),
+    ],
+)
+def test_a_checkpoint_next_to_the_output_or_around_it_passes(
+    output: str, checkpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    check_apart(output, checkpoint)
+    check_apart(output, None)
 
 
 def test_exit_code_of_an_error_follows_its_retriable_flag() -> None:

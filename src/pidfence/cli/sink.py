@@ -232,6 +232,7 @@ def register(app: typer.Typer) -> None:
             if client is not None:
                 client.close()
             found = preflight.check_kafka(bootstrap, topics)
+            sink_preflight.check_apart(output, checkpoint)  # before either folder is made
             preflight.check_writable(output, "output")
             preflight.check_writable(checkpoint, "checkpoint")
             sink_preflight.check_output(options, checkpoint)

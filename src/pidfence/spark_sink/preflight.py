@@ -9,12 +9,40 @@ Spark's checkpoint, for the progress bar.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pidfence.spark_sink import conditional, owner
 from pidfence.spark_sink.checkpoint import checkpoint_committed
 from pidfence.spark_sink.delta.table import check_tables
-from pidfence.spark_sink.object_store import is_s3
+from pidfence.spark_sink.errors import SinkOptionError
+from pidfence.spark_sink.object_store import arrow_uri, is_remote, is_s3
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import NO_OWNER, Output
+
+
+def _where(path: str) -> str:
+    if is_remote(path):
+        return arrow_uri(path).rstrip("/")
+    return str(Path(path.removeprefix("file://")).resolve())
+
+
+def check_apart(output: str, checkpoint: str | None) -> None:
+    """Refuse a checkpoint at the output folder or inside it: the output holds the sink's tables
+    and nothing else, so Spark's files there would be stray files the sink refuses later.
+
+    Raises:
+        SinkOptionError: the checkpoint is the output folder or below it (the message names a
+            place next to it).
+    """
+    if checkpoint is None:
+        return
+    out, ckpt = _where(output), _where(checkpoint)
+    if ckpt == out or ckpt.startswith(f"{out}/"):
+        where = "is the output folder" if ckpt == out else f"is inside the output {output}"
+        raise SinkOptionError(
+            f"--checkpoint {checkpoint} {where}, which holds only the sink's tables; put the "
+            f"checkpoint next to it (e.g. --checkpoint {output.rstrip('/')}-ckpt)"
+        )
 
 
 def check_output(options: SinkOptions, checkpoint: str | None) -> Output:
@@ -22,6 +50,7 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> Output:
     output, checked, when it may be written.
 
     Raises:
+        SinkOptionError: the checkpoint is the output folder or inside it.
         NotPidfenceTable: another writer's Delta table, the other kind, or stray files.
         SchemaChanged: a column the sink writes was removed or retyped.
         TableGone: the checkpoint committed batches, and the Delta table is gone.
@@ -30,6 +59,7 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> Output:
             no store answered.
         StoreIgnoresConditions: the output's object store ignores conditional puts.
     """
+    check_apart(options.path, checkpoint)
     if is_s3(options.path):  # before pyarrow's S3 file system, which asks for the region
         conditional.reach(options.path, options.path)
     output = Output(options.path, options.rejects_path, NO_OWNER)
@@ -49,4 +79,4 @@ def records_to_read(
     )
 
 
-__all__ = ["check_output", "records_to_read"]
+__all__ = ["check_apart", "check_output", "records_to_read"]
