@@ -58,9 +58,6 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
     return check(entries, log, rejected, written, gaps)
 
 
-__all__ = ["verify_output"]
-
-
 def _reach_stores(*paths: str | None) -> None:
     """A missing bucket, refused credentials or no store at the endpoint, said with its fix
     before any read (delta-rs would only say "Generic S3 error").
@@ -77,3 +74,6 @@ def _reach_stores(*paths: str | None) -> None:
                 reach(path, path)
             except StoreUnusable as exc:
                 raise OutputUnreadable(f"cannot read the output: {exc}") from exc
+
+
+__all__ = ["verify_output"]
