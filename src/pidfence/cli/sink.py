@@ -32,7 +32,7 @@ from pidfence.cli.exits import (
 )
 from pidfence.cli.extras import require
 from pidfence.cli.keys import key_paths
-from pidfence.cli.storage import StorageOption, apply_storage_options, reach_stores
+from pidfence.cli.storage import StorageOption, apply_storage_options
 
 
 class StartingOffsets(StrEnum):
@@ -324,6 +324,7 @@ def _register_care(group: typer.Typer) -> None:
         replaced files stay until a vacuum after the retention period. Safe while the sink runs.
         Exit 3 when PATH is not a pidfence Delta output.
         """
+        from pidfence.spark_sink.conditional import reach_stores
         from pidfence.spark_sink.delta import care
 
         with exit_cleanly("sink compact"):
@@ -369,6 +370,7 @@ def _register_care(group: typer.Typer) -> None:
         """
         from deltalake.exceptions import DeltaError
 
+        from pidfence.spark_sink.conditional import reach_stores
         from pidfence.spark_sink.delta import care
         from pidfence.spark_sink.sweep import sweep
 

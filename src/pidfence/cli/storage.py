@@ -29,19 +29,3 @@ def apply_storage_options(pairs: list[str] | None) -> dict[str, str]:
     options = object_store.storage_options(pairs or [])
     object_store.apply(options)
     return options
-
-
-def reach_stores(*paths: str | None) -> None:
-    """Refuse an ``s3://`` path whose store cannot be used (no bucket, refused credentials, no
-    store at the endpoint) in one line naming the fix, before delta-rs reads anything (it would
-    only say "Generic S3 error").
-
-    Raises:
-        StoreUnusable: the store of one of ``paths`` cannot be used.
-    """
-    from pidfence.spark_sink.conditional import reach
-    from pidfence.spark_sink.object_store import is_s3
-
-    for path in paths:
-        if path is not None and is_s3(path):
-            reach(path, path)

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from pidfence.spark_sink.errors import SinkError
 from pidfence.spark_sink.jvm_cause import fix_for
+from pidfence.spark_sink.object_store import is_s3
 
 #: How often a put that met a concurrent conditional write (409) is tried again.
 _CONFLICT_RETRIES = 5
@@ -169,6 +170,18 @@ def reach(bucket_path: str, where: str) -> None:
         raise StoreUnusable(f"{where} (store {endpoint}): {exc}; {_fix(str(exc))}") from exc
 
 
+def reach_stores(*paths: str | None) -> None:
+    """:func:`reach` the store of each ``s3://`` or ``s3a://`` path among ``paths`` (the others,
+    and None, are skipped), each named as given.
+
+    Raises:
+        StoreUnusable: the store of one of ``paths`` cannot be used.
+    """
+    for path in paths:
+        if path is not None and is_s3(path):
+            reach(path, path)
+
+
 def probe(bucket_path: str, where: str) -> None:
     """Put one fresh key twice, conditionally: the second must be refused.
 
@@ -210,4 +223,5 @@ __all__ = [
     "put",
     "put_if_absent",
     "reach",
+    "reach_stores",
 ]

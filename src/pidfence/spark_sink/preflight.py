@@ -60,8 +60,7 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> Output:
         StoreIgnoresConditions: the output's object store ignores conditional puts.
     """
     check_apart(options.path, checkpoint)
-    if is_s3(options.path):  # before pyarrow's S3 file system, which asks for the region
-        conditional.reach(options.path, options.path)
+    conditional.reach_stores(options.path)  # before pyarrow's S3 file system asks the region
     output = Output(options.path, options.rejects_path, NO_OWNER)
     check_tables(output.log, output.rejects, lambda: checkpoint_committed(checkpoint))
     owner.check_owner(output.own, checkpoint)

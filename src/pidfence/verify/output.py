@@ -65,15 +65,12 @@ def _reach_stores(*paths: str | None) -> None:
     Raises:
         OutputUnreadable: an ``s3://`` path's store cannot be used.
     """
-    from pidfence.spark_sink.conditional import StoreUnusable, reach
-    from pidfence.spark_sink.object_store import is_s3
+    from pidfence.spark_sink.conditional import StoreUnusable, reach_stores
 
-    for path in paths:
-        if path is not None and is_s3(path):
-            try:
-                reach(path, path)
-            except StoreUnusable as exc:
-                raise OutputUnreadable(f"cannot read the output: {exc}") from exc
+    try:
+        reach_stores(*paths)
+    except StoreUnusable as exc:
+        raise OutputUnreadable(f"cannot read the output: {exc}") from exc
 
 
 __all__ = ["verify_output"]
