@@ -375,3 +375,33 @@ def test_a_rollover_commits_the_successor_with_the_offset_of_the_record_it_sends
     at = log.index("roll")
     assert log[at - 1 : at + 3] == ["produce 0:1", "roll", "commit 0 at 2", "produce 0:2"]
     assert member.committed(0)[1].pid == 99  # the successor, committed again at the end
+
+
+def test_a_member_woken_from_a_pause_longer_than_its_idle_exit_waits_for_the_group() -> None:
+    """The chaos flake of session 11: paused (SIGSTOP) past both its session timeout and
+    ``idle_exit_s``, the member wakes, finds its task fenced by the partition's new owner at the
+    first idle checkpoint, and drops it. The pause is not idleness in which the partition could
+    not be opened: the member waits for the group to tell it the partition is gone (lost), and
+    ends once the new owner has committed, instead of exiting 75."""
+    member = Member([("assign", [0]), records(0, range(2))])
+    paused_s = 9.0
+
+    def pause_and_be_fenced() -> None:
+        member.clock.now += paused_s
+        member.producers[0].refuse = True  # the new owner bumped the pid meanwhile
+
+    def the_new_owner_commits() -> None:
+        member.consumer.commits[0] = (2, "")
+
+    member.consumer.script += [
+        ("call", [pause_and_be_fenced]),
+        ("lost", [0]),
+        ("call", [the_new_owner_commits]),
+        *[("records", [])] * 40,
+    ]
+    result = member.group.run()
+    # The refused bump was the task's last act; nothing was committed after it.
+    assert member.consumer.log[-2:] == ["bump", "close"] and member.producers[0].closed
+    assert len(member.producers) == 1  # never opened again: the group took the partition away
+    assert result.per_partition == {0: 2}
+    assert member.consumer.commits[0] == (2, "")

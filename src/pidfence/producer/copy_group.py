@@ -65,7 +65,8 @@ class CommitFailed(ProducerError):
 
 
 class PartitionsNotCopied(ProducerError):
-    """Partitions assigned to this member could not be opened before it went idle."""
+    """Partitions assigned to this member could not be opened for ``idle_exit_s`` while it
+    was idle."""
 
     retriable = True
 
@@ -117,9 +118,10 @@ class CopyGroup:
         self._consumer: Any = None
         #: Open tasks by partition: exactly the partitions this consumer fetches.
         self.tasks: dict[int, CopyTask] = {}
-        #: Assigned partitions without a task: when to try opening each again, and why not yet.
+        #: Assigned partitions without a task: when to try opening each again, and since when
+        #: and why not yet.
         self._retry: dict[int, float] = {}
-        self._why: dict[int, Exception] = {}
+        self._why: dict[int, tuple[float, Exception]] = {}
         self._copied: dict[int, int] = {}
         self._offsets: dict[int, int] = {}
         self._resumed = False
@@ -218,11 +220,17 @@ class CopyGroup:
         if not spec.idle_exit_s or not self._assigned or now - self._active < spec.idle_exit_s:
             return False
         if self._why:
-            partition, error = next(iter(self._why.items()))
-            raise PartitionsNotCopied(
-                f"partitions {sorted(self._why)} of {spec.from_topic} are assigned here but "
-                f"could not be opened (partition {partition}: {error}); retry"
-            )
+            # Only a partition that stayed unopened for idle_exit_s ends the member: one just
+            # dropped (a member woken from a pause finds its task fenced) is usually being taken
+            # away by the group, whose callback comes with a later consume().
+            stuck = {p: e for p, (since, e) in self._why.items() if now - since >= spec.idle_exit_s}
+            if stuck:
+                partition, error = next(iter(stuck.items()))
+                raise PartitionsNotCopied(
+                    f"partitions {sorted(stuck)} of {spec.from_topic} are assigned here but "
+                    f"could not be opened (partition {partition}: {error}); retry"
+                )
+            return False
         if now < self._done_check:
             return False
         self._done_check = now + 1.0
@@ -325,9 +333,14 @@ class CopyGroup:
     def _open_later(self, partition: int, error: Exception) -> bool:
         """Schedule another try at opening ``partition``; False (not opened)."""
         log.warning("partition %d not opened (%s); trying again soon", partition, error)
-        self._retry[partition] = self._clock() + RETRY_S
-        self._why[partition] = error
+        self._not_yet(partition, error)
         return False
+
+    def _not_yet(self, partition: int, error: Exception) -> None:
+        """Try opening ``partition`` again ``RETRY_S`` from now; keep when it began failing."""
+        now = self._clock()
+        self._retry[partition] = now + RETRY_S
+        self._why[partition] = (self._why.get(partition, (now, error))[0], error)
 
     def _reopen_due(self, consumer: Any) -> None:
         now = self._clock()
@@ -345,8 +358,7 @@ class CopyGroup:
         consumer.incremental_unassign(
             [confluent_kafka.TopicPartition(self.spec.from_topic, task.partition)]
         )
-        self._retry[task.partition] = self._clock() + RETRY_S
-        self._why[task.partition] = error
+        self._not_yet(task.partition, error)
 
     def _release(self, task: CopyTask, *, commit: bool) -> None:
         self.tasks.pop(task.partition, None)
