@@ -28,7 +28,6 @@ class FaultKind(StrEnum):
 
     KILL = "kill"  # SIGKILL, then start again (a producer resumes from its --state)
     PAUSE = "pause"  # SIGSTOP for the step's duration, then SIGCONT
-    RESTART = "restart"  # stop gracefully, start again
     JOIN = "join"  # start one more member of a group (a copier group)
     LEAVE = "leave"  # a group member stops gracefully (SIGTERM: it hands its work over)
     ZOMBIE = "zombie"  # a producer paused past its replacement's bump, then woken
