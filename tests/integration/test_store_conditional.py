@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from pidfence.spark_sink import conditional
+from pidfence.spark_sink import s3_requests
 from pidfence.spark_sink.storage import Store
 from tests.fixtures.store import Bucket
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.integration]
 
 def test_racing_creates_of_one_key_have_one_winner(s3_bucket: Bucket) -> None:
     store = Store.at(f"s3a://{s3_bucket.name}/race")
-    conditional.probe(store.root, store.uri)  # the store honours If-None-Match
+    s3_requests.probe(store.root, store.uri)  # the store honours If-None-Match
     for trial in range(5):
         key, wins, start = store.join(f"k{trial}"), [], threading.Barrier(8)
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pidfence.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE, code_of
-from pidfence.spark_sink import conditional
+from pidfence.spark_sink import s3_requests
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.object_store import arrow_uri, is_s3, spark_conf, storage_options
 
@@ -68,9 +68,9 @@ class IgnoringStore:
 
 def test_a_store_that_ignores_if_none_match_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     store = IgnoringStore()
-    monkeypatch.setattr(conditional, "client", lambda: store)
-    with pytest.raises(conditional.StoreIgnoresConditions) as info:
-        conditional.probe("lake/out", "s3://lake/out")
+    monkeypatch.setattr(s3_requests, "client", lambda: store)
+    with pytest.raises(s3_requests.StoreIgnoresConditions) as info:
+        s3_requests.probe("lake/out", "s3://lake/out")
     assert code_of(info.value) == EXIT_UNAVAILABLE
     assert "If-None-Match" in str(info.value) and "SeaweedFS" in str(info.value)
     assert store.objects == {}  # the probe key is gone

@@ -324,8 +324,8 @@ def _register_care(group: typer.Typer) -> None:
         replaced files stay until a vacuum after the retention period. Safe while the sink runs.
         Exit 3 when PATH is not a pidfence Delta output.
         """
-        from pidfence.spark_sink.conditional import reach_stores
         from pidfence.spark_sink.delta import care
+        from pidfence.spark_sink.s3_requests import reach_stores
 
         with exit_cleanly("sink compact"):
             apply_storage_options(storage_option)
@@ -370,8 +370,8 @@ def _register_care(group: typer.Typer) -> None:
         """
         from deltalake.exceptions import DeltaError
 
-        from pidfence.spark_sink.conditional import reach_stores
         from pidfence.spark_sink.delta import care
+        from pidfence.spark_sink.s3_requests import reach_stores
         from pidfence.spark_sink.sweep import sweep
 
         verb = "would delete" if dry_run else "deleted"
@@ -478,13 +478,9 @@ def _run(
 
 
 def _line(exc: BaseException) -> str:
-    """The JVM's root cause and its fix when the error carries a Java stack, else its first
-    meaningful line."""
-    from pidfence.spark_sink.failure import first_line as meaningful
-    from pidfence.spark_sink.jvm_cause import explain
+    from pidfence.spark_sink.failure import summary
 
-    text = str(exc)
-    return explain(text) or meaningful(text) or type(exc).__name__
+    return summary(exc)
 
 
 def _stack(exc: BaseException | None, log_file: Path | None) -> None:

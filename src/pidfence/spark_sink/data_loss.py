@@ -64,14 +64,14 @@ def lost_ranges(
     return lost
 
 
-def data_lost(ranges: list[LostRange], option: str = "--allow-data-loss") -> DataLost:
+def data_lost(ranges: list[LostRange]) -> DataLost:
     """The error naming every lost range and the option that continues."""
     shown = ", ".join(r.human() for r in ranges[:5])
     more = f" and {len(ranges) - 5} more partitions" if len(ranges) > 5 else ""
     return DataLost(
         f"Kafka deleted records before the sink read them ({shown}{more}: retention ran while "
-        f"the sink was stopped); rerun with {option} to continue after them, with the gap "
-        "reported and the producers met there adopted"
+        "the sink was stopped); rerun with --allow-data-loss to continue after them, with the "
+        "gap reported and the producers met there adopted"
     )
 
 

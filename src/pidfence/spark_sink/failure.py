@@ -25,7 +25,7 @@ from pidfence.wire import PidfenceError
 _CAUSE: Final = re.compile(r"^\s*(pidfence(?:\.\w+)+)\.(\w+): (.*)$", re.MULTILINE)
 #: Spark failures that a rerun from the same checkpoint meets again.
 _PERMANENT: Final = re.compile(
-    r"KAFKA_DATA_LOSS|Some data may have been lost|INCOMPATIBLE_DATA_FOR_TABLE|"
+    r"INCOMPATIBLE_DATA_FOR_TABLE|"
     r"STREAM_FAILED.*(?:checkpoint|metadata) .*(?:corrupt|incompatible)",
     re.IGNORECASE,
 )
@@ -96,6 +96,13 @@ def first_line(text: str) -> str:
     return ""
 
 
+def summary(exc: BaseException, text: str | None = None) -> str:
+    """One line for an error: the JVM's root cause and its fix when ``text`` (default: the
+    error's message) carries a Java stack, else its first meaningful line."""
+    text = str(exc) if text is None else text
+    return explain(text) or first_line(text) or type(exc).__name__
+
+
 def failure_of(exc: BaseException) -> PidfenceError:
     """The error that ended a query: the sink's own if one is inside ``exc``, else Spark's.
 
@@ -113,7 +120,7 @@ def failure_of(exc: BaseException) -> PidfenceError:
     cause = cause_in(text)
     if cause is not None:
         return cause
-    line = explain(text) or first_line(text) or type(exc).__name__
+    line = summary(exc, text)
     if is_spark_data_loss(text):
         return DataLost(
             "Kafka deleted records before the sink read them (retention overtook the sink): "

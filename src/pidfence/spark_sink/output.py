@@ -102,8 +102,6 @@ class Output:
         path: the sink's ``path`` (the log table's root).
         rejects_path: the sink's ``rejectsPath`` (the rejects table's root).
         query_id: the streaming query's id: the Delta transaction ids' app id.
-        storage_options: deltalake's storage options (see :class:`~.storage.Store`: the
-            sink's own requests read the AWS environment instead).
         epoch: the epoch of this instance's claim on the output (0: unfenced).
     """
 
@@ -112,12 +110,11 @@ class Output:
         path: str,
         rejects_path: str,
         query_id: str,
-        storage_options: dict[str, str] | None = None,
         epoch: int = 0,
     ) -> None:
         self.epoch = epoch
-        self.log = Store.at(path.rstrip("/"), storage_options)
-        self.rejects = Store.at(rejects_path.rstrip("/"), storage_options)
+        self.log = Store.at(path.rstrip("/"))
+        self.rejects = Store.at(rejects_path.rstrip("/"))
         #: The sink's own files: ``P/_pidfence``.
         self.own = self.log.child(OWN_DIR)
         self.query_id = query_id
@@ -172,9 +169,7 @@ class Output:
         try:
             for kind in kinds:
                 store = self.table(kind)
-                dt = cached_table(
-                    store.uri, kind, create=False, storage_options=store.storage_options
-                )
+                dt = cached_table(store.uri, kind, create=False)
                 check_table(dt, kind, store.uri)
                 # A kept table whose log was deleted still answers from memory.
                 check_log(store, dt.version())
@@ -187,9 +182,7 @@ class Output:
     def _table(self, kind: TableKind, create: bool = True) -> DeltaTable:
         if kind not in self._tables:
             store = self.table(kind)
-            self._tables[kind] = cached_table(
-                store.uri, kind, create=create, storage_options=store.storage_options
-            )
+            self._tables[kind] = cached_table(store.uri, kind, create=create)
         return self._tables[kind]
 
     def _tip(self) -> Tip:
@@ -462,7 +455,6 @@ def open_output(
     path: str,
     rejects_path: str,
     query_id: str,
-    storage_options: dict[str, str] | None = None,
     committed_before: bool = False,
 ) -> Output:
     """An :class:`Output` with both tables created-or-opened (refusals happen here).
@@ -470,7 +462,7 @@ def open_output(
     Args:
         committed_before: the query's checkpoint says it committed batches already.
     """
-    output = Output(path, rejects_path, query_id, storage_options)
+    output = Output(path, rejects_path, query_id)
     output.open(committed_before)
     return output
 

@@ -1,6 +1,7 @@
 """One partition's batch through the broker rules: Kafka rows in, log rows and rejects out.
 
-Pure computation on Arrow tables (no Spark, no I/O), so it is unit-tested directly. Besides the
+Computation on Arrow tables (no Spark; no I/O but the injected gap authority's questions to
+the lease servers), so it is unit-tested directly. Besides the
 log and the rejects, a batch commits the records still held for reordering at its end (``held``),
 so the committed output alone determines the partition's state (DESIGN §4 amended). Rejects and
 held records keep their raw ``pf`` header in an extra ``pf`` column for exact replays. What a
@@ -24,9 +25,14 @@ from pidfence.spark_sink.gaps import GapReport, seq_gaps, unread_offsets
 from pidfence.spark_sink.record_macs import mac_forged
 from pidfence.spark_sink.schema import HEADERS_TYPE, HELD_SCHEMA, LOG_SCHEMA, TS_TYPE
 from pidfence.spark_sink.state import HeldRow, PartitionState
-from pidfence.wire import MAC_HEADER_KEY, PF_HEADER_KEY, RecordMacCheck, Verdict
+from pidfence.wire import (
+    CERT_HEADER_KEY,
+    MAC_HEADER_KEY,
+    PF_HEADER_KEY,
+    RecordMacCheck,
+    Verdict,
+)
 
-CERT_HEADER_KEY: Final = "pfc"
 _BUFFERED: Final = CODE_OF[Verdict.BUFFERED]
 #: Per verdict code: does a record with it go to the rejects (not appended, not held)?
 _DROPPED: Final = np.ones(256, dtype=bool)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pidfence.spark_sink import conditional, owner
+from pidfence.spark_sink import owner, s3_requests
 from pidfence.spark_sink.checkpoint import checkpoint_committed
 from pidfence.spark_sink.delta.table import check_tables
 from pidfence.spark_sink.errors import SinkOptionError
@@ -60,12 +60,12 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> Output:
         StoreIgnoresConditions: the output's object store ignores conditional puts.
     """
     check_apart(options.path, checkpoint)
-    conditional.reach_stores(options.path)  # before pyarrow's S3 file system asks the region
+    s3_requests.reach_stores(options.path)  # before pyarrow's S3 file system asks the region
     output = Output(options.path, options.rejects_path, NO_OWNER)
     check_tables(output.log, output.rejects, lambda: checkpoint_committed(checkpoint))
     owner.check_owner(output.own, checkpoint)
     if is_s3(options.path):
-        conditional.probe(output.log.root, options.path)
+        s3_requests.probe(output.log.root, options.path)
     return output
 
 

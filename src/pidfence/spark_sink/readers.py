@@ -27,8 +27,6 @@ def read_table(
     path: str,
     kind: TableKind,
     where: pc.Expression | None = None,
-    *,
-    storage_options: dict[str, str] | None = None,
 ) -> pa.Table:
     """A table's current rows in the sink's schema, with columns others added after it (no rows
     while the table does not exist).
@@ -39,7 +37,7 @@ def read_table(
         where: a filter (pushed down to the files' statistics).
     """
     try:
-        dt = open_table(path, kind, create=False, storage_options=storage_options, reading=True)
+        dt = open_table(path, kind, create=False, reading=True)
     except TableNotFoundError:
         return schema_of(kind).empty_table()
     table = dt.to_pyarrow_dataset().to_table(filter=where)

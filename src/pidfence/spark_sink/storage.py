@@ -8,7 +8,7 @@ renames: on a local disk a put goes through a temporary file and ``os.replace`` 
 sees half of it, and put-if-absent through ``link()``, which fails when the name exists. On S3,
 put-if-absent is a conditional put (``If-None-Match: *``, through boto3: pyarrow's S3 file system
 has none), which the store answers 412 when the key exists; put, read, delete and the Parquet
-files go through boto3 too, one request each (:mod:`~pidfence.spark_sink.conditional`), and
+files go through boto3 too, one request each (:mod:`~pidfence.spark_sink.s3_requests`), and
 nothing creates folders there: an object store has none.
 """
 
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pidfence.spark_sink import conditional
+from pidfence.spark_sink import s3_requests
 from pidfence.spark_sink.object_store import arrow_uri, is_remote
 
 #: Columns with a handful of values per file; only these get Parquet dictionary encoding, which
@@ -61,31 +61,30 @@ class Store:
         fs: the file system.
         root: the folder as ``fs`` names it; every path a method takes is :meth:`join`'s.
         uri: the folder as deltalake names it (a local path, or the URI it was given).
-        storage_options: deltalake's storage options for it (credentials, endpoint): they
-            reach deltalake only. The store's own S3 requests (boto3) and pyarrow's S3 file
-            system read the standard AWS environment, which is where ``pidfence sink
-            --storage-option`` puts them (:mod:`~pidfence.spark_sink.object_store`).
+
+    Credentials and the endpoint come from the standard AWS environment, which deltalake, boto3
+    and pyarrow's S3 file system all read, and where ``pidfence sink --storage-option`` puts
+    them (:mod:`~pidfence.spark_sink.object_store`).
     """
 
     fs: pafs.FileSystem
     root: str
     uri: str
-    storage_options: dict[str, str] | None = None
 
     @classmethod
-    def at(cls, path: str, storage_options: dict[str, str] | None = None) -> Store:
+    def at(cls, path: str) -> Store:
         """A local path or a URI (``file://``, ``s3://``, ``s3a://``, ``gs://`` …)."""
         if is_remote(path):
             uri = arrow_uri(path).rstrip("/")
             fs, root = pafs.FileSystem.from_uri(uri)
-            return cls(fs, root.rstrip("/"), uri, storage_options)
+            return cls(fs, root.rstrip("/"), uri)
         local = os.path.abspath(path.removeprefix("file://"))
-        return cls(pafs.LocalFileSystem(), local, local, storage_options)
+        return cls(pafs.LocalFileSystem(), local, local)
 
     def child(self, *parts: str) -> Store:
         """The folder ``parts`` below this one, as a store of its own."""
         sub = "/".join(parts)
-        return Store(self.fs, self.join(sub), f"{self.uri}/{sub}", self.storage_options)
+        return Store(self.fs, self.join(sub), f"{self.uri}/{sub}")
 
     @property
     def s3(self) -> bool:
@@ -157,14 +156,14 @@ class Store:
     def read(self, path: str) -> bytes:
         """A whole file."""
         if self.s3:
-            return conditional.get(path)
+            return s3_requests.get(path)
         with self.fs.open_input_stream(path) as stream:
             return bytes(stream.read())
 
     def put(self, path: str, data: bytes) -> None:
         """Write or replace a file durably; readers see the old or the new bytes, never a mix."""
         if self.s3:
-            conditional.put(path, data)
+            s3_requests.put(path, data)
             return
         parent = path.rpartition("/")[0]
         self.fs.create_dir(parent, recursive=True)
@@ -185,11 +184,11 @@ class Store:
 
         Locally the bytes are hard-linked into place from a temporary file: link() fails if the
         name exists, and readers never see a half-written file. On S3 it is a conditional put
-        (:func:`~pidfence.spark_sink.conditional.put_if_absent`). On another object store it is
+        (:func:`~pidfence.spark_sink.s3_requests.put_if_absent`). On another object store it is
         a check then a put, atomic only for a single writer.
         """
         if self.s3:
-            return conditional.put_if_absent(path, data)
+            return s3_requests.put_if_absent(path, data)
         parent = path.rpartition("/")[0]
         self.fs.create_dir(parent, recursive=True)
         if not self.local:
@@ -211,7 +210,7 @@ class Store:
     def delete(self, path: str) -> None:
         """Remove a file if present."""
         if self.s3:
-            conditional.delete(path)
+            s3_requests.delete(path)
             return
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(path)
@@ -221,7 +220,7 @@ class Store:
         if self.s3:
             buffer = pa.BufferOutputStream()
             write_parquet(table, buffer, None, compression)
-            conditional.put(path, buffer.getvalue().to_pybytes())
+            s3_requests.put(path, buffer.getvalue().to_pybytes())
             return
         self.fs.create_dir(path.rpartition("/")[0], recursive=True)
         write_parquet(table, path, self.fs, compression)
@@ -234,7 +233,7 @@ class Store:
         flush per batch, where a fsync per file cost about 35 ms per partition per batch).
         """
         if self.s3:
-            conditional.put(path, data)
+            s3_requests.put(path, data)
             return
         self.fs.create_dir(path.rpartition("/")[0], recursive=True)
         with self.fs.open_output_stream(path) as stream:
@@ -263,7 +262,7 @@ class Store:
         much on the small files a state rebuild reads by the thousand (600 vs 260 µs each).
         """
         if self.s3:
-            return pq.ParquetFile(pa.BufferReader(conditional.get(path))).read()
+            return pq.ParquetFile(pa.BufferReader(s3_requests.get(path))).read()
         with self.fs.open_input_file(path) as source:
             return pq.ParquetFile(source).read()
 

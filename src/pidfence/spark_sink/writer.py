@@ -87,7 +87,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         # so the first batch's tasks find them (unless the query committed batches before: then
         # a missing table is a lost one).
         output = open_output(
-            options.path, options.rejects_path, query_id or NO_OWNER, None, committed_before
+            options.path, options.rejects_path, query_id or NO_OWNER, committed_before
         )
         if query_id is not None:
             # Spark builds a writer at start and again in the process that runs commit(), so

@@ -65,7 +65,7 @@ def _reach_stores(*paths: str | None) -> None:
     Raises:
         OutputUnreadable: an ``s3://`` path's store cannot be used.
     """
-    from pidfence.spark_sink.conditional import StoreUnusable, reach_stores
+    from pidfence.spark_sink.s3_requests import StoreUnusable, reach_stores
 
     try:
         reach_stores(*paths)

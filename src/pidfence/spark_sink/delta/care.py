@@ -1,10 +1,10 @@
 """Table care of the pidfence Delta tables: compaction, vacuum, log checkpoints.
 
-None of these touches a file of an uncommitted batch: staged files live under ``_pidfence/``
-(Delta ignores paths starting with ``_``), compaction rewrites only files the Delta log adds,
-the default (lite) vacuum deletes only files the log removed, and the full vacuum — which also
-deletes files no commit ever added — keeps every file of a batch its query has not committed
-yet (a batch whose files were moved into ``data/`` just before a crash).
+None of these touches a file of an uncommitted batch (its tasks write it straight to
+``data/QUERY/BATCH/``, and the batch's commit adds it): compaction rewrites only files the Delta
+log adds, the default (lite) vacuum deletes only files the log removed, and the full vacuum,
+which also deletes files no commit ever added, keeps every file of a batch its query has not
+committed yet.
 
 Checkpoints of the Delta log are written after the sink's commits at the table's
 ``delta.checkpointInterval`` (Delta Lake's default, 10: :mod:`checkpoints`); :func:`checkpoint`
@@ -32,7 +32,6 @@ def compact(
     kind: TableKind = "log",
     *,
     target_size: int | None = None,
-    storage_options: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Rewrite small committed files into files of about ``target_size`` bytes.
 
@@ -40,7 +39,7 @@ def compact(
     vacuum past the retention period. Returns deltalake's metrics (``numFilesAdded``,
     ``numFilesRemoved`` …).
     """
-    dt = open_table(path, kind, create=False, storage_options=storage_options)
+    dt = open_table(path, kind, create=False)
     return dt.optimize.compact(target_size=target_size, commit_properties=marker())
 
 
@@ -68,7 +67,6 @@ def vacuum(
     full: bool = False,
     dry_run: bool = False,
     enforce_retention: bool = True,
-    storage_options: dict[str, str] | None = None,
 ) -> list[str]:
     """Delete files the table no longer needs; returns them (relative to the table root).
 
@@ -81,8 +79,8 @@ def vacuum(
         dry_run: only list.
         enforce_retention: refuse a retention below the table's minimum (deltalake's check).
     """
-    table = Store.at(path, storage_options)
-    dt = open_table(path, kind, create=False, storage_options=storage_options)
+    table = Store.at(path)
+    dt = open_table(path, kind, create=False)
     if not full:
         found = dt.vacuum(
             retention_hours,
@@ -111,9 +109,9 @@ def vacuum(
     return doomed
 
 
-def checkpoint(path: str, kind: TableKind = "log", **kwargs: Any) -> int:
+def checkpoint(path: str, kind: TableKind = "log") -> int:
     """Write a Delta log checkpoint at the current version now; returns that version."""
-    dt = open_table(path, kind, create=False, storage_options=kwargs.get("storage_options"))
+    dt = open_table(path, kind, create=False)
     dt.create_checkpoint()
     return dt.version()
 

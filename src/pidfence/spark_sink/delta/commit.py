@@ -119,7 +119,7 @@ def commit_files(
         NotPidfenceTable: the path holds something else.
     """
     try:
-        dt = cached_table(table.uri, kind, create=False, storage_options=table.storage_options)
+        dt = cached_table(table.uri, kind, create=False)
     except TableNotFoundError as exc:
         raise TableGone(
             f"{table.uri}: the Delta table the sink commits to is gone; batch {batch_id} cannot "

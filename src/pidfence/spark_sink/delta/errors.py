@@ -56,9 +56,9 @@ class DeltaCommitConflict(DeltaTableError):
 
 
 class StagedFileMissing(DeltaTableError):
-    """A file the batch staged is gone (neither staged nor in place); nothing was committed.
+    """A file the batch's tasks wrote is gone before its commit; nothing was committed.
 
-    Retriable: re-running the whole batch (its ``write()`` tasks too) stages the file again.
+    Retriable: re-running the whole batch (its ``write()`` tasks too) writes the file again.
     """
 
     retriable: ClassVar[bool] = True

@@ -9,8 +9,9 @@ only for what it cannot continue from:
 * its columns removed or retyped (:class:`SchemaChanged`);
 * a RESTORE that took the table back to before its last committed batch
   (:class:`RestoredPastSink`): the batch's rows are gone while the sink's state and Spark's
-  checkpoint say they are there;
-* the table gone (:class:`TableGone`).
+  checkpoint say they are there.
+
+A table gone (:class:`TableGone`) is found by :mod:`~pidfence.spark_sink.delta.commit`.
 
 Each message names the commit version, its operation and what to do.
 """

@@ -6,9 +6,9 @@ marks it as ours: the configuration holds ``pidfence.table`` (``log`` or ``rejec
 ``pidfence.writer`` in its commit info. :func:`open_table` refuses a path holding anything else
 (another schema, another writer's Delta table, stray files) before a single byte is written.
 
-pidfence keeps its own files under the table root in ``_pidfence/`` (staged batch files,
-per-partition producer state): Delta readers, writers and ``VACUUM`` ignore paths starting
-with ``_``, so nothing there is ever read as table data or deleted by table care.
+pidfence keeps its own files under the table root in ``_pidfence/`` (batch manifests, the
+partitions' producer state and held records): Delta readers, writers and ``VACUUM`` ignore
+paths starting with ``_``, so nothing there is ever read as table data or deleted by table care.
 """
 
 from __future__ import annotations
@@ -199,7 +199,6 @@ def open_table(
     kind: TableKind,
     *,
     create: bool = True,
-    storage_options: dict[str, str] | None = None,
     reading: bool = False,
 ) -> DeltaTable:
     """The pidfence Delta table of ``kind`` at ``path``, created when absent (if ``create``).
@@ -214,9 +213,9 @@ def open_table(
         SchemaChanged: a column the sink writes was removed or retyped (not when reading).
         TableNotFoundError: no table there and ``create`` is False.
     """
-    root = Store.at(path, storage_options)
+    root = Store.at(path)
     try:
-        dt = DeltaTable(root.uri, storage_options=storage_options)
+        dt = DeltaTable(root.uri)
     except TableNotFoundError:
         if not create:
             raise
@@ -232,13 +231,12 @@ def open_table(
                     FORMAT_KEY: FORMAT_VERSION,
                     "delta.logRetentionDuration": LOG_RETENTION,
                 },
-                storage_options=storage_options,
                 commit_properties=marker(),
                 raise_if_key_not_exists=False,
             )
         except Exception as exc:  # noqa: BLE001 - a concurrent creator won: open theirs
             try:
-                dt = DeltaTable(root.uri, storage_options=storage_options)
+                dt = DeltaTable(root.uri)
             except TableNotFoundError:
                 raise exc from None
     if reading:
@@ -248,15 +246,15 @@ def open_table(
     return dt
 
 
-def check_path(path: str, kind: TableKind, storage_options: dict[str, str] | None = None) -> bool:
+def check_path(path: str, kind: TableKind) -> bool:
     """Whether ``path`` holds a pidfence table of ``kind`` (True) or may get one (False).
 
     Writes nothing. Raises :class:`NotPidfenceTable` like :func:`open_table` would, so a caller
     can check every table of a sink before creating any of them.
     """
-    root = Store.at(path, storage_options)
+    root = Store.at(path)
     try:
-        dt = DeltaTable(root.uri, storage_options=storage_options)
+        dt = DeltaTable(root.uri)
     except TableNotFoundError:
         _refuse_non_delta(root, kind)
         return False
@@ -274,8 +272,7 @@ def check_tables(log: Store, rejects: Store, committed: Callable[[], bool]) -> N
         SchemaChanged: a column the sink writes was removed or retyped.
         TableGone: a table is missing and ``committed()`` is true.
     """
-    found = [check_path(log.uri, "log", log.storage_options)]
-    found.append(check_path(rejects.uri, "rejects", rejects.storage_options))
+    found = [check_path(log.uri, "log"), check_path(rejects.uri, "rejects")]
     if not all(found) and committed():
         missing = log.uri if not found[0] else rejects.uri
         raise TableGone(
@@ -294,7 +291,6 @@ def cached_table(
     kind: TableKind,
     *,
     create: bool = True,
-    storage_options: dict[str, str] | None = None,
 ) -> DeltaTable:
     """:func:`open_table`, kept per process and brought up to date incrementally.
 
@@ -302,7 +298,7 @@ def cached_table(
     dozen commits); bringing a loaded one up to date reads only the new commits. Spark reuses its
     Python workers, so each executor and the driver pay the full load once per table.
     """
-    key = (Store.at(path, storage_options).uri, kind)
+    key = (Store.at(path).uri, kind)
     with _CACHE_LOCK:
         dt = _CACHE.get(key)
     if dt is not None:
@@ -314,13 +310,12 @@ def cached_table(
             # Columns are checked where they matter (a commit: history.check_shared).
             check_marker(dt, kind, key[0])
             return dt
-    dt = open_table(path, kind, create=create, storage_options=storage_options)
+    dt = open_table(path, kind, create=create)
     with _CACHE_LOCK:
         _CACHE[key] = dt
     return dt
 
 
-def holds_delta(path: str, storage_options: dict[str, str] | None = None) -> bool:
+def holds_delta(path: str) -> bool:
     """Whether ``path`` holds a Delta table."""
-    root = Store.at(path, storage_options)
-    return bool(DeltaTable.is_deltatable(root.uri, storage_options))
+    return bool(DeltaTable.is_deltatable(Store.at(path).uri))
