@@ -377,24 +377,34 @@ def test_a_rollover_commits_the_successor_with_the_offset_of_the_record_it_sends
     assert member.committed(0)[1].pid == 99  # the successor, committed again at the end
 
 
-def test_a_member_woken_from_a_pause_longer_than_its_idle_exit_waits_for_the_group() -> None:
-    """The chaos flake of session 11: paused (SIGSTOP) past both its session timeout and
-    ``idle_exit_s``, the member wakes, finds its task fenced by the partition's new owner at the
-    first idle checkpoint, and drops it. The pause is not idleness in which the partition could
-    not be opened: the member waits for the group to tell it the partition is gone (lost), and
-    ends once the new owner has committed, instead of exiting 75."""
+def test_a_member_paused_in_its_idle_checkpoint_and_fenced_there_waits_for_the_group() -> None:
+    """The chaos flake of session 11: a member is paused (SIGSTOP) past its session timeout and
+    ``idle_exit_s`` during its idle checkpoint's bump, which the partition's new owner has
+    fenced meanwhile, so it drops the task on waking. A task dropped just now is no partition
+    the member failed to open for ``idle_exit_s``: it waits for the group to take the
+    partition away (lost), and ends once the new owner has committed, instead of exiting 75."""
     member = Member([("assign", [0]), records(0, range(2))])
-    paused_s = 9.0
 
-    def pause_and_be_fenced() -> None:
-        member.clock.now += paused_s
-        member.producers[0].refuse = True  # the new owner bumped the pid meanwhile
+    class PausedInBump(FakeProducer):
+        def bump(self) -> ProducerCheckpoint:
+            member.clock.now += 9.0
+            self.refuse = True  # the new owner bumped the pid meanwhile
+            return super().bump()
+
+    opener = member.group._open_producer
+
+    def open_task(checkpoint: ProducerCheckpoint | None, output: Any) -> FakeProducer:
+        plain = opener(checkpoint, output)
+        paused = PausedInBump(plain.partition, plain.generation, plain.seq, log=plain.log)
+        member.producers[-1] = paused
+        return paused
 
     def the_new_owner_commits() -> None:
         member.consumer.commits[0] = (2, "")
 
+    member.group._open_producer = open_task
     member.consumer.script += [
-        ("call", [pause_and_be_fenced]),
+        *[("records", [])] * 6,  # quiet for IDLE_COMMIT_S: the tail checkpoint bumps
         ("lost", [0]),
         ("call", [the_new_owner_commits]),
         *[("records", [])] * 40,
@@ -405,3 +415,61 @@ def test_a_member_woken_from_a_pause_longer_than_its_idle_exit_waits_for_the_gro
     assert len(member.producers) == 1  # never opened again: the group took the partition away
     assert result.per_partition == {0: 2}
     assert member.consumer.commits[0] == (2, "")
+
+
+def test_a_pause_is_not_idleness_for_a_partition_that_was_failing_before_it() -> None:
+    """Partition 0 could not be opened (no lease server) just before the member was paused past
+    ``idle_exit_s`` inside ``consume()``; on waking, the group's lost callback comes a poll
+    later. The pause is no idle time in which the member tried again: it waits, learns the
+    partition is gone, and ends once the group has committed, instead of exiting 75."""
+    member = Member([("assign", [0])], idle_exit_s=5.0)
+    opener = member.group._open_producer
+
+    def down_once(checkpoint: ProducerCheckpoint | None, output: Any) -> FakeProducer:
+        from pidfence.producer import LeaseServerDown
+
+        if not member.producers:
+            member.producers.append(FakeProducer(0, 0, closed=True))  # the failed attempt
+            raise LeaseServerDown("no lease server answered")
+        return opener(checkpoint, output)
+
+    def pause() -> None:
+        member.clock.now += 9.0
+
+    def the_new_owner_commits() -> None:
+        member.consumer.commits[0] = (0, "")
+
+    member.group._open_producer = down_once
+    member.consumer.script += [
+        ("call", [pause]),
+        ("lost", [0]),
+        ("call", [the_new_owner_commits]),
+        *[("records", [])] * 40,
+    ]
+    member.group.run()  # ends once the group has committed, not with PartitionsNotCopied
+    assert all(p.closed for p in member.producers)
+
+
+def test_a_handover_whose_last_commit_fails_still_gives_the_partition_up() -> None:
+    """The revoked task's last checkpoint cannot be made (its FENCE was not acknowledged): the
+    task is closed and the partition unassigned all the same, so the group's rebalance
+    completes; the next owner copies again from the commit before."""
+    member = Member([("assign", [0]), records(0, range(2))])
+
+    def broker_gone() -> None:
+        def bump() -> ProducerCheckpoint:
+            raise BrokerUnavailable("the FENCE was not acknowledged in 60 s")
+
+        member.producers[0].bump = bump  # type: ignore[method-assign]
+
+    def the_next_owner_commits() -> None:
+        assert member.consumer.commits[0][0] == 0  # the opening commit stood
+        member.consumer.commits[0] = (2, "")
+
+    member.consumer.script += [
+        ("call", [broker_gone]),
+        ("revoke", [0]),
+        ("call", [the_next_owner_commits]),
+    ]
+    member.group.run()
+    assert member.producers[0].closed and 0 not in member.consumer.fetching

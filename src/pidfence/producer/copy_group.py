@@ -55,6 +55,9 @@ BATCH = 500
 #: Seconds without a record after which the member commits what its tasks copied since their
 #: last checkpoint (and a commit the group refused): the committed offsets stay current.
 IDLE_COMMIT_S = 1.0
+#: Seconds a ``consume()`` may overrun its timeout before the member counts that time as a
+#: stall (the process was paused, or rebalance callbacks ran long), not as idleness.
+STALL_S = 5.0
 
 
 class CommitFailed(ProducerError):
@@ -189,6 +192,7 @@ class CopyGroup:
         done = 0
         while (not spec.max_records or done < spec.max_records) and not self._stopping:
             self._reopen_due(consumer)
+            turn = self._clock()
             batch = consumer.consume(BATCH, spec.poll_s)
             for msg in batch:
                 error = msg.error()
@@ -206,6 +210,10 @@ class CopyGroup:
                 self._active = self._clock()
                 if on_progress is not None:
                     on_progress(done)
+            elif self._clock() - turn > spec.poll_s + STALL_S:
+                # A pause is no time in which the member tried and failed: idleness restarts,
+                # so a partition failing before it is tried again (or taken away) first.
+                self._active = self._clock()
             elif self._quiet(consumer):
                 break
 
@@ -362,18 +370,19 @@ class CopyGroup:
 
     def _release(self, task: CopyTask, *, commit: bool) -> None:
         self.tasks.pop(task.partition, None)
-        if commit:
-            try:
+        try:
+            if commit:
                 task.checkpoint()
-            except _TASK_ERRORS as exc:
-                log.warning(
-                    "partition %d handed over without a last commit (%s): its next owner "
-                    "copies again from the one before",
-                    task.partition,
-                    exc,
-                )
-        self._offsets[task.partition] = task.offset
-        task.close()
+        except (*_TASK_ERRORS, BrokerUnavailable) as exc:
+            log.warning(
+                "partition %d handed over without a last commit (%s): its next owner "
+                "copies again from the one before",
+                task.partition,
+                exc,
+            )
+        finally:
+            self._offsets[task.partition] = task.offset
+            task.close()
 
     def _store(self, partition: int, offset: int, checkpoint: ProducerCheckpoint) -> None:
         spec = self.spec
@@ -411,12 +420,15 @@ class CopyGroup:
 
     def _let_go(self, consumer: Any, partitions: list[Any], *, commit: bool) -> None:
         self._active = self._clock()
-        held = []
-        for tp in partitions:
-            self._retry.pop(tp.partition, None)
-            self._why.pop(tp.partition, None)
-            task = self.tasks.get(tp.partition)
-            if task is not None:
-                self._release(task, commit=commit)
-                held.append(tp)
-        consumer.incremental_unassign(held)
+        held = [tp for tp in partitions if tp.partition in self.tasks]
+        try:
+            for tp in partitions:
+                self._retry.pop(tp.partition, None)
+                self._why.pop(tp.partition, None)
+                task = self.tasks.get(tp.partition)
+                if task is not None:
+                    self._release(task, commit=commit)
+        finally:
+            # Even if a release failed: a revocation left unanswered stalls the group, and the
+            # consumer's close() with it.
+            consumer.incremental_unassign(held)
