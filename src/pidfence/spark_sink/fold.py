@@ -14,8 +14,10 @@ grow by one per :data:`WIDEST` batches (about 630 a month at a 1 s trigger), so 
 ``_pidfence/`` stay nearly flat.
 
 A held file or state chain that a partition's newest position still names is never deleted (an
-idle partition's last batch may be old). Readers of history (``read_written``, ``read_gaps``,
-``pidfence verify``, a state rebuild) read the segments, then the live batches.
+idle partition's last batch may be old). The driver's :func:`~pidfence.spark_sink.writer.fold`
+decides what to fold and delete; this module writes and reads the segments. Readers of history
+(``read_written``, ``read_gaps``, ``pidfence verify``, a state rebuild) read the segments, then
+the live batches.
 """
 
 from __future__ import annotations
