@@ -116,7 +116,7 @@ def build_query(
     Raises:
         SinkOptionError: a forbidden Kafka option.
     """
-    from pidfence.spark_sink import register
+    from pidfence.spark_sink.session import register
 
     bad = sorted(k for k in (kafka_options or {}) if k.lower() in SPLITTING_OPTIONS)
     if bad:

@@ -4,6 +4,7 @@ The sink is a Python data source (``format("pidfence")``): what a session needs 
 the Kafka connector's jars on the JVM side and pidfence installed wherever Python workers run.
 :func:`configure` adds the jars to a builder, as delta-spark's ``configure_spark_with_delta_pip``
 does; :func:`packages` names them by Maven coordinates for ``--packages`` and cluster libraries.
+:func:`register` then adds ``format("pidfence")`` to a session.
 """
 
 from __future__ import annotations
@@ -46,4 +47,25 @@ def configure(builder: Any, jars: str | Path | None = None, object_store: bool =
     return builder
 
 
-__all__ = ["configure", "packages"]
+def register(spark: Any) -> None:
+    """Register ``format("pidfence")`` with a SparkSession, and make it this thread's active one.
+
+    Spark looks Python data sources up through the JVM thread's active session; a session built
+    on another thread (e.g. started in the background while producers run) is not active here,
+    and ``start()`` would fail with ``DATA_SOURCE_NOT_FOUND``.
+    """
+    from pyspark.errors import AnalysisException
+
+    from pidfence.spark_sink.source import PidfenceDataSource
+
+    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    try:
+        spark.dataSource.register(PidfenceDataSource)
+    except AnalysisException as exc:
+        # Registering twice (a second register() on a session, or a JVM that already knows
+        # the source) is harmless: the class is the same. Anything else is a real failure.
+        if exc.getCondition() != "DATA_SOURCE_ALREADY_EXISTS":
+            raise
+
+
+__all__ = ["configure", "packages", "register"]
