@@ -294,20 +294,8 @@ def _with_non_idempotent(order: np.ndarray, verdict: np.ndarray) -> np.ndarray:
 
 
 def _held_row(base: pa.Table, i: int) -> HeldRow:
-    row = base.slice(i, 1).to_pylist()[0]
-    ts_us = int(base.column("timestamp").slice(i, 1).cast(pa.int64())[0].as_py())
-    return (
-        row["offset"],
-        row["key"],
-        row["value"],
-        ts_us,
-        row["pid"],
-        row["generation"],
-        row["seq"],
-        row["pf"],
-        row["timestampType"],
-        row["headers"],
-    )
+    ts_us = base.column("timestamp").slice(i, 1).cast(pa.int64())[0].as_py()
+    return HeldRow.of(base.slice(i, 1).to_pylist()[0], ts_us)
 
 
 def _held_table(held: list[HeldRow], topic: str, partition: int) -> pa.Table:
@@ -315,19 +303,19 @@ def _held_table(held: list[HeldRow], topic: str, partition: int) -> pa.Table:
     m = len(held)
     return pa.table(
         {
-            "key": pa.array([h[1] for h in held], pa.binary()),
-            "value": pa.array([h[2] for h in held], pa.binary()),
+            "key": pa.array([h.key for h in held], pa.binary()),
+            "value": pa.array([h.value for h in held], pa.binary()),
             "topic": pa.array([topic] * m, pa.string()),
             "partition": pa.array([partition] * m, pa.int32()),
-            "offset": pa.array([h[0] for h in held], pa.int64()),
-            "timestamp": pa.array([h[3] for h in held], pa.int64()).cast(TS_TYPE),
-            "timestampType": pa.array([h[8] for h in held], pa.int32()),
-            "headers": pa.array([h[9] for h in held], HEADERS_TYPE),
-            "pid": pa.array([h[4] for h in held], pa.int64()),
-            "generation": pa.array([h[5] for h in held], pa.int64()),
-            "seq": pa.array([h[6] for h in held], pa.int64()),
+            "offset": pa.array([h.offset for h in held], pa.int64()),
+            "timestamp": pa.array([h.timestamp_us for h in held], pa.int64()).cast(TS_TYPE),
+            "timestampType": pa.array([h.timestamp_type for h in held], pa.int32()),
+            "headers": pa.array([h.headers for h in held], HEADERS_TYPE),
+            "pid": pa.array([h.pid for h in held], pa.int64()),
+            "generation": pa.array([h.generation for h in held], pa.int64()),
+            "seq": pa.array([h.seq for h in held], pa.int64()),
             "log_offset": pa.nulls(m, pa.int64()),
-            "pf": pa.array([h[7] for h in held], pa.binary()),
+            "pf": pa.array([h.pf for h in held], pa.binary()),
         },
         schema=HELD_SCHEMA,
     )

@@ -14,7 +14,7 @@ state_files`; held payloads are committed with each batch (its ``held`` file).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -43,20 +43,38 @@ from pidfence.spark_sink.state_files import (
 from pidfence.spark_sink.storage import Store
 from pidfence.wire import Verdict
 
-#: (offset, key, value, timestamp_us, pid, generation, seq, raw pf header, timestampType,
-#: headers as Kafka's source gives them: a list of {"key", "value"} or None)
-HeldRow = tuple[
-    int,
-    bytes | None,
-    bytes | None,
-    int,
-    int,
-    int,
-    int,
-    bytes | None,
-    int | None,
-    list[dict[str, Any]] | None,
-]
+
+class HeldRow(NamedTuple):
+    """A record held for reordering, as the batch that holds it keeps it (ordered by offset)."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_us: int
+    pid: int
+    generation: int
+    seq: int
+    #: The raw ``pf`` header.
+    pf: bytes | None
+    timestamp_type: int | None
+    #: As Kafka's source gives them: a list of ``{"key", "value"}``, or None.
+    headers: list[dict[str, Any]] | None
+
+    @classmethod
+    def of(cls, row: dict[str, Any], timestamp_us: int) -> HeldRow:
+        """From a row of a batch (with its ``pf`` column) or of a held file."""
+        return cls(
+            int(row["offset"]),
+            row["key"],
+            row["value"],
+            int(timestamp_us),
+            int(row["pid"]),
+            int(row["generation"]),
+            int(row["seq"]),
+            row["pf"],
+            row["timestampType"],
+            row["headers"],
+        )
 
 
 @dataclass
@@ -174,22 +192,9 @@ def load_state(
 def _held_payloads(table: pa.Table | None) -> dict[int, HeldRow]:
     if table is None:
         return {}
-    rows: dict[int, HeldRow] = {}
     ts = table.column("timestamp").cast(pa.int64()).to_pylist()
-    for row, ts_us in zip(table.to_pylist(), ts, strict=True):
-        rows[int(row["offset"])] = (
-            int(row["offset"]),
-            row["key"],
-            row["value"],
-            int(ts_us),
-            int(row["pid"]),
-            int(row["generation"]),
-            int(row["seq"]),
-            row["pf"],
-            row["timestampType"],
-            row["headers"],
-        )
-    return rows
+    held = (HeldRow.of(row, ts_us) for row, ts_us in zip(table.to_pylist(), ts, strict=True))
+    return {row.offset: row for row in held}
 
 
 def _rebuild(
