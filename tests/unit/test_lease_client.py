@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from pidfence.pid_allocator import (
     lease_client_options,
 )
 from pidfence.pid_allocator.capability import SECRET_BYTES
+from pidfence.pid_allocator.client import parse_servers
 from pidfence.services.ports import free_port
 
 
@@ -100,10 +102,19 @@ def test_unavailable_is_retried_then_raised(
         assert bumped.generation == lease.generation + 1
 
 
-@pytest.mark.parametrize("servers", ["", "localhost", "h:notaport", "h:0", ":80", []])
+@pytest.mark.parametrize("servers", ["", "localhost", "h:notaport", "h:0", ":80", "[]:80", []])
 def test_bad_server_lists_are_refused(servers: str | list[str]) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         LeaseClient(servers)
+
+
+def test_a_server_list_takes_hosts_as_the_server_listens_on_them() -> None:
+    """An IPv6 host in brackets, as ``lease-server --listen [::1]:7070`` takes it."""
+    assert parse_servers("[::1]:7070, lease-a:7071,10.0.0.5:7072") == [
+        ("::1", 7070),
+        ("lease-a", 7071),
+        ("10.0.0.5", 7072),
+    ]
 
 
 def test_client_options_from_files_and_environment(tmp_path: Path) -> None:
@@ -121,3 +132,22 @@ def test_client_options_from_files_and_environment(tmp_path: Path) -> None:
     token_file.chmod(0o644)
     with pytest.raises(SecretFileError, match="chmod 600"):
         lease_client_options(token_file, env={})
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_a_client_reaches_a_server_listening_on_ipv6_by_its_address() -> None:
+    with (
+        LeaseServerThread(None, coordinator=MemoryCoordinator(), host="::1", port=0) as server,
+        LeaseClient(server.address) as client,
+    ):
+        assert server.address.startswith("[::1]:")
+        assert client.lease().pid > 0

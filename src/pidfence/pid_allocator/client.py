@@ -61,7 +61,8 @@ class Lease:
 
 
 def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
-    """``"host:port,host:port"`` (or a sequence of them) as (host, port) pairs.
+    """``"host:port,host:port"`` (or a sequence of them) as (host, port) pairs; an IPv6 host
+    in brackets, as ``lease-server --listen`` takes it (``[::1]:7070``).
 
     Raises:
         InvalidServerList: an item is not ``HOST:PORT``, or there is none.
@@ -70,6 +71,8 @@ def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
     for item in (s.strip() for s in items):
         host, sep, port = item.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise InvalidServerList(f"lease server {item!r} is not HOST:PORT")
         out.append((host, int(port)))

@@ -203,8 +203,9 @@ class LeaseServerThread(Startable):
 
     @property
     def address(self) -> str:
-        """``"host:port"`` once started."""
-        return f"{self.running.host}:{self.running.port}"
+        """``"host:port"`` once started (an IPv6 host in brackets)."""
+        host = self.running.host
+        return f"[{host}]:{self.running.port}" if ":" in host else f"{host}:{self.running.port}"
 
     @property
     def running(self) -> RunningServer:
