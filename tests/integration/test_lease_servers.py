@@ -16,7 +16,7 @@ from pidfence.pid_allocator import (
     NotOwner,
     StaleGeneration,
 )
-from pidfence.pid_allocator.blocks import MAX_RESERVE_BLOCKS
+from pidfence.pid_allocator.settings import MAX_RESERVE_BLOCKS
 from pidfence.services import started_pids
 from pidfence.services.lease_server import LeasePki, LeaseServerProcess, spawn_lease_server
 from pidfence.services.process import ServiceFailed

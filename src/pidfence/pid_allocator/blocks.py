@@ -21,12 +21,10 @@ from dataclasses import dataclass
 
 from pidfence.pid_allocator.coordinator import Block, BlockRequest, Coordinator
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
-from pidfence.pid_allocator.settings import LeaseServerSettings
+from pidfence.pid_allocator.settings import MAX_RESERVE_BLOCKS, LeaseServerSettings
 
 log = logging.getLogger(__name__)
 
-#: Most pids a server keeps in reserve ahead of its leases, and claims in one write, in blocks.
-MAX_RESERVE_BLOCKS = 16
 
 #: How many recent claims the reserve remembers: it follows the slowest of them, because claim
 #: times vary several-fold (ZooKeeper's fsync, thread handoffs) and the last one says little.
@@ -153,8 +151,7 @@ class BlockSupply:
         want = RESERVE_FACTOR * max(self._claim_use)
         size = self.settings.block_size
         self.reserve = min(max(size // 2, want, 1), MAX_RESERVE_BLOCKS * size)
-        cap = min(MAX_RESERVE_BLOCKS, self.settings.max_claim_blocks)
-        self.claim_blocks = min(max(1, -(-want // size)), cap)
+        self.claim_blocks = min(max(1, -(-want // size)), self.settings.max_claim_blocks)
 
     def pid_now(self, now_ms: int) -> tuple[int, Block] | None:
         """The next pid and its block without waiting, or None (a claim must land first);

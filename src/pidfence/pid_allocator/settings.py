@@ -19,6 +19,8 @@ from pidfence.wire import PidfenceError
 
 #: A pid's issue time travels in its secret as milliseconds after its block's claim, in 4 bytes.
 MAX_BLOCK_TTL_MS: Final = 2**32 - 1
+#: Most pids a server keeps in reserve ahead of its leases, and claims in one write, in blocks.
+MAX_RESERVE_BLOCKS: Final = 16
 
 
 class SettingsError(PidfenceError):
@@ -170,10 +172,10 @@ class LeaseServerSettings:
         16,
         "max-claim-blocks",
         "most blocks one claim takes (4x what the busiest of the last 8 claims used); 1 claims "
-        "exactly one block per write",
+        f"exactly one block per write; at most {MAX_RESERVE_BLOCKS}, the reserve's cap",
         kind="int",
         low=1,
-        high=1024,
+        high=MAX_RESERVE_BLOCKS,
     )
     block_ttl_ms: int = setting(
         10 * 60 * 1000,
