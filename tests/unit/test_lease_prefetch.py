@@ -151,3 +151,38 @@ def test_max_claim_blocks_caps_the_claim(uses: list[int]) -> None:
         for used in uses:
             service.supply.adapt(used)
         assert service.supply.claim_blocks == 1  # one block per write, however busy
+
+
+@asynchronous
+async def test_every_issuing_path_gives_the_lease_the_reference_functions_derive() -> None:
+    """``lease()`` (the simulation's path), ``roll()`` and the server's ``lease_fields_now()``
+    share one issuing step: each lease's generation and secret are what
+    ``initial_generation`` and ``make_secret`` derive from its block, also when an injected
+    clock reads before the block's claim (the secret's offset is unsigned)."""
+    from pidfence.pid_allocator.capability import make_secret
+    from pidfence.pid_allocator.generations import initial_generation
+
+    now = [1_000_000]
+    with ThreadPoolExecutor(1) as executor:
+        service = LeaseService(
+            MemoryCoordinator(),
+            executor,
+            LeaseServerSettings(block_size=BLOCK, lifetime_ms=60_000),
+            rng=random.Random(1),
+            clock=lambda: now[0],
+        )
+        first = await service.lease()
+        now[0] -= 5  # behind the claim
+        fast = service.lease_fields_now()
+        assert fast is not None
+        rolled = await service.roll(first.pid, first.generation, first.secret)
+        block = service.supply.blocks[0]
+        for pid, generation, expire_ms, secret in (
+            (first.pid, first.generation, first.expire_ms, first.secret),
+            fast[:4],
+            (rolled.pid, rolled.generation, rolled.expire_ms, rolled.secret),
+        ):
+            assert block.start <= pid < block.end
+            assert generation == initial_generation(block.salt, pid)
+            offset = max(0, expire_ms - 60_000 - block.claimed_ms)
+            assert secret == make_secret(block.start, block.salt, pid, offset)

@@ -27,14 +27,13 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pidfence.pid_allocator.blocks import BlockSupply
-from pidfence.pid_allocator.capability import make_secret, secret_from, secret_hasher
+from pidfence.pid_allocator.capability import secret_from, secret_hasher
 from pidfence.pid_allocator.clock import SteadyClock
 from pidfence.pid_allocator.coordinator import Block, Coordinator
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable, NotOwner
 from pidfence.pid_allocator.generations import (
     generation_from,
     generation_hasher,
-    initial_generation,
 )
 from pidfence.pid_allocator.lineage import (
     NOT_OWNER_MESSAGE,
@@ -152,11 +151,25 @@ class LeaseService:
 
     def _issue(self, pid: int, block: Block, client: str) -> Outcome:
         now = self.clock()
-        generation = initial_generation(block.salt, pid)
-        expire_ms = now + self.settings.lifetime_ms
-        self.ring.append(pid, generation, expire_ms, now, client)
-        secret = make_secret(block.start, block.salt, pid, max(0, now - block.claimed_ms))
+        self.ring.ensure_room(now, client)
+        generation, expire_ms, secret = self._issue_at(now, pid, block, client)
         return Outcome(pid, generation, expire_ms, block, secret)
+
+    def _issue_at(self, now: int, pid: int, block: Block, client: str) -> tuple[int, int, bytes]:
+        """Put the lease of ``pid`` in the ring (the caller made room) and return its generation,
+        expiry and secret: the one issuing path of :meth:`lease`, :meth:`roll` and the server's
+        :meth:`lease_fields_now`, with the block's keyed hashes prepared once per block."""
+        start = block.start
+        keyed_start, generations, secrets = self._keyed
+        if keyed_start != start:
+            generations, secrets = generation_hasher(block.salt), secret_hasher(block.salt)
+            self._keyed = (start, generations, secrets)
+        generation = generation_from(generations, pid)
+        expire_ms = now + self.settings.lifetime_ms
+        self.ring.add_checked(pid, generation, expire_ms, client)
+        # The offset is unsigned: an injected clock behind the claim issues at the claim's time.
+        secret = secret_from(start, secrets, pid, max(0, now - block.claimed_ms))
+        return generation, expire_ms, secret
 
     def lease_fields_now(self, client: str = "", key: bytes | None = None) -> LeaseFields | None:
         """Issue a lease without waiting, as a plain tuple (the server's hot path: one clock
@@ -168,22 +181,13 @@ class LeaseService:
                 share of it.
         """
         now = self.clock()
-        ring = self.ring
-        ring.ensure_room(now, client)
+        self.ring.ensure_room(now, client)
         taken = self.supply.pid_now(now)
         if taken is None:
             return None
         pid, block = taken
-        start = block.start
-        keyed_start, generations, secrets = self._keyed
-        if keyed_start != start:
-            generations, secrets = generation_hasher(block.salt), secret_hasher(block.salt)
-            self._keyed = (start, generations, secrets)
-        generation = generation_from(generations, pid)
-        expire_ms = now + self.settings.lifetime_ms
-        ring.add_checked(pid, generation, expire_ms, client)
+        generation, expire_ms, secret = self._issue_at(now, pid, block, client)
         self.leases += 1
-        secret = secret_from(start, secrets, pid, now - block.claimed_ms)
         if self.signing_key is None and self.mac_secret is None:
             return pid, generation, expire_ms, secret, None, None
         return pid, generation, expire_ms, secret, *self._extras(pid, generation, expire_ms, key)
