@@ -74,7 +74,6 @@ from pidfence.pid_allocator.settings import LeaseServerSettings
 
 log = logging.getLogger(__name__)
 
-_UNAUTHENTICATED = "say hello with a valid auth token first (the server runs with --auth-tokens)"
 #: The rate bucket each request charges (other requests charge none).
 # describe (the sinks' read-only question, issue 35) shares the lease bucket: no ZooKeeper write.
 _CHARGED: dict[type, int] = {

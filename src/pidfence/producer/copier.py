@@ -26,18 +26,14 @@ import confluent_kafka
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.client_log import librdkafka_logger
 from pidfence.producer.errors import BadCheckpoint, BrokerUnavailable, ProducerError
+from pidfence.producer.headers import RESERVED_HEADERS
 from pidfence.producer.idempotent import IdempotentProducer
 from pidfence.producer.partitioner import partition_count
 from pidfence.producer.statefile import load_state, save_state
-from pidfence.wire import PF_HEADER_KEY
-from pidfence.wire.cert import CERT_HEADER_KEY
-from pidfence.wire.mac import MAC_HEADER_KEY
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-#: Input headers the copier drops: it stamps its own.
-_OWN_HEADERS = (PF_HEADER_KEY, CERT_HEADER_KEY, MAC_HEADER_KEY)
 
 OpenProducer = Callable[[ProducerCheckpoint | None], IdempotentProducer]
 
@@ -71,6 +67,8 @@ class CopySpec:
             partitions before the group hands them to others.
         stop_after_commit: fault hook for chaos tests: after its N-th commit a group member
             stops itself (SIGSTOP) right before copying its next record. 0: never.
+        consumer_extra: more librdkafka settings for the consumer (e.g. ``security.protocol``
+            and SASL for a secured cluster); they override the copier's own.
     """
 
     bootstrap: str
@@ -126,7 +124,7 @@ def check_partitions(spec: CopySpec, n_in: int, n_out: int) -> None:
 def copy_record(producer: IdempotentProducer, msg: Any, to_topic: str) -> None:
     """Send one input record to the same partition of ``to_topic``; its event id is its
     upstream position ``topic:partition:offset``."""
-    headers = [(k, v) for k, v in (msg.headers() or []) if k not in _OWN_HEADERS]
+    headers = [(k, v) for k, v in (msg.headers() or []) if k not in RESERVED_HEADERS]
     producer.produce(
         to_topic,
         msg.value(),

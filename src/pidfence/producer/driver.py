@@ -27,7 +27,7 @@ from pidfence.producer.errors import (
     ReservedHeader,
     ValueTooLarge,
 )
-from pidfence.producer.headers import mac_headers
+from pidfence.producer.headers import RESERVED_HEADERS, mac_headers
 from pidfence.producer.kafka_scan import KafkaScanner, consumer_conf
 from pidfence.producer.lease import How, LeaseKeeper
 from pidfence.producer.partitioner import Partitioner
@@ -35,8 +35,7 @@ from pidfence.producer.recovery import CertVerifier, Scanner
 from pidfence.producer.sender import ClientFactory, QueueFull, Sender
 from pidfence.producer.sequencer import Sequencer
 from pidfence.producer.session import ProducerSession
-from pidfence.wire import CERT_HEADER_KEY, PF_HEADER_KEY, KeyFileError
-from pidfence.wire.mac import MAC_HEADER_KEY
+from pidfence.wire import PF_HEADER_KEY, KeyFileError
 from pidfence.wire.statement import placed_check
 
 log = logging.getLogger(__name__)
@@ -56,9 +55,6 @@ class ProducerOptions(TypedDict, total=False):
     clock: Callable[[], int]
     producer_factory: ClientFactory
     on_roll: SaveCheckpoint | None
-
-
-_RESERVED = (PF_HEADER_KEY, CERT_HEADER_KEY, MAC_HEADER_KEY)
 
 
 class SessionDriver:
@@ -264,7 +260,7 @@ class SessionDriver:
         wire: list[tuple[str, bytes | str | None]] = [(PF_HEADER_KEY, pf), *extras]
         try:
             for name, header in headers or ():
-                if name in _RESERVED:
+                if name in RESERVED_HEADERS:
                     raise ReservedHeader(
                         f"the header name {name!r} is reserved for the producer's own headers; "
                         "rename your header"

@@ -14,7 +14,8 @@ class ProducerConfigError(ProducerError, ValueError):
 
 
 class ReservedHeader(ProducerError, ValueError):
-    """The caller passed a header named ``pf``: the producer owns it. Rename the header."""
+    """The caller passed a header named ``pf``, ``pfc`` or ``pfm``: the producer owns them.
+    Rename the header."""
 
 
 class BatchMismatch(ProducerError, ValueError):

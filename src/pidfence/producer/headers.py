@@ -14,12 +14,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pidfence.producer.sequencer import Sequencer
-from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE
+from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE, PF_HEADER_KEY
 from pidfence.wire.mac import MAC_HEADER_KEY, record_mac_from
 from pidfence.wire.statement import encode_placed_pfc
 
 #: One Kafka header as the producer sends it.
 Header = tuple[str, bytes]
+#: The headers the producer stamps: a caller's header of one of these names is refused, and a
+#: copier drops them from its input.
+RESERVED_HEADERS = (PF_HEADER_KEY, CERT_HEADER_KEY, MAC_HEADER_KEY)
 _NONE: tuple[Header, ...] = ()
 
 

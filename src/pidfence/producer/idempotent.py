@@ -234,7 +234,7 @@ class IdempotentProducer:
             value: the record value.
             key: keyed records go to Kafka's default murmur2 partition.
             partition: an explicit partition (overrides the key).
-            headers: extra headers; the names ``pf`` and ``pfc`` are reserved.
+            headers: extra headers; the names ``pf``, ``pfc`` and ``pfm`` are reserved.
             on_delivery: ``callback(err, msg)`` called after the producer's own bookkeeping.
             event_id: the upstream event it carries (ledger; default: the value digest).
 

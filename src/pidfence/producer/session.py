@@ -14,9 +14,10 @@ What it decides:
 * **the roll and its handover**: drain first (:meth:`begin_roll`, :meth:`drained`), then the
   successor inherits what it must not send again (:meth:`rolled`); a refused roll fences, an
   unanswered one keeps the old lease until it ends (:meth:`roll_unanswered`);
-* **which headers a record carries** besides ``pf`` (:meth:`extras`, :mod:`.headers`): ONE
-  decision for FENCE and data records (placed certificates, re-stamped every ``restamp_ms``;
-  the record MAC), and the ``ready`` lanes stamped inline until :attr:`deadline_ns`;
+* **which certificate a record carries** besides ``pf`` (:meth:`extras`, :mod:`.headers`): ONE
+  decision for FENCE and data records (placed certificates, re-stamped every ``restamp_ms``),
+  and the ``ready`` lanes stamped inline until :attr:`deadline_ns`; the record MAC (``pfm``) is
+  added by whoever sends the record, from the sequencer's key;
 * **a resume**: the lifetime it continues with, the topics it fences and scans, the FENCE records
   (:meth:`fences`, under the pid and generation it continues, successor included), and what the
   recovery scan's findings mean (:meth:`scanned`: re-send under the same pid, skip after a
@@ -273,10 +274,10 @@ class ProducerSession:
     def extras(
         self, topic: str, partition: int, seq: int, flags: int, now_ms: int
     ) -> tuple[Header, ...]:
-        """The headers a record carries besides ``pf``: the one decision, for every record
-        (:func:`~pidfence.producer.headers.cert_headers`). A partition whose next record needs
-        nothing is stamped inline by the producer's loop until :attr:`deadline_ns` (see
-        :meth:`sent`), so this is asked on the slow path only."""
+        """The certificate header a record carries besides ``pf``: the one decision, for every
+        record (:func:`~pidfence.producer.headers.cert_headers`); the sender adds ``pfm``. A
+        partition whose next record needs nothing is stamped inline by the producer's loop
+        until :attr:`deadline_ns` (see :meth:`sent`), so this is asked on the slow path only."""
         del now_ms
         return cert_headers(self.sequencer, topic, partition, seq, flags)
 
