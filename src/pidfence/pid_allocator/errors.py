@@ -43,7 +43,8 @@ class UnsupportedVersion(LeaseError):
 
 
 class UnknownOp(LeaseError):
-    """The request's ``op`` is not ``hello``, ``lease``, ``bump``, ``roll`` or ``ping``."""
+    """The request's ``op`` is not ``hello``, ``lease``, ``bump``, ``roll``, ``describe`` or
+    ``ping``."""
 
     code = "UNKNOWN_OP"
 
@@ -114,13 +115,17 @@ class Unauthenticated(LeaseError):
 
 
 class LeaseCapacityExhausted(LeaseError):
-    """The server's lease ring is full of live leases: add servers or raise ``--capacity``."""
+    """No lease can be issued: the server's lease ring is full of live leases (add servers or
+    raise ``--capacity``), the client holds its share of it (``--client-share``), or a pid used
+    every generation it may have."""
 
     code = "CAPACITY"
 
 
 class LeaseServiceUnavailable(LeaseError):
-    """The server cannot reach ZooKeeper right now; retry (another server may answer)."""
+    """The server cannot answer right now; retry (another server may answer): ZooKeeper is
+    unreachable or a block claim timed out, the server is at its connection limits, or it
+    failed inside."""
 
     code = "UNAVAILABLE"
     retriable = True

@@ -1,11 +1,11 @@
 """Each client's share of the event loop: frames are answered in turns, round-robin by client
 (DESIGN.md §5 amended again, "Nobody slows anybody").
 
-A client is the token's name after ``hello`` (the address before it, or without auth tokens), so
-its connection count and pipeline depth buy it nothing: a connection holding a whole frame joins
-its client's line and stops being read (TCP pushes back on the sender), and each turn answers one
-frame of the next client in line. A client that has ``max_in_flight`` requests being answered
-(bumps, rolls, leases waiting for a block) leaves the line until one is answered. A request that
+A client is the token's name after ``hello`` (the address before it, or without auth tokens), so its
+connection count and pipeline depth buy it nothing: a connection holding a whole frame joins its
+client's line and stops being read (TCP pushes back on the sender), and each turn answers one frame
+of the next client in line. A client that has ``max_in_flight`` requests being answered (bumps,
+rolls, describes, leases waiting for a block) leaves the line until one is answered. A request that
 arrives while a client has nothing else outstanding is always served in its turn; one sent beside
 others is charged to the client's rate bucket for its kind (bumps and rolls, or leases), and when
 the bucket is empty it is refused RATE_LIMITED, before any ZooKeeper work, with the time until it

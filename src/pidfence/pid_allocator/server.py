@@ -2,9 +2,9 @@
 (DESIGN.md §5 and its amendments).
 
 Connections (``connection.py``) hand each frame body to ``handle_now`` in their client's turn
-(``fair.py``), which answers whatever needs no waiting (bad frames, pings, hello, leases from a
-held block, requests over the client's rate) synchronously, as an encoded frame; the rest (bumps,
-rolls, a lease waiting for a block claim) goes to ``handle`` as a task. Every bad frame gets an
+(``fair.py``), which answers whatever needs no waiting (bad frames, pings, hello, leases from a held
+block, requests over the client's rate) synchronously, as an encoded frame; the rest (bumps, rolls,
+describes, a lease waiting for a block claim) goes to ``handle`` as a task. Every bad frame gets an
 error reply and never an exception; a frame that breaks a decode limit gets MALFORMED_REQUEST and
 its connection is closed.
 

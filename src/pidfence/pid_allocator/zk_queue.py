@@ -1,9 +1,9 @@
 """A fair, bounded queue in front of ZooKeeper: a flooder delays itself only (DESIGN.md §5
 amended again).
 
-Every request that needs ZooKeeper (bumps, rolls, and owner checks the server cannot answer
-locally) goes through :class:`ZkQueue`. Each client (token name, or address without auth) has a
-bucket of its own; workers take one job from each non-empty bucket in turn (round-robin), and at
+Every request that needs ZooKeeper (bumps, rolls, describes, and owner checks the server cannot
+answer locally) goes through :class:`ZkQueue`. Each client (token name, or address without auth) has
+a bucket of its own; workers take one job from each non-empty bucket in turn (round-robin), and at
 most ``workers`` jobs run at once, so the executor never holds a first-come queue of its own. A
 client waits behind at most one job of every other client, however many those have queued; and
 ``reserve`` more jobs may run for clients with nothing running, so a client one request at a
