@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pidfence.producer.errors import ProducerConfigError
@@ -48,6 +48,9 @@ class ProducerConfig:
             after ``produce`` fails instead of being sent. Keep it below the rollover margin
             (``(1 - rollover_fraction)`` of the lease lifetime; the producer warns otherwise), so
             a process paused with records in flight never delivers them after its lease ended.
+        clock_skew_ms: how far the clocks of the machines that write a topic may disagree; a
+            resume's recovery scan starts this long before its checkpoint was taken (by the
+            records' timestamps), so a record the checkpoint does not cover is not missed.
         success_reports: deliver a report for every acknowledged record (needed by the send
             ledger, the resend buffer and per-record ``on_delivery`` callbacks). ``False`` sets
             librdkafka's ``delivery.report.only.error``: failures are still reported (and
@@ -133,7 +136,7 @@ class ProducerConfig:
             "acks": "all",
             "enable.idempotence": self.enable_idempotence,
             "linger.ms": self.linger_ms,
-            "message.max.bytes": max(self.message_max_bytes + 4096, 1000),
+            "message.max.bytes": self.message_max_bytes + 4096,
             "message.timeout.ms": self.message_timeout_ms,
         }
         if not self.success_reports:
@@ -142,13 +145,7 @@ class ProducerConfig:
         return conf
 
     def __repr__(self) -> str:
-        extra = {k: ("***" if _is_secret(k) else v) for k, v in self.extra.items()}
-        return (
-            f"ProducerConfig(bootstrap_servers={self.bootstrap_servers!r}, acks={self.acks!r}, "
-            f"enable_idempotence={self.enable_idempotence}, linger_ms={self.linger_ms}, "
-            f"message_max_bytes={self.message_max_bytes}, "
-            f"rollover_fraction={self.rollover_fraction:.4f}, "
-            f"sticky_records={self.sticky_records}, "
-            f"resend_buffer={self.resend_buffer}, success_reports={self.success_reports}, "
-            f"extra={extra!r})"
-        )
+        """Every setting, with librdkafka secrets in ``extra`` masked."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["extra"] = {k: ("***" if _is_secret(k) else v) for k, v in self.extra.items()}
+        return f"ProducerConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
