@@ -150,7 +150,7 @@ def test_copier_rolls_over_mid_run_and_stores_the_successor_with_its_offsets(
     from pidfence.pid_allocator import LeaseClient
     from pidfence.producer import ProducerConfig, wall_clock_ms
     from pidfence.producer.copier import Copier, CopySpec
-    from pidfence.producer.loadgen import open_producer_factory
+    from pidfence.producer.opening import open_producer_factory
     from tests.fixtures.lease import LEASE_TEST_DEFAULTS
 
     source, target = new_topic(partitions=PARTITIONS), new_topic(partitions=PARTITIONS)

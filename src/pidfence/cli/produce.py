@@ -52,7 +52,8 @@ def register(app: typer.Typer) -> None:
         """Send COUNT deterministic records with pf headers; resumable after SIGKILL via --state."""
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
-        from pidfence.producer.loadgen import LoadGenerator, LoadResult, LoadSpec, OpenProducer
+        from pidfence.producer.loadgen import LoadGenerator, LoadResult, LoadSpec
+        from pidfence.producer.opening import OpenProducer
 
         spec = LoadSpec(
             name=name,

@@ -85,12 +85,12 @@ def with_producer(
         message_timeout: ``--message-timeout``, or None for the default.
         run: what the command does with its ``open_producer``.
         opener: ``f(settings, client, ledger=, topics=)`` -> what ``run`` gets (default:
-            :func:`~pidfence.producer.loadgen.open_producer_factory`).
+            :func:`~pidfence.producer.opening.open_producer_factory`).
         **config: more :class:`~pidfence.producer.ProducerConfig` fields.
     """
     from pidfence.pid_allocator import LeaseClient, lease_client_options
     from pidfence.producer import ProducerConfig
-    from pidfence.producer.loadgen import open_producer_factory
+    from pidfence.producer.opening import open_producer_factory
 
     opener = opener or open_producer_factory
 

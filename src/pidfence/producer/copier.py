@@ -28,14 +28,13 @@ from pidfence.producer.client_log import librdkafka_logger
 from pidfence.producer.errors import BadCheckpoint, BrokerUnavailable, ProducerError
 from pidfence.producer.headers import RESERVED_HEADERS
 from pidfence.producer.idempotent import IdempotentProducer
+from pidfence.producer.opening import OpenProducer
 from pidfence.producer.partitioner import partition_count
 from pidfence.producer.statefile import load_state, save_state
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-
-OpenProducer = Callable[[ProducerCheckpoint | None], IdempotentProducer]
 
 
 class PartitionMismatch(ProducerError):

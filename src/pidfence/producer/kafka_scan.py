@@ -21,8 +21,10 @@ class KafkaScanner:
 
     Args:
         conf: librdkafka settings for the consumer (bootstrap and security settings).
-        timeout_s: per metadata / offset request and for the whole scan.
-        consumer_factory: builds the consumer (a fake in tests).
+        timeout_s: per metadata / offset request, and how long the scan may read nothing
+            before it gives up (a scan that keeps reading runs until every partition's end).
+        consumer_factory: builds the consumer (``confluent_kafka.Consumer``; another client
+            with its interface).
     """
 
     def __init__(

@@ -14,22 +14,20 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pidfence.pid_allocator.clock import wall_clock_ms
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.errors import BadCheckpoint
 from pidfence.producer.idempotent import IdempotentProducer
+from pidfence.producer.opening import OpenProducer
 from pidfence.producer.statefile import load_state, save_state
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-
-OpenProducer = Callable[[ProducerCheckpoint | None], IdempotentProducer]
 
 
 @dataclass(frozen=True)
@@ -245,26 +243,3 @@ class LoadGenerator:
         finally:
             producer.close()
         return result
-
-
-def open_producer_factory(
-    config: Any,
-    lease_client: Any,
-    ledger: Any = None,
-    topics: Sequence[str] = (),
-    **kwargs: Any,
-) -> OpenProducer:
-    """An ``open_producer`` that leases fresh without a checkpoint and resumes with one.
-
-    ``topics`` are the topics it writes: a resume fences and scans them even when the
-    checkpoint names none yet (one saved before the first record).
-    """
-
-    def open_producer(checkpoint: ProducerCheckpoint | None) -> IdempotentProducer:
-        if checkpoint is None:
-            return IdempotentProducer(config, lease_client, ledger=ledger, **kwargs)
-        return IdempotentProducer.resume(
-            checkpoint, lease_client, config, ledger=ledger, topics=topics, **kwargs
-        )
-
-    return open_producer
