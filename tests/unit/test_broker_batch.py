@@ -148,6 +148,23 @@ def test_extreme_values_take_the_exact_path() -> None:
     assert batched == one_by_one
 
 
+def test_header_values_of_the_wrong_type_are_malformed_in_a_batch_as_one_by_one() -> None:
+    headers: list[Any] = [5, "text", 1.5, [1], None, encode_pf(1, 0, 0)]
+    one_by_one = ProducerStateTable(4, 1000)
+    expected_verdicts = [one_by_one.offer_header(h, 0)[0].verdict for h in headers]
+    assert expected_verdicts[:4] == [Verdict.MALFORMED] * 4
+    batched = ProducerStateTable(4, 1000)
+    assert batched.offer_batch(headers, np.zeros(6, np.int64)).verdicts() == expected_verdicts
+    assert batched == one_by_one
+
+
+def test_a_timestamp_outside_int64_is_refused_before_anything_is_decided() -> None:
+    table = ProducerStateTable(4, 1000)
+    with pytest.raises(ValueError, match="int64"):
+        table.offer(1, 0, 0, 2**64)
+    assert table.snapshot() == ProducerStateTable(4, 1000).snapshot()
+
+
 def test_timestamps_going_backwards_in_a_batch_use_the_running_maximum() -> None:
     headers = [encode_pf(1, 0, 0), encode_pf(2, 0, 0), encode_pf(1, 0, 1)]
     table = ProducerStateTable(4, 100)

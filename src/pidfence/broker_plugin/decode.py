@@ -45,7 +45,15 @@ def _binary_array(headers: Any) -> pa.Array:
         if pa.types.is_null(headers.type):
             return pa.array([None] * len(headers), type=pa.binary())
         raise TypeError(f"headers must be a binary arrow array, got {headers.type}")
-    return pa.array(list(headers), type=pa.binary())
+    # A value that is not bytes is MALFORMED, as offer_header judges it: 0xc1 is the one byte
+    # msgpack never uses.
+    return pa.array(
+        [
+            h if h is None or isinstance(h, bytes | bytearray | memoryview) else b"\xc1"
+            for h in headers
+        ],
+        type=pa.binary(),
+    )
 
 
 def _read_uint(data: U8, pos: I64) -> tuple[I64, I64, BoolArr]:
@@ -82,7 +90,8 @@ def decode_headers(headers: Any) -> DecodedHeaders:
         arr.offset : arr.offset + n + 1
     ].astype(np.int64)
     raw = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
-    # Padding lets every gather read 16 bytes past any start without bounds checks.
+    # Padding lets every gather read past any start without bounds checks: up to 30 bytes (array
+    # and int tags, three 9-byte ints, the flags), whatever a row's own length.
     data = np.concatenate([raw, np.zeros(64, dtype=np.uint8)])
     present = (
         np.ones(n, dtype=bool)

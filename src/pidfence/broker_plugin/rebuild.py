@@ -3,13 +3,12 @@
 State is a function of the committed output (DESIGN §4 amended): replaying every record a batch
 decided (appended, rejected and held), in Kafka-offset order and with the same batch cuts, from an
 older snapshot (or from nothing) gives exactly the live table. Certificates are not stored with the
-output; the replay takes the committed verdicts as their proof instead: a record committed as
-``FORGED`` fails verification again, one committed as ``INVALID_GENERATION`` replays without a
-certificate (so a leap of several generations is refused again), every other record carries a
-proof that passes (it was proven, or needed no proof, when it was decided). A ``FORGED`` verdict
-is decided on arrival and changes no state, so a replay also refuses such a record up front: one
-refused before the rules (a per-record MAC that did not verify) is refused again without the
-secret or the record's bytes.
+output; the replay takes the committed verdicts as their proof instead: one committed as
+``INVALID_GENERATION`` or ``UNVERIFIED`` replays without a certificate (so a leap of several
+generations is refused again), every other record carries a proof that passes (it was proven, or
+needed no proof, when it was decided). A ``FORGED`` verdict is decided on arrival and changes no
+state, so a replay also refuses such a record up front: one refused before the rules (a per-record
+MAC that did not verify) is refused again without the secret or the record's bytes.
 
 What the lease authority answered during a batch (adoption, DESIGN §4 amended a third time) is
 recorded with the batch and handed to its replay (:func:`recorded_authority`), with the rules'

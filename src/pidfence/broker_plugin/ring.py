@@ -9,8 +9,8 @@ class EntryRing:
     """A fixed-capacity ring of ``(pid, creation)`` pairs in creation order.
 
     Entries are appended at the tail and expire from the head, so expiry costs O(1) per entry and
-    memory is fixed at ``capacity`` slots. ``creation`` tells a live entry from an older, expired
-    incarnation of the same pid.
+    memory is fixed at ``capacity`` slots. ``creation`` is the entry's creation serial, which
+    delta snapshots compare with their base.
     """
 
     __slots__ = ("_count", "_head", "_pids", "_serials", "capacity")

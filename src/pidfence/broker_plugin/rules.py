@@ -8,7 +8,9 @@ batch path (:mod:`~pidfence.broker_plugin.batch`) decides many records at once t
 methods, and :mod:`~pidfence.broker_plugin.snapshot` serialises the state.
 
 State is a function of the records that land (DESIGN §4 amended): a rejected record never changes
-anything, not even the clock. Only ``APPENDED`` and ``FENCE`` records create entries or move
+anything, not even the clock, except that an adoption the lease authority confirms
+(:mod:`~pidfence.broker_plugin.adoption`) moves the entry to the generation it names before the
+record is judged. Only ``APPENDED`` and ``FENCE`` records create entries or move
 ``generation``/``highwater``; records that land (appended, ``FENCE`` or held for reordering) move
 the clock to the largest timestamp seen among them. A record is judged at ``max(clock, its
 timestamp)``; only a record that lands makes that time the clock and expires entries. An entry is
@@ -252,7 +254,8 @@ class RulesKernel(Proofs, Adoption):
         if s <= high:
             hole = holes.find(entry, s)
             if hole < 0:
-                # Rejected: no state change, even under the next generation (Kafka's rule).
+                # Rejected: no state change (but a confirmed adoption), even under the next
+                # generation (Kafka's rule).
                 out.append((ref, Verdict.DUPLICATE, token))
                 return
             if moves and not self.proven(pid, g, s, flags, cert, ts):
