@@ -144,3 +144,19 @@ def test_keys_pki_refuses_to_replace_a_pki_without_force(tmp_path: Path) -> None
     forced = CliRunner().invoke(app, ["keys", "pki", str(pki), "--force"])
     assert forced.exit_code == 0, forced.output
     assert (pki / "ca.pem").read_bytes() != ca
+
+
+def test_a_taken_listen_address_is_a_settings_error_naming_the_option() -> None:
+    """``lease-server`` then exits 2 with the line, not a traceback (the ``--metrics-port``
+    case already did)."""
+    from pidfence.pid_allocator.settings import SettingsError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        server = LeaseServerThread(
+            None, coordinator=MemoryCoordinator(), host="127.0.0.1", port=port
+        )
+        with pytest.raises(SettingsError, match=f"cannot listen on 127.0.0.1:{port}.*--listen"):
+            server.start()

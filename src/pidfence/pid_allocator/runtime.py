@@ -152,7 +152,13 @@ async def start_server(
             mac_secret=mac_secret,
         )
         server = LeaseServer(service, metrics, tokens, tls)
-        bound_host, bound_port = await server.start(settings.host, settings.port)
+        try:
+            bound_host, bound_port = await server.start(settings.host, settings.port)
+        except OSError as exc:  # the address is taken, or not this machine's
+            raise SettingsError(
+                f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}; "
+                "pick another --listen"
+            ) from None
     except BaseException:
         executor.shutdown(wait=False, cancel_futures=True)
         claims.shutdown(wait=False, cancel_futures=True)
