@@ -213,3 +213,20 @@ def test_sink_help_offers_the_sink_options_and_no_legacy_or_format_flag() -> Non
         assert flag in result.output
     for gone in ("legacy", "--table-format", "migrate"):
         assert gone not in result.output
+
+
+@pytest.mark.parametrize("master", ["bogus", "local[x]", "spark://", "locl[*]"])
+def test_a_master_spark_cannot_parse_is_a_usage_error_before_any_jvm(
+    master: str, tmp_path: Path
+) -> None:
+    """Spark's own refusal came as "Spark did not start", exit 75: a supervisor would rerun
+    it forever."""
+    from typer.testing import CliRunner
+
+    from pidfence.cli import app
+
+    argv = ["sink", "--bootstrap", "127.0.0.1:1", "--topic", "t", "--master", master]
+    argv += ["--output", str(tmp_path / "o"), "--checkpoint", str(tmp_path / "c")]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert "not a Spark master URL" in result.output
