@@ -160,3 +160,11 @@ def test_a_taken_listen_address_is_a_settings_error_naming_the_option() -> None:
         )
         with pytest.raises(SettingsError, match=f"cannot listen on 127.0.0.1:{port}.*--listen"):
             server.start()
+
+
+def test_lease_ping_with_a_missing_ca_file_is_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["lease-ping", "127.0.0.1:1", "--tls-ca", str(tmp_path / "missing.pem")]
+    )
+    assert result.exit_code == 2, result.output
+    assert "missing.pem" in result.output

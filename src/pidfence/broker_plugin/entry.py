@@ -148,14 +148,18 @@ def check_settings(**settings: int | None) -> None:
 
 def _timestamp(ts_ms: Any) -> int:
     """``ts_ms`` as an int (numpy ints are fine); the clock must stay an exact int."""
-    if isinstance(ts_ms, numbers.Integral) and not isinstance(ts_ms, bool):
-        if -(2**63) <= ts_ms < 2**63:
-            return int(ts_ms)
-        raise ValueError(f"ts_ms {ts_ms} is outside Kafka's int64 timestamps; nothing was decided")
-    raise TypeError(
-        f"ts_ms must be an int (epoch milliseconds, the Kafka record timestamp), "
-        f"got {type(ts_ms).__name__} {ts_ms!r}; nothing was decided"
-    )
+    if type(ts_ms) is int:
+        value = ts_ms
+    elif isinstance(ts_ms, numbers.Integral) and not isinstance(ts_ms, bool):
+        value = int(ts_ms)
+    else:
+        raise TypeError(
+            f"ts_ms must be an int (epoch milliseconds, the Kafka record timestamp), "
+            f"got {type(ts_ms).__name__} {ts_ms!r}; nothing was decided"
+        )
+    if -(2**63) <= value < 2**63:
+        return value
+    raise ValueError(f"ts_ms {value} is outside Kafka's int64 timestamps; nothing was decided")
 
 
 def _integral(value: Any) -> Any:

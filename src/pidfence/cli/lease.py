@@ -47,14 +47,14 @@ def parse_duration_ms(text: str) -> int:
 
 def health(address: str, tls_ca: Path | None, timeout_s: float) -> int:
     """Ping ``address`` once; 0 on a ping reply, 1 otherwise (the reason on stderr)."""
-    from pidfence.pid_allocator import LeaseClient, LeaseError, client_tls_context
+    from pidfence.pid_allocator import LeaseClient, LeaseError, SecretFileError, client_tls_context
 
     try:
         parse_listen(address)
-    except ValueError as exc:
+        tls = None if tls_ca is None else client_tls_context(tls_ca)
+    except (ValueError, SecretFileError) as exc:
         fail(_COMMAND, str(exc), EXIT_USAGE)
     try:
-        tls = None if tls_ca is None else client_tls_context(tls_ca)
         with LeaseClient(
             address, connect_timeout_s=timeout_s, request_timeout_s=timeout_s, retries=0, tls=tls
         ) as client:
@@ -141,7 +141,10 @@ def register(app: typer.Typer) -> None:
     @app.command("lease-ping")
     def lease_ping(
         address: Annotated[str, typer.Argument(help="HOST:PORT of a lease server")],
-        tls_ca: Annotated[Path | None, typer.Option()] = None,
+        tls_ca: Annotated[
+            Path | None,
+            typer.Option(help="CA certificate (PEM) to verify a server that serves TLS"),
+        ] = None,
         timeout: Annotated[float, typer.Option(help="Seconds to wait")] = 3.0,
     ) -> None:
         """Ping a lease server; exit 0 only on a real ping reply."""

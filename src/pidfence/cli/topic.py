@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         """Create topic NAME and wait until every partition has a leader."""
         from confluent_kafka import KafkaError, KafkaException
 
-        from pidfence.services import create_topic
+        from pidfence.services import ServiceFailed, create_topic
 
         try:
             create_topic(bootstrap, name, partitions, replication, timeout=30)
@@ -37,4 +37,6 @@ def register(app: typer.Typer) -> None:
             fail("topic create", f"{bootstrap}: {exc}", EXIT_UNAVAILABLE)
         except TimeoutError:
             fail("topic create", f"{bootstrap}: Kafka did not answer within 30 s", EXIT_UNAVAILABLE)
+        except ServiceFailed as exc:  # created, but its partitions got no leader in time
+            fail("topic create", f"{bootstrap}: {exc}", EXIT_UNAVAILABLE)
         typer.echo(f"created topic {name} ({partitions} partitions)")
