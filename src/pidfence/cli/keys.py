@@ -46,7 +46,8 @@ def producer_public_keys(values: Iterable[str] | None) -> tuple[str, ...]:
 def register(app: typer.Typer) -> None:
     """Add ``keys`` to the ``pidfence`` app."""
     keys = typer.Typer(
-        no_args_is_help=True, help="Lease signing keys and the record MAC secret (DESIGN.md §3)."
+        no_args_is_help=True,
+        help="Lease signing keys and the record MAC secret (docs/lease-server.md).",
     )
 
     @keys.command("generate")

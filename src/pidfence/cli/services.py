@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pidfence.cli.exits import EXIT_UNAVAILABLE, fail
+from pidfence.cli.exits import EXIT_UNAVAILABLE, fail, first_line
 from pidfence.cli.extras import require
 
 if TYPE_CHECKING:
@@ -69,22 +69,24 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"already up in {exc.state.run_dir}")
             _print_status(exc.state)
             shape = _shape(exc.state)
-            if shape != (zookeeper, kafka):
+            if shape != (zookeeper, kafka) or bool(exc.state.s3) != s3:
+                store = " and an S3 store" if exc.state.s3 else ", no S3 store"
                 fail(
                     "services up",
                     f"the running services have {shape[0]} ZooKeeper and {shape[1]} Kafka "
-                    f"node(s), not {zookeeper} and {kafka}: run `pidfence services down` first",
+                    f"node(s){store}, not what was asked: run `pidfence services down` first",
                     EXIT_UNAVAILABLE,
                 )
+            if exc.state.s3:
+                _print_s3(exc.state)
             return
         except (ServicesError, ServiceFailed, JarsError) as exc:
-            fail("services up", _first_line(exc), EXIT_UNAVAILABLE)
+            fail("services up", first_line(exc), EXIT_UNAVAILABLE)
         typer.echo(f"zookeeper {state.zookeeper}")
         typer.echo(f"kafka     {state.kafka}")
         typer.echo(f"run dir   {state.run_dir} (stop with `pidfence services down`)")
         if state.s3:
-            typer.echo("# the S3 store: export this environment for pidfence, boto3, delta-rs")
-            typer.echo("\n".join(f"export {k}={v}" for k, v in state.s3.items()))
+            _print_s3(state)
 
     @group.command("status")
     def status(
@@ -99,7 +101,7 @@ def register(app: typer.Typer) -> None:
         try:
             state = read_status(run_dir)
         except ServicesError as exc:
-            fail("services status", _first_line(exc), EXIT_UNAVAILABLE)
+            fail("services status", first_line(exc), EXIT_UNAVAILABLE)
         if state is None:
             if as_json:
                 typer.echo(json.dumps({"zookeeper": None, "kafka": None, "alive": {}}))
@@ -125,7 +127,7 @@ def register(app: typer.Typer) -> None:
         try:
             state = read_status(run_dir)
         except ServicesError as exc:
-            fail("services env", _first_line(exc), EXIT_UNAVAILABLE)
+            fail("services env", first_line(exc), EXIT_UNAVAILABLE)
         if state is None:
             fail("services env", _NONE_RECORDED, EXIT_UNAVAILABLE)
         if state.dead():
@@ -147,16 +149,11 @@ def register(app: typer.Typer) -> None:
         try:
             stopped = stop_services(run_dir, timeout)
         except ServicesError as exc:
-            fail("services down", _first_line(exc), EXIT_UNAVAILABLE)
+            fail("services down", first_line(exc), EXIT_UNAVAILABLE)
         typer.echo(f"stopped {', '.join(stopped) if stopped else 'nothing (none running)'}")
 
 
 _NONE_RECORDED = "no services recorded (start them with `pidfence services up`)"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _shape(state: ServicesState) -> tuple[int, int]:
@@ -184,3 +181,9 @@ def _print_status(state: ServicesState) -> None:
     console.print(f"zookeeper {state.zookeeper}\nkafka     {state.kafka}")
     if state.s3:
         console.print(f"s3        {state.s3['AWS_ENDPOINT_URL']}")
+
+
+def _print_s3(state: ServicesState) -> None:
+    """The S3 store's environment, as ``export`` lines."""
+    typer.echo("# the S3 store: export this environment for pidfence, boto3, delta-rs")
+    typer.echo("\n".join(f"export {k}={v}" for k, v in state.s3.items()))

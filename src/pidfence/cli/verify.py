@@ -37,9 +37,10 @@ def register(app: typer.Typer) -> None:
         """Compare the send ledger with the output log; exit 0 only when no anomaly is found.
 
         Exit 1 when any anomaly (lost, duplicate, reordered, zombie, unexpected, event_duplicate,
-        event_lost) is non-zero; 2 when a ledger or the output path is missing or unreadable;
-        3 when the output is not a pidfence output (another writer's table, or a kind of table
-        this version does not write).
+        event_lost) is non-zero; 2 when a ledger or a local output path is missing or unreadable;
+        3 when the output cannot be read (its store unreachable, a bucket missing) or is not a
+        pidfence output (another writer's table, or a kind of table this version does not
+        write).
         Rows other writers appended to a Delta output and rows deleted from it after commit are
         counted for information (foreign, deleted), never as anomalies.
         """

@@ -41,9 +41,9 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
         raise VerifyInputError(str(exc)) from exc
     if not files:
         raise VerifyInputError("no ledger file given (--ledger FILE or FOLDER)")
-    for local in (output, rejects):
+    for option, local in (("output", output), ("rejects", rejects)):
         if local is not None and "://" not in local and not Path(local).is_dir():
-            raise VerifyInputError(f"output path {local} does not exist or is not a folder")
+            raise VerifyInputError(f"{option} path {local} does not exist or is not a folder")
     _reach_stores(output, rejects)
     try:
         entries = list(read_ledger(files))
