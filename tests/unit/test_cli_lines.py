@@ -230,3 +230,24 @@ def test_a_master_spark_cannot_parse_is_a_usage_error_before_any_jvm(
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2, result.output
     assert "not a Spark master URL" in result.output
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (("--lifetime-rollover", "1.5"), "ProducerConfigError"),
+        (("--lease-public-key", "/nonexistent/lease.pem"), "KeyFileError"),
+    ],
+)
+def test_produce_with_a_setting_that_cannot_work_is_a_usage_error(
+    option: tuple[str, str], says: str
+) -> None:
+    """As the README's table says for a bad option (it was 3), before any server is asked."""
+    from typer.testing import CliRunner
+
+    from pidfence.cli import app
+
+    argv = ["produce", "--bootstrap", "127.0.0.1:1", "--lease-server", "127.0.0.1:1"]
+    result = CliRunner().invoke(app, [*argv, "--topic", "t", "--count", "1", *option])
+    assert result.exit_code == 2, result.output
+    assert says in result.output

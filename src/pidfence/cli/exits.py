@@ -39,6 +39,10 @@ EXIT_BY_ERROR: Final[dict[str, int]] = {
     "pidfence.spark_sink.errors.SinkOptionError": EXIT_USAGE,
     # A ledger or output path named on the command line that is missing or unreadable.
     "pidfence.verify.errors.VerifyInputError": EXIT_USAGE,
+    # A producer setting given on the command line that cannot work (--lifetime-rollover 1.5).
+    "pidfence.producer.errors.ProducerConfigError": EXIT_USAGE,
+    # A key file named on the command line (--lease-public-key) missing or not a key.
+    "pidfence.wire.cert.KeyFileError": EXIT_USAGE,
 }
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE
+from pidfence.cli.exits import EXIT_RETRIABLE, code_of
 from pidfence.cli.keys import producer_public_keys
 from pidfence.cli.lease import parse_duration_ms
 from pidfence.wire import PidfenceError
@@ -41,13 +41,15 @@ MessageTimeout = Annotated[
 
 @contextmanager
 def fail_cleanly() -> Iterator[None]:
-    """Turn a :class:`PidfenceError` into one stderr line and exit 75 (retriable) or 3."""
+    """Turn a :class:`PidfenceError` into one stderr line, naming its class (the producer's
+    documented errors), and its exit code by :data:`~pidfence.cli.exits.EXIT_BY_ERROR`."""
     try:
         yield
     except PidfenceError as exc:
-        kind = "retriable" if exc.retriable else "error"
+        code = code_of(exc)
+        kind = "retriable" if code == EXIT_RETRIABLE else "error"
         sys.stderr.write(f"pidfence: {kind}: {type(exc).__name__}: {exc}\n")
-        raise SystemExit(EXIT_RETRIABLE if exc.retriable else EXIT_UNAVAILABLE) from exc
+        raise SystemExit(code) from exc
 
 
 def with_progress(columns: Sequence[Any], total: int | None, job: Callable[[OnProgress], R]) -> R:
