@@ -47,8 +47,24 @@ class ServerNode(ManagedProcess):
         self.port = port
 
     def wait_ready(self, timeout: float = 120.0, interval: float = 0.3) -> None:
-        """Block until the probe succeeds; ServiceFailed (with the log tail) after ``timeout``."""
-        wait_until(self.ready, timeout, self.what, interval=interval, tail=self.log_tail(20))
+        """Block until the probe succeeds; :class:`ServiceFailed` with the log's tail at once
+        when the process exits (a server that died at start never becomes ready), else after
+        ``timeout``."""
+
+        def probe() -> bool:
+            if not self.running:
+                raise ServiceFailed(
+                    f"{self.what}: {self.name} exited with code {self.exit_code()} before it "
+                    f"was ready\n{self.log_tail(20)}"
+                )
+            return self.ready()
+
+        try:
+            wait_until(probe, timeout, self.what, interval=interval)
+        except ServiceFailed as exc:
+            if self.running:  # not ready in time: the log as it is now
+                raise ServiceFailed(f"{exc}\n{self.log_tail(20)}") from None
+            raise
 
     def restart(self, timeout: float = 120.0) -> None:
         """Stop the node if it runs, start it again, and wait until it serves."""
