@@ -1,0 +1,35 @@
+"""A server node's wait for readiness (a shell process stands in for the JVM)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pidfence.services import ServiceFailed
+from pidfence.services.node import ServerNode
+
+
+def _node(tmp_path: Path, script: str) -> ServerNode:
+    cmd = ["sh", "-c", script]
+    return ServerNode("kafka-0", cmd, tmp_path / "kafka.log", lambda: False, "Kafka", 9092)
+
+
+def test_a_node_that_exits_at_start_fails_its_wait_at_once_with_its_log(tmp_path: Path) -> None:
+    node = _node(tmp_path, "echo 'port 9092 is in use'; exit 3")
+    node.start()
+    began = time.monotonic()
+    with pytest.raises(ServiceFailed, match=r"(?s)exited with code 3.*port 9092 is in use"):
+        node.wait_ready(timeout=600)
+    assert time.monotonic() - began < 300  # it did not wait the timeout out
+
+
+def test_a_node_not_ready_in_time_reports_its_log_as_it_is_then(tmp_path: Path) -> None:
+    node = _node(tmp_path, "sleep 0.3; echo 'still electing a controller'; sleep 30")
+    node.start()
+    try:
+        with pytest.raises(ServiceFailed, match=r"(?s)not ready after 1s.*still electing"):
+            node.wait_ready(timeout=1.0, interval=0.1)
+    finally:
+        node.stop()
