@@ -10,6 +10,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from pidfence.wire import GENERATION_LIMIT, MalformedHeader, decode_pf
+from pidfence.wire.header import KNOWN_FLAGS
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
@@ -69,7 +70,7 @@ def _read_uint(data: U8, pos: I64) -> tuple[I64, I64, BoolArr]:
         byte = data[pos + 1 + k].astype(np.uint64)
         acc = np.where(size > k, (acc << np.uint64(8)) | byte, acc)
     value = np.where(fix, value, acc)
-    ok = (fix | (size > 0)) & (value < np.uint64(2**63))
+    ok = (fix | (size > 0)) & (value < np.uint64(2**63))  # fits int64 (PID_LIMIT, SEQ_LIMIT)
     length = np.where(fix, 1, 1 + size).astype(np.int64)
     return value.astype(np.int64), length, ok
 
@@ -111,7 +112,8 @@ def decode_headers(headers: Any) -> DecodedHeaders:
         fields.append(value)
         pos = pos + length
     flag_byte = data[np.minimum(pos, len(data) - 1)]
-    ok &= (flag_byte <= 1) & (pos + 1 == end)
+    # Flags as one positive fixint byte with no unknown bits (others take the exact path).
+    ok &= (flag_byte & ~np.uint8(KNOWN_FLAGS) == 0) & (pos + 1 == end)
     pid, gen, seq = fields
     ok &= gen < GENERATION_LIMIT
     flags = np.where(ok, flag_byte, 0).astype(np.uint8)

@@ -71,7 +71,8 @@ def valid_fields(pid: Any, generation: Any, seq: Any, flags: Any) -> bool:
         and 0 <= pid < PID_LIMIT
         and 0 <= generation < GENERATION_LIMIT
         and 0 <= seq < SEQ_LIMIT
-        and flags in (0, FLAG_FENCE)
+        and not flags & ~KNOWN_FLAGS
+        and flags >= 0
     )
 
 
