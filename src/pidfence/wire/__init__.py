@@ -1,4 +1,5 @@
-"""The ``pf`` header codec, the shared value types and the exception root. No I/O."""
+"""The ``pf`` header codec, the certificate and MAC formats, the shared value types and the
+exception root. Pure but for the key and secret files ``cert`` and ``mac`` read and write."""
 
 from pidfence.wire.authority import PidState, PidStatus
 from pidfence.wire.cert import (

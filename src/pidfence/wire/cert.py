@@ -11,7 +11,8 @@ Two versions, both decodable:
   can sign statements naming a topic and partition that a copier cannot move elsewhere.
 
 The lease server puts ``cert`` in every lease, bump and roll reply when it runs with
-``--signing-key``; producers stamp it as the ``pfc`` header; the sink verifies it with
+``--signing-key``; producers carry it inside the ``pfc`` header, a placed statement
+``[2, cert, signature]`` (:mod:`~pidfence.wire.statement`); the sink verifies it with
 :func:`verify_cert` against one or more public keys (several during a key rotation).
 
 Key files live here too: the signing key pair (PEM) and the helpers that read and create private
