@@ -9,7 +9,6 @@ exit by the one table in :mod:`pidfence.cli.exits`. The sink logic is in
 
 from __future__ import annotations
 
-import re
 import signal
 import sys
 import threading
@@ -33,6 +32,7 @@ from pidfence.cli.exits import (
 )
 from pidfence.cli.extras import require
 from pidfence.cli.keys import key_paths
+from pidfence.cli.spark_master import spark_master
 from pidfence.cli.storage import StorageOption, apply_storage_options
 
 
@@ -41,24 +41,6 @@ class StartingOffsets(StrEnum):
 
     earliest = "earliest"
     latest = "latest"
-
-
-#: Spark's master URLs (SparkContext's own patterns, and the cluster managers' schemes).
-_MASTER = re.compile(
-    r"local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
-    r"(spark|k8s|mesos)://\S+"
-)
-
-
-def _master(value: str) -> str:
-    """A usage error (exit 2) for a master Spark cannot parse, before any JVM starts: Spark's
-    own refusal would look like a failed start, which a rerun does not get past."""
-    if not _MASTER.fullmatch(value):
-        raise typer.BadParameter(
-            f"{value!r} is not a Spark master URL: local[*], local[N], local[N,F], "
-            "spark://HOST:PORT, yarn, k8s://... or mesos://..."
-        )
-    return value
 
 
 def spark_log_path(checkpoint: str) -> Path:
@@ -100,7 +82,8 @@ def register(app: typer.Typer) -> None:
         master: Annotated[
             str,
             typer.Option(
-                help="Spark master: local[*], local[N,F] or spark://HOST:PORT", callback=_master
+                help="Spark master: local[*], local[N,F] or spark://HOST:PORT",
+                callback=spark_master,
             ),
         ] = "local[*]",
         available_now: Annotated[
