@@ -32,7 +32,7 @@ from pidfence.cli.exits import (
 )
 from pidfence.cli.extras import require
 from pidfence.cli.keys import key_paths
-from pidfence.cli.spark_master import spark_master
+from pidfence.cli.spark_master import SparkMaster
 from pidfence.cli.storage import StorageOption, apply_storage_options
 
 
@@ -79,13 +79,7 @@ def register(app: typer.Typer) -> None:
         checkpoint: Annotated[
             str | None, typer.Option(help="Spark checkpoint location (required)")
         ] = None,
-        master: Annotated[
-            str,
-            typer.Option(
-                help="Spark master: local[*], local[N,F] or spark://HOST:PORT",
-                callback=spark_master,
-            ),
-        ] = "local[*]",
+        master: SparkMaster = "local[*]",
         available_now: Annotated[
             bool, typer.Option("--available-now", help="Process what is in the topic, then exit")
         ] = False,

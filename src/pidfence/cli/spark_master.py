@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 import typer
 
@@ -23,3 +24,13 @@ def spark_master(value: str) -> str:
             "spark://HOST:PORT, yarn, k8s://... or mesos://..."
         )
     return value
+
+
+#: The ``--master`` option.
+SparkMaster = Annotated[
+    str,
+    typer.Option(
+        help="Spark master: local[*], local[N,F], spark://HOST:PORT, yarn or k8s://...",
+        callback=spark_master,
+    ),
+]
