@@ -473,3 +473,24 @@ def test_a_handover_whose_last_commit_fails_still_gives_the_partition_up() -> No
     ]
     member.group.run()
     assert member.producers[0].closed and 0 not in member.consumer.fetching
+
+
+def test_a_member_leaving_during_a_rebalance_opens_nothing_it_is_about_to_give_up() -> None:
+    """A rebalance was under way when the member stopped: closing the consumer delivers the
+    pending assignment first. Opening those tasks (a bump, FENCE and scan each) would be work
+    for nothing, and their handover commits would be refused by a group the member has left:
+    they stay unopened, and their last owners' commits stand."""
+    member = Member([("assign", [0]), records(0, range(3))], max_records=3)
+    close = member.consumer.close
+
+    def close_during_a_rebalance() -> None:
+        member.consumer.callbacks["on_assign"](
+            member.consumer, [confluent_kafka.TopicPartition(SOURCE, 1)]
+        )
+        close()
+
+    member.consumer.close = close_during_a_rebalance  # type: ignore[method-assign]
+    member.group.run()
+    assert [p.partition for p in member.producers] == [0]
+    assert 1 not in member.consumer.commits
+    assert member.consumer.commits[0][0] == 3  # partition 0 handed over with its commit

@@ -133,6 +133,8 @@ class CopyGroup:
         self._commits = 0
         self._stop_next = False
         self._stopping = False
+        #: Closing the consumer: an assignment delivered now is given up at once.
+        self._leaving = False
         self._partitions = 0
         self._done_check = 0.0
 
@@ -142,7 +144,8 @@ class CopyGroup:
         """Copy the partitions the group assigns here until ``max_records`` are copied, SIGTERM,
         or idle for ``idle_exit_s`` once the group has committed every input partition to its
         end (counted from the first assignment); returns what this member did. Every partition
-        is handed over with a commit as the member leaves the group.
+        is handed over with a commit as the member leaves the group (one a rebalance assigns
+        while it leaves is not opened: its last owner's commit stands).
 
         Raises:
             BadCheckpoint: a committed checkpoint this member cannot use (another consumer
@@ -171,6 +174,7 @@ class CopyGroup:
             )
             self._loop(consumer, on_progress)
         finally:
+            self._leaving = True
             try:
                 consumer.close()  # revokes every partition: each task commits and closes
             except confluent_kafka.KafkaException as exc:
@@ -406,6 +410,10 @@ class CopyGroup:
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self._assigned = True
         self._active = self._clock()
+        if self._leaving:  # a rebalance met close(): its last owners' commits stand
+            consumer.incremental_assign([])
+            log.info("assigned %s while leaving: not opened", [tp.partition for tp in partitions])
+            return
         opened = [tp.partition for tp in partitions if self._open(consumer, tp.partition)]
         if not opened:
             consumer.incremental_assign([])  # nothing to fetch yet (else all would be)
