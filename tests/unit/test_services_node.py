@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pidfence.services import ServiceFailed
+from pidfence.services import ServiceFailed, process, started_pids
 from pidfence.services.node import ServerNode
 
 
@@ -20,9 +20,28 @@ def test_a_node_that_exits_at_start_fails_its_wait_at_once_with_its_log(tmp_path
     node = _node(tmp_path, "echo 'port 9092 is in use'; exit 3")
     node.start()
     began = time.monotonic()
-    with pytest.raises(ServiceFailed, match=r"(?s)exited with code 3.*port 9092 is in use"):
-        node.wait_ready(timeout=600)
-    assert time.monotonic() - began < 300  # it did not wait the timeout out
+    try:
+        with pytest.raises(ServiceFailed, match=r"(?s)exited with code 3.*port 9092 is in use"):
+            node.wait_ready(timeout=600)
+        assert time.monotonic() - began < 300  # it did not wait the timeout out
+    finally:
+        node.stop()
+
+
+def test_a_process_that_exited_on_its_own_is_not_reported_alive_when_its_pid_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite's end check asks each process through its own handle: a pid reused by another
+    process (pids wrap on a long run) is not a process the suite left running."""
+    node = _node(tmp_path, "exit 0")
+    node.start()
+    pid = node.pid
+    assert pid is not None
+    while node.running:
+        time.sleep(0.01)
+    # Another process now holds the pid, as a later one may on a long run.
+    monkeypatch.setattr(process, "pid_alive", lambda _pid: True)
+    assert pid not in started_pids()
 
 
 def test_a_node_not_ready_in_time_reports_its_log_as_it_is_then(tmp_path: Path) -> None:

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from pidfence.wire import PidfenceError
 
-#: Every pid this Python process started and has not yet seen exit (the suite checks it is empty).
-_STARTED: set[int] = set()
+#: Every process this Python process started and has not stopped, by pid (the suite checks that
+#: none runs at its end). Held as ``Popen`` objects: a process that exited on its own is asked
+#: through its own handle, so a later process that reuses its pid is never taken for it.
+_STARTED: dict[int, subprocess.Popen[bytes]] = {}
 _LOCK = threading.Lock()
 
 
@@ -23,9 +25,9 @@ class ServiceFailed(PidfenceError):
 
 
 def started_pids() -> set[int]:
-    """Pids of processes started here that may still be running."""
+    """Pids of processes started here that are still running."""
     with _LOCK:
-        return {pid for pid in _STARTED if pid_alive(pid)}
+        return {pid for pid, proc in _STARTED.items() if proc.poll() is None}
 
 
 def pid_alive(pid: int) -> bool:
@@ -87,7 +89,7 @@ class ManagedProcess:
                 start_new_session=True,
             )
         with _LOCK:
-            _STARTED.add(self._proc.pid)
+            _STARTED[self._proc.pid] = self._proc
         self.paused = False
 
     @property
@@ -144,7 +146,7 @@ class ManagedProcess:
     def _forget(self) -> None:
         if self._proc is not None:
             with _LOCK:
-                _STARTED.discard(self._proc.pid)
+                _STARTED.pop(self._proc.pid, None)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the process's log."""
