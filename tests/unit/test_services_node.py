@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -52,3 +54,19 @@ def test_a_node_not_ready_in_time_reports_its_log_as_it_is_then(tmp_path: Path) 
             node.wait_ready(timeout=1.0, interval=0.1)
     finally:
         node.stop()
+
+
+def test_a_process_that_stopped_itself_is_stopped_by_sigterm_not_waited_out(tmp_path: Path) -> None:
+    # A producer run with --stop-after-checkpoint sends itself SIGSTOP; SIGTERM alone stays
+    # pending on a stopped process, so stop() would wait its whole timeout and then SIGKILL.
+    code = "import os, signal, time; os.kill(os.getpid(), signal.SIGSTOP); time.sleep(60)"
+    proc = process.ManagedProcess("self-stopped", [sys.executable, "-c", code], tmp_path / "p.log")
+    proc.start()
+    process.wait_until(lambda: _state(proc.pid) == "T", 10, "the process to stop itself")
+    proc.stop(timeout=5)
+    assert proc.exit_code() == -signal.SIGTERM
+
+
+def _state(pid: int | None) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]

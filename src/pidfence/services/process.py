@@ -118,10 +118,14 @@ class ManagedProcess:
         self._forget()
 
     def terminate(self) -> None:
-        """SIGTERM without waiting (resuming first if paused); :meth:`stop` then waits."""
-        if self.paused:
-            self.resume()
+        """SIGTERM without waiting, then SIGCONT; :meth:`stop` then waits.
+
+        SIGCONT always: a process can stop itself (a producer's ``--stop-after-checkpoint``), and
+        a stopped process holds SIGTERM pending until it is continued.
+        """
         self._signal(signal.SIGTERM)
+        self._signal(signal.SIGCONT)
+        self.paused = False
 
     def kill(self) -> None:
         """SIGKILL: a crash, no clean shutdown."""
