@@ -13,7 +13,7 @@ import pytest
 from pidfence.spark_sink import SplitPartitionError, read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
-from pidfence.spark_sink.errors import SinkOptionError
+from pidfence.spark_sink.errors import OutputOwnedError, SinkOptionError
 from pidfence.spark_sink.manifest import BatchManifest
 from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
@@ -107,6 +107,27 @@ def test_abort_removes_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     w.abort([msg, None], 0)
     assert read_log(str(tmp_path)).num_rows == 0
     assert not any(p.is_file() for p in tmp_path.rglob("*.parquet"))
+
+
+def test_a_refused_querys_abort_leaves_the_owners_staged_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same job started twice with fresh checkpoints: query B's tasks are refused (the
+    output is A's), Spark aborts B's batch 0 with no messages. A's batch 0 is staged, not yet
+    committed; B's abort must leave it, and A's commit then publishes every record."""
+    records = make_stream(5, 40)
+    w = _writer(tmp_path)
+    staged = _write(monkeypatch, w, 0, kafka_rows(records))
+    before = _files(tmp_path)
+    monkeypatch.setattr(writer_mod, "_task_context", lambda: (0, 0, "query-b"))
+    with pytest.raises(OutputOwnedError):
+        w.write(iter(kafka_rows(records).to_batches()))
+    refused = PidfenceStreamWriter(SinkOptions.parse({"path": str(tmp_path), **SETTINGS}))
+    refused.abort([None], 0)
+    assert _files(tmp_path) == before
+    w.commit([staged], 0)
+    expected, _ = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
+    assert read_log(str(tmp_path))["offset"].to_pylist() == expected
 
 
 def test_two_tasks_for_one_partition_publish_nothing(
@@ -246,6 +267,11 @@ def test_options_are_validated() -> None:
         SinkOptions.parse({"path": "/x", "capacity": "0"})
     opts = SinkOptions.parse({"path": "/x/", "reorderWindow": "0"})
     assert opts.rejects_path == "/x/_rejects" and opts.reorder_window == 0
+    # A store without a conditional create the sink can use is refused for either table.
+    with pytest.raises(SinkOptionError, match=r"path gs://b/out: .*no conditional create"):
+        SinkOptions.parse({"path": "gs://b/out"})
+    with pytest.raises(SinkOptionError, match="rejectsPath abfs://"):
+        SinkOptions.parse({"path": "s3://b/out", "rejectsPath": "abfs://c/rejects"})
 
 
 def test_batch_without_a_partition_keeps_its_state_chain(

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import traceback
 
+import pytest
+
 from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE, code_of
 from pidfence.spark_sink.data_loss import DataLost
 from pidfence.spark_sink.delta.errors import DeltaCommitConflict, RestoredPastSink
+from pidfence.spark_sink.errors import ManifestUnreadable
 from pidfence.spark_sink.failure import SparkQueryFailed, failure_of
+from pidfence.spark_sink.manifest import BatchManifest
 
 
 def _traceback_of(error: BaseException) -> str:
@@ -83,3 +87,14 @@ def test_an_error_raised_in_process_is_itself() -> None:
     wrapped = RuntimeError("outer")
     wrapped.__cause__ = error
     assert failure_of(wrapped) is error
+
+
+def test_a_manifest_of_another_version_is_not_retriable() -> None:
+    """A rerun reads the same manifest: exit 3, not 75 (a supervisor would restart it forever).
+    Before, ``decode`` raised a plain ValueError, which came out as a retriable Spark failure."""
+    with pytest.raises(ManifestUnreadable) as caught:
+        BatchManifest.decode(b'{"version": 4, "parts": []}')
+    error = failure_of(FakeStreamingQueryException(_spark_text(_traceback_of(caught.value))))
+    assert isinstance(error, ManifestUnreadable)
+    assert "format 4" in str(error) and "new --output" in str(error)
+    assert code_of(error) == EXIT_UNAVAILABLE

@@ -69,6 +69,23 @@ def test_a_lapsed_claim_is_taken_over_and_its_owner_fenced(tmp_path: Path) -> No
     assert newest_claim(store) == standby.claim
 
 
+def test_an_owner_paused_through_three_takeovers_is_still_fenced(tmp_path: Path) -> None:
+    """Owner 1 pauses; 2, 3 and 4 each take over from a lapsed claim. When 1 wakes, its check
+    and its heartbeat fence it. (With only the two newest claims kept, claim 2 was gone by then,
+    1 passed its check, its heartbeat re-created claim 1, and it committed beside owner 4.)"""
+    store = Store.at(str(tmp_path))
+    paused = claim_output(store, lapse=30)
+    assert paused is not None
+    ticks = iter(range(0, 10_000, 40))
+    for epoch in (2, 3, 4):
+        taker = claim_output(store, lapse=30, clock=lambda: float(next(ticks)))
+        assert taker is not None and taker.epoch == epoch
+    with pytest.raises(OutputFenced):
+        check_epoch(store, paused.epoch)
+    paused.beat()
+    assert paused.fenced is not None
+
+
 def test_a_released_claim_is_taken_over_at_once(tmp_path: Path) -> None:
     store = Store.at(str(tmp_path))
     owner = claim_output(store, lapse=3600)

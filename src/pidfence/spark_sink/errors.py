@@ -34,6 +34,11 @@ class OutputOwnedError(SinkError):
     """
 
 
+class ManifestUnreadable(SinkError):
+    """A batch manifest or positions index of the sink's own folder that this version cannot
+    read: another version wrote it, or it is damaged. Not retriable: a rerun reads it again."""
+
+
 class CommittedBatchMismatch(SinkError):
     """Spark re-ran a committed batch with other Kafka offsets than its manifest records.
 

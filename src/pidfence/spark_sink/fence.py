@@ -12,6 +12,10 @@ standbys exactly one wins.
 The owner of epoch E is fenced once the claim of E + 1 exists: one existence check, made before
 every bookkeeping and Delta commit (:func:`check_epoch`) and at every heartbeat. A fenced sink
 stops with :class:`OutputFenced`: exit 3, never 75, since a rerun would only wait as a standby.
+
+Claims are never deleted (one small file per takeover): the check rests on E + 1 staying. When
+the two newest alone were kept, an owner paused through three takeovers found E + 1 gone and
+committed again beside the newest owner.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pidfence.spark_sink.storage import Store, batch_name
 
 log = logging.getLogger(__name__)
 
-#: The claims' folder, under the sink's own folder. Only the two newest claims are kept.
+#: The claims' folder, under the sink's own folder. Every claim is kept (see the module).
 CLAIMS: Final = "_claims"
 #: How often a standby looks at the owner's claim, at most (seconds).
 STANDBY_POLL: Final = 2.0
@@ -84,7 +88,7 @@ def _path(store: Store, epoch: int) -> str:
 
 
 def newest_claim(store: Store) -> Claim | None:
-    """The newest claim on the output (a listing of at most a few names: startup only)."""
+    """The newest claim on the output (a listing of one name per takeover: never per batch)."""
     epochs = [int(n[:-5]) for n in store.list(store.join(CLAIMS)) if n[:-5].isdigit()]
     while epochs:
         epoch = max(epochs)
@@ -229,8 +233,6 @@ def claim_output(
         )
         _HELD.add(mine.run)  # before the claim is visible: a twin in this process sees it live
         if store.put_if_absent(_path(store, mine.epoch), mine.encode()):
-            for old in range(max(epoch - 1, 1), epoch):
-                store.delete(_path(store, old))
             return OutputClaim(store, mine, lapse)
         _HELD.discard(mine.run)
         seen = None  # another standby won this epoch: watch the new owner

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Final
 
+from pidfence.spark_sink.errors import ManifestUnreadable
 from pidfence.spark_sink.gaps import GapReport
 
 #: The kinds of file a part may have: its appended rows, rejects, records held for reordering at
@@ -208,14 +209,22 @@ class BatchManifest:
         """A stored manifest back.
 
         Raises:
-            ValueError: not a manifest of this version.
+            ManifestUnreadable: not a manifest of this version, or damaged.
         """
-        body = json.loads(data)
-        if body.get("version") != cls.VERSION:
-            raise ValueError(f"manifest version {body.get('version')!r} is not {cls.VERSION}")
-        parts = tuple(PartCommit.from_dict(p) for p in body["parts"])
-        totals = Totals(**body["totals"])
-        return cls(int(body["batch"]), str(body["query"]), parts, totals, int(body["epoch"]))
+        try:
+            body = json.loads(data)
+            version = body.get("version")
+            if version != cls.VERSION:
+                raise ManifestUnreadable(
+                    f"a batch manifest of format {version!r}; this pidfence reads format "
+                    f"{cls.VERSION}: run the pidfence version that wrote the output, or give "
+                    "this one a new --output and --checkpoint"
+                )
+            parts = tuple(PartCommit.from_dict(p) for p in body["parts"])
+            totals = Totals(**body["totals"])
+            return cls(int(body["batch"]), str(body["query"]), parts, totals, int(body["epoch"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ManifestUnreadable(f"a damaged batch manifest: {exc!r}") from exc
 
 
 @dataclass(frozen=True)
@@ -233,12 +242,19 @@ def encode_positions(batch: int, positions: Mapping[str, Position]) -> bytes:
 
 
 def decode_positions(data: bytes) -> dict[str, Position]:
-    """A stored positions index back."""
-    parts = json.loads(data)["parts"]
-    return {
-        name: Position(int(p["batch"]), PartCommit.from_dict(p["part"]))
-        for name, p in parts.items()
-    }
+    """A stored positions index back.
+
+    Raises:
+        ManifestUnreadable: damaged, or of another version.
+    """
+    try:
+        parts = json.loads(data)["parts"]
+        return {
+            name: Position(int(p["batch"]), PartCommit.from_dict(p["part"]))
+            for name, p in parts.items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ManifestUnreadable(f"a damaged positions index: {exc!r}") from exc
 
 
 __all__ = [

@@ -73,6 +73,18 @@ def _read(meta: Mapping[str, Any], raw: str) -> Any:
     return raw or None
 
 
+
+def _check_store(name: str, where: str) -> None:
+    """Refuse a store without a create-if-absent the sink can use: its claims, manifests and
+    owner record would be check-then-put, and two instances could both commit."""
+    scheme, sep, _ = where.partition("://")
+    if sep and scheme not in ("s3", "s3a", "file"):
+        raise SinkOptionError(
+            f"{name} {where}: the pidfence sink writes to a local disk or an S3-compatible store "
+            f"(s3://, s3a://); {scheme}:// gives it no conditional create, so two sink instances "
+            "could both commit a batch"
+        )
+
 @dataclass(frozen=True)
 class SinkOptions:
     """The sink's settings: ``path`` and ``rejects_path``, then one field per option (see each
@@ -210,6 +222,8 @@ class SinkOptions:
             if f.metadata and (raw := opts.get(f.metadata["name"].lower())) is not None
         }
         rejects = (opts.get("rejectspath") or f"{path}/_rejects").rstrip("/")
+        for name, where in (("path", path), ("rejectsPath", rejects)):
+            _check_store(name, where)
         checkpoint = opts.get("checkpointlocation")
         return cls(path=path, rejects_path=rejects, checkpoint=checkpoint, **values)
 

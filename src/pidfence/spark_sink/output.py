@@ -54,6 +54,7 @@ from pidfence.spark_sink.delta.table import (
     check_tables,
 )
 from pidfence.spark_sink.delta.tip import Tip, query_tip
+from pidfence.spark_sink.errors import ManifestUnreadable
 from pidfence.spark_sink.fence import check_epoch, tag_epoch
 from pidfence.spark_sink.fold import folded_decided, folded_manifest, folded_manifests
 from pidfence.spark_sink.manifest import (
@@ -215,7 +216,7 @@ class Output:
         if batch_id > self.committed_version():
             return None
         try:
-            return BatchManifest.decode(self.own.read(self.manifest_path(batch_id)))
+            return self._manifest_at(self.manifest_path(batch_id))
         except FileNotFoundError:
             folded = folded_manifest(self.own, batch_id)
             if folded is not None:
@@ -226,10 +227,18 @@ class Output:
                 "directory was damaged"
             ) from None
 
+    def _manifest_at(self, path: str) -> BatchManifest:
+        """The manifest stored at ``path`` (:class:`ManifestUnreadable` names the path)."""
+        data = self.own.read(path)
+        try:
+            return BatchManifest.decode(data)
+        except ManifestUnreadable as exc:
+            raise ManifestUnreadable(f"{path}: {exc}") from exc
+
     def intent(self, batch_id: int) -> BatchManifest | None:
         """The batch's manifest, committed or not (None: no attempt published one)."""
         try:
-            return BatchManifest.decode(self.own.read(self.manifest_path(batch_id)))
+            return self._manifest_at(self.manifest_path(batch_id))
         except FileNotFoundError:
             return None
 
@@ -326,7 +335,7 @@ class Output:
         self._sync()
         path = self.manifest_path(batch_id)
         if not self.own.put_if_absent(path, manifest.encode()):
-            manifest = BatchManifest.decode(self.own.read(path))
+            manifest = self._manifest_at(path)
         kinds: tuple[TableKind, TableKind] = ("rejects", "log")
         info = manifest.figures()
         for kind in kinds:

@@ -185,7 +185,8 @@ class Store:
         Locally the bytes are hard-linked into place from a temporary file: link() fails if the
         name exists, and readers never see a half-written file. On S3 it is a conditional put
         (:func:`~pidfence.spark_sink.s3_requests.put_if_absent`). On another object store it is
-        a check then a put, atomic only for a single writer.
+        a check then a put, atomic only for a single writer: the sink's options refuse such a
+        store for writing (readers like ``pidfence verify`` never put).
         """
         if self.s3:
             return s3_requests.put_if_absent(path, data)

@@ -5,15 +5,16 @@ delete at the time is left for this sweep: the files of a partition's newest bat
 an idle partition's position named them and orphaned once it moved on; files of attempts that
 never committed and that no later attempt of their batch cleaned up (a fenced instance that
 wrote after its successor committed the batch, a process killed before its clean-up); manifests
-and segments a crash left between a fold's steps; indexes and claims older than the two kept.
+and segments a crash left between a fold's steps; indexes older than the two kept. Claims are
+never deleted: a paused owner's fence rests on the claim after its own (fence.py).
 
 A file goes only when all of these hold:
 
 * nothing a sink, a reader or a state rebuild starts from names it: its batch is folded (at or
   below the newest folded batch, so every attempt of it is over: Spark re-runs no batch that
   old, and a re-run of a committed batch writes nothing) and no partition's newest position
-  names it; or it is a segment that ``segments.json`` does not name, or an index or claim older
-  than the two kept;
+  names it; or it is a segment that ``segments.json`` does not name, or an index older than
+  the two kept;
 * its attempt's epoch is at most the newest claim's when the sweep began (a sink instance that
   claimed the output since is never touched; fence.py);
 * it is at least ``min_age`` old (a fold in flight writes its segment before naming it).
@@ -27,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Final
 
-from pidfence.spark_sink.fence import CLAIMS, newest_claim, tag_epoch
+from pidfence.spark_sink.fence import newest_claim, tag_epoch
 from pidfence.spark_sink.fold import FOLDED, SEGMENTS, folded_manifest, segments
 from pidfence.spark_sink.output import INDEX, INDEX_EVERY, MANIFESTS, Output
 from pidfence.spark_sink.storage import Store, batch_name
@@ -84,8 +85,6 @@ class _Sweep:
             )
         if head == FOLDED:
             return rel != SEGMENTS and name.partition(".")[0] not in self.stems
-        if head == CLAIMS:
-            return number is not None and number < self.epoch - 1
         return False
 
 

@@ -218,9 +218,20 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         output.discard(batchId, manifest.named())
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Remove the files this batch's attempts wrote; nothing of it was ever visible."""
-        query = next((m.query for m in messages if isinstance(m, SinkCommitMessage)), NO_OWNER)
+        """Remove the files this batch's attempts wrote that no table or intent names.
+
+        Only the output's owner query cleans up: a query refused as another's (its tasks raised
+        :class:`~pidfence.spark_sink.errors.OutputOwnedError`) shares the owner's epoch and
+        batch numbers, and would delete the owner's staged files. Cleanup is never needed for
+        safety: what an abort leaves, the batch's commit or ``sink vacuum`` removes.
+        """
+        query = next(
+            (m.query for m in messages if isinstance(m, SinkCommitMessage)),
+            self.query_id or NO_OWNER,
+        )
         output = self.output(query)
+        if owner.owner_of(output.own) not in (None, query):
+            return
         # A manifest written before the failure is the batch's intent: a re-run commits the
         # files it names, so they stay.
         intent = output.intent(batchId)
