@@ -21,6 +21,7 @@ from pidfence.pid_allocator import LeaseClient, LeaseServerThread
 from pidfence.producer import IdempotentProducer, ProducerConfig, ProducerFenced
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.copy_task import CopyTask, task_opener
+from pidfence.producer.driver import SessionDriver
 from pidfence.spark_sink import read_log, read_rejects, run_sink
 from pidfence.testing import FaultKind, FaultPlan, install_mutation, step
 from pidfence.wire import Verdict
@@ -182,13 +183,34 @@ def test_a_takeover_that_recopies_across_two_checkpoints_loses_nothing(
     copy_kit: Callable[[Commits, str], CopyTask],
     spark: Any,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The owner copied far past its last commit, then died (SIGKILL: no commit). The next owner
     re-copies those records across two of its checkpoints, and the sink drops every one as a
     ``DUPLICATE``, which moves no generation. Each checkpoint bumps, so its first new record is
     two generations ahead of what the sink holds unless each bump FENCEs its generation: without
     that (issue 44's chaos failure) it is ``INVALID_GENERATION``, and so is every record after
-    it, which the owner goes on committing: those events are lost."""
+    it, which the owner goes on committing: those events are lost. The build without that FENCE
+    (mutation ``bump-without-fence``) loses them here."""
+    log, verdicts = _recopy(kafka, new_topic, copy_kit, spark, tmp_path / "exact")
+    assert log == ["sent"] * 200, verdicts
+    assert set(verdicts) == {"DUPLICATE", "FENCE"}, verdicts
+    monkeypatch.setattr(SessionDriver, "announce", SessionDriver.announce)
+    install_mutation("bump-without-fence")
+    log, verdicts = _recopy(kafka, new_topic, copy_kit, spark, tmp_path / "mutated")
+    assert "INVALID_GENERATION" in verdicts
+    assert log.count("sent") < 200
+
+
+def _recopy(
+    kafka: Any,
+    new_topic: Callable[..., str],
+    copy_kit: Callable[[Commits, str], CopyTask],
+    spark: Any,
+    work: Path,
+) -> tuple[list[str], Counter[str]]:
+    """The takeover of the test above, then the sink: each source record's fate in the log
+    (``sent``, or ``lost``/``twice``) and the rejects' verdicts."""
     source, target = new_topic(), new_topic()
     records = _fill(kafka.bootstrap, source, 200)
     commits = Commits()
@@ -202,12 +224,12 @@ def test_a_takeover_that_recopies_across_two_checkpoints_loses_nothing(
         if owner.pending == 50:
             owner.checkpoint()
     owner.checkpoint()
-    out = tmp_path / "out"
-    run_sink(spark, kafka.bootstrap, target, str(out), str(tmp_path / "ckpt"))
-    log = read_log(str(out)).sort_by("log_offset")
+    out = work / "out"
+    run_sink(spark, kafka.bootstrap, target, str(out), str(work / "ckpt"))
+    values = Counter(read_log(str(out)).column("value").to_pylist())
     verdicts = Counter(str(v) for v in read_rejects(str(out)).column("verdict").to_pylist())
-    assert log.column("value").to_pylist() == [r.value() for r in records], verdicts
-    assert set(verdicts) == {"DUPLICATE", "FENCE"}, verdicts
+    fate = {1: "sent", 0: "lost"}
+    return [fate.get(values[r.value()], "twice") for r in records], verdicts
 
 
 def _first_owner(

@@ -32,6 +32,8 @@ class NetworkNemesis(FaultScript):
     started: float | None = field(default=None, init=False)
     #: Clock reading when the last toxic came off (None while any is on or to come).
     healed_at: float | None = field(default=None, init=False)
+    #: How many of the plan's faults were put on a link (a fault on a link without a proxy is not).
+    applied: int = field(default=0, init=False)
     _on: set[int] = field(default_factory=set, init=False)
     _off: set[int] = field(default_factory=set, init=False)
 
@@ -57,6 +59,7 @@ class NetworkNemesis(FaultScript):
             if index not in self._on and elapsed >= fault.at_s:
                 self.links.apply(index, fault)
                 self._on.add(index)
+                self.applied += 1
                 self.happened = True
                 self.note(
                     f"t={elapsed:.1f}s on  {fault.target}: {fault.kind} for "
