@@ -60,6 +60,8 @@ class StoreRun:
     up: Upstream
     exits: list[tuple[str, int]] = field(default_factory=list)
     rounds: int = 0
+    #: Sinks started held at a point, with their folders: released and stopped at teardown.
+    held: list[tuple[Worker, Path]] = field(default_factory=list)
 
     @property
     def out(self) -> str:
@@ -90,6 +92,7 @@ class StoreRun:
         folder.mkdir()
         argv = run_argv(self.argv(), hold_at=(point, folder))
         sink = Worker("sink-held", argv, self.tmp / "logs", env=self.env).start()
+        self.held.append((sink, folder))
         wait_for(lambda: (folder / HELD).exists() or not sink.running, 240, f"the sink at {point}")
         assert sink.running, sink.tail()
         return sink, folder
@@ -158,7 +161,7 @@ def store_run(
     own_s3_store: SeaweedFS,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> StoreRun:
+) -> Iterator[StoreRun]:
     """A pipeline on a store of the test's own; round one of the events is in the topic. The
     sinks run in the test's folder (their logs' folder must not land in the checkout)."""
     monkeypatch.chdir(tmp_path)
@@ -171,7 +174,10 @@ def store_run(
     up = Upstream(kafka.bootstrap, topic, tmp_path / "ledger.jsonl")
     run = StoreRun(tmp_path, kafka.bootstrap, topic, bucket, env, env, up)
     run.send_round()
-    return run
+    yield run
+    for sink, folder in run.held:  # a test that failed while a sink waited at its point
+        release(folder)
+        sink.stop()
 
 
 @pytest.fixture

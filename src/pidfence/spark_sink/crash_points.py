@@ -10,7 +10,8 @@ Points, in the order a batch passes them:
 * ``task_start``: ``write()`` begins on an executor (``attempt`` is Spark's task attempt number);
 * ``after_write``: the task staged its files, nothing is committed;
 * ``before_manifest``: the driver's ``commit()`` is about to publish the batch;
-* ``rejects_committed``: the Delta layout committed the rejects table, not yet the log table;
+* ``rejects_committed``: the rejects table's Delta commit is done (a batch without rejects has
+  none), not yet the log table's;
 * ``after_manifest``: the batch is committed, Spark's commit log not yet.
 """
 

@@ -1,7 +1,7 @@
 """``pidfence.testing``: one harness for faults, the way kazoo's ``testing`` package serves users.
 
-* :class:`FaultPlan` / :class:`FaultStep`: a seeded, replayable plan of faults (process kills,
-  pauses and restarts, sink crash points, network toxics); :meth:`FaultPlan.network` makes the
+* :class:`FaultPlan` / :class:`FaultStep`: a seeded, replayable plan of faults (process kills
+  and pauses, sink crash points, network toxics); :meth:`FaultPlan.network` makes the
   seeded network nemesis; :func:`sim_knobs` maps a plan onto the simulation's knobs.
 * :class:`FaultScript` and :func:`drive`: polled fault state machines and their loop;
   :class:`NetworkNemesis` runs a plan's toxics; :class:`Supervisor` restarts what exits 75.

@@ -21,6 +21,11 @@ and asserts that the proof fails.
 * ``producer-without-lock``: ``IdempotentProducer``'s lock does nothing, so threads sharing a
   producer take, stamp and hand over seqs unguarded (the producer before issue 42): two records
   get one (pid, generation, seq) and the sink keeps only the first.
+
+Further down, each with its docstring: the lease authority's lineage mutants (``lineage-*``,
+:data:`LINEAGE_MUTATIONS`) and the mutants of gap resolution and adoption (``forget-holes``,
+``describe-end-plus-retention``). A mutation patches the process that installs it and no other:
+through ``pidfence.testing.run`` it does not reach the Python workers Spark starts.
 """
 
 from __future__ import annotations

@@ -155,11 +155,6 @@ class LinkFaults:
         for index in list(self._active):
             self.clear(index)
 
-    @property
-    def active(self) -> int:
-        """Steps whose toxics are on now."""
-        return len(self._active)
-
 
 def link_proxies(
     toxiproxy: Toxiproxy, upstreams: Mapping[Link, str], tag: str | None = None

@@ -1,9 +1,10 @@
 """The fault plan: one seeded, replayable description of what goes wrong, and when.
 
-A :class:`FaultPlan` is data: steps that kill, pause or restart a process (a producer, the copier,
-the sink, ZooKeeper, Kafka, a lease server), crash the sink at a point of its commit, or put a
-toxic on a network link. The chaos tests and ``pidfence demo --faults`` run plans; the
-simulation takes the part of a plan it models through :func:`pidfence.testing.sim_knobs`. The
+A :class:`FaultPlan` is data: steps that kill or pause a producer or the copier, crash the sink
+at a point of its commit, or put a toxic on a network link. The chaos tests and
+``pidfence demo --faults`` run the producers' and copiers' steps and the toxics; a sink crash
+step is for the simulation, which takes the part of a plan it models through
+:func:`pidfence.testing.sim_knobs` (chaos tests crash the sink with ``--crash-at``). The
 same seed gives the same plan (:meth:`FaultPlan.network`), and a plan's JSON replays it exactly.
 """
 
@@ -184,11 +185,6 @@ class FaultPlan:
         return tuple(s for s in self.steps if s.kind in kinds)
 
     @property
-    def kinds(self) -> frozenset[FaultKind]:
-        """Every kind the plan uses."""
-        return frozenset(s.kind for s in self.steps)
-
-    @property
     def network_steps(self) -> tuple[FaultStep, ...]:
         """The toxics, by start time."""
         return tuple(sorted((s for s in self.steps if s.network), key=lambda s: s.at_s))
@@ -248,7 +244,7 @@ def _toxic(rng: random.Random, kind: FaultKind, link: Link, span_s: float) -> Fa
     if kind is FaultKind.LATENCY:
         settings = {"latency_ms": rng.randrange(50, 400), "jitter_ms": rng.randrange(0, 200)}
     elif kind is FaultKind.BLACKHOLE:
-        # 0: hold everything until healed; else close the connection after that many ms.
+        # 0: drop everything until healed; else close the connection after that many ms.
         settings = {"timeout_ms": rng.choice((0, rng.randrange(500, 2000)))}
     elif kind is FaultKind.RESET:
         settings = {"timeout_ms": rng.randrange(0, 500)}

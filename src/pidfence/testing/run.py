@@ -42,7 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--hold-at", choices=POINTS, help="wait at this point until released")
     parser.add_argument("--hold-dir", help="the folder where the test releases a hold")
     parser.add_argument("--fail-first-attempt", action="store_true")
-    parser.add_argument("--mutation", action="append", default=[], choices=sorted(MUTATIONS))
+    parser.add_argument(
+        "--mutation",
+        action="append",
+        default=[],
+        choices=sorted(MUTATIONS),
+        help="install a broken build in this process only (producers, copiers, lease servers; "
+        "not in the Python workers Spark starts, where the sink's rules run)",
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then pidfence's arguments")
     return parser
 

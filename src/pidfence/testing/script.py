@@ -88,7 +88,7 @@ def drive(
         if clock() > deadline:
             pending = [s.name for s in scripts if not s.done]
             raise ServiceFailed(
-                f"demo steps not finished after {timeout:.0f}s "
+                f"fault steps not finished after {timeout:.0f}s "
                 f"(pending faults: {pending or 'none'})"
             )
         sleep(interval)

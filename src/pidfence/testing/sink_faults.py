@@ -99,15 +99,23 @@ class SinkFaults:
 HELD, RELEASE = "held", "release"
 
 
-def hold(folder: Path, poll_s: float = 0.05) -> None:
+def hold(folder: Path, poll_s: float = 0.05, limit_s: float = 900.0) -> None:
     """The first caller (of any process) creates ``folder/held`` and waits until
     ``folder/release`` exists; later callers pass at once. A test that sees ``held`` knows the
-    sink is at the point, breaks what it wants, then creates ``release``."""
+    sink is at the point, breaks what it wants, then creates ``release``.
+
+    Raises:
+        TimeoutError: nothing released it within ``limit_s`` (a test that died meanwhile): the
+            sink fails instead of waiting forever.
+    """
     try:
         (folder / HELD).touch(exist_ok=False)
     except FileExistsError:
         return
+    deadline = time.monotonic() + limit_s
     while not (folder / RELEASE).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"held at {folder} for {limit_s:.0f} s: nobody released it")
         time.sleep(poll_s)
 
 

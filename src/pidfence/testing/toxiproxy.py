@@ -153,7 +153,8 @@ class Proxy:
         )
 
     def remove_toxic(self, name: str) -> None:
-        """Remove one toxic (connections it held go on)."""
+        """Remove one toxic. What a ``timeout`` toxic dropped meanwhile stays lost (toxiproxy
+        drops the data; it does not hold it back)."""
         self.client._call("DELETE", f"/proxies/{self.name}/toxics/{name}")
 
     def delete(self) -> None:
