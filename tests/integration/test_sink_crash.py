@@ -21,7 +21,7 @@ import pytest
 from pidfence.cli.exits import EXIT_RETRIABLE
 from pidfence.demo.procs import sink_argv
 from pidfence.spark_sink import read_log, read_rejects
-from pidfence.spark_sink.output import committed_ids
+from pidfence.spark_sink.output import Output
 from pidfence.testing import run_argv
 from tests.integration.test_sink import (
     LOG1,
@@ -105,7 +105,7 @@ def run_cli(
 def committed(output: Path, batch: int) -> bool:
     """Whether the sink committed the batch (its manifest; for Delta, the log table's
     transaction id)."""
-    return batch in committed_ids(str(output))
+    return batch in Output.reading(str(output)).committed_ids()
 
 
 @pytest.mark.slow  # over a minute: handed out first under xdist (tests/README.md)
@@ -169,7 +169,7 @@ def test_task_retry_and_sigkill_at_each_commit_step_keep_the_log_exact(
     from deltalake import DeltaTable
 
     log_ops = [h["operation"] for h in DeltaTable(str(out)).history()]
-    assert log_ops.count("WRITE") == len(committed_ids(str(out)))
+    assert log_ops.count("WRITE") == len(Output.reading(str(out)).committed_ids())
     assert not list((out / "_pidfence" / "data").rglob("*.parquet"))  # no staged leftovers
 
 
@@ -200,7 +200,7 @@ def test_cli_on_standalone_cluster_runs_until_sigterm(
         produce(kafka.bootstrap, topic, RUN2, sent)
         _wait_for(proc, lambda: read_log(str(out)).num_rows == 15)
         # RUN2 may span batches; wait until the newest committed one is printed.
-        last = max(committed_ids(str(out)))
+        last = max(Output.reading(str(out)).committed_ids())
         _wait_for(proc, lambda: f"batch {last}: " in proc.text())
         proc.proc.send_signal(signal.SIGTERM)
         code = proc.wait()

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 import pytest
 
 from pidfence.spark_sink import SplitPartitionError, read_log, read_rejects
+from pidfence.spark_sink import output as output_mod
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.errors import OutputOwnedError, SinkOptionError
@@ -99,6 +100,35 @@ def test_uncommitted_batch_is_invisible_and_cleaned_by_its_rerun(
     w.commit([_write(monkeypatch, w, 1, kafka_rows(chunks[1]))], 1)
     assert not any(dead.tag in p.name for p in tmp_path.rglob("*.parquet"))
     assert read_log(str(tmp_path)).num_rows > visible.num_rows
+
+
+def test_an_intent_naming_a_file_that_is_gone_is_replaced_by_the_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver died after the batch's manifest (its intent), before any Delta commit; then a
+    file the intent names went (a VACUUM outside pidfence, another instance's cleanup). The rerun
+    commits its own files instead of failing on the missing one at every rerun (exit 75
+    forever, before)."""
+    records = make_stream(4, 120)
+    chunks = micro_batches(records, 60)
+    w = _committed(monkeypatch, tmp_path, chunks[:1])
+    first = _write(monkeypatch, w, 1, kafka_rows(chunks[1]))
+
+    def driver_dies(*args: Any, **kwargs: Any) -> bool:
+        raise OSError("driver died")
+
+    monkeypatch.setattr(output_mod, "commit_files", driver_dies)
+    with pytest.raises(OSError, match="driver died"):
+        w.commit([first], 1)
+    monkeypatch.undo()
+    assert first.tag is not None
+    gone = [p for p in (tmp_path / "data").rglob("*.parquet") if first.tag in p.name]
+    assert gone
+    for path in gone:
+        path.unlink()
+    w.commit([_write(monkeypatch, w, 1, kafka_rows(chunks[1]))], 1)
+    expected, _ = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
+    assert read_log(str(tmp_path))["offset"].to_pylist() == expected
 
 
 def test_abort_removes_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.delta.table import OWN_DIR, NotPidfenceTable
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import committed_ids
+from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.pipeline import BatchLine, BatchWatcher, SinkRunSummary, summarise
 from pidfence.spark_sink.readers import read_table
 from pidfence.spark_sink.writer import PidfenceStreamWriter
@@ -111,7 +111,7 @@ def test_delta_output_read_by_every_reader_and_reported_once_per_committed_batch
         w.commit([msg], last)
     monkeypatch.setattr(output_mod, "commit_files", real)
     assert (out / OWN_DIR / "_manifests" / f"{last:020d}.json").is_file()
-    assert committed_ids(str(out)) == list(range(last))
+    assert Output.reading(str(out)).committed_ids() == list(range(last))
     lines = watcher.poll(NoProgress(), final=True)
     assert [line.batch for line in lines] == list(range(last))
     assert summarise(str(out)).batches == list(range(last))

@@ -73,7 +73,6 @@ def _read(meta: Mapping[str, Any], raw: str) -> Any:
     return raw or None
 
 
-
 def _check_store(name: str, where: str) -> None:
     """Refuse a store without a create-if-absent the sink can use: its claims, manifests and
     owner record would be check-then-put, and two instances could both commit."""
@@ -84,6 +83,7 @@ def _check_store(name: str, where: str) -> None:
             f"(s3://, s3a://); {scheme}:// gives it no conditional create, so two sink instances "
             "could both commit a batch"
         )
+
 
 @dataclass(frozen=True)
 class SinkOptions:

@@ -320,7 +320,8 @@ class Output:
         epoch is the newest (:func:`~pidfence.spark_sink.fence.check_epoch`).
 
         Returns the batch's manifest as committed: ``manifest``, or the one an earlier attempt
-        (a crashed run, a twin driver) created first, whose files are then the ones committed.
+        (a crashed run, a twin driver) created first, whose files are then the ones committed
+        (unless a file it names is gone and neither table holds the batch: then ``manifest``).
 
         Raises:
             OutputFenced: a newer sink instance claimed the output.
@@ -335,7 +336,11 @@ class Output:
         self._sync()
         path = self.manifest_path(batch_id)
         if not self.own.put_if_absent(path, manifest.encode()):
-            manifest = self._manifest_at(path)
+            intent = self._manifest_at(path)
+            if self._staged(intent) or self._txn("rejects") >= batch_id:
+                manifest = intent
+            else:  # a file it names is gone, and no table holds the batch: ours replaces it
+                self.own.put(path, manifest.encode())
         kinds: tuple[TableKind, TableKind] = ("rejects", "log")
         info = manifest.figures()
         for kind in kinds:
@@ -355,6 +360,16 @@ class Output:
                 crash_point("rejects_committed")
         self._version = None
         return manifest
+
+    def _staged(self, intent: BatchManifest) -> bool:
+        """Whether every table file ``intent`` names is in place."""
+        named = ((k, p.files.of(k)) for p in intent.parts for k in ("log", "rejects"))
+        return all(self.table(k).exists(self.table(k).join(rel)) for k, rel in named if rel)
+
+    def _txn(self, kind: TableKind) -> int:
+        """This query's newest batch committed to the ``kind`` table (-1: none)."""
+        tip = query_tip(self.table(kind), self.query_id, lambda: self._table(kind, create=False))
+        return -1 if tip.txn is None else tip.txn
 
     def _sync(self) -> None:
         """:meth:`~pidfence.spark_sink.storage.Store.sync` the file systems of both tables."""
@@ -476,16 +491,10 @@ def open_output(
     return output
 
 
-def committed_ids(path: str) -> list[int]:
-    """The batch ids committed at ``path``, ascending (empty for a new path)."""
-    return Output.reading(path).committed_ids()
-
-
 __all__ = [
     "INDEX_EVERY",
     "NO_OWNER",
     "Output",
     "PartAttempt",
-    "committed_ids",
     "open_output",
 ]

@@ -58,7 +58,9 @@ class DeltaCommitConflict(DeltaTableError):
 class StagedFileMissing(DeltaTableError):
     """A file the batch's tasks wrote is gone before its commit; nothing was committed.
 
-    Retriable: re-running the whole batch (its ``write()`` tasks too) writes the file again.
+    Retriable: re-running the whole batch (its ``write()`` tasks too) writes the files again,
+    and they replace a manifest that names a missing file, unless the rejects table committed
+    the batch already (then a rerun meets the same missing file).
     """
 
     retriable: ClassVar[bool] = True
