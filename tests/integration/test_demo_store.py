@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(600)
 
 #: What the demo leaves in ``--out`` with ``--bootstrap`` and ``--zk``: its own records, the
 #: store's data (``run/s3``) and logs; no ``output`` or ``checkpoint`` folder.
-DEMO_FILES = {"ledgers", "logs", "state", "run", "pki", "summary.json", "report.html"}
+DEMO_FILES = {"ledgers", "logs", "state", "run", ".pidfence-demo", "summary.json", "report.html"}
 
 
 def _stop(pids: list[int], timeout: float = 60.0) -> None:

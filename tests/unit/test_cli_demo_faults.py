@@ -166,3 +166,42 @@ def test_copier_that_finished_first_is_not_counted_as_a_fault(tmp_path: Path) ->
     script = CopierCrash(lambda: worker, tmp_path / "none.json", at=1)  # type: ignore[arg-type]
     script.poll()
     assert script.done and not script.happened
+
+
+def _woken_zombie(role: FakeRole) -> tuple[Zombie, FakeWorker]:
+    role.saved, role.current.acks = 1, 10
+    script = Zombie(role, at=10, zombie_records=5)  # type: ignore[arg-type]
+    script.poll()  # SIGSTOP
+    script.poll()  # replacement
+    role.current.fence_count = role.current.acks = 1
+    script.poll()  # SIGCONT
+    zombie = role.instances[0]
+    assert not zombie.paused and not script.done
+    return script, zombie
+
+
+def test_a_woken_zombie_that_showed_nothing_did_not_happen() -> None:
+    role = FakeRole()
+    script, zombie = _woken_zombie(role)
+    assert not script.happened  # woken is not enough
+    zombie.running, zombie.code = False, 0  # ended without a write or a refused roll
+    script.poll()
+    assert script.done and not script.happened and zombie.fate == "replaced"
+
+
+def test_a_woken_zombie_whose_roll_was_refused_happened() -> None:
+    role = FakeRole()
+    script, zombie = _woken_zombie(role)
+    zombie.running, zombie.code, zombie.log = False, 3, "error: ProducerFenced"
+    script.poll()
+    assert script.done and script.happened and zombie.fate == "fenced"
+
+
+def test_a_zombie_script_that_lost_its_processes_is_a_service_failure() -> None:
+    import pytest
+
+    from pidfence.services.process import ServiceFailed
+
+    script = Zombie(FakeRole(), at=1)  # type: ignore[arg-type]
+    with pytest.raises(ServiceFailed, match="lost its processes"):
+        script._both()

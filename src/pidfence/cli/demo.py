@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NoReturn
 
 import typer
 
@@ -24,20 +24,40 @@ def demo(
             "(net: seeded network faults through toxiproxy; all,net: everything)."
         ),
     ] = "all",
-    out: Annotated[Path, typer.Option(help="Report, ledgers, logs and output log go here.")] = Path(
-        "out"
-    ),
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Report, ledgers, logs and output log go here; each run resets the demo's "
+            "folders in it. Refused when it holds such folders without the demo's marker."
+        ),
+    ] = Path("out"),
     keep_running: Annotated[
-        bool, typer.Option(help="Leave ZooKeeper, Kafka and the lease servers running.")
+        bool,
+        typer.Option(
+            help="Leave the services this run started running: the lease servers, the ZooKeeper "
+            "and Kafka it started (not those of --bootstrap/--zk), the S3 store (--store s3) and "
+            "toxiproxy (net); OUT/services.json lists them."
+        ),
     ] = False,
     copier_records: Annotated[
-        int, typer.Option(help="Records copied by `pidfence copy` (0: no copier).")
+        int,
+        typer.Option(
+            help="Records copied by `pidfence copy` (0: no copier; the copier fault needs > 0)."
+        ),
     ] = 2000,
     lease_lifetime: Annotated[
-        float, typer.Option(help="Lease lifetime in seconds when the rollover fault is on.")
+        float,
+        typer.Option(
+            help="Lease lifetime in seconds when a short-lease fault is on (rollover, "
+            "lease-zombie, net; else 24 h)."
+        ),
     ] = 20.0,
     produce_seconds: Annotated[
-        float, typer.Option(help="Target producing time (sets the producers' rate).")
+        float,
+        typer.Option(
+            help="Target producing time: sets the producers' rate when a paced fault is on "
+            "(kill, zombie, rollover, lease-zombie, net); else they run unthrottled."
+        ),
     ] = 26.0,
     bootstrap: Annotated[
         str | None,
@@ -61,19 +81,23 @@ def demo(
     """Run ZooKeeper, Kafka, lease servers, producers, a copier and the Spark sink with faults,
     then check exactly-once.
 
-    Exit 0 with zero anomalies, 1 on any anomaly, 2 for a bad option, 3 when a service does not
-    start or cannot be reached, 75 for a retriable failure. Spark's and the JVM's output goes to
+    Exit 0 with zero anomalies, 1 on any anomaly (a requested fault that did not happen or work
+    left undone included), 2 for a bad option or an --out the demo must not reset, 3 when a
+    service does not start or cannot be reached (a rerun starts over), 130 on Ctrl-C and 143 on
+    SIGTERM (every process it started stopped first). Spark's and the JVM's output goes to
     OUT/logs/spark.log. With `--store s3` the sink's output and checkpoint are on an S3 store
     started for the run (SeaweedFS on loopback) and the checker reads the table from there.
     """
     from rich.console import Console
 
-    from pidfence.cli.exits import EXIT_USAGE, exit_cleanly, fail
+    from pidfence.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE, fail, first_line
     from pidfence.cli.extras import require
 
     require("demo", "demo")
     from pidfence.demo import BadDemoOption, DemoConfig, Fault, SinkStore, parse_faults, run_demo
+    from pidfence.demo.runner import Stopped
     from pidfence.testing import missing_reason
+    from pidfence.wire import PidfenceError
 
     console = Console(log_path=False)
     if seed is None:
@@ -103,15 +127,31 @@ def demo(
             fail("demo", reason)
         console.print(f"network faults: seed {seed} (replay: --faults net --seed {seed})")
     try:
-        with exit_cleanly("demo"):
-            from pidfence.cli import preflight
+        from pidfence.cli import preflight
 
-            if bootstrap:
-                preflight.check_kafka(bootstrap, [])
-            if zk_hosts:
-                preflight.check_zookeeper(zk_hosts)
-            summary = run_demo(config, console)
+        if bootstrap:
+            preflight.check_kafka(bootstrap, [])
+        if zk_hosts:
+            preflight.check_zookeeper(zk_hosts)
+        summary = run_demo(config, console)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted: every process the demo started was stopped[/yellow]")
-        raise typer.Exit(130) from None
+        _stopped("interrupted (SIGINT)", 130)
+    except Stopped as exc:
+        _stopped(f"stopped by {exc}", exc.exit_code)
+    except BadDemoOption as exc:  # --out refused
+        fail("demo", first_line(exc), EXIT_USAGE)
+    except PidfenceError as exc:
+        # Never 75: every run resets OUT and starts over, so a rerun does not continue.
+        fail("demo", first_line(exc), EXIT_UNAVAILABLE)
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback (README)
+        fail("demo", f"{type(exc).__name__}: {first_line(exc)}", EXIT_UNAVAILABLE)
     raise typer.Exit(0 if summary["ok"] else 1)
+
+
+def _stopped(how: str, code: int) -> NoReturn:
+    """One stderr line for a run stopped by a signal, then its exit code (128 + signal)."""
+    import sys
+
+    sys.stderr.write(f"pidfence demo: {how}: every process the demo started was stopped\n")
+    sys.stderr.flush()
+    raise typer.Exit(code)

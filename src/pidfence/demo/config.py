@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Final
 
 from pidfence.testing.plan import FaultKind, FaultPlan, FaultStep, step
 from pidfence.wire import PidfenceError
@@ -34,8 +36,38 @@ class SinkStore(StrEnum):
 PROCESS_FAULTS = frozenset(Fault) - {Fault.NET}
 
 
+#: The share of a lease after which the demo's producers roll over to a new pid
+#: (``--lifetime-rollover``; :func:`pidfence.demo.produce`). Not 23/24, the producer's default:
+#: the drain before a roll must finish inside the lease, and with the demo's short leases 1/24
+#: (333 ms of an 8 s lease) is less than an acknowledgement can take on a loaded machine.
+ROLLOVER_AT: Final = 0.75
+
+#: The share of its lease a producer must have left when the zombie fault pauses it: just after a
+#: rollover. The replacement's start and FENCEs must happen before the zombie's own rollover
+#: point, or the woken zombie's roll is refused before it writes anything past the fence (no
+#: FENCED to show). With half a lease left, that room was a quarter of a lifetime (2 s of an 8 s
+#: lease), too little on a loaded machine; four fifths leave 55 % (4.4 s).
+ZOMBIE_LEASE_LEFT: Final = 0.8
+
+#: Where each producer fault strikes: the share of ``--records`` acknowledged first.
+KILL_AT: Final = 0.3
+ZOMBIE_AT: Final = 0.4
+LEASE_ZOMBIE_AT: Final = 0.5
+
+
 class BadDemoOption(PidfenceError):
     """A demo option is out of range; the message says which and what is allowed."""
+
+
+def zombie_can_pause(lease_lifetime_s: float, produce_seconds: float) -> bool:
+    """Whether the zombie fault (under short leases) can find its moment: a producer with
+    :data:`ZOMBIE_LEASE_LEFT` of a lease left (the first fifth of a lease, right after a roll at
+    :data:`ROLLOVER_AT`) at or after :data:`ZOMBIE_AT` of its paced run and before its end."""
+    due = ZOMBIE_AT * produce_seconds
+    window = (1 - ZOMBIE_LEASE_LEFT) * lease_lifetime_s
+    every = ROLLOVER_AT * lease_lifetime_s  # leases start at 0, 3/4 L, 3/2 L, ...
+    first = max(0, math.ceil((due - window) / every))  # the first lease whose window reaches due
+    return first * every < produce_seconds
 
 
 def parse_faults(text: str) -> frozenset[Fault]:
@@ -84,10 +116,14 @@ class DemoConfig(ExistingServices):
         faults: which faults to inject.
         out: where the report, ledgers, logs and the output log go.
         keep_running: leave the services up at the end (prints how to stop them).
-        lease_lifetime_s: lease lifetime given to the lease servers (short, so leases roll over).
-        produce_seconds: the producers' target run time (sets their rate; the rollover needs it
-            to exceed 23/24 of ``lease_lifetime_s``).
-        copier_records: records the upstream producer writes for the copier (0: no copier).
+        lease_lifetime_s: lease lifetime given to the lease servers when a short-lease fault is
+            on (``rollover``, ``lease-zombie``, ``net``; else 24 h).
+        produce_seconds: the producers' target run time: it sets their rate when a paced fault
+            is on (``kill``, ``zombie``, ``rollover``, ``lease-zombie``, ``net``; else they run
+            unthrottled); the rollover needs it to exceed :data:`ROLLOVER_AT` (3/4) of
+            ``lease_lifetime_s``, since producers roll at 3/4 of a lease.
+        copier_records: records the upstream producer writes for the copier (0: no copier;
+            the ``copier`` fault needs at least one).
         sink_master: Spark master of the sink.
         store: where the sink's output and checkpoint live (:class:`SinkStore`).
         bootstrap: use this Kafka instead of starting one (topics get a unique suffix).
@@ -122,6 +158,36 @@ class DemoConfig(ExistingServices):
             raise BadDemoOption(
                 f"{needed} producer faults need --producers >= {needed}, got {self.producers}"
             )
+        # ``not x > 0`` refuses NaN too.
+        if not self.produce_seconds > 0 or self.produce_seconds == float("inf"):
+            raise BadDemoOption(f"--produce-seconds must be > 0, got {self.produce_seconds:g}")
+        if not self.lease_lifetime_s > 0 or self.lease_lifetime_s == float("inf"):
+            raise BadDemoOption(f"--lease-lifetime must be > 0, got {self.lease_lifetime_s:g}")
+        if self.copier_records < 0:
+            raise BadDemoOption(f"--copier-records must be >= 0, got {self.copier_records}")
+        if Fault.COPIER in self.faults and self.copier_records == 0:
+            raise BadDemoOption(
+                "the copier fault needs --copier-records > 0 (or leave copier out of --faults)"
+            )
+        lifetime, seconds = self.lease_lifetime_s, self.produce_seconds
+        if Fault.ROLLOVER in self.faults and seconds <= ROLLOVER_AT * lifetime:
+            raise BadDemoOption(
+                f"the rollover fault needs --produce-seconds > {ROLLOVER_AT:g} x --lease-lifetime "
+                f"(producers roll at {ROLLOVER_AT:g} of a lease), got {seconds:g} and {lifetime:g}"
+            )
+        if (
+            Fault.ZOMBIE in self.faults
+            and self.short_leases
+            and not zombie_can_pause(lifetime, seconds)
+        ):
+            raise BadDemoOption(
+                f"the zombie fault can never strike with --lease-lifetime {lifetime:g} and "
+                f"--produce-seconds {seconds:g}: it pauses a producer after "
+                f"{ZOMBIE_AT:.0%} of its run within the first "
+                f"{1 - ZOMBIE_LEASE_LEFT:.0%} of a lease, and producers roll every "
+                f"{ROLLOVER_AT:g} lease; use a shorter --lease-lifetime or a longer "
+                "--produce-seconds"
+            )
 
     @property
     def rate(self) -> float:
@@ -149,9 +215,9 @@ class DemoConfig(ExistingServices):
         steps: list[FaultStep] = []
         victims = iter(f"p{i}" for i in range(self.producers))
         for fault, kind, at in (
-            (Fault.KILL, FaultKind.KILL, 0.3),
-            (Fault.ZOMBIE, FaultKind.ZOMBIE, 0.4),
-            (Fault.LEASE_ZOMBIE, FaultKind.LEASE_ZOMBIE, 0.5),
+            (Fault.KILL, FaultKind.KILL, KILL_AT),
+            (Fault.ZOMBIE, FaultKind.ZOMBIE, ZOMBIE_AT),
+            (Fault.LEASE_ZOMBIE, FaultKind.LEASE_ZOMBIE, LEASE_ZOMBIE_AT),
             (Fault.RESEND, FaultKind.RESEND, 0.0),
         ):
             if fault in self.faults:

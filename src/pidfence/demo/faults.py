@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
 
+from pidfence.demo.config import ZOMBIE_LEASE_LEFT
 from pidfence.demo.procs import ProducerRole, Worker
 from pidfence.services.process import ServiceFailed
 from pidfence.testing.script import FaultScript, drive
@@ -87,7 +87,7 @@ class Takeover(ProducerFault):
     def _both(self) -> tuple[Worker, Worker]:
         """The zombie and its replacement, once both exist."""
         if self.replacement is None or self.zombie is None:
-            raise RuntimeError(f"{self.name} script lost its processes")
+            raise ServiceFailed(f"{self.name} fault script lost its processes (a pidfence bug)")
         return self.zombie, self.replacement
 
     @staticmethod
@@ -102,14 +102,6 @@ class Takeover(ProducerFault):
         """SIGCONT the zombie, counting its writes from here."""
         self._zombie_acked = zombie.acked()
         zombie.resume()
-
-
-#: The share of its lease a producer must have left when the zombie fault pauses it: just after a
-#: rollover. The replacement's start and FENCEs must happen before the zombie's own rollover
-#: point, or the woken zombie's roll is refused before it writes anything past the fence (no
-#: FENCED to show). With half a lease left, that room was a quarter of a lifetime (2 s of an 8 s
-#: lease), too little on a loaded machine; four fifths leave 55 % (4.4 s).
-ZOMBIE_LEASE_LEFT: Final = 0.8
 
 
 @dataclass(eq=False)
@@ -153,7 +145,6 @@ class Zombie(Takeover):
                 raise self._failed_before(replacement, "fencing")
             return
         self._wake(zombie)
-        self.happened = True
         self._next(
             f"SIGCONT {zombie.name}: replacement fenced "
             f"{replacement.fences()} partition(s) and wrote {replacement.acked()}"
@@ -168,6 +159,9 @@ class Zombie(Takeover):
         stopped = not zombie.running and refused_its_roll(zombie)
         zombie.kill()
         self.zombie_wrote = wrote
+        # The fault is a woken zombie meeting its fence: it wrote under its fenced generation,
+        # or it tried to roll on and was refused. One that did neither showed nothing.
+        self.happened = bool(wrote) or stopped
         zombie.fate = "fenced" if wrote or stopped else "replaced"
         end = "stopped itself: its roll was refused" if stopped else "then killed"
         self.note(f"zombie {zombie.name} wrote {wrote} records after SIGCONT, {end}")
@@ -334,6 +328,7 @@ class Bounce(FaultScript):
 
 
 __all__ = [
+    "ZOMBIE_LEASE_LEFT",
     "Bounce",
     "CopierCrash",
     "FaultScript",

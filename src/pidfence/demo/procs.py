@@ -1,4 +1,5 @@
-"""Subprocesses the demo and the chaos tests start: lease servers, producers, the copier, the sink.
+"""Subprocesses the demo and the chaos tests start: producers, the copier, the sink (the lease
+servers are :mod:`pidfence.demo.start`'s).
 
 Every process is a :class:`pidfence.services.process.ManagedProcess`: its own session (a Ctrl-C
 in the terminal reaches only the demo, which stops them in order), its output in a log file, and
@@ -229,10 +230,6 @@ class ProducerRole:
     def acked(self) -> int:
         """Data records acknowledged over every instance."""
         return sum(w.acked() for w in self.instances)
-
-    def fences(self) -> int:
-        """FENCE records acknowledged over every instance."""
-        return sum(w.fences() for w in self.instances)
 
     def distinct(self) -> int:
         """Distinct events acknowledged over every instance (a resent record counts once)."""

@@ -8,15 +8,14 @@ any producer or copier that exits 75 (retriable), as an operator would.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pidfence.demo.config import DemoConfig
+from pidfence.demo.config import ROLLOVER_AT, ZOMBIE_LEASE_LEFT, DemoConfig
 from pidfence.demo.faults import (
-    ZOMBIE_LEASE_LEFT,
     CopierCrash,
     FaultScript,
     KillAndResume,
@@ -83,11 +82,14 @@ def produce(
         cleanups.append(role.stop)
         role.spawn()
     copier: CopierCrash | None = None
+    unarmed: list[FaultScript] = []  # scripts of faults not asked for: nothing to report
     if config.copier_records:
         roles.append(_start_upstream(config, paths, ends, cleanups))
         armed = any(f.target == "copier" for f in plan.of_kind(FaultKind.KILL))
         copier = _copier(config, paths, ends, cleanups, armed)
         scripts.append(copier)
+        if not armed:
+            unarmed.append(copier)
     copiers: Sequence[Worker] = copier.instances if copier is not None else ()
     supervisors: list[Supervisor] = []
     if links is not None:
@@ -98,32 +100,57 @@ def produce(
     _drive(config, roles, copiers, scripts, supervisors, console, mid_run)
     workers = [w for role in roles for w in role.instances]
     retried = {name for s in supervisors for name, code in s.exits if code == 75}
-    failed = [
-        w
-        for w in [*workers, *copiers]
-        if w.exit_code() not in (0, None, -9) and w.fate != "fenced" and w.name not in retried
-    ]
-    if failed:
+    failed = [w for w in [*workers, *copiers] if not ended_as_planned(w, retried)]
+    crashed = [w for w in failed if crashed_on_its_own(w)]
+    if broken := [w for w in failed if w not in crashed]:
         first = ", ".join(
-            f"{w.name} exited with {w.exit_code()} (log {w.proc.log_path})" for w in failed
+            f"{w.name} exited with {w.exit_code()} (log {w.proc.log_path})" for w in broken
         )
-        tails = "\n".join(f"--- {w.name}\n{w.tail(15)}" for w in failed)
+        tails = "\n".join(f"--- {w.name}\n{w.tail(15)}" for w in broken)
         raise ServiceFailed(f"a demo process failed: {first}\n{tails}")
     for s in supervisors:
         for name, code in s.exits:
             if code == 75:
                 s.note(f"{name} exited 75 (retriable) and was restarted")
+    resend = next((r for r in roles if r.spec.resend_every), None)
+    happened = {s.name: s.happened for s in scripts if s not in unarmed}
+    if resend is not None:
+        # No script: the resend happened when the producer got records acknowledged twice.
+        happened["resend"] = resend.acked() > resend.distinct()
     outcome = FaultOutcome(
-        events={s.name: tuple(s.events) for s in scripts}
+        events={s.name: tuple(s.events) for s in scripts if s not in unarmed}
         | {f"supervisor {s.name}": tuple(s.events) for s in supervisors if s.events},
-        happened={s.name: s.happened for s in scripts},
+        happened=happened,
         zombie_writes={
             s.name: s.zombie_wrote for s in scripts if isinstance(s, Zombie | LeaseZombie)
         },
         plan=tuple(plan.describe()),
         seed=plan.seed if links is not None else None,
+        crashed=tuple(
+            f"{w.name} exited with {w.exit_code()} (log {w.proc.log_path})" for w in crashed
+        ),
     )
     return Produced(tuple(workers), tuple(copiers), outcome)
+
+
+#: The fates a fault script gives the instances it ends: a SIGKILL (exit -9) is theirs.
+KILLED_BY_THE_DEMO = frozenset({"killed", "replaced", "fenced"})
+
+
+def ended_as_planned(worker: Worker, retried: Collection[str] = ()) -> bool:
+    """Whether ``worker`` ended as the run meant it to: exit 0; killed (-9) by a fault script
+    (its fate says so); a zombie that stopped itself fenced; or (``net``) exited 75 and was
+    restarted by a supervisor. A -9 the demo did not send is someone else's."""
+    code = worker.exit_code()
+    if code in (0, None) or worker.fate == "fenced" or worker.name in retried:
+        return True
+    return code == -9 and worker.fate in KILLED_BY_THE_DEMO
+
+
+def crashed_on_its_own(worker: Worker) -> bool:
+    """Whether a failed ``worker`` crashed (an uncaught error: exit 1, a traceback in its log):
+    a pidfence bug the report counts as an anomaly, unlike a service it could not reach."""
+    return worker.exit_code() == 1 or "Traceback (most recent call last)" in worker.tail(50)
 
 
 def _role(config: DemoConfig, paths: DemoPaths, ends: Endpoints, i: int) -> ProducerRole:
@@ -135,10 +162,8 @@ def _role(config: DemoConfig, paths: DemoPaths, ends: Endpoints, i: int) -> Prod
         count=config.records,
         state=paths.state / f"p{i}.json",
         rate=config.rate,
-        # Roll over at 3/4 of the lease, not 23/24: the drain before a roll must finish inside
-        # the lease, and with the demo's short leases 1/24 (333 ms of an 8 s lease) is less
-        # than an acknowledgement can take on a loaded machine (DrainFailed).
-        extra=("--lifetime-rollover", "0.75"),
+        # Roll over at 3/4 of the lease, not 23/24 (config.ROLLOVER_AT says why).
+        extra=("--lifetime-rollover", f"{ROLLOVER_AT:g}"),
     )
     return ProducerRole(spec, paths.ledgers, paths.logs)
 

@@ -5,14 +5,28 @@ what the faults did, what each sink pass did. :func:`pidfence.demo.summary.colle
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pidfence.demo.config import DemoConfig
+from pidfence.demo.config import BadDemoOption, DemoConfig
 from pidfence.demo.procs import Worker
+from pidfence.wire import PidfenceError
+
+#: The file that marks a folder as a demo's ``--out``.
+MARKER = ".pidfence-demo"
+
+
+class OutRefused(BadDemoOption):
+    """``--out`` names a folder the demo must not reset (exit 2)."""
+
+
+class OutUnusable(PidfenceError):
+    """``--out`` cannot be created, read or written (exit 3)."""
 
 
 class _Folder:
@@ -39,19 +53,116 @@ class DemoPaths:
     sink_output = _Folder("output", "The output log (and rejects) the sink writes (local store).")
     sink_checkpoint = _Folder("checkpoint", "Spark's checkpoint (local store).")
 
-    def reset(self) -> None:
-        """Remove a previous run's data; keep anything else in ``out``."""
-        for path in (
+    @property
+    def marker(self) -> Path:
+        """The file that says ``out`` is a demo's: written on first use, required to reuse a
+        non-empty ``out``."""
+        return self.out / MARKER
+
+    @property
+    def services(self) -> Path:
+        """What ``--keep-running`` left running (addresses and pids)."""
+        return self.out / "services.json"
+
+    @property
+    def pki(self) -> Path:
+        """The lease servers' certificates and tokens, made for each run (under ``run``, so the
+        README's ``out/pki`` is never touched)."""
+        return self.run / "pki"
+
+    def owned(self) -> tuple[Path, ...]:
+        """What :meth:`reset` deletes or a run overwrites."""
+        return (
             self.ledgers,
             self.logs,
             self.state,
             self.run,
             self.sink_output,
             self.sink_checkpoint,
-        ):
-            shutil.rmtree(path, ignore_errors=True)
-        for path in (self.ledgers, self.logs, self.state):
-            path.mkdir(parents=True, exist_ok=True)
+            self.services,
+            self.out / "summary.json",
+            self.out / "report.html",
+        )
+
+    def check_usable(self) -> None:
+        """Refuse an ``out`` this run must not reset: one holding what the demo would delete or
+        overwrite but no :data:`MARKER` (not the demo's: ``--out .`` in a project), or one whose
+        ``services.json`` names a process still alive (a ``--keep-running`` run's services).
+
+        Raises:
+            OutRefused: either; the message says what to do.
+            OutUnusable: ``out`` cannot be read or written.
+        """
+        out = self.out
+        try:
+            if out.exists() and not out.is_dir():
+                raise OutUnusable(f"--out {out} is not a folder")
+            if out.is_dir() and not self.marker.exists():
+                found = sorted(p.name for p in self.owned() if p.exists())
+                if found:
+                    raise OutRefused(
+                        f"--out {out} holds {', '.join(found)} but no {MARKER} marker: not a "
+                        "demo's folder, and the demo would delete them; choose another --out "
+                        "(an empty or new folder)"
+                    )
+            alive = self.kept_alive()
+        except OSError as exc:
+            raise OutUnusable(f"cannot use --out {out}: {exc}") from exc
+        if alive:
+            pids = " ".join(str(p) for p in alive)
+            raise OutRefused(
+                f"{self.services} lists services still running from a --keep-running run (pids "
+                f"{pids}): stop them (kill {pids}) or choose another --out"
+            )
+
+    def kept_alive(self) -> list[int]:
+        """The pids ``services.json`` lists that are still alive."""
+        try:
+            recorded = json.loads(self.services.read_text()).get("pids", {})
+        except FileNotFoundError:
+            return []
+        except ValueError:
+            return []  # not ours to judge: reset replaces it
+        alive = []
+        for pid in recorded.values() if isinstance(recorded, dict) else ():
+            if isinstance(pid, int) and pid > 0 and _alive(pid):
+                alive.append(pid)
+        return alive
+
+    def reset(self) -> None:
+        """Remove a previous run's data (after :meth:`check_usable`); keep anything else in
+        ``out``; mark ``out`` as the demo's.
+
+        Raises:
+            OutUnusable: ``out`` cannot be written.
+        """
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.marker.write_text("pidfence demo output: `pidfence demo --out` may reset it\n")
+            for path in (
+                self.ledgers,
+                self.logs,
+                self.state,
+                self.run,
+                self.sink_output,
+                self.sink_checkpoint,
+            ):
+                shutil.rmtree(path, ignore_errors=True)
+            self.services.unlink(missing_ok=True)
+            for path in (self.ledgers, self.logs, self.state):
+                path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutUnusable(f"cannot write --out {self.out}: {exc}") from exc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 @dataclass(frozen=True)
@@ -98,6 +209,9 @@ class FaultOutcome:
     #: The plan's steps, one line each (``net``: the seeded network faults).
     plan: Sequence[str] = ()
     seed: int | None = None
+    #: Producer or copier instances that crashed on their own (exit 1: an uncaught error), one
+    #: line each with their log: anomalies, not failures of the environment.
+    crashed: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,12 @@ def summary_table(summary: dict[str, Any]) -> Table:
         table.add_row(f"anomaly: {name}", f"[{style}]{value}[/{style}]")
     for name, value in summary.get("informational", {}).items():
         table.add_row(f"info: {name}", str(value))
+    happened = summary.get("faults_happened") or {}
+    if happened:
+        table.add_section()
+        for name, done in sorted(happened.items()):
+            shown = "[green]happened[/green]" if done else "[red]did not happen[/red]"
+            table.add_row(f"fault: {name}", shown)
     network = network_lines(summary)
     if network:
         table.add_section()
@@ -156,10 +162,7 @@ def render_html(summary: dict[str, Any], images: dict[str, str]) -> str:
     anomalies = "".join(
         f"<tr><td>{esc(k)}</td><td>{v}</td></tr>" for k, v in summary["anomalies"].items()
     )
-    faults = "".join(
-        f"<li><b>{esc(name)}</b><ul>{''.join(f'<li>{esc(e)}</li>' for e in events)}</ul></li>"
-        for name, events in summary["faults"].items()
-    )
+    faults = _faults_html(summary)
     network = _network_html(summary)
     figures = "".join(
         f'<figure><img alt="{esc(name)}" src="data:image/png;base64,{data}"></figure>'
@@ -201,6 +204,26 @@ events; the output log must equal the truth computed from the send ledgers.</p>
 {minute_rows}</table>
 </body></html>
 """
+
+
+def _faults_html(summary: dict[str, Any]) -> str:
+    """Each requested fault, whether it happened (a fault that did not is an anomaly), and the
+    events of every fault script."""
+    esc = html.escape
+    happened: dict[str, bool] = summary.get("faults_happened") or {}
+    events: dict[str, list[str]] = summary.get("faults") or {}
+    items = []
+    for name in [*sorted(happened), *(n for n in events if n not in happened)]:
+        mark = ""
+        if name in happened:
+            mark = (
+                ' <span class="ok">happened</span>'
+                if happened[name]
+                else ' <span class="bad">did not happen</span>'
+            )
+        lines = "".join(f"<li>{esc(e)}</li>" for e in events.get(name, []))
+        items.append(f"<li><b>{esc(name)}</b>{mark}<ul>{lines}</ul></li>")
+    return "".join(items)
 
 
 def _network_html(summary: dict[str, Any]) -> str:

@@ -172,7 +172,7 @@ def _start_lease_servers(
     """
     from pidfence.pid_allocator.security import TLS_CA_ENV, TOKEN_FILE_ENV
 
-    pki = make_lease_pki(paths.out / "pki")
+    pki = make_lease_pki(paths.pki)  # out/run/pki: never the README quickstart's out/pki
     client = {TOKEN_FILE_ENV: str(pki.token_files["producer"]), TLS_CA_ENV: str(pki.ca)}
     set_environment(client, cleanups)
     lifetime_ms = round(config.lease_lifetime_s * 1000) if config.short_leases else DAY_MS

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from pidfence.demo.record import DemoRecord
 from pidfence.ledger import LedgerEntry, read_ledger, value_digest
 from pidfence.verify.check import ANOMALIES, INFORMATIONAL, CheckReport
+from pidfence.wire import PidfenceError
 
 _INSTANCE = re.compile(r"\.r\d+$")
 
@@ -118,20 +119,83 @@ def minutes(table: pa.Table) -> dict[str, list[int]]:
     return out
 
 
+class CheckerCannotRun(PidfenceError):
+    """The checker could not read what the run left (no ledger at all, the output missing)."""
+
+
+def missing_faults(happened: dict[str, bool]) -> list[str]:
+    """The requested faults that did not happen (their script ran out without striking)."""
+    return sorted(name for name, done in happened.items() if not done)
+
+
+def rolled_over(ledgers: dict[str, list[LedgerEntry]], producers: set[str], skip: str) -> bool:
+    """Whether a producer rolled over to a new pid: one of ``producers`` other than ``skip``
+    (the lease-zombie's victim, whose replacement may write under a successor pid without a
+    rollover) wrote under more than one pid; with no other producer, whether the producers used
+    more pids than there are producers."""
+    pids: dict[str, set[int]] = defaultdict(set)
+    for instance, entries in ledgers.items():
+        if (name := producer_of(instance)) in producers:
+            pids[name].update(e.pid for e in entries)
+    others = producers - {skip}
+    if others:
+        return any(len(pids[name]) > 1 for name in others)
+    return len(set().union(*pids.values())) > len(producers)
+
+
+def events_not_sent(
+    ledgers: dict[str, list[LedgerEntry]], producers: set[str], records: int
+) -> dict[str, int]:
+    """Per producer, how many of its ``records`` events no instance got acknowledged (the plan
+    has every producer send all of them, however often it is killed, paused or replaced)."""
+    events: dict[str, set[str]] = {name: set() for name in producers}
+    for instance, entries in ledgers.items():
+        if (name := producer_of(instance)) in events:
+            events[name].update(e.event_id for e in entries if not e.fence)
+    return {
+        name: records - len(seen) for name, seen in sorted(events.items()) if len(seen) < records
+    }
+
+
+def run_checker(ledger_folder: Path, output: str) -> CheckReport:
+    """:func:`pidfence.verify.output.verify_output` over the run's ledger folder and output
+    (the checker ``pidfence verify`` runs, with its guards: an empty ledger folder is refused,
+    not judged).
+
+    Raises:
+        CheckerCannotRun: the ledger folder holds no ledger, or the output is missing.
+    """
+    from pidfence.verify.errors import VerifyInputError
+    from pidfence.verify.output import verify_output
+
+    try:
+        return verify_output([ledger_folder], output)
+    except VerifyInputError as exc:
+        raise CheckerCannotRun(f"the checker cannot run: {exc}") from exc
+
+
 def collect(run: DemoRecord) -> dict[str, Any]:
-    """Read ledgers, the raw topic, the output log and rejects; run the checker; summarise."""
+    """Read ledgers, the raw topic, the output log and rejects; run the checker; summarise.
+
+    Besides the checker's anomalies, the verdict fails on ``fault_missing`` (a requested fault
+    that did not happen: ``rollover`` when no producer rolled to a new pid), ``events_not_sent``
+    (events of ``--records`` no producer instance got acknowledged), ``process_crashed`` (a
+    producer or copier that crashed on its own), ``copier_upstream_short`` (fewer upstream
+    records than ``--copier-records``) and the copier and downstream checks.
+    """
+    from pidfence.demo.config import Fault
     from pidfence.demo.topic import read_topic
     from pidfence.spark_sink import read_log, read_rejects
-    from pidfence.verify.check import check
+    from pidfence.testing.plan import FaultKind
     from pidfence.verify.downstream import truth_from_ledger, unique_users_per_minute
 
-    paths, ends, produced = run.paths, run.endpoints, run.produced
+    paths, ends, produced, config = run.paths, run.endpoints, run.produced, run.config
+    report = run_checker(paths.ledgers, ends.output)
     ledgers = ledger_entries(paths.ledgers)
     everything = [e for entries in ledgers.values() for e in entries]
     log = read_log(ends.output)
     rejects = read_rejects(ends.output)
     raw = read_topic(ends.bootstrap, ends.raw_topic)
-    report = check(everything, log, rejects)
     anomalies = anomaly_counts(report)
     owners = pid_owners(ledgers)
 
@@ -145,9 +209,21 @@ def collect(run: DemoRecord) -> dict[str, Any]:
     if produced.copier:
         upstream = read_topic(ends.bootstrap, ends.upstream_topic)
         copier = copier_exactly_once(upstream, log)
-        if copier["missing"] or copier["duplicated"]:
-            anomalies["copier_missing"] = copier["missing"]
-            anomalies["copier_duplicated"] = copier["duplicated"]
+        anomalies["copier_missing"] = copier["missing"]
+        anomalies["copier_duplicated"] = copier["duplicated"]
+        anomalies["copier_upstream_short"] = max(0, config.copier_records - copier["upstream"])
+
+    # The work was done: every producer's events, every requested fault.
+    producers = {f"p{i}" for i in range(config.producers)}
+    not_sent = events_not_sent(ledgers, producers, config.records)
+    anomalies["events_not_sent"] = sum(not_sent.values())
+    happened = dict(produced.faults.happened)
+    if Fault.ROLLOVER in config.faults:
+        victim = next((s.target for s in config.plan.of_kind(FaultKind.LEASE_ZOMBIE)), "")
+        happened["rollover"] = rolled_over(ledgers, producers, victim)
+    missing = missing_faults(happened)
+    anomalies["fault_missing"] = len(missing)
+    anomalies["process_crashed"] = len(produced.faults.crashed)
 
     raw_data = raw.filter(pc.fill_null(pc.greater(pc.binary_length(raw["value"]), 0), False))
     downstream = {
@@ -160,6 +236,13 @@ def collect(run: DemoRecord) -> dict[str, Any]:
     anomalies["downstream_mismatch"] = sum(
         1 for m in set(log_side) | set(truth) if log_side.get(m) != truth.get(m)
     )
+    examples = anomaly_examples(report)
+    if missing:
+        examples["fault_missing"] = [f"{name}: requested, did not happen" for name in missing]
+    if not_sent:
+        examples["events_not_sent"] = [f"{n}: {k} event(s)" for n, k in not_sent.items()][:10]
+    if produced.faults.crashed:
+        examples["process_crashed"] = list(produced.faults.crashed)[:10]
     workers = [*produced.instances, *produced.copier]
     faults = produced.faults
     summary: dict[str, Any] = {
@@ -187,10 +270,10 @@ def collect(run: DemoRecord) -> dict[str, Any]:
         "verdicts_per_producer": verdicts_per_producer(log, rejects, owners),
         "anomalies": anomalies,
         "informational": informational_counts(report),
-        "examples": anomaly_examples(report),
+        "examples": examples,
         "copier": copier,
         "faults": {name: list(events) for name, events in faults.events.items()},
-        "faults_happened": dict(faults.happened),
+        "faults_happened": happened,
         "zombie_writes": dict(faults.zombie_writes),
         "plan": {"seed": faults.seed, "steps": list(faults.plan)},
         "instances": {w.name: w.final_state() for w in workers},

@@ -21,7 +21,8 @@ class SoakConfig(ExistingServices):
     """One soak run.
 
     Args:
-        minutes: how long producers write (the faults stop one fault period before the end).
+        minutes: how long producers write (no fault round starts within one lease lifetime
+            plus 15 s of the end).
         out: ledgers, logs, the output log and ``samples.jsonl`` go here.
         plot: where the PNG goes (None: no plot).
         producers: producer processes (4: one per fault: kill, zombie, lease-zombie, resend).
