@@ -167,6 +167,30 @@ def test_a_record_held_across_the_cut_survives_losing_every_state_file(tmp_path:
     assert output(b)[0].equals(output(a)[0])
 
 
+def test_a_store_timeout_reading_state_fails_the_task_instead_of_rebuilding(
+    tmp_path: Path,
+) -> None:
+    """A timeout is not a lost file: the task fails (Spark retries it) rather than walking the
+    partition's whole history to rebuild its state."""
+    opts = options(tmp_path)
+    w = PidfenceStreamWriter(opts)
+    run_batch(w, 0, [(0, encode_pf(1, 0, 0), 1), (1, encode_pf(1, 0, 1), 2)])
+    read = Store.read
+
+    def timing_out(self: Store, path: str) -> bytes:
+        if "/_state/" in path:
+            raise TimeoutError("the store did not answer")
+        return read(self, path)
+
+    with (
+        mock.patch.object(Store, "read", timing_out),
+        mock.patch("pidfence.spark_sink.state._rebuild") as rebuild,
+        pytest.raises(TimeoutError),
+    ):
+        live_state(tmp_path, opts, 1)
+    rebuild.assert_not_called()
+
+
 def test_a_skewed_header_less_record_does_not_expire_the_live_producer(tmp_path: Path) -> None:
     # Issue 11 finding 3: lifetime 30 min, a header-less record 40 min ahead (Kafka accepts up to
     # 1 h by default), then the live producer's next records: all appended.

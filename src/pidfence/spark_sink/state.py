@@ -6,6 +6,8 @@ A task loads the state as of the newest committed batch that read its partition;
 state file is missing, damaged or from another attempt, it restores the newest intact older chain
 (or nothing) and replays the committed batches after it through the broker rules
 (:func:`pidfence.broker_plugin.replay_batch`), which gives the same table, held records included.
+Another error reading a state file (a store's timeout) fails the task, which Spark retries: a
+rebuild walks the partition's history, far dearer than a retry.
 
 The state files themselves (their codec, names and clean-up) are :mod:`~pidfence.spark_sink.
 state_files`; held payloads are committed with each batch (its ``held`` file).
@@ -166,7 +168,7 @@ def load_state(
     held = _held_payloads(output.read_held(part))
     try:
         found = _restore_chain(store, topic, partition, part.state, part.tag, opts)
-    except (CorruptSnapshot, OSError):
+    except (CorruptSnapshot, FileNotFoundError):
         pass
     else:
         table, sf, chain_len, size = found
@@ -219,7 +221,7 @@ def _rebuild(
     for i, (_, part) in enumerate(history[1:], start=1):
         try:
             table, *_ = _restore_chain(output.own, topic, partition, part.state, part.tag, opts)
-        except (CorruptSnapshot, OSError):
+        except (CorruptSnapshot, FileNotFoundError):
             continue
         start = i
         break
