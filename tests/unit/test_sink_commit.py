@@ -13,10 +13,12 @@ import pytest
 from pidfence.spark_sink import SplitPartitionError, read_log, read_rejects
 from pidfence.spark_sink import output as output_mod
 from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.delta.errors import DeltaTableError
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.errors import OutputOwnedError, SinkOptionError
 from pidfence.spark_sink.manifest import BatchManifest
 from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
+from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from tests.unit.test_sink_process import (
     Record,
@@ -129,6 +131,23 @@ def test_an_intent_naming_a_file_that_is_gone_is_replaced_by_the_rerun(
     w.commit([_write(monkeypatch, w, 1, kafka_rows(chunks[1]))], 1)
     expected, _ = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
     assert read_log(str(tmp_path))["offset"].to_pylist() == expected
+
+
+def test_decisions_a_manifest_names_are_never_read_as_none_when_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part that decided records names its decisions file; if it is gone (and no segment holds
+    it) reading it is an error, not "decided nothing", which a rebuild or a fold would take as
+    records the state never saw."""
+    _committed(monkeypatch, tmp_path, micro_batches(make_stream(4, 120), 60))
+    output = Output.reading(str(tmp_path))
+    manifest = output.committed(0)
+    assert manifest is not None
+    part = next(p for p in manifest.parts if p.files.decided is not None)
+    assert output.read_decided(0, part) is not None
+    (tmp_path / OWN_DIR / part.files.decided).unlink()
+    with pytest.raises(DeltaTableError, match="decisions are gone"):
+        output.read_decided(0, part)
 
 
 def test_abort_removes_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

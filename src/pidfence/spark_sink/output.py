@@ -20,12 +20,13 @@ sink instance's claim on the output (``e3-…``, :mod:`~pidfence.spark_sink.fenc
 Delta readers and ``VACUUM`` read only what a Delta log adds and never look under ``_pidfence/``.
 
 **The commit point is the Delta commit of the log table**, carrying the transaction id (query id,
-batch id). :meth:`Output.publish` creates the manifest if absent (an attempt's intent, immutable
-once written: a later attempt of the batch, or a twin driver, commits the files it names rather
-than its own), commits the rejects table, then the log table (:func:`~.delta.commit.commit_files`),
-each step only while no newer epoch claimed the output (:func:`~.fence.check_epoch`). A batch
-is committed when the log table's transaction version for the query is at or above it. The sink
-never reads the tables' rows back: producer state derives from the decisions files.
+batch id). :meth:`Output.publish` creates the manifest if absent (an attempt's intent, kept once
+written: a later attempt of the batch, or a twin driver, commits the files it names rather than
+its own, unless one is gone before either table holds the batch), commits the rejects table,
+then the log table (:func:`~.delta.commit.commit_files`), each step only while no newer epoch
+claimed the output (:func:`~.fence.check_epoch`). A batch is committed when the log table's
+transaction version for the query is at or above it. The sink never reads the tables' rows
+back: producer state derives from the decisions files.
 """
 
 from __future__ import annotations
@@ -106,13 +107,7 @@ class Output:
         epoch: the epoch of this instance's claim on the output (0: unfenced).
     """
 
-    def __init__(
-        self,
-        path: str,
-        rejects_path: str,
-        query_id: str,
-        epoch: int = 0,
-    ) -> None:
+    def __init__(self, path: str, rejects_path: str, query_id: str, epoch: int = 0) -> None:
         self.epoch = epoch
         self.log = Store.at(path.rstrip("/"))
         self.rejects = Store.at(rejects_path.rstrip("/"))
@@ -422,7 +417,13 @@ class Output:
         try:
             return self.own.read_table(self.own.join(rel))
         except FileNotFoundError:
-            return folded_decided(self.own, batch_id, part)
+            folded = folded_decided(self.own, batch_id, part)
+        if folded is None:  # it named decisions: "decided nothing" would be a silent loss
+            raise DeltaTableError(
+                f"{self.own.join(rel)}: batch {batch_id}'s decisions are gone and no segment "
+                "holds them; pidfence's _pidfence/ directory was damaged"
+            )
+        return folded
 
     # ------------------------------------------------------------------------ the index
 
@@ -476,10 +477,7 @@ class Output:
 
 
 def open_output(
-    path: str,
-    rejects_path: str,
-    query_id: str,
-    committed_before: bool = False,
+    path: str, rejects_path: str, query_id: str, committed_before: bool = False
 ) -> Output:
     """An :class:`Output` with both tables created-or-opened (refusals happen here).
 
