@@ -181,10 +181,10 @@ class Output:
             self._tables[kind] = cached_table(store.uri, kind, create=create)
         return self._tables[kind]
 
-    def _tip(self) -> Tip:
-        """The log table's newest version, id and this query's transaction version, read
-        without listing its log (:mod:`~pidfence.spark_sink.delta.tip`)."""
-        return query_tip(self.log, self.query_id, lambda: self._table("log", create=False))
+    def _tip(self, kind: TableKind = "log") -> Tip:
+        """A table's newest version, id and this query's transaction version, read without
+        listing its log (:mod:`~pidfence.spark_sink.delta.tip`)."""
+        return query_tip(self.table(kind), self.query_id, lambda: self._table(kind, create=False))
 
     def committed_version(self) -> int:
         """The newest batch id committed for this query (-1 when none), cached per instance."""
@@ -216,10 +216,9 @@ class Output:
             folded = folded_manifest(self.own, batch_id)
             if folded is not None:
                 return folded
-            raise DeltaTableError(
+            raise _damaged(
                 f"{self.log.uri}: batch {batch_id} is committed in the Delta log but its "
-                f"manifest {self.manifest_path(batch_id)} is missing; pidfence's _pidfence/ "
-                "directory was damaged"
+                f"manifest {self.manifest_path(batch_id)} is missing"
             ) from None
 
     def _manifest_at(self, path: str) -> BatchManifest:
@@ -332,7 +331,8 @@ class Output:
         path = self.manifest_path(batch_id)
         if not self.own.put_if_absent(path, manifest.encode()):
             intent = self._manifest_at(path)
-            if self._staged(intent) or self._txn("rejects") >= batch_id:
+            done = self._tip("rejects").txn  # None: no batch of this query yet
+            if self._staged(intent) or (done is not None and done >= batch_id):
                 manifest = intent
             else:  # a file it names is gone, and no table holds the batch: ours replaces it
                 self.own.put(path, manifest.encode())
@@ -360,11 +360,6 @@ class Output:
         """Whether every table file ``intent`` names is in place."""
         named = ((k, p.files.of(k)) for p in intent.parts for k in ("log", "rejects"))
         return all(self.table(k).exists(self.table(k).join(rel)) for k, rel in named if rel)
-
-    def _txn(self, kind: TableKind) -> int:
-        """This query's newest batch committed to the ``kind`` table (-1: none)."""
-        tip = query_tip(self.table(kind), self.query_id, lambda: self._table(kind, create=False))
-        return -1 if tip.txn is None else tip.txn
 
     def _sync(self) -> None:
         """:meth:`~pidfence.spark_sink.storage.Store.sync` the file systems of both tables."""
@@ -402,10 +397,12 @@ class Output:
 
     def read_held(self, part: PartCommit) -> pa.Table | None:
         """The records a committed part held for reordering at the end of its batch."""
-        rel = part.files.held
-        return (
-            None if rel is None else conform(self.own.read_table(self.own.join(rel)), HELD_SCHEMA)
-        )
+        if (rel := part.files.held) is None:
+            return None
+        try:
+            return conform(self.own.read_table(self.own.join(rel)), HELD_SCHEMA)
+        except FileNotFoundError:
+            raise _damaged(f"{self.own.join(rel)}: the records it held are gone") from None
 
     def read_decided(self, batch_id: int, part: PartCommit) -> pa.Table | None:
         """What a committed part of batch ``batch_id`` decided, record by record (None: it only
@@ -419,10 +416,7 @@ class Output:
         except FileNotFoundError:
             folded = folded_decided(self.own, batch_id, part)
         if folded is None:  # it named decisions: "decided nothing" would be a silent loss
-            raise DeltaTableError(
-                f"{self.own.join(rel)}: batch {batch_id}'s decisions are gone and no segment "
-                "holds them; pidfence's _pidfence/ directory was damaged"
-            )
+            raise _damaged(f"{self.own.join(rel)}: batch {batch_id}'s decisions are gone")
         return folded
 
     # ------------------------------------------------------------------------ the index
@@ -474,6 +468,11 @@ class Output:
         self.own.put(self.own.join(INDEX, "latest"), str(batch_id).encode())
         # Readers start at the newest index: two are kept.
         self.own.delete(self._index_path(batch_id - 2 * INDEX_EVERY))
+
+
+def _damaged(what: str) -> DeltaTableError:
+    """The error for a file a committed manifest names that is gone (not retriable)."""
+    return DeltaTableError(f"{what}; pidfence's _pidfence/ directory was damaged")
 
 
 def open_output(
