@@ -195,3 +195,30 @@ def test_a_listing_survives_its_folder_coming_and_going(tmp_path: Path) -> None:
     finally:
         done.set()
         churn.join()
+
+
+def test_a_store_that_blips_while_claiming_is_waited_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing and a create that fail with the store's OSError are retried: the instance
+    claims the output once the store answers (it ended the run with exit 3 before)."""
+    store = Store.at(str(tmp_path))
+    failures = {"list": [OSError("store unreachable")], "put": [OSError("timed out")]}
+    real_list, real_put = Store.list, Store.put_if_absent
+
+    def blipping_list(self: Store, path: str) -> list[str]:
+        if failures["list"]:
+            raise failures["list"].pop()
+        return real_list(self, path)
+
+    def blipping_put(self: Store, path: str, data: bytes) -> bool:
+        if failures["put"]:
+            raise failures["put"].pop()
+        return real_put(self, path, data)
+
+    monkeypatch.setattr(Store, "list", blipping_list)
+    monkeypatch.setattr(Store, "put_if_absent", blipping_put)
+    monkeypatch.setattr("pidfence.spark_sink.fence.STANDBY_POLL", 0.01)
+    claim = claim_output(store, lapse=30)
+    assert claim is not None and claim.epoch == 1
+    assert failures == {"list": [], "put": []}

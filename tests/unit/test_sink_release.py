@@ -4,6 +4,7 @@ store's refusal to take the claim's release (which then lapses)."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, cast
 
 import pytest
@@ -22,3 +23,55 @@ def test_a_release_the_store_refuses_is_logged_and_left_to_lapse(
     with caplog.at_level(logging.WARNING):
         _release(cast(Any, _DeadStoreClaim()))
     assert "lapses" in caplog.text and "NETWORK_CONNECTION" in caplog.text
+
+
+class _Query:
+    """A streaming query that runs for three polls, then finishes."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    @property
+    def isActive(self) -> bool:
+        return self.polls < 3
+
+    def awaitTermination(self, timeout: float) -> None:
+        self.polls += 1
+
+    def stop(self) -> None:
+        self.polls = 3
+
+    def exception(self) -> None:
+        return None
+
+
+class _Claim:
+    fenced = None
+    epoch = 1
+
+    def release(self) -> None:
+        pass
+
+
+def test_a_store_that_blips_while_batches_are_reported_does_not_stop_the_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading the committed batches for their lines fails once; the query runs on and the
+    run ends as the query did (the failure stopped a healthy query with exit 75 before)."""
+    from pidfence.spark_sink import pipeline
+
+    query = _Query()
+    blips = [OSError("AWS Error NETWORK_CONNECTION during GetObject operation")]
+
+    def poll(self: Any, q: Any, final: bool = False) -> list[Any]:
+        if blips and not final:
+            raise blips.pop()
+        return []
+
+    started = pipeline.Started(query, cast(Any, _Claim()), -1)
+    monkeypatch.setattr(pipeline, "_start", lambda *a, **k: started)
+    monkeypatch.setattr(pipeline.BatchWatcher, "poll", poll)
+    monkeypatch.setattr(pipeline, "summarise", lambda *a, **k: pipeline.SinkRunSummary())
+    stop = threading.Event()
+    pipeline.serve(None, "b", "t", "/out", "/ckpt", on_batch=lambda line: None, stop=stop)
+    assert not blips and query.polls == 3

@@ -211,7 +211,13 @@ def claim_output(
     seen: tuple[bytes, float] | None = None
     told = False
     while True:
-        current = newest_claim(store)
+        try:
+            current = newest_claim(store)
+        except OSError as exc:  # a store that blips: the standby waits on, taking nothing over
+            log.warning("could not read the output's claims (retrying): %s", exc)
+            if stop.wait(STANDBY_POLL):
+                return None
+            continue
         epoch = 0 if current is None else current.epoch
         if current is not None and not current.released and not _gone(current):
             raw = current.encode()
@@ -232,8 +238,11 @@ def claim_output(
             uuid.uuid4().hex[:12],
         )
         _HELD.add(mine.run)  # before the claim is visible: a twin in this process sees it live
-        if store.put_if_absent(_path(store, mine.epoch), mine.encode()):
-            return OutputClaim(store, mine, lapse)
+        try:
+            if store.put_if_absent(_path(store, mine.epoch), mine.encode()):
+                return OutputClaim(store, mine, lapse)
+        except OSError as exc:  # maybe written: the next look finds it, from a gone run
+            log.warning("the claim on the output was not taken (retrying): %s", exc)
         _HELD.discard(mine.run)
         seen = None  # another standby won this epoch: watch the new owner
 

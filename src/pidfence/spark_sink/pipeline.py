@@ -7,7 +7,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.failure import failure_of
@@ -192,7 +192,7 @@ def start_sink(
         metrics=metrics,
         **kwargs,
     )
-    return None if started is None else started[0]  # None only when stopped on standby
+    return None if started is None else started.query  # None only when stopped on standby
 
 
 def _start(
@@ -208,7 +208,7 @@ def _start(
     metrics_host: str = "127.0.0.1",
     metrics: SinkMetrics | None = None,
     **kwargs: Any,
-) -> tuple[Any, OutputClaim] | None:
+) -> Started | None:
     """:func:`start_sink`, returning the claim too (None: ``stop`` was set while on standby)."""
     from pidfence.spark_sink.checkpoint import checkpoint_committed
     from pidfence.spark_sink.metrics import SinkMetrics
@@ -225,6 +225,8 @@ def _start(
     if claim is None:
         return None
     try:
+        # Read once the claim is held: a standby's wait may have seen months of batches go by.
+        before = Output.reading(output).committed_version()
         open_output(
             opts.path,
             opts.rejects_path,
@@ -246,7 +248,16 @@ def _start(
     claim.watch(query)
     if metrics is not None:
         metrics.watch(query)
-    return query, claim
+    return Started(query, claim, before)
+
+
+class Started(NamedTuple):
+    """A query :func:`_start` started: the query, its claim on the output, and the newest batch
+    committed before it (reports and summaries start after it)."""
+
+    query: Any
+    claim: OutputClaim
+    before: int
 
 
 def _release(claim: OutputClaim) -> None:
@@ -268,11 +279,10 @@ def run_sink(
 ) -> SinkRunSummary:
     """Run the sink to completion (``available_now``, the default) and summarise what it
     committed; ``kwargs`` as :func:`build_query`'s."""
-    before = Output.reading(output).committed_version()
     started = _start(spark, bootstrap, topic, output, checkpoint, **kwargs)
     if started is None:  # no stop event is given: it waits until it holds the output
         return SinkRunSummary()
-    query, claim = started
+    query, claim, before = started
     try:
         query.awaitTermination()
     except Exception as exc:
@@ -424,18 +434,22 @@ def serve(
         PidfenceError: the query failed: the sink's own error that ended it (its ``retriable``
             says whether running again continues), else :class:`SparkQueryFailed`.
     """
-    before = Output.reading(output).committed_version()
     started = _start(
         spark, bootstrap, topic, output, checkpoint, on_standby=on_standby, stop=stop, **kwargs
     )
     if started is None:
         return SinkRunSummary()  # stopped while on standby
-    query, claim = started
+    query, claim, before = started
     watcher = BatchWatcher(output, after=before, epoch=claim.epoch)
     try:
         while query.isActive and not stop.is_set():
             query.awaitTermination(poll_seconds)
-            for line in watcher.poll(query):
+            try:
+                lines = watcher.poll(query)
+            except OSError as exc:  # reporting only: a store that blips must not stop the query
+                log.warning("could not read the committed batches (retrying): %s", exc)
+                continue
+            for line in lines:
                 on_batch(line)
     except Exception as exc:  # Spark's exception: raise the sink's cause found in it
         with contextlib.suppress(OSError):  # the store may be what failed: report the cause
