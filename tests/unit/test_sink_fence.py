@@ -15,6 +15,8 @@ import pytest
 from pidfence.spark_sink.fence import (
     Claim,
     OutputFenced,
+    _gone,
+    _pid_space,
     check_epoch,
     claim_output,
     newest_claim,
@@ -103,10 +105,35 @@ def test_a_claim_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path: 
         capture_output=True,
         text=True,
     )
-    claim = Claim(7, socket.gethostname(), int(dead.stdout), "2026-01-01T00:00:00+00:00")
+    when = "2026-01-01T00:00:00+00:00"
+    claim = Claim(7, socket.gethostname(), int(dead.stdout), when, space=_pid_space())
     store.put(store.join("_claims", f"{7:020d}.json"), claim.encode())
     nxt = claim_output(store, lapse=3600)
     assert nxt is not None and nxt.epoch == 8
+
+
+def test_a_pid_of_another_pid_namespace_is_never_judged_gone(tmp_path: Path) -> None:
+    """Two containers with host networking share the host name, and each may run its sink as
+    pid 1: a claim from another pid namespace (or without one) waits for its lapse."""
+    store = Store.at(str(tmp_path))
+    for space in ("another-boot:4026531836", ""):
+        owner = Claim(1, socket.gethostname(), 1, "2026-01-01T00:00:00+00:00", "r", space=space)
+        assert not _gone(owner)
+        store.put(store.join("_claims", f"{1:020d}.json"), owner.encode())
+        assert _standby_sees(store) == [owner]
+
+
+def _standby_sees(store: Store) -> list[Claim]:
+    """The owners a standby waits for, told once (its wait is then stopped)."""
+    stop = threading.Event()
+    seen: list[Claim] = []
+
+    def on_standby(claim: Claim) -> None:
+        seen.append(claim)
+        stop.set()
+
+    assert claim_output(store, lapse=3600, on_standby=on_standby, stop=stop) is None
+    return seen
 
 
 def test_the_owner_renews_while_its_query_runs_and_releases_when_it_stops(

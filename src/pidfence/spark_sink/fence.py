@@ -6,7 +6,7 @@ epoch owns the output. The owner rewrites its own claim every ``lapse / 6`` (a h
 marks it released when its query stops. Another instance on the same output waits as a standby:
 it takes over, by creating the claim of the next epoch, when the owner's claim has not changed
 for ``lapse`` by the standby's own clock (no clocks compared across hosts), was released, or
-names a process on this host that is gone. Takeover is a create-if-absent, so of several
+names a process on this host (same boot and pid namespace) that is gone. Takeover is a create-if-absent, so of several
 standbys exactly one wins.
 
 The owner of epoch E is fenced once the claim of E + 1 exists: one existence check, made before
@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final
 
 from pidfence.spark_sink.errors import SinkError
@@ -62,6 +63,8 @@ class Claim:
     run: str = ""
     beat: int = 0
     released: bool = False
+    #: The boot and pid namespace of ``pid`` (:func:`_pid_space`): a pid means nothing outside.
+    space: str = ""
 
     def owner(self) -> str:
         """``host HOST, process PID, since SINCE (epoch E)``."""
@@ -112,9 +115,19 @@ def check_epoch(store: Store, epoch: int) -> None:
         )
 
 
+def _pid_space() -> str:
+    """This boot's id and this process's pid namespace: containers that share a host name (host
+    networking) have pids of their own, and each may be pid 1."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""  # no /proc: never judged gone by pid, only by its lapse
+
+
 def _gone(claim: Claim) -> bool:
-    """The claim names a process of this host that no longer holds it."""
-    if claim.host != socket.gethostname():
+    """The claim names a process of this host, boot and pid namespace that no longer holds it."""
+    if claim.host != socket.gethostname() or not claim.space or claim.space != _pid_space():
         return False
     if claim.pid == os.getpid():
         return claim.run not in _HELD
@@ -236,6 +249,7 @@ def claim_output(
             os.getpid(),
             datetime.now(UTC).isoformat(timespec="seconds"),
             uuid.uuid4().hex[:12],
+            space=_pid_space(),
         )
         _HELD.add(mine.run)  # before the claim is visible: a twin in this process sees it live
         try:
