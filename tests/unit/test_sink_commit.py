@@ -146,7 +146,7 @@ def test_decisions_a_manifest_names_are_never_read_as_none_when_gone(
     part = next(p for p in manifest.parts if p.files.decided is not None)
     assert output.read_decided(0, part) is not None
     (tmp_path / OWN_DIR / part.files.decided).unlink()
-    with pytest.raises(DeltaTableError, match="decisions are gone.*damaged"):
+    with pytest.raises(DeltaTableError, match=r"decisions are gone.*damaged"):
         output.read_decided(0, part)
 
 

@@ -6,8 +6,8 @@ epoch owns the output. The owner rewrites its own claim every ``lapse / 6`` (a h
 marks it released when its query stops. Another instance on the same output waits as a standby:
 it takes over, by creating the claim of the next epoch, when the owner's claim has not changed
 for ``lapse`` by the standby's own clock (no clocks compared across hosts), was released, or
-names a process on this host (same boot and pid namespace) that is gone. Takeover is a create-if-absent, so of several
-standbys exactly one wins.
+names a process on this host (same boot and pid namespace) that is gone. Takeover is a
+create-if-absent, so of several standbys exactly one wins.
 
 The owner of epoch E is fenced once the claim of E + 1 exists: one existence check, made before
 every bookkeeping and Delta commit (:func:`check_epoch`) and at every heartbeat. A fenced sink
