@@ -13,16 +13,18 @@ import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from pidfence.demo.config import DemoConfig, Fault, SinkStore
 from pidfence.demo.record import DemoPaths, Endpoints
 from pidfence.demo.topic import create_raw_topic
-from pidfence.services.kafka import create_topic
+from pidfence.services.kafka import create_topic, delete_topics
 from pidfence.services.lease_server import LeaseServerProcess, make_lease_pki, spawn_lease_server
 from pidfence.services.ports import free_port
 from pidfence.services.seaweedfs import SeaweedFS
+from pidfence.services.zookeeper import drop_chroot, new_chroot
 from pidfence.testing.network import LinkFaults, ProxiedKafka, link_proxies
 from pidfence.testing.plan import Link
 from pidfence.testing.toxiproxy import Proxy, Toxiproxy, ToxiproxyServer
@@ -95,6 +97,9 @@ def start_services(
             pids["toxiproxy"] = server.pid
     if config.zk_hosts:
         zk_hosts = config.zk_hosts
+        if "/" not in zk_hosts:  # the user's ZooKeeper: a namespace of this run's own
+            zk_hosts = new_chroot(zk_hosts, "/pidfence-demo")
+            cleanups.append(partial(drop_chroot, zk_hosts))
     else:
         zk = ZooKeeperEnsemble(1, run_dir=paths.run / "zookeeper")
         cleanups.append(zk.stop)
@@ -127,6 +132,8 @@ def start_services(
         pids.update({f"kafka-{i}": p for i, p in enumerate(kafka.pids())})
     create_raw_topic(bootstrap, raw, config.partitions)
     create_topic(bootstrap, upstream, config.partitions)
+    if config.bootstrap:  # the user's cluster: no demo topic left behind (--keep-running keeps)
+        cleanups.append(partial(delete_topics, bootstrap, [raw, upstream]))
     lease_zk = zk_hosts
     if toxiproxy is not None:
         hosts, slash, chroot = zk_hosts.partition("/")

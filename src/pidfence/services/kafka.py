@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from pidfence.jars import classpath, java
@@ -12,6 +14,8 @@ from pidfence.services.class_archive import archive_options
 from pidfence.services.node import Cluster
 from pidfence.services.ports import free_port
 from pidfence.services.process import ServiceFailed, jvm_options, wait_until
+
+log = logging.getLogger(__name__)
 
 _LOG4J2 = """status = warn
 appender.out.type = Console
@@ -173,6 +177,18 @@ class KafkaCluster(Cluster):
         for node in self.nodes:
             node.stop(timeout=20)
         self._remove_run_dir()
+
+
+def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 30.0) -> None:
+    """Delete ``names`` from any cluster, as far as it lets (a clean-up: errors are logged)."""
+    from confluent_kafka.admin import AdminClient
+
+    futures = AdminClient({"bootstrap.servers": bootstrap}).delete_topics(list(names))
+    for name, future in futures.items():
+        try:
+            future.result(timeout)
+        except Exception as exc:  # noqa: BLE001 - best effort: a topic left is not a failure
+            log.warning("topic %s was not deleted: %s", name, exc)
 
 
 def create_topic(

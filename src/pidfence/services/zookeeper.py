@@ -118,6 +118,23 @@ def new_chroot(hosts: str, prefix: str = "/pidfence-test") -> str:
     return hosts + path
 
 
+def drop_chroot(chrooted: str) -> None:
+    """Delete the namespace :func:`new_chroot` made, and everything in it (a clean-up)."""
+    from kazoo.client import KazooClient
+
+    hosts, _, path = chrooted.partition("/")
+    client = KazooClient(hosts=hosts)
+    try:
+        client.start(timeout=30)
+        client.delete(f"/{path}", recursive=True)
+    except Exception as exc:  # noqa: BLE001 - best effort: znodes left are not a failure
+        log = logging.getLogger(__name__)
+        log.warning("ZooKeeper namespace /%s was not deleted: %s", path, exc)
+    finally:
+        client.stop()
+        client.close()
+
+
 def _round_trip(hosts: str) -> bool:
     from kazoo.client import KazooClient
 
