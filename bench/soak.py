@@ -72,6 +72,7 @@ def soak_bench(config: SoakConfig, progress: Progress) -> BenchReport:
         ),
         columns=list(rows[0]) if rows else ["series"],
         rows=rows,
+        failed=None if result.ok else f"anomalies {result.anomalies} (zero required)",
         params={
             "ok": result.ok,
             "minutes": config.minutes,

@@ -41,6 +41,9 @@ class BenchReport:
     columns: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    #: Why the run failed its bench's own check (a soak with anomalies): ``pidfence bench``
+    #: then exits 1 after writing the figures. None: it passed, or has no such check.
+    failed: str | None = None
 
     def __post_init__(self) -> None:
         if not self.columns and self.rows:

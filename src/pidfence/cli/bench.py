@@ -23,13 +23,18 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="Run bench/NAME_STORE.py: e.g. `sink --store s3` writes to S3"),
         ] = None,
     ) -> None:
-        """Run a benchmark, print its table and write bench/results/NAME.json."""
+        """Run a benchmark, print its table and write bench/results/NAME.json.
+
+        Exit 1 when the bench's own check fails (a soak with anomalies), after writing it."""
         from pidfence.benchkit import BenchNotFound, run_bench
 
         if store is not None:
             name = f"{name}_{store}"
         try:
-            run_bench(name, quick=quick, bench_dir=bench_dir)
+            report = run_bench(name, quick=quick, bench_dir=bench_dir)
         except BenchNotFound as exc:
             typer.echo(str(exc), err=True)
             raise typer.Exit(2) from exc
+        if report.failed is not None:
+            typer.echo(f"pidfence bench {name}: failed: {report.failed}", err=True)
+            raise typer.Exit(1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import time
 from collections import Counter
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pidfence.demo.faults import FaultScript, LeaseZombie, Zombie
 from pidfence.demo.procs import ProducerRole, ProducerSpec
-from pidfence.demo.soak.config import SoakConfig
+from pidfence.demo.soak.config import OUT_ENV, SoakConfig
 from pidfence.demo.soak.faults import (
     SelfStoppedLeaseZombie,
     SinkProc,
@@ -49,6 +50,10 @@ _Cluster = TypeVar("_Cluster", "ZooKeeperEnsemble", "KafkaCluster")
 
 #: Producer roles by the fault each one gets, in order.
 ROLES = ("kill", "zombie", "lease-zombie", "resend")
+
+
+#: The file that marks a folder as a soak's (a reused one is reset, another is refused).
+MARKER = ".pidfence-soak"
 
 
 class SoakRun:
@@ -84,8 +89,33 @@ class SoakRun:
 
     # ---- the run ---------------------------------------------------------------------------
 
+    def _fresh_out(self) -> None:
+        """Remove a previous soak's files from ``out``; refuse a folder that is not a soak's.
+
+        Raises:
+            ServiceFailed: ``out`` holds folders the soak would delete, and no soak's files.
+        """
+        out = self.config.out
+        folders = (self.ledgers, self.logs, self.state, self.output, self.checkpoint, out / "run")
+        found = [p.name for p in folders if p.exists()]
+        if found and not (out / MARKER).exists():
+            raise ServiceFailed(
+                f"{OUT_ENV}={out} holds {', '.join(found)} but no {MARKER}: not a soak's folder, "
+                "and the soak would delete them; choose another folder"
+            )
+        for path in folders:
+            shutil.rmtree(path, ignore_errors=True)
+        for name in ("batches.jsonl", "samples.jsonl", "soak.json"):
+            (out / name).unlink(missing_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text("a pidfence soak's folder: the next soak here resets it\n")
+
     def run(self) -> SoakResult:
-        """Run the soak to the end; every process started here is stopped in ``finally``."""
+        """Run the soak to the end; every process started here is stopped in ``finally``.
+
+        A reused ``PIDFENCE_SOAK_OUT`` loses the previous run's files first: its ledgers and
+        batch log would be judged with this run's (another topic: every event "lost")."""
+        self._fresh_out()
         for path in (self.ledgers, self.logs, self.state):
             path.mkdir(parents=True, exist_ok=True)
         try:
