@@ -69,11 +69,20 @@ def test_zookeeper_node_killed_while_producer_resumes(
         )
         # The crash comes while node 0 is down: resume's bump is a ZooKeeper compare-and-set.
         crash = KillAndResume(role, at=600)
+        resumed_with_node_0: list[bool] = []
+        spawn = role.spawn
+
+        def spawn_noting_node_0() -> Any:
+            resumed_with_node_0.append(zk_ensemble3[0].running)
+            return spawn()
+
+        role.spawn = spawn_noting_node_0  # type: ignore[method-assign]
         try:
             drive([bounce, crash], timeout=200, until=lambda: not role.running())
         finally:
             if not bounce.done:
                 zk_ensemble3.restart(0)
+        assert resumed_with_node_0 == [False], bounce.events + crash.events
         assert role.current.exit_code() == 0, role.current.tail()
         assert role.instances[1].fences() >= 1
     finally:
