@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from pidfence.demo.procs import pidfence_argv
+from pidfence.services.process import track
 from tests.chaos.conftest import ChaosKit
 
 pytestmark = pytest.mark.timeout(420)
@@ -50,7 +51,7 @@ class Producer:
         self.state = state
         self.log = kit.logs / f"{label}.log"
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.proc = track(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env))
 
     def state_data(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(self.state.read_text())

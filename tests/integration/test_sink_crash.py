@@ -20,6 +20,7 @@ import pytest
 
 from pidfence.cli.exits import EXIT_RETRIABLE
 from pidfence.demo.procs import sink_argv
+from pidfence.services.process import track
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink.output import Output
 from pidfence.testing import run_argv
@@ -51,12 +52,14 @@ class SinkProc:
     def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._out = log.open("wb")
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
+        self.proc = track(
+            subprocess.Popen(
+                argv,
+                stdout=self._out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
         )
 
     def wait(self, timeout: float = RUN_LIMIT_S) -> int:

@@ -21,6 +21,7 @@ import pytest
 
 from pidfence.cli.exits import EXIT_OK
 from pidfence.demo.procs import pidfence_argv, sink_args
+from pidfence.services.process import track
 from tests.fixtures.commands import run_pidfence
 from tests.integration.test_delta_shared import Upstream, written_rows
 
@@ -37,12 +38,14 @@ class SinkProcess:
     def __init__(self, argv: list[str], log: Path) -> None:
         self.log = log
         with log.open("w") as out:
-            self.proc = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "COLUMNS": "200"},
+            self.proc = track(
+                subprocess.Popen(
+                    argv,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env={**os.environ, "COLUMNS": "200"},
+                )
             )
 
     def text(self) -> str:

@@ -24,6 +24,14 @@ class ServiceFailed(PidfenceError):
     """A service did not start or did not become ready; the message carries its log tail."""
 
 
+def track(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """Count a process started with ``subprocess.Popen`` among those :func:`started_pids`
+    reports while it runs (the suite's check that nothing it started is left running)."""
+    with _LOCK:
+        _STARTED[proc.pid] = proc
+    return proc
+
+
 def started_pids() -> set[int]:
     """Pids of processes started here that are still running."""
     with _LOCK:
