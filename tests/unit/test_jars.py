@@ -18,7 +18,7 @@ import pytest
 from pidfence import jars
 from pidfence.cli.exits import EXIT_UNAVAILABLE, code_of
 from pidfence.jars import cache as jar_cache
-from pidfence.jars.ivy import ivy_module
+from pidfence.jars.ivy import REPOSITORY_ENV, _proxy_options, ivy_jar, ivy_module
 from pidfence.spark_sink import configure, packages
 
 LIB = jars.Module("org.example", "lib", "1.0")
@@ -191,3 +191,46 @@ def test_configure_adds_the_connector_and_keeps_the_users_jars(tmp_path: Path) -
     builder = configure(Builder(**{"spark.jars": "/opt/mine.jar"}), jars=tmp_path)
     assert builder._options["spark.jars"] == f"/opt/mine.jar,{connector}"
     assert configure(Builder(), jars=tmp_path)._options["spark.jars"] == str(connector)
+
+
+def test_a_hand_edited_manifest_is_fetched_again(ivy: FakeIvy) -> None:
+    (jar,) = jars.fetch(jars.Component("lib", (LIB,)))
+    (jar.parent / jar_cache.MANIFEST).write_text("[]")  # valid JSON, not the cache's object
+    jars.fetch(jars.Component("lib", (LIB,)))
+    assert ivy.calls == 2
+
+
+def test_an_unwritable_cache_names_the_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(jars.CACHE_ENV, str(blocker / "cache"))  # under a file: never a folder
+    with pytest.raises(jars.FetchFailed, match=jars.CACHE_ENV) as caught:
+        jars.fetch(jars.Component("lib", (LIB,)))
+    assert code_of(caught.value) == EXIT_UNAVAILABLE
+
+
+def test_proxies_reach_java_with_their_ports_and_exceptions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "https://proxy.example")
+    monkeypatch.setenv("NO_PROXY", "mirror.local,.corp.example")
+    assert _proxy_options() == [
+        "-Dhttps.proxyHost=proxy.example",
+        "-Dhttps.proxyPort=443",
+        "-Dhttp.nonProxyHosts=mirror.local|*.corp.example",
+    ]
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:80a")
+    with pytest.raises(jars.FetchFailed, match=r"HTTPS_PROXY=http://proxy\.example:80a"):
+        _proxy_options()
+
+
+def test_a_repository_that_is_no_url_names_the_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(REPOSITORY_ENV, "repo.example/maven2")
+    with pytest.raises(jars.FetchFailed, match=rf"{REPOSITORY_ENV}=repo\.example/maven2"):
+        ivy_jar(tmp_path)

@@ -22,8 +22,9 @@ def register(app: typer.Typer) -> None:
         names: Annotated[
             list[str] | None,
             typer.Argument(
-                help="zookeeper, kafka, spark-kafka, delta (default: each one this install "
-                "uses; with --to: spark-kafka)",
+                help="zookeeper, kafka, spark-kafka, delta, hadoop-aws (default: zookeeper, "
+                "kafka and, with pyspark, spark-kafka and delta; hadoop-aws is fetched when a "
+                "checkpoint is on s3a://; with --to: spark-kafka)",
                 show_default=False,
             ),
         ] = None,
@@ -66,8 +67,11 @@ def register(app: typer.Typer) -> None:
             for name, found in zip(chosen, fetched, strict=True):
                 where = found[0].parent if found else jars.cache_dir()
                 if to is not None:
-                    to.mkdir(parents=True, exist_ok=True)
-                    for jar in found:
-                        shutil.copy2(jar, to / jar.name)
+                    try:
+                        to.mkdir(parents=True, exist_ok=True)
+                        for jar in found:
+                            shutil.copy2(jar, to / jar.name)
+                    except OSError as exc:
+                        fail("jars", f"cannot copy the jars into --to {to}: {exc}", EXIT_USAGE)
                     where = to
                 typer.echo(f"{name}: {len(found)} jars in {where}")

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pidfence.jars.errors import FetchFailed
 from pidfence.jars.ivy import Module, ivy_module, repository, resolve
 
 #: Where the jars go (a folder copied from a machine that has them works offline).
@@ -77,8 +78,8 @@ def cached(component: Component) -> list[Path] | None:
         manifest = json.loads((cache_dir() / component.name / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    if manifest.get("request") != _digest(component):
-        return None
+    if not isinstance(manifest, dict) or manifest.get("request") != _digest(component):
+        return None  # not this request's, or edited by hand: fetched again
     folder = cache_dir() / component.name
     jars = [folder / name for name in manifest.get("jars", {})]
     sizes = manifest.get("jars", {})
@@ -89,8 +90,15 @@ def cached(component: Component) -> list[Path] | None:
 
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a")
+    except OSError as exc:
+        raise FetchFailed(
+            f"the jar cache {path.parent} cannot be written ({exc}); set {CACHE_ENV} to a "
+            "writable folder"
+        ) from exc
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -116,6 +116,11 @@ def ivy_jar(cache: Path) -> Path:
     try:
         with urllib.request.urlopen(url, timeout=60) as response:  # noqa: S310 - http(s)/file
             data = response.read()
+    except ValueError as exc:  # not a URL: the repository setting is wrong
+        raise FetchFailed(
+            f"{REPOSITORY_ENV}={repository()} is not a repository URL ({exc}): use "
+            "https://HOST/PATH or file:///PATH"
+        ) from exc
     except OSError as exc:
         raise FetchFailed(f"cannot download Apache Ivy from {url} ({exc}); {FIX}") from exc
     if hashlib.sha256(data).hexdigest() != IVY_SHA256:
@@ -132,13 +137,27 @@ def ivy_jar(cache: Path) -> Path:
 
 
 def _proxy_options() -> list[str]:
-    """Java ignores ``HTTPS_PROXY``/``HTTP_PROXY``; pass them as its system properties."""
+    """Java ignores ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``; pass them as its system
+    properties. (A proxy's ``user:password@`` is not passed: Java takes proxy credentials only
+    from an ``Authenticator``.)"""
     options = []
     for scheme in ("https", "http"):
-        value = os.environ.get(f"{scheme}_proxy") or os.environ.get(f"{scheme.upper()}_PROXY")
-        if value and (proxy := urlsplit(value if "://" in value else f"http://{value}")).hostname:
-            options.append(f"-D{scheme}.proxyHost={proxy.hostname}")
-            options.append(f"-D{scheme}.proxyPort={proxy.port or 80}")
+        name = f"{scheme.upper()}_PROXY"
+        value = os.environ.get(f"{scheme}_proxy") or os.environ.get(name)
+        if not value:
+            continue
+        proxy = urlsplit(value if "://" in value else f"http://{value}")
+        try:
+            port = proxy.port or (443 if proxy.scheme == "https" else 80)
+        except ValueError as exc:
+            raise FetchFailed(f"{name}={value} is not a proxy URL ({exc})") from exc
+        if proxy.hostname:
+            options += [f"-D{scheme}.proxyHost={proxy.hostname}", f"-D{scheme}.proxyPort={port}"]
+    if hosts := os.environ.get("no_proxy") or os.environ.get("NO_PROXY"):
+        # curl's ``a.com,.b.com`` is Java's ``a.com|*.b.com``.
+        names = [h.strip() for h in hosts.split(",") if h.strip()]
+        java_names = "|".join(f"*{h}" if h.startswith(".") else h for h in names)
+        options.append(f"-Dhttp.nonProxyHosts={java_names}")
     return options
 
 
