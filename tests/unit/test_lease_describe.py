@@ -153,3 +153,24 @@ def test_describe_of_a_service_without_zookeeper_is_unavailable(servers: LeaseSe
     servers.store.up = False
     with pytest.raises(LeaseServiceUnavailable):
         asyncio.run(service.describe(5))
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        [None, "live", 1, 0],
+        [1.9, "live", True, 0],  # a float and a bool are not a pid and a generation
+        ["7", "live", "3", "0"],
+        [7, "nope", 1, 0],
+        [7, "live", 1],
+        "7,live,1,0",
+    ],
+)
+def test_a_recorded_answer_of_the_wrong_shape_is_refused(row: object) -> None:
+    with pytest.raises(ValueError, match=r"\[pid, state, generation, expire_ms\]"):
+        PidStatus.from_list(row)
+
+
+def test_a_recorded_answer_reads_back() -> None:
+    status = PidStatus(7, PidState.RETIRED, 3, 1_000)
+    assert PidStatus.from_list(status.to_list()) == status

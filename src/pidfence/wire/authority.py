@@ -61,12 +61,17 @@ class PidStatus:
         Raises:
             ValueError: ``row`` is not such a list.
         """
-        if not isinstance(row, list | tuple) or len(row) != 4:
+        if (
+            not isinstance(row, list | tuple)
+            or len(row) != 4
+            or not all(type(n) is int for n in (row[0], row[2], row[3]))
+            or row[1] not in {s.value for s in PidState}
+        ):
             raise ValueError(
                 f"a recorded authority answer is [pid, state, generation, expire_ms], not {row!r}"
             )
         pid, state, generation, expire_ms = row
-        return cls(int(pid), PidState(state), int(generation), int(expire_ms))
+        return cls(pid, PidState(state), generation, expire_ms)
 
     @classmethod
     def unknown(cls, pid: int) -> PidStatus:

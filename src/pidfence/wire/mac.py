@@ -17,9 +17,9 @@ Encodings (stable; changing them is a new version):
   person=``b"pidfence-rmac"``);
 * record MAC = BLAKE2b(prefix ‖ key ‖ value, key=record key, digest_size=16,
   person=``b"pidfence-record"``), where prefix = msgpack ``[topic, partition, pid, generation,
-  seq, flags, len(key) or -1, len(value) or -1]`` (-1 for None). The lengths in the prefix make
-  the split between key and value unambiguous; key and value are fed with ``update()``, never
-  copied.
+  seq, flags, key length, value length]``, a length -1 for None (an empty key is 0). The
+  lengths in the prefix make the split between key and value unambiguous; key and value are fed
+  with ``update()``, never copied.
 
 Pure: no I/O beyond reading and creating the secret file.
 """
@@ -36,9 +36,9 @@ import msgpack
 from pidfence.wire.cert import KeyFileError, create_private_file, read_private_file
 from pidfence.wire.statement import RecordPlace
 
-#: Bytes of the shared secret, of a record key and of a record MAC.
 #: The Kafka header that carries a record's MAC.
 MAC_HEADER_KEY = "pfm"
+#: Bytes of the shared secret, of a record key and of a record MAC.
 MAC_SECRET_BYTES = 32
 RECORD_KEY_BYTES = 32
 RECORD_MAC_BYTES = 16
