@@ -92,9 +92,11 @@ def judged(seed: int, **knobs: Any) -> SimResult:
 
 
 def assert_clean(result: SimResult) -> None:
-    """Zero anomalies, every upstream event in the log exactly once, and no event decided
-    otherwise than the strict rules on the full view of the log decide it (the oracle)."""
+    """Zero anomalies, every upstream event in the log exactly once (and every record without
+    a producer the sink read), and no event decided otherwise than the strict rules on the full
+    view of the log decide it (the oracle)."""
     examples = {n: f.examples[:3] for n, f in result.report.findings.items() if f.count}
     assert result.report.ok, f"{result.describe()}\nexamples: {examples}"
     assert result.exactly_once, result.describe()
+    assert result.non_idempotent_once, result.describe()
     assert result.oracle.ok, result.describe()

@@ -22,7 +22,7 @@ from pidfence.sim import SimResult, run
 from pidfence.sim.attacker import ATTACKS, Forgery
 from tests.sim.schedules import SEEDS, assert_clean, explored, judged, knob_space
 
-# Every fault but producer crashes (see test_forged_fence_misleads_the_recovery_scan): lossy,
+# Every fault but producer crashes (see test_forged_fences_do_not_mislead_the_recovery_scan): lossy,
 # duplicating, reordering network, sink restarts rebuilding from snapshots, rollovers and broker
 # expiry under short leases, plain records; long enough for leases to end (expired certs).
 ATTACKED = {

@@ -67,7 +67,10 @@ def test_every_finding_is_a_record_kafka_lost_and_every_passed_loss_is_a_gap(
     assert result.losses is not None
     assert result.ok, result.describe()
     losses = result.losses
-    assert losses.reported == losses.lost - losses.tail, result.describe()
+    # Tail and healed losses are read from Kafka (a loss no stored record lies far enough past
+    # for gap resolution, or whose seq Kafka stores all the same), not from what the sink
+    # reported: every other loss must be inside a reported gap.
+    assert losses.lost - losses.tail - losses.healed <= losses.reported, result.describe()
 
 
 def test_losses_happen_and_are_reported() -> None:
@@ -77,6 +80,10 @@ def test_losses_happen_and_are_reported() -> None:
     assert result.stats["kafka_lost"] > 0
     assert result.stats["kafka_lost_reported"] > 0
     assert result.stats["gaps_reported"] > 0  # one gap may cover several lost seqs
+    # Not vacuous: some losses had to be reported (neither at a tail nor healed).
+    assert result.losses is not None
+    owed = result.losses.lost - result.losses.tail - result.losses.healed
+    assert owed and owed <= result.losses.reported
 
 
 def test_losses_need_in_order_sessions() -> None:

@@ -16,7 +16,10 @@ import pytest
 
 from pidfence.broker_plugin.adoption import VOUCHED, Adoption
 from pidfence.sim import SimResult, run
+from pidfence.sim.kafka import KafkaRecord
+from pidfence.sim.oracle import StrictRecord, judge
 from pidfence.testing.mutations import LINEAGE_MUTATIONS, MUTATIONS
+from pidfence.wire import Verdict, encode_pf
 from tests.sim.schedules import assert_clean
 
 #: Retention deleting what a lagging sink has not read, under crashes, zombies, late restarts
@@ -165,3 +168,41 @@ def test_without_lease_servers_the_sink_adopts_nothing_and_the_oracle_names_it()
     assert refused
     assert all(not r.oracle.appended_wrongly and not r.oracle.twice for r in results)
     assert all(r.stats["verdict_UNKNOWN_PID"] > 0 for r in refused)
+
+
+# --- the oracle itself, on hand-built records ----------------------------------------------------
+
+
+def _record(offset: int, pid: int, generation: int, seq: int, value: bytes) -> KafkaRecord:
+    return KafkaRecord(offset, encode_pf(pid, generation, seq), None, value, 1_000 + offset)
+
+
+def test_the_oracle_names_what_the_strict_rules_never_append() -> None:
+    first = _record(0, 7, 1, 0, b"event 0")
+    zombie = _record(1, 7, 0, 1, b"event 1")  # an older generation's record: strict FENCED
+    strict = [
+        StrictRecord(0, 0, first, Verdict.APPENDED, False, False, False),
+        StrictRecord(0, 1, zombie, Verdict.FENCED, False, False, False),
+    ]
+    read = {(0, 0), (0, 1)}
+    relaxed: list[dict[int, Verdict]] = [{}]
+    assert judge(strict, [(0, first)], read, set(), relaxed).ok
+    wrong = judge(strict, [(0, first), (0, zombie)], read, set(), relaxed)
+    assert not wrong.ok
+    assert [(e["offset"], e["strict"]) for e in wrong.appended_wrongly] == [(1, "FENCED")]
+    assert not wrong.refused_wrongly and not wrong.twice
+    # The one relaxation: held behind a hole, then refused, with no newer generation before it
+    # (gap resolution appends exactly those) ...
+    behind = StrictRecord(0, 1, zombie, Verdict.OUT_OF_ORDER, True, False, False)
+    excused = judge([strict[0], behind], [(0, first), (0, zombie)], read, set(), relaxed)
+    assert excused.ok and excused.excused["gap_resolution"] == 1
+    # ... never after a newer generation of its pid.
+    after = StrictRecord(0, 1, zombie, Verdict.OUT_OF_ORDER, True, True, False)
+    assert judge(
+        [strict[0], after], [(0, first), (0, zombie)], read, set(), relaxed
+    ).appended_wrongly
+    # Twice, and refused: an event the strict rules append that the sink read and left out.
+    assert judge(strict, [(0, first), (0, first)], read, set(), relaxed).twice
+    assert judge(strict, [], read, set(), relaxed).refused_wrongly
+    # Unless the sink never read it.
+    assert judge(strict, [], set(), set(), relaxed).ok

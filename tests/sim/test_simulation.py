@@ -3,8 +3,9 @@
 Every schedule runs the real producer (``IdempotentProducer`` with its session, driver and sender
 over a simulated Kafka client and lease server: ``pidfence.sim.client``) and the real broker rules
 (``pidfence.broker_plugin``) under a network that drops, duplicates and reorders, producer crashes
-with zombies, sink restarts that rebuild state from a snapshot plus the Kafka suffix, and lease
-rollover under a fake clock. ``test_session_mutations.py`` seeds bugs into that producer code.
+with zombies, sink restarts that rebuild state as the real sink does (an older state file, then the
+committed batches replayed through ``replay_batch``), and lease rollover under a fake clock.
+``test_session_mutations.py`` seeds bugs into that producer code.
 
 Reproducibility: the 1000 schedules are derandomized unless ``PIDFENCE_SIM_EXPLORE=1``
 (``tests/sim/schedules.py``), drawn from ``SCHEDULES_SEED`` and judged in ``SHARDS`` items;
@@ -17,6 +18,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -115,7 +117,7 @@ def test_busy_schedules_are_clean(busy: list[SimResult]) -> None:
         "verdict_FENCED",  # ... and the rules fenced it
         "verdict_FENCE",  # resumes announced their generation
         "dead_landings",  # a dead process's in-flight records landed after its death
-        "restarts",  # sink rebuilt state from a snapshot plus the Kafka suffix
+        "restarts",  # sink rebuilt state from a state file plus the committed batches after it
         "snapshots_delta",  # ... from a chain of incremental snapshots
         "rollovers",  # lease rollover under the fake clock
         "paused_zombies",  # a zombie was SIGSTOPped ...
@@ -147,7 +149,7 @@ def test_fault_happens(busy: list[SimResult], stat: str) -> None:
     [
         ("accept_stale_generation", "zombie"),  # a fenced generation's records appended
         ("accept_old_seq", "duplicate"),  # dedup dropped
-        ("drop_fence", "lost"),  # FENCE never reaches the rules
+        ("drop_fence", "lost"),  # a FENCE moves no generation
     ],
 )
 def test_broken_rule_is_caught(mutation: str, anomaly: str) -> None:
@@ -311,3 +313,38 @@ def test_cli_replay_hint_reproduces_a_failure(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert result.report.summary() in out
     assert "zombie: {" in out
+
+
+# --- records without a producer are judged too --------------------------------------------------
+
+
+def test_a_dropped_or_doubled_header_less_record_fails_the_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The log's pid-0 rows must be exactly the header-less records the sink read: the checker
+    of events cannot see them (they carry no producer), so the schedule compares them itself.
+    A bug in the real sink's placement of them in the log (``_with_non_idempotent``) fails it."""
+    from pidfence.broker_plugin import CODE_OF
+    from pidfence.sim import sink
+    from pidfence.wire import Verdict
+
+    knobs = {"plain_p": 0.2, "restart_p": 0.3}
+    clean = run(0, **knobs)
+    assert clean.stats["non_idempotent_read"] > 0
+    assert_clean(clean)
+    real = sink._with_non_idempotent
+    plain = CODE_OF[Verdict.NON_IDEMPOTENT]
+
+    def dropped(order: Any, verdict: Any) -> Any:
+        placed = real(order, verdict)
+        return placed[~np.isin(placed, np.flatnonzero(verdict == plain))]
+
+    def doubled(order: Any, verdict: Any) -> Any:
+        return np.concatenate([real(order, verdict), np.flatnonzero(verdict == plain)])
+
+    for broken in (dropped, doubled):
+        monkeypatch.setattr(sink, "_with_non_idempotent", broken)
+        result = run(0, **knobs)
+        assert not result.non_idempotent_once and not result.ok, broken.__name__
+        # Only this comparison sees it: every event is still in the log exactly once.
+        assert result.report.ok and result.exactly_once and result.oracle.ok

@@ -1,10 +1,11 @@
-"""Deterministic simulation: the real producer and broker rules under a hostile world.
+"""Deterministic simulation: the real producer, lease service and sink path under a hostile world.
 
 Seeded and in-process: the real ``IdempotentProducer`` (session, driver, sender) over a simulated
 Kafka client and lease server; a lossy, duplicating, reordering network; producer crashes resumed
-from checkpoints (generation bump + FENCE); zombies; lease server outages; sink restarts
-rebuilding state from a snapshot and the Kafka suffix; lease rollover under a fake clock. The
-checker judges every run.
+from checkpoints (generation bump + FENCE); zombies; lease server outages; the sink's batches
+decided through the real sink's batch path; sink restarts rebuilding state as the real sink does
+(an older state file, then the committed batches after it replayed from their decisions); lease
+rollover under a fake clock. The checker and the oracle judge every run.
 ``run(seed, **knobs)`` replays a schedule exactly; ``python -m pidfence.sim --seed N`` does too.
 """
 

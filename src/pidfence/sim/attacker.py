@@ -17,7 +17,6 @@ state, so a forgery's effect depends only on what is in Kafka before it.
 from __future__ import annotations
 
 import random
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final, Literal, get_args
 
@@ -125,8 +124,6 @@ class Attacker:
         self.view = _View([0] * len(kafka.partitions), [0] * len(kafka.partitions))
         self.mine: set[tuple[int, int]] = set()
         self.sent: list[Forgery] = []
-        #: Attempts that found no target (say no live pid yet), by attack.
-        self.idle: Counter[str] = Counter()
         self._next_fresh = FRESH_PID_BASE + rng.randrange(1 << 40)
 
     def _read(self) -> None:
@@ -168,8 +165,7 @@ class Attacker:
             made = self._fresh(kind, now)
         else:
             made = self._fence(kind, now)
-        if made is None:
-            self.idle[kind] += 1
+        if made is None:  # no target (say no live pid yet)
             return None
         partition, header, cert, pid, generation = made
         value = b"" if decode_pf(header).flags & FLAG_FENCE else f"attack:{len(self.sent)}".encode()

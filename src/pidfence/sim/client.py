@@ -236,7 +236,9 @@ class Network:
         self.counts = {"drops": 0, "duplicates": 0, "overtakes": 0}
 
     def deliver_one(self, client: SimClient) -> None:
-        """One delivery attempt of one of ``client``'s first ``reorder`` in-flight records."""
+        """One delivery attempt of one of ``client``'s in-flight records: any whose seq is less
+        than ``reorder`` past its partition's oldest unacknowledged seq (only that oldest one
+        while its pid has no record on the partition yet, unless ``cold_reorder``)."""
         rng = self.rng
         # The window is measured from the oldest unacknowledged seq of each partition, not as
         # "any of the first N in flight": once later records are acknowledged (and held by the

@@ -60,25 +60,17 @@ class SimKafka:
         self._rng = rng or random.Random(0)
         #: Records acknowledged and never stored: (partition, the offset they were told).
         self.lost: list[tuple[int, KafkaRecord]] = []
-        #: Records deleted by :meth:`trim` before anyone asked: (partition, record).
-        self.trimmed: list[tuple[int, KafkaRecord]] = []
         #: ``message.timestamp.type=LogAppendTime``: a record's timestamp is the broker's
         #: :attr:`now` when it is appended, not what its writer set (CreateTime).
         self.log_append_time = log_append_time
         #: The broker's clock (the runner moves it every step).
         self.now = 0
 
-    def visible(self, partition: int) -> list[KafkaRecord]:
-        """The records a reader can still fetch (from the log start on)."""
-        return self.partitions[partition][self.log_start[partition] :]
-
-    def trim(self, partition: int, upto: int) -> list[KafkaRecord]:
-        """Retention: delete the partition's records below offset ``upto``; returns them."""
+    def trim(self, partition: int, upto: int) -> None:
+        """Retention: delete the partition's records below offset ``upto`` (readers start at
+        :attr:`log_start`)."""
         upto = min(upto, len(self.partitions[partition]))
-        gone = self.partitions[partition][self.log_start[partition] : upto]
         self.log_start[partition] = max(self.log_start[partition], upto)
-        self.trimmed.extend((partition, r) for r in gone)
-        return gone
 
     def offset_for_time(self, partition: int, ts_ms: int) -> int:
         """The first offset whose record (or an earlier one) has a timestamp >= ``ts_ms``, as

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
-#: Deliberately broken broker rules, to prove the simulation finds what they break.
+#: Deliberately broken pieces, to prove the simulation finds what they break: broker rules
+#: (``accept_stale_generation``, ``accept_old_seq``, ``drop_fence``), the lease server's rollover
+#: (``fresh_rollover``), the sink's certificate check (``no_verify``) and a resume's recovery scan
+#: (``trusting_scan``).
 Mutation = Literal[
     "accept_stale_generation",
     "accept_old_seq",
@@ -28,10 +31,13 @@ class Knobs:
         producers: independent producer chains (each with its own upstream and checkpoints).
         drop_p: a send is lost on the way (the producer retries it later).
         dup_p: Kafka writes a record but the ack is lost (the retry writes it again).
-        reorder: the network delivers any of a producer's first ``reorder`` in-flight records
-            (must not exceed the broker's ``reorder_window`` + 1). 1 models librdkafka's
-            idempotence, the producer's default: a session's records land in order, a dead
-            process's in-flight records as a prefix, and the sink resolves gaps (its default).
+        reorder: the network may deliver any in-flight record whose seq is less than
+            ``reorder`` past the oldest unacknowledged seq of its partition (at most the sink's
+            ``reorder_window`` + 1, so the broker can hold every record that overtakes); nothing
+            overtakes a pid's first record on a partition unless ``cold_reorder``. 1 models
+            librdkafka's idempotence, the producer's default: a session's records land in
+            order, a dead process's in-flight records as a prefix, and the sink resolves gaps
+            (its default).
             Above 1 models a client without it, which can leave a hole its resumer fills later:
             the sink then keeps the proposal's rules (``resolveGaps=false``, docs/gaps.md).
         crash_p: per step, the active producer instance crashes and is resumed from its
@@ -43,8 +49,9 @@ class Knobs:
             have expired (resume rolls it through the lineage).
         double_p: a second resumer of the same checkpoint starts later (two resumers of one
             checkpoint: the later one fences the first through the lineage, or is refused).
-        restart_p: per sink batch, the sink restarts and rebuilds its state from an older
-            snapshot plus the Kafka suffix after it.
+        restart_p: per sink batch and partition, the sink restarts and rebuilds the
+            partition's state as the real sink does when its newest state file is lost: an older
+            state file, then the committed batches after it replayed from their decisions.
         plain_p: per step, a non-idempotent (no ``pf`` header) record is written.
         lease_down_p: per step, the lease servers become unreachable for up to a quarter of a
             lease lifetime: rollovers are retried inside the old lease, a process whose lease
@@ -94,11 +101,13 @@ class Knobs:
             retry, a replay tool): it must never be appended.
         authority: the sink asks the lease servers before it adopts (``--lease-server``);
             without, it adopts nothing (``UNKNOWN_PID``).
-        mutation: a broken broker rule (or ``fresh_rollover``: the lease server's ``roll``
-            leases an unrelated pid, the rollover before DESIGN §9; or ``no_verify``: the sink
-            runs without ``leasePublicKey``, so nothing checks ``pfc``; or ``trusting_scan``: a
-            resume's recovery scan believes every header, as ``IdempotentProducer`` without
-            ``lease_public_keys`` does), or None.
+        mutation: a deliberately broken piece, or None. A broken broker rule, patched into
+            the real rules for the schedule (:func:`pidfence.sim.broken_rules.broken_rules`):
+            ``accept_stale_generation``, ``accept_old_seq``, ``drop_fence``. Or
+            ``fresh_rollover``: the lease server's ``roll`` leases an unrelated pid, the rollover
+            before DESIGN §9; ``no_verify``: the sink runs without ``leasePublicKey``, so nothing
+            checks ``pfc``; ``trusting_scan``: a resume's recovery scan believes every header, as
+            ``IdempotentProducer`` without ``lease_public_keys`` does.
     """
 
     events: int = 60
@@ -135,7 +144,9 @@ class Knobs:
 
     def __post_init__(self) -> None:
         if not 1 <= self.reorder <= 6:
-            raise ValueError(f"reorder must be in 1..6 (broker window 5 + 1), got {self.reorder}")
+            raise ValueError(
+                f"reorder must be in 1..6 (the sink's reorder window 5, + 1), got {self.reorder}"
+            )
         if self.lifetime_ms < 24 * self.step_ms * 4:
             raise ValueError("lifetime_ms must be at least 96 steps so a rollover margin exists")
         for name in (

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -36,19 +36,6 @@ T = TypeVar("T")
 
 #: What the lease server did, counted.
 _COUNTS = ("rolls", "refused", "outages", "unanswered", "described")
-
-
-class InlineExecutor(Executor):
-    """Runs each call at once, in the caller's thread (the simulation has no threads)."""
-
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        """``fn(*args, **kwargs)`` now; its result or exception in a done future."""
-        done: Future[T] = Future()
-        try:
-            done.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            done.set_exception(exc)
-        return done
 
 
 class _InlineLoop(asyncio.SelectorEventLoop):
@@ -100,7 +87,8 @@ class SimLeaseServer:
         self.store = MemoryCoordinator()
         self.service = LeaseService(
             self.store,
-            InlineExecutor(),
+            # Never called: _InlineLoop runs every executor call inline, in the caller's thread.
+            Executor(),
             LeaseServerSettings(
                 lifetime_ms=self.lifetime_ms, block_ttl_ms=self.lifetime_ms, capacity=4096
             ),

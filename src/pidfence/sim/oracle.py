@@ -34,8 +34,9 @@ from typing import Any
 from pidfence.broker_plugin import ProducerStateTable, Verifier
 from pidfence.sim.kafka import KafkaRecord, SimKafka
 from pidfence.wire import MalformedHeader, Verdict, decode_pf
+from pidfence.wire.mac import RecordMacCheck
 
-#: (partition, offset) of a record (a lost record: the offset it was told, negated minus one).
+#: (partition, Kafka offset) of a record the sink read.
 Place = tuple[int, int]
 
 
@@ -44,6 +45,8 @@ class StrictRecord:
     """One record of the full view with the strict rules' decision."""
 
     partition: int
+    #: The record's Kafka offset; a lost record's is ``-1 - n`` (the ``n``-th loss of the
+    #: partition: no offset of its own).
     place: int
     record: KafkaRecord
     verdict: Verdict
@@ -192,6 +195,28 @@ def judge(
             continue
         report.refused_wrongly.append(_example(records[0]))
     return report
+
+
+def mac_refusal(topic: str, secret: bytes | None) -> Callable[[int, KafkaRecord], bool]:
+    """The oracle's own per-record MAC check (its own :class:`RecordMacCheck`, not the
+    sink's): whether the per-record mode refuses a record of ``topic`` (an idempotent record,
+    data or FENCE, whose ``pfm`` does not verify). Without a ``secret`` the mode is off."""
+    check = None if secret is None else RecordMacCheck(secret)
+
+    def refused(partition: int, rec: KafkaRecord) -> bool:
+        if check is None or rec.header is None:
+            return False
+        try:
+            pf = decode_pf(rec.header)
+        except MalformedHeader:
+            return False
+        if not pf.pid:
+            return False
+        return not check.valid(
+            topic, partition, pf.pid, pf.generation, pf.seq, pf.flags, rec.key, rec.value, rec.mac
+        )
+
+    return refused
 
 
 def pf_of(rec: KafkaRecord) -> tuple[int, int, int] | None:

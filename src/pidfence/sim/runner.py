@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,17 +16,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pidfence.ledger import LedgerEntry, value_digest
 from pidfence.producer import ProducerSession
 from pidfence.sim.attacker import Attacker, Forgery
+from pidfence.sim.broken_rules import broken_rules
 from pidfence.sim.client import TOPIC, Network
-from pidfence.sim.kafka import SimKafka
+from pidfence.sim.kafka import KafkaRecord, SimKafka
 from pidfence.sim.knobs import Knobs
 from pidfence.sim.lease import SimLeaseServer
 from pidfence.sim.losses import Losses, account
-from pidfence.sim.oracle import OracleReport, judge, pf_of, strict_decisions
+from pidfence.sim.oracle import OracleReport, judge, mac_refusal, pf_of, strict_decisions
 from pidfence.sim.producer import Producers
 from pidfence.sim.sink import CAPACITY, SimSink
 from pidfence.sim.world import resend_ended, trim_scanned
 from pidfence.verify.check import CheckReport, check
-from pidfence.wire import Verdict
+from pidfence.wire import MalformedHeader, Verdict, decode_pf
 from pidfence.wire.statement import PlacedCheck
 
 START_MS = 1_763_800_000_000
@@ -43,6 +44,8 @@ class SimResult:
         knobs: the schedule's knobs.
         report: the checker's verdict on the simulated ledger, log and rejects.
         exactly_once: every upstream event is in the log exactly once (values compared).
+        non_idempotent_once: every record without a producer (no ``pf`` header, or pid 0) that
+            the sink read is in the log exactly once (Kafka offsets compared).
         log: the output log table; rejects: the rejects table; ledger: acknowledged sends.
         stats: counts of what happened (crashes, zombies, restarts, kafka records, ...;
             ``forged_sent``/``forged_caught``: the attacker's records and how many of them the
@@ -58,10 +61,10 @@ class SimResult:
     knobs: Knobs
     report: CheckReport
     exactly_once: bool
+    non_idempotent_once: bool
     log: pa.Table
     rejects: pa.Table
     ledger: list[LedgerEntry]
-    upstream: list[bytes]
     stats: dict[str, int] = field(default_factory=dict)
     forgeries: list[tuple[Forgery, str]] = field(default_factory=list)
     losses: Losses | None = None
@@ -74,9 +77,16 @@ class SimResult:
 
     @property
     def ok(self) -> bool:
-        """No anomaly, exactly-once delivery of the upstream, every forgery ``FORGED``, and no
-        difference from the strict rules but the allowed ones."""
-        return self.report.ok and self.exactly_once and self.forgeries_refused and self.oracle.ok
+        """No anomaly, exactly-once delivery of the upstream and of the records without a
+        producer, every forgery ``FORGED``, and no difference from the strict rules but the
+        allowed ones."""
+        return (
+            self.report.ok
+            and self.exactly_once
+            and self.non_idempotent_once
+            and self.forgeries_refused
+            and self.oracle.ok
+        )
 
     def replay_hint(self) -> str:
         """The Python call and the shell command that replay this schedule exactly."""
@@ -86,6 +96,7 @@ class SimResult:
         """A short multi-line summary for failure messages and the CLI."""
         return (
             f"seed {self.seed}: {self.report.summary()}, exactly_once={self.exactly_once}, "
+            f"non_idempotent_once={self.non_idempotent_once}, "
             f"{self.oracle.summary()}, stats={self.stats}\nreplay: {self.replay_hint()}"
         )
 
@@ -119,7 +130,7 @@ def fences_on_counters_only() -> Iterator[None]:
     """
     real = ProducerSession.fences
 
-    def narrow(session: ProducerSession, walk_from: int, counts: Mapping[str, int]) -> Any:
+    def narrow(session: ProducerSession, walk_from: int, partitions: Iterable[Any]) -> Any:
         return real(session, walk_from, {})
 
     setattr(ProducerSession, "fences", narrow)  # noqa: B010 - a class attribute, restored below
@@ -191,6 +202,8 @@ def run(seed: int, **knobs: Any) -> SimResult:
         with contextlib.ExitStack() as variants:
             if not k.fence_all:
                 variants.enter_context(fences_on_counters_only())
+            # Broken broker rules are patched in for the schedule only: the oracle's are real.
+            variants.enter_context(broken_rules(k.mutation))
             while not producers.done:
                 steps += 1
                 if steps > MAX_STEPS:
@@ -226,7 +239,17 @@ def run(seed: int, **knobs: Any) -> SimResult:
         for rec in records
         if (p, rec.offset) not in seen
     ]
-    losses = account(kafka.lost, sink.gaps, rejects, unread, log)
+    mine = {(f.partition, f.offset) for f in attacker.sent}
+    losses = account(
+        kafka.lost,
+        sink.gaps,
+        rejects,
+        unread,
+        log,
+        stored=kafka.partitions,
+        reorder_window=sink.tables[0].reorder_window,
+        forged=mine,
+    )
     # Under signing a producer is adopted at its next certificate: the records before it are
     # UNVERIFIED, named by the sink (DESIGN §3 amended again), and excused like Kafka's losses.
     unverified = {
@@ -273,7 +296,6 @@ def run(seed: int, **knobs: Any) -> SimResult:
         (f, sink.verdict_at[f.partition].get(f.offset, Verdict.BUFFERED).value)
         for f in attacker.sent
     ]
-    mine = {(f.partition, f.offset) for f in attacker.sent}
     got = Counter(
         v for v, pid in zip(log["value"].to_pylist(), log["pid"].to_pylist(), strict=True) if pid
     )
@@ -311,13 +333,15 @@ def run(seed: int, **knobs: Any) -> SimResult:
             for kind, n in sorted(Counter(f.attack for f in attacker.sent).items())
         },
     }
-    # The sink's check (and its cache of verified statements) unless a mutation turned it off.
-    check_certs = sink.certificates or PlacedCheck([signing.public_key()])
+    # The oracle's own certificate and MAC checks: fresh instances, never the sink's (and on
+    # whatever a mutation turned off there).
+    check_certs = PlacedCheck([signing.public_key()])
+    refused = mac_refusal(TOPIC, mac_secret)
     strict = [
         decided
         for p in range(k.partitions)
         for decided in strict_decisions(
-            kafka, p, CAPACITY, k.lifetime_ms, check_certs.for_partition(TOPIC, p), sink.mac_refused
+            kafka, p, CAPACITY, k.lifetime_ms, check_certs.for_partition(TOPIC, p), refused
         )
     ]
     oracle = judge(
@@ -332,17 +356,41 @@ def run(seed: int, **knobs: Any) -> SimResult:
     want = Counter(upstream)
     # Exactly once: nothing extra or twice, and nothing missing but what Kafka lost.
     exact = not (got - want) and all(value_digest(v) in gone for v in want - got)
+    # Records without a producer are appended on arrival, each once: the log's pid-0 rows are
+    # exactly those the sink read (what a checker of events cannot see: they carry none).
+    plain_read = Counter((p, rec.offset) for p, rec in read if _plain(rec))
+    plain_logged = Counter(
+        (p, offset)
+        for p, offset, pid in zip(
+            log["partition"].to_pylist(),
+            log["offset"].to_pylist(),
+            log["pid"].to_pylist(),
+            strict=True,
+        )
+        if pid == 0
+    )
+    stats["non_idempotent_read"] = sum(plain_read.values())
     return SimResult(
         seed,
         k,
         report,
         exact,
+        plain_read == plain_logged,
         log,
         rejects,
         net.ledger,
-        upstream,
         stats,
         forgeries,
         losses,
         oracle,
     )
+
+
+def _plain(rec: KafkaRecord) -> bool:
+    """A record without a producer: no ``pf`` header, or a well-formed one with pid 0."""
+    if rec.header is None:
+        return True
+    try:
+        return decode_pf(rec.header).pid == 0
+    except MalformedHeader:
+        return False
