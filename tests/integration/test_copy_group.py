@@ -192,44 +192,38 @@ def test_a_takeover_that_recopies_across_two_checkpoints_loses_nothing(
     that (issue 44's chaos failure) it is ``INVALID_GENERATION``, and so is every record after
     it, which the owner goes on committing: those events are lost. The build without that FENCE
     (mutation ``bump-without-fence``) loses them here."""
-    log, verdicts = _recopy(kafka, new_topic, copy_kit, spark, tmp_path / "exact")
+
+    def recopy(work: Path) -> tuple[list[str], Counter[str]]:
+        """The takeover above, then the sink: each source record's fate in the log
+        (``sent``, or ``lost``/``twice``) and the rejects' verdicts."""
+        source, target = new_topic(), new_topic()
+        records = _fill(kafka.bootstrap, source, 200)
+        commits = Commits()
+        first = _first_owner(copy_kit, commits, target, records[:50])
+        for msg in records[50:170]:
+            first.copy(msg)
+        first.producer.flush(30)  # in Kafka, then SIGKILLed before its next checkpoint
+        owner = copy_kit(commits, target)  # the group's next owner: resume, FENCE, commit
+        for msg in records[owner.offset :]:
+            owner.copy(msg)
+            if owner.pending == 50:
+                owner.checkpoint()
+        owner.checkpoint()
+        out = work / "out"
+        run_sink(spark, kafka.bootstrap, target, str(out), str(work / "ckpt"))
+        values = Counter(read_log(str(out)).column("value").to_pylist())
+        verdicts = Counter(str(v) for v in read_rejects(str(out)).column("verdict").to_pylist())
+        fate = {1: "sent", 0: "lost"}
+        return [fate.get(values[r.value()], "twice") for r in records], verdicts
+
+    log, verdicts = recopy(tmp_path / "exact")
     assert log == ["sent"] * 200, verdicts
     assert set(verdicts) == {"DUPLICATE", "FENCE"}, verdicts
     monkeypatch.setattr(SessionDriver, "announce", SessionDriver.announce)
     install_mutation("bump-without-fence")
-    log, verdicts = _recopy(kafka, new_topic, copy_kit, spark, tmp_path / "mutated")
+    log, verdicts = recopy(tmp_path / "mutated")
     assert "INVALID_GENERATION" in verdicts
     assert log.count("sent") < 200
-
-
-def _recopy(
-    kafka: Any,
-    new_topic: Callable[..., str],
-    copy_kit: Callable[[Commits, str], CopyTask],
-    spark: Any,
-    work: Path,
-) -> tuple[list[str], Counter[str]]:
-    """The takeover of the test above, then the sink: each source record's fate in the log
-    (``sent``, or ``lost``/``twice``) and the rejects' verdicts."""
-    source, target = new_topic(), new_topic()
-    records = _fill(kafka.bootstrap, source, 200)
-    commits = Commits()
-    first = _first_owner(copy_kit, commits, target, records[:50])
-    for msg in records[50:170]:
-        first.copy(msg)
-    first.producer.flush(30)  # in Kafka, then SIGKILLed before its next checkpoint
-    owner = copy_kit(commits, target)  # the group's next owner: resume, FENCE, commit
-    for msg in records[owner.offset :]:
-        owner.copy(msg)
-        if owner.pending == 50:
-            owner.checkpoint()
-    owner.checkpoint()
-    out = work / "out"
-    run_sink(spark, kafka.bootstrap, target, str(out), str(work / "ckpt"))
-    values = Counter(read_log(str(out)).column("value").to_pylist())
-    verdicts = Counter(str(v) for v in read_rejects(str(out)).column("verdict").to_pylist())
-    fate = {1: "sent", 0: "lost"}
-    return [fate.get(values[r.value()], "twice") for r in records], verdicts
 
 
 def _first_owner(

@@ -6,7 +6,6 @@ what the faults did, what each sink pass did. :func:`pidfence.demo.summary.colle
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any
 
 from pidfence.demo.config import BadDemoOption, DemoConfig
 from pidfence.demo.procs import Worker
+from pidfence.services.process import pid_alive
 from pidfence.wire import PidfenceError
 
 #: The file that marks a folder as a demo's ``--out``.
@@ -70,8 +70,8 @@ class DemoPaths:
         README's ``out/pki`` is never touched)."""
         return self.run / "pki"
 
-    def owned(self) -> tuple[Path, ...]:
-        """What :meth:`reset` deletes or a run overwrites."""
+    def folders(self) -> tuple[Path, ...]:
+        """The folders :meth:`reset` deletes."""
         return (
             self.ledgers,
             self.logs,
@@ -79,10 +79,11 @@ class DemoPaths:
             self.run,
             self.sink_output,
             self.sink_checkpoint,
-            self.services,
-            self.out / "summary.json",
-            self.out / "report.html",
         )
+
+    def owned(self) -> tuple[Path, ...]:
+        """What :meth:`reset` deletes or a run overwrites."""
+        return (*self.folders(), self.services, self.out / "summary.json", self.out / "report.html")
 
     def check_usable(self) -> None:
         """Refuse an ``out`` this run must not reset: one holding what the demo would delete or
@@ -125,7 +126,7 @@ class DemoPaths:
             return []  # not ours to judge: reset replaces it
         alive = []
         for pid in recorded.values() if isinstance(recorded, dict) else ():
-            if isinstance(pid, int) and pid > 0 and _alive(pid):
+            if isinstance(pid, int) and pid > 0 and pid_alive(pid):
                 alive.append(pid)
         return alive
 
@@ -139,30 +140,13 @@ class DemoPaths:
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             self.marker.write_text("pidfence demo output: `pidfence demo --out` may reset it\n")
-            for path in (
-                self.ledgers,
-                self.logs,
-                self.state,
-                self.run,
-                self.sink_output,
-                self.sink_checkpoint,
-            ):
+            for path in self.folders():
                 shutil.rmtree(path, ignore_errors=True)
             self.services.unlink(missing_ok=True)
             for path in (self.ledgers, self.logs, self.state):
                 path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OutUnusable(f"cannot write --out {self.out}: {exc}") from exc
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ import numpy as np
 
 from pidfence.broker_plugin import CODE_OF, holes
 from pidfence.broker_plugin import batch as batch_path
-from pidfence.broker_plugin.entry import Emit
 from pidfence.broker_plugin.rules import RulesKernel
 from pidfence.sim.knobs import Mutation
 from pidfence.wire import FLAG_FENCE, Verdict
@@ -44,18 +43,9 @@ def broken_rules(mutation: Mutation | None) -> Iterator[None]:
         return
     real_decide, real_plan = RulesKernel.decide, batch_path._plan
 
-    def decide(
-        self: RulesKernel,
-        pid: int,
-        g: int,
-        s: int,
-        flags: int,
-        ts: int,
-        ref: Any,
-        out: list[Emit],
-        token: tuple[int, int] | None,
-        cert: bytes | None = None,
-    ) -> None:
+    def decide(self: RulesKernel, *args: Any) -> None:
+        # RulesKernel.decide's arguments: pid, generation, seq, flags, ts, ref, out, token[, cert]
+        pid, g, s, flags, ts, ref, out, token, *cert = args
         fence = flags & FLAG_FENCE
         entry = self.entries.get(pid) if pid else None
         if mutation == "drop_fence" and fence and pid:
@@ -73,7 +63,7 @@ def broken_rules(mutation: Mutation | None) -> Iterator[None]:
                 out.append((ref, Verdict.APPENDED, token))
                 self.advance(ts, out)
                 return
-        real_decide(self, pid, g, s, flags, ts, ref, out, token, cert)
+        real_decide(self, pid, g, s, flags, ts, ref, out, token, *cert)
 
     def plan(*args: Any) -> Any:
         fast_rows, fast_codes, *rest = real_plan(*args)

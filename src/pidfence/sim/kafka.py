@@ -15,7 +15,7 @@ import bisect
 import random
 from dataclasses import dataclass
 
-from pidfence.wire import MalformedHeader, decode_pf
+from pidfence.wire import MalformedHeader, PfHeader, decode_pf
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,16 @@ class KafkaRecord:
     cert: bytes | None = None
     #: The ``pfm`` header (a per-record MAC) or None.
     mac: bytes | None = None
+
+    def pf(self) -> PfHeader | None:
+        """The decoded ``pf`` header of an idempotent record (pid > 0), else None."""
+        if self.header is None:
+            return None
+        try:
+            pf = decode_pf(self.header)
+        except MalformedHeader:
+            return None
+        return pf if pf.pid else None
 
 
 class SimKafka:

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from pidfence.sim.kafka import KafkaRecord
-from pidfence.wire import MalformedHeader, PfHeader, decode_pf
+from pidfence.wire import MalformedHeader, decode_pf
 
 #: (pid, partition, seq) of a record.
 Ident = tuple[int, int, int]
@@ -183,7 +183,7 @@ def _tail(
         newest: dict[int, int] = {}
         reach: dict[int, list[tuple[int, int, int]]] = {}
         for rec in stored[p] if p < len(stored) else ():
-            pf = _pf(rec)
+            pf = rec.pf()
             if pf is None or (p, rec.offset) in forged:
                 continue
             newest[pf.pid] = max(newest.get(pf.pid, -1), pf.generation)
@@ -203,20 +203,10 @@ def _tail(
 def _told(lost: Sequence[tuple[int, KafkaRecord]], p: int, pid: int, seq: int, gen: int) -> int:
     """The offset Kafka told the writer of a lost record."""
     for partition, rec in lost:
-        pf = _pf(rec)
+        pf = rec.pf()
         if partition == p and pf is not None and (pf.pid, pf.seq, pf.generation) == (pid, seq, gen):
             return rec.offset
     raise KeyError((p, pid, seq, gen))
-
-
-def _pf(rec: KafkaRecord) -> PfHeader | None:
-    if rec.header is None:
-        return None
-    try:
-        pf = decode_pf(rec.header)
-    except MalformedHeader:
-        return None
-    return pf if pf.pid else None
 
 
 def _idents(records: Iterable[tuple[int, KafkaRecord]]) -> set[tuple[int, int, int, int]]:

@@ -221,13 +221,8 @@ def mac_refusal(topic: str, secret: bytes | None) -> Callable[[int, KafkaRecord]
 
 def pf_of(rec: KafkaRecord) -> tuple[int, int, int] | None:
     """(pid, generation, seq) of an idempotent record, else None."""
-    if rec.header is None:
-        return None
-    try:
-        pf = decode_pf(rec.header)
-    except MalformedHeader:
-        return None
-    return (pf.pid, pf.generation, pf.seq) if pf.pid else None
+    pf = rec.pf()
+    return None if pf is None else (pf.pid, pf.generation, pf.seq)
 
 
 def _example(s: StrictRecord) -> dict[str, Any]:

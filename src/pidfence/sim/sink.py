@@ -54,7 +54,7 @@ from pidfence.spark_sink.gaps import GapReport, seq_gaps, unread_offsets
 from pidfence.spark_sink.partition_batch import _with_non_idempotent
 from pidfence.spark_sink.record_macs import mac_forged
 from pidfence.spark_sink.schema import TS_TYPE
-from pidfence.wire import MalformedHeader, PfHeader, PidStatus, Verdict, decode_pf
+from pidfence.wire import PidStatus, Verdict
 from pidfence.wire.mac import RecordMacCheck
 from pidfence.wire.statement import PlacedCheck
 
@@ -418,7 +418,7 @@ class SimSink:
                 pf.pid
                 for offset, verdict in verdicts.items()
                 if verdict in (Verdict.APPENDED, Verdict.FENCE)
-                and (pf := _pf(records[offset].header)) is not None
+                and (pf := records[offset].pf()) is not None
             }
             total += sum(1 for pid in had if self.tables[p].get(pid) is None)
         return total
@@ -432,17 +432,6 @@ class SimSink:
         return output_table(self.topic, self.log, False), output_table(
             self.topic, self.rejects, True
         )
-
-
-def _pf(header: bytes | None) -> PfHeader | None:
-    """The decoded ``pf`` header of an idempotent record (pid > 0), else None."""
-    if header is None:
-        return None
-    try:
-        pf = decode_pf(header)
-    except MalformedHeader:
-        return None
-    return pf if pf.pid else None
 
 
 def _merged(spans: list[Span]) -> list[Span]:

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from pidfence.sim.kafka import KafkaRecord
+from pidfence.spark_sink.schema import PLACE_FIELDS, WRITER_FIELDS
 from pidfence.verify import REJECT_COLUMNS
 from pidfence.wire import MalformedHeader, Verdict, decode_pf
 
@@ -69,20 +70,10 @@ def output_table(
 
 
 def _schema(verdicts: bool) -> pa.Schema:
-    fields = [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("log_offset", pa.int64()),
-        ("pid", pa.int64()),
-        ("generation", pa.int32()),
-        ("seq", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.int64()),
-    ]
-    if verdicts:
-        fields.append(("verdict", pa.string()))
+    """The real tables' columns, but a timestamp in epoch milliseconds (the simulation's)."""
+    bytes_and_place = [("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64())]
+    fields = [*PLACE_FIELDS, ("log_offset", pa.int64()), *WRITER_FIELDS, *bytes_and_place]
+    fields += [("timestamp", pa.int64()), *([("verdict", pa.string())] if verdicts else [])]
     return pa.schema(fields)
 
 
