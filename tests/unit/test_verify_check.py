@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -279,9 +280,11 @@ def test_record_below_the_acknowledged_top_without_an_ack_is_unacknowledged() ->
 
 def test_dropped_record_whose_event_a_resume_appended_elsewhere_is_superseded() -> None:
     ledger, rows = clean_history(3)
-    late = sent(3, 3)  # acknowledged, dropped OUT_OF_ORDER behind a gap nobody filled
+    # Acknowledged, dropped OUT_OF_ORDER behind a gap nobody filled; the resumer's successor
+    # re-sent its event (the producer's event id names it: the same event under a new pid).
+    late = dataclasses.replace(sent(3, 3), event="orders:3")
     rejects = rejects_table([{**rec(3, 3), "verdict": "OUT_OF_ORDER"}])
-    again = sent(0, 4, pid=PID + 1, val=value(3))  # the resumer's successor re-sent its event
+    again = dataclasses.replace(sent(0, 4, pid=PID + 1, val=value(3)), event="orders:3")
     rows.append(rec(0, 4, pid=PID + 1, val=value(3)))
     report = check([*ledger, late, again], log_table(rows), rejects)
     only(report, superseded=1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 from pidfence.verify import check
@@ -9,9 +11,24 @@ from pidfence.verify.provenance import KEY, split
 from tests.unit.test_verify_check import NO_REJECTS, log_table, only, rec, sent
 
 
-def written_of(log: pa.Table) -> pa.Table:
-    """What the sink's own account says it appended: exactly these rows."""
-    return log.select(list(KEY))
+def written_of(log: pa.Table, batch: int = 0) -> pa.Table:
+    """What the sink's own account says it appended: exactly these rows, in ``batch``."""
+    keys = log.select(list(KEY))
+    return keys.append_column("batch", pa.array([batch] * log.num_rows, pa.int64()))
+
+
+def history(*operations: str, mode: str | None = None) -> list[dict[str, Any]]:
+    """A log table's history (newest first, as deltalake lists it): the sink's creation,
+    its batch 0 at version 1, then ``operations`` by another engine."""
+    sink = {"pidfence.writer": "pidfence-sink"}
+    commits: list[dict[str, Any]] = [
+        {"version": 0, "operation": "CREATE TABLE", **sink},
+        {"version": 1, "operation": "WRITE", "pidfence.batch": "0", **sink},
+    ]
+    for version, operation in enumerate(operations, start=2):
+        params = {"mode": mode} if mode else {}
+        commits.append({"version": version, "operation": operation, "operationParameters": params})
+    return commits[::-1]
 
 
 def test_rows_others_appended_are_counted_not_judged() -> None:
@@ -42,10 +59,11 @@ def test_rows_deleted_after_commit_are_neither_lost_nor_anomalies() -> None:
     kept = log.filter(pa.compute.not_equal(log["seq"], 2))
     ledger = [sent(s, 10 + s) for s in range(5)]
     assert not check(ledger, kept, NO_REJECTS).ok  # a plain checker calls it lost
-    report = check(ledger, kept, NO_REJECTS, written)
+    report = check(ledger, kept, NO_REJECTS, written, history=history("DELETE"))
     only(report, deleted=1)
     assert report.ok
     assert report.findings["deleted"].examples[0]["seq"] == 2
+    assert report.findings["deleted"].examples[0]["removed_by"] == "version 2 (DELETE)"
 
 
 def test_split_keeps_one_copy_of_each_written_row() -> None:

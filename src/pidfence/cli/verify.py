@@ -37,12 +37,20 @@ def register(app: typer.Typer) -> None:
         """Compare the send ledger with the output log; exit 0 only when no anomaly is found.
 
         Exit 1 when any anomaly (lost, duplicate, reordered, zombie, unexpected, event_duplicate,
-        event_lost) is non-zero; 2 when a ledger or a local output path is missing or unreadable;
-        3 when the output cannot be read (its store unreachable, a bucket missing) or is not a
-        pidfence output (another writer's table, or a kind of table this version does not
-        write).
-        Rows other writers appended to a Delta output and rows deleted from it after commit are
-        counted for information (foreign, deleted), never as anomalies.
+        event_lost) is non-zero; 2 when a ledger is missing, unreadable, empty (or torn lines
+        only) or holds a line that is not a ledger entry (a field of the wrong type included:
+        the line names file:line), or a local output path is missing; 3 when the verify extra
+        is missing, the output cannot be read (its store unreachable, a bucket missing) or is not
+        a pidfence output (no Delta table at --output, say the folder above the sink's path;
+        another writer's table; a kind of table this version does not write).
+
+        Rows other writers appended to a Delta output are counted for information (foreign).
+        A row the sink wrote that the table no longer holds is deleted (information) only when
+        the table's history shows a commit after the sink's that removes rows (DELETE, MERGE,
+        UPDATE, RESTORE, an overwrite); otherwise it is lost (a history cleaned past its
+        delta.logRetentionDuration shows no such commit). Torn ledger lines (a writer killed
+        mid-line) are counted (torn): their records are not claimed as sent. With the default
+        event id (the value digest), distinct sends of equal bytes are one event.
         """
         require("verify", "verify")
         with exit_cleanly("verify"):

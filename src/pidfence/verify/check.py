@@ -7,7 +7,8 @@ Anomalies (each must be 0 for a run to pass):
 
 * ``lost``: acknowledged by Kafka (ledger entry with ``fence=False``) yet not in the log with the
   same digest, and not rejected as ``FENCED`` with the same generation and digest (a zombie's
-  write). A ``DUPLICATE`` reject needs no rule of its own: it is only excused when its original is
+  write), nor a row of the sink's own account removed after a row-removing commit (``deleted``).
+  A ``DUPLICATE`` reject needs no rule of its own: it is only excused when its original is
   in the log, which the first check sees. An identity acknowledged under several generations (a
   zombie and its replacement) is judged once per (generation, digest).
 * ``duplicate``: one identity appears more than once in the log.
@@ -21,26 +22,41 @@ Anomalies (each must be 0 for a run to pass):
   identities (a zombie that re-sent its work under a fresh pid shows up here and nowhere else).
 * ``event_lost`` (DESIGN §9): an acknowledged event with no appended copy at all.
 
-Events: a ledger entry's ``event_id`` (the producer's ``event_id``, else the value digest). A log
-row carries the event of the ledger entry with its identity and digest; a row the ledger does
-not name (an acknowledgement a crash lost) carries the one event acknowledged with its digest,
-else the digest itself.
+Events: a ledger entry's ``event_id`` (the producer's ``event_id``, else the value digest: with
+default ids, distinct sends of equal bytes are one event). A log row carries the event of the
+ledger entry with its identity and digest; a row the ledger does not name (an acknowledgement a
+crash lost, or a pid in no ledger) carries an event acknowledged with its digest (several events
+sharing the digest: one with no other copy first, else it is an extra copy of one of them), else
+the digest itself (:mod:`pidfence.verify.events`).
 
-Informational counts (never fail a run):
+Informational counts (never fail a run by themselves):
 
 * ``expired``: acknowledged records the broker refused because their lease had ended (ledger
   ``ts_ms > expire_ms > 0`` and verdict ``UNKNOWN_PID`` or ``OUT_OF_ORDER``): the proposal says a
-  client never uses an expired pid, so these are the producer's own late writes.
+  client never uses an expired pid, so these are the producer's own late writes. Such a record
+  is not ``lost``, but its event still counts: an expired record whose event has no appended
+  copy is also ``event_lost``, which fails the run.
 * ``unacknowledged``: in the log but not acknowledged: a producer killed after Kafka wrote the
   record but before the ledger recorded the ack (a resumer that finds it in Kafka does not re-send
   it, so its seq may be below acknowledged ones, or its pid in no ledger at all).
 * ``superseded``: an acknowledged record the rules dropped (say ``OUT_OF_ORDER`` behind a gap its
   dead predecessor never filled) whose event reached the log under another identity: a resume
-  re-sent it; per event nothing is lost.
+  re-sent it; per event nothing is lost. Only the same event excuses it: with an explicit event
+  id (``produce(..., event_id=...)``, the copier's upstream position) a logged row of that event;
+  with the default id (the value digest, which distinct sends of equal bytes share) only a logged
+  copy of those bytes that no other acknowledged record accounts for (a resend whose own
+  acknowledgement was never recorded). Give event ids to prove a resume across pids.
 * ``foreign``: rows another writer appended to a shared (Delta) output, copies of the sink's rows
-  included; they are not judged (:mod:`pidfence.verify.provenance`).
-* ``deleted``: acknowledged records the sink appended that were deleted from the output after
-  commit (retention, GDPR): neither lost nor re-appended.
+  included (a copy the sink's own account lists twice is the sink's: ``duplicate``), and rows
+  without an identity (a null pid, topic, partition, seq, generation or offset; in the rejects a
+  null verdict too); they are not judged (:mod:`pidfence.verify.provenance`).
+* ``deleted``: records the sink appended (its own account, ``written``) that the output no
+  longer holds and that the table's history shows a row-removing commit after (a DELETE, MERGE,
+  UPDATE, RESTORE, an overwrite: :mod:`pidfence.verify.removals`; retention, GDPR): neither lost
+  nor re-appended. Without such a commit in the history the record is ``lost``.
+* ``torn``: ledger lines a writer killed mid-line left (``file:line``); their acknowledgements
+  were never fully recorded, so their records are not claimed as sent
+  (:mod:`pidfence.verify.ledger_input`).
 * ``upstream_gap``: a gap the sink reported (DESIGN §4 amended again) with its range and how many
   acknowledged records fall inside it (:mod:`pidfence.verify.gaps`); an acknowledged record
   inside a gap is still ``lost`` and its example names the gap.
@@ -49,7 +65,7 @@ Informational counts (never fail a run):
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -60,7 +76,9 @@ from pidfence.verify.errors import VerifyInputError
 from pidfence.verify.events import Identity, check_events, events_in_log, identity
 from pidfence.verify.finding import Finding
 from pidfence.verify.gaps import filled, gap_of, report_gaps, seq_gaps
+from pidfence.verify.ledger_input import entry_problem
 from pidfence.verify.provenance import split
+from pidfence.verify.removals import Removals
 from pidfence.wire import Verdict
 
 if TYPE_CHECKING:
@@ -83,6 +101,7 @@ INFORMATIONAL: Final = (
     "superseded",
     "foreign",
     "deleted",
+    "torn",
     "upstream_gap",
 )
 
@@ -104,6 +123,9 @@ REJECT_COLUMNS: Final = (*LOG_COLUMNS, "verdict")
 # Verdicts that move a partition's known generation forward (DESIGN §4 state changes).
 _GENERATION_WITNESSES: Final = frozenset({Verdict.FENCE.value, Verdict.DUPLICATE.value})
 _EXPIRY_VERDICTS: Final = frozenset({Verdict.UNKNOWN_PID.value, Verdict.OUT_OF_ORDER.value})
+# Columns a row needs to be judged (a row lacking one was not written by the sink's rules).
+_LOG_IDENTITY: Final = ("pid", "topic", "partition", "seq", "generation", "log_offset", "offset")
+_REJECT_IDENTITY: Final = ("pid", "topic", "partition", "seq", "generation", "offset", "verdict")
 
 
 @dataclass(slots=True)
@@ -170,6 +192,8 @@ def check(
     rejects: pa.Table,
     written: pa.Table | None = None,
     gaps: pa.Table | None = None,
+    history: Iterable[Mapping[str, Any]] | None = None,
+    torn: Sequence[str] = (),
 ) -> CheckReport:
     """Compare acknowledged sends with the output log and the rejects (DESIGN §8).
 
@@ -179,17 +203,25 @@ def check(
         rejects: the rejects log, columns ``REJECT_COLUMNS``.
         written: the rows the sink itself appended (``pidfence.spark_sink.read_written``), for
             an output other writers share: rows of others are counted as ``foreign``, written
-            rows no longer in ``log`` as ``deleted``; None judges every log row.
+            rows no longer in ``log`` as ``deleted`` when ``history`` shows a commit after
+            theirs that removes rows, else as ``lost``; None judges every log row.
         gaps: the gaps the sink reported (``pidfence.spark_sink.read_gaps``), if any.
+        history: the log table's ``DeltaTable.history()`` (with ``written``); None is no
+            history, so no missing row is excused as deleted.
+        torn: ``file:line`` of each torn ledger line (counted as ``torn``).
 
     Returns:
         The report; ``report.ok`` is the pass/fail answer.
 
     Raises:
-        VerifyInputError: a table lacks a required column (the message names it).
+        VerifyInputError: a table lacks a required column, or a ledger entry a field of the
+            wrong type (the message names it).
     """
     findings = {name: Finding() for name in (*ANOMALIES, *INFORMATIONAL)}
+    for where in torn:
+        findings["torn"].add({"line": where})
     deleted: set[tuple[Identity, int]] = set()
+    vanished: dict[tuple[Identity, int], int | None] = {}
     if written is not None:
         _need(
             log, ("topic", "partition", "log_offset", "offset", "pid", "generation", "seq"), "log"
@@ -198,11 +230,22 @@ def check(
         log = parts.own
         for row in _rows(parts.foreign, (), "log"):
             findings["foreign"].add(_example(row))
+        removals = Removals(history or ())
         for row in parts.deleted.to_pylist():
-            findings["deleted"].add(_example(row))
-            deleted.add((identity(row), int(row["generation"])))
-    log_rows = _rows(log, LOG_COLUMNS, "log")
-    reject_rows = _rows(rejects, REJECT_COLUMNS, "rejects")
+            batch = None if row.get("batch") is None else int(row["batch"])
+            key = (identity(row), int(row["generation"]))
+            by = removals.after(batch)
+            if by is None:
+                vanished[key] = batch  # gone with no commit that removes rows: lost
+                continue
+            findings["deleted"].add({**_example(row), "removed_by": f"version {by[0]} ({by[1]})"})
+            deleted.add(key)
+    log_rows, foreign = _judged(_rows(log, LOG_COLUMNS, "log"), _LOG_IDENTITY)
+    for row in foreign:
+        findings["foreign"].add({**_example(row), "why": "no identity"})
+    reject_rows, foreign = _judged(_rows(rejects, REJECT_COLUMNS, "rejects"), _REJECT_IDENTITY)
+    for row in foreign:  # the sink sets every one of these columns on every row it writes
+        findings["foreign"].add({**_example(row), "table": "rejects", "why": "no identity"})
 
     # One identity may be acknowledged more than once: a resend, or a zombie and its replacement
     # sending the same seq under two generations. Each distinct (generation, digest) is judged.
@@ -213,6 +256,9 @@ def check(
     n_ledger = 0
     for entry in ledger:
         n_ledger += 1
+        problem = entry_problem(entry)
+        if problem is not None:
+            raise VerifyInputError(f"ledger entry {n_ledger} is not a ledger entry: {problem}")
         ledger_pids.add(entry.pid)
         if entry.fence:
             continue
@@ -260,6 +306,7 @@ def check(
 
     in_gaps = seq_gaps(gaps)
     logged_events = events_in_log(data, log_rows)
+    spare = _spare_copies(data, log_rows)
     for ident, sends in acked.items():
         logged = in_log.get(ident)
         drops = rejected.get(ident, set())
@@ -280,13 +327,20 @@ def check(
             }
             if 0 < entry.expire_ms < entry.ts_ms and verdicts & _EXPIRY_VERDICTS:
                 findings["expired"].add(example)
-            elif verdicts and entry.event_id in logged_events:
+            elif verdicts and _same_event_logged(entry, logged_events, spare):
                 # The rules dropped it (a gap its predecessor never filled, ...) and a resume
                 # re-sent its event under another identity: per event, nothing is lost.
                 findings["superseded"].add({**example, "event": entry.event_id})
             else:
                 gap = gap_of(in_gaps, ident)
-                findings["lost"].add(example if gap is None else {**example, "in_gap": gap})
+                if gap is not None:
+                    example["in_gap"] = gap
+                if (ident, generation) in vanished:
+                    example["why"] = (
+                        f"the sink wrote it (batch {vanished[ident, generation]}); gone from "
+                        "the table with no commit after it that removes rows"
+                    )
+                findings["lost"].add(example)
 
     report_gaps(gaps, acked, findings["upstream_gap"])
     _check_order(log_rows, findings["reordered"], filled(gaps))
@@ -304,6 +358,49 @@ def check(
             "events": events,
         },
     )
+
+
+def _spare_copies(data: list[LedgerEntry], log_rows: list[dict[str, Any]]) -> Counter[str]:
+    """Per digest, the logged copies that no acknowledged record accounts for under its own
+    identity: the only copies that can be another identity's re-send of a dropped record with
+    the default event id (distinct sends of equal bytes each account for their own copy)."""
+    accounted = {(e.pid, e.topic, e.partition, e.seq, e.digest) for e in data}
+    spare = Counter[str]()
+    for row in log_rows:
+        if row["pid"] != 0:
+            digest = value_digest(row["value"])
+            if (*identity(row), digest) not in accounted:
+                spare[digest] += 1
+    return spare
+
+
+def _explicit(entry: LedgerEntry) -> bool:
+    """Whether the producer named the event (the ledger writes the digest when it did not)."""
+    return bool(entry.event) and entry.event != entry.digest
+
+
+def _same_event_logged(entry: LedgerEntry, logged: set[str], spare: Counter[str]) -> bool:
+    """Whether a logged row carries ``entry``'s own event (a spare copy is used up once)."""
+    if _explicit(entry):
+        return entry.event in logged
+    if spare[entry.digest] > 0:
+        spare[entry.digest] -= 1
+        return True
+    return False
+
+
+def _judged(
+    rows: list[dict[str, Any]], columns: tuple[str, ...]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``rows`` split into those with every identity column set (every row the sink writes,
+    non-idempotent ones with pid 0 included) and the rest, another writer's."""
+    good, bad = [], []
+    for row in rows:
+        if all(row.get(c) is not None for c in columns):
+            good.append(row)
+        else:
+            bad.append(row)
+    return good, bad
 
 
 def _check_order(log_rows: list[dict[str, Any]], finding: Finding, late: set[Identity]) -> None:

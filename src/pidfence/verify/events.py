@@ -21,25 +21,39 @@ def identity(row: Mapping[str, Any]) -> Identity:
 def _row_events(
     data: list[LedgerEntry], log_rows: list[dict[str, Any]]
 ) -> list[tuple[str, dict[str, Any]]]:
-    """``(event, row)`` per appended idempotent row, in (topic, partition, log_offset) order."""
+    """``(event, row)`` per appended idempotent row, in (topic, partition, log_offset) order.
+
+    A row no ledger line names (its acknowledgement never recorded, or a pid in no ledger)
+    carries an event acknowledged with its digest. When several events share the digest (equal
+    bytes under explicit event ids), such rows fill first the events that have no named copy
+    (which one does not matter: the bytes are the same); a row left over after every one of them
+    has a copy is an extra copy of one of them, so a duplicate however it is assigned.
+    """
     by_record: dict[tuple[Identity, str], str] = {}
     by_digest: dict[str, set[str]] = defaultdict(set)
     for entry in data:
         event = entry.event_id
         by_record[((entry.pid, entry.topic, entry.partition, entry.seq), entry.digest)] = event
         by_digest[entry.digest].add(event)
-    out = []
-    for row in sorted(log_rows, key=lambda r: (r["topic"], r["partition"], r["log_offset"])):
-        if row["pid"] == 0:
-            continue
-        digest = value_digest(row["value"])
-        known = by_record.get((identity(row), digest))
+    rows = [r for r in log_rows if r["pid"] != 0]
+    rows.sort(key=lambda r: (r["topic"], r["partition"], r["log_offset"]))
+    named: list[str | None] = []
+    has_copy: set[str] = set()
+    for row in rows:
+        known = by_record.get((identity(row), value_digest(row["value"])))
+        named.append(known)
         if known is not None:
-            event = known
-        else:
-            candidates = by_digest.get(digest, set())
-            event = next(iter(candidates)) if len(candidates) == 1 else digest
-        out.append((event, row))
+            has_copy.add(known)
+    out = []
+    for row, known in zip(rows, named, strict=True):
+        carried = known
+        if carried is None:
+            digest = value_digest(row["value"])
+            candidates = sorted(by_digest.get(digest, ()))
+            bare = [e for e in candidates if e not in has_copy]
+            carried = bare[0] if bare else candidates[0] if candidates else digest
+            has_copy.add(carried)
+        out.append((carried, row))
     return out
 
 

@@ -15,7 +15,8 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
     """The checker's report for the sink output at ``output`` and the given ledgers.
 
     Rows other writers appended to a Delta output, and rows deleted from it after commit, are
-    told apart with the sink's own account of its commits (``read_written``).
+    told apart with the sink's own account of its commits (``read_written``) and the table's
+    history (a missing row is ``deleted`` only after a commit that removes rows, else ``lost``).
 
     Args:
         ledgers: ledger files, or folders of ``*.jsonl``.
@@ -23,14 +24,20 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
         rejects: the sink's ``rejectsPath`` when it was set.
 
     Raises:
-        VerifyInputError: a ledger is missing, empty or unreadable, or ``output`` is not there.
-        NotPidfenceTable: ``output`` holds something other than a pidfence output.
+        VerifyInputError: a ledger is missing, empty (or torn lines only), unreadable or holds
+            a line that is not a ledger entry (wrong field types included), or ``output`` is not
+            there.
+        NotPidfenceTable: ``output`` (or ``rejects``) holds something other than a pidfence
+            table: no Delta table at all (say the folder above it), or another writer's.
         OutputUnreadable: reading the output failed (damaged files, storage errors).
     """
+    from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
-    from pidfence.ledger import ledger_files, read_ledger
+    from pidfence.ledger import ledger_files
     from pidfence.spark_sink import read_gaps, read_log, read_rejects, read_written
+    from pidfence.spark_sink.storage import Store
+    from pidfence.verify.ledger_input import read_ledgers
 
     for path in ledgers:
         if path.is_dir() and not any(path.glob("*.jsonl")):
@@ -45,17 +52,47 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
         if local is not None and "://" not in local and not Path(local).is_dir():
             raise VerifyInputError(f"{option} path {local} does not exist or is not a folder")
     _reach_stores(output, rejects)
+    ledger = read_ledgers(files)
     try:
-        entries = list(read_ledger(files))
-    except (OSError, ValueError) as exc:
-        raise VerifyInputError(f"cannot read the ledger: {exc}") from exc
-    try:
+        _refuse_missing_tables(output, rejects)
         log, rejected = read_log(output), read_rejects(output, rejects)
         written = read_written(output, rejects)
         gaps = read_gaps(output)
+        # After the log: every commit that removed a row the log lacks is in it.
+        history = DeltaTable(Store.at(output).uri).history()
     except (OSError, pa.ArrowException, DeltaError) as exc:
         raise OutputUnreadable(f"cannot read the output at {output}: {exc}") from exc
-    return check(entries, log, rejected, written, gaps)
+    return check(ledger.entries, log, rejected, written, gaps, history, ledger.torn)
+
+
+def _refuse_missing_tables(output: str, rejects: str | None) -> None:
+    """Refuse an output whose tables are not there.
+
+    The sink creates both tables before its first batch, so a pidfence output always holds
+    them; the readers read a missing table as empty (the sink's own first read), which here
+    would turn a wrong path (``out`` for ``out/log``) into every record ``lost``, or a pass.
+
+    Raises:
+        NotPidfenceTable: no Delta table at ``output`` or at the rejects path.
+    """
+    from pidfence.spark_sink.delta.errors import NotPidfenceTable
+    from pidfence.spark_sink.delta.table import holds_delta
+
+    if not holds_delta(output):
+        raise NotPidfenceTable(
+            f"{output} is not a pidfence output: no Delta table there (--output is the sink's "
+            "output path, the folder its Delta table is in, e.g. out/log, not the one above it)"
+        )
+    rejects_path = rejects or f"{output.rstrip('/')}/_rejects"
+    if not holds_delta(rejects_path):
+        raise NotPidfenceTable(
+            f"{rejects_path} is not a pidfence rejects table: no Delta table there "
+            + (
+                "(--rejects is the sink's rejectsPath option)"
+                if rejects
+                else "(the sink puts it there unless it ran with rejectsPath: give --rejects)"
+            )
+        )
 
 
 def _reach_stores(*paths: str | None) -> None:

@@ -3,23 +3,33 @@
 Other writers may append to a Delta output, and users delete rows from it (retention, GDPR).
 The sink's own account of what it appended (``pidfence.spark_sink.read_written``: identity,
 ``log_offset`` and Kafka offset of every row, from its commits) tells the rows apart: a log row
-is the sink's when its identity and offsets are one the sink wrote (one copy: further copies are
-another writer's); the rest were appended by others; written rows no longer in the table were
-deleted after commit. The checker judges exactly-once on the sink's rows only, and counts the
-other two for information.
+is the sink's when its identity and offsets are one the sink wrote, as many copies as the account
+lists (one, unless the sink itself wrote a row twice: then both copies are judged, and the
+checker reports the ``duplicate``); further copies are another writer's (``foreign``), as are
+rows the account does not list; written rows no longer in the table were removed after commit
+(``deleted`` when the table's history shows an operation that removes rows, else ``lost``:
+:mod:`pidfence.verify.removals`). The checker judges exactly-once on the sink's rows only.
+
+A copy another writer appended of one of the sink's rows cannot be told from one the sink wrote
+by its contents: it is the sink's row, byte for byte. The manifests name each batch's data file
+(``PartFiles.log``), but a data file added twice is one file to Delta, OPTIMIZE and z-order move
+every row to files no manifest names, and a copy inside a sink's file would mean the decided file
+and the data file disagree; so provenance stays by the account's multiplicity, not by file.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pidfence.verify.errors import VerifyInputError
+
 #: What identifies one written row: where the sink put it and what it was.
 KEY: Final = ("topic", "partition", "log_offset", "offset", "pid", "generation", "seq")
-_ROW: Final = "__row"
 
 
 @dataclass(frozen=True)
@@ -27,9 +37,11 @@ class Provenance:
     """A log split by who wrote each row.
 
     Attributes:
-        own: the log rows the sink wrote (in the log's order).
+        own: the log rows the sink wrote (in the log's order), as many copies of a key as the
+            sink's account lists.
         foreign: rows another writer appended, copies of the sink's rows included.
-        deleted: rows the sink wrote (``KEY`` columns) that the log no longer holds.
+        deleted: rows the sink wrote (``KEY`` columns, and ``batch`` when the account has it)
+            that the log no longer holds.
     """
 
     own: pa.Table
@@ -37,22 +49,44 @@ class Provenance:
     deleted: pa.Table
 
 
+def _keys(table: pa.Table, name: str) -> list[tuple[object, ...]]:
+    missing = [c for c in KEY if c not in table.column_names]
+    if missing:
+        raise VerifyInputError(
+            f"{name} table lacks column(s) {missing}; expected {list(KEY)} "
+            "(read it with pidfence.spark_sink.read_log / read_written)"
+        )
+    return list(zip(*(table.column(c).to_pylist() for c in KEY), strict=True))
+
+
 def split(log: pa.Table, written: pa.Table) -> Provenance:
     """Split ``log`` by ``written`` (the sink's own account of its appended rows).
 
     Args:
         log: the output log as read (``read_log``), any extra columns.
-        written: the rows the sink appended, at least the ``KEY`` columns.
+        written: the rows the sink appended, at least the ``KEY`` columns (``batch`` too, for
+            telling a delete from a loss).
+
+    Raises:
+        VerifyInputError: either table lacks a ``KEY`` column.
     """
-    keys = list(KEY)
-    left = log.select(keys).append_column(_ROW, pa.array(range(log.num_rows), pa.int64()))
-    right = written.select(keys).cast(left.select(keys).schema)
-    matched = left.join(right, keys=keys, join_type="inner")
-    # A written row that several log rows match was copied by another writer: the first is ours.
-    first = matched.group_by(keys).aggregate([(_ROW, "min")]).column(f"{_ROW}_min")
-    mine = pc.is_in(left.column(_ROW), value_set=first)
-    deleted = right.join(left, keys=keys, join_type="left anti")
-    return Provenance(log.filter(mine), log.filter(pc.invert(mine)), deleted)
+    left = _keys(log, "log")
+    right = _keys(written, "written")
+    unclaimed = Counter(right)
+    mine = []
+    for key in left:
+        ours = unclaimed[key] > 0  # a key with a null never is: the sink writes no nulls
+        if ours:
+            unclaimed[key] -= 1
+        mine.append(ours)
+    gone = []
+    for index, key in enumerate(right):
+        if unclaimed[key] > 0:
+            unclaimed[key] -= 1
+            gone.append(index)
+    mask = pa.array(mine, pa.bool_())
+    own, foreign = log.filter(mask), log.filter(pc.invert(mask))
+    return Provenance(own, foreign, written.take(pa.array(gone, pa.int64())))
 
 
 __all__ = ["KEY", "Provenance", "split"]
