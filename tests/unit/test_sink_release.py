@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import pytest
 
+from pidfence.spark_sink.failure import SparkQueryFailed
 from pidfence.spark_sink.pipeline import _release
 
 
@@ -75,3 +76,26 @@ def test_a_store_that_blips_while_batches_are_reported_does_not_stop_the_query(
     stop = threading.Event()
     pipeline.serve(None, "b", "t", "/out", "/ckpt", on_batch=lambda line: None, stop=stop)
     assert not blips and query.polls == 3
+
+
+def test_a_query_the_dead_store_ended_reports_the_querys_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store died: the query failed on it, and the last look at the committed batches
+    fails too. The query's failure is what the run reports (retriable: a rerun continues), not
+    the store's OSError from the last look (an exit 3 that stopped the supervisor)."""
+    from pidfence.spark_sink import pipeline
+
+    class _Failed(_Query):
+        def exception(self) -> Any:
+            return RuntimeError("Job aborted: store unreachable")
+
+    def poll(self: Any, q: Any, final: bool = False) -> list[Any]:
+        raise OSError("AWS Error NETWORK_CONNECTION during GetObject operation")
+
+    started = pipeline.Started(_Failed(), cast(Any, _Claim()), -1)
+    monkeypatch.setattr(pipeline, "_start", lambda *a, **k: started)
+    monkeypatch.setattr(pipeline.BatchWatcher, "poll", poll)
+    with pytest.raises(SparkQueryFailed) as caught:
+        pipeline.serve(None, "b", "t", "/out", "/ckpt", on_batch=print, stop=threading.Event())
+    assert caught.value.retriable

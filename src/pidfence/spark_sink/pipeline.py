@@ -460,11 +460,16 @@ def serve(
         if query.isActive:
             query.stop()
         _release(claim)
-    for line in watcher.poll(query, final=True):
-        on_batch(line)
+    error = query.exception()
+    try:
+        for line in watcher.poll(query, final=True):
+            on_batch(line)
+    except OSError:
+        if claim.fenced is None and error is None:
+            raise
+        # The store may be what ended the query: its failure is the one to report.
     if claim.fenced is not None:
         raise claim.fenced
-    error = query.exception()
     if error is not None:
         raise failure_of(error) from error
     return summarise(output, after=before, epoch=claim.epoch)
