@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pidfence.broker_plugin import ProducerStateTable
+from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
@@ -28,7 +28,6 @@ from pidfence.spark_sink.errors import CommittedBatchMismatch, OutputOwnedError
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.state import load_state
-from pidfence.spark_sink.state_files import decode_state, drop_old_chains, encode_state, state_dir
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
 from pidfence.wire import FLAG_FENCE, encode_pf
@@ -240,26 +239,60 @@ def test_a_crashed_attempt_is_never_visible_and_its_files_are_cleaned(tmp_path: 
     assert len(names) == 1 and dead.tag is not None and dead.tag not in next(iter(names))
 
 
-def test_drop_old_chains_keeps_the_newest_intact_chain(tmp_path: Path) -> None:
-    # Issue 11 finding 4: the previous full snapshot is corrupt; the older intact chain stays.
-    store = Store.at(str(tmp_path))
-    directory = state_dir(store, "t", 0)
-    table = ProducerStateTable(4, 1000)
-    from pidfence.spark_sink.state_files import StateFile
+def test_a_failed_attempts_full_snapshot_never_costs_the_committed_chain(tmp_path: Path) -> None:
+    """An attempt that rebuilt its state (and so wrote a full snapshot) then died leaves that
+    snapshot behind; the committed chain's base stays, so losing the newest state later replays
+    a few batches, not the output's whole history."""
+    from pidfence.spark_sink import state as state_mod
 
-    def put(batch: int, kind: str) -> None:
-        blob = table.snapshot()
-        data = encode_state(StateFile(kind, None, None, "tag", blob, 0))
-        store.put(f"{directory}/{batch:020d}.{kind}", data)
+    recs = records_of(make_stream(random.Random(3), StreamKnobs(pids=3, records=200)))
+    w = PidfenceStreamWriter(options(tmp_path))  # a full snapshot every third batch
+    for batch in range(4):
+        run_batch(w, batch, recs[batch * 20 : batch * 20 + 20])
+    chunk = kafka_rows(recs[80:100])
+    real = state_mod._restore_chain
+    with mock.patch.object(state_mod, "_restore_chain", side_effect=CorruptSnapshot("lost")):
+        write(w, 4, chunk)  # rebuilt, so a full snapshot; dies before its manifest
+    with mock.patch.object(state_mod, "_restore_chain", side_effect=real):
+        w.commit([write(w, 4, chunk)], 4)  # the re-run continues the committed chain
+    for batch in range(5, 8):
+        run_batch(w, batch, recs[batch * 20 : batch * 20 + 20])
+    folder = tmp_path / OWN_DIR / "_state" / "t~0"
+    newest_full = max(folder.glob("*.full"))
+    newest_full.unlink()
+    out = Output(w.options.path, w.options.rejects_path, QUERY_A)
+    replayed: list[int] = []
+    read_decided = out.read_decided
 
-    put(0, "full")
-    put(3, "full")
-    corrupt = tmp_path / "_state" / "t~0" / f"{3:020d}.full"
-    corrupt.write_bytes(corrupt.read_bytes()[:-3] + b"bad")
-    put(6, "full")
-    drop_old_chains(store, directory, 6)
-    assert (tmp_path / "_state" / "t~0" / f"{0:020d}.full").exists()
-    decode_state((tmp_path / "_state" / "t~0" / f"{0:020d}.full").read_bytes())
+    def counted(batch_id: int, part: Any) -> Any:
+        replayed.append(batch_id)
+        return read_decided(batch_id, part)
+
+    with mock.patch.object(out, "read_decided", side_effect=counted):
+        rebuilt = load_state(out, "t", 0, 8, w.options)
+    assert replayed and min(replayed) >= 4, replayed  # from the older committed chain's end
+    assert rebuilt.table == live_state(tmp_path, w.options, 8)
+
+
+def test_a_rebuild_reads_the_history_only_back_to_an_intact_chain(tmp_path: Path) -> None:
+    recs = records_of(make_stream(random.Random(4), StreamKnobs(pids=3, records=240)))
+    w = PidfenceStreamWriter(options(tmp_path))
+    for batch in range(12):
+        run_batch(w, batch, recs[batch * 20 : batch * 20 + 20])
+    folder = tmp_path / OWN_DIR / "_state" / "t~0"
+    max(folder.glob("*.full")).unlink()
+    out = Output(w.options.path, w.options.rejects_path, QUERY_A)
+    read: list[int] = []
+    committed = out.committed
+
+    def counted(batch_id: int) -> Any:
+        read.append(batch_id)
+        return committed(batch_id)
+
+    with mock.patch.object(out, "committed", side_effect=counted):
+        rebuilt = load_state(out, "t", 0, 12, w.options)
+    assert read and min(read) >= 6, read  # not every manifest back to batch 0
+    assert rebuilt.table == live_state(tmp_path, w.options, 12)
 
 
 def test_a_second_query_on_the_path_fails_at_start_and_deletes_nothing(tmp_path: Path) -> None:

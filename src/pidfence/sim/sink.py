@@ -222,8 +222,8 @@ class SimSink:
                 full = not chain or self.rng.random() < 0.25
                 data = table.snapshot() if full else table.snapshot_delta()
                 if full and (fulls := [i for i, (f, _, _) in enumerate(chain) if f]):
-                    # What the real sink keeps when it writes a full file: the newest older full
-                    # chain as a fallback, nothing older (spark_sink.state_files.drop_old_chains).
+                    # What the real sink keeps when it writes a full file: the chain it loaded
+                    # as a fallback, nothing older (spark_sink.state_files.drop_old_chains).
                     del chain[: fulls[-1]]
                     self.dropped[p] += fulls[-1]
                 chain.append((full, data, len(self.read[p])))

@@ -98,6 +98,9 @@ class PartitionState:
     kafka_last: int | None = None
     #: bytes of the state chain (full snapshot and deltas) it was loaded from, then saved as.
     state_bytes: int = 0
+    #: batch id of the full state file beginning the committed chain this state was loaded or
+    #: rebuilt from (None: none): the fallback kept when the next full one is written.
+    floor: int | None = None
 
 
 def new_table(opts: SinkOptions, verifier: Verifier | None = None) -> ProducerStateTable:
@@ -117,17 +120,28 @@ def _overrides(opts: SinkOptions) -> dict[str, Any]:
     return {name: getattr(opts, name) for name in SettingOverrides.__annotations__}
 
 
+class Chain(NamedTuple):
+    """A state chain restored: its table, last file, length, size and the full file's batch."""
+
+    table: ProducerStateTable
+    last: StateFile
+    length: int
+    size: int
+    floor: int
+
+
 def _restore_chain(
     store: Store, topic: str, partition: int, name: str, tag: str, opts: SinkOptions
-) -> tuple[ProducerStateTable, StateFile, int, int]:
-    """The table of the chain ending at state file ``name``, which attempt ``tag`` wrote, its
-    last file, its length and its size in bytes.
+) -> Chain:
+    """The chain ending at state file ``name``, which attempt ``tag`` wrote.
 
     Every link is read by the name its successor records: no folder is listed."""
     chain: list[StateFile] = []
     size = 0
     link: str | None = name
+    first = name
     while link is not None:
+        first = link
         data = store.read(f"{state_dir(store, topic, partition)}/{link}")
         size += len(data)
         sf = decode_state(data)
@@ -142,7 +156,7 @@ def _restore_chain(
     table = ProducerStateTable.restore_chain(
         chain[0].table, [c.table for c in chain[1:]], **_overrides(opts)
     )
-    return table, chain[-1], len(chain), size
+    return Chain(table, chain[-1], len(chain), size, int(first.partition(".")[0]))
 
 
 def load_state(
@@ -171,12 +185,20 @@ def load_state(
     except (CorruptSnapshot, FileNotFoundError):
         pass
     else:
-        table, sf, chain_len, size = found
-        table.verifier = verifier
+        found.table.verifier = verifier
         return PartitionState(
-            table, held, sf.next_log, top, part.state, chain_len, top, part.kafka_last, size
+            found.table,
+            held,
+            found.last.next_log,
+            top,
+            part.state,
+            found.length,
+            top,
+            part.kafka_last,
+            found.size,
+            found.floor,
         )
-    table = _rebuild(output, topic, partition, top, part, opts)
+    table, floor = _rebuild(output, topic, partition, top, part, opts)
     table.verifier = verifier
     # The old batches replayed under the settings they recorded; this one runs under today's.
     for name, value in _overrides(opts).items():
@@ -188,7 +210,9 @@ def load_state(
             f"{topic}[{partition}]: replaying the committed output holds {sorted(refs)} but "
             f"batch {top} committed {sorted(held)} as held"
         )
-    return PartitionState(table, held, part.log_end, None, None, 0, top, part.kafka_last)
+    return PartitionState(
+        table, held, part.log_end, None, None, 0, top, part.kafka_last, floor=floor
+    )
 
 
 def _held_payloads(table: pa.Table | None) -> dict[int, HeldRow]:
@@ -206,36 +230,32 @@ def _rebuild(
     top: int,
     top_part: PartCommit,
     opts: SinkOptions,
-) -> ProducerStateTable:
-    """Newest intact older chain on this partition's batch chain, plus a replay since then."""
-    # The batches that read this partition, newest first, linked by ``prev``.
-    history: list[tuple[int, PartCommit]] = [(top, top_part)]
-    while (prev := history[-1][1].prev) is not None:
+) -> tuple[ProducerStateTable, int | None]:
+    """Newest intact older chain on this partition's batch chain, plus a replay since then; and
+    that chain's floor (None: replayed from the partition's first batch).
+
+    The walk back (one manifest per batch, linked by ``prev``) stops at the first batch whose
+    state chain is intact: a lost newest state costs the batches since the previous full one.
+    """
+    replay: list[tuple[int, PartCommit]] = [(top, top_part)]  # newest first
+    while (prev := replay[-1][1].prev) is not None:
         manifest = output.committed(prev)
         part = manifest.part(topic, partition) if manifest is not None else None
         if part is None:
-            break
-        history.append((prev, part))
-    table: ProducerStateTable | None = None
-    start = len(history)
-    for i, (_, part) in enumerate(history[1:], start=1):
-        try:
-            table, *_ = _restore_chain(output.own, topic, partition, part.state, part.tag, opts)
-        except (CorruptSnapshot, FileNotFoundError):
-            continue
-        start = i
-        break
-    if table is None:
-        table = new_table(opts)
-        if history[-1][1].prev is not None:
             raise CorruptSnapshot(
-                f"{topic}[{partition}]: the committed history before batch {history[-1][0]} "
+                f"{topic}[{partition}]: the committed history before batch {replay[-1][0]} "
                 "is missing; cannot rebuild the state"
             )
-    replay = list(reversed(history[:start]))
-    after = history[start][1].kafka_last if start < len(history) else -1
-    _replay(output, table, replay, top_part, after)
-    return table
+        try:
+            chain = _restore_chain(output.own, topic, partition, part.state, part.tag, opts)
+        except (CorruptSnapshot, FileNotFoundError):
+            replay.append((prev, part))
+            continue
+        _replay(output, chain.table, replay[::-1], top_part, part.kafka_last)
+        return chain.table, chain.floor
+    table = new_table(opts)
+    _replay(output, table, replay[::-1], top_part, -1)
+    return table, None
 
 
 def _replay(
@@ -312,6 +332,6 @@ def save_state(
     # Attempt-unique and a cache: a torn file (crash) fails its CRC and the state is rebuilt.
     store.put_staged(f"{directory}/{name}", data)
     st.state_bytes = len(data) + (0 if full else st.state_bytes)
-    if full:
-        drop_old_chains(store, directory, batch_id)
+    if full and st.floor is not None:
+        drop_old_chains(store, directory, st.floor)
     return name

@@ -91,30 +91,15 @@ def state_name(batch_id: int, tag: str, kind: str) -> str:
     return f"{batch_name(batch_id)}.{tag}.{kind}"
 
 
-def drop_old_chains(store: Store, directory: str, batch_id: int) -> None:
-    """Keep the newest *intact* older full chain as a fallback; drop files older than it.
+def drop_old_chains(store: Store, directory: str, floor: int) -> None:
+    """Delete the state files of batches before ``floor``.
 
-    A damaged older full snapshot is no fallback, so the search goes on to the next older one
-    (otherwise the only intact chain could be deleted).
+    ``floor`` is the batch of the full file beginning the committed chain the writer's state was
+    loaded from: that chain stays as the fallback for the full file being written. Another
+    attempt's snapshot (a failed attempt wrote a full one after rebuilding) is never the fallback
+    chosen: a loader trusts only what the committed manifests name.
     """
-    names = store.list(directory)
-    fulls = sorted(
-        ((int(n.partition(".")[0]), n) for n in names if n.endswith(".full") and n[:1].isdigit()),
-        reverse=True,
-    )
-    keep_from: int | None = None
-    for bid, name in fulls:
-        if bid >= batch_id:
-            continue
-        try:
-            decode_state(store.read(f"{directory}/{name}"))
-        except (CorruptSnapshot, OSError):
-            continue
-        keep_from = bid
-        break
-    if keep_from is None:
-        return
-    for n in names:
-        stem = n.partition(".")[0]
-        if stem.isdigit() and int(stem) < keep_from:
-            store.delete(f"{directory}/{n}")
+    for name in store.list(directory):
+        stem = name.partition(".")[0]
+        if stem.isdigit() and int(stem) < floor:
+            store.delete(f"{directory}/{name}")
