@@ -3,6 +3,7 @@ history readers and a state rebuild still see every batch."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.fold import segments
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import Output
+from pidfence.spark_sink.output import INDEX_EVERY, Output
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from tests.unit.test_sink_process import expected_log, kafka_rows, make_stream, micro_batches
@@ -24,8 +25,14 @@ SETTINGS = {"capacity": "64", "lifetime": "10000000", "reorderWindow": "3", "com
 QUERY = "0f1e2d3c-fold"
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, path: Path, chunks: list[list], first: int = 0) -> None:
-    opts = SinkOptions.parse({"path": str(path), "retainBatches": "20", **SETTINGS})
+def _run(
+    monkeypatch: pytest.MonkeyPatch,
+    path: Path,
+    chunks: list[list],
+    first: int = 0,
+    retain: int = 20,
+) -> None:
+    opts = SinkOptions.parse({"path": str(path), "retainBatches": str(retain), **SETTINGS})
     w = PidfenceStreamWriter(opts, QUERY)
     for b, chunk in enumerate(chunks, start=first):
         monkeypatch.setattr(writer_mod, "_task_context", lambda b=b: (b, 0, QUERY))
@@ -58,6 +65,32 @@ def test_bookkeeping_stays_flat_and_history_stays_whole(
     assert written["offset"].to_pylist() == expected
     assert [m.batch for m in Output.reading(str(tmp_path)).manifests()] == list(range(384))
     read_gaps(str(tmp_path))
+
+
+def test_a_lowered_retention_folds_the_backlog_a_fold_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output run with a long ``retainBatches``, then a short one: the backlog is folded in
+    segments of one fold's width (the driver holds one at a time), and history stays whole."""
+    records = make_stream(7, 385)
+    chunks = micro_batches(records, 2)  # 193 batches
+    _run(monkeypatch, tmp_path, chunks[:130], retain=1000)
+    assert segments(Store.at(str(tmp_path / OWN_DIR))) == []
+    written: list[tuple[int, int]] = []
+    add_segment = writer_mod.add_segment
+
+    def recorded(own: Store, epoch: int, span: tuple[int, int], *rest: object) -> None:
+        written.append(span)
+        add_segment(own, epoch, span, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer_mod, "add_segment", recorded)
+    _run(monkeypatch, tmp_path, chunks[130:], first=130)  # folds at 192, up to batch 172
+    assert written and written[0][0] == 0 and written[-1][1] == 172, written
+    assert all(b - a + 1 <= INDEX_EVERY for a, b in written), written
+    assert all(b + 1 == c for (_, b), (c, _) in itertools.pairwise(written)), written
+    assert read_log(str(tmp_path))["offset"].to_pylist() == expected_log(records)
+    assert read_written(str(tmp_path))["offset"].to_pylist() == expected_log(records)
+    assert [m.batch for m in Output.reading(str(tmp_path)).manifests()] == list(range(193))
 
 
 def test_lost_state_files_rebuild_through_folded_history(

@@ -255,14 +255,23 @@ def fold(output: Output, last: int, retain: int) -> None:
     for rel in (r for r in moved if not r.startswith("data/")):
         own.delete(own.join(rel))
         own.drop_empty_dir(own.join(rel.rpartition("/")[0]))
-    folded = [m for b in range(first, upto + 1) if (m := output.committed(b)) is not None]
+    # A backlog (a lowered retainBatches) is folded one fold's width at a time: the driver
+    # holds one segment's manifests and decisions, never the whole backlog's.
+    for start in range(first, upto + 1, INDEX_EVERY):
+        _fold_span(output, (start, min(upto, start + INDEX_EVERY - 1)), keep)
+
+
+def _fold_span(output: Output, span: tuple[int, int], keep: set[str]) -> None:
+    """Fold the batches of ``span`` into a segment, then delete their own files but ``keep``."""
+    own = output.own
+    folded = [m for b in range(span[0], span[1] + 1) if (m := output.committed(b)) is not None]
     decided = [
         with_place(rows, m.batch, part)
         for m in folded
         for part in m.parts
         if (rows := output.read_decided(m.batch, part)) is not None
     ]
-    add_segment(own, output.epoch, (first, upto), folded, decided)
+    add_segment(own, output.epoch, span, folded, decided)
     for manifest in folded:
         for rel in manifest.named() - keep:
             if not rel.startswith("data/"):
