@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 
 from pidfence.demo.attacker import Forgery, read_report
-from pidfence.demo.procs import ProducerRole, Worker, sink_argv, wait_for
+from pidfence.demo.procs import ProducerRole, Worker, sink_argv
 from pidfence.services.lease_server import spawn_lease_server
+from pidfence.services.process import wait_until
 from tests.chaos.conftest import ChaosKit
 
 pytestmark = pytest.mark.timeout(420)
@@ -78,7 +79,7 @@ def test_attacker_forgeries_are_forged_and_the_producer_appends_before_and_after
     )
     stop_all(role)
     producer = role.spawn()
-    wait_for(lambda: not producer.running or stopped(producer), 120, "z to stop itself")
+    wait_until(lambda: not producer.running or stopped(producer), 120, "z to stop itself")
     assert producer.running, producer.tail()
     state = json.loads((chaos.tmp / "z.state.json").read_text())
     assert state["next_i"] == 10

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from pidfence.demo.faults import KillAndResume, drive
-from pidfence.demo.procs import wait_for
 from pidfence.demo.procstat import is_stopped
 from pidfence.demo.topic import create_topic
 from pidfence.ledger import read_ledger
 from pidfence.services.lease_server import spawn_lease_server
+from pidfence.services.process import wait_until
 from tests.chaos.conftest import ChaosKit
 
 pytestmark = pytest.mark.timeout(240)
@@ -89,7 +89,7 @@ def self_stopped_producer(
     )
     stop_all(role)
     worker = role.spawn()
-    wait_for(
+    wait_until(
         lambda: (worker.pid is not None and is_stopped(worker.pid)) or not worker.running,
         120,
         f"the producer to stop itself after state save {stop_after}",

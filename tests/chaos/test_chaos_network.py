@@ -27,9 +27,10 @@ from typing import Any
 
 import pytest
 
-from pidfence.demo.procs import ProducerRole, Worker, sink_argv, wait_for
+from pidfence.demo.procs import ProducerRole, Worker, sink_argv
 from pidfence.services import create_topic
 from pidfence.services.lease_server import spawn_lease_server
+from pidfence.services.process import wait_until
 from pidfence.testing import (
     FaultKind,
     FaultPlan,
@@ -149,7 +150,7 @@ def run_nemesis(
         stop_all(first)
         assert first.spawn().wait(120) == 0, first.current.tail()
         start_sink()
-        wait_for(
+        wait_until(
             lambda: "batch 0: " in sinks[0].tail(200) or not sinks[0].running,
             300,
             "the sink's first batch",
@@ -159,7 +160,7 @@ def run_nemesis(
     for role in roles:
         role.spawn()
     # The faults start once every producer has something acknowledged: a fact, not a time.
-    wait_for(lambda: all(r.acked() > 0 or not r.running() for r in roles), 120, "first acks")
+    wait_until(lambda: all(r.acked() > 0 or not r.running() for r in roles), 120, "first acks")
     nemesis = NetworkNemesis(plan, LinkFaults({**kafka.proxies, **proxies}))
     producers = supervisors[:PRODUCERS]
     try:

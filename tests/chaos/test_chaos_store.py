@@ -25,8 +25,8 @@ import pytest
 from deltalake import DeltaTable
 
 from pidfence.cli.exits import EXIT_OK
-from pidfence.demo.procs import Worker, pidfence_argv, wait_for
-from pidfence.services.process import ServiceFailed
+from pidfence.demo.procs import Worker, pidfence_argv
+from pidfence.services.process import ServiceFailed, wait_until
 from pidfence.services.seaweedfs import SeaweedFS
 from pidfence.spark_sink.delta.history import BATCH_KEY
 from pidfence.spark_sink.output import Output
@@ -93,7 +93,9 @@ class StoreRun:
         argv = run_argv(self.argv(), hold_at=(point, folder))
         sink = Worker("sink-held", argv, self.tmp / "logs", env=self.env).start()
         self.held.append((sink, folder))
-        wait_for(lambda: (folder / HELD).exists() or not sink.running, 240, f"the sink at {point}")
+        wait_until(
+            lambda: (folder / HELD).exists() or not sink.running, 240, f"the sink at {point}"
+        )
         assert sink.running, sink.tail()
         return sink, folder
 
@@ -200,7 +202,7 @@ def test_store_sigkilled_between_the_two_delta_commits_then_restarted_on_its_dat
     sink, folder = store_run.held_at("rejects_committed")
     own_s3_store.kill(0)
     release(folder)  # the log table's commit meets a dead store
-    wait_for(lambda: not sink.running, 120, "the sink to give up on the dead store")
+    wait_until(lambda: not sink.running, 120, "the sink to give up on the dead store")
 
     def store_back() -> None:
         if not own_s3_store[0].running:

@@ -6,13 +6,13 @@ facts rather than durations); :func:`pidfence.testing.drive` runs them together.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pidfence.demo.config import ZOMBIE_LEASE_LEFT
 from pidfence.demo.procs import ProducerRole, Worker
+from pidfence.pid_allocator.clock import wall_clock_ms
 from pidfence.services.process import ServiceFailed
 from pidfence.testing.script import FaultScript, drive
 
@@ -56,10 +56,6 @@ class KillAndResume(ProducerFault):
         self.done = True
 
 
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
-
-
 @dataclass(eq=False)
 class Takeover(ProducerFault):
     """Base of the zombie scripts: freeze the current instance, start its replacement from a
@@ -71,7 +67,7 @@ class Takeover(ProducerFault):
         zombie_wrote: records the zombie got acknowledged after SIGCONT (its fenced writes).
     """
 
-    wall_ms: Callable[[], int] = field(default=_wall_ms, kw_only=True)
+    wall_ms: Callable[[], int] = field(default=wall_clock_ms, kw_only=True)
     zombie: Worker | None = field(default=None, init=False)
     replacement: Worker | None = field(default=None, init=False)
     _zombie_acked: int = field(default=0, init=False)

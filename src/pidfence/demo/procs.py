@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pidfence.services.process import ManagedProcess, RunsProcess, ServiceFailed, wait_until
+from pidfence.services.process import ManagedProcess, RunsProcess, wait_until
 from pidfence.testing.launch import run_argv
 
 #: Runs the ``pidfence`` CLI with this interpreter (works without the console script on PATH).
@@ -285,19 +284,3 @@ def sink_argv(
         "earliest",
         *extra,
     )
-
-
-def wait_for(
-    condition: Callable[[], bool],
-    timeout: float,
-    what: str,
-    interval: float = 0.2,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> None:
-    """Poll ``condition`` until true; :class:`ServiceFailed` naming ``what`` after ``timeout``."""
-    deadline = clock() + timeout
-    while not condition():
-        if clock() > deadline:
-            raise ServiceFailed(f"timed out after {timeout:.0f}s waiting for {what}")
-        sleep(interval)

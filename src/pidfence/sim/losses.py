@@ -30,7 +30,6 @@ from typing import Any
 import pyarrow as pa
 
 from pidfence.sim.kafka import KafkaRecord
-from pidfence.wire import MalformedHeader, decode_pf
 
 #: (pid, partition, seq) of a record.
 Ident = tuple[int, int, int]
@@ -214,12 +213,7 @@ def _idents(records: Iterable[tuple[int, KafkaRecord]]) -> set[tuple[int, int, i
     no event)."""
     out = set()
     for partition, rec in records:
-        if rec.header is None:
-            continue
-        try:
-            pf = decode_pf(rec.header)
-        except MalformedHeader:
-            continue
-        if pf.pid and not pf.is_fence:
+        pf = rec.pf()
+        if pf is not None and not pf.is_fence:
             out.add((pf.pid, partition, pf.seq, pf.generation))
     return out

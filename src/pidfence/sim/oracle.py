@@ -33,7 +33,7 @@ from typing import Any
 
 from pidfence.broker_plugin import ProducerStateTable, Verifier
 from pidfence.sim.kafka import KafkaRecord, SimKafka
-from pidfence.wire import MalformedHeader, Verdict, decode_pf
+from pidfence.wire import Verdict
 from pidfence.wire.mac import RecordMacCheck
 
 #: (partition, Kafka offset) of a record the sink read.
@@ -204,13 +204,8 @@ def mac_refusal(topic: str, secret: bytes | None) -> Callable[[int, KafkaRecord]
     check = None if secret is None else RecordMacCheck(secret)
 
     def refused(partition: int, rec: KafkaRecord) -> bool:
-        if check is None or rec.header is None:
-            return False
-        try:
-            pf = decode_pf(rec.header)
-        except MalformedHeader:
-            return False
-        if not pf.pid:
+        pf = None if check is None else rec.pf()
+        if check is None or pf is None:
             return False
         return not check.valid(
             topic, partition, pf.pid, pf.generation, pf.seq, pf.flags, rec.key, rec.value, rec.mac
