@@ -136,6 +136,23 @@ def test_spark_components_match_the_installed_pyspark() -> None:
     assert (jars.pyspark_jars_dir() / f"hadoop-client-api-{hadoop}.jar").is_file()
 
 
+@pytest.mark.parametrize(
+    ("jar", "artifact"),
+    [
+        ("kafka-clients-3.9.2.jar", "kafka-clients"),
+        ("spark-core_2.13-4.2.0.jar", "spark-core_2.13"),
+        ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "spark-sql-kafka-0-10_2.13"),
+        ("guava-33.4.0-jre.jar", "guava"),
+        (
+            "netty-transport-native-epoll-4.1.118.Final-linux-x86_64.jar",
+            "netty-transport-native-epoll",
+        ),
+    ],
+)
+def test_a_jar_name_gives_its_whole_artifact_id(jar: str, artifact: str) -> None:
+    assert jars.artifact_of(jar) == artifact
+
+
 def test_delta_is_the_release_built_for_the_installed_spark() -> None:
     # delta-spark 4.4.x is built against Spark 4.2 (4.2.x/4.3.x: Spark 4.1, 4.0.x: Spark 4.0).
     delta = jars.COMPONENTS["delta"]()

@@ -32,11 +32,13 @@ LOG4J_VERSION = "2.24.3"
 DELTA_FOR_SPARK = {"4.2": "4.4.0"}
 #: A folder of jars to take Spark's Kafka connector from instead of the cache.
 JARS_ENV = "PIDFENCE_JARS"
-_VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
+#: ``-VERSION.jar``: from the first ``-`` and digit that is not a Kafka connector's ``-0-10_2.13``.
+_VERSION_SUFFIX = re.compile(r"-(?!\d+(?:-\d+)*_\d)\d[\w.\-]*\.jar$")
 
 
 def artifact_of(jar_name: str) -> str:
-    """``kafka-clients-3.9.2.jar`` -> ``kafka-clients``."""
+    """``kafka-clients-3.9.2.jar`` -> ``kafka-clients``; ``spark-sql-kafka-0-10_2.13-4.2.0.jar``
+    -> ``spark-sql-kafka-0-10_2.13``."""
     return _VERSION_SUFFIX.sub("", jar_name)
 
 
