@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import itertools
 import shutil
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pidfence.spark_sink import fold as fold_mod
 from pidfence.spark_sink import read_gaps, read_log, read_written
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
-from pidfence.spark_sink.fold import segments
+from pidfence.spark_sink.fold import Listing, Span, segments
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import INDEX_EVERY, Output
 from pidfence.spark_sink.storage import Store
@@ -79,9 +82,9 @@ def test_a_lowered_retention_folds_the_backlog_a_fold_at_a_time(
     written: list[tuple[int, int]] = []
     add_segment = writer_mod.add_segment
 
-    def recorded(own: Store, epoch: int, span: tuple[int, int], *rest: object) -> None:
+    def recorded(own: Store, epoch: int, base: Listing, span: Span, *rest: Any) -> Listing | None:
         written.append(span)
-        add_segment(own, epoch, span, *rest)  # type: ignore[arg-type]
+        return add_segment(own, epoch, base, span, *rest)
 
     monkeypatch.setattr(writer_mod, "add_segment", recorded)
     _run(monkeypatch, tmp_path, chunks[130:], first=130)  # folds at 192, up to batch 172
@@ -91,6 +94,49 @@ def test_a_lowered_retention_folds_the_backlog_a_fold_at_a_time(
     assert read_log(str(tmp_path))["offset"].to_pylist() == expected_log(records)
     assert read_written(str(tmp_path))["offset"].to_pylist() == expected_log(records)
     assert [m.batch for m in Output.reading(str(tmp_path)).manifests()] == list(range(193))
+
+
+def test_a_fold_stalled_past_another_instances_folds_never_unlists_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Instance A passes its epoch check and stalls; instance B folds the same output further
+    and deletes the folded batches' manifests. A then wakes: it must not name an older list of
+    segments (the history B folded would be named by none), nor fold batches it can no longer
+    read."""
+    records = make_stream(9, 261)
+    chunks = micro_batches(records, 2)  # 131 batches
+    _run(monkeypatch, tmp_path, chunks, retain=1000)
+    opts = SinkOptions.parse({"path": str(tmp_path), **SETTINGS})
+    a, b = (Output(opts.path, opts.rejects_path, QUERY) for _ in range(2))
+    checked, go = threading.Event(), threading.Event()
+    check_epoch = fold_mod.check_epoch
+
+    def stalling(own: Store, epoch: int) -> None:
+        check_epoch(own, epoch)
+        if threading.current_thread().name == "A" and not checked.is_set():
+            checked.set()
+            assert go.wait(120)
+
+    monkeypatch.setattr(fold_mod, "check_epoch", stalling)
+    failed: list[BaseException] = []
+
+    def fold_a() -> None:
+        try:
+            writer_mod.fold(a, 130, 20)
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            failed.append(exc)
+
+    thread = threading.Thread(target=fold_a, name="A")
+    thread.start()
+    assert checked.wait(120)
+    writer_mod.fold(b, 130, 20)  # B folds batches 0..110 and deletes their manifests
+    folded_by_b = segments(b.own)
+    go.set()
+    thread.join(120)
+    assert not failed, failed
+    assert segments(b.own) == folded_by_b == [(0, 63), (64, 110)]
+    assert [m.batch for m in Output.reading(str(tmp_path)).manifests()] == list(range(131))
+    assert read_written(str(tmp_path))["offset"].to_pylist() == expected_log(records)
 
 
 def test_lost_state_files_rebuild_through_folded_history(

@@ -6,12 +6,14 @@ only while Spark can re-run it or a state rebuild is likely to start there: the 
 Older ones are folded, every :data:`~pidfence.spark_sink.output.INDEX_EVERY` batches, by the
 driver after a commit, into a segment: ``_folded/FIRST-LAST.json`` (their manifests, one per
 line) and ``_folded/FIRST-LAST.parquet`` (their decisions, with ``batch``, ``topic`` and
-``partition`` columns). ``_folded/segments.json`` names the segments; it is the only file the
-fold replaces, each time after the epoch check. Segments of equal span merge four at a time up
-to :data:`WIDEST` batches: no fold rewrites more than that many batches' decisions (a merge
-without a cap would, at a month's age, rewrite the whole month in one batch), and the segments
-grow by one per :data:`WIDEST` batches (about 630 a month at a 1 s trigger), so the files under
-``_pidfence/`` stay nearly flat.
+``partition`` columns). The newest of the numbered lists ``_folded/lists/N.json`` names the
+segments. A fold reads list N and, after the epoch check, writes list N+1 if absent (a
+compare-and-set): an instance that stalled past another's folds finds N+1 taken and stops,
+deleting nothing, so no stale list ever hides segments another fold named. Segments of equal
+span merge four at a time up to :data:`WIDEST` batches: no fold rewrites more than that many
+batches' decisions (a merge without a cap would, at a month's age, rewrite the whole month in one
+batch), and the segments grow by one per :data:`WIDEST` batches (about 630 a month at a 1 s
+trigger), so the files under ``_pidfence/`` stay nearly flat.
 
 A held file or state chain that a partition's newest position still names is never deleted (an
 idle partition's last batch may be old). The driver's :func:`~pidfence.spark_sink.writer.fold`
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Final
+from typing import Final, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,7 +36,8 @@ from pidfence.spark_sink.manifest import BatchManifest, PartCommit
 from pidfence.spark_sink.storage import Store, batch_name
 
 FOLDED: Final = "_folded"
-SEGMENTS: Final = f"{FOLDED}/segments.json"
+#: The numbered lists of segments; the newest is the one that counts.
+LISTS: Final = f"{FOLDED}/lists"
 #: Segments of one span merge this many at a time.
 MERGE: Final = 4
 #: No merge makes a segment of more batches than this (64 x 4 x 4 x 4: three merges of folds).
@@ -43,12 +46,41 @@ WIDEST: Final = 4096
 Span = tuple[int, int]
 
 
+class Listing(NamedTuple):
+    """The newest list of segments: its number (-1: none yet) and its spans, ascending."""
+
+    number: int
+    spans: list[Span]
+
+
+def _list_path(store: Store, number: int) -> str:
+    return store.join(LISTS, f"{batch_name(number)}.json")
+
+
+def list_number(name: str) -> int | None:
+    """The number of a list's file name (None: not a list)."""
+    stem = name.removesuffix(".json")
+    return int(stem) if name.endswith(".json") and stem.isdigit() else None
+
+
+def listing(store: Store) -> Listing:
+    """The newest list of segments."""
+    while True:
+        numbers = [
+            n for name in store.list(store.join(LISTS)) if (n := list_number(name)) is not None
+        ]
+        if not numbers:
+            return Listing(-1, [])
+        try:
+            data = store.read(_list_path(store, max(numbers)))
+        except FileNotFoundError:  # pruned by a newer fold since the listing: list again
+            continue
+        return Listing(max(numbers), [(int(a), int(b)) for a, b in json.loads(data)])
+
+
 def segments(store: Store) -> list[Span]:
     """The folded (first, last) batch spans, ascending (empty: nothing folded yet)."""
-    try:
-        return [(int(a), int(b)) for a, b in json.loads(store.read(store.join(SEGMENTS)))]
-    except FileNotFoundError:
-        return []
+    return listing(store).spans
 
 
 def _stem(span: Span) -> str:
@@ -102,19 +134,29 @@ def folded_decided(store: Store, batch_id: int, part: PartCommit) -> pa.Table | 
 
 
 def add_segment(
-    own: Store, epoch: int, span: Span, manifests: list[BatchManifest], decided: list[pa.Table]
-) -> None:
+    own: Store,
+    epoch: int,
+    base: Listing,
+    span: Span,
+    manifests: list[BatchManifest],
+    decided: list[pa.Table],
+) -> Listing | None:
     """Store the segment of ``span`` (its manifests and their parts' decisions, with ``batch``,
-    ``topic`` and ``partition`` columns), merge segments, and name them in ``segments.json``
-    (after the epoch check); the caller then deletes the folded batches' own files."""
+    ``topic`` and ``partition`` columns), merge segments, and name them in the list after
+    ``base`` (after the epoch check). Returns that list; None when another fold wrote it first
+    (this one then deletes nothing). The caller then deletes the folded batches' own files."""
     _put_segment(own, span, [m.encode().replace(b"\n", b"") for m in manifests], decided)
-    merged, gone = _merge(own, [*segments(own), span])
-    own.sync()  # the segments' Parquet files, before segments.json names them
+    merged, gone = _merge(own, [*base.spans, span])
+    own.sync()  # the segments' Parquet files, before a list names them
     check_epoch(own, epoch)
-    own.put(own.join(SEGMENTS), json.dumps(merged).encode())
+    if not own.put_if_absent(_list_path(own, base.number + 1), json.dumps(merged).encode()):
+        return None
     for old in gone:
         own.delete(own.join(_stem(old) + ".json"))
         own.delete(own.join(_stem(old) + ".parquet"))
+    if base.number > 0:  # the list before ``base``: a reader that listed it has read it by now
+        own.delete(_list_path(own, base.number - 1))
+    return Listing(base.number + 1, merged)
 
 
 def with_place(decided: pa.Table, batch_id: int, part: PartCommit) -> pa.Table:
@@ -163,10 +205,14 @@ def _mergeable(run: list[Span]) -> bool:
 
 
 __all__ = [
+    "LISTS",
+    "Listing",
     "add_segment",
     "folded_decided",
     "folded_manifest",
     "folded_manifests",
+    "list_number",
+    "listing",
     "segments",
     "with_place",
 ]

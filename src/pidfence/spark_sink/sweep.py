@@ -13,8 +13,8 @@ A file goes only when all of these hold:
 * nothing a sink, a reader or a state rebuild starts from names it: its batch is folded (at or
   below the newest folded batch, so every attempt of it is over: Spark re-runs no batch that
   old, and a re-run of a committed batch writes nothing) and no partition's newest position
-  names it; or it is a segment that ``segments.json`` does not name, or an index older than
-  the two kept;
+  names it; or it is a segment that the newest list of segments does not name, an older list,
+  or an index older than the two kept;
 * its attempt's epoch is at most the newest claim's when the sweep began (a sink instance that
   claimed the output since is never touched; fence.py);
 * it is at least ``min_age`` old (a fold in flight writes its segment before naming it).
@@ -29,7 +29,7 @@ import time
 from typing import Final
 
 from pidfence.spark_sink.fence import newest_claim, tag_epoch
-from pidfence.spark_sink.fold import FOLDED, SEGMENTS, folded_manifest, segments
+from pidfence.spark_sink.fold import FOLDED, LISTS, folded_manifest, list_number, listing
 from pidfence.spark_sink.output import INDEX, INDEX_EVERY, MANIFESTS, Output
 from pidfence.spark_sink.storage import Store, batch_name
 
@@ -49,7 +49,10 @@ class _Sweep:
         own = output.own
         claim = newest_claim(own)
         self.epoch = 0 if claim is None else claim.epoch
-        spans = segments(own)
+        listed = listing(own)
+        spans = listed.spans
+        #: The newest list of segments (-1: none).
+        self.newest_list = listed.number
         #: Every batch at or below it is folded (-1: none).
         self.folded = spans[-1][1] if spans else -1
         self.stems = {f"{batch_name(a)}-{batch_name(b)}" for a, b in spans}
@@ -83,8 +86,11 @@ class _Sweep:
                 and number <= self.folded
                 and folded_manifest(self.own, number) is not None
             )
+        if rel.startswith(LISTS + "/"):
+            number = list_number(rel.rpartition("/")[2])
+            return number is not None and number < self.newest_list
         if head == FOLDED:
-            return rel != SEGMENTS and name.partition(".")[0] not in self.stems
+            return name.partition(".")[0] not in self.stems
         return False
 
 

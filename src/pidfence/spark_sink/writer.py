@@ -27,7 +27,7 @@ from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
 from pidfence.spark_sink.fence import new_tag
 from pidfence.spark_sink.first_batch import check_first_batch
-from pidfence.spark_sink.fold import add_segment, segments, with_place
+from pidfence.spark_sink.fold import Listing, add_segment, listing, with_place
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import INDEX_EVERY, NO_OWNER, Output, PartAttempt, open_output
@@ -244,8 +244,8 @@ def fold(output: Output, last: int, retain: int) -> None:
     ``last``; :mod:`~pidfence.spark_sink.fold`). Files an earlier fold kept for a partition's
     position go once the partition moved on (the previous index names them)."""
     own = output.own
-    spans = segments(own)
-    first = spans[-1][1] + 1 if spans else 0
+    listed = listing(own)
+    first = listed.spans[-1][1] + 1 if listed.spans else 0
     upto = last - retain
     if upto < first:
         return
@@ -258,11 +258,17 @@ def fold(output: Output, last: int, retain: int) -> None:
     # A backlog (a lowered retainBatches) is folded one fold's width at a time: the driver
     # holds one segment's manifests and decisions, never the whole backlog's.
     for start in range(first, upto + 1, INDEX_EVERY):
-        _fold_span(output, (start, min(upto, start + INDEX_EVERY - 1)), keep)
+        span = (start, min(upto, start + INDEX_EVERY - 1))
+        if (now := _fold_span(output, listed, span, keep)) is None:
+            return  # another instance folded since: its lists stand, and the next fold goes on
+        listed = now
 
 
-def _fold_span(output: Output, span: tuple[int, int], keep: set[str]) -> None:
-    """Fold the batches of ``span`` into a segment, then delete their own files but ``keep``."""
+def _fold_span(
+    output: Output, base: Listing, span: tuple[int, int], keep: set[str]
+) -> Listing | None:
+    """Fold the batches of ``span`` into a segment after the list ``base``, then delete their
+    own files but ``keep``; the new list (None: another fold wrote one first, nothing deleted)."""
     own = output.own
     folded = [m for b in range(span[0], span[1] + 1) if (m := output.committed(b)) is not None]
     decided = [
@@ -271,7 +277,9 @@ def _fold_span(output: Output, span: tuple[int, int], keep: set[str]) -> None:
         for part in m.parts
         if (rows := output.read_decided(m.batch, part)) is not None
     ]
-    add_segment(own, output.epoch, span, folded, decided)
+    listed = add_segment(own, output.epoch, base, span, folded, decided)
+    if listed is None:
+        return None
     for manifest in folded:
         for rel in manifest.named() - keep:
             if not rel.startswith("data/"):
@@ -279,6 +287,7 @@ def _fold_span(output: Output, span: tuple[int, int], keep: set[str]) -> None:
         own.delete(output.manifest_path(manifest.batch))
         for kind in ("held", "decided"):
             own.drop_empty_dir(own.join(f"_{kind}", batch_name(manifest.batch)))
+    return listed
 
 
 def _claim(output: Output, query: str) -> None:
