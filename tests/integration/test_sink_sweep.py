@@ -16,7 +16,7 @@ from pidfence.spark_sink import read_log, read_written
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
 from pidfence.spark_sink.fence import claim_output, new_tag
-from pidfence.spark_sink.fold import segments
+from pidfence.spark_sink.fold import listing, segment_stem, segments
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import INDEX_EVERY, Output
 from pidfence.spark_sink.storage import Store, batch_name
@@ -122,10 +122,12 @@ def test_vacuum_shrinks_the_sinks_own_files_and_the_output_stays_exact(
     newer = folded_dir / f"t~0.{new_tag(aged.epoch + 1)}.parquet"
     for copy in (zombie, newer):
         shutil.copy(source, copy)
-    first, last = spans[0]
-    segment = tmp_path / OWN_DIR / "_folded" / f"{batch_name(first)}-{batch_name(last)}.json"
-    unnamed = segment.with_name(f"{batch_name(first)}-{batch_name(last + 1)}.json")
+    first_segment = listing(own).segments[0]
+    segment = tmp_path / OWN_DIR / (segment_stem(first_segment) + ".json")
+    unnamed = segment.with_name(segment.name.replace(first_segment.tag, "0badc0de"))
     shutil.copy(segment, unnamed)
+    older_list = tmp_path / OWN_DIR / "_folded" / "lists" / f"{batch_name(0)}.json"
+    older_list.write_text("[]")  # a list a crash left behind: older than the newest
     manifest = Output.reading(str(tmp_path)).committed(5)
     assert manifest is not None
     left = tmp_path / OWN_DIR / "_manifests" / f"{batch_name(5)}.json"
@@ -139,7 +141,7 @@ def test_vacuum_shrinks_the_sinks_own_files_and_the_output_stays_exact(
     _vacuum(tmp_path, "--bookkeeping-age", "0")
     after = _own_files(tmp_path)
     assert after == before - set(listed)
-    gone = {str(p.relative_to(tmp_path / OWN_DIR)) for p in (zombie, unnamed, left)}
+    gone = {str(p.relative_to(tmp_path / OWN_DIR)) for p in (zombie, unnamed, left, older_list)}
     assert gone <= set(listed), sorted(gone - set(listed))
     assert str(newer.relative_to(tmp_path / OWN_DIR)) in after
     assert held.is_file(), "the sweep deleted the held records of an idle partition's position"

@@ -5,26 +5,43 @@ from __future__ import annotations
 from itertools import pairwise
 from pathlib import Path
 
-from pidfence.spark_sink.fold import FOLDED, MERGE, WIDEST, _merge, _put_segment
+import pytest
+
+from pidfence.spark_sink import fold as fold_mod
+from pidfence.spark_sink.fold import (
+    FOLDED,
+    MERGE,
+    OLD_LIST,
+    WIDEST,
+    Listing,
+    Segment,
+    _merge,
+    _put_segment,
+    add_segment,
+    listing,
+    segment_stem,
+    segments,
+)
 from pidfence.spark_sink.storage import Store
 
 FOLD = 64  # batches per fold (the index period)
 
 
-def folds(count: int, start: int = 0) -> list[tuple[int, int]]:
-    return [(start + i * FOLD, start + (i + 1) * FOLD - 1) for i in range(count)]
+def folds(count: int, start: int = 0) -> list[Segment]:
+    return [Segment(start + i * FOLD, start + (i + 1) * FOLD - 1, "t") for i in range(count)]
 
 
 def test_merges_stop_at_the_widest_segment_so_no_fold_rewrites_a_month(tmp_path: Path) -> None:
     store = Store.at(str(tmp_path))
     (tmp_path / FOLDED).mkdir()
-    spans: list[tuple[int, int]] = []
+    segs: list[Segment] = []
     widest_written = 0
-    for span in folds(4 * WIDEST // FOLD + 5):
-        _put_segment(store, span, [], [])
-        spans, gone = _merge(store, [*spans, span])
+    for seg in folds(4 * WIDEST // FOLD + 5):
+        _put_segment(store, seg, [], [])
+        segs, gone = _merge(store, [*segs, seg])
         if gone:
-            widest_written = max(widest_written, spans[-1][1] - spans[-1][0] + 1)
+            widest_written = max(widest_written, segs[-1].last - segs[-1].first + 1)
+    spans = [(seg.first, seg.last) for seg in segs]
     assert widest_written == WIDEST
     widths = [b - a + 1 for a, b in spans]
     # Four segments of WIDEST stay as they are; the rest is one merge level below each.
@@ -32,3 +49,48 @@ def test_merges_stop_at_the_widest_segment_so_no_fold_rewrites_a_month(tmp_path:
     assert max(widths) == WIDEST
     assert sum(widths) == (4 * WIDEST // FOLD + 5) * FOLD
     assert spans == sorted(spans) and all(b + 1 == c for (_, b), (c, _) in pairwise(spans))
+
+
+def test_a_fold_stalled_through_another_instances_lists_deletes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Instance A passes its epoch check and stalls while instance B (with another
+    ``retainBatches``, so other spans) writes three lists: the list number A meant to take has
+    been written and pruned, so it is free again. A's late list is no newest, and A must not
+    delete the segments it merged: B's newest list still names them."""
+    own = Store.at(str(tmp_path))
+    listed = Listing(-1, [])
+    for seg in folds(3):
+        now = add_segment(own, 0, listed, (seg.first, seg.last), [], [])
+        assert now is not None
+        listed = now
+    check_epoch = fold_mod.check_epoch
+    stalled: list[bool] = []
+
+    def stalling(store: Store, epoch: int) -> None:
+        check_epoch(store, epoch)
+        if not stalled:
+            stalled.append(True)
+            b = listing(own)
+            for span in [(192, 200), (201, 264), (265, 328)]:
+                now = add_segment(own, 0, b, span, [], [])
+                assert now is not None
+                b = now
+
+    monkeypatch.setattr(fold_mod, "check_epoch", stalling)
+    assert add_segment(own, 0, listed, (192, 255), [], []) is None  # would merge 0..255
+    newest = listing(own)
+    assert newest.number == 5
+    assert [(s.first, s.last) for s in newest.segments][:3] == [(0, 63), (64, 127), (128, 191)]
+    for seg in newest.segments:
+        assert (tmp_path / (segment_stem(seg) + ".json")).is_file(), seg
+
+
+def test_an_output_folded_before_the_numbered_lists_reads_its_segments(tmp_path: Path) -> None:
+    own = Store.at(str(tmp_path))
+    _put_segment(own, Segment(0, 63, ""), [], [])
+    own.put(own.join(OLD_LIST), b"[[0, 63]]")
+    assert listing(own) == Listing(-1, [Segment(0, 63, "")])
+    now = add_segment(own, 0, listing(own), (64, 127), [], [])
+    assert now is not None and now.number == 0
+    assert segments(own) == [(0, 63), (64, 127)]

@@ -4,12 +4,14 @@ A batch's own files (its manifest, decisions and held records under ``_pidfence/
 only while Spark can re-run it or a state rebuild is likely to start there: the newest
 ``retainBatches`` batches (Spark's ``spark.sql.streaming.minBatchesToRetain``, 100 by default).
 Older ones are folded, every :data:`~pidfence.spark_sink.output.INDEX_EVERY` batches, by the
-driver after a commit, into a segment: ``_folded/FIRST-LAST.json`` (their manifests, one per
-line) and ``_folded/FIRST-LAST.parquet`` (their decisions, with ``batch``, ``topic`` and
-``partition`` columns). The newest of the numbered lists ``_folded/lists/N.json`` names the
-segments. A fold reads list N and, after the epoch check, writes list N+1 if absent (a
-compare-and-set): an instance that stalled past another's folds finds N+1 taken and stops,
-deleting nothing, so no stale list ever hides segments another fold named. Segments of equal
+driver after a commit, into a segment: ``_folded/FIRST-LAST-TAG.json`` (their manifests, one
+per line) and ``_folded/FIRST-LAST-TAG.parquet`` (their decisions, with ``batch``, ``topic`` and
+``partition`` columns), the tag the fold's own (no fold rewrites a file another's list may name).
+The newest of the numbered lists ``_folded/lists/N.json`` names the segments. A fold reads list
+N and, after the epoch check, writes list N+1 if absent (a compare-and-set), then lists again:
+an instance that stalled past another's folds finds N+1 taken, or (N+1 pruned and free again) a
+newer list, and stops deleting nothing, so no stale list hides segments another fold named, and
+no segment a newest list names is deleted. Segments of equal
 span merge four at a time up to :data:`WIDEST` batches: no fold rewrites more than that many
 batches' decisions (a merge without a cap would, at a month's age, rewrite the whole month in one
 batch), and the segments grow by one per :data:`WIDEST` batches (about 630 a month at a 1 s
@@ -25,6 +27,7 @@ the live batches.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterator
 from typing import Final, NamedTuple
 
@@ -44,13 +47,24 @@ MERGE: Final = 4
 WIDEST: Final = 4096
 
 Span = tuple[int, int]
+#: Where lists of segments were kept before they were numbered: read while no numbered list exists.
+OLD_LIST: Final = f"{FOLDED}/segments.json"
+
+
+class Segment(NamedTuple):
+    """A folded segment: its batches and the tag of the fold that wrote it (its files are
+    ``_folded/FIRST-LAST-TAG.json|.parquet``; no fold writes a name another may have listed)."""
+
+    first: int
+    last: int
+    tag: str
 
 
 class Listing(NamedTuple):
-    """The newest list of segments: its number (-1: none yet) and its spans, ascending."""
+    """The newest list of segments: its number (-1: none yet) and its segments, ascending."""
 
     number: int
-    spans: list[Span]
+    segments: list[Segment]
 
 
 def _list_path(store: Store, number: int) -> str:
@@ -63,36 +77,43 @@ def list_number(name: str) -> int | None:
     return int(stem) if name.endswith(".json") and stem.isdigit() else None
 
 
+def _numbers(store: Store) -> list[int]:
+    return [n for name in store.list(store.join(LISTS)) if (n := list_number(name)) is not None]
+
+
 def listing(store: Store) -> Listing:
     """The newest list of segments."""
-    while True:
-        numbers = [
-            n for name in store.list(store.join(LISTS)) if (n := list_number(name)) is not None
-        ]
-        if not numbers:
-            return Listing(-1, [])
+    for _ in range(5):
+        numbers = _numbers(store)
+        path = _list_path(store, max(numbers)) if numbers else store.join(OLD_LIST)
         try:
-            data = store.read(_list_path(store, max(numbers)))
-        except FileNotFoundError:  # pruned by a newer fold since the listing: list again
-            continue
-        return Listing(max(numbers), [(int(a), int(b)) for a, b in json.loads(data)])
+            entries = json.loads(store.read(path))
+        except FileNotFoundError:
+            if not numbers:
+                return Listing(-1, [])
+            continue  # pruned by a newer fold since the listing: list again
+        found = [Segment(int(e[0]), int(e[1]), str(e[2]) if len(e) > 2 else "") for e in entries]
+        return Listing(max(numbers, default=-1), found)
+    raise FileNotFoundError(f"{store.join(LISTS)}: each newest list vanished as it was read")
 
 
 def segments(store: Store) -> list[Span]:
     """The folded (first, last) batch spans, ascending (empty: nothing folded yet)."""
-    return listing(store).spans
+    return [(seg.first, seg.last) for seg in listing(store).segments]
 
 
-def _stem(span: Span) -> str:
-    return f"{FOLDED}/{batch_name(span[0])}-{batch_name(span[1])}"
+def segment_stem(seg: Segment) -> str:
+    """``_folded/FIRST-LAST-TAG``: where a segment's files are, without their extension."""
+    stem = f"{FOLDED}/{batch_name(seg.first)}-{batch_name(seg.last)}"
+    return f"{stem}-{seg.tag}" if seg.tag else stem
 
 
 #: Decoded segments by path (a segment never changes once named).
 _SEEN: dict[str, dict[int, BatchManifest]] = {}
 
 
-def _manifests(store: Store, span: Span) -> dict[int, BatchManifest]:
-    path = store.join(_stem(span) + ".json")
+def _manifests(store: Store, seg: Segment) -> dict[int, BatchManifest]:
+    path = store.join(segment_stem(seg) + ".json")
     if path not in _SEEN:
         lines = store.read(path).splitlines()
         _SEEN.clear()  # a few at a time: readers walk them in order
@@ -100,37 +121,39 @@ def _manifests(store: Store, span: Span) -> dict[int, BatchManifest]:
     return _SEEN[path]
 
 
+def _holding(store: Store, batch_id: int) -> Segment | None:
+    return next((s for s in listing(store).segments if s.first <= batch_id <= s.last), None)
+
+
 def folded_manifest(store: Store, batch_id: int) -> BatchManifest | None:
     """A folded batch's manifest (None: not folded)."""
-    for span in segments(store):
-        if span[0] <= batch_id <= span[1]:
-            return _manifests(store, span).get(batch_id)
-    return None
+    seg = _holding(store, batch_id)
+    return None if seg is None else _manifests(store, seg).get(batch_id)
 
 
 def folded_manifests(store: Store, after: int) -> Iterator[BatchManifest]:
     """The folded manifests of batches above ``after``, in batch order."""
-    for span in segments(store):
-        if span[1] > after:
-            found = _manifests(store, span)
+    for seg in listing(store).segments:
+        if seg.last > after:
+            found = _manifests(store, seg)
             yield from (found[b] for b in sorted(found) if b > after)
 
 
 def folded_decided(store: Store, batch_id: int, part: PartCommit) -> pa.Table | None:
     """A folded part's decisions (None: the part decided nothing, or is not folded)."""
-    for span in segments(store):
-        if span[0] <= batch_id <= span[1]:
-            rows = pq.read_table(
-                store.join(_stem(span) + ".parquet"),
-                filesystem=store.fs,
-                filters=[
-                    ("batch", "=", batch_id),
-                    ("topic", "=", part.topic),
-                    ("partition", "=", part.partition),
-                ],
-            )
-            return rows.drop_columns(["batch", "topic", "partition"]) if rows.num_rows else None
-    return None
+    seg = _holding(store, batch_id)
+    if seg is None:
+        return None
+    rows = pq.read_table(
+        store.join(segment_stem(seg) + ".parquet"),
+        filesystem=store.fs,
+        filters=[
+            ("batch", "=", batch_id),
+            ("topic", "=", part.topic),
+            ("partition", "=", part.partition),
+        ],
+    )
+    return rows.drop_columns(["batch", "topic", "partition"]) if rows.num_rows else None
 
 
 def add_segment(
@@ -143,20 +166,26 @@ def add_segment(
 ) -> Listing | None:
     """Store the segment of ``span`` (its manifests and their parts' decisions, with ``batch``,
     ``topic`` and ``partition`` columns), merge segments, and name them in the list after
-    ``base`` (after the epoch check). Returns that list; None when another fold wrote it first
+    ``base`` (after the epoch check). Returns that list; None when another fold got there first
     (this one then deletes nothing). The caller then deletes the folded batches' own files."""
-    _put_segment(own, span, [m.encode().replace(b"\n", b"") for m in manifests], decided)
-    merged, gone = _merge(own, [*base.spans, span])
+    seg = Segment(*span, secrets.token_hex(4))
+    _put_segment(own, seg, [m.encode().replace(b"\n", b"") for m in manifests], decided)
+    merged, gone = _merge(own, [*base.segments, seg])
     own.sync()  # the segments' Parquet files, before a list names them
     check_epoch(own, epoch)
-    if not own.put_if_absent(_list_path(own, base.number + 1), json.dumps(merged).encode()):
+    number = base.number + 1
+    if not own.put_if_absent(_list_path(own, number), json.dumps(merged).encode()):
+        return None
+    if max(_numbers(own)) > number:
+        # ``number`` was free again: newer lists were written and it was pruned (a fold stalled
+        # here through several of another instance's). Its list is no newest: delete nothing.
         return None
     for old in gone:
-        own.delete(own.join(_stem(old) + ".json"))
-        own.delete(own.join(_stem(old) + ".parquet"))
+        own.delete(own.join(segment_stem(old) + ".json"))
+        own.delete(own.join(segment_stem(old) + ".parquet"))
     if base.number > 0:  # the list before ``base``: a reader that listed it has read it by now
         own.delete(_list_path(own, base.number - 1))
-    return Listing(base.number + 1, merged)
+    return Listing(number, merged)
 
 
 def with_place(decided: pa.Table, batch_id: int, part: PartCommit) -> pa.Table:
@@ -169,44 +198,46 @@ def with_place(decided: pa.Table, batch_id: int, part: PartCommit) -> pa.Table:
     )
 
 
-def _put_segment(own: Store, span: Span, lines: list[bytes], pieces: list[pa.Table]) -> None:
+def _put_segment(own: Store, seg: Segment, lines: list[bytes], pieces: list[pa.Table]) -> None:
     if pieces:
-        own.write_table(own.join(_stem(span) + ".parquet"), pa.concat_tables(pieces))
-    own.put(own.join(_stem(span) + ".json"), b"\n".join(lines) + b"\n")
+        own.write_table(own.join(segment_stem(seg) + ".parquet"), pa.concat_tables(pieces))
+    own.put(own.join(segment_stem(seg) + ".json"), b"\n".join(lines) + b"\n")
 
 
-def _merge(own: Store, spans: list[Span]) -> tuple[list[Span], list[Span]]:
+def _merge(own: Store, segs: list[Segment]) -> tuple[list[Segment], list[Segment]]:
     """Merge runs of :data:`MERGE` adjacent segments of one span length into one of at most
-    :data:`WIDEST` batches, repeatedly: (the spans now, the segments merged away, to delete once
-    the new list is stored)."""
-    gone: list[Span] = []
+    :data:`WIDEST` batches, repeatedly: (the segments now, the segments merged away, to delete
+    once the new list is stored)."""
+    gone: list[Segment] = []
     while True:
         at = next(
-            (i for i in range(len(spans) - MERGE + 1) if _mergeable(spans[i : i + MERGE])), None
+            (i for i in range(len(segs) - MERGE + 1) if _mergeable(segs[i : i + MERGE])), None
         )
         if at is None:
-            return spans, gone
-        run = spans[at : at + MERGE]
-        merged = (run[0][0], run[-1][1])
+            return segs, gone
+        run = segs[at : at + MERGE]
+        merged = Segment(run[0].first, run[-1].last, secrets.token_hex(4))
         lines, pieces = [], []
-        for span in run:
-            lines += [m.encode().replace(b"\n", b"") for m in _manifests(own, span).values()]
-            path = own.join(_stem(span) + ".parquet")
+        for seg in run:
+            lines += [m.encode().replace(b"\n", b"") for m in _manifests(own, seg).values()]
+            path = own.join(segment_stem(seg) + ".parquet")
             if own.exists(path):
                 pieces.append(own.read_table(path))
         _put_segment(own, merged, lines, pieces)
-        spans = [*spans[:at], merged, *spans[at + MERGE :]]
+        segs = [*segs[:at], merged, *segs[at + MERGE :]]
         gone += run
 
 
-def _mergeable(run: list[Span]) -> bool:
-    widths = {b - a for a, b in run}
-    return len(widths) == 1 and run[-1][1] - run[0][0] + 1 <= WIDEST
+def _mergeable(run: list[Segment]) -> bool:
+    widths = {seg.last - seg.first for seg in run}
+    return len(widths) == 1 and run[-1].last - run[0].first + 1 <= WIDEST
 
 
 __all__ = [
     "LISTS",
+    "OLD_LIST",
     "Listing",
+    "Segment",
     "add_segment",
     "folded_decided",
     "folded_manifest",

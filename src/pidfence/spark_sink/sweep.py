@@ -29,9 +29,17 @@ import time
 from typing import Final
 
 from pidfence.spark_sink.fence import newest_claim, tag_epoch
-from pidfence.spark_sink.fold import FOLDED, LISTS, folded_manifest, list_number, listing
+from pidfence.spark_sink.fold import (
+    FOLDED,
+    LISTS,
+    OLD_LIST,
+    folded_manifest,
+    list_number,
+    listing,
+    segment_stem,
+)
 from pidfence.spark_sink.output import INDEX, INDEX_EVERY, MANIFESTS, Output
-from pidfence.spark_sink.storage import Store, batch_name
+from pidfence.spark_sink.storage import Store
 
 #: A fold's steps take seconds; an hour leaves room for the slowest store and a paused process.
 MIN_AGE_S: Final = 3600.0
@@ -50,12 +58,12 @@ class _Sweep:
         claim = newest_claim(own)
         self.epoch = 0 if claim is None else claim.epoch
         listed = listing(own)
-        spans = listed.spans
         #: The newest list of segments (-1: none).
         self.newest_list = listed.number
         #: Every batch at or below it is folded (-1: none).
-        self.folded = spans[-1][1] if spans else -1
-        self.stems = {f"{batch_name(a)}-{batch_name(b)}" for a, b in spans}
+        self.folded = listed.segments[-1].last if listed.segments else -1
+        #: The file names (without extension) of the segments the newest list names.
+        self.stems = {segment_stem(seg).rpartition("/")[2] for seg in listed.segments}
         top = output.committed_version()
         positions = output.positions(top).values() if top >= 0 else ()
         self.keep = {rel for pos in positions for rel in pos.part.files.named()}
@@ -89,6 +97,8 @@ class _Sweep:
         if rel.startswith(LISTS + "/"):
             number = list_number(rel.rpartition("/")[2])
             return number is not None and number < self.newest_list
+        if rel == OLD_LIST:  # replaced by the numbered lists once one exists
+            return self.newest_list >= 0
         if head == FOLDED:
             return name.partition(".")[0] not in self.stems
         return False

@@ -239,13 +239,13 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
 
 
 def fold(output: Output, last: int, retain: int) -> None:
-    """Fold the batches up to ``last - retain`` not folded yet into a segment and delete their
+    """Fold the batches up to ``last - retain`` not folded yet into segments and delete their
     own files, except those a partition's newest position names (driver, after the commit of
     ``last``; :mod:`~pidfence.spark_sink.fold`). Files an earlier fold kept for a partition's
     position go once the partition moved on (the previous index names them)."""
     own = output.own
     listed = listing(own)
-    first = listed.spans[-1][1] + 1 if listed.spans else 0
+    first = listed.segments[-1].last + 1 if listed.segments else 0
     upto = last - retain
     if upto < first:
         return
