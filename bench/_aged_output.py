@@ -39,7 +39,7 @@ from deltalake import DeltaTable
 
 from pidfence.spark_sink import owner
 from pidfence.spark_sink.delta.checkpoints import checkpoint_interval, last_checkpoint
-from pidfence.spark_sink.fold import FOLDED, MERGE, SEGMENTS, with_place
+from pidfence.spark_sink.fold import LISTS, MERGE, Segment, segment_stem, with_place
 from pidfence.spark_sink.manifest import (
     KINDS,
     BatchManifest,
@@ -168,7 +168,8 @@ def age_output(young: Path, young_ckpt: Path, aged: Path, aged_ckpt: Path, batch
     for batch in range(fold_at - RETAIN + 1, last + 1):
         x = max(0, batch - shift)
         m = src.committed(x)
-        assert m is not None
+        if m is None:
+            raise RuntimeError(f"{young}: batch {x} is not committed")
         parts = []
         for part in m.parts:
             names = {}
@@ -193,7 +194,7 @@ def age_output(young: Path, young_ckpt: Path, aged: Path, aged_ckpt: Path, batch
     spans = fold_spans(last)
     template = made[last]
     for first, end in spans:
-        stem = out.own.join(FOLDED, f"{batch_name(first)}-{batch_name(end)}")
+        stem = out.own.join(segment_stem(Segment(first, end, "aged")))
         line = dataclasses.replace(template, batch=first).encode().replace(b"\n", b"")
         out.own.put(stem + ".json", line + b"\n")
         pieces = [
@@ -203,7 +204,8 @@ def age_output(young: Path, young_ckpt: Path, aged: Path, aged_ckpt: Path, batch
         ]
         if pieces:
             out.own.write_table(stem + ".parquet", pa.concat_tables(pieces))
-    out.own.put(out.own.join(SEGMENTS), json.dumps(spans).encode())
+    listed = [[first, end, "aged"] for first, end in spans]
+    out.own.put(out.own.join(LISTS, batch_name(0) + ".json"), json.dumps(listed).encode())
     # The rejects table gets a commit for a batch with rejects only: the young one's share.
     young_rejects = DeltaTable(str(young / "_rejects")).version()
     entries = {

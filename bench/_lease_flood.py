@@ -14,6 +14,7 @@ rather than a flooder's first burst.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 import urllib.request
@@ -46,13 +47,16 @@ def flood_rows(
     rows use)."""
     scratch = Path(tempfile.mkdtemp(prefix="pidfence-bench-flood-"))
     settings = {"block_size": 100, "event_loop": loop, "auth_tokens_file": str(pki.tokens_file)}
-    server = bench._start_server(bench._chroot(zk_hosts), scratch, "flooded", settings)
     tokens = {name: Path(pki.token_files[name]).read_text().strip() for name in pki.token_files}
     flooders: list[Any] = []
     rows = []
+    server = victim = None
     try:
+        server = bench._start_server(bench._chroot(zk_hosts), scratch, "flooded", settings)
         victim = _clients.RawLease(server.address, timeout=60)
-        assert victim.call("hello", token=tokens["victim"])["error"] is None
+        hello = victim.call("hello", token=tokens["victim"])
+        if hello["error"] is not None:
+            raise RuntimeError(f"the victim's hello was refused: {hello}")
         lease = victim.call("lease")
         for count in (0, 1, 2):
             if count:
@@ -97,7 +101,11 @@ def flood_rows(
     finally:
         for flooder in flooders:
             flooder.kill()
-        bench._stop(server)
+        if victim is not None:
+            victim.close()
+        if server is not None:
+            bench._stop(server)
+        shutil.rmtree(scratch, ignore_errors=True)
     for row in rows:
         row["flood_counts"] = flood_counts[: row["flooders"]]
     return rows

@@ -2,7 +2,8 @@
 
 ``format("pidfence_bench_noop")`` only consumes the Arrow batches a task receives, so its time is
 the ceiling of any Python streaming writer on this Spark (JVM -> Arrow -> Python worker). It
-writes one small file per batch with the batch's row count, for the bench's check.
+writes one small file per batch with the batch's row count, which the bench holds against the
+records sent (``_sink_world.written_rows``).
 """
 
 from __future__ import annotations
@@ -72,8 +73,3 @@ def register(spark: Any) -> None:
     if __name__ != "__main__":
         cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
     spark.dataSource.register(NoopArrowSink)
-
-
-def rows_written(path: Path) -> int:
-    """Rows the no-op writer counted into ``path``, over every batch."""
-    return sum(int(p.read_text()) for p in path.glob("*.rows"))

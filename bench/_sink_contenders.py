@@ -1,5 +1,6 @@
 """The contenders of ``pidfence bench sink``: how each builds its query, reads what it wrote, and
-is measured (see ``bench/sink.py`` for the table they make)."""
+is measured (see ``bench/sink.py`` for the table they make). Every measured run's output rows are
+kept and held against what the raw topic holds (:func:`wrong_outputs`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.dataset as ds
-
 from pidfence.benchkit import load_bench
 
 HERE = Path(__file__).resolve().parent
@@ -24,10 +23,8 @@ noop = load_bench("_noop_writer", HERE)
 def _run(writer: Any) -> tuple[float, list[dict[str, Any]]]:
     started = time.perf_counter()
     query = writer.trigger(availableNow=True).start()
-    query.awaitTermination()
+    query.awaitTermination()  # raises the query's failure
     elapsed = time.perf_counter() - started
-    if query.exception() is not None:
-        raise RuntimeError(f"query failed: {query.exception()}")
     progress = [json.loads(p.json) for p in query.recentProgress]
     return elapsed, [p for p in progress if p.get("numInputRows")]
 
@@ -40,7 +37,8 @@ def _at_million(progress: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
         total += int(p["numInputRows"])
         if best is None or abs(total - 1_000_000) < best[0]:
             best = (abs(total - 1_000_000), total, p)
-    assert best is not None
+    if best is None:
+        raise RuntimeError("the query read no records: no batch to take the state of")
     return best[1], best[2]
 
 
@@ -104,21 +102,38 @@ class Contender:
     times: list[float] = field(default_factory=list)
     #: Per measured round, each query-progress phase (``durationMs``) summed over its batches.
     phases: list[dict[str, int]] = field(default_factory=list)
+    #: Per measured round, the rows its output holds.
+    outputs: list[int] = field(default_factory=list)
     last: Outcome | None = None
-    #: An optional contender (work in progress elsewhere) that fails is reported, not fatal.
-    optional: bool = False
-    failed: str | None = None
+
+
+#: The contenders whose output must hold every record sent; the others (b, c, v) deduplicate,
+#: and must hold exactly the fresh ones.
+KEEPS_ALL = {"plain", "noop", "sparkdelta"}
+
+
+def wrong_outputs(entries: list[Contender], n: int, sent: dict[str, int]) -> list[str]:
+    """Each measured run whose output did not hold what the topic's records make: all ``n`` for
+    the sinks that keep every record, ``sent["fresh"]`` for the deduplicating ones."""
+    wrong = []
+    for c in entries:
+        expected, what = (n, "every record") if c.key in KEEPS_ALL else (sent["fresh"], "fresh")
+        for r, got in enumerate(c.outputs):
+            if found := world.wrong_rows(f"{c.label}, round {r + 1},", got, expected, what):
+                forged = c.last.extra.get("forged_reasons") if c.last is not None else None
+                wrong.append(found + (f"; forged: {forged}" if forged else ""))
+    return wrong
 
 
 def _parquet_rows(out: str, progress: list[dict[str, Any]]) -> Outcome:
     del progress
-    return Outcome(ds.dataset(out, format="parquet").count_rows())
+    return Outcome(world.written_rows("parquet", out))
 
 
 def _dedup_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
     at, mid = _at_million(progress)
     return Outcome(
-        ds.dataset(out, format="parquet").count_rows(),
+        world.written_rows("parquet", out),
         _store_bytes(mid),
         _store_bytes(progress[-1]),
         at,
@@ -137,11 +152,12 @@ def _pidfence_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
     mid_bytes, mid_files = _chain_bytes(out, int(mid["batchId"]))
     end_bytes, end_files = _chain_bytes(out, int(progress[-1]["batchId"]))
     return Outcome(
-        summary.appended,
+        world.written_rows("pidfence", out),
         mid_bytes,
         end_bytes,
         at,
         {
+            "appended_by_account": summary.appended,
             "dropped": dict(summary.dropped),
             "forged_reasons": dict(summary.forged),
             "state_files_at_1M": mid_files,
@@ -153,7 +169,7 @@ def _pidfence_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
 
 def _noop_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
     del progress
-    return Outcome(noop.rows_written(Path(out)))
+    return Outcome(world.written_rows("pidfence_bench_noop", out))
 
 
 def delta_spark_jars() -> list[Path]:
@@ -214,9 +230,7 @@ def contenders(bootstrap: str, topic: str, per_trigger: int, public_key: Path) -
 
         def delta_rows(out: str, progress: list[dict[str, Any]]) -> Outcome:
             del progress
-            from deltalake import DeltaTable
-
-            return Outcome(int(DeltaTable(out).to_pyarrow_dataset().count_rows()))
+            return Outcome(world.written_rows("delta", out))
 
         rows.append(
             Contender("sparkdelta", "(s) Spark Delta sink, no dedup", writer("delta"), delta_rows)
@@ -247,6 +261,7 @@ def measure(c: Contender, spark: Any, out: str) -> None:
     outcome = c.outcome(out, query_progress)
     c.times.append(seconds)
     c.phases.append(_phase_sums(query_progress))
+    c.outputs.append(outcome.rows_out)
     c.last = outcome
 
 
@@ -269,13 +284,3 @@ def median_phases(rounds: list[dict[str, int]]) -> dict[str, float]:
 def warm(c: Contender, spark: Any, out: str) -> None:
     """Run ``c`` once, unmeasured (JVM, JIT and Python workers warm)."""
     _run(c.build(spark, out, f"{out}-ckpt"))
-
-
-def attempt(c: Contender, step: Callable[..., None], *args: Any) -> None:
-    """``step(*args)`` for ``c``; an optional contender's failure is recorded, ending its runs."""
-    try:
-        step(*args)
-    except Exception as exc:
-        if not c.optional:
-            raise
-        c.failed = " ".join(str(exc).split())[:400]

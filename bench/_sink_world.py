@@ -3,6 +3,8 @@
 ``pidfence bench sink`` (and its s3 and standalone64 modes), ``sink_small`` and ``sink_aged`` fill
 their raw topics with :func:`fill_topic`: 1k producers, 5% resends, pre-encoded ``pf`` headers and,
 with a signer, a signed ``pfc`` certificate on each producer's first record in its partition.
+What a query wrote is counted with :func:`written_rows` and held against what was sent: every
+record for the sinks that keep all, the fresh ones (:func:`fresh_before`) for the deduplicating.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from pidfence.benchkit import load_bench
+from pidfence.benchkit import BadBenchSetting, load_bench
 from pidfence.wire import encode_pf
 
 HERE = Path(__file__).resolve().parent
@@ -37,7 +39,7 @@ def env_int(name: str, default: int) -> int:
     """The positive integer in environment variable ``name``, else ``default``.
 
     Raises:
-        ValueError: set to something else.
+        BadBenchSetting: set to something else.
     """
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
@@ -45,9 +47,9 @@ def env_int(name: str, default: int) -> int:
     try:
         value = int(raw.replace("_", ""))
     except ValueError:
-        raise ValueError(f"{name}={raw!r} must be a positive integer") from None
+        raise BadBenchSetting(f"{name}={raw!r} must be a positive integer") from None
     if value < 1:
-        raise ValueError(f"{name}={raw!r} must be a positive integer")
+        raise BadBenchSetting(f"{name}={raw!r} must be a positive integer")
     return value
 
 
@@ -112,6 +114,21 @@ def kafka_df(spark: Any, bootstrap: str, topic: str, per_trigger: int) -> Any:
     )
 
 
+def _records(n: int, seed: int) -> Iterator[tuple[int, int, bool, bool]]:
+    """The records :func:`fill_topic` sends, in order: (pid, seq, resent, certified)."""
+    rng = random.Random(seed)
+    pids = np.random.default_rng(seed).integers(1, PIDS + 1, size=n).tolist()
+    next_seq = [0] * (PIDS + 1)
+    for pid in pids:
+        resent = bool(next_seq[pid]) and rng.random() < DUP_RATE
+        if resent:
+            seq = next_seq[pid] - 1 - rng.randrange(min(3, next_seq[pid]))
+        else:
+            seq = next_seq[pid]
+            next_seq[pid] += 1
+        yield pid, seq, resent, seq == 0 and next_seq[pid] == 1
+
+
 def fill_topic(
     bootstrap: str,
     topic: str,
@@ -128,9 +145,6 @@ def fill_topic(
     """
     from confluent_kafka import Producer
 
-    rng = random.Random(seed)
-    pids = np.random.default_rng(seed).integers(1, PIDS + 1, size=n).tolist()
-    next_seq = [0] * (PIDS + 1)
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -149,16 +163,11 @@ def fill_topic(
     )
     resent = certified = 0
     produce = producer.produce
-    for pid in pids:
-        if next_seq[pid] and rng.random() < DUP_RATE:
-            seq = next_seq[pid] - 1 - rng.randrange(min(3, next_seq[pid]))
-            resent += 1
-        else:
-            seq = next_seq[pid]
-            next_seq[pid] += 1
+    for pid, seq, again, first in _records(n, seed):
+        resent += again
         key = b"%d:%d" % (pid, seq)
         headers: list[tuple[str, str | bytes | None]] = [("pf", encode_pf(pid, GENERATION, seq))]
-        if sign is not None and seq == 0 and next_seq[pid] == 1:
+        if sign is not None and first:
             headers.append(("pfc", sign(topic, pid % partitions, pid, GENERATION, seq)))
             certified += 1
         while True:
@@ -170,6 +179,57 @@ def fill_topic(
     if producer.flush(300):
         raise RuntimeError("the raw topic was not fully written")
     return {"fresh": n - resent, "resent": resent, "certified": certified}
+
+
+def fresh_before(n: int, partitions: int, seed: int = 1) -> list[list[int]]:
+    """Per partition of a topic :func:`fill_topic` wrote (one producer, in order, from offset 0):
+    ``counts[p][k]`` is how many of its first ``k`` records are fresh (not resent)."""
+    counts = [[0] for _ in range(partitions)]
+    for pid, _, resent, _ in _records(n, seed):
+        made = counts[pid % partitions]
+        made.append(made[-1] + (not resent))
+    return counts
+
+
+def written_rows(fmt: str, out: str) -> int:
+    """Rows a query of ``format(fmt)`` wrote at ``out``, as a reader counts them: the Parquet
+    files' or Spark's Delta table's rows, the pidfence sink's log table by its Delta log (which a
+    month-old output of ``sink_aged`` keeps without every data file), or the per-batch counts of
+    the no-op writer (which writes nothing else)."""
+    if fmt == "parquet":
+        import pyarrow.dataset as ds
+
+        return int(ds.dataset(out, format="parquet").count_rows())
+    if fmt == "pidfence_bench_noop":  # one ``BATCH.rows`` file per batch, its row count
+        return sum(int(p.read_text()) for p in Path(out).glob("*.rows"))
+    if fmt == "pidfence":  # the log table's files by their Delta add actions' record counts
+        import pyarrow as pa
+        from deltalake.exceptions import TableNotFoundError
+
+        from pidfence.spark_sink.delta.table import open_table
+
+        try:
+            table = open_table(out, "log", create=False, reading=True)
+        except TableNotFoundError:
+            return 0  # no batch committed
+        files = pa.table(table.get_add_actions())
+        counts = files.column("num_records")
+        if counts.null_count:
+            raise RuntimeError(f"{out}: {counts.null_count} log files without a record count")
+        return int(sum(counts.to_pylist()))
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        return int(DeltaTable(out).to_pyarrow_dataset().count_rows())
+    raise ValueError(f"no row count for format {fmt!r}")
+
+
+def wrong_rows(label: str, got: int, expected: int, what: str) -> str | None:
+    """The failure of a contender that wrote ``got`` rows where ``expected`` were due (None: it
+    wrote them all, no more)."""
+    if got == expected:
+        return None
+    return f"{label} wrote {got:,} rows, expected {expected:,} ({what})"
 
 
 def signer(key_dir: Path) -> tuple[Path, Callable[[str, int, int, int, int], bytes]]:

@@ -44,6 +44,8 @@ CHECKPOINT_EVERY = 500
 SESSION_S = 10
 RATE = 1000.0
 RECORDS_ENV = "PIDFENCE_BENCH_RECORDS"
+#: The longest a wait for the group's commits may take (the full run's copy takes ~30 s).
+WAIT_S = 600.0
 MEMBER_ARGS = (
     "--idle-exit",
     "3",
@@ -91,6 +93,28 @@ class Commits:
         self._reader.close()
 
 
+def still_copying(group: Any, members: list[str], copied: int, due: int, deadline: float) -> None:
+    """Raise unless every one of ``members`` (each member's current instance) still runs and
+    ``deadline`` (monotonic) has not passed, ``copied`` of ``due`` records committed so far."""
+    if ended := [m for m in members if not group.current(m).running]:
+        tails = "\n".join(group.current(m).tail(8) for m in ended)
+        raise RuntimeError(
+            f"member {', '.join(ended)} ended at {copied} of {due} committed:\n{tails}"
+        )
+    if time.monotonic() > deadline:
+        raise RuntimeError(
+            f"{copied} of {due} records committed after {WAIT_S:g} s: the group hangs"
+        )
+
+
+def wait_committed(commits: Commits, group: Any, members: list[str], due: int) -> None:
+    """Wait until the group has committed ``due`` input records, ``members`` running all along."""
+    deadline = time.monotonic() + WAIT_S
+    while (copied := commits.copied()) < due:
+        still_copying(group, members, copied, due, deadline)
+        time.sleep(0.2)
+
+
 def _throughput(
     bootstrap: str, lease: str, source: str, total: int, members: int, folder: Path
 ) -> dict[str, Any]:
@@ -100,6 +124,7 @@ def _throughput(
     )
     commits = Commits(bootstrap, group.group, source)
     started = time.monotonic()
+    deadline = started + WAIT_S
     first = done = 0.0
     base = 0
     try:
@@ -116,6 +141,8 @@ def _throughput(
             if not running:
                 tails = "\n".join(w.tail(8) for w in group.workers)
                 raise RuntimeError(f"members ended at {copied} of {total} committed:\n{tails}")
+            if now > deadline:
+                raise RuntimeError(f"{copied} of {total} committed after {WAIT_S:g} s: hangs")
             time.sleep(0.1)
         codes = wait_all(group, 120)
     finally:
@@ -180,8 +207,7 @@ def _takeover(bootstrap: str, lease: str, folder: Path, how: str) -> dict[str, A
     try:
         group.start("a")
         group.start("b")
-        while commits.copied() < 4 * CHECKPOINT_EVERY:
-            time.sleep(0.2)
+        wait_committed(commits, group, ["a", "b"], 4 * CHECKPOINT_EVERY)
         time.sleep(3.0)  # both members copying in a settled group
         stopped_ms = time.time_ns() // 1_000_000
         if how == "kill":

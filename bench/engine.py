@@ -105,7 +105,8 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     seen, t_naive = _timed(lambda: naive(n))
     progress.advance(task)
     progress.update(task, description="state sizes")
-    assert table_seq == table_batch, "batch path diverged from offer"
+    if table_seq != table_batch:
+        raise RuntimeError("the batch path's state diverged from offer_header's")
     appended = sum(
         1
         for d in ProducerStateTable(PIDS * 2, 86_400_000).offer_batch(arrow, ts).verdicts()

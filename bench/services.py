@@ -36,7 +36,8 @@ _SPARK_PROBE = textwrap.dedent(
     started = time.perf_counter()
     from pidfence.services import spark_session
     spark = spark_session(master="local[2]", conf={"spark.local.dir": sys.argv[1]})
-    assert spark.range(10).count() == 10
+    if (counted := spark.range(10).count()) != 10:
+        raise RuntimeError(f"the Spark session counted {counted} of 10 rows")
     print(json.dumps({"ready_s": time.perf_counter() - started}))
     spark.stop()
     """

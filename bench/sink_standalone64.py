@@ -3,7 +3,8 @@
 The same raw topic shape and contenders as ``pidfence bench sink`` (see there), over 64 Kafka
 partitions, read by a Spark standalone cluster of one master and two one-core workers that the
 bench starts and stops (the driver runs in this process). Its own bench name keeps its figures in
-``bench/results/sink_standalone64.json``, beside rather than over the local run's.
+``bench/results/sink_standalone64.json`` (``sink_standalone64-quick.json`` for ``--quick`` or with
+settings), beside rather than over the local run's.
 """
 
 from __future__ import annotations

@@ -14,7 +14,11 @@ duration, ``PIDFENCE_SOAK_OUT`` keeps the run's files (default: a temporary fold
 The figures: per process tree (found from the pids started here, never by name) its RSS over time,
 the per-batch time from the query progress, the bytes under the output's ``_state``; each as
 first/last/min/max and the least-squares slope per 10 minutes over the run and over its second
-half. The plot goes to ``bench/results/soak.png`` (``soak-quick.png`` for ``--quick``).
+half. The plot goes to ``bench/results/soak.png`` (``soak-quick.png`` for ``--quick`` or a
+``PIDFENCE_SOAK_MINUTES`` run, whose figures go to ``soak-quick.json``).
+
+The run fails (exit 1, figures written) on any anomaly, any unexpected process exit, or a fault
+its schedule starts that never happened: a soak whose faults did not fire proves nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 from rich.progress import Progress
 
-from pidfence.benchkit import BenchReport
+from pidfence.benchkit import BenchReport, partial_run
 from pidfence.demo.soak import SoakResult, run_soak
 from pidfence.demo.soak.config import SoakConfig, config_from_env
 from pidfence.demo.soak.figures import batch_time_stats, figure_rows
@@ -37,7 +41,7 @@ WARMUP_S = 120.0
 
 def run(quick: bool, progress: Progress) -> BenchReport:
     """Run the soak (starts and stops its own ZooKeeper, Kafka, lease servers and Spark)."""
-    plot = RESULTS / ("soak-quick.png" if quick else "soak.png")
+    plot = RESULTS / ("soak-quick.png" if partial_run(quick) else "soak.png")
     return soak_bench(config_from_env(quick, plot), progress)
 
 
@@ -64,6 +68,7 @@ def soak_bench(config: SoakConfig, progress: Progress) -> BenchReport:
             f"{config.rate:g}/s, trigger {config.trigger_s:g} s, faults every "
             f"{config.fault_every_s / 60:g} min{_sink_mode(config)}",
         )
+    misses = soak_misses(result, config)
     return BenchReport(
         title=(
             f"soak: {config.minutes:g} min, {config.producers} producers at {config.rate:g}/s, "
@@ -72,9 +77,8 @@ def soak_bench(config: SoakConfig, progress: Progress) -> BenchReport:
         ),
         columns=list(rows[0]) if rows else ["series"],
         rows=rows,
-        failed=None if result.ok else f"anomalies {result.anomalies} (zero required)",
         params={
-            "ok": result.ok,
+            "ok": not misses,
             "minutes": config.minutes,
             "producers": config.producers,
             "rate_per_producer": config.rate,
@@ -91,6 +95,7 @@ def soak_bench(config: SoakConfig, progress: Progress) -> BenchReport:
             "examples": result.examples,
             "counts": result.counts,
             "verdicts": result.verdicts,
+            "faults_configured": configured_faults(config),
             "faults_happened": dict(result.faults_happened),
             "failures": result.failures,
             "batch_time": stats,
@@ -101,7 +106,40 @@ def soak_bench(config: SoakConfig, progress: Progress) -> BenchReport:
             "faults": result.faults,
         },
         notes=_notes(result, rows, stats, warmup),
-    )
+    ).check(misses, "passed: zero anomalies, no unexpected exit, every configured fault happened")
+
+
+def configured_faults(config: SoakConfig) -> list[str]:
+    """The faults the run's schedule starts at least once (``pidfence.demo.soak.run``): a round
+    of producer faults at ``first_fault_s`` and every ``fault_every_s`` after, a sink restart
+    halfway between rounds (SIGTERM, then a crash, alternately), none later than a lease
+    lifetime plus 15 s before the end."""
+    last_start = config.seconds - config.lease_lifetime_s - 15.0
+    faults = []
+    if config.first_fault_s <= last_start:
+        faults += ["kill", "zombie", "lease-zombie"]
+    first_sink = config.first_fault_s + config.fault_every_s / 2
+    if config.sink_restarts and first_sink <= last_start:
+        faults.append("sink-restart")
+        if first_sink + config.fault_every_s <= last_start:
+            faults.append("sink-crash")
+    return faults
+
+
+def soak_misses(result: SoakResult, config: SoakConfig) -> list[str]:
+    """Why the soak failed, each reason named: anomalies, unexpected exits, and configured faults
+    that never happened (empty: it passed)."""
+    misses = []
+    if bad := {k: v for k, v in result.anomalies.items() if v}:
+        misses.append(f"anomalies {bad} (zero required)")
+    if result.failures:
+        misses.append(f"unexpected exits: {'; '.join(result.failures)}")
+    if never := [f for f in configured_faults(config) if not result.faults_happened.get(f)]:
+        misses.append(
+            f"configured faults that never happened: {', '.join(never)} (each must happen at "
+            f"least once; happened: {dict(result.faults_happened) or 'none'})"
+        )
+    return misses
 
 
 def _sink_mode(config: SoakConfig) -> str:

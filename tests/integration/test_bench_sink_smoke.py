@@ -40,3 +40,8 @@ def test_sink_bench_runs_every_contender_on_tiny_sizes(tmp_path: Path) -> None:
     ratios = written["params"]["ratios"]
     assert {"pidfence_vs_plain", "verify_on_vs_off", "pidfence_share_of_noop_writer"} <= set(ratios)
     assert any(note.startswith("load average") for note in written["notes"])
+    # The bench's own check of every measured run's output passed (it fails the run otherwise).
+    assert written["failed"] is None
+    assert (
+        "output rows: every measured run wrote every record, or the fresh ones" in written["notes"]
+    )
