@@ -18,10 +18,12 @@ from pidfence.spark_sink.fold import (
     _merge,
     _put_segment,
     add_segment,
+    folded_manifest,
     listing,
     segment_stem,
     segments,
 )
+from pidfence.spark_sink.manifest import BatchManifest, Totals
 from pidfence.spark_sink.storage import Store
 
 FOLD = 64  # batches per fold (the index period)
@@ -94,3 +96,29 @@ def test_an_output_folded_before_the_numbered_lists_reads_its_segments(tmp_path:
     now = add_segment(own, 0, listing(own), (64, 127), [], [])
     assert now is not None and now.number == 0
     assert segments(own) == [(0, 63), (64, 127)]
+
+
+def test_folded_lookups_list_the_folder_once_and_follow_a_merge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own = Store.at(str(tmp_path))
+    listed = Listing(-1, [])
+    for seg in folds(3):
+        manifests = [BatchManifest(b, "q", (), Totals()) for b in range(seg.first, seg.last + 1)]
+        now = add_segment(own, 0, listed, (seg.first, seg.last), manifests, [])
+        assert now is not None
+        listed = now
+    lists: list[str] = []
+    real_list = Store.list
+    monkeypatch.setattr(Store, "list", lambda s, p: lists.append(p) or real_list(s, p))
+    for batch in range(0, 192, 7):
+        found = folded_manifest(own, batch)
+        assert found is not None and found.batch == batch
+    assert len(lists) <= 1, lists  # one listing serves every lookup of a batch it holds
+    # Another fold merges the three segments with a fourth and deletes them: lookups follow.
+    merged = [BatchManifest(b, "q", (), Totals()) for b in range(192, 256)]
+    assert add_segment(own, 0, listing(own), (192, 255), merged, []) is not None
+    assert not (tmp_path / (segment_stem(listed.segments[0]) + ".json")).exists()
+    found = folded_manifest(own, 5)
+    assert found is not None and found.batch == 5
+    assert folded_manifest(own, 256) is None

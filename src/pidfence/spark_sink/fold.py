@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator
-from typing import Final, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Final, NamedTuple, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,6 +47,7 @@ MERGE: Final = 4
 WIDEST: Final = 4096
 
 Span = tuple[int, int]
+T = TypeVar("T")
 #: Where lists of segments were kept before they were numbered: read while no numbered list exists.
 OLD_LIST: Final = f"{FOLDED}/segments.json"
 
@@ -121,14 +122,34 @@ def _manifests(store: Store, seg: Segment) -> dict[int, BatchManifest]:
     return _SEEN[path]
 
 
-def _holding(store: Store, batch_id: int) -> Segment | None:
-    return next((s for s in listing(store).segments if s.first <= batch_id <= s.last), None)
+#: The newest list each output's readers saw, by folder: a lookup lists the folder again only
+#: for a batch beyond it, or when a segment it names was merged away since.
+_LISTED: dict[str, Listing] = {}
+
+
+def _holding(store: Store, batch_id: int, fresh: bool = False) -> Segment | None:
+    listed = _LISTED.get(store.root)
+    if fresh or listed is None or not listed.segments or batch_id > listed.segments[-1].last:
+        listed = _LISTED[store.root] = listing(store)  # once folded, a batch stays folded
+    return next((s for s in listed.segments if s.first <= batch_id <= s.last), None)
+
+
+def _in_segment(store: Store, batch_id: int, read: Callable[[Segment], T]) -> T | None:
+    """``read`` of the segment holding ``batch_id`` (None: not folded)."""
+    seg = _holding(store, batch_id)
+    if seg is None:
+        return None
+    try:
+        return read(seg)
+    except FileNotFoundError:  # merged into a wider segment since the list was read
+        seg = _holding(store, batch_id, fresh=True)
+        return None if seg is None else read(seg)
 
 
 def folded_manifest(store: Store, batch_id: int) -> BatchManifest | None:
     """A folded batch's manifest (None: not folded)."""
-    seg = _holding(store, batch_id)
-    return None if seg is None else _manifests(store, seg).get(batch_id)
+    found = _in_segment(store, batch_id, lambda seg: _manifests(store, seg))
+    return None if found is None else found.get(batch_id)
 
 
 def folded_manifests(store: Store, after: int) -> Iterator[BatchManifest]:
@@ -141,19 +162,22 @@ def folded_manifests(store: Store, after: int) -> Iterator[BatchManifest]:
 
 def folded_decided(store: Store, batch_id: int, part: PartCommit) -> pa.Table | None:
     """A folded part's decisions (None: the part decided nothing, or is not folded)."""
-    seg = _holding(store, batch_id)
-    if seg is None:
+
+    def read(seg: Segment) -> pa.Table:
+        return pq.read_table(
+            store.join(segment_stem(seg) + ".parquet"),
+            filesystem=store.fs,
+            filters=[
+                ("batch", "=", batch_id),
+                ("topic", "=", part.topic),
+                ("partition", "=", part.partition),
+            ],
+        )
+
+    rows = _in_segment(store, batch_id, read)
+    if rows is None or not rows.num_rows:
         return None
-    rows = pq.read_table(
-        store.join(segment_stem(seg) + ".parquet"),
-        filesystem=store.fs,
-        filters=[
-            ("batch", "=", batch_id),
-            ("topic", "=", part.topic),
-            ("partition", "=", part.partition),
-        ],
-    )
-    return rows.drop_columns(["batch", "topic", "partition"]) if rows.num_rows else None
+    return rows.drop_columns(["batch", "topic", "partition"])
 
 
 def add_segment(
