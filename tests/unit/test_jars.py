@@ -7,6 +7,7 @@ The real resolution (Ivy against a Maven repository, checksums) is in
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -18,6 +19,7 @@ import pytest
 from pidfence import jars
 from pidfence.cli.exits import EXIT_UNAVAILABLE, code_of
 from pidfence.jars import cache as jar_cache
+from pidfence.jars import ivy as jars_ivy
 from pidfence.jars.ivy import REPOSITORY_ENV, _proxy_options, ivy_jar, ivy_module
 from pidfence.spark_sink import configure, packages
 
@@ -243,6 +245,32 @@ def test_proxies_reach_java_with_their_ports_and_exceptions(
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:80a")
     with pytest.raises(jars.FetchFailed, match=r"HTTPS_PROXY=http://proxy\.example:80a"):
         _proxy_options()
+
+
+def test_proxy_credentials_reach_ivy_in_a_file_only_its_user_reads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://me%40corp:p%40ss%22w@proxy.example:3128")
+    options = _proxy_options()
+    assert "-Dhttp.proxyUser=me@corp" in options  # what Ivy's authenticator reads
+    assert '-Dhttp.proxyPassword=p@ss"w' in options
+    assert "-Djdk.http.auth.tunneling.disabledSchemes=" in options  # Basic through a tunnel
+    seen: list[list[str]] = []
+
+    def java(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        seen.append(cmd)
+        argfile = Path(next(a for a in cmd if a.startswith("@"))[1:])
+        assert argfile.stat().st_mode & 0o077 == 0
+        assert '"-Dhttp.proxyPassword=p@ss\\"w"' in argfile.read_text()
+        return subprocess.CompletedProcess(cmd, 1, "", "FAILED: stop here")
+
+    monkeypatch.setattr(subprocess, "run", java)
+    monkeypatch.setattr(jars_ivy, "ivy_jar", lambda cache: tmp_path / "ivy.jar")
+    with pytest.raises(jars.FetchFailed):
+        jars_ivy.resolve("lib", [LIB], [], tmp_path / "into", tmp_path)
+    assert seen and not any("p@ss" in arg for arg in seen[0])  # never on the command line
 
 
 def test_a_repository_that_is_no_url_names_the_setting(

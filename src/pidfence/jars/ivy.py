@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 from xml.sax.saxutils import quoteattr
 
 from pidfence.jars.errors import FetchFailed, MissingTool
@@ -138,8 +138,10 @@ def ivy_jar(cache: Path) -> Path:
 
 def _proxy_options() -> list[str]:
     """Java ignores ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``; pass them as its system
-    properties. (A proxy's ``user:password@`` is not passed: Java takes proxy credentials only
-    from an ``Authenticator``.)"""
+    properties. A proxy's ``user:password@`` becomes ``http.proxyUser``/``http.proxyPassword``,
+    which Ivy's authenticator answers a proxy's challenge with (Basic included, which the JDK
+    refuses for HTTPS tunnels unless told otherwise). They hold a secret: :func:`resolve`
+    hands them to Java in an argument file only its user can read, never on the command line."""
     options = []
     for scheme in ("https", "http"):
         name = f"{scheme.upper()}_PROXY"
@@ -153,12 +155,25 @@ def _proxy_options() -> list[str]:
             raise FetchFailed(f"{name}={value} is not a proxy URL ({exc})") from exc
         if proxy.hostname:
             options += [f"-D{scheme}.proxyHost={proxy.hostname}", f"-D{scheme}.proxyPort={port}"]
+        if proxy.hostname and proxy.username is not None and not any("User=" in o for o in options):
+            user, password = unquote(proxy.username), unquote(proxy.password or "")
+            options += [f"-D{p}.proxyUser={user}" for p in ("http", "https")]
+            options += [f"-D{p}.proxyPassword={password}" for p in ("http", "https")]
+            options.append("-Djdk.http.auth.tunneling.disabledSchemes=")
     if hosts := os.environ.get("no_proxy") or os.environ.get("NO_PROXY"):
         # curl's ``a.com,.b.com`` is Java's ``a.com|*.b.com``.
         names = [h.strip() for h in hosts.split(",") if h.strip()]
         java_names = "|".join(f"*{h}" if h.startswith(".") else h for h in names)
         options.append(f"-Dhttp.nonProxyHosts={java_names}")
     return options
+
+
+def _argument_file(path: Path, options: list[str]) -> Path:
+    """``options`` in a Java argument file (``java @FILE``) that only this user can read."""
+    quoted = ('"' + o.replace("\\", "\\\\").replace('"', '\\"') + '"' for o in options)
+    path.touch(mode=0o600)
+    path.write_text("\n".join(quoted) + "\n")
+    return path
 
 
 def _reason(output: str) -> str:
@@ -187,7 +202,7 @@ def resolve(
             # A resolver lives seconds: C1 and the serial collector cost it ~20% less CPU.
             "-XX:TieredStopAtLevel=1",
             "-XX:+UseSerialGC",
-            *_proxy_options(),
+            f"@{_argument_file(work / 'proxy.args', _proxy_options())}",
             "-Dsun.net.client.defaultConnectTimeout=30000",
             "-Dsun.net.client.defaultReadTimeout=120000",
             "-jar",
