@@ -335,6 +335,36 @@ def test_manifest_index_gives_the_same_positions_as_the_manifests(tmp_path: Path
     assert layout.positions(INDEX_EVERY + 4) == indexed
 
 
+def test_an_index_pointer_moved_back_costs_no_walk_from_batch_zero(tmp_path: Path) -> None:
+    """``latest`` is replaced, not compared-and-set: an instance stalled since batch 0's index
+    may point it back after the owner deleted that index (it keeps two). Positions then come
+    from the index of the batch's own period, not from every manifest since batch 0."""
+    from pidfence.spark_sink import output as output_mod
+    from pidfence.spark_sink.output import INDEX_EVERY
+
+    recs = records_of(make_stream(random.Random(9), StreamKnobs(pids=2, records=300)))
+    w = PidfenceStreamWriter(options(tmp_path))
+    last = 2 * INDEX_EVERY + 8
+    for batch in range(last + 1):
+        run_batch(w, batch, recs[batch * 2 : batch * 2 + 2])
+    index = tmp_path / OWN_DIR / "_manifests" / "_index"
+    assert not (index / f"{0:020d}.json").exists()  # the owner keeps two indexes
+    out = Output(w.options.path, w.options.rejects_path, QUERY_A)
+    expected = out.positions(last)
+    (index / "latest").write_text("0")  # the stalled instance's late write
+    output_mod._KNOWN.clear()
+    read: list[int] = []
+    committed = out.committed
+
+    def counted(batch_id: int) -> Any:
+        read.append(batch_id)
+        return committed(batch_id)
+
+    with mock.patch.object(out, "committed", side_effect=counted):
+        assert out.positions(last) == expected
+    assert len(read) <= INDEX_EVERY, read
+
+
 def test_signed_generations_through_the_sink(tmp_path: Path) -> None:
     """Issue 13: an attacker's FENCE for a live pid (no pfc, pfc of another key) and fresh pids
     (same two ways) are FORGED; every record of the legit producer is appended in order."""

@@ -430,13 +430,12 @@ class Output:
             latest = int(self.own.read(self.own.join(INDEX, "latest")).decode())
         except (FileNotFoundError, ValueError):
             latest = -1
-        if latest > last:
-            # The index moved past the batch asked about (a reader of history): step back.
-            latest = (last // INDEX_EVERY) * INDEX_EVERY
-        while latest >= 0:
+        own_period = (last // INDEX_EVERY) * INDEX_EVERY
+        # ``latest`` past ``last``: a reader of history steps back. Below ``last``'s own period:
+        # a stalled instance may have moved it back (it is replaced, not compared-and-set).
+        for at in dict.fromkeys([own_period, *range(min(latest, own_period), -1, -INDEX_EVERY)]):
             with contextlib.suppress(FileNotFoundError):
-                return latest, decode_positions(self.own.read(self._index_path(latest)))
-            latest -= INDEX_EVERY
+                return at, decode_positions(self.own.read(self._index_path(at)))
         return -1, {}
 
     def positions(self, last: int) -> dict[str, Position]:
