@@ -39,7 +39,7 @@ from deltalake import DeltaTable
 
 from pidfence.spark_sink import owner
 from pidfence.spark_sink.delta.checkpoints import checkpoint_interval, last_checkpoint
-from pidfence.spark_sink.fold import LISTS, MERGE, Segment, segment_stem, with_place
+from pidfence.spark_sink.fold import LISTS, MERGE, WIDEST, Segment, segment_stem, with_place
 from pidfence.spark_sink.manifest import (
     KINDS,
     BatchManifest,
@@ -70,7 +70,8 @@ def retention_s(dt: DeltaTable) -> int:
 
 def fold_spans(last: int, retain: int = RETAIN) -> list[tuple[int, int]]:
     """The folded segments' spans after batch ``last`` (fold.py's rule: every INDEX_EVERY
-    batches, fold up to ``batch - retain``; runs of MERGE equal widths merge)."""
+    batches, fold up to ``batch - retain``; runs of MERGE equal widths merge, up to WIDEST
+    batches)."""
     spans: list[tuple[int, int]] = []
     for at in range(INDEX_EVERY, last + 1, INDEX_EVERY):
         first = spans[-1][1] + 1 if spans else 0
@@ -79,7 +80,7 @@ def fold_spans(last: int, retain: int = RETAIN) -> list[tuple[int, int]]:
         spans.append((first, at - retain))
         while len(spans) >= MERGE:
             tail = spans[-MERGE:]
-            if len({b - a for a, b in tail}) != 1:
+            if len({b - a for a, b in tail}) != 1 or tail[-1][1] - tail[0][0] + 1 > WIDEST:
                 break
             spans[-MERGE:] = [(tail[0][0], tail[-1][1])]
     return spans

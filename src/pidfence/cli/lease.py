@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from pidfence import durations
 from pidfence.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE, code_of, fail
@@ -70,7 +71,8 @@ def health(address: str, tls_ca: Path | None, timeout_s: float) -> int:
 
 
 def _parameter(item: Setting) -> inspect.Parameter:
-    help_text = f"{item.help} (default {default_text(item)}; env {env_name(item)})"
+    # Escaped: rich would read ``pidfence[fast]`` as markup and print ``pidfence``.
+    help_text = escape(f"{item.help} (default {default_text(item)}; env {env_name(item)})")
     kind: Any = bool | None if item.kind == "flag" else str | None
     annotation = Annotated[kind, typer.Option(flag(item), help=help_text, show_default=False)]
     return inspect.Parameter(

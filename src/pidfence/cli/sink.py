@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         output: Annotated[
             str | None,
-            typer.Option(help="Output log path (local or a pyarrow.fs URI) (required)"),
+            typer.Option(help="Output log path (local, or s3://BUCKET/PATH) (required)"),
         ] = None,
         checkpoint: Annotated[
             str | None, typer.Option(help="Spark checkpoint location (required)")

@@ -288,7 +288,7 @@ def options_table() -> str:
     rows = [
         "| option | default | meaning |",
         "|---|---|---|",
-        "| `path` | required | root of the output log: a local path or a `pyarrow.fs` URI |",
+        "| `path` | required | root of the output log: a local path or an `s3://` (`s3a://`) URI |",
         "| `rejectsPath` | `<path>/_rejects` | root of the rejects log |",
     ]
     for f in fields(SinkOptions):

@@ -4,8 +4,8 @@ A table with no checkpoint makes every reader replay its JSON commits from versi
 writes one whenever the newest is ``delta.checkpointInterval`` versions old (Delta Lake's
 default, 10, unless the table sets another; delta-rs alone would wait 100), whoever wrote the
 commits in between, and then removes log files older than the table's
-``delta.logRetentionDuration`` (30 days by default) unless ``delta.enableExpiredLogCleanup`` is
-``false``, as Delta's own writers do.
+``delta.logRetentionDuration`` (Delta's default 30 days; the tables the sink creates: 1 hour)
+unless ``delta.enableExpiredLogCleanup`` is ``false``, as Delta's own writers do.
 """
 
 from __future__ import annotations
