@@ -122,6 +122,23 @@ def test_case_2_records_before_the_next_generations_fence_are_adopted() -> None:
     assert gap_tuples(table.gaps) == [(7, 1, 0, 9, 0, "head")]
 
 
+def test_a_known_producer_behind_the_authority_is_not_appended_by_the_batch_path() -> None:
+    """Pid 7 wrote seqs 0..2 at generation 0, then offsets were lost (the horizon opens) and the
+    authority says generation 1 is live: pid 7's next record at generation 0 may be a zombie's
+    and must wait for the log to show where it stands, on the batch path as on the strict one
+    (the batch path's fast lane skipped the confirmation and appended it)."""
+    one, batched = (sink_table(live(7, 1)) for _ in range(2))
+    for table in (one, batched):
+        for seq in range(3):
+            assert [d.verdict for d in table.offer(7, 0, seq, 1_000 + seq)] == [A]
+        table.open_horizon(2_000)
+    strict = [d.verdict for d in one.offer(7, 0, 3, 2_000)]
+    assert strict == [B]
+    assert batched.offer_batch([encode_pf(7, 0, 3)], np.array([2_000], np.int64)).verdicts() == [
+        v.value for v in strict
+    ]
+
+
 def test_case_3_an_expired_pid_is_not_adopted_again() -> None:
     """A pid whose entry expired while the sink ran, met again at seq > 0 inside a horizon.
     Was: adopted, and its re-sends of appended seqs appended a second time."""

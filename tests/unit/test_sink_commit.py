@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from deltalake import DeltaTable
 
 from pidfence.spark_sink import SplitPartitionError, read_log, read_rejects
 from pidfence.spark_sink import output as output_mod
@@ -131,6 +132,43 @@ def test_an_intent_naming_a_file_that_is_gone_is_replaced_by_the_rerun(
     w.commit([_write(monkeypatch, w, 1, kafka_rows(chunks[1]))], 1)
     expected, _ = reference(records, capacity=64, lifetime_ms=10_000_000, reorder_window=3)
     assert read_log(str(tmp_path))["offset"].to_pylist() == expected
+
+
+def test_a_rerun_commits_the_intent_it_finds_whole_and_the_rejects_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver died after the batch's manifest (its intent), before any Delta commit. The
+    rerun commits the files the intent names, not its own: a twin driver, or an attempt that
+    decided otherwise (another authority answer), must never make a batch mean two things.
+    The rejects table commits before the log table, whose commit is the batch's."""
+    records = make_stream(4, 120)
+    chunks = micro_batches(records, 60)
+    w = _committed(monkeypatch, tmp_path, chunks[:1])
+    first = _write(monkeypatch, w, 1, kafka_rows(chunks[1]))
+
+    def driver_dies(*args: Any, **kwargs: Any) -> bool:
+        raise OSError("driver died")
+
+    monkeypatch.setattr(output_mod, "commit_files", driver_dies)
+    with pytest.raises(OSError, match="driver died"):
+        w.commit([first], 1)
+    monkeypatch.undo()
+    second = _write(monkeypatch, w, 1, kafka_rows(chunks[1]))
+    order: list[str] = []
+    commit_files = output_mod.commit_files
+
+    def recorded(table: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
+        order.append(kind)
+        return commit_files(table, kind, *args, **kwargs)
+
+    monkeypatch.setattr(output_mod, "commit_files", recorded)
+    w.commit([second], 1)
+    assert first.tag is not None and second.tag is not None
+    committed = {p.name for p in (tmp_path / "data").rglob("*.parquet")}
+    assert any(first.tag in name for name in committed)
+    assert order == ["rejects", "log"]
+    log = DeltaTable(str(tmp_path)).file_uris()
+    assert any(first.tag in uri for uri in log) and not any(second.tag in uri for uri in log)
 
 
 def test_decisions_a_manifest_names_are_never_read_as_none_when_gone(
