@@ -105,13 +105,11 @@ def test_uncommitted_batch_is_invisible_and_cleaned_by_its_rerun(
     assert read_log(str(tmp_path)).num_rows > visible.num_rows
 
 
-def test_an_intent_naming_a_file_that_is_gone_is_replaced_by_the_rerun(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The driver died after the batch's manifest (its intent), before any Delta commit; then a
-    file the intent names went (a VACUUM outside pidfence, another instance's cleanup). The rerun
-    commits its own files instead of failing on the missing one at every rerun (exit 75
-    forever, before)."""
+def _intent_left_behind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> tuple[list[Any], list[Any], PidfenceStreamWriter, SinkCommitMessage]:
+    """Batch 0 committed; batch 1 written, then its driver died after the batch's manifest (its
+    intent), before any Delta commit: (records, chunks, writer, batch 1's message)."""
     records = make_stream(4, 120)
     chunks = micro_batches(records, 60)
     w = _committed(monkeypatch, tmp_path, chunks[:1])
@@ -124,6 +122,17 @@ def test_an_intent_naming_a_file_that_is_gone_is_replaced_by_the_rerun(
     with pytest.raises(OSError, match="driver died"):
         w.commit([first], 1)
     monkeypatch.undo()
+    return records, chunks, w, first
+
+
+def test_an_intent_naming_a_file_that_is_gone_is_replaced_by_the_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver died after the batch's manifest (its intent), before any Delta commit; then a
+    file the intent names went (a VACUUM outside pidfence, another instance's cleanup). The rerun
+    commits its own files instead of failing on the missing one at every rerun (exit 75
+    forever, before)."""
+    records, chunks, w, first = _intent_left_behind(monkeypatch, tmp_path)
     assert first.tag is not None
     gone = [p for p in (tmp_path / "data").rglob("*.parquet") if first.tag in p.name]
     assert gone
@@ -141,18 +150,7 @@ def test_a_rerun_commits_the_intent_it_finds_whole_and_the_rejects_first(
     rerun commits the files the intent names, not its own: a twin driver, or an attempt that
     decided otherwise (another authority answer), must never make a batch mean two things.
     The rejects table commits before the log table, whose commit is the batch's."""
-    records = make_stream(4, 120)
-    chunks = micro_batches(records, 60)
-    w = _committed(monkeypatch, tmp_path, chunks[:1])
-    first = _write(monkeypatch, w, 1, kafka_rows(chunks[1]))
-
-    def driver_dies(*args: Any, **kwargs: Any) -> bool:
-        raise OSError("driver died")
-
-    monkeypatch.setattr(output_mod, "commit_files", driver_dies)
-    with pytest.raises(OSError, match="driver died"):
-        w.commit([first], 1)
-    monkeypatch.undo()
+    _, chunks, w, first = _intent_left_behind(monkeypatch, tmp_path)
     second = _write(monkeypatch, w, 1, kafka_rows(chunks[1]))
     order: list[str] = []
     commit_files = output_mod.commit_files

@@ -85,6 +85,20 @@ def damage(path: Path, mode: str, rng: random.Random) -> None:
         f.write_bytes(f.read_bytes()[:-5] + b"xxxxx")
 
 
+@contextmanager
+def calls_of(obj: Any, name: str) -> Iterator[list[int]]:
+    """The first argument of every call of ``obj.name`` while the block runs (it still runs)."""
+    seen: list[int] = []
+    real = getattr(obj, name)
+
+    def counted(first: int, *rest: Any) -> Any:
+        seen.append(first)
+        return real(first, *rest)
+
+    with mock.patch.object(obj, name, side_effect=counted):
+        yield seen
+
+
 def records_of(stream: list[tuple[bytes | None, int]]) -> list[Record]:
     return [(i, header, ts) for i, (header, ts) in enumerate(stream)]
 
@@ -261,14 +275,7 @@ def test_a_failed_attempts_full_snapshot_never_costs_the_committed_chain(tmp_pat
     newest_full = max(folder.glob("*.full"))
     newest_full.unlink()
     out = Output(w.options.path, w.options.rejects_path, QUERY_A)
-    replayed: list[int] = []
-    read_decided = out.read_decided
-
-    def counted(batch_id: int, part: Any) -> Any:
-        replayed.append(batch_id)
-        return read_decided(batch_id, part)
-
-    with mock.patch.object(out, "read_decided", side_effect=counted):
+    with calls_of(out, "read_decided") as replayed:
         rebuilt = load_state(out, "t", 0, 8, w.options)
     assert replayed and min(replayed) >= 4, replayed  # from the older committed chain's end
     assert rebuilt.table == live_state(tmp_path, w.options, 8)
@@ -282,14 +289,7 @@ def test_a_rebuild_reads_the_history_only_back_to_an_intact_chain(tmp_path: Path
     folder = tmp_path / OWN_DIR / "_state" / "t~0"
     max(folder.glob("*.full")).unlink()
     out = Output(w.options.path, w.options.rejects_path, QUERY_A)
-    read: list[int] = []
-    committed = out.committed
-
-    def counted(batch_id: int) -> Any:
-        read.append(batch_id)
-        return committed(batch_id)
-
-    with mock.patch.object(out, "committed", side_effect=counted):
+    with calls_of(out, "committed") as read:
         rebuilt = load_state(out, "t", 0, 12, w.options)
     assert read and min(read) >= 6, read  # not every manifest back to batch 0
     assert rebuilt.table == live_state(tmp_path, w.options, 12)
@@ -353,14 +353,7 @@ def test_an_index_pointer_moved_back_costs_no_walk_from_batch_zero(tmp_path: Pat
     expected = out.positions(last)
     (index / "latest").write_text("0")  # the stalled instance's late write
     output_mod._KNOWN.clear()
-    read: list[int] = []
-    committed = out.committed
-
-    def counted(batch_id: int) -> Any:
-        read.append(batch_id)
-        return committed(batch_id)
-
-    with mock.patch.object(out, "committed", side_effect=counted):
+    with calls_of(out, "committed") as read:
         assert out.positions(last) == expected
     assert len(read) <= INDEX_EVERY, read
 
