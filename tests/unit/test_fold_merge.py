@@ -53,14 +53,18 @@ def test_merges_stop_at_the_widest_segment_so_no_fold_rewrites_a_month(tmp_path:
     assert spans == sorted(spans) and all(b + 1 == c for (_, b), (c, _) in pairwise(spans))
 
 
-def test_a_fold_stalled_through_another_instances_lists_deletes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+#: Instance B's folds while A stalls: one list (A's number is taken), or three (A's number was
+#: written and pruned, so it is free again).
+B_FOLDS = {"one": [(192, 200)], "three": [(192, 200), (201, 264), (265, 328)]}
+
+
+def assert_a_stalled_fold_deletes_nothing(
+    own: Store, monkeypatch: pytest.MonkeyPatch, b_folds: list[tuple[int, int]]
 ) -> None:
     """Instance A passes its epoch check and stalls while instance B (with another
-    ``retainBatches``, so other spans) writes three lists: the list number A meant to take has
-    been written and pruned, so it is free again. A's late list is no newest, and A must not
-    delete the segments it merged: B's newest list still names them."""
-    own = Store.at(str(tmp_path))
+    ``retainBatches``, so other spans) writes the lists of ``b_folds``. A's late list is no
+    newest, and A must not delete the segments it merged: B's newest list still names them.
+    (Also run on S3: ``tests/integration/test_fold_store.py``.)"""
     listed = Listing(-1, [])
     for seg in folds(3):
         now = add_segment(own, 0, listed, (seg.first, seg.last), [], [])
@@ -74,7 +78,7 @@ def test_a_fold_stalled_through_another_instances_lists_deletes_nothing(
         if not stalled:
             stalled.append(True)
             b = listing(own)
-            for span in [(192, 200), (201, 264), (265, 328)]:
+            for span in b_folds:
                 now = add_segment(own, 0, b, span, [], [])
                 assert now is not None
                 b = now
@@ -82,10 +86,17 @@ def test_a_fold_stalled_through_another_instances_lists_deletes_nothing(
     monkeypatch.setattr(fold_mod, "check_epoch", stalling)
     assert add_segment(own, 0, listed, (192, 255), [], []) is None  # would merge 0..255
     newest = listing(own)
-    assert newest.number == 5
+    assert newest.number == 2 + len(b_folds)
     assert [(s.first, s.last) for s in newest.segments][:3] == [(0, 63), (64, 127), (128, 191)]
     for seg in newest.segments:
-        assert (tmp_path / (segment_stem(seg) + ".json")).is_file(), seg
+        assert own.exists(own.join(segment_stem(seg) + ".json")), seg
+
+
+@pytest.mark.parametrize("b_folds", B_FOLDS)
+def test_a_fold_stalled_through_another_instances_lists_deletes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, b_folds: str
+) -> None:
+    assert_a_stalled_fold_deletes_nothing(Store.at(str(tmp_path)), monkeypatch, B_FOLDS[b_folds])
 
 
 def test_an_output_folded_before_the_numbered_lists_reads_its_segments(tmp_path: Path) -> None:
