@@ -5,9 +5,13 @@ from __future__ import annotations
 from itertools import pairwise
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 
 from pidfence.spark_sink import fold as fold_mod
+from pidfence.spark_sink.decisions import decided_rows
 from pidfence.spark_sink.fold import (
     FOLDED,
     MERGE,
@@ -18,12 +22,15 @@ from pidfence.spark_sink.fold import (
     _merge,
     _put_segment,
     add_segment,
+    folded_decided,
     folded_manifest,
     listing,
     segment_stem,
     segments,
+    with_place,
 )
-from pidfence.spark_sink.manifest import BatchManifest, Totals
+from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
+from pidfence.spark_sink.schema import TS_TYPE
 from pidfence.spark_sink.storage import Store
 
 FOLD = 64  # batches per fold (the index period)
@@ -133,3 +140,95 @@ def test_folded_lookups_list_the_folder_once_and_follow_a_merge(
     found = folded_manifest(own, 5)
     assert found is not None and found.batch == 5
     assert folded_manifest(own, 256) is None
+
+
+class _CountingOpens(pafs.FileSystemHandler):
+    """The local file system, counting the files opened for reading."""
+
+    def __init__(self) -> None:
+        self.fs = pafs.LocalFileSystem()
+        self.opened: list[str] = []
+
+    def get_type_name(self) -> str:
+        return "counting"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return self.fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        return self.fs.get_file_info(selector)
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        self.opened.append(path)
+        return self.fs.open_input_file(path)
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        self.opened.append(path)
+        return self.fs.open_input_stream(path)
+
+    def _unused(self, *args: object, **kwargs: object) -> None:
+        raise NotImplementedError
+
+    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = _unused
+    delete_file = move = copy_file = open_output_stream = open_append_stream = equals = _unused
+
+
+def _decisions(batch: int, partition: int, rows: int) -> pa.Table:
+    """``rows`` appended decisions of one part, placed as a fold places them."""
+    seq = pa.array(range(rows), pa.int64())
+    decided = decided_rows(
+        pa.table(
+            {
+                "offset": seq,
+                "log_offset": seq,
+                "pid": pa.array([batch] * rows, pa.int64()),
+                "generation": pa.array([partition] * rows, pa.int32()),
+                "seq": seq,
+                "timestamp": pa.array([0] * rows, TS_TYPE),
+            }
+        ),
+        None,
+    )
+    return with_place(decided, batch, _part(partition))
+
+
+def _part(partition: int) -> PartCommit:
+    return PartCommit("t", partition, 1, 1, 0, 0, 1, 0, 0, {}, "", "")
+
+
+def test_reading_folded_history_in_order_reads_each_row_group_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_written`` and a state rebuild read a folded segment's decisions part by part in
+    batch order: each row group is read once (it was read, and filtered, again for each part:
+    a 4,096-batch segment's row group, tens of batches wide, read for every one of its parts)."""
+    monkeypatch.setattr(fold_mod, "GROUP_ROWS", 1_000)
+    own = Store.at(str(tmp_path))
+    listed = Listing(-1, [])
+    for seg in folds(2):
+        span = range(seg.first, seg.last + 1)
+        manifests = [BatchManifest(b, "q", (), Totals()) for b in span]
+        decided = [_decisions(b, p, 30 + b % 7) for b in span for p in (0, 1)]
+        now = add_segment(own, 0, listed, (seg.first, seg.last), manifests, decided)
+        assert now is not None
+        listed = now
+    counting = _CountingOpens()
+    reader = Store(pafs.PyFileSystem(counting), own.root, own.uri)
+    for batch in range(2 * FOLD):
+        for partition in (0, 1):
+            rows = folded_decided(reader, batch, _part(partition))
+            assert rows is not None and rows.num_rows == 30 + batch % 7
+            assert rows.column("pid").to_pylist() == [batch] * rows.num_rows
+            assert set(rows.column("generation").to_pylist()) == {partition}
+    assert folded_decided(reader, 2 * FOLD, _part(0)) is None  # not folded
+    parquet = [p for p in counting.opened if p.endswith(".parquet")]
+    groups = sum(
+        pq.ParquetFile(tmp_path / (segment_stem(seg) + ".parquet")).metadata.num_row_groups
+        for seg in listing(own).segments
+    )
+    assert groups >= 8  # several row groups a segment, a part now and then split across two
+    # A footer read a segment, then each row group once, or twice when a part spans two.
+    assert len(parquet) <= 2 * len(listing(own).segments) + 2 * groups, len(parquet)

@@ -29,8 +29,10 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from typing import Final, NamedTuple, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -162,22 +164,69 @@ def folded_manifests(store: Store, after: int) -> Iterator[BatchManifest]:
 
 def folded_decided(store: Store, batch_id: int, part: PartCommit) -> pa.Table | None:
     """A folded part's decisions (None: the part decided nothing, or is not folded)."""
+    place = (batch_id, part.topic, part.partition)
+    rows = _in_segment(store, batch_id, lambda seg: _decided_near(store, seg, batch_id))
+    return None if rows is None or place not in rows else rows[place]
 
-    def read(seg: Segment) -> pa.Table:
-        return pq.read_table(
-            store.join(segment_stem(seg) + ".parquet"),
-            filesystem=store.fs,
-            filters=[
-                ("batch", "=", batch_id),
-                ("topic", "=", part.topic),
-                ("partition", "=", part.partition),
-            ],
-        )
 
-    rows = _in_segment(store, batch_id, read)
-    if rows is None or not rows.num_rows:
-        return None
-    return rows.drop_columns(["batch", "topic", "partition"])
+Place = tuple[int, str, int]
+#: Each segment's row groups as (first batch, last batch), by path: one footer read a segment.
+_GROUPS: dict[str, list[Span]] = {}
+#: The row groups last read of one segment, and their decisions by part (batch, topic,
+#: partition). Readers of history walk batches in order, so each row group is read once (read
+#: part by part, a row group of many batches was read, and filtered, again for every part).
+_NEAR: dict[str, tuple[tuple[int, ...], dict[Place, pa.Table]]] = {}
+#: Rows per row group of a segment's decisions: what :data:`_NEAR` holds is one or two of them.
+GROUP_ROWS: Final = 131_072
+
+
+def _decided_near(store: Store, seg: Segment, batch_id: int) -> dict[Place, pa.Table]:
+    """The decisions, by part, of the row groups of ``seg`` that hold ``batch_id``."""
+    path = store.join(segment_stem(seg) + ".parquet")
+    if path not in _GROUPS:
+        with store.fs.open_input_file(path) as source:
+            meta = pq.ParquetFile(source).metadata
+        _GROUPS.clear()
+        _GROUPS[path] = [_batches_of(meta, i) for i in range(meta.num_row_groups)]
+    wanted = tuple(i for i, (lo, hi) in enumerate(_GROUPS[path]) if lo <= batch_id <= hi)
+    held = _NEAR.get(path)
+    if held is None or held[0] != wanted:
+        parts: dict[Place, pa.Table] = {}
+        if wanted:
+            with store.fs.open_input_file(path) as source:
+                parts = _by_part(pq.ParquetFile(source).read_row_groups(list(wanted)))
+        _NEAR.clear()
+        held = _NEAR[path] = (wanted, parts)
+    return held[1]
+
+
+def _batches_of(meta: pq.FileMetaData, group: int) -> Span:
+    """A row group's (first, last) batch; every batch when its statistics are missing."""
+    column = meta.schema.names.index("batch")
+    stats = meta.row_group(group).column(column).statistics
+    if stats is None or not stats.has_min_max:
+        return 0, 2**63 - 1
+    return int(stats.min), int(stats.max)
+
+
+def _by_part(rows: pa.Table) -> dict[Place, pa.Table]:
+    """Rows of a segment split by part (a part's rows are one run: folds and merges append
+    whole parts in order), without their ``batch``, ``topic`` and ``partition`` columns."""
+    batch = rows.column("batch").to_numpy()
+    partition = rows.column("partition").to_numpy()
+    topics = rows.column("topic").combine_chunks()
+    topic = topics.dictionary_encode().indices.to_numpy(zero_copy_only=False)
+    if not rows.num_rows:
+        return {}
+    edges = np.flatnonzero(
+        (batch[1:] != batch[:-1]) | (partition[1:] != partition[:-1]) | (topic[1:] != topic[:-1])
+    )
+    body = rows.drop_columns(["batch", "topic", "partition"])
+    pieces: dict[Place, list[pa.Table]] = {}
+    for start, end in pairwise([0, *(edges + 1).tolist(), rows.num_rows]):
+        place = (int(batch[start]), topics[start].as_py(), int(partition[start]))
+        pieces.setdefault(place, []).append(body.slice(start, end - start))
+    return {place: pa.concat_tables(runs) for place, runs in pieces.items()}
 
 
 def add_segment(
@@ -224,7 +273,8 @@ def with_place(decided: pa.Table, batch_id: int, part: PartCommit) -> pa.Table:
 
 def _put_segment(own: Store, seg: Segment, lines: list[bytes], pieces: list[pa.Table]) -> None:
     if pieces:
-        own.write_table(own.join(segment_stem(seg) + ".parquet"), pa.concat_tables(pieces))
+        path = own.join(segment_stem(seg) + ".parquet")
+        own.write_table(path, pa.concat_tables(pieces), group_rows=GROUP_ROWS)
     own.put(own.join(segment_stem(seg) + ".json"), b"\n".join(lines) + b"\n")
 
 
@@ -258,6 +308,7 @@ def _mergeable(run: list[Segment]) -> bool:
 
 
 __all__ = [
+    "GROUP_ROWS",
     "LISTS",
     "OLD_LIST",
     "Listing",

@@ -216,15 +216,22 @@ class Store:
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(path)
 
-    def write_table(self, path: str, table: pa.Table, compression: str = "zstd") -> None:
-        """Write one Parquet file under a name nobody reads yet (see :meth:`put_staged`)."""
+    def write_table(
+        self,
+        path: str,
+        table: pa.Table,
+        compression: str = "zstd",
+        group_rows: int | None = None,
+    ) -> None:
+        """Write one Parquet file under a name nobody reads yet (see :meth:`put_staged`), in row
+        groups of ``group_rows`` rows (None: pyarrow's default)."""
         if self.s3:
             buffer = pa.BufferOutputStream()
-            write_parquet(table, buffer, None, compression)
+            write_parquet(table, buffer, None, compression, group_rows)
             s3_requests.put(path, buffer.getvalue().to_pybytes())
             return
         self.fs.create_dir(path.rpartition("/")[0], recursive=True)
-        write_parquet(table, path, self.fs, compression)
+        write_parquet(table, path, self.fs, compression, group_rows)
 
     def put_staged(self, path: str, data: bytes) -> None:
         """Write a file under an attempt-unique name that nothing reads until a commit names it.
@@ -289,6 +296,7 @@ def write_parquet(
     path: str | pa.NativeFile,
     fs: pafs.FileSystem | None,
     compression: str = "zstd",
+    group_rows: int | None = None,
 ) -> None:
     """Write ``table`` as one Parquet file (at ``path`` on ``fs``, or into a stream),
     dictionary-encoding only low-cardinality columns (:data:`DICTIONARY_COLUMNS`). A table of
@@ -309,10 +317,18 @@ def write_parquet(
             compression="none",
             use_dictionary=False,
             column_encoding=encoding,
+            row_group_size=group_rows,
         )
         return
     dictionary = [name for name in table.column_names if name in DICTIONARY_COLUMNS]
-    pq.write_table(table, path, filesystem=fs, compression=compression, use_dictionary=dictionary)
+    pq.write_table(
+        table,
+        path,
+        filesystem=fs,
+        compression=compression,
+        use_dictionary=dictionary,
+        row_group_size=group_rows,
+    )
 
 
 __all__ = [
