@@ -5,7 +5,8 @@ retention that deletes what a lagging sink has not read (zombies then write beyo
 ended leases' records written again: every schedule is compared per event with the proposal's
 strict rules on everything written (:mod:`pidfence.sim.oracle`), and the sink asks the real lease
 service (``pid_allocator`` over its in-memory coordinator) before it adopts. A bug seeded into the
-lineage rules or into gap resolution fails the simulation.
+lineage rules, into gap resolution or into the batch path's confirmation of a known producer
+fails the simulation.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pidfence.broker_plugin import batch as batch_path
 from pidfence.broker_plugin.adoption import VOUCHED, Adoption
 from pidfence.sim import SimResult, run
 from pidfence.sim.kafka import KafkaRecord
@@ -159,6 +161,59 @@ def test_adoption_that_trusts_whatever_it_reads_fails_the_simulation(
     assert all(r.report.findings["zombie"].count for r in broken)
 
 
+#: A sink that reads once a second under retention that deletes all a checkpoint covers. A paused
+#: zombie's successor resumes late (bump, FENCE), re-sends, finishes, and retention deletes its
+#: records and FENCE before the sink reads them; then the zombie wakes and writes its next record
+#: in order. The sink knows the pid at the zombie's generation, from before the offsets it never
+#: read: it must ask the lease servers before it appends (``Adoption.confirm``).
+ZOMBIE_BEYOND_A_HORIZON = {
+    "events": 20,
+    "partitions": 1,
+    "producers": 1,
+    "reorder": 1,
+    "crash_p": 0.05,
+    "zombie_p": 1.0,
+    "pause_p": 1.0,
+    "down_p": 1.0,
+    "trim_p": 1.0,
+    "batch_every": 100,
+    # Checkpoints only at the start and the end: nothing is deleted before the sink reads it,
+    # until the successor's last one.
+    "checkpoint_every": 1_000,
+    # The zombie wakes inside its lease, with nothing timed out.
+    "lifetime_ms": 10**8,
+}
+
+
+def test_a_known_producers_zombie_beyond_a_horizon_fails_the_simulation_if_appended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch path's fast lane appending a known producer's next record after a horizon,
+    without the confirmation the per-record rules ask for (tests/unit/test_broker_gaps.py, the
+    known producer behind the authority): the zombie's record is appended. Its event is its
+    successor's, whose copy retention deleted unread, so per event nothing shows; the oracle
+    names the record the strict rules ``FENCED``."""
+    seeds = range(40)
+    for result in [run(seed, **ZOMBIE_BEYOND_A_HORIZON) for seed in seeds]:
+        assert_clean(result)
+    plan = batch_path._plan
+
+    def unconfirmed_skipped(table: Any, *args: Any) -> Any:
+        unconfirmed, table.unconfirmed = table.unconfirmed, set()
+        try:
+            return plan(table, *args)
+        finally:
+            table.unconfirmed = unconfirmed
+
+    monkeypatch.setattr(batch_path, "_plan", unconfirmed_skipped)
+    broken = _failing([run(seed, **ZOMBIE_BEYOND_A_HORIZON) for seed in seeds])
+    assert broken
+    for result in broken:
+        assert result.oracle.appended_wrongly, result.describe()
+        assert {e["strict"] for e in result.oracle.appended_wrongly} == {"FENCED"}
+    assert any(r.exactly_once and r.report.ok for r in broken)
+
+
 def test_without_lease_servers_the_sink_adopts_nothing_and_the_oracle_names_it() -> None:
     """No ``--lease-server``: records of producers met beyond a horizon are ``UNKNOWN_PID``
     (safe, and named); the oracle reports them as refused."""
@@ -191,6 +246,12 @@ def test_the_oracle_names_what_the_strict_rules_never_append() -> None:
     assert not wrong.ok
     assert [(e["offset"], e["strict"]) for e in wrong.appended_wrongly] == [(1, "FENCED")]
     assert not wrong.refused_wrongly and not wrong.twice
+    # Even where the strict rules append its event under its successor's copy (one the sink
+    # never read): a record FENCED on arrival is a zombie's.
+    copy = _record(2, 7, 1, 1, b"event 1")
+    logged = [*strict, StrictRecord(0, 2, copy, Verdict.APPENDED, False, False, False)]
+    zombie_only = judge(logged, [(0, first), (0, zombie)], read, set(), relaxed)
+    assert [e["offset"] for e in zombie_only.appended_wrongly] == [1]
     # The one relaxation: held behind a hole, then refused, with no newer generation before it
     # (gap resolution appends exactly those) ...
     behind = StrictRecord(0, 1, zombie, Verdict.OUT_OF_ORDER, True, False, False)

@@ -15,6 +15,10 @@ record's value:
   refused (``OUT_OF_ORDER``, or ``FENCED`` at its release), where no record of a newer
   generation of its pid came before it in the log: gap resolution appends exactly those, and a
   hole that stays open lets its resumer fill it (DESIGN §4 amended a third time).
+  Also, whatever its event: a record the strict rules ``FENCED`` on arrival (a zombie's: a
+  newer generation of its pid was on the partition before it). Its successor's copy of the
+  event, appended by the strict rules, may be one the sink never read (retention deleted it with
+  the FENCE), so per event nothing shows; the order of the log still forbids it.
 * **refused wrongly**: an event the strict rules append that the sink has not, unless every
   record the strict rules appended for it is one the sink could not read (trimmed, before its
   start, lost by Kafka), is held behind one that nothing passed
@@ -169,9 +173,12 @@ def judge(
         if n > 1:
             report.twice.append({"event": value, "times": n})
     for partition, rec in appended:
+        s = by_place[(partition, rec.offset)]
+        if s.verdict is Verdict.FENCED and not s.held:
+            report.appended_wrongly.append(_example(s))  # a zombie's, even of a logged event
+            continue
         if rec.value in strict_events:
             continue
-        s = by_place[(partition, rec.offset)]
         behind_a_hole = s.held and s.verdict in (Verdict.OUT_OF_ORDER, Verdict.FENCED)
         if behind_a_hole and not s.after_newer:
             report.excused["gap_resolution"] += 1
