@@ -291,6 +291,17 @@ def run(seed: int, **knobs: Any) -> SimResult:
     gone = {e.digest for e in net.ledger if excused(e)}
     # Events with a copy the sink never read (the oracle judges whether one it read was owed).
     gone |= {value_digest(rec.value) for _, rec in unread}
+    # Events never acknowledged whose copy a resume found in Kafka and skipped (to its producer,
+    # delivered), judged UNVERIFIED: excused as an acknowledged one is.
+    acknowledged = {e.digest for e in net.ledger}
+    gone |= {
+        digest
+        for value, verdict in zip(
+            rejects["value"].to_pylist(), rejects["verdict"].to_pylist(), strict=True
+        )
+        if verdict == Verdict.UNVERIFIED.value
+        and (digest := value_digest(value)) not in acknowledged
+    }
     upstream = [value for chain in producers.chains for _, value, _ in chain.events]
     forgeries = [
         (f, sink.verdict_at[f.partition].get(f.offset, Verdict.BUFFERED).value)
