@@ -392,8 +392,12 @@ def test_expired_lease_write_is_informational() -> None:
     report = check([*ledger, late, resent], log_table([*rows, appended]), rejects_table(rejects))
     only(report, expired=1)
     assert report.ok
+    # A lease ends at its expire_ms (as the lease servers, certificates and producers count):
+    # a write at that very millisecond is a late one too.
+    at_end = sent(5, 5, ts_ms=4_000, expire_ms=4_000)
+    only(check([*ledger, at_end], log_table(rows), rejects_table(rejects)), expired=1, event_lost=1)
     # The same rejection of a record sent inside its lease is a loss.
-    inside = sent(5, 5, ts_ms=3_000, expire_ms=4_000)
+    inside = sent(5, 5, ts_ms=3_999, expire_ms=4_000)
     report = check([*ledger, inside], log_table(rows), rejects_table(rejects))
     only(report, lost=1, event_lost=1)
 

@@ -32,10 +32,10 @@ the digest itself (:mod:`pidfence.verify.events`).
 Informational counts (never fail a run by themselves):
 
 * ``expired``: acknowledged records the broker refused because their lease had ended (ledger
-  ``ts_ms > expire_ms > 0`` and verdict ``UNKNOWN_PID`` or ``OUT_OF_ORDER``): the proposal says a
-  client never uses an expired pid, so these are the producer's own late writes. Such a record
-  is not ``lost``, but its event still counts: an expired record whose event has no appended
-  copy is also ``event_lost``, which fails the run.
+  ``ts_ms >= expire_ms > 0``: a lease ends at its ``expire_ms``; verdict ``UNKNOWN_PID`` or
+  ``OUT_OF_ORDER``): the proposal says a client never uses an expired pid, so these are the
+  producer's own late writes. Such a record is not ``lost``, but its event still counts: an
+  expired record whose event has no appended copy is also ``event_lost``, which fails the run.
 * ``unacknowledged``: in the log but not acknowledged: a producer killed after Kafka wrote the
   record but before the ledger recorded the ack (a resumer that finds it in Kafka does not re-send
   it, so its seq may be below acknowledged ones, or its pid in no ledger at all).
@@ -325,7 +325,7 @@ def check(
                 "offset": entry.offset,
                 "verdicts": sorted(verdicts),
             }
-            if 0 < entry.expire_ms < entry.ts_ms and verdicts & _EXPIRY_VERDICTS:
+            if 0 < entry.expire_ms <= entry.ts_ms and verdicts & _EXPIRY_VERDICTS:
                 findings["expired"].add(example)
             elif verdicts and _same_event_logged(entry, logged_events, spare):
                 # The rules dropped it (a gap its predecessor never filled, ...) and a resume
