@@ -93,19 +93,21 @@ class SinkMetrics(Collector):
         self._progress_last = -1
         self._errors = dict.fromkeys(SOURCES, 0)
         self._server: Any = None
-        self.registry = CollectorRegistry()
+        # The histograms are collected by this collector, after the scrape's refresh (registered
+        # apart, they were collected before it: a scrape showed the batches of the one before).
         self.batch_seconds = Histogram(
             "pidfence_sink_batch_duration_seconds",
             "Wall time of each micro-batch (Spark's triggerExecution)",
             buckets=SECONDS_BUCKETS,
-            registry=self.registry,
+            registry=None,
         )
         self.batch_records = Histogram(
             "pidfence_sink_batch_records",
             "Kafka records read by each micro-batch",
             buckets=RECORDS_BUCKETS,
-            registry=self.registry,
+            registry=None,
         )
+        self.registry = CollectorRegistry()
         self.registry.register(self)
 
     # ------------------------------------------------------------------------- lifecycle
@@ -207,6 +209,8 @@ class SinkMetrics(Collector):
             lag = self._lag()
             yield from self._counters()
             yield from self._gauges(lag)
+            yield from self.batch_seconds.collect()
+            yield from self.batch_records.collect()
 
     def describe(self) -> Iterator[Metric]:
         """Nothing: collected on every scrape, names checked then."""
