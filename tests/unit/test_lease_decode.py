@@ -1,9 +1,12 @@
 """Bounded decoding of request frames (``pid_allocator/decode.py``) and the pre-auth shapes:
 issue 22 case 1, decided without a server (the real-server figures are in
-``tests/integration/test_hostile_lease_decode.py``)."""
+``tests/integration/test_hostile_lease_decode.py``); and where a frame's length limit falls, on a
+loopback server."""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -11,9 +14,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pidfence.pid_allocator import FrameLimitExceeded, MalformedRequest
+from pidfence.pid_allocator import (
+    FrameLimitExceeded,
+    LeaseServerThread,
+    MalformedRequest,
+    MemoryCoordinator,
+)
 from pidfence.pid_allocator.decode import FAST_DECODE_BYTES, MAX_FRAME_BYTES, decode_message
 from pidfence.pid_allocator.protocol import (
+    LENGTH,
     BumpRequest,
     LeaseRequest,
     PingRequest,
@@ -135,3 +144,40 @@ def test_a_producer_key_is_32_bytes_of_bin(op: str) -> None:
         error = _rejected(body).error
         assert type(error) is MalformedRequest
         assert "32 bytes" in str(error)
+
+
+def _ping_of(size: int) -> bytes:
+    """A ping request of exactly ``size`` bytes (its id padded to fit)."""
+    for pad in range(size):
+        body: bytes = msgpack.packb({"v": 1, "op": "ping", "id": "x" * pad})
+        if len(body) == size:
+            return body
+    raise AssertionError(f"no ping of {size} bytes")
+
+
+def test_a_frame_of_exactly_the_limit_is_answered_and_one_byte_more_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The frame limit is inclusive: before ``hello`` a frame of exactly
+    ``max_pre_auth_frame_bytes`` is answered; only a longer one is refused."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice " + "t" * 32 + "\n")
+    tokens.chmod(0o600)
+    replies: list[dict[str, Any]] = []
+    with LeaseServerThread(
+        None,
+        coordinator=MemoryCoordinator(),
+        auth_tokens_file=tokens,
+        max_pre_auth_frame_bytes=64,
+    ) as server:
+        host, port = server.address.rsplit(":", 1)
+        for size in (64, 65):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                body = _ping_of(size)
+                sock.sendall(LENGTH.pack(len(body)) + body)
+                (length,) = LENGTH.unpack(sock.recv(4, socket.MSG_WAITALL))
+                replies.append(msgpack.unpackb(sock.recv(length, socket.MSG_WAITALL)))
+    at_limit, over = replies
+    assert at_limit["error"] is None, at_limit
+    assert over["error"] == MalformedRequest.code
+    assert "frame of 65 bytes exceeds the 64-byte limit before hello" in over["message"]

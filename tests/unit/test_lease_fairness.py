@@ -136,6 +136,30 @@ async def test_a_client_inside_its_quota_pushes_a_flooders_job_out(
 
 
 @asynchronous
+async def test_a_full_queue_refuses_a_client_that_would_hold_as_many_as_the_busiest(
+    executor: ThreadPoolExecutor,
+) -> None:
+    """When the queue is full, a client whose job would make it hold as many jobs as the busiest
+    client is refused; it does not push that client's job out, so two clients holding about the
+    same never evict each other back and forth."""
+    gate = Gate()
+    queue = ZkQueue(executor, limit=3, share=10, workers=1, reserve=0)
+    runs = [asyncio.ensure_future(queue.run("a", gate.job(f"a{i}"))) for i in range(2)]
+    runs.append(asyncio.ensure_future(queue.run("b", gate.job("b0"))))
+    await asyncio.sleep(0)
+    assert queue.pending == 3
+    runs.append(asyncio.ensure_future(queue.run("b", gate.job("b1"))))  # b would hold 2, as a
+    await asyncio.sleep(0)
+    held = (queue.held_by("a"), queue.held_by("b"))
+    gate.release(3)
+    results = await asyncio.gather(*runs, return_exceptions=True)
+    assert held == (2, 1)  # a's waiting job is still there; b's new one is not
+    assert results[:3] == ["a0", "a1", "b0"]
+    assert isinstance(results[3], RateLimited)
+    assert "too many ZooKeeper requests queued" in str(results[3])
+
+
+@asynchronous
 async def test_a_cancelled_waiting_job_never_runs(executor: ThreadPoolExecutor) -> None:
     gate = Gate()
     queue = ZkQueue(executor, limit=10, share=10, workers=1)

@@ -148,6 +148,33 @@ def test_only_requests_sent_beside_others_are_charged_and_refused() -> None:
     assert turns.charge(piped, BUMPS) == 0.0
 
 
+class ChargedConnection(Connection):
+    """A connection whose frames are all bumps, each charged as it is answered (as the server
+    charges a request while serving its frame)."""
+
+    def __init__(self, turns: Turns, client: str, name: str, frames: int, log: list[str]) -> None:
+        super().__init__(turns, client, name, frames, log)
+        self.waits: list[float] = []
+
+    def serve_one(self) -> None:
+        super().serve_one()
+        self.waits.append(self.turns.charge(self, BUMPS))
+
+
+def test_frames_pipelined_on_one_connection_are_charged_and_refused() -> None:
+    """A client on a single connection, with nothing in flight and nobody else in line, that
+    pipelines its frames still sends each beside the ones behind it: they are charged, and past
+    its burst one is refused and the rest wait for the mute to end."""
+    loop, turns = _turns(bumps=10, burst=2)
+    log: list[str] = []
+    piped = ChargedConnection(turns, "token:piped", "p", 5, log)
+    piped.arrive()
+    loop.run()
+    loop.run()
+    assert piped.waits == [0.0, 0.0, pytest.approx(0.1)]  # two tokens, then one at 10/s
+    assert log == ["p", "p", "p"] and piped.queued  # its last two frames wait, unread
+
+
 def test_a_refused_client_is_not_served_before_its_retry_after() -> None:
     loop, turns = _turns(bumps=10, burst=1)
     log: list[str] = []

@@ -158,6 +158,17 @@ def test_bad_checkpoint_is_a_clear_error(text: str) -> None:
     assert issubclass(BadCheckpoint, PidfenceError) and not BadCheckpoint.retriable
 
 
+@pytest.mark.parametrize("field", ["next_seq", "skip", "ahead", "fenced"])
+def test_a_negative_per_partition_count_is_a_bad_checkpoint(field: str) -> None:
+    """A partition's next sequence, skip, ahead or fenced generation below zero makes the
+    checkpoint a bad one, as a negative partition does; zero is a count like any other."""
+    good = ProducerCheckpoint(7, 1, 10**13, {("t", 0): 5}).to_dict()
+    zero = ProducerCheckpoint.from_dict({**good, field: [["t", 0, 0]]})
+    assert getattr(zero, field) == {("t", 0): 0}
+    with pytest.raises(BadCheckpoint, match=f"negative partition or count in {field}"):
+        ProducerCheckpoint.from_dict({**good, field: [["t", 0, -1]]})
+
+
 def test_state_machine_checks_transitions() -> None:
     machine = LeaseStateMachine()
     assert machine.state is LeaseState.UNLEASED

@@ -47,6 +47,7 @@ def test_a_statement_verifies_only_for_its_own_place() -> None:
         msgpack.packb([3, b"c", b"s" * 64]),
         msgpack.packb([1, 42, 7, 10**13, b"s" * 64]),  # a bare certificate binds no place
         msgpack.packb([2, b"c", b"short"]),
+        msgpack.packb([*msgpack.unpackb(_pfc(*PLACE)), b"x"]),  # a good pfc, one element more
         msgpack.packb([2, "text", b"s" * 64]),
         msgpack.packb({"a": 1}),
         b"x" * 600,

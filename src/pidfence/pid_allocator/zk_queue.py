@@ -116,7 +116,8 @@ class ZkQueue:
         return await waiter
 
     def _push_out(self, held: int) -> bool:
-        """Refuse the newest waiting job of the busiest client if it holds more than ``held``."""
+        """Refuse the newest waiting job of the busiest client if it holds more than ``held + 1``
+        (more than the newcomer will hold with its job); whether one was refused."""
         busiest = max(
             (c for c, b in self._buckets.items() if b.waiting),
             key=lambda c: self._buckets[c].held,
