@@ -16,6 +16,7 @@ any failing schedule prints its seed and the exact ``pidfence.sim.run(...)`` /
 from __future__ import annotations
 
 import itertools
+import shlex
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from hypothesis import seed as hypothesis_seed
 
 from pidfence.sim import SimResult, run
 from pidfence.sim.__main__ import main as sim_main
+from pidfence.sim.__main__ import parse_replay
 from tests.sim.schedules import (
     EXAMPLES,
     EXPLORE,
@@ -295,34 +297,21 @@ def test_regression_resume_follows_to_an_ended_successor(
 
 
 def test_regression_an_unacknowledged_event_a_resume_skipped_then_unverified() -> None:
-    # Drawn by PIDFENCE_SIM_EXPLORE=1, failed with exactly_once=False: event 0:26, never
-    # acknowledged, was in Kafka once (pid 1 seq 11 on partition 1): its producer's resume found
-    # it there and skipped it, and the sink, started at ``latest``, met pid 1 beyond its horizon
-    # at that record, before its next certificate: UNVERIFIED (a named loss, docs/gaps.md).
-    # The accounting excused such records only when acknowledged; a skipped one is delivered
-    # to its producer as much.
-    result = run(
-        3,
-        events=246,
-        partitions=2,
-        producers=3,
-        drop_p=0.05,
-        dup_p=0.05,
-        reorder=1,
-        crash_p=0.02,
-        zombie_p=1.0,
-        pause_p=1.0,
-        down_p=0.5,
-        double_p=0.0,
-        restart_p=0.0,
-        plain_p=0.05,
-        sink_latest=True,
-        trim_p=0.05,
-        lifetime_ms=3000,
-        step_ms=18,
-        checkpoint_every=18,
-        batch_every=1,
+    # Drawn by PIDFENCE_SIM_EXPLORE=1 (its replay command below, as printed), failed with
+    # exactly_once=False: event 0:26, never acknowledged, was in Kafka once (pid 1 seq 11 on
+    # partition 1): its producer's resume found it there and skipped it, and the sink, started
+    # at ``latest``, met pid 1 beyond its horizon at that record, before its next certificate:
+    # UNVERIFIED (a named loss, docs/gaps.md). The accounting excused such records only when
+    # acknowledged; a skipped one is delivered to its producer as much.
+    seed, knobs = parse_replay(
+        shlex.split(
+            "--seed 3 --events 246 --partitions 2 --producers 3 --drop-p 0.05 --dup-p 0.05 "
+            "--reorder 1 --crash-p 0.02 --zombie-p 1.0 --pause-p 1.0 --down-p 0.5 --double-p 0.0 "
+            "--restart-p 0.0 --plain-p 0.05 --sink-latest --trim-p 0.05 --lifetime-ms 3000 "
+            "--step-ms 18 --checkpoint-every 18 --batch-every 1"
+        )
     )
+    result = run(seed, **knobs)
     assert_clean(result)
     event = b'{"uid": 9, "ts": 1700000295, "chain": 0, "i": 26}'
     assert event not in result.log["value"].to_pylist()

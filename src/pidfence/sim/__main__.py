@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
+from typing import Any
 
 from pidfence.sim.knobs import MUTATIONS, Knobs
 from pidfence.sim.runner import run
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse arguments, run the schedule, print the report; exit 0 when it is clean."""
+def parse_replay(argv: list[str] | None = None) -> tuple[int, dict[str, Any]]:
+    """The seed and the knobs of a replay command's arguments (what a failure prints after
+    ``python -m pidfence.sim``), the knobs it does not name left at their defaults."""
     parser = argparse.ArgumentParser(prog="python -m pidfence.sim", description=__doc__)
     parser.add_argument("--seed", type=int, required=True)
     defaults = Knobs()
@@ -27,7 +29,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(flag, type=kind, default=None)
     args = vars(parser.parse_args(argv))
     seed = args.pop("seed")
-    knobs = {k: v for k, v in args.items() if v is not None}
+    return seed, {k: v for k, v in args.items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run the schedule, print the report; exit 0 when it is clean."""
+    seed, knobs = parse_replay(argv)
     result = run(seed, **knobs)
     lines = [result.describe()]
     for name, finding in result.report.findings.items():
