@@ -71,11 +71,17 @@ class FakeProducer:
         self.closed = True
 
 
+#: Polls after the script ran out before a member that never ends fails the test (a member
+#: waiting for a group commit that never comes spun for minutes of real time).
+IDLE_POLLS = 10_000
+
+
 class ScriptedConsumer:
     """Plays ``script`` (callbacks to run, or records to return) one step per ``consume``."""
 
     def __init__(self, clock: ManualClock[float], script: list[tuple[str, list[Any]]]) -> None:
         self.clock, self.script = clock, script
+        self.idle_polls = 0
         self.commits: dict[int, tuple[int, str]] = {}
         #: Partition -> next offset to return (the consumer's position).
         self.fetching: dict[int, int] = {}
@@ -96,6 +102,9 @@ class ScriptedConsumer:
     def consume(self, n: int, timeout: float) -> list[Any]:
         self.clock.now += timeout
         if not self.script:
+            self.idle_polls += 1
+            if self.idle_polls > IDLE_POLLS:
+                raise AssertionError(f"the member never ended; its log: {self.log}")
             return []
         what, items = self.script.pop(0)
         if what == "call":
