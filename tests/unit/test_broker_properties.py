@@ -4,6 +4,8 @@ snapshots (full and incremental) against the live table, and corruption detectio
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable, rebuild, replay_batch
+from pidfence.broker_plugin.entry import MAX_HOLES
+from pidfence.broker_plugin.snapshot import _frame, _unframe
 from pidfence.wire import MalformedHeader, Verdict, decode_pf, encode_pf
 from tests.unit import broker_streams as streams
 
@@ -211,6 +215,87 @@ def test_damaged_snapshots_raise_corrupt_snapshot_or_restore_identically(
     except CorruptSnapshot:
         return
     assert restored == table
+
+
+def _full_table() -> ProducerStateTable:
+    """Three producers in a table of three, and one record of pid 1 held (seq 2 waits for 1)."""
+    table = ProducerStateTable(capacity=3, lifetime_ms=1000, reorder_window=5)
+    for pid in (1, 2, 3):
+        table.offer(pid, 0, 0, 0)
+    table.offer(1, 0, 2, 0, ref=7)
+    return table
+
+
+def _put(row: Any, key: Any, value: Any) -> None:
+    row[key] = value
+
+
+def _with_holes(payload: dict[str, Any], holes: list[list[int]]) -> None:
+    payload["entries"][1][3] = 1000  # pid 2's highwater, above every hole
+    payload["entries"][1][5] = holes
+
+
+Corruption = Callable[[dict[str, Any]], None]
+IMPOSSIBLE_CONTENT: list[Any] = [
+    pytest.param(lambda p: _put(p["entries"][0], 0, 0), "pid 0 is duplicated", id="entry-pid-0"),
+    pytest.param(
+        lambda p: _put(p["entries"][1], 1, p["entries"][0][1]),
+        "not in creation order",
+        id="two-entries-one-serial",
+    ),
+    pytest.param(
+        lambda p: _put(p["entries"][1], 3, -2),
+        "pid 2 has an invalid generation, highwater",
+        id="highwater-below-minus-1",
+    ),
+    pytest.param(
+        lambda p: _with_holes(p, [[3 * i, 3 * i + 1] for i in range(MAX_HOLES + 1)]),
+        f"holes must be 1..{MAX_HOLES} ranges",
+        id="one-hole-too-many",
+    ),
+    pytest.param(
+        lambda p: _with_holes(p, [[1, 3], [3, 5]]), "sorted, disjoint", id="holes-share-a-seq"
+    ),
+    pytest.param(
+        lambda p: _put(p, "serial", p["entries"][-1][1]),
+        "serial counter is behind",
+        id="serial-counter-at-the-last-entry",
+    ),
+    pytest.param(
+        lambda p: _put(p["held"][0], 5, p["arrival"]),
+        "held record 1/2 is inconsistent",
+        id="held-arrival-at-the-arrival-counter",
+    ),
+    pytest.param(
+        lambda p: _put(p, "pending", [[0, 1, 10, [0, 0, 0, 0, 0, None]]]),
+        "waiting records of pid 0",
+        id="waiting-records-of-pid-0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("corrupt", "message"), IMPOSSIBLE_CONTENT)
+def test_each_field_restore_validates_corrupted_alone_is_corrupt_naming_it(
+    corrupt: Corruption, message: str
+) -> None:
+    """The CRC catches damaged bytes; these snapshots are well formed (framed and checksummed
+    afresh) but say something no table can hold: a bug in the writer, or a crafted file. Each
+    field is changed alone, so the check that names it is the one that must refuse it."""
+    table = _full_table()
+    snap = table.snapshot()
+    assert ProducerStateTable.restore(_frame(_unframe(snap, "full"))) == table
+    payload = _unframe(snap, "full")
+    corrupt(payload)
+    with pytest.raises(CorruptSnapshot, match=re.escape(message)):
+        ProducerStateTable.restore(_frame(payload))
+
+
+def test_a_capacity_override_below_a_full_snapshot_is_the_callers_mistake() -> None:
+    # Exactly full: 3 live entries in a table of 3. Too small an override is a ValueError the
+    # caller can fix, not damage (an older snapshot would not help).
+    snap = _full_table().snapshot()
+    with pytest.raises(ValueError, match="capacity >= 3"):
+        ProducerStateTable.restore(snap, capacity=2)
 
 
 def test_delta_applied_to_the_wrong_base_is_corrupt() -> None:
