@@ -11,6 +11,7 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pidfence.spark_sink.delta import commit as commit_mod
 from pidfence.spark_sink.delta.care import compact
 from pidfence.spark_sink.delta.commit import committed_version
 from pidfence.spark_sink.delta.errors import StagedFileMissing
@@ -167,8 +168,14 @@ def test_a_foreign_append_during_the_batch_loses_nothing_and_the_batch_lands(
     assert committed_version(DeltaTable(path), Q) == 2
 
 
-def test_same_batch_committed_concurrently_lands_once(tmp_path: Path) -> None:
-    # A second committer of the very same batch wins the race: the loser's call is a no-op.
+@pytest.mark.parametrize("last_attempt", [False, True])
+def test_same_batch_committed_concurrently_lands_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, last_attempt: bool
+) -> None:
+    # A second committer of the very same batch wins the race: the loser's call is a no-op,
+    # also when that race was its last attempt (it committed nothing, yet lost nothing either).
+    if last_attempt:
+        monkeypatch.setattr(commit_mod, "MAX_ATTEMPTS", 1)
     path = str(tmp_path)
     run_batch(path, 0)
     staged = stage(path, 1)

@@ -12,6 +12,7 @@ from pidfence.producer import (
     BrokerUnavailable,
     DeliveryFailed,
     LeaseExpired,
+    LeaseKeeper,
     LeaseServerDown,
     LeaseState,
     NotFlushed,
@@ -200,6 +201,33 @@ def test_resume_after_a_crash_between_bump_and_save_probes_forward(rig: Rig) -> 
         rig.resume(cp, stale_probe=3)
 
 
+@pytest.mark.parametrize("ahead", [0, 3])
+def test_resume_bumps_a_live_checkpoint_up_to_probe_generations_behind_the_server(
+    rig: Rig, ahead: int
+) -> None:
+    """A probe of n tries the checkpoint's generation and the n after it: the server may be
+    exactly n bumps ahead (none checkpointed), and a probe of 0 still tries the stored one."""
+    keeper = LeaseKeeper(rig.lease, rig.clock)
+    first = keeper.lease_new()
+    rig.lease.latest[first.pid] = first.generation + ahead
+    resumed = keeper.resume(first.checkpoint(), ahead)
+    assert (resumed.how, resumed.walk_from) == ("bumped", first.generation + 1)
+    assert resumed.sequencer.generation == first.generation + ahead + 1
+
+
+def test_a_followed_resume_fences_from_the_successors_new_generation(rig: Rig) -> None:
+    """The second resumer of an expired checkpoint bumps the successor the first one rolled it
+    into; its FENCE walk starts at that bump, not at the generation the first resumer holds."""
+    keeper = LeaseKeeper(rig.lease, rig.clock)
+    cp = keeper.lease_new().checkpoint()
+    rig.now = cp.expire_ms + 1
+    rolled = keeper.resume(cp, 8)
+    followed = keeper.resume(cp, 8)
+    assert (rolled.how, rolled.walk_from, followed.how) == ("rolled", None, "followed")
+    assert followed.sequencer.pid == rolled.sequencer.pid
+    assert followed.walk_from == followed.sequencer.generation == rolled.sequencer.generation + 1
+
+
 def test_resume_past_a_bump_that_wrote_no_fence_walks_each_partition_up(rig: Rig) -> None:
     from pidfence.broker_plugin import ProducerStateTable
     from pidfence.wire import Verdict
@@ -266,6 +294,16 @@ def test_rollover_failure_keeps_old_lease_until_it_expires(rig: Rig) -> None:
     producer.flush()
     assert [(pf.pid, pf.seq) for pf in rig.headers()] == [(100, 0), (101, 0)]
     assert rig.lease.successor[100][0] == 101
+
+
+def test_a_roll_carries_the_lifetime_over_when_the_local_clock_drifts(rig: Rig) -> None:
+    """The successor keeps its predecessor's lease lifetime: it is not re-derived from a local
+    clock that has come to run ahead of the lease server's."""
+    skew = [0]
+    keeper = LeaseKeeper(rig.lease, lambda: rig.now + skew[0])
+    first = keeper.lease_new()
+    skew[0] = 5_000
+    assert keeper.roll(first).lifetime_ms == first.lifetime_ms == LIFETIME
 
 
 def test_resend_acknowledged_repeats_original_headers(rig: Rig, tmp_path: Path) -> None:

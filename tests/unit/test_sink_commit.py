@@ -359,6 +359,13 @@ def test_options_are_validated() -> None:
         SinkOptions.parse({"path": "s3://b/out", "rejectsPath": "abfs://c/rejects"})
 
 
+@pytest.mark.parametrize("where", ["s3a://b/out", "s3://b/out", "file:///tmp/out", "/tmp/out"])
+def test_stores_with_a_conditional_create_are_accepted(where: str) -> None:
+    """An S3-compatible store by either of its names, or a local disk, holds the output."""
+    opts = SinkOptions.parse({"path": where})
+    assert opts.path == where and opts.rejects_path == f"{where}/_rejects"
+
+
 def test_batch_without_a_partition_keeps_its_state_chain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

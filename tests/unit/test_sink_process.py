@@ -228,6 +228,17 @@ def test_held_records_are_part_of_the_batch_output() -> None:
     assert out.held.column("value").to_pylist() == [b"v1"]
 
 
+def test_held_records_are_not_counted_until_decided() -> None:
+    """A record waiting for its predecessor counts once, in the batch that decides it."""
+    st = PartitionState(ProducerStateTable(8, 1000, reorder_window=3))
+    waiting: list[Record] = [(0, encode_pf(7, 0, 0), 1), (1, encode_pf(7, 0, 2), 2)]
+    first = process_partition(kafka_rows(waiting), "t", 0, st)
+    assert first.held.num_rows == 1 and first.counts == {"APPENDED": 1}
+    second = process_partition(kafka_rows([(2, encode_pf(7, 0, 1), 3)]), "t", 0, st)
+    assert second.log.column("offset").to_pylist() == [2, 1]
+    assert second.counts == {"APPENDED": 2}
+
+
 def test_each_records_own_headers_and_timestamp_type_reach_the_log_and_the_rejects() -> None:
     # c2 waits for c1 across two batches: a held record keeps its headers too.
     records: list[Record] = [
