@@ -291,16 +291,18 @@ def run(seed: int, **knobs: Any) -> SimResult:
     gone = {e.digest for e in net.ledger if excused(e)}
     # Events with a copy the sink never read (the oracle judges whether one it read was owed).
     gone |= {value_digest(rec.value) for _, rec in unread}
-    # Events never acknowledged whose copy a resume found in Kafka and skipped (to its producer,
-    # delivered), judged UNVERIFIED: excused as an acknowledged one is.
+    # Events never acknowledged whose copies a resume found in Kafka and skipped (to its
+    # producer, delivered), every copy the sink read judged UNVERIFIED: excused as an
+    # acknowledged one is. A copy with any other verdict (held, refused) keeps the event owed.
     acknowledged = {e.digest for e in net.ledger}
+    verdicts_of: dict[str, set[Verdict]] = {}
+    for p, rec in read:
+        verdict = sink.verdict_at[p].get(rec.offset, Verdict.BUFFERED)
+        verdicts_of.setdefault(value_digest(rec.value), set()).add(verdict)
     gone |= {
         digest
-        for value, verdict in zip(
-            rejects["value"].to_pylist(), rejects["verdict"].to_pylist(), strict=True
-        )
-        if verdict == Verdict.UNVERIFIED.value
-        and (digest := value_digest(value)) not in acknowledged
+        for digest, verdicts in verdicts_of.items()
+        if verdicts == {Verdict.UNVERIFIED} and digest not in acknowledged
     }
     upstream = [value for chain in producers.chains for _, value, _ in chain.events]
     forgeries = [

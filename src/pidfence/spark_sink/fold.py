@@ -117,11 +117,13 @@ _SEEN: dict[str, dict[int, BatchManifest]] = {}
 
 def _manifests(store: Store, seg: Segment) -> dict[int, BatchManifest]:
     path = store.join(segment_stem(seg) + ".json")
-    if path not in _SEEN:
+    found = _SEEN.get(path)  # a local: another thread may clear the cache meanwhile
+    if found is None:
         lines = store.read(path).splitlines()
+        found = {m.batch: m for m in (BatchManifest.decode(x) for x in lines if x)}
         _SEEN.clear()  # a few at a time: readers walk them in order
-        _SEEN[path] = {m.batch: m for m in (BatchManifest.decode(x) for x in lines if x)}
-    return _SEEN[path]
+        _SEEN[path] = found
+    return found
 
 
 #: The newest list each output's readers saw, by folder: a lookup lists the folder again only
@@ -170,33 +172,41 @@ def folded_decided(store: Store, batch_id: int, part: PartCommit) -> pa.Table | 
 
 
 Place = tuple[int, str, int]
-#: Each segment's row groups as (first batch, last batch), by path: one footer read a segment.
-_GROUPS: dict[str, list[Span]] = {}
+#: One segment's footer and its row groups' (first batch, last batch), by path: one footer
+#: read a segment.
+_GROUPS: dict[str, tuple[pq.FileMetaData, list[Span]]] = {}
 #: The row groups last read of one segment, and their decisions by part (batch, topic,
 #: partition). Readers of history walk batches in order, so each row group is read once (read
 #: part by part, a row group of many batches was read, and filtered, again for every part).
 _NEAR: dict[str, tuple[tuple[int, ...], dict[Place, pa.Table]]] = {}
-#: Rows per row group of a segment's decisions: what :data:`_NEAR` holds is one or two of them.
+#: Rows per row group of a segment's decisions: :data:`_NEAR` holds the row groups of one batch
+#: (one or two, unless a batch decided more than this many records; segments folded before
+#: this setting have pyarrow's default of about a million rows).
 GROUP_ROWS: Final = 131_072
 
 
 def _decided_near(store: Store, seg: Segment, batch_id: int) -> dict[Place, pa.Table]:
     """The decisions, by part, of the row groups of ``seg`` that hold ``batch_id``."""
     path = store.join(segment_stem(seg) + ".parquet")
-    if path not in _GROUPS:
+    groups = _GROUPS.get(path)  # locals throughout: another thread may clear the caches
+    if groups is None:
         with store.fs.open_input_file(path) as source:
             meta = pq.ParquetFile(source).metadata
+        groups = (meta, [_batches_of(meta, i) for i in range(meta.num_row_groups)])
         _GROUPS.clear()
-        _GROUPS[path] = [_batches_of(meta, i) for i in range(meta.num_row_groups)]
-    wanted = tuple(i for i, (lo, hi) in enumerate(_GROUPS[path]) if lo <= batch_id <= hi)
+        _GROUPS[path] = groups
+    meta, spans = groups
+    wanted = tuple(i for i, (lo, hi) in enumerate(spans) if lo <= batch_id <= hi)
     held = _NEAR.get(path)
     if held is None or held[0] != wanted:
         parts: dict[Place, pa.Table] = {}
         if wanted:
             with store.fs.open_input_file(path) as source:
-                parts = _by_part(pq.ParquetFile(source).read_row_groups(list(wanted)))
+                rows = pq.ParquetFile(source, metadata=meta).read_row_groups(list(wanted))
+            parts = _by_part(rows)
+        held = (wanted, parts)
         _NEAR.clear()
-        held = _NEAR[path] = (wanted, parts)
+        _NEAR[path] = held
     return held[1]
 
 
