@@ -33,18 +33,24 @@ pytest_plugins = [
 
 _TIERS = {"integration": "integration", "chaos": "chaos", "sim": "sim"}
 _SPARK_LOCAL_DIRS = "SPARK_LOCAL_DIRS"
+_JVM_TMPDIR = "-Djava.io.tmpdir"
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own tmp_path set-up
 def pytest_configure(config: pytest.Config) -> None:
-    """Spark's scratch folders go inside this run's temp folder: a driver the suite kills on
-    purpose never deletes its own (about 10 MB each, 186 left in /tmp by a day of runs), and
-    pytest keeps only the last three runs' folders. Child processes inherit the variable."""
+    """Spark's scratch folders and every JVM's temp files go inside this run's temp folder: a
+    JVM the suite kills on purpose never deletes its own (Spark's folders, about 10 MB each, 186
+    left in /tmp by a day of runs; Kafka's extracted native libraries, about 500 a day), and
+    pytest keeps only the last three runs' folders. Child processes inherit the variables."""
+    base = Path(config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
     if _SPARK_LOCAL_DIRS not in os.environ:
-        base = Path(config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
         scratch = base / "spark-local"
         scratch.mkdir(parents=True, exist_ok=True)
         os.environ[_SPARK_LOCAL_DIRS] = str(scratch)
+    if _JVM_TMPDIR not in os.environ[JVM_OPTIONS_ENV]:
+        jvm_tmp = base / "jvm-tmp"
+        jvm_tmp.mkdir(parents=True, exist_ok=True)
+        os.environ[JVM_OPTIONS_ENV] += f" {_JVM_TMPDIR}={jvm_tmp}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
