@@ -4,11 +4,13 @@ The import-linter contracts in pyproject.toml: the layers (wire; rules, leases, 
 sink; checker; services; sim; testing; demo; cli, each importing only below itself) and no
 import circle among the modules of any package. No module in ``src/`` over 500 formatted lines
 (``ruff format`` decides the layout; a module that grows past that is split along a seam), and
-at most five ``fmt: skip``/``fmt: off`` in ``src/``, each with its reason.
+at most five ``fmt: skip``/``fmt: off`` in ``src/``, each with its reason. Every module is on
+the map in docs/architecture.md.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +50,16 @@ def test_layout_is_left_to_the_formatter() -> None:
         if "fmt: skip" in line or "fmt: off" in line
     ]
     assert len(skips) <= 5, skips
+
+
+def test_the_map_names_every_module() -> None:
+    """docs/architecture.md is the newcomer's map: a module missing from it is a room nobody
+    was told about (named in backticks, as ``name.py``, ``name.Thing`` or ``pkg/name``)."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    unnamed = [
+        str(path.relative_to(SRC))
+        for path in SRC.rglob("*.py")
+        if path.stem not in ("__init__", "__main__")
+        and not re.search(rf"`(?:[\w.]+[./])?{path.stem}(?:\.py`|[.`/])", page)
+    ]
+    assert unnamed == []
