@@ -320,6 +320,28 @@ def test_regression_an_unacknowledged_event_a_resume_skipped_then_unverified() -
     assert not any(e.event_id == "0:26" for e in result.ledger)  # never acknowledged
 
 
+def test_regression_a_timeout_hole_inside_an_adopted_head() -> None:
+    # Drawn by PIDFENCE_SIM_EXPLORE=1, failed with lost=1 and the oracle's "refused wrongly":
+    # the sink adopted pid 2 at seq 151 beyond a trimmed head (130..150 before it UNVERIFIED,
+    # seq 149 timed out in librdkafka's queue and never written); the resume FENCEd the next
+    # generation at 143 and re-sent 143..155, and the re-sent 149 was called the DUPLICATE of a
+    # record the sink never appended. The head now stays open as a skipped gap does.
+    seed, knobs = parse_replay(
+        shlex.split(
+            "--seed 332 --events 222 --partitions 1 --producers 2 --drop-p 0.0 --dup-p 0.5 "
+            "--reorder 1 --crash-p 0.0 --zombie-p 0.0 --down-p 0.0 --double-p 0.0 "
+            "--restart-p 0.0 --plain-p 0.05 --timeout-p 0.01 --sink-start 100 --trim-p 0.05 "
+            "--resend-p 0.01 --lifetime-ms 100000000 --step-ms 13 --checkpoint-every 13 "
+            "--batch-every 2"
+        )
+    )
+    result = run(seed, **knobs)
+    assert_clean(result)
+    event = b'{"uid": 3, "ts": 1700000484, "chain": 1, "i": 149}'
+    logged = [r for r in result.log.to_pylist() if r["value"] == event]
+    assert [(r["pid"], r["seq"]) for r in logged] == [(2, 149)]
+
+
 # --- python -m pidfence.sim ------------------------------------------------------------------
 
 

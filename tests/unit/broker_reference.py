@@ -195,6 +195,8 @@ class ReferenceTable:
         self.order += 1
         if s and not fence:
             self.gaps.append((pid, g, 0, s - 1, ref, "head"))
+            if self.resolve_gaps:  # the head stays open, as a skipped gap does
+                self.entries[pid][4].update(range(s))
 
     def _wait(self, o: _Offer, out: list[Any]) -> None:
         w = self.pending[o.pid]

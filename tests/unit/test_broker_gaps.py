@@ -122,6 +122,50 @@ def test_case_2_records_before_the_next_generations_fence_are_adopted() -> None:
     assert gap_tuples(table.gaps) == [(7, 1, 0, 9, 0, "head")]
 
 
+def test_a_timeout_hole_in_an_adopted_head_is_filled_by_the_resume() -> None:
+    """Adopted at seq 8 beyond a trimmed head (0..7 reported): seq 5 had timed out in
+    librdkafka's queue and 6, 7 were trimmed, so nothing of the pid below 8 was appended. The
+    resume FENCEs g2 at 5 and re-sends 5..9: 5..7 fill the head, 8 is a DUPLICATE. Was: 5..7
+    DUPLICATE of records the sink never appended (event 5 lost; found by the simulation)."""
+    table = sink_table(live(7, 1))
+    table.open_horizon(1_000)
+    resume = [(2, 5, FLAG_FENCE)] + [(2, s, 0) for s in range(5, 10)]
+    zombie_and_again = [(1, 3, 0), (2, 5, 0)]
+    decided = final(verdicts(table, [(1, 8, 0), *resume, *zombie_and_again]))
+    assert [decided[i] for i in range(9)] == [A, Verdict.FENCE, A, A, A, D, A, F, D]
+    assert gap_tuples(table.gaps) == [
+        (7, 1, 0, 7, 0, "head"),
+        (7, 2, 5, 5, 2, "filled"),
+        (7, 2, 6, 6, 3, "filled"),
+        (7, 2, 7, 7, 4, "filled"),
+    ]
+    assert table.open_holes(7) == [(0, 4)]
+
+
+def test_the_batch_path_fills_an_open_hole_in_a_later_batch() -> None:
+    """The resume's FENCE in one batch, its re-sends in the next: the batch path must fill the
+    hole (up to its last seq) as ``offer`` does, not call the re-sends duplicates."""
+    one, batched = (sink_table(live(7, 1)) for _ in range(2))
+    for table in (one, batched):
+        table.open_horizon(1_000)
+        verdicts(table, [(1, 8, 0), (2, 5, FLAG_FENCE)])
+    resends = [(2, s, 0) for s in (7, 8, 9)]
+    strict = [v for _, v in verdicts(one, resends, t0=1_100)]
+    assert strict == [A, D, A]
+    headers = [encode_pf(7, g, s) for g, s, _ in resends]
+    stamps = np.arange(1_100, 1_103, dtype=np.int64)
+    assert batched.offer_batch(headers, stamps).verdicts() == [v.value for v in strict]
+
+
+def test_without_gap_resolution_an_adopted_head_stays_closed() -> None:
+    """``resolveGaps=false`` keeps the proposal's answer below the adoption: DUPLICATE."""
+    table = ProducerStateTable(64, DAY, 5, grace_ms=HOUR, authority=live(7, 1))
+    table.open_horizon(1_000)
+    decided = final(verdicts(table, [(1, 8, 0), (2, 5, FLAG_FENCE), (2, 5, 0)]))
+    assert [decided[i] for i in range(3)] == [A, Verdict.FENCE, D]
+    assert table.open_holes(7) == []
+
+
 def test_a_known_producer_behind_the_authority_is_not_appended_by_the_batch_path() -> None:
     """Pid 7 wrote seqs 0..2 at generation 0, then offsets were lost (the horizon opens) and the
     authority says generation 1 is live: pid 7's next record at generation 0 may be a zombie's

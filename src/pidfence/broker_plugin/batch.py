@@ -308,6 +308,7 @@ def _plan(
     exists = np.empty(k, bool)
     bad = np.zeros(k, bool)
     entries, held, pending = table.entries, table.held, table.pending
+    lowest = np.minimum.reduceat(ss, starts)
     for i, pid in enumerate(upids):
         entry = entries.get(pid)
         if entry is None:
@@ -316,12 +317,12 @@ def _plan(
         else:
             exists[i], base[i], cur_gen[i] = True, entry.highwater, entry.generation
             # An entry that may expire during the batch changes its producer's verdicts mid-way;
-            # a resend may fill an open hole.
+            # a resend may fill an open hole (records all above its holes cannot).
             bad[i] = (
                 entry.first_seen + life <= last_now
                 or pid in held
                 or pid in pending
-                or entry.holes is not None
+                or (entry.holes is not None and lowest[i] <= entry.holes[-1][1])
                 or pid in table.unconfirmed
             )
     n_new = int((~exists).sum())

@@ -369,6 +369,10 @@ class RulesKernel(Proofs, Adoption):
         self.create(pid, g, s - 1 if fence else s, self.clock)
         if s and not fence:
             self.gaps.append(Gap(pid, g, 0, s - 1, ref, "head"))
+            if self.resolve_gaps:
+                # The head stays open, as a skipped gap does: nothing of this pid below ``s``
+                # was appended, and a timeout hole in it is re-sent by the resume.
+                holes.add(self.entries[pid], 0, s - 1)
 
     def skip_gap(self, pid: int, entry: Entry, g: int, s: int, ref: Any, out: list[Emit]) -> None:
         """The window overflowed at seq ``s``: report the seqs below the lowest waiting record
