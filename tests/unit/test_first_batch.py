@@ -53,3 +53,16 @@ def test_rows_of_the_batch_count_without_the_file(tmp_path: Path) -> None:
 def test_a_stated_start_is_trusted(tmp_path: Path, starting: str) -> None:
     _initial(tmp_path, '{"t":{"0":100}}')
     check_first_batch(_options(tmp_path, startingOffsets=starting), [_part(0, 100)])
+
+
+def test_skipping_a_single_record_fails_too(tmp_path: Path) -> None:
+    _initial(tmp_path, '{"t":{"0":1}}')
+    with pytest.raises(StartSkipsRecords, match=r"never read 1 records \(t\[0\] offsets 0..0"):
+        check_first_batch(_options(tmp_path), [_part(0, 1)])
+
+
+def test_a_start_at_zero_passes_when_the_first_row_comes_later(tmp_path: Path) -> None:
+    """Spark's file says where the source started; the first row may be later (offsets 0..2
+    were transaction markers, or compaction removed them): nothing was skipped."""
+    _initial(tmp_path, '{"t":{"0":0}}')
+    check_first_batch(_options(tmp_path), [_part(0, 3)])

@@ -7,6 +7,7 @@ import traceback
 import pytest
 
 from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE, code_of
+from pidfence.pid_allocator.protocol import RequestRejected
 from pidfence.spark_sink.data_loss import DataLost
 from pidfence.spark_sink.delta.errors import DeltaCommitConflict, RestoredPastSink
 from pidfence.spark_sink.errors import ManifestUnreadable
@@ -98,3 +99,25 @@ def test_a_manifest_of_another_version_is_not_retriable() -> None:
     assert isinstance(error, ManifestUnreadable)
     assert "format 4" in str(error) and "new --output" in str(error)
     assert code_of(error) == EXIT_UNAVAILABLE
+
+
+def test_the_sqlstate_spark_appends_is_not_part_of_the_message() -> None:
+    worker = _traceback_of(RestoredPastSink("took the table back")).rstrip("\n")
+    found = failure_of(FakeStreamingQueryException(_spark_text(worker + " SQLSTATE: 39000")))
+    assert type(found) is RestoredPastSink and str(found) == "took the table back"
+
+
+def test_a_sink_error_in_the_context_of_another_exception_is_found() -> None:
+    """An error raised while handling Spark's, without ``from``, has Spark's as its context."""
+    outer = RuntimeError("the query stopped")
+    outer.__context__ = FakeStreamingQueryException(
+        _spark_text(_traceback_of(RestoredPastSink("back")))
+    )
+    found = failure_of(outer)
+    assert type(found) is RestoredPastSink and str(found) == "back"
+
+
+def test_an_exception_of_pidfence_that_is_no_pidfence_error_is_sparks_failure() -> None:
+    rejected = RequestRejected(7, ValueError("not this way"))
+    found = failure_of(FakeStreamingQueryException(_spark_text(_traceback_of(rejected))))
+    assert type(found) is SparkQueryFailed

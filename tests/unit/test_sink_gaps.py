@@ -79,6 +79,14 @@ def test_unread_offsets() -> None:
     assert unread_offsets(20, 10) == GapReport("offsets", offset_before=10, offset_after=20)
 
 
+def test_gaps_read_as_the_offsets_and_seqs_that_are_missing() -> None:
+    assert GapReport("offsets", offset_before=10, offset_after=20).human() == (
+        "offsets 11..19 not read"
+    )
+    assert GapReport("offsets", offset_after=50).human() == "offsets 0..49 not read"
+    assert GapReport("lost", 7, 2, 50, 52, 49, 53).human() == "pid 7 gen 2: seq 50..52 lost"
+
+
 def test_a_first_read_above_offset_zero_adopts_running_producers() -> None:
     """Retention trimmed offsets 0-49 (seqs 0-49) before the sink first read the partition."""
     records = _producer(7, list(range(50, 200)), first_offset=50)
@@ -94,6 +102,20 @@ def test_a_first_read_above_offset_zero_adopts_running_producers() -> None:
     ]
     out = process_partition(kafka_rows(records[60:]), "t", 0, st)
     assert out.log.num_rows == 90 and out.gaps == [] and out.horizon_ms is None
+
+
+def test_a_batch_asks_about_each_pid_once_and_records_that_answer() -> None:
+    leases = FakeLeases({7: 2})
+    authority = BatchAuthority(leases)
+    first = authority(7)
+    leases.generations[7] = 3  # the lease servers' answer changes while the batch runs
+    assert authority(7) == first
+    assert authority(8) == PidStatus.unknown(8)
+    assert leases.asked == [7, 8]
+    assert authority.recorded() == {
+        "7": [7, "live", 2, 86_400_000],
+        "8": [8, "unknown", -1, 0],
+    }
 
 
 def test_without_lease_servers_nothing_is_adopted() -> None:
@@ -120,6 +142,14 @@ def test_a_lost_record_is_one_gap_with_the_offsets_around_it() -> None:
     out = process_partition(kafka_rows(_producer(7, seqs, 0)), "t", 0, st)
     assert out.log.num_rows == 149
     assert out.gaps == [GapReport("lost", 7, 2, 50, 50, 49, 50)]
+
+
+def test_the_record_before_a_gap_is_the_one_appended_not_its_duplicate() -> None:
+    seqs = [*range(50), 49, *range(51, 150)]  # seq 49 resent at offset 50
+    st = PartitionState(ProducerStateTable(64, 10_000, 3, resolve_gaps=True))
+    out = process_partition(kafka_rows(_producer(7, seqs, 0)), "t", 0, st)
+    assert out.rejects.column("verdict").to_pylist() == ["DUPLICATE"]
+    assert out.gaps == [GapReport("lost", 7, 2, 50, 50, 49, 51)]
 
 
 def test_gaps_and_horizons_are_committed_and_survive_losing_every_state_file(

@@ -22,11 +22,12 @@ from pidfence.spark_sink import output as output_mod
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.errors import SinkOptionError
-from pidfence.spark_sink.lag import Watermarks
+from pidfence.spark_sink.lag import Watermarks, partition_lag
 from pidfence.spark_sink.manifest import Totals
 from pidfence.spark_sink.metrics import REJECTED, SinkMetrics
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import Output, open_output
+from pidfence.spark_sink.progress import BatchProgress, progress_by_batch
 from pidfence.spark_sink.state_files import decode_state, state_dir
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter, SinkCommitMessage
@@ -316,6 +317,29 @@ def test_spark_progress_feeds_the_batch_histograms(metrics_of: Any) -> None:
     assert total(found, "pidfence_sink_batch_duration_seconds_sum") == 5.5
     assert total(found, "pidfence_sink_batch_records_bucket", le="100.0") == 1
     assert total(found, "pidfence_sink_batch_records_sum") == 5050
+
+
+def test_lag_is_never_negative_when_kafka_answers_behind_the_sink() -> None:
+    marks = {("t", 0): (0, 45), ("t", 1): (0, 60)}
+    next_offsets = {("t", 0): 50, ("t", 1): 40}
+    assert partition_lag(marks, next_offsets, {}) == {("t", 0): 0, ("t", 1): 20}
+
+
+def test_a_batchs_lag_adds_up_its_sources() -> None:
+    class Query:
+        recentProgress = [
+            {
+                "batchId": 3,
+                "numInputRows": 10,
+                "sources": [
+                    {"metrics": {"maxOffsetsBehindLatest": "4"}},
+                    {"metrics": {"maxOffsetsBehindLatest": "6.0"}},
+                    {"metrics": {}},
+                ],
+            }
+        ]
+
+    assert progress_by_batch(Query()) == {3: BatchProgress(10, None, 10)}
 
 
 def test_served_over_http_on_loopback_and_a_taken_port_is_a_usage_error(
