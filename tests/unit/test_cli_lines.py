@@ -6,8 +6,11 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import typer
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,8 +20,17 @@ from pidfence.cli.exits import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     code_of,
+    exit_cleanly,
 )
-from pidfence.cli.preflight import PathUnusable, TopicReport, check_writable
+from pidfence.cli.preflight import (
+    KafkaUnreachable,
+    PathUnusable,
+    TopicMissing,
+    TopicReport,
+    ZooKeeperUnreachable,
+    check_kafka,
+    check_writable,
+)
 from pidfence.demo.procs import Worker
 from pidfence.demo.progress import role_line
 from pidfence.spark_sink import BatchLine, SinkOptionError
@@ -135,11 +147,39 @@ def test_check_writable_refuses_a_file_and_creates_a_folder(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
+    "error", [KafkaUnreachable, ZooKeeperUnreachable, TopicMissing, PathUnusable]
+)
+def test_a_failed_preflight_check_exits_3_as_a_rerun_meets_it_again(error: type) -> None:
+    assert code_of(error("what failed; the fix")) == EXIT_UNAVAILABLE
+
+
+class TopicWithoutPartitions:
+    """A consumer whose metadata lists topic ``t`` with no partition (and no error)."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        pass
+
+    def list_topics(self, timeout: float) -> Any:
+        return SimpleNamespace(topics={"t": SimpleNamespace(error=None, partitions={})})
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_topic_without_partitions_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pidfence.cli.preflight.refused_everywhere", lambda servers: False)
+    monkeypatch.setattr("confluent_kafka.Consumer", TopicWithoutPartitions)
+    with pytest.raises(TopicMissing, match=r"topic 't' does not exist.*create it first"):
+        check_kafka("127.0.0.1:9", ["t"], timeout_s=0.2)
+
+
+@pytest.mark.parametrize(
     ("output", "checkpoint"),
     [
         ("out", "out"),
         ("out", "./out/"),
         ("out", "out/ckpt"),
+        ("file://out", "out/ckpt"),
         ("s3://lake/out", "s3a://lake/out"),
         ("s3://lake/out/", "s3a://lake/out/ckpt"),
     ],
@@ -251,3 +291,16 @@ def test_produce_with_a_setting_that_cannot_work_is_a_usage_error(
     result = CliRunner().invoke(app, [*argv, "--topic", "t", "--count", "1", *option])
     assert result.exit_code == 2, result.output
     assert says in result.output
+
+
+def test_an_error_escaping_a_command_is_its_first_line_and_its_exit_code(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(typer.Exit) as info, exit_cleanly("sink"):
+        raise TopicMissing(
+            "topic 't' does not exist on Kafka at b:9092; create it first\n(details)"
+        )
+    assert info.value.exit_code == EXIT_UNAVAILABLE
+    assert capsys.readouterr().err == (
+        "pidfence sink: error: topic 't' does not exist on Kafka at b:9092; create it first\n"
+    )

@@ -15,6 +15,7 @@ from pidfence.producer import BrokerUnavailable, ProducerCheckpoint, ProducerFen
 from pidfence.producer.copier import CopySpec
 from pidfence.producer.copy_checkpoint import MetadataCodec
 from pidfence.producer.copy_group import CopyGroup, PartitionsNotCopied
+from pidfence.producer.copy_task import CopyTask
 from pidfence.testing import ManualClock
 from tests.unit.kafka_kit import Message
 
@@ -503,3 +504,20 @@ def test_a_member_leaving_during_a_rebalance_opens_nothing_it_is_about_to_give_u
     assert [p.partition for p in member.producers] == [0]
     assert 1 not in member.consumer.commits
     assert member.consumer.commits[0][0] == 3  # partition 0 handed over with its commit
+
+
+def test_a_task_commits_each_checkpoint_once_and_moves_past_markers_when_caught_up() -> None:
+    commits: list[int] = []
+    task = CopyTask.open(
+        0,
+        TARGET,
+        None,
+        5,
+        lambda checkpoint, output: FakeProducer(0, 10),
+        lambda partition, offset, checkpoint: commits.append(offset),
+    )
+    assert not task.unstored
+    task.checkpoint()  # nothing copied since the commit: nothing to commit
+    task.caught_up(8)  # offsets 5..7 hold transaction markers
+    task.checkpoint()
+    assert commits == [5, 8]

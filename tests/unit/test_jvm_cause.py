@@ -48,6 +48,22 @@ def test_the_root_cause_is_the_last_caused_by() -> None:
     )
 
 
+def test_of_several_caused_by_lines_the_deepest_is_the_cause() -> None:
+    text = (
+        "An error occurred while calling o42.start.\n"
+        ": org.apache.spark.SparkException: Job aborted.\n"
+        "Caused by: java.io.IOException: commit failed\n"
+        "\tat org.apache.hadoop.fs.s3a.S3AFileSystem.rename(S3AFileSystem.java:1)\n"
+        "Caused by: java.net.ConnectException: Connection refused\n"
+        "\t... 12 more\n"
+    )
+    assert str(root_cause(text)) == "ConnectException: Connection refused"
+    assert explain(text) == (
+        "ConnectException: Connection refused; the store did not answer: check "
+        "AWS_ENDPOINT_URL and that the store runs"
+    )
+
+
 def test_an_unchained_exception_is_its_own_cause() -> None:
     text = "An error occurred while calling o9.load.\n: java.lang.IllegalStateException: gone\n"
     assert str(root_cause(text)) == "IllegalStateException: gone"

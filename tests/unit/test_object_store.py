@@ -3,14 +3,23 @@ conditional-put probe's refusal of a store that ignores ``If-None-Match``."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from pidfence.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE, code_of
-from pidfence.spark_sink import s3_requests
+from pidfence.spark_sink import object_store, s3_requests
 from pidfence.spark_sink.errors import SinkOptionError
-from pidfence.spark_sink.object_store import arrow_uri, is_s3, spark_conf, storage_options
+from pidfence.spark_sink.object_store import (
+    arrow_uri,
+    is_s3,
+    session_conf,
+    spark_conf,
+    storage_options,
+)
 
 STORE = {
     "AWS_ENDPOINT_URL": "http://127.0.0.1:8333",
@@ -47,7 +56,7 @@ def test_storage_options_are_aws_variables_or_s3a_settings() -> None:
         "AWS_REGION": "x=y",
         "fs.s3a.fast.upload": "true",
     }
-    for bad in ("AWS_REGION", "region=eu", "spark.master=local"):
+    for bad in ("AWS_REGION", "region=eu", "spark.master=local", "fs.defaultFS=file:///"):
         with pytest.raises(SinkOptionError) as info:
             storage_options([bad])
         assert code_of(info.value) == EXIT_USAGE
@@ -74,3 +83,109 @@ def test_a_store_that_ignores_if_none_match_is_refused(monkeypatch: pytest.Monke
     assert code_of(info.value) == EXIT_UNAVAILABLE
     assert "If-None-Match" in str(info.value) and "SeaweedFS" in str(info.value)
     assert store.objects == {}  # the probe key is gone
+
+
+def refusal(status: int) -> ClientError:
+    """What boto3 raises for a request the store answered with ``status``."""
+    return ClientError(
+        {"Error": {"Code": str(status)}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        "PutObject",
+    )
+
+
+class HonouringStore(IgnoringStore):
+    """A store that refuses a conditional put of a key it holds (412), as S3 does."""
+
+    def put_object(self, Bucket: str, Key: str, Body: bytes, **conditions: Any) -> None:
+        if conditions.get("IfNoneMatch") == "*" and (Bucket, Key) in self.objects:
+            raise refusal(412)
+        super().put_object(Bucket, Key, Body)
+
+
+class AnsweringStore:
+    """A store that answers every put and HEAD with the statuses queued (None: success)."""
+
+    def __init__(self, *answers: int | None) -> None:
+        self.answers = list(answers)
+        self.puts = 0
+
+    def _answer(self) -> None:
+        status = self.answers.pop(0) if self.answers else None
+        if status is not None:
+            raise refusal(status)
+
+    def put_object(self, **_: Any) -> None:
+        self.puts += 1
+        self._answer()
+
+    def head_bucket(self, Bucket: str) -> None:
+        self._answer()
+
+
+def test_a_store_that_honours_if_none_match_passes_the_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = HonouringStore()
+    monkeypatch.setattr(s3_requests, "client", lambda: store)
+    s3_requests.probe("lake/out", "s3://lake/out")
+    assert store.objects == {}  # the probe key is gone
+
+
+def test_a_conditional_put_of_a_present_key_creates_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = HonouringStore()
+    monkeypatch.setattr(s3_requests, "client", lambda: store)
+    assert s3_requests.put_if_absent("lake/out/_delta_log/0.json", b"first")
+    assert not s3_requests.put_if_absent("lake/out/_delta_log/0.json", b"second")
+    assert store.objects == {("lake", "out/_delta_log/0.json"): b"first"}
+
+
+def test_only_a_concurrent_conditional_put_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    conflicted = AnsweringStore(409, 409, None)
+    monkeypatch.setattr(s3_requests, "client", lambda: conflicted)
+    assert s3_requests.put_if_absent("lake/k", b"x")
+    assert conflicted.puts == 3
+    forbidden = AnsweringStore(403, None)
+    monkeypatch.setattr(s3_requests, "client", lambda: forbidden)
+    with pytest.raises(ClientError):
+        s3_requests.put_if_absent("lake/k", b"x")
+    assert forbidden.puts == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "said", "fix"),
+    [
+        (404, "bucket lake does not exist", "create the bucket"),
+        (403, "403 Forbidden", "AWS_SECRET_ACCESS_KEY"),
+    ],
+)
+def test_an_unusable_store_is_refused_with_what_it_said_and_the_fix(
+    status: int, said: str, fix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_requests, "client", lambda: AnsweringStore(status))
+    with pytest.raises(s3_requests.StoreUnusable) as info:
+        s3_requests.reach("s3://lake/out", "s3://lake/out")
+    assert said in str(info.value) and fix in str(info.value)
+    assert code_of(info.value) == EXIT_UNAVAILABLE
+
+
+def test_a_changed_access_key_gets_a_client_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in STORE.items():
+        monkeypatch.setenv(key, value)
+    first = s3_requests.client()
+    assert s3_requests.client() is first
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "rotated")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "rotated-secret")
+    assert s3_requests.client() is not first
+
+
+def test_a_session_with_any_s3_path_gets_the_s3a_jars_and_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    jars = [Path("/jars/hadoop-aws.jar"), Path("/jars/bundle.jar")]
+    monkeypatch.setattr(object_store, "s3a_jars", lambda: jars)
+    conf = session_conf(["/data/out", "s3a://lake/ckpt"])
+    assert conf["spark.driver.extraClassPath"] == os.pathsep.join(map(str, jars))
+    assert conf["spark.hadoop.fs.s3a.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    assert session_conf(["/data/out", "file:///data/ckpt"]) == {}

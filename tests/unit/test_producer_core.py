@@ -113,6 +113,14 @@ def test_fences_announce_next_seq_without_advancing() -> None:
     assert decode_pf(seq.stamp("t", 1)).seq == 4
 
 
+def test_a_resumed_sequencer_keeps_the_checkpoints_secret_unless_given_another() -> None:
+    cp = ProducerCheckpoint(5, 2, 99, {("t", 0): 3}, secret=b"the pid's secret")
+    assert Sequencer.resumed(cp, generation=3, expire_ms=99).checkpoint() == ProducerCheckpoint(
+        5, 3, 99, {("t", 0): 3}, secret=b"the pid's secret", topics=("t",)
+    )
+    assert Sequencer.resumed(cp, 3, 99, secret=b"a new secret").secret == b"a new secret"
+
+
 def test_sequencer_refuses_bad_identity() -> None:
     with pytest.raises(ValueError, match="pid"):
         Sequencer(0, 0, 0)
@@ -227,3 +235,12 @@ def test_config_refuses_weak_acks_and_exports_librdkafka_keys() -> None:
 def test_config_repr_masks_secrets() -> None:
     conf = ProducerConfig("h:1", extra={"sasl.password": "hunter2", "sasl.username": "bob"})
     assert "hunter2" not in repr(conf) and "bob" in repr(conf)
+
+
+def test_a_rewind_past_the_first_seq_is_refused() -> None:
+    seq = Sequencer(5, 0, 99)
+    seq.stamp("t", 0)
+    seq.rewind("t", 0)
+    with pytest.raises(ValueError, match="nothing to rewind"):
+        seq.rewind("t", 0)
+    assert decode_pf(seq.stamp("t", 0)).seq == 0

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from pidfence.producer import ProducerConfig
+from pidfence.producer import ProducerCheckpoint, ProducerConfig, Sequencer
 from pidfence.producer.errors import ProducerConfigError
-from pidfence.producer.recovery import ScanState
+from pidfence.producer.recovery import ScanState, scan_keys
 from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, encode_pf
 from pidfence.wire.cert import CERT_HEADER_KEY
 
@@ -110,3 +110,13 @@ def test_a_fence_of_an_older_generation_does_not_count() -> None:
     state = ScanState({PID}, {PID: {}}, {PID: GEN}, verifier=per_partition, fenced={TP: GEN - 1})
     _first_records(state)
     assert state.highs[PID].get(TP, -1) == -1
+
+
+def test_a_resume_checks_each_pids_records_with_that_pids_mac_key() -> None:
+    checkpoint = ProducerCheckpoint(5, 2, 99, {TP: 3}, mac_key=b"5" * 32)
+    rolled = Sequencer(9, 0, 99)
+    rolled.mac_key, rolled.prior_mac_key = b"9" * 32, b"7" * 32
+    # The resume rolled past pid 7 (a successor of pid 5 whose lease had ended).
+    assert scan_keys(checkpoint, rolled, followed=7) == {5: b"5" * 32, 7: b"7" * 32, 9: b"9" * 32}
+    # Without a followed pid, the key of the roll's answer is the checkpoint's pid's.
+    assert scan_keys(checkpoint, rolled) == {5: b"5" * 32, 9: b"9" * 32}

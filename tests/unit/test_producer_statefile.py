@@ -14,6 +14,7 @@ from pidfence.producer import (
     ProducerCheckpoint,
     StateFileRefused,
     StateStorageFailed,
+    statefile,
 )
 from pidfence.producer.statefile import load_state, save_state
 
@@ -73,3 +74,15 @@ def test_checkpoint_secret_must_be_hex() -> None:
     data["secret"] = "zz"  # noqa: S105 - not hex, on purpose
     with pytest.raises(BadCheckpoint):
         ProducerCheckpoint.from_dict(data)
+
+
+def test_a_state_file_of_the_largest_size_is_read_and_a_larger_one_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(statefile, "MAX_STATE_BYTES", 32)
+    path = tmp_path / "s.json"
+    path.write_text('{"checkpoint": "' + "x" * 14 + '"}')  # 32 bytes
+    assert load_state(path) == {"checkpoint": "x" * 14}
+    path.write_text('{"checkpoint": "' + "x" * 15 + '"}')
+    with pytest.raises(BadCheckpoint, match="larger than 32 bytes"):
+        load_state(path)
