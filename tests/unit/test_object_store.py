@@ -131,6 +131,23 @@ def test_a_store_that_honours_if_none_match_passes_the_probe(
     assert store.objects == {}  # the probe key is gone
 
 
+class FailingSecondPut(HonouringStore):
+    """A store that takes the probe's first put and refuses the second (403)."""
+
+    def put_object(self, Bucket: str, Key: str, Body: bytes, **conditions: Any) -> None:
+        if self.objects:
+            raise refusal(403)
+        super().put_object(Bucket, Key, Body, **conditions)
+
+
+def test_a_probe_refused_halfway_leaves_no_key_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FailingSecondPut()
+    monkeypatch.setattr(s3_requests, "client", lambda: store)
+    with pytest.raises(s3_requests.StoreUnusable):
+        s3_requests.probe("lake/out", "s3://lake/out")
+    assert store.objects == {}
+
+
 def test_a_conditional_put_of_a_present_key_creates_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

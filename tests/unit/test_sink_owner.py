@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pidfence.cli.exits import EXIT_UNAVAILABLE, code_of
 from pidfence.spark_sink.errors import OutputOwnedError
 from pidfence.spark_sink.owner import OWNER, check_owner, claim, owner_of
 from pidfence.spark_sink.storage import Store
@@ -54,8 +55,13 @@ def test_an_unowned_path_passes_the_check_with_any_checkpoint(tmp_path: Path) ->
     check_owner(store, _checkpoint(tmp_path / "ckpt", QUERY_B))
 
 
-def test_an_unreadable_owner_record_is_not_taken_for_an_unowned_path(tmp_path: Path) -> None:
+@pytest.mark.parametrize("body", [b'{"query": "0f1e2d3c-qu', b"[]", b'{"query": 7}'])
+def test_a_damaged_owner_record_stops_the_sink_for_good(tmp_path: Path, body: bytes) -> None:
+    """Not taken for an unowned path, and not a raw parse error either: inside a Spark task
+    that would be a retriable failure (exit 75) a rerun meets again."""
     store = Store.at(str(tmp_path / "out" / "_pidfence"))
-    store.put(store.join(OWNER), b'{"query": "0f1e2d3c-qu')  # torn or overwritten by hand
-    with pytest.raises((ValueError, OutputOwnedError)):
+    store.put(store.join(OWNER), body)  # overwritten by hand
+    with pytest.raises(OutputOwnedError) as info:
         check_owner(store, None)
+    assert code_of(info.value) == EXIT_UNAVAILABLE
+    assert "damaged" in str(info.value) and "delete it" in str(info.value)

@@ -17,13 +17,26 @@ OWNER = "_owner.json"
 
 
 def owner_of(store: Store) -> str | None:
-    """The query id that owns the output path, or None."""
+    """The query id that owns the output path, or None.
+
+    Raises:
+        OutputOwnedError: the owner record is not one the sink wrote (it is written whole,
+            once, so only a hand edit or outside damage gets here): a rerun meets it again.
+    """
+    where = store.join(OWNER)
     try:
-        data = json.loads(store.read(store.join(OWNER)))
+        data = json.loads(store.read(where))
     except FileNotFoundError:
         return None
+    except ValueError:
+        data = None
     owner = data.get("query") if isinstance(data, dict) else None
-    return str(owner) if owner is not None else None
+    if not isinstance(owner, str):
+        raise OutputOwnedError(
+            f'the owner record {where} is damaged (not {{"query": ID}}): if no streaming '
+            "query writes to this output, delete it and start again; otherwise stop that query"
+        )
+    return owner
 
 
 def claim(store: Store, query_id: str) -> None:

@@ -198,11 +198,15 @@ def probe(bucket_path: str, where: str) -> None:
     key = f"{bucket_path.rstrip('/')}/_pidfence/probe-{uuid.uuid4().hex}"
     bucket, _, name = key.partition("/")
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
+    first = False
     try:
         first = put_if_absent(key, b"1")
         second = put_if_absent(key, b"2")
         client().delete_object(Bucket=bucket, Key=name)
     except (BotoCoreError, ClientError) as exc:
+        if first:  # never leave the probe's key under the user's prefix
+            with contextlib.suppress(BotoCoreError, ClientError):
+                client().delete_object(Bucket=bucket, Key=name)
         raise StoreUnusable(f"{where} (store {endpoint}): {exc}; {_fix(str(exc))}") from exc
     if first and not second:
         return
