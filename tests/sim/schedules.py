@@ -52,14 +52,12 @@ SCHEDULE_SPACE: dict[str, st.SearchStrategy[Any]] = {
 
 
 def fit(knobs: dict[str, Any]) -> dict[str, Any]:
-    """Knobs where their preconditions hold (docs/gaps.md, "Limits"): adoption after a trim or a
-    mid-log start needs in-order sessions (``reorder=1``); under gap resolution a timeout hole
-    is filled only by a resume under the same pid (no rollover within the schedule)."""
+    """Knobs where their preconditions hold (docs/gaps.md, "Where liveness gives way to
+    safety"): adoption after a trim or a mid-log start needs in-order sessions
+    (``reorder=1``)."""
     out = dict(knobs)
     if out.get("reorder", 3) != 1:
         out["trim_p"], out["sink_latest"] = 0.0, False
-    elif out.get("lifetime_ms", 2400) != 10**8:
-        out["timeout_p"] = 0.0
     return out
 
 

@@ -257,6 +257,10 @@ def test_the_oracle_names_what_the_strict_rules_never_append() -> None:
     behind = StrictRecord(0, 1, zombie, Verdict.OUT_OF_ORDER, True, False, False)
     excused = judge([strict[0], behind], [(0, first), (0, zombie)], read, set(), relaxed)
     assert excused.ok and excused.excused["gap_resolution"] == 1
+    # ... and the record that overflows the reorder window, refused on arrival (found by the
+    # simulation once timeout holes met rollovers: the sink appends it after the gap) ...
+    overflow = StrictRecord(0, 1, zombie, Verdict.OUT_OF_ORDER, False, False, False)
+    assert judge([strict[0], overflow], [(0, first), (0, zombie)], read, set(), relaxed).ok
     # ... never after a newer generation of its pid.
     after = StrictRecord(0, 1, zombie, Verdict.OUT_OF_ORDER, True, True, False)
     assert judge(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,11 @@ class ProducerCheckpoint:
         fenced: the partitions a resume FENCEd, with the generation of that FENCE: there the
             sink holds an entry for the pid, so the recovery scan need not ask the first record
             after the checkpoint to prove itself with a certificate.
+        resend: per partition, the records of the ``skip`` run sent after all, as ``(first,
+            last)`` positions counted back from the run's end: the predecessor's seqs the sink
+            skipped as a gap (:attr:`pidfence.producer.sequencer.Sequencer.resend`).
+        ahead_holes: per partition, the seqs below ``ahead`` the sink skipped as a gap,
+            ``(first, last)`` ascending: never to be skipped by a successor.
     """
 
     pid: int
@@ -50,6 +56,8 @@ class ProducerCheckpoint:
     topics: tuple[str, ...] = ()
     mac_key: bytes = field(default=b"", repr=False)
     fenced: Mapping[TopicPartition, int] = field(default_factory=dict)
+    resend: Mapping[TopicPartition, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    ahead_holes: Mapping[TopicPartition, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``next_seq`` as ``[[topic, partition, seq], ...]``, sorted)."""
@@ -73,6 +81,8 @@ class ProducerCheckpoint:
                 if self.fenced
                 else {}
             )
+            | _ranges_field("resend", self.resend)
+            | _ranges_field("ahead_holes", self.ahead_holes)
         )
 
     def to_json(self) -> str:
@@ -93,6 +103,8 @@ class ProducerCheckpoint:
             skip = _per_partition(data.get("skip", []), "skip")
             ahead = _per_partition(data.get("ahead", []), "ahead")
             fenced = _per_partition(data.get("fenced", []), "fenced")
+            resend = _ranges_per_partition(data.get("resend", []), "resend", descending=True)
+            ahead_holes = _ranges_per_partition(data.get("ahead_holes", []), "ahead_holes")
             topics = data.get("topics", [])
             if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
                 raise BadCheckpoint(f"topics must be a list of names, got {topics!r}")
@@ -119,6 +131,8 @@ class ProducerCheckpoint:
             topics=tuple(topics),
             mac_key=mac_key,
             fenced=fenced,
+            resend=resend,
+            ahead_holes=ahead_holes,
             **fields,
         )
 
@@ -152,4 +166,38 @@ def _per_partition(items: Any, name: str) -> dict[TopicPartition, int]:
         if partition < 0 or n < 0:
             raise BadCheckpoint(f"negative partition or count in {name} {[topic, partition, n]!r}")
         out[(topic, partition)] = n
+    return out
+
+
+def _ranges_field(
+    name: str, ranges: Mapping[TopicPartition, tuple[tuple[int, int], ...]]
+) -> dict[str, Any]:
+    """``{name: [[topic, partition, [[a, b], ...]], ...]}``, or nothing when empty."""
+    rows = [[t, p, [list(r) for r in rs]] for (t, p), rs in sorted(ranges.items()) if rs]
+    return {name: rows} if rows else {}
+
+
+def _ranges_per_partition(
+    items: Any, name: str, descending: bool = False
+) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
+    """Parse :func:`_ranges_field` rows: non-negative ``[a, b]`` ranges in order (``a <= b``
+    ascending; ``a >= b`` descending), disjoint."""
+    out: dict[TopicPartition, tuple[tuple[int, int], ...]] = {}
+    for topic, partition, ranges in items:
+        if not isinstance(topic, str) or type(partition) is not int or partition < 0:
+            raise BadCheckpoint(f"bad {name} entry {[topic, partition]!r}")
+        pairs = [tuple(r) for r in ranges]
+        flat = [v for pair in pairs for v in pair]
+        if (
+            not pairs
+            or any(len(pair) != 2 for pair in pairs)
+            or any(type(v) is not int or v < 0 for v in flat)
+        ):
+            raise BadCheckpoint(f"bad {name} ranges {ranges!r}")
+        ordered = flat[::-1] if descending else flat
+        if any(x > y for x, y in itertools.pairwise(ordered)) or any(
+            x == y for x, y in zip(ordered[1::2], ordered[2::2], strict=False)
+        ):
+            raise BadCheckpoint(f"{name} ranges must be ordered and disjoint: {ranges!r}")
+        out[(topic, partition)] = tuple((a, b) for a, b in pairs)
     return out

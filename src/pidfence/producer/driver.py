@@ -137,7 +137,7 @@ class SessionDriver:
             if scanner is None:
                 scanner = KafkaScanner(consumer_conf(self._config.to_librdkafka()))
             scanner(state, parts, since_ms, dict(self._sender.delivery.fence_ends))
-            session.scanned(checkpoint, state.highs)
+            session.scanned(checkpoint, state.highs, state.holes)
         current = session.sequencer
         log.info(
             "resumed the checkpoint of pid %d (%s): pid %d at generation %d",

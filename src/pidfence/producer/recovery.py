@@ -28,6 +28,9 @@ CertVerifier = Callable[[str, int], Verifier]
 
 #: pid -> (topic, partition) -> highest seq of a data record seen.
 Highs = dict[int, dict[TopicPartition, int]]
+#: pid -> (topic, partition) -> the seqs below its high the sink skipped as a gap (open holes),
+#: ``(first, last)`` ascending.
+Holes = dict[int, dict[TopicPartition, list[tuple[int, int]]]]
 
 
 #: ``scanner(state, partitions, since_ms, until)``: reads the raw partitions and feeds ``state``
@@ -63,6 +66,8 @@ class ScanState:
             topic writer injected at the pid's next seq is never taken for one of its own.
         fenced: the checkpoint's FENCEd partitions and generations (the sink holds an entry
             for the checkpoint's pid there).
+        holes: per pid and partition, the open holes below ``base`` (a checkpoint's
+            ``ahead_holes``): seqs an earlier scan saw skipped, which a re-send may fill.
     """
 
     def __init__(
@@ -75,8 +80,13 @@ class ScanState:
         resolve_gaps: bool = True,
         macs: Mapping[int, bytes] | None = None,
         fenced: Mapping[TopicPartition, int] | None = None,
+        holes: Mapping[int, Mapping[TopicPartition, Iterable[tuple[int, int]]]] | None = None,
     ) -> None:
         self.pids = pids
+        self._base_holes = {
+            pid: {tp: list(ranges) for tp, ranges in by_tp.items()}
+            for pid, by_tp in (holes or {}).items()
+        }
         self._fenced = dict(fenced or {})
         self._resolve_gaps = resolve_gaps
         # Keyed once per pid: a scan reads every record the predecessor wrote.
@@ -99,6 +109,17 @@ class ScanState:
                     out[pid][tp] = max(out[pid].get(tp, -1), entry[1])
         return out
 
+    @property
+    def holes(self) -> Holes:
+        """pid -> (topic, partition) -> the open holes below its high: what the rules skipped
+        as a gap (a timeout hole), so the sink has nothing of those seqs."""
+        out: Holes = {pid: dict(by_tp) for pid, by_tp in self._base_holes.items()}
+        for tp, table in self._tables.items():
+            for pid in self.pids:
+                if table.get(pid) is not None:
+                    out.setdefault(pid, {})[tp] = list(table.open_holes(pid))
+        return out
+
     def _table(self, tp: TopicPartition) -> ProducerStateTable:
         table = self._tables.get(tp)
         if table is None:
@@ -113,6 +134,9 @@ class ScanState:
             for pid, generation in self._base_gen.items():
                 # The resume's FENCEs put the pid at its generation on every partition.
                 table.create(pid, generation, self._base[pid].get(tp, -1), 0)
+                known = self._base_holes.get(pid, {}).get(tp)
+                if known:
+                    table.entries[pid].holes = [[a, b] for a, b in known]
                 if tp not in self._base[pid] and self._fenced.get(tp) != generation:
                     # Unless the checkpoint FENCEd nothing there (a fresh lease's): the sink
                     # may hold no entry, and a first record must prove itself.
@@ -179,16 +203,36 @@ class ScanState:
         return verify(pid, g, seq, flags, cert, max(table.clock, ts_ms)) is None
 
 
-def handover(current: Sequencer) -> dict[TopicPartition, int]:
-    """What the successor of ``current`` must skip: ``current``'s unsent skips, plus the
-    records an earlier instance of its pid got into Kafka that it has not re-sent yet (the
-    recovery scan's ``ahead``): the successor's seqs would not deduplicate them."""
-    out = dict(current.skip)
-    for tp, target in current.ahead.items():
-        behind = target - current.peek(*tp)
-        if behind > 0:
-            out[tp] = out.get(tp, 0) + behind
+#: One partition's skip runs, in order: (records, the positions of the run sent after all;
+#: see :attr:`pidfence.producer.sequencer.Sequencer.resend`).
+SkipPlan = list[tuple[int, list[tuple[int, int]]]]
+
+
+def sent_anyway(holes: Iterable[tuple[int, int]], low: int, end: int) -> list[tuple[int, int]]:
+    """The positions (counted back from the run's end) of a skip run standing for seqs
+    ``low..end-1`` whose seqs are in ``holes``: the sink has nothing of them, so a successor
+    sends them instead of skipping them."""
+    out = []
+    for hole_first, hole_last in holes:
+        first, last = max(hole_first, low), min(hole_last, end - 1)
+        if first <= last:
+            out.append((end - first, end - last))
     return out
+
+
+def handover(current: Sequencer) -> dict[TopicPartition, SkipPlan]:
+    """What the successor of ``current`` must skip, per partition: ``current``'s unsent
+    skips, then the records an earlier instance of its pid got into Kafka that it has not
+    re-sent yet (the recovery scan's ``ahead``): the successor's seqs would not deduplicate
+    them. The holes among them (``ahead_holes``) are sent: the sink has nothing of them."""
+    plans: dict[TopicPartition, SkipPlan] = {}
+    for tp in set(current.skip) | set(current.ahead):
+        runs: SkipPlan = [(current.skip.get(tp, 0), list(current.resend.get(tp, ())))]
+        at, target = current.peek(*tp), current.ahead.get(tp, 0)
+        if target > at:
+            runs = after_pid(runs, at, target, current.ahead_holes.get(tp, ()))
+        plans[tp] = runs
+    return plans
 
 
 def scan_keys(
@@ -242,11 +286,16 @@ def scan_state(
         resolve_gaps,
         macs,
         checkpoint.fenced,
+        {checkpoint.pid: checkpoint.ahead_holes},
     )
 
 
 def apply_scan(
-    seq: Sequencer, checkpoint: ProducerCheckpoint, highs: Highs, followed: int | None = None
+    seq: Sequencer,
+    checkpoint: ProducerCheckpoint,
+    highs: Highs,
+    followed: int | None = None,
+    holes: Holes | None = None,
 ) -> None:
     """Set what ``seq`` (just resumed from ``checkpoint``) re-sends and skips after a scan.
 
@@ -258,19 +307,68 @@ def apply_scan(
       skips); a followed successor's own records from its earlier holder set ``ahead``; those
       of a ``followed`` successor rolled past (its lease had ended) are skipped as well: its
       seqs started at 0 right after the checkpoint's pid's records.
+
+    Seqs the sink skipped as a gap (``holes``: a timeout hole) are in no output: re-sent under
+    the same pid they fill it (``ahead_holes`` keeps them for a later handover); after a roll
+    they are sent, not skipped.
     """
+    holes = holes or {}
     # What the checkpoint already knew was ahead of it (an earlier scan, possibly of records older
     # than this scan's start) counts as well.
     reach = {tp: h + 1 for tp, h in highs.get(checkpoint.pid, {}).items()}
     for tp, target in checkpoint.ahead.items():
         reach[tp] = max(reach.get(tp, 0), target)
     base = checkpoint.next_seq
+    own = holes.get(checkpoint.pid, {})
     if seq.pid == checkpoint.pid:
         seq.ahead = {tp: n for tp, n in reach.items() if n > base.get(tp, 0)}
+        seq.ahead_holes = {
+            tp: [(max(a, base.get(tp, 0)), b) for a, b in own.get(tp, ()) if b >= base.get(tp, 0)]
+            for tp in seq.ahead
+            if own.get(tp)
+        }
         return
-    extra = {tp: n - base.get(tp, 0) for tp, n in reach.items()}
-    if followed is not None and followed != seq.pid:
-        for tp, high in highs.get(followed, {}).items():
-            extra[tp] = extra.get(tp, 0) + high + 1
-    seq.with_skip(checkpoint.skip).with_skip(extra)
+    past = followed is not None and followed != seq.pid
+    rolled_past = highs.get(followed, {}) if past and followed is not None else {}
+    for tp in set(reach) | set(checkpoint.skip) | set(rolled_past):
+        runs: SkipPlan = [(checkpoint.skip.get(tp, 0), list(checkpoint.resend.get(tp, ())))]
+        if reach.get(tp, 0) > base.get(tp, 0):
+            runs = after_pid(runs, base.get(tp, 0), reach[tp], own.get(tp, ()))
+        if tp in rolled_past and followed is not None:
+            runs = after_pid(runs, 0, rolled_past[tp] + 1, holes.get(followed, {}).get(tp, ()))
+        for n, sends in runs:
+            seq.with_skip({tp: n}, {tp: sends})
     seq.ahead = {tp: h + 1 for tp, h in highs.get(seq.pid, {}).items()}
+    seq.ahead_holes = {tp: list(r) for tp, r in holes.get(seq.pid, {}).items() if r}
+
+
+def after_pid(runs: SkipPlan, low: int, end: int, gaps: Iterable[tuple[int, int]]) -> SkipPlan:
+    """The skip runs of one partition once a pid that ran ``runs`` from its seq ``low`` got
+    ``low..end-1`` into Kafka (``gaps``: the seqs among them the sink skipped). That pid sent
+    the runs' resend positions first, in order, then what came after them: those it
+    delivered are skipped now, and a last run skips what it sent after them, but for its gaps
+    (the sink has nothing of those)."""
+    holes = list(gaps)
+    seq = low
+    kept_runs: SkipPlan = []
+    for n, sends in runs:
+        kept: list[int] = []
+        for first, last in sends:
+            for position in range(first, last - 1, -1):
+                if seq >= end or any(a <= seq <= b for a, b in holes):
+                    kept.append(position)
+                seq += 1
+        kept_runs.append((n, _as_ranges(kept)))
+    kept_runs.append((max(end - seq, 0), sent_anyway(holes, seq, end)))
+    return kept_runs
+
+
+def _as_ranges(positions: list[int]) -> list[tuple[int, int]]:
+    """Descending positions as ``(first, last)`` runs of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for position in positions:
+        if out and out[-1][1] == position + 1:
+            out[-1] = (out[-1][0], position)
+        else:
+            out.append((position, position))
+    return out

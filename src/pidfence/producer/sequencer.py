@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 
 import msgpack
@@ -77,9 +77,19 @@ class Sequencer:
     certified: set[TopicPartition] = field(init=False, default_factory=set)
     #: Records per partition not to send: already in Kafka under the predecessor pid.
     skip: dict[TopicPartition, int] = field(init=False, default_factory=dict)
+    #: Per partition, the records of the ``skip`` run sent after all, as ``(first, last)``
+    #: positions counted back from the run's end (``skip`` counts down through them), in the
+    #: order they come: the predecessor's seqs the sink skipped as a gap (a timeout hole), so
+    #: nothing of theirs is in the output.
+    resend: dict[TopicPartition, list[tuple[int, int]]] = field(init=False, default_factory=dict)
     #: Per partition, the next seq after the highest one an earlier instance of this pid got
     #: into Kafka (recovery scan): below it, re-sent records are DUPLICATEs.
     ahead: dict[TopicPartition, int] = field(init=False, default_factory=dict)
+    #: Per partition, the seqs below ``ahead`` the sink skipped as a gap, ``(first, last)``
+    #: ascending: re-sent, they fill it; handed over to a successor, they are sent, not skipped.
+    ahead_holes: dict[TopicPartition, list[tuple[int, int]]] = field(
+        init=False, default_factory=dict
+    )
     #: Topics written under this lineage before this sequencer (carried over rollovers).
     topics: set[str] = field(init=False, default_factory=set)
     #: Per topic, per partition: a one-element list holding the next seq (a mutable cell, so
@@ -160,21 +170,33 @@ class Sequencer:
             checkpoint.lifetime_ms,
             checkpoint.secret if secret is None else secret,
             cert,
-        ).with_skip(checkpoint.skip)
+        ).with_skip(checkpoint.skip, checkpoint.resend)
         seq.ahead = dict(checkpoint.ahead)
+        seq.ahead_holes = {tp: list(holes) for tp, holes in checkpoint.ahead_holes.items()}
         seq.topics = set(checkpoint.topics)
         return seq
 
-    def with_skip(self, skip: Mapping[TopicPartition, int]) -> Sequencer:
-        """This sequencer with ``skip`` added to its skip counts (returns self)."""
+    def with_skip(
+        self,
+        skip: Mapping[TopicPartition, int],
+        resend: Mapping[TopicPartition, Sequence[tuple[int, int]]] | None = None,
+    ) -> Sequencer:
+        """This sequencer with a run of ``skip`` records appended to each partition's skips,
+        ``resend`` the positions of that run sent after all (see :attr:`resend`); returns self."""
         for tp, n in skip.items():
-            if n > 0:
-                self.skip[tp] = self.skip.get(tp, 0) + n
-                self.unready(*tp)
+            if n <= 0:
+                continue
+            earlier = [(a + n, b + n) for a, b in self.resend.get(tp, ())]
+            added = [(a, b) for a, b in (resend or {}).get(tp, ()) if 1 <= b <= a <= n]
+            if earlier or added:
+                self.resend[tp] = earlier + added
+            self.skip[tp] = self.skip.get(tp, 0) + n
+            self.unready(*tp)
         return self
 
     def take_skip(self, topic: str, partition: int) -> bool:
-        """True (and one fewer to skip) when the next record of (topic, partition) is skipped."""
+        """True (and one fewer to skip) when the next record of (topic, partition) is skipped;
+        False for a record of a :attr:`resend` position (it counts down the run all the same)."""
         tp = (topic, partition)
         n = self.skip.get(tp, 0)
         if n <= 0:
@@ -183,7 +205,15 @@ class Sequencer:
             del self.skip[tp]
         else:
             self.skip[tp] = n - 1
-        return True
+        sends = self.resend.get(tp)
+        if not sends:
+            return True
+        first, last = sends[0]
+        if n == last:
+            sends.pop(0)
+        if n == 1 or not sends:
+            self.resend.pop(tp, None)
+        return not last <= n <= first
 
     def header(self, seq: int) -> bytes:
         """The ``pf`` header of the data record with ``seq`` (byte for byte ``encode_pf``).
@@ -296,8 +326,21 @@ class Sequencer:
             self.lifetime_ms,
             self.secret,
             skip=dict(self.skip),
+            resend={tp: tuple(sends) for tp, sends in self.resend.items() if tp in self.skip},
             taken_ms=taken_ms,
             ahead={tp: n for tp, n in self.ahead.items() if n > counters.get(tp, 0)},
+            ahead_holes={
+                tp: tuple(above)
+                for tp, holes in self.ahead_holes.items()
+                if self.ahead.get(tp, 0) > counters.get(tp, 0)
+                and (
+                    above := [
+                        (max(a, counters.get(tp, 0)), b)
+                        for a, b in holes
+                        if b >= counters.get(tp, 0)
+                    ]
+                )
+            },
             topics=tuple(sorted(self.topics | {t for t, _ in counters})),
             mac_key=self.mac_key or b"",
             fenced={tp: g for tp, g in self.fenced.items() if g == self.generation},

@@ -35,7 +35,14 @@ from pidfence.producer.config import ProducerConfig
 from pidfence.producer.errors import DrainFailed, LeaseExpired, ProducerError, ProducerFenced
 from pidfence.producer.headers import Fence, Header, cert_headers, mac_headers, owes_cert
 from pidfence.producer.lease import Resumed
-from pidfence.producer.recovery import CertVerifier, Highs, ScanState, apply_scan, scan_state
+from pidfence.producer.recovery import (
+    CertVerifier,
+    Highs,
+    Holes,
+    ScanState,
+    apply_scan,
+    scan_state,
+)
 from pidfence.producer.sequencer import Sequencer
 from pidfence.producer.state import LeaseState, LeaseStateMachine
 from pidfence.wire import FLAG_FENCE, decode_pf
@@ -258,7 +265,9 @@ class ProducerSession:
         (:func:`~pidfence.producer.recovery.handover`) and inherits its topics.
         """
         current = self.sequencer
-        successor.with_skip(recovery.handover(current))
+        for tp, runs in recovery.handover(current).items():
+            for n, sends in runs:
+                successor.with_skip({tp: n}, {tp: sends})
         successor.topics = current.topics | {t for t, _ in current.partitions()}
         self.leased(successor)
         self.rollovers += 1
@@ -364,7 +373,7 @@ class ProducerSession:
             checkpoint.pid,
         )
         if current.pid != checkpoint.pid:
-            current.with_skip(checkpoint.skip)
+            current.with_skip(checkpoint.skip, checkpoint.resend)
         return False
 
     def scan_state(
@@ -382,10 +391,13 @@ class ProducerSession:
         )
         return state, checkpoint.taken_ms - self._skew_ms
 
-    def scanned(self, checkpoint: ProducerCheckpoint, highs: Highs) -> None:
-        """What the scan found: re-send up to it under the same pid, or skip it after a roll."""
+    def scanned(
+        self, checkpoint: ProducerCheckpoint, highs: Highs, holes: Holes | None = None
+    ) -> None:
+        """What the scan found: re-send up to it under the same pid, or skip it after a roll
+        (but for the holes the sink skipped, which are sent)."""
         current = self.sequencer
-        apply_scan(current, checkpoint, highs, self._followed)
+        apply_scan(current, checkpoint, highs, self._followed, holes)
         if current.ahead or current.skip:
             log.info(
                 "recovery scan: pid %d re-sends up to %s; skips %s (already in Kafka)",

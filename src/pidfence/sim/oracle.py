@@ -11,10 +11,11 @@ The sink's output is compared with it per event (DESIGN §9), the upstream event
 record's value:
 
 * **appended wrongly**: an event the sink appended that the strict rules append under no
-  record. The one relaxation allowed: a record the strict rules held behind a hole and then
-  refused (``OUT_OF_ORDER``, or ``FENCED`` at its release), where no record of a newer
-  generation of its pid came before it in the log: gap resolution appends exactly those, and a
-  hole that stays open lets its resumer fill it (DESIGN §4 amended a third time).
+  record. The one relaxation allowed: a record past a hole that the strict rules refused
+  (``OUT_OF_ORDER``: held behind it, or past the reorder window on arrival, the record that
+  overflows it; or ``FENCED`` at its release after waiting behind it), where no record of a
+  newer generation of its pid came before it in the log: gap resolution appends exactly those,
+  and a hole that stays open lets its resumer fill it (DESIGN §4 amended a third time).
   Also, whatever its event: a record the strict rules ``FENCED`` on arrival (a zombie's: a
   newer generation of its pid was on the partition before it). Its successor's copy of the
   event, appended by the strict rules, may be one the sink never read (retention deleted it with
@@ -179,7 +180,8 @@ def judge(
             continue
         if rec.value in strict_events:
             continue
-        behind_a_hole = s.held and s.verdict in (Verdict.OUT_OF_ORDER, Verdict.FENCED)
+        past_a_hole = s.verdict is Verdict.OUT_OF_ORDER  # held behind it, or past the window
+        behind_a_hole = past_a_hole or (s.held and s.verdict is Verdict.FENCED)
         if behind_a_hole and not s.after_newer:
             report.excused["gap_resolution"] += 1
             continue
