@@ -89,6 +89,73 @@ def test_a_roll_before_the_resends_hands_the_hole_over(rig: SharedRig) -> None:
     assert sink_appends(rig) == Counter(z(i) for i in range(20))
 
 
+def rolled_past_a_hole(rig: SharedRig) -> IdempotentProducer:
+    """A successor that rolled over a checkpoint with z5, z6 in a hole, and sent z3..z5."""
+    cp = checkpoint_then_a_hole(rig, 5, 6)
+    rig.now = cp.expire_ms + 1
+    b = rig.resume(cp)
+    assert b.resumed_how == "rolled"
+    send(b, 3, 6)  # z3, z4 skipped; z5 sent, the first position of the two to send
+    return b
+
+
+def exactly_once(rig: SharedRig, n: int) -> None:
+    got = sink_appends(rig)
+    assert got == Counter(z(i) for i in range(n)), {k: v for k, v in got.items() if v != 1}
+
+
+def test_a_roll_inside_a_resend_range_sends_the_rest_of_it(rig: SharedRig) -> None:
+    b = rolled_past_a_hole(rig)
+    rig.now += ROLL_AT  # the successor's own rollover falls now: z6 goes to the next pid
+    send(b, 6, 20)
+    exactly_once(rig, 20)
+
+
+@pytest.mark.parametrize("expired", [False, True], ids=["bumped", "rolled"])
+def test_a_checkpoint_inside_a_resend_range_resumes_where_it_was(
+    rig: SharedRig, expired: bool
+) -> None:
+    """Found by review: a taken resend position stayed in the plan, so a checkpoint inside a
+    range sent z5 again after a roll, or dropped z6 after a bump."""
+    b = rolled_past_a_hole(rig)
+    mid = b.checkpoint()
+    assert mid.resend == {TP: ((9, 9),)}  # z6 is still to send; z5 is not
+    send(b, 6, 7)  # z6 sent, then the successor dies
+    rig.now = mid.expire_ms + 1 if expired else rig.now
+    c = rig.resume(ProducerCheckpoint.from_json(mid.to_json()))
+    assert c.resumed_how == ("rolled" if expired else "bumped")
+    send(c, 6, 20)
+    exactly_once(rig, 20)
+
+
+@pytest.mark.parametrize("successors_hole", [(), (6,), (16, 17)])
+def test_a_bumped_resume_mid_plan_then_a_roll(
+    rig: SharedRig, successors_hole: tuple[int, ...]
+) -> None:
+    b = rolled_past_a_hole(rig)
+    mid = b.checkpoint()
+    send(b, 6, 25)  # z6, then z15.. under the successor
+    timed_out(rig, *successors_hole)  # the successor's own records may leave a hole too
+    c = rig.resume(ProducerCheckpoint.from_json(mid.to_json()))
+    assert c.resumed_how == "bumped"
+    rig.now += ROLL_AT  # it rolls before its first re-send
+    send(c, 6, 30)
+    exactly_once(rig, 30)
+
+
+def test_a_full_queue_on_a_position_to_send_keeps_its_place(rig: SharedRig) -> None:
+    """Found by review: the position was taken before the record reached the client, so the
+    retry after ``QueueFull`` landed on the next one (z6 lost, z14 sent twice)."""
+    cp = checkpoint_then_a_hole(rig, 5, 6)
+    rig.now = cp.expire_ms + 1
+    b = rig.resume(cp)
+    send(b, 3, 5)
+    assert rig.kafka is not None
+    rig.kafka.full_once = True  # librdkafka's queue is full once, for z5
+    send(b, 5, 20)
+    exactly_once(rig, 20)
+
+
 def test_a_skip_run_sends_its_resend_positions_in_order() -> None:
     seq = Sequencer(7, 0, 10**9).with_skip({TP: 3}, {TP: [(2, 2)]})
     seq.with_skip({TP: 2}, {TP: [(1, 1)]})  # a second run after the first
@@ -113,7 +180,13 @@ def test_a_checkpoint_keeps_the_plan_and_refuses_a_damaged_one() -> None:
     cp = seq.checkpoint()
     again = ProducerCheckpoint.from_json(cp.to_json())
     assert again.resend == {TP: ((4, 3),)} and again.ahead_holes == {TP: ((6, 6),)}
-    for bad in ([["t", 0, [[3, 4], [2, 2]]]], [["t", 0, [[4, 3], [3, 1]]]], [["t", 0, [[-1, 1]]]]):
-        data = cp.to_dict() | {"resend": bad}
+    # Version 2 only with a plan: an older pidfence refuses it rather than skip the holes.
+    assert cp.to_dict()["v"] == 2 and Sequencer(7, 0, 10**9).checkpoint().to_dict()["v"] == 1
+    unordered, overlapping, negative, past_the_run = (
+        [["t", 0, ranges]] for ranges in ([[3, 4], [2, 2]], [[4, 3], [3, 1]], [[-1, 1]], [[9, 9]])
+    )
+    for bad in (unordered, overlapping, negative, past_the_run):
         with pytest.raises(BadCheckpoint):
-            ProducerCheckpoint.from_dict(data)
+            ProducerCheckpoint.from_dict(cp.to_dict() | {"resend": bad})
+    with pytest.raises(BadCheckpoint):
+        ProducerCheckpoint.from_dict(cp.to_dict() | {"ahead_holes": [["t", 0, [[9, 9]]]]})

@@ -14,7 +14,11 @@ T = TypeVar("T")
 
 TopicPartition = tuple[str, int]
 
-CHECKPOINT_VERSION = 1
+#: Version 2 carries a skip plan with holes (``resend``, ``ahead_holes``); a checkpoint without
+#: one is written as version 1, which every pidfence reads. An older pidfence refuses version 2
+#: rather than skip a hole's events (it would read the skips as a plain count).
+CHECKPOINT_VERSION = 2
+_PLAIN_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,7 @@ class ProducerCheckpoint:
         """A JSON-ready dict (``next_seq`` as ``[[topic, partition, seq], ...]``, sorted)."""
         return (
             {
-                "v": CHECKPOINT_VERSION,
+                "v": CHECKPOINT_VERSION if self.resend or self.ahead_holes else _PLAIN_VERSION,
                 "pid": self.pid,
                 "generation": self.generation,
                 "expire_ms": self.expire_ms,
@@ -97,14 +101,23 @@ class ProducerCheckpoint:
             BadCheckpoint: wrong version, missing field or wrong types.
         """
         try:
-            if data["v"] != CHECKPOINT_VERSION:
-                raise BadCheckpoint(f"checkpoint version {data['v']!r} is not {CHECKPOINT_VERSION}")
+            if data["v"] not in (_PLAIN_VERSION, CHECKPOINT_VERSION):
+                raise BadCheckpoint(
+                    f"checkpoint version {data['v']!r} is not {_PLAIN_VERSION} or "
+                    f"{CHECKPOINT_VERSION}: written by a newer pidfence? Resume it with that one"
+                )
             next_seq = _per_partition(data["next_seq"], "next_seq")
             skip = _per_partition(data.get("skip", []), "skip")
             ahead = _per_partition(data.get("ahead", []), "ahead")
             fenced = _per_partition(data.get("fenced", []), "fenced")
             resend = _ranges_per_partition(data.get("resend", []), "resend", descending=True)
             ahead_holes = _ranges_per_partition(data.get("ahead_holes", []), "ahead_holes")
+            for tp, ranges in resend.items():
+                if ranges[0][0] > skip.get(tp, 0) or ranges[-1][1] < 1:
+                    raise BadCheckpoint(f"resend positions {ranges!r} outside the skip run of {tp}")
+            for tp, ranges in ahead_holes.items():
+                if ranges[-1][1] >= ahead.get(tp, 0):
+                    raise BadCheckpoint(f"ahead_holes {ranges!r} not below the ahead of {tp}")
             topics = data.get("topics", [])
             if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
                 raise BadCheckpoint(f"topics must be a list of names, got {topics!r}")

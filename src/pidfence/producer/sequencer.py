@@ -194,9 +194,19 @@ class Sequencer:
             self.unready(*tp)
         return self
 
+    def skips_next(self, topic: str, partition: int) -> bool:
+        """Whether the next record of (topic, partition) is skipped (nothing is consumed: a
+        :attr:`resend` position is taken by :meth:`take_skip` once its record is handed over)."""
+        tp = (topic, partition)
+        n = self.skip.get(tp, 0)
+        if n <= 0:
+            return False
+        sends = self.resend.get(tp)
+        return not sends or not sends[0][1] <= n <= sends[0][0]
+
     def take_skip(self, topic: str, partition: int) -> bool:
-        """True (and one fewer to skip) when the next record of (topic, partition) is skipped;
-        False for a record of a :attr:`resend` position (it counts down the run all the same)."""
+        """Take the next position of (topic, partition)'s skip run: True when its record is
+        skipped, False for a :attr:`resend` position (or no run at all)."""
         tp = (topic, partition)
         n = self.skip.get(tp, 0)
         if n <= 0:
@@ -209,11 +219,14 @@ class Sequencer:
         if not sends:
             return True
         first, last = sends[0]
+        sent = last <= n <= first
         if n == last:
             sends.pop(0)
+        elif sent:
+            sends[0] = (n - 1, last)  # position n is taken: the range goes on below it
         if n == 1 or not sends:
             self.resend.pop(tp, None)
-        return not last <= n <= first
+        return not sent
 
     def header(self, seq: int) -> bytes:
         """The ``pf`` header of the data record with ``seq`` (byte for byte ``encode_pf``).

@@ -296,7 +296,8 @@ class ProducerSession:
         """The ``pf`` header and extra headers of the next data record of (topic, partition),
         or None when that record is skipped (already in Kafka under the predecessor pid)."""
         current = self.sequencer
-        if current.skip and current.take_skip(topic, partition):
+        if current.skip and current.skips_next(topic, partition):
+            current.take_skip(topic, partition)
             self.skipped += 1
             return None
         self._restamp(now_ms)
@@ -319,6 +320,9 @@ class ProducerSession:
         del now_ms
         current = self.sequencer
         if (topic, partition) in current.skip:
+            # A position of the skip run sent after all (a predecessor's hole): taken only now,
+            # so a record that never reached the client (a full queue) keeps its place.
+            current.take_skip(topic, partition)
             return
         if self.owes(topic, partition, 0):
             return
