@@ -260,7 +260,11 @@ def test_the_oracle_names_what_the_strict_rules_never_append() -> None:
     # ... and the record that overflows the reorder window, refused on arrival (found by the
     # simulation once timeout holes met rollovers: the sink appends it after the gap) ...
     overflow = StrictRecord(0, 1, zombie, Verdict.OUT_OF_ORDER, False, False, False)
-    assert judge([strict[0], overflow], [(0, first), (0, zombie)], read, set(), relaxed).ok
+    overflowed = [strict[0], overflow]
+    gap = (0, "lost", 7, 0, 0, 0, 1)  # the sink reported pid 7's seq 0 lost, before offset 1
+    assert judge(overflowed, [(0, first), (0, zombie)], read, set(), relaxed, [gap]).ok
+    # ... but only past a gap the sink reported.
+    assert not judge(overflowed, [(0, first), (0, zombie)], read, set(), relaxed).ok
     # ... never after a newer generation of its pid.
     after = StrictRecord(0, 1, zombie, Verdict.OUT_OF_ORDER, True, True, False)
     assert judge(

@@ -12,9 +12,10 @@ record's value:
 
 * **appended wrongly**: an event the sink appended that the strict rules append under no
   record. The one relaxation allowed: a record past a hole that the strict rules refused
-  (``OUT_OF_ORDER``: held behind it, or past the reorder window on arrival, the record that
-  overflows it; or ``FENCED`` at its release after waiting behind it), where no record of a
-  newer generation of its pid came before it in the log: gap resolution appends exactly those,
+  (``OUT_OF_ORDER`` or ``FENCED`` at its release after waiting behind it; or ``OUT_OF_ORDER``
+  on arrival past the reorder window, the record that overflows it, past a ``lost`` gap of its
+  pid the sink reported), where no record of a newer generation of its pid came before it in
+  the log: gap resolution appends exactly those,
   and a hole that stays open lets its resumer fill it (DESIGN §4 amended a third time).
   Also, whatever its event: a record the strict rules ``FENCED`` on arrival (a zombie's: a
   newer generation of its pid was on the partition before it). Its successor's copy of the
@@ -71,6 +72,9 @@ class OracleReport:
     twice: list[dict[str, Any]] = field(default_factory=list)
     #: How many events each excuse covered (for the schedule's stats).
     excused: Counter[str] = field(default_factory=Counter)
+    #: The events the sink left out that the strict rules append only under records it could
+    #: not read or could not verify (``UNVERIFIED``): the losses the docs name.
+    named_losses: set[bytes] = field(default_factory=set)
 
     @property
     def ok(self) -> bool:
@@ -152,6 +156,7 @@ def judge(
     read: set[Place],
     collateral: set[tuple[int, int, int]],
     relaxed: Sequence[dict[int, Verdict]] = (),
+    gaps: Sequence[tuple[Any, ...]] = (),
 ) -> OracleReport:
     """Compare the sink's appended records with the strict rules' decisions, per event.
 
@@ -162,7 +167,14 @@ def judge(
         collateral: ``(pid, partition, seq)`` of records held behind a Kafka loss nothing
             passed (:attr:`~pidfence.sim.losses.Losses.collateral`).
         relaxed: per partition, the sink's final verdict by Kafka offset.
+        gaps: the gaps the sink reported, ``(partition, kind, pid, generation, seq_first,
+            seq_last, offset_after)``: a record the strict rules refused past the reorder window
+            (never held) is excused only past a ``lost`` gap of its pid the sink reported.
     """
+    skipped: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for partition, kind, pid, _generation, _first, last, after in gaps:
+        if kind == "lost":
+            skipped[(partition, pid)].append((last, after))
     report = OracleReport()
     by_place = {(s.partition, s.place): s for s in strict}
     strict_events: dict[bytes, list[StrictRecord]] = defaultdict(list)
@@ -180,8 +192,14 @@ def judge(
             continue
         if rec.value in strict_events:
             continue
-        past_a_hole = s.verdict is Verdict.OUT_OF_ORDER  # held behind it, or past the window
-        behind_a_hole = past_a_hole or (s.held and s.verdict is Verdict.FENCED)
+        pf = pf_of(rec)
+        past_a_gap = pf is not None and any(
+            last < pf[2] and after <= rec.offset for last, after in skipped[(partition, pf[0])]
+        )
+        refused = (Verdict.OUT_OF_ORDER, Verdict.FENCED)
+        behind_a_hole = (s.held and s.verdict in refused) or (
+            s.verdict is Verdict.OUT_OF_ORDER and past_a_gap  # the one that overflowed
+        )
         if behind_a_hole and not s.after_newer:
             report.excused["gap_resolution"] += 1
             continue
@@ -192,11 +210,13 @@ def judge(
         unseen = [s for s in records if s.lost or (s.partition, s.place) not in read]
         if len(unseen) == len(records):
             report.excused["unseen"] += 1
+            report.named_losses.add(value)
             continue
         if all(
             s in unseen or relaxed[s.partition].get(s.place) is Verdict.UNVERIFIED for s in records
         ):
             report.excused["unverified"] += 1
+            report.named_losses.add(value)
             continue
         pf = pf_of(records[0].record)
         if pf is not None and (pf[0], records[0].partition, pf[2]) in collateral:

@@ -291,19 +291,7 @@ def run(seed: int, **knobs: Any) -> SimResult:
     gone = {e.digest for e in net.ledger if excused(e)}
     # Events with a copy the sink never read (the oracle judges whether one it read was owed).
     gone |= {value_digest(rec.value) for _, rec in unread}
-    # Events never acknowledged whose copies a resume found in Kafka and skipped (to its
-    # producer, delivered), every copy the sink read judged UNVERIFIED: excused as an
-    # acknowledged one is. A copy with any other verdict (held, refused) keeps the event owed.
     acknowledged = {e.digest for e in net.ledger}
-    verdicts_of: dict[str, set[Verdict]] = {}
-    for p, rec in read:
-        verdict = sink.verdict_at[p].get(rec.offset, Verdict.BUFFERED)
-        verdicts_of.setdefault(value_digest(rec.value), set()).add(verdict)
-    gone |= {
-        digest
-        for digest, verdicts in verdicts_of.items()
-        if verdicts == {Verdict.UNVERIFIED} and digest not in acknowledged
-    }
     upstream = [value for chain in producers.chains for _, value, _ in chain.events]
     forgeries = [
         (f, sink.verdict_at[f.partition].get(f.offset, Verdict.BUFFERED).value)
@@ -363,11 +351,21 @@ def run(seed: int, **knobs: Any) -> SimResult:
         seen,
         set(losses.collateral),
         sink.verdict_at,
+        sink.gaps,
     )
     stats.update({f"oracle_excused_{name}": n for name, n in sorted(oracle.excused.items())})
     stats["sink_unanswered"] = sink.unanswered
     want = Counter(upstream)
     # Exactly once: nothing extra or twice, and nothing missing but what Kafka lost.
+    # Events never acknowledged whose copies a resume found in Kafka and skipped (to its
+    # producer, delivered): excused as an acknowledged one is when the strict rules append them
+    # only under copies the sink could not read or verify (the oracle's named losses). A copy
+    # owed otherwise (held, refused) keeps the event owed, and so does one never in Kafka.
+    gone |= {
+        digest
+        for value in oracle.named_losses
+        if (digest := value_digest(value)) not in acknowledged
+    }
     exact = not (got - want) and all(value_digest(v) in gone for v in want - got)
     # Records without a producer are appended on arrival, each once: the log's pid-0 rows are
     # exactly those the sink read (what a checker of events cannot see: they carry none).
