@@ -110,6 +110,7 @@ class SeaweedFS(Cluster):
         identities.chmod(0o600)
         cmd = [
             weed(),
+            f"-logdir={node_dir}",  # its log files (else in /tmp, left there by a killed server)
             "server",
             "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1",
