@@ -61,6 +61,8 @@ def test_produce_without_a_lease_server_is_retriable(tmp_path: Path) -> None:
         "raw",
         "--count",
         "10",
+        "--state",  # a rerun continues from it: without one a rerun would start over (exit 3)
+        str(tmp_path / "produce.json"),
     )
     assert result.returncode == EXIT_RETRIABLE
     assert last_line(result).startswith("pidfence: retriable: ")

@@ -129,7 +129,15 @@ def dead_address() -> str:
     return f"127.0.0.1:{free_port()}"
 
 
-def test_zookeeper_down_behind_the_lease_server_is_named_not_the_lease_server() -> None:
+def resumable(tmp_path: Path) -> tuple[str, str]:
+    """A state file: with it a failed ``produce`` is retriable (75); without, a rerun would
+    start over, so it is 3."""
+    return ("--state", str(tmp_path / "produce.json"))
+
+
+def test_zookeeper_down_behind_the_lease_server_is_named_not_the_lease_server(
+    tmp_path: Path,
+) -> None:
     """The lease server runs and answers UNAVAILABLE (its ZooKeeper is unreachable): the error
     names ZooKeeper and does not tell the user to start a lease server."""
     from pidfence.pid_allocator.memory import MemoryCoordinator
@@ -138,7 +146,9 @@ def test_zookeeper_down_behind_the_lease_server_is_named_not_the_lease_server() 
     store.up = False  # every ZooKeeper call answers UNAVAILABLE, as with ZooKeeper unreachable
     server = LeaseServerThread(None, coordinator=store, block_size=1).start()
     try:
-        done = run_cli(*produce_args(dead_address(), server.address, "t", "--count", "1"))
+        done = run_cli(
+            *produce_args(dead_address(), server.address, "t", "--count", "1", *resumable(tmp_path))
+        )
     finally:
         server.stop()
     assert done.returncode == 75, done.stderr
@@ -148,8 +158,10 @@ def test_zookeeper_down_behind_the_lease_server_is_named_not_the_lease_server() 
     assert "start one" not in done.stderr and "start a lease server" not in done.stderr
 
 
-def test_lease_server_down_says_how_to_start_one_once(kafka: Any) -> None:
-    done = run_cli(*produce_args(kafka.bootstrap, dead_address(), "t", "--count", "1"))
+def test_lease_server_down_says_how_to_start_one_once(kafka: Any, tmp_path: Path) -> None:
+    done = run_cli(
+        *produce_args(kafka.bootstrap, dead_address(), "t", "--count", "1", *resumable(tmp_path))
+    )
     assert done.returncode == 75, done.stderr
     assert "pidfence: retriable: LeaseServerDown: no lease server answered" in done.stderr
     assert done.stderr.count("pidfence lease-server") == 1, done.stderr

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from pidfence.cli import producing
-from pidfence.cli.exits import fail
+from pidfence.cli.exits import EXIT_USAGE, fail
 from pidfence.cli.keys import ProducerPublicKeys
 
 
@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("copy")
     def copy(
+        ctx: typer.Context,
         bootstrap: producing.Bootstrap,
         lease_server: producing.LeaseServers,
         from_topic: Annotated[str, typer.Option(help="Input topic")],
@@ -73,15 +74,7 @@ def register(app: typer.Typer) -> None:
 
         from pidfence.producer.copier import Copier, CopyResult, CopySpec
 
-        if not group and state is None:
-            fail("copy", "give --state FILE (one copier) or --group NAME (a copier group)", 2)
-        if group and state is not None and state.exists():
-            fail(
-                "copy",
-                f"{state} holds a single copier's progress, which a group cannot continue (it "
-                "would copy everything again): drop --group to go on with this copier, or drop "
-                "--state to start the group on a new output topic",
-            )
+        _refuse_mistakes(ctx, from_topic, to_topic, group, state)
         spec = CopySpec(
             bootstrap=bootstrap,
             from_topic=from_topic,
@@ -137,6 +130,59 @@ def register(app: typer.Typer) -> None:
             f"copied {result.copied} records in total; next offsets {result.offsets}; "
             f"resumed={result.resumed}"
         )
+
+
+#: The options only a copier group reads (parameter -> flag); a single copier would ignore them.
+GROUP_ONLY: dict[str, str] = {
+    "group_key": "--group-key",
+    "session_timeout": "--session-timeout",
+    "stop_after_commit": "--stop-after-commit",
+}
+
+
+def _refuse_mistakes(
+    ctx: typer.Context, from_topic: str, to_topic: str, group: str, state: Path | None
+) -> None:
+    """Exit 2 on a command line that would copy wrongly or ignore an option without a word."""
+    if from_topic == to_topic:
+        fail(
+            "copy",
+            f"--from-topic and --to-topic are both {from_topic!r}: the copy would read its own "
+            "output back forever; give another --to-topic",
+            EXIT_USAGE,
+        )
+    if not group and state is None:
+        fail("copy", "give --state FILE (one copier) or --group NAME (a copier group)", EXIT_USAGE)
+    if group and state is not None:
+        if state.exists():
+            fail(
+                "copy",
+                f"{state} holds a single copier's progress, which a group cannot continue (it "
+                "would copy everything again): drop --group to go on with this copier, or drop "
+                "--state to start the group on a new output topic",
+                EXIT_USAGE,
+            )
+        # A group never writes the file: a later single copier would find none, copy it all again.
+        fail(
+            "copy",
+            "--state and --group exclude each other: a group keeps its checkpoints in its Kafka "
+            "commits and never writes --state; drop one of them",
+            EXIT_USAGE,
+        )
+    if not group:
+        given = []
+        for name, flag in GROUP_ONLY.items():
+            # By its source: a value equal to the default, given explicitly, is given too.
+            source = ctx.get_parameter_source(name)
+            if source is not None and source.name != "DEFAULT":
+                given.append(flag)
+        if given:
+            fail(
+                "copy",
+                f"{', '.join(given)} only {'apply' if len(given) > 1 else 'applies'} to a copier "
+                f"group: add --group NAME or drop {'them' if len(given) > 1 else 'it'}",
+                EXIT_USAGE,
+            )
 
 
 def _group_opener(

@@ -80,6 +80,8 @@ def register(app: typer.Typer) -> None:
             lease_public_key=lease_public_key,
             message_timeout=message_timeout,
             run=generate,
+            # Without a state file a rerun sends everything again under a new pid.
+            resumable=state is not None,
             enable_idempotence=librdkafka_idempotence,
             rollover_fraction=lifetime_rollover,
             resend_buffer=16 if resend_every else 0,

@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from pidfence.cli.exits import EXIT_RETRIABLE, code_of
+from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE, code_of
 from pidfence.cli.keys import producer_public_keys
 from pidfence.cli.lease import parse_duration_ms
 from pidfence.wire import PidfenceError
@@ -39,16 +39,31 @@ MessageTimeout = Annotated[
 ]
 
 
+#: What a retriable failure of a run that cannot resume says instead of promising a rerun.
+NOT_RESUMABLE = (
+    "retriable, but without --state a rerun would start over from the first record under a new "
+    "pid and send every record again: use --state FILE to resume"
+)
+
+
 @contextmanager
-def fail_cleanly() -> Iterator[None]:
+def fail_cleanly(resumable: bool = True) -> Iterator[None]:
     """Turn a :class:`PidfenceError` into one stderr line, naming its class (the producer's
-    documented errors), and its exit code by :data:`~pidfence.cli.exits.EXIT_BY_ERROR`."""
+    documented errors), and its exit code by :data:`~pidfence.cli.exits.EXIT_BY_ERROR`.
+
+    Args:
+        resumable: whether running the same command again continues; when not, a retriable
+            error exits 3, not 75 (75 promises that a rerun continues), and the line says so.
+    """
     try:
         yield
     except PidfenceError as exc:
         code = code_of(exc)
+        note = ""
+        if code == EXIT_RETRIABLE and not resumable:
+            code, note = EXIT_UNAVAILABLE, f" ({NOT_RESUMABLE})"
         kind = "retriable" if code == EXIT_RETRIABLE else "error"
-        sys.stderr.write(f"pidfence: {kind}: {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(f"pidfence: {kind}: {type(exc).__name__}: {exc}{note}\n")
         raise SystemExit(code) from exc
 
 
@@ -71,6 +86,7 @@ def with_producer(
     message_timeout: str | None,
     run: Callable[[Any], R],
     opener: Callable[..., Any] | None = None,
+    resumable: bool = True,
     **config: Any,
 ) -> R:
     """Build the producer settings, connect to the lease servers and call ``run(open)``,
@@ -88,6 +104,8 @@ def with_producer(
         run: what the command does with its ``open_producer``.
         opener: ``f(settings, client, ledger=, topics=)`` -> what ``run`` gets (default:
             :func:`~pidfence.producer.opening.open_producer_factory`).
+        resumable: whether a rerun continues where this run stopped (``produce`` without
+            ``--state`` starts over): if not, a retriable error exits 3, not 75.
         **config: more :class:`~pidfence.producer.ProducerConfig` fields.
     """
     from pidfence.pid_allocator import LeaseClient, lease_client_options
@@ -96,7 +114,7 @@ def with_producer(
 
     opener = opener or open_producer_factory
 
-    with fail_cleanly():
+    with fail_cleanly(resumable):
         if message_timeout is not None:
             config["message_timeout_ms"] = parse_duration_ms(message_timeout)
         settings = ProducerConfig(

@@ -25,7 +25,12 @@ import confluent_kafka
 
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.client_log import librdkafka_logger
-from pidfence.producer.errors import BadCheckpoint, BrokerUnavailable, ProducerError
+from pidfence.producer.errors import (
+    BadCheckpoint,
+    BrokerUnavailable,
+    ProducerConfigError,
+    ProducerError,
+)
 from pidfence.producer.headers import RESERVED_HEADERS
 from pidfence.producer.idempotent import IdempotentProducer
 from pidfence.producer.opening import OpenProducer
@@ -52,7 +57,8 @@ class CopySpec:
     Attributes:
         bootstrap: Kafka bootstrap servers (for the consumer).
         from_topic: input topic.
-        to_topic: output topic (same partition count).
+        to_topic: output topic (same partition count), not ``from_topic``
+            (:class:`~pidfence.producer.errors.ProducerConfigError`).
         group: the copier group (``--group``, :class:`~pidfence.producer.copy_group.CopyGroup`):
             the consumer ``group.id`` whose commits hold the checkpoints. A single
             :class:`Copier` keeps them in its state file and uses a group id of its own.
@@ -81,6 +87,15 @@ class CopySpec:
     session_timeout_s: float = 10.0
     stop_after_commit: int = 0
     consumer_extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # One bootstrap serves both sides, so the same name is the same topic: the copy would
+        # read its own output back, never idle out, and a sink would append every round.
+        if self.from_topic == self.to_topic:
+            raise ProducerConfigError(
+                f"from_topic and to_topic are both {self.from_topic!r}: a copy into its own "
+                "input never ends; copy to another topic"
+            )
 
     def consumer_config(self) -> dict[str, Any]:
         """The consumer's librdkafka settings: offsets only where the copier stores them."""
