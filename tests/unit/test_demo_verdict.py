@@ -215,6 +215,36 @@ def test_a_crash_is_told_from_an_environment_failure() -> None:
     assert not crashed_on_its_own(_worker(3, log="error: Kafka unreachable"))
 
 
+def test_the_copier_outlasts_the_silences_the_network_plan_can_cause() -> None:
+    """A copier that idles out while upstream still sends misses records (``copier_missing``):
+    under ``net`` its idle-exit covers the longest silence the toxics on the producers' and
+    lease links cause, reconnects included; toxics on the sink's link cannot silence it."""
+    from pidfence.demo.produce import (
+        COPIER_IDLE_EXIT_S,
+        RECONNECT_BACKOFF_MAX_S,
+        copier_idle_exit_s,
+    )
+    from pidfence.testing.plan import FaultKind, FaultPlan, Link, step
+
+    def plan(*spans: tuple[Link, float, float]) -> FaultPlan:
+        return FaultPlan(
+            tuple(step(FaultKind.BLACKHOLE, link, at_s=at, duration_s=d) for link, at, d in spans)
+        )
+
+    base, backoff = COPIER_IDLE_EXIT_S, RECONNECT_BACKOFF_MAX_S
+    assert copier_idle_exit_s(FaultPlan(())) == base  # no toxic: as before
+    assert copier_idle_exit_s(plan((Link.SINK_KAFKA, 0.0, 4.0))) == base
+    # A 4 s blackhole on the producers' link: more than the 6 s the copier had.
+    one = copier_idle_exit_s(plan((Link.PRODUCER_KAFKA, 3.0, 4.0)))
+    assert one == base + 4.0 + backoff
+    # Toxics closer than a reconnect are one silence, from the first start to the last end.
+    close = plan((Link.PRODUCER_KAFKA, 2.0, 3.0), (Link.PRODUCER_LEASE, 9.0, 3.0))
+    assert copier_idle_exit_s(close) == base + 10.0 + backoff
+    # Far apart, the longest alone counts.
+    apart = plan((Link.LEASE_ZOOKEEPER, 0.0, 4.0), (Link.PRODUCER_KAFKA, 20.0, 2.0))
+    assert copier_idle_exit_s(apart) == base + 4.0 + backoff
+
+
 def _summary(happened: dict[str, bool]) -> dict[str, Any]:
     return {
         "ok": all(happened.values()),

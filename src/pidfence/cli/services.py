@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -50,7 +55,8 @@ def register(app: typer.Typer) -> None:
 
         Already up: says so, prints the status and exits 0. Exit 3 when some recorded node has
         died, a server does not become ready, or Java or the servers' jars (fetched from Maven
-        Central on first use) cannot be had.
+        Central on first use) cannot be had; 130 on Ctrl-C, 143 on SIGTERM (129 on SIGHUP),
+        after stopping every server it started.
         """
         from pidfence.jars import JarsError
         from pidfence.services import (
@@ -64,7 +70,12 @@ def register(app: typer.Typer) -> None:
             require("demo", "services up --s3")
         stack = Services(zookeeper=zookeeper, kafka=kafka, run_dir=run_dir, s3=s3)
         try:
-            state = stack.up(timeout)
+            with stopped_by_signals():
+                state = stack.up(timeout)
+        except KeyboardInterrupt:
+            _stopped("interrupted (SIGINT)", 130)
+        except UpStopped as exc:
+            _stopped(f"stopped by {exc}", exc.exit_code)
         except ServicesAlreadyUp as exc:
             typer.echo(f"already up in {exc.state.run_dir}")
             _print_status(exc.state)
@@ -154,6 +165,54 @@ def register(app: typer.Typer) -> None:
 
 
 _NONE_RECORDED = "no services recorded (start them with `pidfence services up`)"
+
+#: The signals that stop ``services up`` the way Ctrl-C does (the terminal closed: SIGHUP).
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class UpStopped(BaseException):
+    """SIGTERM (or SIGHUP) stopped ``services up``; it unwinds like Ctrl-C, so the servers it
+    started are stopped (they run in sessions of their own: the signal reached none of them).
+
+    A BaseException, like :class:`KeyboardInterrupt`, so no ``except Exception`` swallows it;
+    ``exit_code`` is 128 + the signal's number (143 for SIGTERM).
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Within: the first of :data:`STOPPING_SIGNALS` raises :class:`UpStopped` (later ones are
+    ignored while it unwinds); the previous handlers come back after. Outside the main thread
+    it changes nothing."""
+    raised: list[int] = []
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        del frame
+        if not raised:
+            raised.append(signum)
+            raise UpStopped(signum)
+
+    try:
+        previous = {sig: signal.signal(sig, handle) for sig in STOPPING_SIGNALS}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def _stopped(how: str, code: int) -> NoReturn:
+    """One stderr line for an ``up`` a signal stopped, then 128 + the signal."""
+    sys.stderr.write(f"pidfence services up: {how}: every server it started was stopped\n")
+    sys.stderr.flush()
+    raise typer.Exit(code)
 
 
 def _shape(state: ServicesState) -> tuple[int, int]:

@@ -29,12 +29,22 @@ from pidfence.demo.soak.faults import SelfStoppedLeaseZombie, stop_after
 from pidfence.services.process import ServiceFailed
 from pidfence.testing.nemesis import NetworkNemesis
 from pidfence.testing.network import LinkFaults
-from pidfence.testing.plan import FaultKind
+from pidfence.testing.plan import FaultKind, FaultPlan, Link
 from pidfence.testing.script import drive
 from pidfence.testing.supervise import Supervisor
 
 UPSTREAM_PRODUCER = "upstream"
 Cleanups = list[Callable[[], None]]
+
+#: The copier's ``--idle-exit`` when nothing can hold the upstream records back from it: it ends
+#: this long after the last one, well before the producers (upstream runs half their time).
+COPIER_IDLE_EXIT_S = 6.0
+#: librdkafka's default ``reconnect.backoff.max.ms``: after a link heals, a client may wait this
+#: long before it connects again.
+RECONNECT_BACKOFF_MAX_S = 10.0
+#: The links a toxic on which can keep upstream records from the copier: the upstream producer
+#: and the copier reach Kafka and the lease servers through them (the sink's link cannot).
+COPIER_LINKS = frozenset({Link.PRODUCER_KAFKA, Link.PRODUCER_LEASE, Link.LEASE_ZOOKEEPER})
 
 
 def produce(
@@ -279,6 +289,7 @@ def _copier(
 ) -> CopierCrash:
     state = paths.state / "copier.json"
     copies = (ends.producer_bootstrap, ends.lease_servers, ends.upstream_topic, ends.raw_topic)
+    idle_exit = copier_idle_exit_s(config.plan)
     started = 0
 
     def start() -> Worker:
@@ -286,7 +297,7 @@ def _copier(
         name = "copier" if not started else f"copier.r{started}"
         started += 1
         ledger = paths.ledgers / f"{name}.jsonl"
-        argv = copier_argv(*copies, state=state, ledger=ledger, idle_exit=6.0)
+        argv = copier_argv(*copies, state=state, ledger=ledger, idle_exit=idle_exit)
         worker = Worker(name, argv, paths.logs, ledger=ledger).start()
         cleanups.append(worker.stop)
         return worker
@@ -295,3 +306,24 @@ def _copier(
     if not armed:
         script.done = True
     return script
+
+
+def copier_idle_exit_s(plan: FaultPlan) -> float:
+    """The demo copier's ``--idle-exit``: :data:`COPIER_IDLE_EXIT_S` past the longest silence the
+    plan's toxics on :data:`COPIER_LINKS` can cause.
+
+    A copier that idles out while upstream still sends misses records (``copier_missing``). A
+    silence lasts from a toxic's start until its link heals and the clients have reconnected
+    (:data:`RECONNECT_BACKOFF_MAX_S`); toxics closer together than that make one silence.
+    """
+    spans = sorted((s.at_s, s.ends_s) for s in plan.network_steps if s.target in COPIER_LINKS)
+    if not spans:
+        return COPIER_IDLE_EXIT_S
+    longest = 0.0
+    start, end = spans[0]
+    for at, ends in spans:
+        if at > end + RECONNECT_BACKOFF_MAX_S:
+            start, end = at, ends
+        end = max(end, ends)
+        longest = max(longest, end - start)
+    return COPIER_IDLE_EXIT_S + longest + RECONNECT_BACKOFF_MAX_S

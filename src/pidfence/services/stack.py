@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pidfence.jars import user_cache
 from pidfence.services.kafka import KafkaCluster
-from pidfence.services.node import ServerNode
+from pidfence.services.node import Cluster, ServerNode
 from pidfence.services.ports import free_port
 from pidfence.services.seaweedfs import SeaweedFS
 from pidfence.services.zookeeper import ZooKeeperEnsemble
@@ -32,6 +35,10 @@ STATE_FILE = "state.json"
 STATE_VERSION = 1
 #: Sub-folders of the run dir that :meth:`Services.down` removes with the state file.
 _OWNED_DIRS = ("zookeeper", "kafka", "s3")
+#: The signals that would end this process while a failed ``up`` stops what it started.
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_log = logging.getLogger(__name__)
 
 
 class ServicesError(PidfenceError):
@@ -213,6 +220,22 @@ def _wait_gone(nodes: list[NodeRecord], timeout: float) -> bool:
         time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Within: :data:`_HELD_SIGNALS` are ignored, and the previous handlers come back after. In
+    another thread it changes nothing (Python runs signal handlers in the main thread only, and
+    only the main thread may set them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
 def remove_state(run_dir: Path) -> None:
     """Remove ``state.json`` and the server folders this module created under ``run_dir``."""
     (run_dir / STATE_FILE).unlink(missing_ok=True)
@@ -261,6 +284,10 @@ class Services:
     def up(self, timeout: float = 180.0) -> ServicesState:
         """Start both services, wait until ready, record them; they keep running after we exit.
 
+        Whatever ends the start early (a server that fails, Ctrl-C, any exception) stops every
+        server started so far, the store included, by pid, before it propagates: the servers run
+        in sessions of their own, so nothing else would stop them.
+
         Raises:
             ServicesAlreadyUp: the run dir records services that all still run (nothing started).
             ServicesPartlyDown: some recorded services still run, others died (nothing started).
@@ -275,16 +302,29 @@ class Services:
                 raise ServicesPartlyDown(existing, dead)
             remove_state(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.zk.start(timeout)
         try:
-            self.kafka.start(timeout)
-            if self.s3 is not None:
-                self.s3.start(timeout)
+            for cluster in self._clusters():
+                cluster.start(timeout)
+            return self.record()
         except BaseException:
-            self.kafka.stop()
-            self.zk.stop()
+            self._stop_started()
             raise
-        return self.record()
+
+    def _clusters(self) -> list[Cluster]:
+        """The services in start order: ZooKeeper, Kafka, then the store."""
+        return [self.zk, self.kafka, *([self.s3] if self.s3 is not None else [])]
+
+    def _stop_started(self) -> None:
+        """Stop every node a failed or interrupted :meth:`up` started (the store and Kafka
+        first), each by its own process handle; a stop that fails does not keep the others
+        running. SIGINT, SIGTERM and SIGHUP are ignored until it is done: a second Ctrl-C here
+        would leave the rest running."""
+        with _signals_held():
+            for cluster in reversed(self._clusters()):
+                try:
+                    cluster.stop()
+                except Exception as exc:  # noqa: BLE001 - keep stopping the others
+                    _log.warning("stopping %s failed: %s", cluster.kind, exc)
 
     def record(self) -> ServicesState:
         """Write the current pids and ports to ``state.json`` and return the state (the lease

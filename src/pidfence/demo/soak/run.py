@@ -20,8 +20,9 @@ import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pidfence.demo.faults import FaultScript, LeaseZombie, Zombie
@@ -54,6 +55,39 @@ ROLES = ("kill", "zombie", "lease-zombie", "resend")
 
 #: The file that marks a folder as a soak's (a reused one is reset, another is refused).
 MARKER = ".pidfence-soak"
+
+#: How a producer may end after the soak's final SIGINT: it had sent its count (0), it flushed
+#: and stopped (130: the CLI's exit on Ctrl-C), or the signal came before the interpreter had its
+#: handler (it had sent nothing).
+STOPPED_BY_SIGINT = frozenset({0, 130, -signal.SIGINT})
+
+#: The anomalies of a run that had nothing to judge: the checker finds none in empty inputs.
+HOLLOW = ("nothing_acknowledged", "nothing_appended")
+
+
+def hollow_run(acknowledged: int, appended: int, ledgers: Path, output: Path) -> dict[str, str]:
+    """Why the checker's verdict means nothing: no data record acknowledged (the ledgers under
+    ``ledgers`` hold none) or none appended (``output``'s log is empty), as anomaly name to
+    reason; empty when there was something to check."""
+    found = {}
+    if acknowledged == 0:
+        found["nothing_acknowledged"] = (
+            f"no producer got a record acknowledged: the ledgers under {ledgers} hold none"
+        )
+    if appended == 0:
+        found["nothing_appended"] = f"the sink appended no record: the log at {output} is empty"
+    return found
+
+
+def unexpected_stops(exits: Iterable[tuple[str, int | None]]) -> list[str]:
+    """The producers, by name and exit code, that did not end as the final SIGINT asks
+    (:data:`STOPPED_BY_SIGINT`), each as one failure line."""
+    expected = ", ".join(str(c) for c in sorted(STOPPED_BY_SIGINT))
+    return [
+        f"{name} exited with {code} after the final SIGINT (expected one of {expected})"
+        for name, code in exits
+        if code not in STOPPED_BY_SIGINT
+    ]
 
 
 class SoakRun:
@@ -342,10 +376,18 @@ class SoakRun:
         deadline = self.clock() + 60.0
         while any(w.running for w in running) and self.clock() < deadline:
             time.sleep(0.5)
-        for worker in running:
-            if worker.running:
-                self.result.failures.append(f"{worker.name} ignored SIGINT for 60 s")
-                worker.stop()
+        ignored = [w for w in running if w.running]
+        for worker in ignored:
+            self.result.failures.append(f"{worker.name} ignored SIGINT for 60 s")
+            worker.stop()
+        exits = [
+            (f"{w.name} (log {w.proc.log_path})", w.exit_code())
+            for w in running
+            if w not in ignored
+        ]
+        for failure in unexpected_stops(exits):
+            self.result.failures.append(failure)
+            self._event("failure", failure)
         self._event("end", f"stopped {len(running)} producer(s)")
 
     # ---- sampling --------------------------------------------------------------------------
@@ -409,10 +451,13 @@ class SoakRun:
         log = read_log(str(self.output))
         rejects = read_rejects(str(self.output))
         report = check(everything, log, rejects)
-        self.result.anomalies = anomaly_counts(report)
-        self.result.informational = informational_counts(report)
-        self.result.examples = anomaly_examples(report)
         data = [e for e in everything if not e.fence]
+        # Empty ledgers against an empty log agree: the check alone would pass a run that did
+        # nothing (the demo's checker refuses an empty ledger folder for the same reason).
+        hollow = hollow_run(len(data), log.num_rows, self.ledgers, self.output)
+        self.result.anomalies = anomaly_counts(report) | {k: int(k in hollow) for k in HOLLOW}
+        self.result.informational = informational_counts(report)
+        self.result.examples = anomaly_examples(report) | {k: [v] for k, v in hollow.items()}
         self.result.counts = {
             "sent_acknowledged": len(data),
             "fences_acknowledged": len(everything) - len(data),
