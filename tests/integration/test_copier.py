@@ -196,3 +196,55 @@ def test_copier_rolls_over_mid_run_and_stores_the_successor_with_its_offsets(
         if verdict is Verdict.APPENDED:
             appended[record.partition].append(record.value)
     assert appended == sent
+
+
+def test_input_deleted_before_it_was_copied_is_refused_then_skipped_when_allowed(
+    kafka: Any, new_topic: Callable[..., str], lease_server: LeaseServerThread, tmp_path: Path
+) -> None:
+    """Retention deletes input records a stopped copier had not copied yet: the rerun refuses
+    (exit 3) naming the offsets, where Kafka's consumer would jump to the log start without a
+    word; ``--allow-data-loss`` continues after them, and everything else is copied once."""
+    from tests.integration.test_gaps import delete_records_before
+
+    source, target = new_topic(partitions=1), new_topic(partitions=1)
+    producer = confluent_kafka.Producer({"bootstrap.servers": kafka.bootstrap, "acks": "all"})
+    sent = [f"r{i}".encode() for i in range(100)]
+    for value in sent:
+        producer.produce(source, value, partition=0)
+    assert producer.flush(60) == 0
+    state = tmp_path / "copy-state.json"
+    command = [
+        PIDFENCE,
+        "copy",
+        "--bootstrap",
+        kafka.bootstrap,
+        "--lease-server",
+        lease_server.address,
+        "--from-topic",
+        source,
+        "--to-topic",
+        target,
+        "--state",
+        str(state),
+        "--idle-exit",
+        "3",
+    ]
+
+    def copy(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, *extra], capture_output=True, text=True, timeout=300, check=False
+        )
+
+    first = copy("--max-records", "40")
+    assert first.returncode == 0, first.stderr
+    delete_records_before(kafka.bootstrap, source, 70)
+    refused = copy()
+    assert refused.returncode == 3, refused.stderr
+    assert "Kafka deleted offsets 40..69" in refused.stderr, refused.stderr
+    assert "--allow-data-loss" in refused.stderr
+    allowed = copy("--allow-data-loss")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "continuing at offset 70" in allowed.stderr, allowed.stderr
+    verdicts = replay(read_topic(kafka.bootstrap, target))
+    appended = [r.value for r, v in verdicts if v is Verdict.APPENDED]
+    assert appended == sent[:40] + sent[70:]

@@ -68,6 +68,13 @@ def register(app: typer.Typer) -> None:
                 help="Fault hook: SIGSTOP this group member after its N-th commit (0: never)",
             ),
         ] = 0,
+        allow_data_loss: Annotated[
+            bool,
+            typer.Option(
+                help="Continue after input records Kafka deleted before they were copied "
+                "(retention overtook the copy); without it the copy refuses, exit 3",
+            ),
+        ] = False,
     ) -> None:
         """Copy FROM_TOPIC to TO_TOPIC; killed and restarted, the deduplicated output is exact."""
         from rich.progress import SpinnerColumn, TextColumn
@@ -85,6 +92,7 @@ def register(app: typer.Typer) -> None:
             checkpoint_every=checkpoint_every,
             session_timeout_s=session_timeout,
             stop_after_commit=stop_after_commit,
+            allow_data_loss=allow_data_loss,
         )
         who = f"{group}: " if group else ""
         columns = (

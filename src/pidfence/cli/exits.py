@@ -43,6 +43,8 @@ EXIT_BY_ERROR: Final[dict[str, int]] = {
     "pidfence.producer.errors.ProducerConfigError": EXIT_USAGE,
     # A key file named on the command line (--lease-public-key) missing or not a key.
     "pidfence.wire.cert.KeyFileError": EXIT_USAGE,
+    # A --lease-server list that is not HOST:PORT[,...] (a port left out).
+    "pidfence.pid_allocator.errors.InvalidServerList": EXIT_USAGE,
 }
 
 

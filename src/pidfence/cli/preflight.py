@@ -34,12 +34,24 @@ class KafkaUnreachable(PreflightError):
     """No broker answered a metadata request in time."""
 
 
+class KafkaNotReady(KafkaUnreachable):
+    """Kafka answered, but not for all of a topic: a partition without a leader (a broker
+    down), or an error Kafka calls retriable. A rerun may find it ready."""
+
+    retriable: ClassVar[bool] = True
+
+
 class ZooKeeperUnreachable(PreflightError):
     """No ZooKeeper server answered in time."""
 
 
 class TopicMissing(PreflightError):
     """A topic to read does not exist."""
+
+
+class TopicRefused(PreflightError):
+    """Kafka answered for a topic with an error a rerun meets again (not authorized, an
+    invalid name)."""
 
 
 class PathUnusable(PreflightError):
@@ -98,9 +110,12 @@ def check_kafka(
 
     Raises:
         KafkaUnreachable: no answer within ``timeout_s``.
+        KafkaNotReady: a partition has no leader, or Kafka's answer for a topic is an error it
+            calls retriable (retriable).
         TopicMissing: a topic does not exist.
+        TopicRefused: Kafka's answer for a topic is an error a rerun meets again.
     """
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     if refused_everywhere(bootstrap):
         raise KafkaUnreachable(
@@ -129,22 +144,67 @@ def check_kafka(
         report = TopicReport()
         for topic in topics:
             info = meta.topics.get(topic)
-            if info is None or info.error is not None or not info.partitions:
+            error = None if info is None else info.error
+            if error is not None and error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise _refusal(error, f"topic {topic!r} on Kafka at {bootstrap}")
+            if info is None or error is not None or not info.partitions:
                 known = sorted(t for t in meta.topics if not t.startswith("__"))
                 hint = f" (topics there: {', '.join(known[:8])})" if known else ""
                 raise TopicMissing(
                     f"topic {topic!r} does not exist on Kafka at {bootstrap}{hint}; create it first"
                 )
             for partition in sorted(info.partitions):
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=timeout_s
-                )
+                where = f"the offsets of {topic!r} partition {partition} on Kafka at {bootstrap}"
+                try:
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=timeout_s
+                    )
+                except KafkaException as exc:
+                    raise _refusal(exc.args[0] if exc.args else None, where) from exc
                 report.watermarks[(topic, partition)] = (int(low), int(high))
         _sample(consumer, report)
         report.timestamp_types = _timestamp_types(bootstrap, topics, timeout_s)
         return report
     finally:
         consumer.close()
+
+
+#: Kafka's errors that its protocol calls retriable, as a topic's metadata or a partition's
+#: offsets may carry them (librdkafka does not flag these as retriable), and the client's own
+#: for a broker that did not answer.
+_RETRIABLE_KAFKA = frozenset(
+    {
+        "LEADER_NOT_AVAILABLE",
+        "NOT_LEADER_FOR_PARTITION",
+        "REPLICA_NOT_AVAILABLE",
+        "REQUEST_TIMED_OUT",
+        "NETWORK_EXCEPTION",
+        "KAFKA_STORAGE_ERROR",
+        "LISTENER_NOT_FOUND",
+        "FENCED_LEADER_EPOCH",
+        "UNKNOWN_LEADER_EPOCH",
+        "OFFSET_NOT_AVAILABLE",
+        "PREFERRED_LEADER_NOT_AVAILABLE",
+        "_TIMED_OUT",
+        "_TRANSPORT",
+        "_ALL_BROKERS_DOWN",
+    }
+)
+
+
+def _refusal(error: Any, where: str) -> PreflightError:
+    """Kafka's ``error`` (a ``KafkaError``) for ``where``, as it is: :class:`KafkaNotReady` when
+    Kafka or its protocol calls it retriable, else :class:`TopicRefused`."""
+    try:
+        name, text, flagged = error.name(), error.str(), bool(error.retriable())
+    except AttributeError:  # not a KafkaError: its class and text say what it is
+        name, text, flagged = type(error).__name__, str(error), False
+    if flagged or name in _RETRIABLE_KAFKA:
+        return KafkaNotReady(
+            f"{where}: {name} ({text}), which passes (a partition without a leader while a "
+            "broker is down, or one moving); run again once the brokers are up"
+        )
+    return TopicRefused(f"{where}: {name} ({text}); check the topic and the client's access")
 
 
 def _timestamp_types(bootstrap: str, topics: list[str], timeout_s: float) -> dict[str, str]:

@@ -32,6 +32,7 @@ from pidfence.cli.exits import (
 )
 from pidfence.cli.extras import require
 from pidfence.cli.keys import key_paths
+from pidfence.cli.sink_care import register_care
 from pidfence.cli.spark_master import SparkMaster
 from pidfence.cli.storage import StorageOption, apply_storage_options
 
@@ -61,7 +62,7 @@ def register(app: typer.Typer) -> None:
         help="Run the deduplicating sink (no subcommand), or take care of its Delta tables.",
     )
     app.add_typer(group)
-    _register_care(group)
+    register_care(group)
 
     @group.callback()
     def sink(
@@ -85,7 +86,11 @@ def register(app: typer.Typer) -> None:
         ] = False,
         trigger: Annotated[
             float | None,
-            typer.Option(min=0.0, help="Micro-batch interval in SECONDS (default: back to back)"),
+            typer.Option(
+                min=0.0,
+                help="Micro-batch interval in SECONDS (default: back to back); not with "
+                "--available-now",
+            ),
         ] = None,
         starting_offsets: Annotated[
             StartingOffsets, typer.Option(help="Where a new checkpoint starts")
@@ -181,12 +186,13 @@ def register(app: typer.Typer) -> None:
 
         Exit 0 when done (or stopped by SIGINT/SIGTERM after a batch), 2 for a bad option,
         3 when Kafka cannot be reached, the topic does not exist, a path is not usable (another
-        writer's Delta table) or the query stopped on something a
-        rerun meets again (its columns removed, a RESTORE to before its last batch, the table
-        gone: the line names the commit and the fix; Kafka deleted records the sink had not read,
-        see --allow-data-loss), 75 when the query failed and running it again continues from the
-        checkpoint. Other writers appending to, compacting, vacuuming or deleting from its Delta
-        tables never stop it.
+        writer's Delta table), Spark did not start (the line shows why), or the query stopped on
+        something a rerun meets again (its columns removed, a RESTORE to before its last batch,
+        the table gone: the line names the commit and the fix; Kafka deleted records the sink had
+        not read, see --allow-data-loss), 75 when running it again continues: the query failed on
+        something that passes, a Kafka partition had no leader, the output's store failed, or
+        Spark's cluster manager did not answer. Other writers appending to, compacting,
+        vacuuming or deleting from its Delta tables never stop it.
         """
         require("sink", "sink")
         if ctx.invoked_subcommand is not None:
@@ -200,6 +206,13 @@ def register(app: typer.Typer) -> None:
             }
             missing = ", ".join(f"--{name}" for name, value in given.items() if value is None)
             fail("sink", f"missing option {missing} (see pidfence sink --help)", EXIT_USAGE)
+        if available_now and trigger is not None:
+            fail(
+                "sink",
+                "--available-now runs one pass and exits; --trigger paces a query that runs "
+                "until stopped: give one of them",
+                EXIT_USAGE,
+            )
         from rich.console import Console
 
         from pidfence.cli import preflight
@@ -300,99 +313,6 @@ def register(app: typer.Typer) -> None:
         )
 
 
-#: The output a care command (compact, vacuum) works on, and its rejects table.
-DeltaOutput = Annotated[str, typer.Argument(help="The sink's output path")]
-RejectsPath = Annotated[str | None, typer.Option(help="The rejects table (default PATH/_rejects)")]
-
-
-def _register_care(group: typer.Typer) -> None:
-    """``sink compact`` and ``sink vacuum``: care of a Delta output."""
-
-    @group.command("compact")
-    def compact(
-        path: DeltaOutput,
-        rejects_path: RejectsPath = None,
-        target_size: Annotated[
-            int | None, typer.Option(min=1, help="Target file size in bytes (default ~100 MB)")
-        ] = None,
-        storage_option: StorageOption = None,
-    ) -> None:
-        """Rewrite the small files of committed batches into big ones (log and rejects tables).
-
-        Readers see the same rows; files of uncommitted batches are never touched; the
-        replaced files stay until a vacuum after the retention period. Safe while the sink runs.
-        Exit 3 when PATH is not a pidfence Delta output.
-        """
-        from pidfence.spark_sink.delta import care
-        from pidfence.spark_sink.s3_requests import reach_stores
-
-        with exit_cleanly("sink compact"):
-            apply_storage_options(storage_option)
-            reach_stores(path, rejects_path)
-            for kind, where in care.tables_of(path, rejects_path):
-                metrics = care.compact(where, kind, target_size=target_size)
-                typer.echo(
-                    f"{kind} {where}: {metrics.get('numFilesRemoved', 0)} files → "
-                    f"{metrics.get('numFilesAdded', 0)}"
-                )
-
-    @group.command("vacuum")
-    def vacuum(
-        path: DeltaOutput,
-        rejects_path: RejectsPath = None,
-        retention_hours: Annotated[
-            int | None,
-            typer.Option(min=0, help="Keep removed files this long (default: 7 days)"),
-        ] = None,
-        full: Annotated[
-            bool,
-            typer.Option(
-                "--full", help="Also delete files no commit added (except uncommitted batches')"
-            ),
-        ] = False,
-        bookkeeping_age: Annotated[
-            int,
-            typer.Option(
-                min=0, help="Delete unneeded files under PATH/_pidfence once this old (minutes)"
-            ),
-        ] = 60,
-        dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list")] = False,
-        storage_option: StorageOption = None,
-    ) -> None:
-        """Delete files the log and rejects tables no longer need (after compaction), and the
-        sink's own files under PATH/_pidfence that no retained batch or running sink reads.
-
-        Never deletes a file of a batch that is not committed yet, nor one of a sink instance
-        that claimed the output after the vacuum began. A retention below the table's (7 days)
-        breaks readers of older versions and is refused. Safe while the sink runs. Exit 3 when
-        PATH is not a pidfence Delta output.
-        """
-        from deltalake.exceptions import DeltaError
-
-        from pidfence.spark_sink.delta import care
-        from pidfence.spark_sink.s3_requests import reach_stores
-        from pidfence.spark_sink.sweep import sweep
-
-        verb = "would delete" if dry_run else "deleted"
-        with exit_cleanly("sink vacuum"):
-            apply_storage_options(storage_option)
-            reach_stores(path, rejects_path)
-            for kind, where in care.tables_of(path, rejects_path):
-                try:
-                    gone = care.vacuum(
-                        where, kind, retention_hours=retention_hours, full=full, dry_run=dry_run
-                    )
-                except DeltaError as exc:  # e.g. a retention below the table's minimum
-                    fail("sink vacuum", f"{kind} {where}: {first_line(exc)}", EXIT_USAGE)
-                typer.echo(f"{kind} {where}: {verb} {len(gone)} files")
-                for rel in gone if dry_run else []:
-                    typer.echo(f"  {rel}")
-            swept = sweep(path, bookkeeping_age * 60.0, dry_run)
-            typer.echo(f"bookkeeping {path.rstrip('/')}/_pidfence: {verb} {len(swept)} files")
-            for rel in swept if dry_run else []:
-                typer.echo(f"  {rel}")
-
-
 def _run(
     console: Any,
     master: str,
@@ -410,6 +330,7 @@ def _run(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from pidfence.services import spark_session, stop_session
+    from pidfence.services.spark import start_failure_is_transient
     from pidfence.spark_sink import BatchLine, serve
     from pidfence.wire import PidfenceError
 
@@ -432,7 +353,9 @@ def _run(
     except PidfenceError as exc:  # no java, jars that cannot be had: the line names the fix
         fail("sink", first_line(exc), code_of(exc))
     except Exception as exc:  # noqa: BLE001 - any JVM start failure is one line
-        fail("sink", f"Spark did not start: {_line(exc)}{where}", EXIT_RETRIABLE)
+        # 75 promises that a rerun gets further: only for what passes (services.spark).
+        code = EXIT_RETRIABLE if start_failure_is_transient(exc) else EXIT_UNAVAILABLE
+        fail("sink", f"Spark did not start: {_line(exc)}{where}", code)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     bar = Progress(
@@ -464,11 +387,12 @@ def _run(
             **kwargs,
         )
     except PidfenceError as exc:
-        # The sink's own error, found inside Spark's exception when the query ended on it.
+        # The sink's own error, found inside Spark's exception when the query ended on it, or
+        # its output's store failing around the query (pipeline.OutputStoreFailed).
         details = f"; details in {log_file}" if log_file is not None else ""
         _stack(exc.__cause__, log_file)
         fail("sink", f"{first_line(exc)} ({type(exc).__name__}{details})", code_of(exc))
-    except Exception as exc:  # noqa: BLE001 - the query did not start: one line, the log has more
+    except Exception as exc:  # noqa: BLE001 - before the query started (later ones are the sink's)
         _stack(exc, log_file)
         fail("sink", f"the Spark query did not start: {_line(exc)}{where}", EXIT_UNAVAILABLE)
     finally:

@@ -33,6 +33,7 @@ from pidfence.producer.errors import (
 )
 from pidfence.producer.headers import RESERVED_HEADERS
 from pidfence.producer.idempotent import IdempotentProducer
+from pidfence.producer.input_start import OFFSET_RESET, check_jump, raise_for, start_offset
 from pidfence.producer.opening import OpenProducer
 from pidfence.producer.partitioner import partition_count
 from pidfence.producer.statefile import load_state, save_state
@@ -86,6 +87,8 @@ class CopySpec:
     poll_s: float = 0.2
     session_timeout_s: float = 10.0
     stop_after_commit: int = 0
+    #: Continue after input records Kafka deleted before they were copied (else refused).
+    allow_data_loss: bool = False
     consumer_extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -109,7 +112,7 @@ class CopySpec:
             **(group if self.group else {"group.id": f"pidfence-copy-{self.to_topic}"}),
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
+            "auto.offset.reset": OFFSET_RESET,
             "logger": librdkafka_logger(),
             **self.consumer_extra,
         }
@@ -196,6 +199,17 @@ class Copier:
             raise BadCheckpoint(f"state file {self.state_path} is incomplete ({exc!r})") from exc
         return offsets, checkpoint, copied
 
+    def _log_of(self, consumer: Any, partition: int) -> tuple[int, int]:
+        """The input partition's (start, end) offsets."""
+        tp = confluent_kafka.TopicPartition(self.spec.from_topic, partition)
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10.0)
+        except confluent_kafka.KafkaException as exc:
+            raise BrokerUnavailable(
+                f"reading where {self.spec.from_topic}[{partition}] starts failed ({exc})"
+            ) from exc
+        return int(low), int(high)
+
     def _save(self, producer: IdempotentProducer, offsets: dict[int, int], copied: int) -> None:
         while producer.flush(60.0):
             pass
@@ -242,6 +256,12 @@ class Copier:
     ) -> CopyResult:
         spec = self.spec
         check_partitions(spec, n_in, producer.partition_count(spec.to_topic))
+        for p, stored in offsets.items():
+            start = start_offset(
+                spec.from_topic, p, stored, self._log_of(consumer, p), spec.allow_data_loss
+            )
+            check_jump(producer, spec.to_topic, p, stored, start)
+            offsets[p] = start
         # Save right after a resume: it bumped the generation.
         self._save(producer, offsets, copied)
         consumer.assign(
@@ -262,9 +282,8 @@ class Copier:
                     break
                 continue
             if msg.error() is not None:
-                if msg.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                    continue
-                raise BrokerUnavailable(f"consuming {spec.from_topic} failed: {msg.error()}")
+                raise_for(msg.error(), spec.from_topic, msg.partition())
+                continue
             last_record = self._clock()
             if producer.rollover_due:
                 # roll() drains, rolls through the lease server and stores the offsets with the

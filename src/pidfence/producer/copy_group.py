@@ -21,6 +21,7 @@ commit the group refuses (a rebalance under way) is made at the next checkpoint.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -44,6 +45,7 @@ from pidfence.producer.errors import (
     ProducerError,
     ProducerFenced,
 )
+from pidfence.producer.input_start import check_jump, raise_for, start_offset
 from pidfence.producer.partitioner import partition_count
 
 log = logging.getLogger(__name__)
@@ -201,9 +203,8 @@ class CopyGroup:
             for msg in batch:
                 error = msg.error()
                 if error is not None:
-                    if error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                        continue
-                    raise BrokerUnavailable(f"consuming {spec.from_topic} failed: {error}")
+                    raise_for(error, spec.from_topic, msg.partition())
+                    continue
                 if self._copy(consumer, msg):
                     done += 1
                     if done == spec.max_records:
@@ -315,13 +316,24 @@ class CopyGroup:
             if committed.error is not None:
                 raise confluent_kafka.KafkaException(committed.error)
             state: tuple[int, ProducerCheckpoint] | None = None
-            start = 0
+            log_ends = consumer.get_watermark_offsets(tp, timeout=10.0)
+            start = log_ends[0]
+            guard = None
             if committed.offset >= 0:
-                state = (committed.offset, self._codec.decode(partition, committed.metadata))
-            else:
-                start = consumer.get_watermark_offsets(tp, timeout=10.0)[0]
+                stored = committed.offset
+                start = start_offset(
+                    spec.from_topic, partition, stored, log_ends, spec.allow_data_loss
+                )
+                state = (start, self._codec.decode(partition, committed.metadata))
+                guard = functools.partial(
+                    check_jump,
+                    to_topic=spec.to_topic,
+                    partition=partition,
+                    stored=stored,
+                    start=start,
+                )
             task = CopyTask.open(
-                partition, spec.to_topic, state, start, self._open_producer, self._store
+                partition, spec.to_topic, state, start, self._open_producer, self._store, guard
             )
         except confluent_kafka.KafkaException as exc:
             error = BrokerUnavailable(

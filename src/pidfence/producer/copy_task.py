@@ -77,18 +77,23 @@ class CopyTask:
         start: int,
         open_producer: OpenTask,
         store: Store,
+        guard: Callable[[IdempotentProducer], None] | None = None,
     ) -> CopyTask:
         """Continue the group's ``committed`` (offset, checkpoint), or start at ``start`` under a
         fresh pid, and commit before any record is copied.
 
+        ``guard(producer)``, if given, runs on the opened producer before that commit.
+
         Raises:
             ProducerFenced: another owner holds the committed lineage.
-            Whatever ``open_producer`` and ``store`` raise (the producer is closed).
+            Whatever ``open_producer``, ``guard`` and ``store`` raise (the producer is closed).
         """
         offset, checkpoint = committed if committed is not None else (start, None)
         producer = open_producer(checkpoint, (to_topic, partition))
         task = cls(partition, to_topic, producer, offset, store)
         try:
+            if guard is not None:
+                guard(producer)
             task._flush()  # librdkafka's own events count as in flight until served
             task._save(offset, producer.checkpoint())
         except BaseException:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import ipaddress
 import json
 import os
+import re
 import shlex
 import sys
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Final, NamedTuple, Self
+from urllib.parse import urlsplit
 
 from pidfence.jars import connector_jars as connector_jar_paths
 from pidfence.jars import require_java, user_cache
@@ -99,6 +104,51 @@ appender.out.layout.pattern = %d{HH:mm:ss.SSS} %p %c{1}: %m%n%ex
 """
 
 
+#: The driver's address when every executor runs on this machine.
+LOOPBACK: Final = "127.0.0.1"
+#: What names the machine's own address to Spark (it then chooses the driver's from it).
+_LOCAL_ADDRESS_ENV: Final = ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME")
+
+
+class DriverAddress(NamedTuple):
+    """Where a session's driver listens: environment defaults and Spark settings (both empty:
+    Spark's own choice, the machine's address)."""
+
+    env: dict[str, str]
+    conf: dict[str, str]
+
+
+def _on_loopback(hostport: str) -> bool:
+    """Whether ``HOST[:PORT]`` (an IPv6 host in brackets) names this machine's loopback."""
+    try:
+        host = urlsplit(f"spark://{hostport.strip()}").hostname
+        return host == "localhost" or (host is not None and ipaddress.ip_address(host).is_loopback)
+    except ValueError:  # a name, or no URL at all: Spark says what it makes of it
+        return False
+
+
+def executors_are_local(master: str) -> bool:
+    """Whether every executor of ``master`` runs on this machine: a ``local...`` master, or a
+    standalone ``spark://`` master (each of an HA list) on a loopback address."""
+    if master.startswith("local"):
+        return True
+    if not master.startswith("spark://"):
+        return False
+    return all(_on_loopback(h) for h in master.removeprefix("spark://").split(","))
+
+
+def driver_address(master: str, environ: Mapping[str, str]) -> DriverAddress:
+    """The driver pinned to loopback for a master whose executors all run on this machine
+    (no lookup of the machine's name, no port open to the network), unless ``environ`` names
+    the machine's address itself. Any other master (``spark://`` elsewhere, ``yarn``,
+    ``k8s://``) gets Spark's own choice: its executors on other hosts connect back to the
+    driver, which an address of 127.0.0.1 would send to themselves."""
+    if not executors_are_local(master) or any(environ.get(k) for k in _LOCAL_ADDRESS_ENV):
+        return DriverAddress({}, {})
+    pinned = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK}
+    return DriverAddress({"SPARK_LOCAL_IP": LOOPBACK}, pinned)
+
+
 def spark_session(
     master: str = "local[2]",
     app_name: str = "pidfence",
@@ -109,7 +159,9 @@ def spark_session(
     """A SparkSession that can read Kafka, with the connector matched to the installed pyspark.
 
     Args:
-        master: ``local[N]``, ``local[N,F]`` (F task attempts) or ``spark://host:port``.
+        master: ``local[N]``, ``local[N,F]`` (F task attempts), ``spark://host:port``,
+            ``yarn`` or ``k8s://...``; the driver listens on loopback only when every executor
+            runs on this machine (:func:`driver_address`).
         app_name: shown in Spark's UI and logs.
         conf: extra Spark settings (override the defaults here).
         log_file: send everything the driver JVM prints (Spark's log4j at WARN, the JVM's own
@@ -124,14 +176,15 @@ def spark_session(
     # Workers must run this interpreter (the venv's pyarrow, msgpack and pidfence).
     os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    address = driver_address(master, os.environ)
+    for key, value in address.env.items():
+        os.environ.setdefault(key, value)
     settings = {
         "spark.jars": connector_jars(jars),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
+        **address.conf,
         "spark.driver.memory": "1g",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
@@ -157,6 +210,37 @@ def spark_session(
     session.sparkContext.setLogLevel("WARN")
     _quiet_accumulator_eof(session.sparkContext)
     return session
+
+
+#: errno values of a failed start that may pass later: the disk, memory or processes short.
+_TRANSIENT_ERRNOS: Final = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ENOMEM}
+)
+#: A cluster manager (standalone master, YARN, Kubernetes) that did not answer the driver.
+_UNANSWERED: Final = re.compile(
+    r"java\.net\.(?:Connect|NoRouteToHost|SocketTimeout)Exception|All masters are unresponsive"
+)
+
+
+def start_failure_is_transient(exc: BaseException) -> bool:
+    """Whether a :func:`spark_session` that raised ``exc`` may start when called again: an
+    ``OSError`` of a disk, memory or process table short for now, or a cluster manager that
+    did not answer. Anything else is met again: a master or JVM option Spark refuses (the
+    gateway exits before it answers), an unwritable folder, a broken installation."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _TRANSIENT_ERRNOS:
+            return True
+        try:
+            text = str(current)
+        except Exception:  # noqa: BLE001 - py4j asks the JVM for the text, which may be gone
+            text = ""
+        if _UNANSWERED.search(text):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _quiet_accumulator_eof(context: Any) -> None:

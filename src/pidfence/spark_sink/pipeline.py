@@ -7,9 +7,9 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from pidfence.spark_sink.errors import SinkOptionError
+from pidfence.spark_sink.errors import SinkError, SinkOptionError
 from pidfence.spark_sink.failure import failure_of
 from pidfence.spark_sink.fence import Claim, OutputClaim, claim_output
 from pidfence.spark_sink.manifest import BatchManifest
@@ -27,6 +27,22 @@ SESSION_CONF = {"spark.sql.execution.arrow.maxRecordsPerBatch": "100000"}
 SPLITTING_OPTIONS = frozenset({"minpartitions", "maxrecordsperpartition"})
 
 log = logging.getLogger(__name__)
+
+
+class OutputStoreFailed(SinkError):
+    """The output's store failed a request of the driver's around the query (no answer, or a
+    refusal); the committed batches are kept and running again continues."""
+
+    retriable: ClassVar[bool] = True
+
+
+def _store_failed(output: str, step: str, exc: OSError) -> OutputStoreFailed:
+    """``exc`` from the store of ``output`` while the driver did ``step``, as one line."""
+    cause = " ".join(str(exc).split()) or type(exc).__name__
+    return OutputStoreFailed(
+        f"the store of {output} failed {step}: {cause}; the committed batches are kept, and "
+        "running the same command again continues"
+    )
 
 
 @dataclass
@@ -114,7 +130,7 @@ def build_query(
             the cores the application has; 0: one task per partition.
 
     Raises:
-        SinkOptionError: a forbidden Kafka option.
+        SinkOptionError: a forbidden Kafka option, or a trigger with ``available_now``.
     """
     from pidfence.spark_sink.session import register
 
@@ -123,6 +139,11 @@ def build_query(
         raise SinkOptionError(
             f"Kafka source options {bad} split a partition across tasks, which breaks per-"
             "partition ordering; remove them (the sink maps one Kafka partition to one task)"
+        )
+    if available_now and trigger_seconds is not None:
+        raise SinkOptionError(
+            "available_now (--available-now) runs one pass; trigger_seconds (--trigger) paces a "
+            "query that runs until stopped: give one of them"
         )
     register(spark)
     reader = (
@@ -225,14 +246,11 @@ def _start(
     if claim is None:
         return None
     try:
-        # Read once the claim is held: a standby's wait may have seen months of batches go by.
-        before = Output.reading(output).committed_version()
-        open_output(
-            opts.path,
-            opts.rejects_path,
-            NO_OWNER,
-            committed_before=checkpoint_committed(checkpoint),
-        )
+        try:  # read once the claim is held: a standby's wait may have seen months of batches
+            before = Output.reading(output).committed_version()
+            open_output(opts.path, opts.rejects_path, NO_OWNER, checkpoint_committed(checkpoint))
+        except OSError as exc:
+            raise _store_failed(output, "reading and opening it after the claim", exc) from exc
         if metrics is None and metrics_port is not None:
             topics = [t.strip() for t in topic.split(",") if t.strip()]
             starting = kwargs.get("starting_offsets", "earliest")
@@ -291,7 +309,10 @@ def run_sink(
         _release(claim)
     if claim.fenced is not None:
         raise claim.fenced
-    return summarise(output, after=before, epoch=claim.epoch)
+    try:
+        return summarise(output, after=before, epoch=claim.epoch)
+    except OSError as exc:
+        raise _store_failed(output, "summing up the committed batches", exc) from exc
 
 
 @dataclass(frozen=True)
@@ -464,12 +485,15 @@ def serve(
     try:
         for line in watcher.poll(query, final=True):
             on_batch(line)
-    except OSError:
+    except OSError as exc:
+        # A failed or fenced query is what to report then: the store may be what ended it.
         if claim.fenced is None and error is None:
-            raise
-        # The store may be what ended the query: its failure is the one to report.
+            raise _store_failed(output, "reading the last committed batches", exc) from exc
     if claim.fenced is not None:
         raise claim.fenced
     if error is not None:
         raise failure_of(error) from error
-    return summarise(output, after=before, epoch=claim.epoch)
+    try:
+        return summarise(output, after=before, epoch=claim.epoch)
+    except OSError as exc:
+        raise _store_failed(output, "summing up the committed batches", exc) from exc
