@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
-from pidfence.spark_sink.delta.care import checkpoint, compact, vacuum
+from pidfence.spark_sink.delta.care import checkpoint, compact, tables_of, vacuum
+from pidfence.spark_sink.delta.errors import NotPidfenceTable
 from pidfence.spark_sink.delta.table import open_table
 from pidfence.spark_sink.readers import read_log as read_delta_log
 from tests.unit.delta_kit import commit_batch, data_dir, stage_file
@@ -107,6 +110,29 @@ def test_full_vacuum_keeps_uncommitted_batches_and_drops_orphans(busy_table: Pat
     assert read_delta_log(path).num_rows == expected(list(range(6))).num_rows + 1
 
 
+def test_full_vacuum_keeps_the_batch_of_a_query_that_committed_none_yet(tmp_path: Path) -> None:
+    # A new query on the output (a new checkpoint) has written its first batch, not committed
+    # it: none of the table's transaction ids names it, and its files still stay.
+    path = str(tmp_path)
+    run_batch(path, 0)
+    new_query = "9a8b7c6d-new-query"
+    staged = stage(path, 0, query=new_query)
+    assert vacuum(path, retention_hours=0, enforce_retention=False, full=True) == []
+    assert all((tmp_path / rel).exists() for rel, _ in staged)
+    assert commit_batch(path, "log", new_query, 0, staged)
+    assert read_delta_log(path).num_rows == 2 * expected([0]).num_rows
+
+
+def test_tables_of_an_output_name_its_rejects_table_once_it_exists(tmp_path: Path) -> None:
+    path = str(tmp_path / "out")
+    with pytest.raises(NotPidfenceTable, match="holds no Delta table"):
+        tables_of(path)
+    run_batch(path, 0)
+    assert tables_of(path + "/") == [("log", path)]
+    open_table(f"{path}/_rejects", "rejects")
+    assert tables_of(path) == [("log", path), ("rejects", f"{path}/_rejects")]
+
+
 def test_checkpoints_at_deltas_default_interval_and_log_cleanup(tmp_path: Path) -> None:
     # No delta.checkpointInterval in the table: Delta Lake's default, 10 (not delta-rs's 100):
     # versions 10 and 20 get checkpoints, as Spark's Delta writer writes them.
@@ -126,3 +152,28 @@ def test_checkpoints_at_deltas_default_interval_and_log_cleanup(tmp_path: Path) 
     assert (log / f"{21:020d}.checkpoint.parquet").exists()
     # Log retention honoured: nothing is younger than 30 days here, so every commit stays.
     assert len(list(log.glob("*.json"))) == 22
+
+
+@pytest.mark.parametrize(
+    ("setting", "cleaned"), [("FALSE", False), ("False", False), ("true", True)]
+)
+def test_log_cleanup_after_a_checkpoint_honours_the_tables_setting(
+    tmp_path: Path, setting: str, cleaned: bool
+) -> None:
+    # delta.enableExpiredLogCleanup is a boolean as Delta reads it (any case): a table that
+    # turned cleanup off keeps its old commits, for time travel, however it spelled "false".
+    path = str(tmp_path)
+    open_table(path, "log")  # version 0
+    DeltaTable(path).alter.set_table_properties(
+        {"delta.enableExpiredLogCleanup": setting}, raise_if_not_exists=False
+    )  # version 1
+    for b in range(8):  # versions 2-9
+        commit_batch(path, "log", Q, b, [])
+    log = tmp_path / "_delta_log"
+    long_ago = time.time() - 2 * 24 * 3600  # past the table's log retention (1 hour)
+    for commit in log.glob("*.json"):
+        os.utime(commit, (long_ago, long_ago))
+    commit_batch(path, "log", Q, 8, [])  # version 10: a checkpoint, then the cleanup
+    assert (log / f"{10:020d}.checkpoint.parquet").exists()
+    assert (log / f"{0:020d}.json").exists() is not cleaned
+    assert DeltaTable(path).transaction_version(Q) == 8

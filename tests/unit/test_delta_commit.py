@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pidfence.spark_sink.delta import commit as commit_mod
 from pidfence.spark_sink.delta.care import compact
 from pidfence.spark_sink.delta.commit import committed_version
-from pidfence.spark_sink.delta.errors import StagedFileMissing
+from pidfence.spark_sink.delta.errors import RestoredPastSink, StagedFileMissing
 from pidfence.spark_sink.delta.table import TableKind, open_table
 from pidfence.spark_sink.readers import read_log, read_table
 from tests.unit.delta_kit import Files, commit_batch, data_dir, stage_file
@@ -166,6 +166,22 @@ def test_a_foreign_append_during_the_batch_loses_nothing_and_the_batch_lands(
     write_deltalake(path, log_rows("t", 9, 1, 2, tag="foreign"), mode="append")
     assert run_batch(path, 2)
     assert committed_version(DeltaTable(path), Q) == 2
+
+
+def test_a_restore_past_a_batch_that_lost_a_race_stops_the_next_batch(tmp_path: Path) -> None:
+    # The batch loses its race to a foreign append and lands one version later than it read.
+    # The sink must know the version it really landed at: a RESTORE to the foreign append's
+    # version takes batch 1's rows away, and the next batch must stop rather than commit on top.
+    path = str(tmp_path)
+    run_batch(path, 0)  # version 1
+    foreign = log_rows("t", 9, 0, 1, tag="foreign")
+    hook = _inject(lambda: write_deltalake(path, foreign, mode="append"))  # version 2
+    assert run_batch(path, 1, hook=hook)  # version 3
+    assert [c["operation"] for c in DeltaTable(path).history(2)] == ["WRITE", "WRITE"]
+    DeltaTable(path).restore(2)  # version 4: batch 1's rows gone
+    with pytest.raises(RestoredPastSink, match="batch 1 \\(version 3\\)"):
+        run_batch(path, 2)
+    assert DeltaTable(path).version() == 4  # nothing committed
 
 
 @pytest.mark.parametrize("last_attempt", [False, True])

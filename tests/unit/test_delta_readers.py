@@ -9,13 +9,14 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.schema import Field, PrimitiveType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pidfence.spark_sink.delta.stats import footer_stats
+from pidfence.spark_sink.delta.stats import file_stats, footer_stats
 from pidfence.spark_sink.delta.table import DELTA_LOG_SCHEMA, DELTA_REJECTS_SCHEMA, open_table
 from pidfence.spark_sink.readers import read_log as read_delta_log
 from pidfence.spark_sink.readers import read_table
@@ -23,7 +24,7 @@ from pidfence.spark_sink.schema import HEADERS_TYPE, TS_TYPE, conform
 from pidfence.spark_sink.storage import Store
 from tests.unit.delta_kit import commit_batch, stage_file
 from tests.unit.test_delta_commit import Q, expected, run_batch, stage
-from tests.unit.test_delta_table import reject_rows
+from tests.unit.test_delta_table import log_rows, reject_rows
 
 _ORDER = [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "ascending")]
 
@@ -185,3 +186,19 @@ def test_property_statistics_bound_every_row_and_never_hide_one(
     ):
         pruned = DeltaTable(path).to_pyarrow_dataset().to_table(filter=where)
         assert pruned.num_rows == full.filter(where).num_rows
+
+
+def test_footer_statistics_of_a_file_in_several_row_groups_bound_all_its_rows(
+    tmp_path: Path,
+) -> None:
+    """A re-run commit takes a file's statistics from its footer: every row group counts (here
+    the smallest offsets are in the last group, the nulls in the first)."""
+    rows = log_rows("t", 0, 0, 12).sort_by([("log_offset", "descending")])
+    pids = pa.array([None] * 3 + [7] * 9, pa.int64())
+    rows = rows.set_column(rows.schema.get_field_index("pid"), "pid", pids)
+    store = Store.at(str(tmp_path))
+    store.write_table(store.join("f.parquet"), rows, "snappy", group_rows=4)
+    assert pq.read_metadata(store.join("f.parquet")).num_row_groups == 3
+    stats = json.loads(footer_stats(store, "f.parquet"))
+    assert stats == json.loads(file_stats(rows))
+    assert (stats["minValues"]["log_offset"], stats["nullCount"]["pid"]) == (0, 3)

@@ -9,22 +9,26 @@ non-retriable error naming the commit and the fix.
 from __future__ import annotations
 
 import shutil
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.schema import Field, PrimitiveType
 
+from pidfence.spark_sink.delta.care import compact
 from pidfence.spark_sink.delta.checkpoints import last_checkpoint
 from pidfence.spark_sink.delta.commit import committed_version
+from pidfence.spark_sink.delta.constraints import check_rows
 from pidfence.spark_sink.delta.errors import (
     ConstraintViolated,
     RestoredPastSink,
     SchemaChanged,
     TableGone,
 )
-from pidfence.spark_sink.delta.history import check_lineage, restored_version
+from pidfence.spark_sink.delta.history import check_lineage, last_own_version, restored_version
 from pidfence.spark_sink.readers import read_log as read_delta_log
 from pidfence.spark_sink.storage import Store
 from tests.unit.delta_kit import commit_batch
@@ -61,15 +65,40 @@ def test_properties_columns_constraints_and_table_care_never_stop_the_sink(
     assert rows.filter(pa.compute.is_valid(rows["note"])).num_rows == 2
 
 
-def test_a_constraint_the_rows_violate_stops_the_batch_with_its_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize("files", [1, 2])
+def test_a_constraint_the_rows_violate_stops_the_batch_with_its_name(
+    tmp_path: Path, files: int
+) -> None:
+    # A batch of one partition's file is checked as one of several files is.
     path = str(tmp_path)
     run_batch(path, 0)
     DeltaTable(path).alter.add_constraint({"small": "log_offset < 6"})
     with pytest.raises(ConstraintViolated, match=r"constraint small \(log_offset < 6\) rejects"):
-        run_batch(path, 1)
+        commit_batch(path, "log", Q, 1, stage(path, 1)[:files])
     assert committed_version(DeltaTable(path), Q) == 0
     DeltaTable(path).alter.drop_constraint("small")
     assert run_batch(path, 1)
+
+
+@pytest.mark.parametrize(
+    ("expression", "rejected"),
+    [
+        ("Offset >= 10 AND PARTITION = 0 AND Log_Offset < 4", False),  # names ignore case
+        ("topic = 'value'", False),  # a literal spelled like a column stays a literal
+        ("topic <> 'value'", True),
+    ],
+)
+def test_constraints_read_column_names_in_any_case_and_literals_as_written(
+    expression: str, rejected: bool
+) -> None:
+    rows = log_rows("value", 0, 0, 4)  # the topic is named like a column
+    expect: AbstractContextManager[Any] = (
+        pytest.raises(ConstraintViolated, match="rejects 4 of batch 3")
+        if rejected
+        else nullcontext()
+    )
+    with expect:
+        check_rows(rows, {"c": expression}, "out", 3)
 
 
 def test_a_retyped_column_stops_the_sink_naming_the_commit(tmp_path: Path) -> None:
@@ -87,12 +116,18 @@ def test_a_retyped_column_stops_the_sink_naming_the_commit(tmp_path: Path) -> No
     assert not info.value.retriable
 
 
+def table_with_two_batches(tmp_path: Path) -> str:
+    """A log table holding the sink's batches 0 and 1 (versions 1 and 2); its path."""
+    path = str(tmp_path)
+    run_batch(path, 0)
+    run_batch(path, 1)
+    return path
+
+
 def test_restore_to_before_the_last_batch_stops_the_sink_and_a_later_restore_is_fine(
     tmp_path: Path,
 ) -> None:
-    path = str(tmp_path)
-    run_batch(path, 0)  # version 1
-    run_batch(path, 1)  # version 2
+    path = table_with_two_batches(tmp_path)  # versions 1 and 2
     write_deltalake(path, log_rows("t", 9, 0, 1), mode="append")  # version 3
     DeltaTable(path).restore(2)  # version 4: back to the sink's own last batch: fine
     assert run_batch(path, 2)  # version 5
@@ -117,15 +152,15 @@ def test_restored_version_by_number_or_by_timestamp() -> None:
     assert restored_version({"operationParameters": {"version": "4"}}, by_version) == 4
     stamp = {"operationParameters": {"timestamp": "1970-01-01 00:00:02.500"}}
     assert restored_version(stamp, by_version) == 4
+    exact = {"operationParameters": {"timestamp": "1970-01-01 00:00:02"}}
+    assert restored_version(exact, by_version) == 4  # a commit's own time restores to it
     early = {"operationParameters": {"timestamp": "1970-01-01T00:00:00Z"}}
     assert restored_version(early, by_version) == -1
     assert restored_version({"operationParameters": {}}, by_version) is None
 
 
 def test_lineage_follows_restores_of_restores(tmp_path: Path) -> None:
-    path = str(tmp_path)
-    run_batch(path, 0)  # 1
-    run_batch(path, 1)  # 2 (own)
+    path = table_with_two_batches(tmp_path)  # 1, 2 (own)
     write_deltalake(path, log_rows("t", 9, 0, 1), mode="append")  # 3
     DeltaTable(path).restore(1)  # 4: before own
     DeltaTable(path).restore(3)  # 5: to 3, which descends from 2
@@ -133,6 +168,18 @@ def test_lineage_follows_restores_of_restores(tmp_path: Path) -> None:
     DeltaTable(path).restore(4)  # 6: to the state after the bad restore
     with pytest.raises(RestoredPastSink):
         check_lineage(DeltaTable(path), path, 2)
+
+
+def test_the_sinks_last_batch_is_found_behind_table_care_and_other_writers(
+    tmp_path: Path,
+) -> None:
+    # A process that did not make the commit itself walks the history back: past more than one
+    # step of other writers' commits, and past pidfence's own table care, which is no batch.
+    path = table_with_two_batches(tmp_path)  # versions 1 and 2
+    compact(path)  # version 3: marked as pidfence's, not a batch commit
+    for i in range(16):  # versions 4-19
+        write_deltalake(path, log_rows("t", 9, i, 1), mode="append")
+    assert last_own_version(DeltaTable(path), f"{path}#a-process-that-never-committed") == 2
 
 
 def test_a_deleted_table_is_gone_not_recreated(tmp_path: Path) -> None:

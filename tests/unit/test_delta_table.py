@@ -166,17 +166,22 @@ def test_refuses_marked_table_without_the_sinks_columns_but_reads_one_with_added
     assert open_table(str(tmp_path / "y"), "log").version() == 0
 
 
-def test_refuses_other_kind_and_other_format(tmp_path: Path) -> None:
+def test_refuses_other_kind(tmp_path: Path) -> None:
     open_table(str(tmp_path / "r"), "rejects")
     with pytest.raises(NotPidfenceTable, match="rejects table, not a log table"):
         open_table(str(tmp_path / "r"), "log")
+
+
+@pytest.mark.parametrize(("formats", "named"), [({FORMAT_KEY: "99"}, "'99'"), ({}, "None")])
+def test_refuses_other_format_or_none(tmp_path: Path, formats: dict[str, str], named: str) -> None:
+    # A marked table of an unknown format, or with no format at all, is not one to append to.
     DeltaTable.create(
         str(tmp_path / "f"),
         DELTA_LOG_SCHEMA,
-        configuration={TABLE_KEY: "log", FORMAT_KEY: "99"},
+        configuration={TABLE_KEY: "log", **formats},
         raise_if_key_not_exists=False,
     )
-    with pytest.raises(NotPidfenceTable, match="format '99'"):
+    with pytest.raises(NotPidfenceTable, match=f"format {named}"):
         open_table(str(tmp_path / "f"), "log")
 
 

@@ -16,8 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
 from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.delta.commit import commit_files
+from pidfence.spark_sink.delta.table import (
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    TABLE_KEY,
+    open_table,
+    schema_of,
+)
 from pidfence.spark_sink.delta.tip import query_tip
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import Output
@@ -143,3 +152,29 @@ def test_a_cleaned_or_replaced_log_is_read_again(tmp_path: Path) -> None:
     dt = open_table(str(root), "log")
     assert query_tip(table, QUERY, load).txn is None
     assert len(loads) == 3
+
+
+def test_a_table_replaced_in_place_is_known_by_its_new_id(tmp_path: Path) -> None:
+    """A CREATE OR REPLACE commits the new table's id in a commit that is read by name: the
+    tip (and what a process keeps by table id, such as the partitions' positions) follows it."""
+    root = str(tmp_path / "t")
+    table = Store.at(root)
+    open_table(root, "log")
+    commit_files(table, "log", QUERY, 0, [])
+
+    def load() -> DeltaTable:
+        return DeltaTable(root)
+
+    before = query_tip(table, QUERY, load)
+    DeltaTable.create(
+        root,
+        schema_of("log"),
+        mode="overwrite",
+        configuration={TABLE_KEY: "log", FORMAT_KEY: FORMAT_VERSION},
+        raise_if_key_not_exists=False,
+    )
+    after = query_tip(table, QUERY, load)
+    assert after.version == before.version + 1
+    new_id = str(DeltaTable(root).metadata().id)
+    assert after.table_id == new_id
+    assert before.table_id != new_id
