@@ -21,17 +21,17 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from pidfence.lifecycle import signals_raise
 from pidfence.wire import PidfenceError
 
 _VERSIONED = ("pidfence", "confluent-kafka", "kazoo", "msgpack", "numpy", "pyarrow", "pyspark")
@@ -247,26 +247,7 @@ def _previous_run(path: Path) -> dict[str, Any] | None:
     return {k: last[k] for k in keep if k in last}
 
 
-@contextmanager
-def stopped_by_sigterm() -> Iterator[None]:
+def stopped_by_sigterm() -> AbstractContextManager[None]:
     """Within: SIGTERM raises :class:`BenchStopped`, so the run unwinds through its ``finally``
-    blocks and stops every service it started (they run in sessions of their own: a signal to
-    this process reaches none of them). Later SIGTERMs are ignored while it unwinds. Outside the
-    main thread it changes nothing."""
-    raised: list[int] = []
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        del frame
-        if not raised:
-            raised.append(signum)
-            raise BenchStopped(signum)
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handle)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    blocks and stops every service it started (:func:`~pidfence.lifecycle.signals_raise`)."""
+    return signals_raise((signal.SIGTERM,), BenchStopped)

@@ -1,12 +1,17 @@
-"""What every started-and-stopped thing shares: ``with thing:`` starts it and always stops it.
+"""What every started-and-stopped thing shares: ``with thing:`` starts it and always stops it,
+and a signal that stops a command unwinds it like Ctrl-C (:func:`signals_raise`).
 
-Kept outside the layers (it imports nothing of pidfence) so that the lease server's thread and the
-services' process groups use one definition.
+Kept outside the layers (it imports nothing of pidfence) so that the lease server's thread, the
+services' process groups and the commands that start them use one definition.
 """
 
 from __future__ import annotations
 
+import signal
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Self
 
 
@@ -26,3 +31,31 @@ class Startable(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def signals_raise(
+    signals: Iterable[signal.Signals], error: Callable[[int], BaseException]
+) -> Iterator[None]:
+    """Within: the first of ``signals`` raises ``error(signum)``, so the block unwinds through
+    its ``finally`` blocks and stops what it started (servers in sessions of their own, which a
+    signal to this process never reaches); later ones are ignored while it unwinds. The previous
+    handlers come back after. Outside the main thread it changes nothing."""
+    raised: list[int] = []
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        del frame
+        if not raised:
+            raised.append(signum)
+            raise error(signum)
+
+    try:
+        previous = {sig: signal.signal(sig, handle) for sig in signals}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)

@@ -21,18 +21,22 @@ import confluent_kafka
 
 from pidfence.pid_allocator import LeaseServerThread
 from pidfence.wire import FLAG_FENCE, Verdict
+from tests.fixtures.commands import state_count
 from tests.fixtures.produced import PIDFENCE, read_topic, replay
 
 PARTITIONS = 3
 PER_PARTITION = 4000
 
 
-def _copied(state: Path) -> int:
-    """Records the copier's state file says are copied (-1: no state file yet)."""
-    try:
-        return int(json.loads(state.read_text())["copied"])
-    except (FileNotFoundError, ValueError, KeyError):
-        return -1
+def copy_command(
+    kafka: Any, lease_server: LeaseServerThread, source: str, target: str, state: Path
+) -> list[str]:
+    """``pidfence copy`` of ``source`` to ``target`` with a state file, ending 3 s idle."""
+    return [
+        *(PIDFENCE, "copy", "--bootstrap", kafka.bootstrap),
+        *("--lease-server", lease_server.address, "--from-topic", source, "--to-topic", target),
+        *("--state", str(state), "--idle-exit", "3"),
+    ]
 
 
 def _fill(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
@@ -68,22 +72,9 @@ def test_copier_killed_at_any_moment_copies_each_record_exactly_once(
     total = PARTITIONS * PER_PARTITION
     state = tmp_path / "copy-state.json"
     command = [
-        PIDFENCE,
-        "copy",
-        "--bootstrap",
-        kafka.bootstrap,
-        "--lease-server",
-        lease_server.address,
-        "--from-topic",
-        source,
-        "--to-topic",
-        target,
-        "--state",
-        str(state),
+        *copy_command(kafka, lease_server, source, target, state),
         "--checkpoint-every",
         "50",
-        "--idle-exit",
-        "3",
     ]
     # Kill moments, as "copied" in the state file: right after the first save (the fresh lease,
     # nothing sent yet), then mid-run at several points; the last run copies to the end.
@@ -92,7 +83,7 @@ def test_copier_killed_at_any_moment_copies_each_record_exactly_once(
     for threshold in kill_when:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            while _copied(state) < threshold and process.poll() is None:
+            while state_count(state, "copied") < threshold and process.poll() is None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(0.01)
             if process.poll() is None:
@@ -109,7 +100,7 @@ def test_copier_killed_at_any_moment_copies_each_record_exactly_once(
                 process.stderr.close()
     final = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert final.returncode == 0, final.stderr
-    assert _copied(state) == total
+    assert state_count(state, "copied") == total
     assert kills >= 1
 
     verdicts = replay(read_topic(kafka.bootstrap, target))
@@ -213,22 +204,7 @@ def test_input_deleted_before_it_was_copied_is_refused_then_skipped_when_allowed
         producer.produce(source, value, partition=0)
     assert producer.flush(60) == 0
     state = tmp_path / "copy-state.json"
-    command = [
-        PIDFENCE,
-        "copy",
-        "--bootstrap",
-        kafka.bootstrap,
-        "--lease-server",
-        lease_server.address,
-        "--from-topic",
-        source,
-        "--to-topic",
-        target,
-        "--state",
-        str(state),
-        "--idle-exit",
-        "3",
-    ]
+    command = copy_command(kafka, lease_server, source, target, state)
 
     def copy(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -27,7 +27,7 @@ from pidfence.pid_allocator import LeaseClient, LeaseServerThread, StaleGenerati
 from pidfence.producer import IdempotentProducer, key_partition, wall_clock_ms
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.wire import FLAG_FENCE, Verdict
-from tests.fixtures.commands import produce_args
+from tests.fixtures.commands import produce_args, state_count
 from tests.fixtures.produced import (
     PIDFENCE,
     assert_gap_free,
@@ -202,13 +202,6 @@ def test_resume_fences_a_zombie_that_keeps_writing(kafka: Any, producing: Produc
     assert all(by_value[f"b{i}".encode()] == [Verdict.APPENDED] for i in range(9))
 
 
-def _state_next_i(path: Path) -> int:
-    try:
-        return int(json.loads(path.read_text())["next_i"])
-    except (FileNotFoundError, ValueError, KeyError):
-        return -1
-
-
 def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
     kafka: Any, new_topic: Callable[..., str], lease_server: LeaseServerThread, tmp_path: Path
 ) -> None:
@@ -234,12 +227,12 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
         stderr=zombie_log,
     )
     try:
-        while _state_next_i(state_a) < 100:
+        while state_count(state_a, "next_i") < 100:
             assert zombie.poll() is None, (tmp_path / "zombie.err").read_text()
             zombie_wait(zombie, 0.05)
         os.kill(zombie.pid, signal.SIGSTOP)
         shutil.copyfile(state_a, state_b)
-        taken_over_at = _state_next_i(state_b)
+        taken_over_at = state_count(state_b, "next_i")
         heir = run_cli(
             *common,
             "--count",

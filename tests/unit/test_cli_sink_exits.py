@@ -26,6 +26,7 @@ from pidfence.cli.spark_master import spark_master
 from pidfence.pid_allocator import InvalidServerList
 from pidfence.spark_sink import SinkOptionError, pipeline
 from pidfence.wire import PidfenceError
+from tests.unit.test_sink_release import FakeClaim, FinishingQuery
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -291,35 +292,6 @@ def test_the_docs_synopsis_names_one_mac_secret_file_and_one_pace() -> None:
 # ------------------------------------------------------------------ the store around the query
 
 
-class _Query:
-    """A streaming query that finishes after one poll, without an error."""
-
-    isActive = False
-
-    def awaitTermination(self, timeout: float | None = None) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def exception(self) -> None:
-        return None
-
-
-class _Claim:
-    fenced = None
-    epoch = 1
-
-    def __init__(self) -> None:
-        self.released = False
-
-    def release(self) -> None:
-        self.released = True
-
-    def watch(self, query: Any) -> None:
-        pass
-
-
 DEAD_STORE = "AWS Error NETWORK_CONNECTION during GetObject operation"
 
 
@@ -342,7 +314,7 @@ def test_a_store_that_fails_after_the_claim_exits_75_naming_it(
 ) -> None:
     """Reading the committed batches once the claim is held: the OSError came out as "the
     Spark query did not start", exit 3, for a store that blipped."""
-    claim = _Claim()
+    claim = FakeClaim()
     monkeypatch.setattr(
         "pidfence.spark_sink.preflight.check_output", lambda opts, ckpt: SimpleNamespace(own=None)
     )
@@ -364,7 +336,7 @@ def test_a_store_that_fails_after_every_batch_committed_exits_75(
     """The query ended cleanly; the last look at the committed batches, or their summary,
     met the store down: "the Spark query did not start", exit 3, when every batch had
     committed."""
-    started = pipeline.Started(_Query(), cast(Any, _Claim()), -1)
+    started = pipeline.Started(FinishingQuery(polls=0), cast(Any, FakeClaim()), -1)
     monkeypatch.setattr(pipeline, "_start", lambda *args, **kwargs: started)
 
     def poll(self: Any, query: Any, final: bool = False) -> list[Any]:
@@ -382,7 +354,7 @@ def test_a_store_that_fails_after_every_batch_committed_exits_75(
 def test_the_store_failing_after_a_clean_run_is_the_sinks_retriable_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    started = pipeline.Started(_Query(), cast(Any, _Claim()), -1)
+    started = pipeline.Started(FinishingQuery(polls=0), cast(Any, FakeClaim()), -1)
     monkeypatch.setattr(pipeline, "_start", lambda *args, **kwargs: started)
     monkeypatch.setattr(pipeline.BatchWatcher, "poll", lambda self, q, final=False: [])
     monkeypatch.setattr(pipeline, "summarise", _dead_store)

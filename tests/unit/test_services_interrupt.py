@@ -8,12 +8,14 @@ no process but this one is signalled.
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -207,17 +209,14 @@ def created(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
     import pidfence.services
 
     calls: list[dict[str, object]] = []
+    signature = inspect.signature(pidfence.services.create_topic)
 
-    def create_topic(
-        bootstrap: str,
-        name: str,
-        partitions: int = 1,
-        replication: int = 1,
-        config: dict[str, str] | None = None,
-        timeout: float = 60.0,
-    ) -> str:
-        calls.append({"name": name, "partitions": partitions, "config": config})
-        return name
+    def create_topic(*args: Any, **kwargs: Any) -> str:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        calls.append({key: given.get(key) for key in ("name", "partitions", "config")})
+        return str(given["name"])
 
     monkeypatch.setattr(pidfence.services, "create_topic", create_topic)
     return calls

@@ -26,31 +26,39 @@ def test_a_release_the_store_refuses_is_logged_and_left_to_lapse(
     assert "lapses" in caplog.text and "NETWORK_CONNECTION" in caplog.text
 
 
-class _Query:
-    """A streaming query that runs for three polls, then finishes."""
+class FinishingQuery:
+    """A streaming query that runs for ``polls`` polls, then finishes without an error."""
 
-    def __init__(self) -> None:
-        self.polls = 0
+    def __init__(self, polls: int = 3) -> None:
+        self.polls, self.end = 0, polls
 
     @property
     def isActive(self) -> bool:
-        return self.polls < 3
+        return self.polls < self.end
 
-    def awaitTermination(self, timeout: float) -> None:
+    def awaitTermination(self, timeout: float | None = None) -> None:
         self.polls += 1
 
     def stop(self) -> None:
-        self.polls = 3
+        self.polls = self.end
 
     def exception(self) -> None:
         return None
 
 
-class _Claim:
+class FakeClaim:
+    """The sink's claim on its output, as the pipeline uses it (``released`` once let go)."""
+
     fenced = None
     epoch = 1
 
+    def __init__(self) -> None:
+        self.released = False
+
     def release(self) -> None:
+        self.released = True
+
+    def watch(self, query: Any) -> None:
         pass
 
 
@@ -61,7 +69,7 @@ def test_a_store_that_blips_while_batches_are_reported_does_not_stop_the_query(
     run ends as the query did (the failure stopped a healthy query with exit 75 before)."""
     from pidfence.spark_sink import pipeline
 
-    query = _Query()
+    query = FinishingQuery()
     blips = [OSError("AWS Error NETWORK_CONNECTION during GetObject operation")]
 
     def poll(self: Any, q: Any, final: bool = False) -> list[Any]:
@@ -69,7 +77,7 @@ def test_a_store_that_blips_while_batches_are_reported_does_not_stop_the_query(
             raise blips.pop()
         return []
 
-    started = pipeline.Started(query, cast(Any, _Claim()), -1)
+    started = pipeline.Started(query, cast(Any, FakeClaim()), -1)
     monkeypatch.setattr(pipeline, "_start", lambda *a, **k: started)
     monkeypatch.setattr(pipeline.BatchWatcher, "poll", poll)
     monkeypatch.setattr(pipeline, "summarise", lambda *a, **k: pipeline.SinkRunSummary())
@@ -86,14 +94,14 @@ def test_a_query_the_dead_store_ended_reports_the_querys_failure(
     the store's OSError from the last look (an exit 3 that stopped the supervisor)."""
     from pidfence.spark_sink import pipeline
 
-    class _Failed(_Query):
+    class _Failed(FinishingQuery):
         def exception(self) -> Any:
             return RuntimeError("Job aborted: store unreachable")
 
     def poll(self: Any, q: Any, final: bool = False) -> list[Any]:
         raise OSError("AWS Error NETWORK_CONNECTION during GetObject operation")
 
-    started = pipeline.Started(_Failed(), cast(Any, _Claim()), -1)
+    started = pipeline.Started(_Failed(), cast(Any, FakeClaim()), -1)
     monkeypatch.setattr(pipeline, "_start", lambda *a, **k: started)
     monkeypatch.setattr(pipeline.BatchWatcher, "poll", poll)
     with pytest.raises(SparkQueryFailed) as caught:

@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from pidfence.cli.exits import EXIT_UNAVAILABLE, fail, first_line
 from pidfence.cli.extras import require
+from pidfence.lifecycle import signals_raise
 
 if TYPE_CHECKING:
     from pidfence.services import ServicesState
@@ -183,29 +182,11 @@ class UpStopped(BaseException):
         self.exit_code = 128 + signum
 
 
-@contextmanager
-def stopped_by_signals() -> Iterator[None]:
+def stopped_by_signals() -> AbstractContextManager[None]:
     """Within: the first of :data:`STOPPING_SIGNALS` raises :class:`UpStopped` (later ones are
-    ignored while it unwinds); the previous handlers come back after. Outside the main thread
-    it changes nothing."""
-    raised: list[int] = []
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        del frame
-        if not raised:
-            raised.append(signum)
-            raise UpStopped(signum)
-
-    try:
-        previous = {sig: signal.signal(sig, handle) for sig in STOPPING_SIGNALS}
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    ignored while it unwinds); the previous handlers come back after
+    (:func:`~pidfence.lifecycle.signals_raise`)."""
+    return signals_raise(STOPPING_SIGNALS, UpStopped)
 
 
 def _stopped(how: str, code: int) -> NoReturn:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
 from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE, EXIT_USAGE, exit_cleanly, fail
 from pidfence.cli.storage import StorageOption, apply_storage_options
+
+if TYPE_CHECKING:
+    from pidfence.spark_sink.delta.table import TableKind
 
 #: The output a care command (compact, vacuum) works on, and its rejects table.
 DeltaOutput = Annotated[str, typer.Argument(help="The sink's output path")]
@@ -68,6 +71,19 @@ def _care(command: str, what: str) -> Iterator[None]:
         fail(command, f"{what}: {cause(exc)}{again}", code)
 
 
+def _tables(
+    command: str, path: str, rejects_path: str | None, storage_options: list[str] | None
+) -> list[tuple[TableKind, str]]:
+    """The output's tables, (kind, path), with the store's options applied and reached."""
+    from pidfence.spark_sink.delta import care
+    from pidfence.spark_sink.s3_requests import reach_stores
+
+    apply_storage_options(storage_options)
+    reach_stores(path, rejects_path)
+    with _care(command, path):
+        return care.tables_of(path, rejects_path)
+
+
 def register_care(group: typer.Typer) -> None:
     """``sink compact`` and ``sink vacuum``: care of a Delta output."""
 
@@ -88,15 +104,10 @@ def register_care(group: typer.Typer) -> None:
         first or the store failed (run it again).
         """
         from pidfence.spark_sink.delta import care
-        from pidfence.spark_sink.s3_requests import reach_stores
 
         command = "sink compact"
         with exit_cleanly(command):
-            apply_storage_options(storage_option)
-            reach_stores(path, rejects_path)
-            with _care(command, path):
-                tables = care.tables_of(path, rejects_path)
-            for kind, where in tables:
+            for kind, where in _tables(command, path, rejects_path, storage_option):
                 with _care(command, f"{kind} {where}"):
                     metrics = care.compact(where, kind, target_size=target_size)
                 typer.echo(
@@ -136,17 +147,12 @@ def register_care(group: typer.Typer) -> None:
         3 when PATH is not a pidfence Delta output, 75 when the store failed (run it again).
         """
         from pidfence.spark_sink.delta import care
-        from pidfence.spark_sink.s3_requests import reach_stores
         from pidfence.spark_sink.sweep import sweep
 
         command = "sink vacuum"
         verb = "would delete" if dry_run else "deleted"
         with exit_cleanly(command):
-            apply_storage_options(storage_option)
-            reach_stores(path, rejects_path)
-            with _care(command, path):
-                tables = care.tables_of(path, rejects_path)
-            for kind, where in tables:
+            for kind, where in _tables(command, path, rejects_path, storage_option):
                 with _care(command, f"{kind} {where}"):
                     gone = care.vacuum(
                         where, kind, retention_hours=retention_hours, full=full, dry_run=dry_run

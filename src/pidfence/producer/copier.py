@@ -84,12 +84,13 @@ class CopySpec:
     max_records: int = 0
     idle_exit_s: float = 10.0
     checkpoint_every: int = 200
+    #: More librdkafka settings for the consumer.
+    consumer_extra: dict[str, Any] = field(default_factory=dict)
     poll_s: float = 0.2
     session_timeout_s: float = 10.0
     stop_after_commit: int = 0
     #: Continue after input records Kafka deleted before they were copied (else refused).
     allow_data_loss: bool = False
-    consumer_extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # One bootstrap serves both sides, so the same name is the same topic: the copy would
