@@ -29,6 +29,7 @@ from pidfence.spark_sink.delta.errors import (
     TableGone,
 )
 from pidfence.spark_sink.delta.history import check_lineage, last_own_version, restored_version
+from pidfence.spark_sink.delta.table import open_table
 from pidfence.spark_sink.readers import read_log as read_delta_log
 from pidfence.spark_sink.storage import Store
 from tests.unit.delta_kit import commit_batch
@@ -190,6 +191,24 @@ def test_a_deleted_table_is_gone_not_recreated(tmp_path: Path) -> None:
     with pytest.raises(TableGone, match="start a new --output"):
         commit_batch(path, "log", Q, 1, staged)
     assert not (tmp_path / "_delta_log").exists()
+
+
+def test_a_table_deleted_and_created_again_is_gone_for_the_sink_that_had_it_open(
+    tmp_path: Path,
+) -> None:
+    """The process has the table open (cached) at version 4; someone deletes it and makes a
+    new pidfence table at the same path: the sink's next batch stops with the cause, where it
+    raised the Delta library's own "file not found" for the version it had read."""
+    path, other = str(tmp_path / "out"), str(tmp_path / "other")
+    for b in range(4):
+        run_batch(path, b)  # versions 1-4, the process keeps the table open
+    open_table(other, "log")  # a new pidfence table: version 0
+    shutil.rmtree(path)
+    shutil.copytree(other, path)
+    staged = stage(path, 4)
+    with pytest.raises(TableGone, match="deleted and created again") as info:
+        commit_batch(path, "log", Q, 4, staged)
+    assert "start a new --output" in str(info.value) and not info.value.retriable
 
 
 def test_checkpoints_at_deltas_default_interval_or_the_tables(tmp_path: Path) -> None:

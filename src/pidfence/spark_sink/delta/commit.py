@@ -18,6 +18,7 @@ not added are invisible, and after the Delta commit a re-run is a no-op.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -196,14 +197,27 @@ def _properties(query_id: str, batch_id: int, extra: dict[str, Any]) -> CommitPr
     )
 
 
+#: A Delta commit's or checkpoint's file name: its version in 20 digits first.
+_COMMIT = re.compile(r"\d{20}\.(?:json|checkpoint(?:\.\d+\.\d+)?\.parquet)")
+
+
 def check_log(table: Store, version: int) -> None:
     """Raise :class:`TableGone` when the commit the table was read at is no longer there (its
-    ``_delta_log`` was deleted): a commit now would start a broken table."""
+    ``_delta_log`` was deleted, or the table deleted and created again, its log now ending
+    before that version): a commit now would start a broken table, or land in another one."""
     log = table.join("_delta_log", f"{version:020d}")
     if any(table.exists(log + suffix) for suffix in (".json", ".checkpoint.parquet")):
         return
-    if table.is_dir(table.join("_delta_log")):
+    commits = [int(n[:20]) for n in table.list(table.join("_delta_log")) if _COMMIT.fullmatch(n)]
+    if commits and max(commits) >= version:
         return  # cleaned up behind a newer checkpoint: the table is there
+    if commits:
+        raise TableGone(
+            f"{table.uri}: the Delta table the sink commits to was deleted and created again (its "
+            f"log ends at version {max(commits)}, the sink read it at version {version}); its "
+            "batches cannot continue there. Restore the table from a backup, or start a new "
+            "--output with a new --checkpoint"
+        )
     raise TableGone(
         f"{table.uri}: the Delta table the sink commits to is gone (no _delta_log); its batches "
         "cannot continue. Restore the table from a backup, or start a new --output with a new "
