@@ -233,3 +233,31 @@ def test_stable_order_is_numpy_stable_argsort(values: list[int], span: int) -> N
 
     arr = np.array([v % span for v in values], dtype=np.int64)
     assert _stable_order(arr).tolist() == np.argsort(arr, kind="stable").tolist()
+
+
+def _uint(value: int) -> bytes:
+    """``value`` as msgpack's widest unsigned int (what the vectorised path reads)."""
+    return b"\xcf" + struct.pack(">Q", value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(b"\x95\x01" + _uint(2**63) + b"\x03\x00\x00", id="pid-2**63"),
+        pytest.param(b"\x95\x01\x07" + _uint(2**31) + b"\x00\x00", id="generation-2**31"),
+        pytest.param(b"\x95\x01\x07\x03" + _uint(2**63) + b"\x00", id="seq-2**63"),
+        pytest.param(b"\x95\x01\x07\x03\x00\x00\x00", id="trailing-byte"),
+        pytest.param(b"\x95\x01\x07\x03\x00\x02", id="unknown-flag-bit"),
+    ],
+)
+def test_just_out_of_range_canonical_headers_are_malformed_in_a_batch(value: bytes) -> None:
+    """Headers laid out as the fast path reads them, one step past a limit (or one byte too
+    long), are MALFORMED in a batch exactly as ``decode_pf`` and ``offer_header`` say."""
+    with pytest.raises(MalformedHeader):
+        decode_pf(value)
+    dec = decode_headers(pa.array([value, encode_pf(7, 3, 0)], type=pa.binary()))
+    assert dec.malformed.tolist() == [True, False]
+    assert (dec.pid.tolist(), dec.generation.tolist(), dec.seq.tolist()) == ([0, 7], [0, 3], [0, 0])
+    table = ProducerStateTable(4, 1000)
+    assert table.offer_batch([value], np.zeros(1, np.int64)).verdicts() == [Verdict.MALFORMED]
+    assert len(table) == 0

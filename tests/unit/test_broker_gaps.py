@@ -326,6 +326,24 @@ def test_an_ended_lease_is_never_adopted_nor_started() -> None:
         assert [d.verdict for d in table2.offer(7, 0, s, 700, flags)] == [Verdict.UNKNOWN_PID]
 
 
+@pytest.mark.parametrize(
+    ("state", "seq", "verdict"),
+    [
+        (PidState.RETIRED, 3, A),  # rolled, lease still live: its final generation is adopted
+        (PidState.ENDED, 0, Verdict.UNKNOWN_PID),  # an ended lease is not even started again
+    ],
+)
+def test_retired_and_ended_answers_are_the_authoritys_word(
+    state: PidState, seq: int, verdict: Verdict
+) -> None:
+    """A retired or ended pid is known to the authority: its answer decides (an ended lease,
+    here ended at 1_500, refuses even a seq 0, which an unknown pid's would start)."""
+    expire = 5_000 if state is PidState.RETIRED else 1_500
+    table = sink_table(lambda pid: PidStatus(pid, state, 1, expire))
+    table.open_horizon(1_000)
+    assert [d.verdict for d in table.offer(7, 1, seq, 2_000)] == [verdict]
+
+
 def test_waiting_records_end_with_the_lease_or_a_flush() -> None:
     table = ProducerStateTable(16, 10_000, grace_ms=50, authority=live(7, 2, expire_ms=800))
     table.open_horizon(500)
@@ -444,3 +462,56 @@ def test_the_batch_path_reports_the_same_gaps(gaps_on: bool) -> None:
 def test_recorded_authority_answers_what_was_recorded() -> None:
     status = PidStatus(7, PidState.RETIRED, 3, 99)
     assert recorded_authority({7: status})(7) == status
+
+
+def test_at_the_hole_limit_a_fill_that_would_split_a_hole_waits() -> None:
+    """With MAX_HOLES holes open, a record inside one (not at its edge) is OUT_OF_ORDER and
+    nothing changes: splitting would keep MAX_HOLES + 1 holes, a state no snapshot restores."""
+    table = sink_table()
+    seqs = [0]
+    for k in range(MAX_HOLES):
+        seqs += [10 * k + 8, 10 * k + 9]  # each skipped gap leaves a hole of 7 or 8 seqs
+    verdicts(table, [(3, s, 0) for s in seqs])
+    before = table.open_holes(7)
+    assert len(before) == MAX_HOLES
+    assert before[0] == (1, 7)
+
+    assert [d.verdict for d in table.offer(7, 3, 4, 9_000)] == [Verdict.OUT_OF_ORDER]
+    assert table.open_holes(7) == before
+    # An edge still fills (it shrinks the hole), and the state still restores.
+    assert [d.verdict for d in table.offer(7, 3, 1, 9_001)] == [A]
+    assert [d.verdict for d in table.offer(7, 3, 4, 9_002)] == [Verdict.OUT_OF_ORDER]
+    assert table.open_holes(7) == [(2, 7), *before[1:]]
+    assert ProducerStateTable.restore(table.snapshot()) == table
+
+
+@pytest.mark.parametrize("known_before", [True, False], ids=["confirmed", "adopted"])
+@pytest.mark.parametrize(("ts", "verdict"), [(4_999, A), (5_000, Verdict.INVALID_GENERATION)])
+def test_a_generation_leap_is_vouched_only_while_the_lease_is_live(
+    known_before: bool, ts: int, verdict: Verdict
+) -> None:
+    """Inside a horizon, a known producer's record two generations ahead (the FENCEs between
+    not read) moves the entry only while the authority's lease is live: a lease ending at
+    5_000 has ended at 5_000, as :meth:`ask` judges an unknown pid's. The pid is known from
+    before the horizon (asked about at its next record) or adopted inside it."""
+    table = sink_table(live(7, 1))
+    if not known_before:
+        table.open_horizon(1_000)
+    assert [v for _, v in verdicts(table, [(1, 0, 0)])] == [A]
+    if known_before:
+        table.open_horizon(1_000)
+    table.authority = live(7, 3, expire_ms=5_000)  # the producer bumped twice since
+    assert [d.verdict for d in table.offer(7, 3, 1, ts)] == [verdict]
+
+
+@pytest.mark.parametrize(("after", "verdict"), [(-1, B), (0, A)])
+def test_a_known_producer_is_confirmed_only_inside_the_horizon(
+    after: int, verdict: Verdict
+) -> None:
+    """Pid 7 is known when offsets are lost, and the authority names a newer generation: its
+    next record at the old one waits (it may be a zombie's) inside the horizon, which ends
+    (exclusive) one entry life after the point; from there the rules judge it as they see it."""
+    table = sink_table(live(7, 1))
+    assert [v for _, v in verdicts(table, [(0, 0, 0)])] == [A]
+    table.open_horizon(500)
+    assert [d.verdict for d in table.offer(7, 0, 1, table.horizon + after)] == [verdict]

@@ -42,6 +42,8 @@ def test_valid_cert_verifies_and_reports_its_expiry() -> None:
         (msgpack.packb([1, "7", 100, 5_000, b"s" * 64]), "malformed"),
         (msgpack.packb([1, 7, 100, 5_000, "s" * 64]), "malformed"),
         (b"\x00" * 300, "malformed"),
+        # Over MAX_CERT_BYTES: refused by its size before msgpack reads it, whatever it holds.
+        (msgpack.packb([1, 7, 100, 5_000, b"s" * wire_cert.MAX_CERT_BYTES]), "malformed"),
         (wire_cert.encode_cert(KEY, 8, 100, 5_000), "other_identity"),
         (wire_cert.encode_cert(KEY, 7, 101, 5_000), "other_identity"),
         (wire_cert.encode_cert(KEY, 7, 100, 4_000), "expired"),

@@ -162,7 +162,10 @@ def test_describe_of_a_service_without_zookeeper_is_unavailable(servers: LeaseSe
         [1.9, "live", True, 0],  # a float and a bool are not a pid and a generation
         ["7", "live", "3", "0"],
         [7, "nope", 1, 0],
+        [7, ["live"], 1, 0],  # a list is no state (it raised TypeError: unhashable)
         [7, "live", 1],
+        [7, "live", 1, 2.5],  # a lease end is an int of epoch ms
+        [7, "retired", 1, "1000"],
         "7,live,1,0",
     ],
 )

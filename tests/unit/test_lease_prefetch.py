@@ -186,3 +186,36 @@ async def test_every_issuing_path_gives_the_lease_the_reference_functions_derive
             assert generation == initial_generation(block.salt, pid)
             offset = max(0, expire_ms - 60_000 - block.claimed_ms)
             assert secret == make_secret(block.start, block.salt, pid, offset)
+
+
+@asynchronous
+async def test_a_block_issues_only_before_its_ttl_and_answers_only_for_its_own_pids() -> None:
+    """A block is issued from only before ``claimed_ms + ttl_ms`` (the lease ending at its
+    ``last_expiry_ms`` is issued one ms before), and ``issued_block`` names it only for the
+    pids in ``[start, end)``: a pid past it is another block's, whose salt checks its secret."""
+    now = [1_000_000]
+    ttl = 1_000
+    with ThreadPoolExecutor(1) as executor:
+        service = LeaseService(
+            MemoryCoordinator(),
+            executor,
+            LeaseServerSettings(block_size=BLOCK, lifetime_ms=60_000, block_ttl_ms=ttl),
+            rng=random.Random(1),
+            clock=lambda: now[0],
+        )
+        supply = service.supply
+        first = await service.lease()
+        block = supply.blocks[0]
+        assert block.start <= first.pid < block.end
+        assert supply.issued_block(first.pid) is block
+        assert supply.issued_block(block.end) is None
+        assert supply.issued_block(block.start - 1) is None
+
+        now[0] = block.claimed_ms + ttl - 1
+        last = await service.lease()
+        assert last.pid in block
+        assert last.expire_ms == block.last_expiry_ms - 1
+        now[0] = block.claimed_ms + ttl
+        late = await service.lease()
+        assert late.pid not in block
+        await _settle(service)

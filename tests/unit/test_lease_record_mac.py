@@ -33,6 +33,8 @@ def test_record_keys_are_per_pid_and_per_secret() -> None:
         ("orders", 3, 5, 10, 41, 0, b"k", b"value"),  # another generation of the pid
         ("orders", 3, 5, 9, 42, 0, b"k", b"value"),  # another seq
         ("orders", 3, 5, 9, 41, 1, b"k", b"value"),  # flags
+        ("orders", 3, 5, 9, 41, 0, b"j", b"value"),  # another key of the same length
+        ("orders", 3, 5, 9, 41, 0, b"k", b"valuf"),  # another value of the same length
         ("orders", 3, 5, 9, 41, 0, b"kv", b"alue"),  # the key/value split moved
         ("orders", 3, 5, 9, 41, 0, None, b"value"),  # no key instead of a key
         ("orders", 3, 5, 9, 41, 0, b"k", b""),  # empty value
@@ -48,6 +50,19 @@ def test_a_mac_covers_where_the_record_goes_and_what_it_holds(changed: tuple) ->
     assert not wire_mac.check_record_mac(wire_mac.derive_record_key(SECRET, 6), *RECORD, mac)
     assert not wire_mac.check_record_mac(key, *RECORD, mac[:-1])
     assert not wire_mac.check_record_mac(key, *RECORD, None)
+
+
+@pytest.mark.parametrize("at", [0, 7, 8, wire_mac.RECORD_MAC_BYTES - 1])
+def test_every_byte_of_a_mac_counts(at: int) -> None:
+    """A MAC wrong in any one byte is refused, by the producer's check and the sink's."""
+    mac = wire_mac.record_mac(wire_mac.derive_record_key(SECRET, 5), *RECORD)
+    wrong = bytearray(mac)
+    wrong[at] ^= 0x01
+    assert not wire_mac.check_record_mac(
+        wire_mac.derive_record_key(SECRET, 5), *RECORD, bytes(wrong)
+    )
+    assert not wire_mac.RecordMacCheck(SECRET).valid(*RECORD, bytes(wrong))
+    assert wire_mac.RecordMacCheck(SECRET).valid(*RECORD, mac)
 
 
 def test_the_sink_check_derives_the_same_keys() -> None:

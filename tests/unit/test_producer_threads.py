@@ -327,8 +327,43 @@ def test_callbacks_run_under_the_lock_may_call_back_in() -> None:
     assert saved == [producer.sequencer.pid] and follow_ups == [1]
 
 
+def test_the_lock_stays_one_token_however_its_regions_nest() -> None:
+    """Re-entry on the holding thread (a callback calling back in, also after a ``marked``
+    region inside) neither waits nor gives the token back early: while the outer region runs,
+    no other thread can take it, and after it exactly one token is there."""
+    lock = producer_lock.ProducerLock()
+    failures: list[BaseException] = []
+
+    def nest() -> None:
+        try:
+            with lock.held():
+                with lock.held():
+                    pass
+                assert lock.marked(lambda: 5) == 5
+                with lock.held():  # still this thread's region: does not wait for itself
+                    pass
+                with pytest.raises(producer_lock.Empty):
+                    lock.take()  # what another thread would try now
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            failures.append(exc)
+
+    worker = threading.Thread(target=nest, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "re-entering the lock on its own thread deadlocked"
+    assert failures == []
+    lock.take()
+    with pytest.raises(producer_lock.Empty):
+        lock.take()
+
+
 def _use_in_child(producer: IdempotentProducer, out: Any) -> None:
-    """In the forked child: every use of the parent's producer is refused."""
+    """In the forked child: every use of the parent's producer is refused, yet what it is can
+    still be asked (its class, ``isinstance`` of an unrelated type)."""
+    try:
+        seen: tuple[object, ...] = (producer.__class__.__name__, isinstance(producer, int))
+    except PidfenceError as exc:
+        seen = (type(exc).__name__,)
     uses: dict[str, tuple[Any, ...]] = {
         "produce": ("t", b"child", None, 0),
         "produce_many": ("t", [b"child"]),
@@ -344,7 +379,7 @@ def _use_in_child(producer: IdempotentProducer, out: Any) -> None:
             errors[name] = "no error"
         except PidfenceError as exc:
             errors[name] = f"{type(exc).__name__} retriable={exc.retriable}: {exc}"
-    out.send(errors)
+    out.send((errors, seen))
 
 
 def test_a_producer_used_after_fork_is_refused_in_the_child() -> None:
@@ -354,9 +389,10 @@ def test_a_producer_used_after_fork_is_refused_in_the_child() -> None:
     receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
     child = multiprocessing.get_context("fork").Process(target=_use_in_child, args=(producer, send))
     child.start()
-    errors = receive.recv()
+    errors, seen = receive.recv()
     child.join(30)
     assert child.exitcode == 0
+    assert seen == ("ForkedIdempotentProducer", False)
     for name, error in errors.items():
         assert error.startswith("ProducerForked retriable=False"), (name, error)
         assert "create the producer after the fork" in error.lower(), error

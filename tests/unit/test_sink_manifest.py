@@ -49,7 +49,7 @@ def _part(partition: int) -> PartCommit:
         horizon_ms=1_700_000_000_000,
         producers=3,
         state_bytes=4096,
-        answers={"7": [1, "live"]},
+        answers={"7": [7, "live", 3, 1_700_000_100_000]},
         rules={"reorder_window": 3},
     )
 
@@ -78,4 +78,14 @@ def test_a_whole_manifest_of_another_format_is_refused() -> None:
     body = json.loads(BatchManifest(batch=1, query="q", parts=(_part(0),)).encode())
     body["version"] = BatchManifest.VERSION + 1
     with pytest.raises(ManifestUnreadable, match=f"format {BatchManifest.VERSION + 1}"):
+        BatchManifest.decode(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("answer", [[7, ["live"], 3, 0], [7, "live"], "7,live,3,0"])
+def test_a_manifest_with_a_damaged_answer_is_damaged(answer: object) -> None:
+    """A damaged recorded answer surfaced only when a rebuild replayed the batch, as a raw
+    TypeError/ValueError no exit code maps; it is a damaged manifest, by name, when read."""
+    body = json.loads(BatchManifest(batch=1, query="q", parts=(_part(0),)).encode())
+    body["parts"][0]["answers"] = {"7": answer}
+    with pytest.raises(ManifestUnreadable, match="a damaged batch manifest"):
         BatchManifest.decode(json.dumps(body).encode())

@@ -34,6 +34,21 @@ def test_event_time_in_seconds_or_milliseconds() -> None:
             event_ms(bad)
 
 
+@pytest.mark.parametrize(
+    ("ts", "ms"),
+    [
+        (1.001, 1_001),  # 1000.9999999999999 in binary floating point
+        (T0 + 0.0009, T0 * 1000 + 1),
+        (1_700_000_000_123.7, 1_700_000_000_124),  # milliseconds with a fraction
+        (-(10**12), -(10**12)),  # milliseconds before 1938: the size, not the sign, decides
+        (-(10.0**12), -(10**12)),
+        (-(10**11) + 1, (-(10**11) + 1) * 1000),  # seconds, far back
+    ],
+)
+def test_event_time_rounds_to_the_nearest_millisecond(ts: float, ms: int) -> None:
+    assert event_ms(ts) == ms
+
+
 def test_unusable_values_are_skipped_not_mixed_in() -> None:
     assert parse_event(event(3, T0)) == ("3", T0 * 1000)
     for value in (None, b"not json", b"[1]", b'{"uid": 1}', b'{"uid": 1, "ts": Infinity}'):

@@ -116,6 +116,28 @@ def test_a_delete_before_the_batch_was_committed_does_not_excuse_it() -> None:
     assert not removes_rows({"operation": "DELETE", "pidfence.writer": "pidfence-sink"})
 
 
+@pytest.mark.parametrize(
+    ("operation", "params", "removes"),
+    [
+        ("WRITE", {"mode": '"Overwrite"'}, True),
+        ("WRITE", {"mode": '"Append"'}, False),
+        ("WRITE", {"replaceWhere": "day = 3"}, True),
+        ("WRITE", {"replaceWhere": ""}, False),
+        ("STREAMING UPDATE", {"outputMode": '"Complete"'}, True),
+        ("STREAMING UPDATE", {"outputMode": "Append"}, False),
+        ("write", {"mode": "overwrite"}, True),
+        ("OPTIMIZE", {"mode": "Overwrite"}, False),
+    ],
+)
+def test_removing_writes_are_read_from_their_parameters_as_engines_record_them(
+    operation: str, params: dict[str, str], removes: bool
+) -> None:
+    """Engines record a write's parameters JSON-quoted (``"Overwrite"``) or bare, and a
+    ``replaceWhere`` overwrite may carry no ``mode``: each is read as the removal it is."""
+    commit = {"version": 3, "operation": operation, "operationParameters": params}
+    assert removes_rows(commit) is removes
+
+
 def test_the_removal_rules_read_the_sinks_own_commit_keys() -> None:
     from pidfence.verify import removals
 
