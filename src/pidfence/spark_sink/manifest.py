@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Final
 
 from pidfence.spark_sink.errors import ManifestUnreadable
 from pidfence.spark_sink.gaps import GapReport
+from pidfence.wire.authority import PidStatus
 
 #: The kinds of file a part may have: its appended rows, rejects, records held for reordering at
 #: the end of the batch, and its decisions (:mod:`~pidfence.spark_sink.decisions`).
@@ -111,8 +112,12 @@ class PartCommit:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PartCommit:
-        """A stored part back."""
+        """A stored part back (its recorded answers checked: a damaged one is a damaged
+        manifest, not a failure of the rebuild that replays it)."""
         files = dict(data["files"])
+        for pid, row in (data.get("answers") or {}).items():
+            int(pid)
+            PidStatus.from_list(row)
         return cls(
             **{
                 **data,

@@ -40,7 +40,7 @@ def event_ms(ts: Any) -> int:
         raise VerifyInputError(f"ts must be a number of seconds or milliseconds, got {ts!r}")
     if isinstance(ts, int):
         return ts * 1000 if abs(ts) < _SECONDS_BELOW else ts
-    # round, not truncate: 0.57 * 1000 is 569.99... in binary floating point.
+    # round, not truncate: 1.001 * 1000 is 1000.99... in binary floating point.
     return round(ts * 1000) if abs(ts) < _SECONDS_BELOW else round(ts)
 
 

@@ -65,6 +65,7 @@ class PidStatus:
             not isinstance(row, list | tuple)
             or len(row) != 4
             or not all(type(n) is int for n in (row[0], row[2], row[3]))
+            or not isinstance(row[1], str)
             or row[1] not in {s.value for s in PidState}
         ):
             raise ValueError(
