@@ -107,3 +107,27 @@ def test_a_query_the_dead_store_ended_reports_the_querys_failure(
     with pytest.raises(SparkQueryFailed) as caught:
         pipeline.serve(None, "b", "t", "/out", "/ckpt", on_batch=print, stop=threading.Event())
     assert caught.value.retriable
+
+
+def test_a_driver_jvm_that_dies_mid_run_is_a_query_failure_a_rerun_continues(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The JVM died (killed, out of memory): every call into it fails, the clean-up's too. The
+    run reports the query's failure (retriable), where the clean-up's own error used to escape
+    and the CLI called it a query that "did not start" (exit 3, the supervisor gave up)."""
+    from pidfence.spark_sink import pipeline
+
+    class _Dead(FinishingQuery):
+        @property
+        def isActive(self) -> bool:
+            if self.polls:
+                raise ConnectionRefusedError("Answer from Java side is empty")
+            return True
+
+    claim = FakeClaim()
+    started = pipeline.Started(_Dead(), cast(Any, claim), -1)
+    monkeypatch.setattr(pipeline, "_start", lambda *a, **k: started)
+    monkeypatch.setattr(pipeline.BatchWatcher, "poll", lambda *a, **k: [])
+    with pytest.raises(SparkQueryFailed, match="Answer from Java side is empty") as caught:
+        pipeline.serve(None, "b", "t", "/out", "/ckpt", on_batch=print, stop=threading.Event())
+    assert caught.value.retriable and claim.released

@@ -478,8 +478,9 @@ def serve(
                 on_batch(line)
         raise failure_of(claim.fenced or exc) from exc
     finally:
-        if query.isActive:
-            query.stop()
+        with contextlib.suppress(Exception):  # a JVM that died: the failure above is the news
+            if query.isActive:
+                query.stop()
         _release(claim)
     error = query.exception()
     try:
