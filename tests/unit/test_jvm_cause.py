@@ -64,6 +64,17 @@ def test_of_several_caused_by_lines_the_deepest_is_the_cause() -> None:
     )
 
 
+def test_a_refused_connection_is_the_stores_only_where_the_failure_names_the_store() -> None:
+    """A Spark master or YARN that refuses the driver is no store to check AWS_ENDPOINT_URL
+    for."""
+    text = (
+        "An error occurred while calling None.org.apache.spark.api.java.JavaSparkContext.\n"
+        ": org.apache.spark.SparkException: Exception thrown in awaitResult\n"
+        "Caused by: java.net.ConnectException: Connection refused: master/10.0.0.5:7077\n"
+    )
+    assert explain(text) == "ConnectException: Connection refused: master/10.0.0.5:7077"
+
+
 def test_an_unchained_exception_is_its_own_cause() -> None:
     text = "An error occurred while calling o9.load.\n: java.lang.IllegalStateException: gone\n"
     assert str(root_cause(text)) == "IllegalStateException: gone"

@@ -20,6 +20,8 @@ _THROWN: Final = re.compile(
     r"(?:: (.*))?$",
     re.MULTILINE,
 )
+#: The fix for a store that did not answer.
+_NO_ANSWER: Final = "the store did not answer: check AWS_ENDPOINT_URL and that the store runs"
 #: What a cause means, and its fix: the first pattern found in the failure's text decides.
 _FIXES: Final = (
     (
@@ -38,9 +40,12 @@ _FIXES: Final = (
     (
         r"UnknownHostException|ConnectException|Connection refused|Unable to execute HTTP|"
         r"Could not connect to the endpoint",
-        "the store did not answer: check AWS_ENDPOINT_URL and that the store runs",
+        _NO_ANSWER,
     ),
 )
+#: Where a JVM failure names the object store: only then is a refused connection the store's
+#: (a Spark master or YARN refuses connections too).
+_STORE: Final = re.compile(r"s3a?://|S3A|amazonaws|awssdk")
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,8 @@ def explain(text: str) -> str | None:
     if cause is None or cause.cls.endswith("PythonException"):
         return None  # Python's own traceback: the caller reads it
     fix = fix_for(text)
+    if fix == _NO_ANSWER and not _STORE.search(text):
+        fix = None
     return f"{cause}; {fix}" if fix else str(cause)
 
 
