@@ -33,7 +33,13 @@ from pidfence.producer.errors import (
 )
 from pidfence.producer.headers import RESERVED_HEADERS
 from pidfence.producer.idempotent import IdempotentProducer
-from pidfence.producer.input_start import OFFSET_RESET, check_jump, raise_for, start_offset
+from pidfence.producer.input_start import (
+    OFFSET_RESET,
+    InputRecordsDeleted,
+    check_jump,
+    raise_for,
+    start_offset,
+)
 from pidfence.producer.opening import OpenProducer
 from pidfence.producer.partitioner import partition_count
 from pidfence.producer.statefile import load_state, save_state
@@ -257,10 +263,10 @@ class Copier:
     ) -> CopyResult:
         spec = self.spec
         check_partitions(spec, n_in, producer.partition_count(spec.to_topic))
-        for p, stored in offsets.items():
-            start = start_offset(
-                spec.from_topic, p, stored, self._log_of(consumer, p), spec.allow_data_loss
-            )
+        for p in range(n_in):
+            log_ends = self._log_of(consumer, p)
+            stored = offsets.setdefault(p, log_ends[0])  # stored: a resume checks it too
+            start = start_offset(spec.from_topic, p, stored, log_ends, spec.allow_data_loss)
             check_jump(producer, spec.to_topic, p, stored, start)
             offsets[p] = start
         # Save right after a resume: it bumped the generation.
@@ -283,7 +289,12 @@ class Copier:
                     break
                 continue
             if msg.error() is not None:
-                raise_for(msg.error(), spec.from_topic, msg.partition())
+                try:
+                    raise_for(msg.error(), spec.from_topic, msg.partition())
+                except InputRecordsDeleted:
+                    # Saved, nothing is owed past the checkpoint: --allow-data-loss can go on.
+                    self._save(producer, offsets, copied)
+                    raise
                 continue
             last_record = self._clock()
             if producer.rollover_due:

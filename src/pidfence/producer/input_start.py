@@ -6,7 +6,9 @@ input's retention), those records cannot be copied any more. Kafka's consumer wo
 jump to the log start (``auto.offset.reset``); the copier refuses instead, naming the offsets,
 as the sink does for its input (docs/gaps.md, "Retention while the sink is stopped"). With
 ``allow_data_loss`` (``pidfence copy --allow-data-loss``) it continues at the log start and logs
-the offsets it could not copy.
+the offsets it could not copy, unless records it copied after its checkpoint landed (their
+places would go to the records after the deleted ones: :func:`check_jump`). A stored offset past
+the log's end is refused either way.
 """
 
 from __future__ import annotations
@@ -49,12 +51,17 @@ def start_offset(
     ``log``'s (start, end) offsets as Kafka reports them.
 
     Raises:
-        InputRecordsDeleted: ``stored`` is outside the log (and not ``allow_data_loss``).
+        InputRecordsDeleted: ``stored`` is below the log's start (and not ``allow_data_loss``),
+            or past its end (always).
     """
     low, high = log
     if low <= stored <= high:
         return stored
     why = _deleted(topic, partition, stored, low, high)
+    if stored > high:
+        # A truncated log (an unclean leader election) or a topic created again: starting over
+        # at its start would copy again what was copied, under new seqs.
+        raise InputRecordsDeleted(f"{why}; copy into a new output topic")
     if not allow_data_loss:
         raise InputRecordsDeleted(f"{why}; rerun with --allow-data-loss to continue after them")
     _log.warning("%s; continuing at offset %d (--allow-data-loss)", why, low)
@@ -68,13 +75,16 @@ def check_jump(producer: Any, to_topic: str, partition: int, stored: int, start:
     records after the deleted ones would take the places of records that are gone.
 
     Raises:
-        InputRecordsDeleted: the producer has a skip plan for the partition.
+        InputRecordsDeleted: records the producer sent after its checkpoint landed there.
     """
     if start == stored:
         return
     sequencer = producer.sequencer
     tp = (to_topic, partition)
-    if sequencer.skip.get(tp, 0) or sequencer.resend.get(tp):
+    # A resume under the checkpoint's own pid keeps what landed after it as ``ahead`` (the next
+    # records are DUPLICATE up to there); a successor skips it (``skip``, ``resend``).
+    landed = sequencer.ahead.get(tp, 0) > sequencer.peek(*tp)
+    if landed or sequencer.skip.get(tp, 0) or sequencer.resend.get(tp):
         raise InputRecordsDeleted(
             f"{to_topic}[{partition}]: records copied after the last checkpoint (from input "
             f"offset {stored}) are in the output, and Kafka deleted the input they came from: "
