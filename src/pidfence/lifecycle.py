@@ -40,7 +40,8 @@ def signals_raise(
     """Within: the first of ``signals`` raises ``error(signum)``, so the block unwinds through
     its ``finally`` blocks and stops what it started (servers in sessions of their own, which a
     signal to this process never reaches); later ones are ignored while it unwinds. The previous
-    handlers come back after. Outside the main thread it changes nothing."""
+    handlers come back after; a signal ignored when it starts stays ignored (``nohup``). Outside
+    the main thread it changes nothing."""
     raised: list[int] = []
 
     def handle(signum: int, frame: FrameType | None) -> None:
@@ -50,7 +51,9 @@ def signals_raise(
             raise error(signum)
 
     try:
-        previous = {sig: signal.signal(sig, handle) for sig in signals}
+        # A signal ignored on purpose (SIGHUP under nohup) stays ignored.
+        chosen = [sig for sig in signals if signal.getsignal(sig) is not signal.SIG_IGN]
+        previous = {sig: signal.signal(sig, handle) for sig in chosen}
     except ValueError:  # not the main thread
         yield
         return

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -135,13 +135,18 @@ def test_the_users_environment_and_conf_name_the_drivers_address(
 # ------------------------------------------------------------------ Spark's start
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, master: str = "local[1]") -> int:
+def _run(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    master: str = "local[1]",
+    stop_session: Callable[[Any], None] = lambda spark: None,
+) -> int:
     """``pidfence sink``'s run after its checks (Spark's start, then the query; the JVM's log to
     a file, as without ``--verbose``); its exit code."""
     from pidfence.cli import sink
 
     monkeypatch.setattr("signal.signal", lambda signum, handler: None)
-    monkeypatch.setattr("pidfence.services.stop_session", lambda spark: None)
+    monkeypatch.setattr("pidfence.services.stop_session", stop_session)
     out, ckpt, log = tmp_path / "out", tmp_path / "ckpt", tmp_path / "spark.log"
     with pytest.raises(typer.Exit) as info:
         sink._run(Console(), master, "b:9092", "t", str(out), str(ckpt), log, None, {})
@@ -236,17 +241,10 @@ def test_mesos_is_not_a_master_spark_4_accepts(master: str) -> None:
         spark_master(master)
 
 
-def test_yarn_without_its_configuration_is_a_usage_error(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """spark-submit refuses yarn without HADOOP_CONF_DIR or YARN_CONF_DIR: exit 2 naming them,
-    before anything starts."""
+def test_yarn_is_a_master_whatever_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """spark-submit may find HADOOP_CONF_DIR in spark-env.sh: yarn is not refused up front."""
     monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
     monkeypatch.delenv("YARN_CONF_DIR", raising=False)
-    result = _invoke(monkeypatch, tmp_path, "--master", "yarn")
-    assert result.exit_code == EXIT_USAGE, result.output
-    assert "HADOOP_CONF_DIR" in result.output
-    monkeypatch.setenv("YARN_CONF_DIR", str(tmp_path))
     assert spark_master("yarn") == "yarn"
 
 
@@ -349,6 +347,35 @@ def test_a_store_that_fails_after_every_batch_committed_exits_75(
     _spark_starts(monkeypatch)
     code = _run(monkeypatch, tmp_path)
     _assert_store_line(code, capsys.readouterr().err, str(tmp_path / "out"))
+
+
+def test_a_driver_jvm_that_died_mid_run_exits_75(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed or out of memory, the JVM answers nothing: not the query, not the last look at
+    the batches, not the session's stop. The query failed and a rerun continues from the
+    checkpoint: 75, where the stop's or the clean-up's error escaped (exit 1, or 3 "did not
+    start")."""
+    from py4j.protocol import Py4JNetworkError
+
+    def dead(*args: Any, **kwargs: Any) -> Any:
+        raise Py4JNetworkError("Answer from Java side is empty")
+
+    class _Dead(FinishingQuery):
+        @property
+        def isActive(self) -> bool:
+            return bool(self.polls == 0 or dead())
+
+        exception = dead
+
+    started = pipeline.Started(_Dead(), cast(Any, FakeClaim()), -1)
+    monkeypatch.setattr(pipeline, "_start", lambda *args, **kwargs: started)
+    monkeypatch.setattr(pipeline.BatchWatcher, "poll", dead)
+    _spark_starts(monkeypatch)
+    code = _run(monkeypatch, tmp_path, stop_session=dead)
+    err = capsys.readouterr().err
+    assert code == EXIT_RETRIABLE, err
+    assert "Answer from Java side is empty" in err and "did not start" not in err
 
 
 def test_the_store_failing_after_a_clean_run_is_the_sinks_retriable_error(

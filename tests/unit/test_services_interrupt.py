@@ -250,3 +250,20 @@ def test_topic_create_keeps_create_time_when_asked(created: list[dict[str, objec
     assert created[0]["config"] == {"message.timestamp.type": "CreateTime"}
     result = CliRunner().invoke(app, [*argv, "--timestamp-type", "WallClock"])
     assert result.exit_code == 2
+
+
+def test_a_signal_ignored_before_up_stays_ignored() -> None:
+    """``nohup pidfence services up``: SIGHUP is ignored on purpose, and closing the terminal
+    must not stop the start (it raised and stopped every server, exit 129)."""
+    from pidfence.lifecycle import signals_raise
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with signals_raise((signal.SIGTERM, signal.SIGHUP), stack.ServicesError):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)  # a handler would have raised by now
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)

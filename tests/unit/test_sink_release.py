@@ -112,22 +112,28 @@ def test_a_query_the_dead_store_ended_reports_the_querys_failure(
 def test_a_driver_jvm_that_dies_mid_run_is_a_query_failure_a_rerun_continues(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The JVM died (killed, out of memory): every call into it fails, the clean-up's too. The
-    run reports the query's failure (retriable), where the clean-up's own error used to escape
-    and the CLI called it a query that "did not start" (exit 3, the supervisor gave up)."""
+    """The JVM died (killed, out of memory): every call into it fails, the clean-up's and the
+    last look at the batches' too. The run reports the query's failure (retriable), where the
+    clean-up's own error used to escape and the CLI called it a query that "did not start"
+    (exit 3, the supervisor gave up)."""
+    from py4j.protocol import Py4JNetworkError
+
     from pidfence.spark_sink import pipeline
+
+    def dead(*args: Any, **kwargs: Any) -> Any:
+        raise Py4JNetworkError("Answer from Java side is empty")
 
     class _Dead(FinishingQuery):
         @property
         def isActive(self) -> bool:
-            if self.polls:
-                raise ConnectionRefusedError("Answer from Java side is empty")
-            return True
+            return bool(self.polls == 0 or dead())
+
+        exception = dead
 
     claim = FakeClaim()
     started = pipeline.Started(_Dead(), cast(Any, claim), -1)
     monkeypatch.setattr(pipeline, "_start", lambda *a, **k: started)
-    monkeypatch.setattr(pipeline.BatchWatcher, "poll", lambda *a, **k: [])
+    monkeypatch.setattr(pipeline.BatchWatcher, "poll", dead)
     with pytest.raises(SparkQueryFailed, match="Answer from Java side is empty") as caught:
         pipeline.serve(None, "b", "t", "/out", "/ckpt", on_batch=print, stop=threading.Event())
     assert caught.value.retriable and claim.released

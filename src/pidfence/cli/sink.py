@@ -9,6 +9,7 @@ exit by the one table in :mod:`pidfence.cli.exits`. The sink logic is in
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -388,7 +389,7 @@ def _run(
         )
     except PidfenceError as exc:
         # The sink's own error, found inside Spark's exception when the query ended on it, or
-        # its output's store failing around the query (pipeline.OutputStoreFailed).
+        # its output's store failing around the query (errors.OutputStoreFailed).
         details = f"; details in {log_file}" if log_file is not None else ""
         _stack(exc.__cause__, log_file)
         fail("sink", f"{first_line(exc)} ({type(exc).__name__}{details})", code_of(exc))
@@ -397,7 +398,8 @@ def _run(
         fail("sink", f"the Spark query did not start: {_line(exc)}{where}", EXIT_UNAVAILABLE)
     finally:
         bar.stop()
-        stop_session(spark)
+        with contextlib.suppress(Exception):  # a JVM that died: the failure above is the news
+            stop_session(spark)
 
 
 def _line(exc: BaseException) -> str:

@@ -45,3 +45,19 @@ class CommittedBatchMismatch(SinkError):
     A committed batch is immutable; this means the checkpoint and the output path disagree
     (e.g. a checkpoint from another run). Nothing was written.
     """
+
+
+class OutputStoreFailed(SinkError):
+    """The output's store failed a request of the driver's around the query (no answer, or a
+    refusal); the committed batches are kept and running again continues."""
+
+    retriable: ClassVar[bool] = True
+
+
+def store_failed(output: str, step: str, exc: OSError) -> OutputStoreFailed:
+    """``exc`` from the store of ``output`` while the driver did ``step``, as one line."""
+    cause = " ".join(str(exc).split()) or type(exc).__name__
+    return OutputStoreFailed(
+        f"the store of {output} failed {step}: {cause}; the committed batches are kept, and "
+        "running the same command again continues"
+    )

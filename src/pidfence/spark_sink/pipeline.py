@@ -7,9 +7,9 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pidfence.spark_sink.errors import SinkError, SinkOptionError
+from pidfence.spark_sink.errors import SinkOptionError, store_failed
 from pidfence.spark_sink.failure import failure_of
 from pidfence.spark_sink.fence import Claim, OutputClaim, claim_output
 from pidfence.spark_sink.manifest import BatchManifest
@@ -27,22 +27,6 @@ SESSION_CONF = {"spark.sql.execution.arrow.maxRecordsPerBatch": "100000"}
 SPLITTING_OPTIONS = frozenset({"minpartitions", "maxrecordsperpartition"})
 
 log = logging.getLogger(__name__)
-
-
-class OutputStoreFailed(SinkError):
-    """The output's store failed a request of the driver's around the query (no answer, or a
-    refusal); the committed batches are kept and running again continues."""
-
-    retriable: ClassVar[bool] = True
-
-
-def _store_failed(output: str, step: str, exc: OSError) -> OutputStoreFailed:
-    """``exc`` from the store of ``output`` while the driver did ``step``, as one line."""
-    cause = " ".join(str(exc).split()) or type(exc).__name__
-    return OutputStoreFailed(
-        f"the store of {output} failed {step}: {cause}; the committed batches are kept, and "
-        "running the same command again continues"
-    )
 
 
 @dataclass
@@ -250,7 +234,7 @@ def _start(
             before = Output.reading(output).committed_version()
             open_output(opts.path, opts.rejects_path, NO_OWNER, checkpoint_committed(checkpoint))
         except OSError as exc:
-            raise _store_failed(output, "reading and opening it after the claim", exc) from exc
+            raise store_failed(output, "reading and opening it after the claim", exc) from exc
         if metrics is None and metrics_port is not None:
             topics = [t.strip() for t in topic.split(",") if t.strip()]
             starting = kwargs.get("starting_offsets", "earliest")
@@ -261,7 +245,7 @@ def _start(
             spark, bootstrap, topic, output, checkpoint, sink_options=sink_options, **kwargs
         ).start()
     except BaseException:
-        claim.release()
+        _release(claim)  # a store that is down: the error above is the one to report
         raise
     claim.watch(query)
     if metrics is not None:
@@ -312,7 +296,7 @@ def run_sink(
     try:
         return summarise(output, after=before, epoch=claim.epoch)
     except OSError as exc:
-        raise _store_failed(output, "summing up the committed batches", exc) from exc
+        raise store_failed(output, "summing up the committed batches", exc) from exc
 
 
 @dataclass(frozen=True)
@@ -473,7 +457,7 @@ def serve(
             for line in lines:
                 on_batch(line)
     except Exception as exc:  # Spark's exception: raise the sink's cause found in it
-        with contextlib.suppress(OSError):  # the store may be what failed: report the cause
+        with contextlib.suppress(Exception):  # the store or the JVM may be what failed
             for line in watcher.poll(query, final=True):
                 on_batch(line)
         raise failure_of(claim.fenced or exc) from exc
@@ -482,14 +466,17 @@ def serve(
             if query.isActive:
                 query.stop()
         _release(claim)
-    error = query.exception()
+    try:
+        error = query.exception()
+    except Exception as exc:  # noqa: BLE001 - the JVM died once the query had stopped
+        error = exc
     try:
         for line in watcher.poll(query, final=True):
             on_batch(line)
     except OSError as exc:
         # A failed or fenced query is what to report then: the store may be what ended it.
         if claim.fenced is None and error is None:
-            raise _store_failed(output, "reading the last committed batches", exc) from exc
+            raise store_failed(output, "reading the last committed batches", exc) from exc
     if claim.fenced is not None:
         raise claim.fenced
     if error is not None:
@@ -497,4 +484,4 @@ def serve(
     try:
         return summarise(output, after=before, epoch=claim.epoch)
     except OSError as exc:
-        raise _store_failed(output, "summing up the committed batches", exc) from exc
+        raise store_failed(output, "summing up the committed batches", exc) from exc
