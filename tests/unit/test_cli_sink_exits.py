@@ -26,7 +26,7 @@ from pidfence.cli.spark_master import spark_master
 from pidfence.pid_allocator import InvalidServerList
 from pidfence.spark_sink import SinkOptionError, pipeline
 from pidfence.wire import PidfenceError
-from tests.unit.test_sink_release import FakeClaim, FinishingQuery
+from tests.unit.test_sink_release import DeadJvmQuery, FakeClaim, FinishingQuery, jvm_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -356,23 +356,11 @@ def test_a_driver_jvm_that_died_mid_run_exits_75(
     the batches, not the session's stop. The query failed and a rerun continues from the
     checkpoint: 75, where the stop's or the clean-up's error escaped (exit 1, or 3 "did not
     start")."""
-    from py4j.protocol import Py4JNetworkError
-
-    def dead(*args: Any, **kwargs: Any) -> Any:
-        raise Py4JNetworkError("Answer from Java side is empty")
-
-    class _Dead(FinishingQuery):
-        @property
-        def isActive(self) -> bool:
-            return bool(self.polls == 0 or dead())
-
-        exception = dead
-
-    started = pipeline.Started(_Dead(), cast(Any, FakeClaim()), -1)
+    started = pipeline.Started(DeadJvmQuery(), cast(Any, FakeClaim()), -1)
     monkeypatch.setattr(pipeline, "_start", lambda *args, **kwargs: started)
-    monkeypatch.setattr(pipeline.BatchWatcher, "poll", dead)
+    monkeypatch.setattr(pipeline.BatchWatcher, "poll", jvm_gone)
     _spark_starts(monkeypatch)
-    code = _run(monkeypatch, tmp_path, stop_session=dead)
+    code = _run(monkeypatch, tmp_path, stop_session=jvm_gone)
     err = capsys.readouterr().err
     assert code == EXIT_RETRIABLE, err
     assert "Answer from Java side is empty" in err and "did not start" not in err

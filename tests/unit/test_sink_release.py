@@ -109,6 +109,23 @@ def test_a_query_the_dead_store_ended_reports_the_querys_failure(
     assert caught.value.retriable
 
 
+def jvm_gone(*args: Any, **kwargs: Any) -> Any:
+    """What every call into a driver JVM that died raises."""
+    from py4j.protocol import Py4JNetworkError
+
+    raise Py4JNetworkError("Answer from Java side is empty")
+
+
+class DeadJvmQuery(FinishingQuery):
+    """A query whose JVM died after its first poll: every later call fails."""
+
+    @property
+    def isActive(self) -> bool:
+        return bool(self.polls == 0 or jvm_gone())
+
+    exception = jvm_gone
+
+
 def test_a_driver_jvm_that_dies_mid_run_is_a_query_failure_a_rerun_continues(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -116,24 +133,12 @@ def test_a_driver_jvm_that_dies_mid_run_is_a_query_failure_a_rerun_continues(
     last look at the batches' too. The run reports the query's failure (retriable), where the
     clean-up's own error used to escape and the CLI called it a query that "did not start"
     (exit 3, the supervisor gave up)."""
-    from py4j.protocol import Py4JNetworkError
-
     from pidfence.spark_sink import pipeline
 
-    def dead(*args: Any, **kwargs: Any) -> Any:
-        raise Py4JNetworkError("Answer from Java side is empty")
-
-    class _Dead(FinishingQuery):
-        @property
-        def isActive(self) -> bool:
-            return bool(self.polls == 0 or dead())
-
-        exception = dead
-
     claim = FakeClaim()
-    started = pipeline.Started(_Dead(), cast(Any, claim), -1)
+    started = pipeline.Started(DeadJvmQuery(), cast(Any, claim), -1)
     monkeypatch.setattr(pipeline, "_start", lambda *a, **k: started)
-    monkeypatch.setattr(pipeline.BatchWatcher, "poll", dead)
+    monkeypatch.setattr(pipeline.BatchWatcher, "poll", jvm_gone)
     with pytest.raises(SparkQueryFailed, match="Answer from Java side is empty") as caught:
         pipeline.serve(None, "b", "t", "/out", "/ckpt", on_batch=print, stop=threading.Event())
     assert caught.value.retriable and claim.released
