@@ -43,6 +43,8 @@ def test_flags_beat_the_environment_which_beats_the_file(tmp_path: Path) -> None
         ({"block-size": "0"}, {}, "block_size"),
         ({"loop": "trio"}, {}, "--loop"),
         ({"tls-cert": "c.pem"}, {}, "together"),
+        # kazoo refused it at start: a traceback, exit 1
+        ({"zk": "127.0.0.1:abc"}, {}, r"--zk '127.0.0.1:abc' is not HOST:PORT"),
     ],
 )
 def test_bad_values_name_the_option_and_where_it_came_from(
@@ -174,3 +176,20 @@ def test_cli_without_zk_is_a_usage_error() -> None:
     result = CliRunner().invoke(app, ["lease-server"])
     assert result.exit_code == 2
     assert "--zk" in result.output
+
+
+def test_kubernetes_service_links_are_not_settings() -> None:
+    """A Service named ``pidfence-lease-server`` puts these in every pod of its namespace; the
+    server refused to start on them ("unknown environment setting", exit 2)."""
+    links = {
+        "PIDFENCE_LEASE_SERVER_SERVICE_HOST": "10.0.0.7",
+        "PIDFENCE_LEASE_SERVER_SERVICE_PORT": "7070",
+        "PIDFENCE_LEASE_SERVER_SERVICE_PORT_LEASES": "7070",
+        "PIDFENCE_LEASE_SERVER_PORT": "tcp://10.0.0.7:7070",
+        "PIDFENCE_LEASE_SERVER_PORT_7070_TCP": "tcp://10.0.0.7:7070",
+        "PIDFENCE_LEASE_SERVER_PORT_7070_TCP_ADDR": "10.0.0.7",
+    }
+    settings = load_settings({"zk": "zk:2181"}, {**links, "PIDFENCE_LEASE_SERVER_BLOCK_SIZE": "9"})
+    assert settings.block_size == 9
+    with pytest.raises(SettingsError, match="unknown environment setting"):
+        load_settings({"zk": "zk:2181"}, {"PIDFENCE_LEASE_SERVER_PORTS": "7070"})

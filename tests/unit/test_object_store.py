@@ -206,3 +206,29 @@ def test_a_session_with_any_s3_path_gets_the_s3a_jars_and_settings(
     assert conf["spark.driver.extraClassPath"] == os.pathsep.join(map(str, jars))
     assert conf["spark.hadoop.fs.s3a.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
     assert session_conf(["/data/out", "file:///data/ckpt"]) == {}
+
+
+def test_an_endpoint_that_is_no_url_is_an_unusable_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``AWS_ENDPOINT_URL=localhost:9000`` (no scheme): boto3 raises ValueError, which escaped
+    as a traceback (exit 1, "anomalies", from ``pidfence verify``)."""
+    s3_requests._client.cache_clear()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "localhost:9000")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    try:
+        with pytest.raises(s3_requests.StoreUnusable, match="localhost:9000"):
+            s3_requests.reach("s3://bucket/out", "s3://bucket/out")
+    finally:
+        s3_requests._client.cache_clear()
+
+
+def test_verify_without_boto3_reads_the_output_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pip install 'pidfence[verify]'`` brings no boto3: the store check before the read is
+    skipped (the read names what fails), where ``ModuleNotFoundError`` escaped (exit 1)."""
+    from pidfence.verify import output
+
+    def no_boto3(*paths: object) -> None:
+        raise ModuleNotFoundError("No module named 'botocore'", name="botocore")
+
+    monkeypatch.setattr(s3_requests, "reach_stores", no_boto3)
+    output._reach_stores("s3://bucket/out", None)

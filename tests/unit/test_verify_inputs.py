@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,6 +32,16 @@ def test_an_empty_ledger_is_refused_not_passed(tmp_path: Path, output: Path) -> 
     code, text = invoke("--ledger", str(empty), "--output", str(output))
     assert code == 2, text
     assert "pidfence verify: error:" in text and "holds no entry" in text
+
+
+def test_a_ledger_of_fences_only_is_refused(tmp_path: Path, output: Path) -> None:  # noqa: F811
+    """Its producers acknowledged no data record: every output passes against it (it passed,
+    exit 0, beside an output of five rows)."""
+    fences = [replace(e, fence=True) for e in ledger_entries()]
+    ledger = write_ledger(tmp_path / "fences.jsonl", fences)
+    code, text = invoke("--ledger", str(ledger), "--output", str(output))
+    assert code == 2, text
+    assert "FENCE entries only" in text
 
 
 def test_a_ledger_of_torn_lines_only_is_refused(tmp_path: Path, output: Path) -> None:  # noqa: F811

@@ -383,6 +383,7 @@ class LeaseServerSettings:
         problems.append(
             None if 0 <= self.port <= 65535 else f"port must be 0..65535, got {self.port}"
         )
+        problems.append(_zk_problem(self.zk_hosts))
         for ok, message in self._together():
             problems.append(None if ok else message)
         first = next((p for p in problems if p is not None), None)
@@ -468,6 +469,19 @@ def declared() -> tuple[Setting, ...]:
         for f in fields(LeaseServerSettings)
         if "setting" in f.metadata
     )
+
+
+def _zk_problem(hosts: str | None) -> str | None:
+    """What is wrong with a ZooKeeper connect string, as kazoo would find it at start."""
+    if hosts is None:
+        return None
+    from kazoo.hosts import collect_hosts
+
+    try:
+        collect_hosts(hosts)
+    except ValueError as exc:
+        return f"--zk {hosts!r} is not HOST:PORT[,HOST:PORT...][/chroot]: {exc}"
+    return None
 
 
 __all__ = [

@@ -15,6 +15,7 @@ checked by ``LeaseServerSettings`` itself, so there is one way to validate whate
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -118,6 +119,11 @@ def _file_values(path: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
+#: What Kubernetes puts in every pod's environment for a Service named ``pidfence-lease-server``
+#: (``…_SERVICE_HOST``, ``…_PORT_7070_TCP_ADDR``): not settings, never refused as unknown ones.
+_SERVICE_LINK = re.compile(r"SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_\w+)?)?")
+
+
 def load_settings(
     flags: Mapping[str, str | bool | None] | None = None,
     env: Mapping[str, str] | None = None,
@@ -134,7 +140,7 @@ def load_settings(
     by_option = {item.option: item for item in declared()}
     chosen: dict[str, tuple[str, str]] = {} if file is None else _file_values(file)
     for name, text in (env or {}).items():
-        if name.startswith(ENV_PREFIX):
+        if name.startswith(ENV_PREFIX) and not _SERVICE_LINK.fullmatch(name[len(ENV_PREFIX) :]):
             item = next((i for i in by_option.values() if env_name(i) == name), None)
             if item is None:
                 raise SettingsError(f"unknown environment setting {name}")

@@ -166,7 +166,7 @@ def reach(bucket_path: str, where: str) -> None:
         said = {404: f"bucket {bucket} does not exist", 403: "403 Forbidden"}.get(status)
         said = said or str(exc)
         raise StoreUnusable(f"{where} (store {endpoint}): {said}; {_fix(said)}") from exc
-    except BotoCoreError as exc:
+    except (BotoCoreError, ValueError) as exc:  # ValueError: an endpoint that is no URL
         raise StoreUnusable(f"{where} (store {endpoint}): {exc}; {_fix(str(exc))}") from exc
 
 

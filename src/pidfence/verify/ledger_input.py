@@ -96,7 +96,8 @@ def read_ledgers(files: Iterable[Path]) -> LedgerRead:
     Raises:
         VerifyInputError: a file cannot be read, a complete line is not a ledger entry or has a
             field of the wrong type (the message names ``file:line``), or no file holds a single
-            entry (an empty ledger proves nothing: every output would pass against it).
+            data entry (an empty ledger, or one of FENCEs only, proves nothing: every output
+            would pass against it).
     """
     read = LedgerRead()
     names = []
@@ -113,6 +114,12 @@ def read_ledgers(files: Iterable[Path]) -> LedgerRead:
         raise VerifyInputError(
             f"the ledger holds no entry{torn}: {', '.join(names) or 'no file'}; an empty ledger "
             "proves nothing (name the --ledger the producers wrote)"
+        )
+    if all(entry.fence for entry in read.entries):
+        raise VerifyInputError(
+            f"the ledger holds FENCE entries only ({len(read.entries)}): {', '.join(names)}; "
+            "no data record was acknowledged, so it proves nothing (name the --ledger the "
+            "producers wrote their records to)"
         )
     return read
 

@@ -108,6 +108,9 @@ def _reach_stores(*paths: str | None) -> None:
         reach_stores(*paths)
     except StoreUnusable as exc:
         raise OutputUnreadable(f"cannot read the output: {exc}") from exc
+    except ModuleNotFoundError:
+        # boto3 comes with the sink extra, not verify's: the read below names what fails.
+        return
 
 
 __all__ = ["verify_output"]
