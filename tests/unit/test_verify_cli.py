@@ -55,6 +55,11 @@ def kafka_rows(records: list[Sent], first_offset: int) -> pa.Table:
 @pytest.fixture
 def output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An output directory with two committed batches of ``RECORDS``."""
+    return build_output(tmp_path, monkeypatch)
+
+
+def build_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Write two batches of ``RECORDS`` with the sink's writer into ``tmp_path/out``."""
     path = tmp_path / "out"
     writer = PidfenceStreamWriter(SinkOptions.parse({"path": str(path)}))
     for batch, (lo, hi) in enumerate(((0, 4), (4, len(RECORDS)))):
@@ -204,3 +209,16 @@ def test_verify_refuses_a_malformed_storage_option_as_a_usage_error(tmp_path: Pa
     result = CliRunner().invoke(app, [*args, "--storage-option", "region"])
     assert result.exit_code == 2, result.output
     assert "AWS_REGION=eu-west-1" in result.output
+
+
+def test_an_output_without_the_sinks_account_is_refused_not_judged_lost(
+    tmp_path: Path, output: Path
+) -> None:
+    import shutil
+
+    ledger = write_ledger(tmp_path / "l.jsonl", ledger_entries())
+    shutil.rmtree(output / "_pidfence")  # copied without it, or deleted by hand
+    code, text = invoke("--ledger", str(ledger), "--output", str(output))
+    # Before: every row passed as another writer's, every record lost (exit 1).
+    assert code == 3, text
+    assert "_pidfence/" in text and "lost" not in text

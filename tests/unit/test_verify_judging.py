@@ -25,7 +25,12 @@ from tests.unit.test_verify_check import (
     sent,
     value,
 )
-from tests.unit.test_verify_cli import ledger_entries, output, write_ledger  # noqa: F401
+from tests.unit.test_verify_cli import (  # noqa: F401
+    build_output,
+    ledger_entries,
+    output,
+    write_ledger,
+)
 from tests.unit.test_verify_provenance import history, written_of
 
 
@@ -172,6 +177,43 @@ def test_verify_output_excuses_a_users_delete(tmp_path: Path, output: Path) -> N
     report = verify_output([ledger], str(output))
     assert report.ok, report.to_dict()
     assert report.counts()["deleted"] == 1
+
+
+def test_an_extra_copy_inside_a_sink_data_file_is_a_duplicate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pidfence.spark_sink import output as output_mod
+
+    real = output_mod.table_rows
+
+    def doubling(rows: pa.Table, kind: str) -> pa.Table:
+        staged = real(rows, kind)  # type: ignore[arg-type]
+        return pa.concat_tables([staged, staged.slice(0, 1)]) if kind == "log" else staged
+
+    # A sink whose writer puts one row twice into its own data file (its account lists it once).
+    monkeypatch.setattr(output_mod, "table_rows", doubling)
+    path = build_output(tmp_path, monkeypatch)
+    ledger = write_ledger(tmp_path / "l.jsonl", ledger_entries())
+    report = verify_output([ledger], str(path))
+    # Before: each copy was passed as another writer's (foreign) and the run passed.
+    assert report.counts()["duplicate"] == 2, report.to_dict()
+    assert report.counts()["foreign"] == 0
+    assert not report.ok
+
+
+def test_rows_compaction_moved_out_of_the_sinks_files_stay_the_sinks(
+    tmp_path: Path,
+    output: Path,  # noqa: F811
+) -> None:
+    from deltalake import DeltaTable, write_deltalake
+
+    ledger = write_ledger(tmp_path / "l.jsonl", ledger_entries())
+    DeltaTable(str(output)).optimize.compact()
+    copy = DeltaTable(str(output)).to_pyarrow_table().slice(0, 1)
+    write_deltalake(str(output), copy, mode="append")  # another writer's copy of a sink row
+    report = verify_output([ledger], str(output))
+    assert report.ok, report.to_dict()
+    assert report.counts()["foreign"] == 1
 
 
 def test_equal_bytes_of_another_send_do_not_excuse_a_dropped_record() -> None:

@@ -72,3 +72,25 @@ def test_split_keeps_one_copy_of_each_written_row() -> None:
     parts = split(doubled, written_of(log))
     assert parts.own.num_rows == 3 and parts.foreign.num_rows == 2
     assert parts.deleted.num_rows == 0
+
+
+def test_every_copy_in_the_sinks_own_files_is_its_own() -> None:
+    log = log_table([rec(s, 10 + s) for s in range(3)])
+    # Row 1 twice in the sink's file, and once more in another writer's file.
+    rows = pa.concat_tables([log, log.slice(1, 1), log.slice(1, 1)])
+    parts = split(rows, written_of(log), [True, True, True, True, False])
+    assert parts.own.num_rows == 4 and parts.foreign.num_rows == 1
+    assert parts.deleted.num_rows == 0
+    # The account's one copy of row 1 is used up by the sink's file, not by the other's copy.
+    parts = split(rows, written_of(log), [True, False, True, True, False])
+    assert parts.own.num_rows == 3 and parts.foreign.num_rows == 2
+
+
+def test_file_flags_must_match_the_log() -> None:
+    import pytest
+
+    from pidfence.verify import VerifyInputError
+
+    log = log_table([rec(0, 10)])
+    with pytest.raises(VerifyInputError, match="1 log rows"):
+        split(log, written_of(log), [True, False])

@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
         the line names file:line), or a local output path is missing; 3 when the verify extra
         is missing, the output cannot be read (its store unreachable, a bucket missing) or is not
         a pidfence output (no Delta table at --output, say the folder above the sink's path;
-        another writer's table; a kind of table this version does not write).
+        another writer's table; a kind of table this version does not write; sink batches
+        without the sink's own _pidfence/ folder beside them).
 
         Rows other writers appended to a Delta output are counted for information (foreign).
         A row the sink wrote that the table no longer holds is deleted (information) only when

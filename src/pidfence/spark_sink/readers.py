@@ -20,6 +20,9 @@ from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.schema import PLACE_FIELDS, WRITER_FIELDS, conform
 
 _LOG_ORDER = [("topic", "ascending"), ("partition", "ascending"), ("log_offset", "ascending")]
+#: The column :func:`read_log` adds with ``with_files``: each row's data file (relative to the
+#: table root, as the Delta log names it).
+FILE_COLUMN = "_pidfence_file"
 _REJECT_ORDER = [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
 
 
@@ -27,6 +30,8 @@ def read_table(
     path: str,
     kind: TableKind,
     where: pc.Expression | None = None,
+    *,
+    with_files: bool = False,
 ) -> pa.Table:
     """A table's current rows in the sink's schema, with columns others added after it (no rows
     while the table does not exist).
@@ -35,16 +40,27 @@ def read_table(
         path: the table root.
         kind: ``log`` or ``rejects``.
         where: a filter (pushed down to the files' statistics).
+        with_files: add :data:`FILE_COLUMN`, the data file each row is in.
     """
+    schema = schema_of(kind)
+    if with_files:
+        schema = schema.append(pa.field(FILE_COLUMN, pa.string()))
     try:
         dt = open_table(path, kind, create=False, reading=True)
     except TableNotFoundError:
-        return schema_of(kind).empty_table()
-    table = dt.to_pyarrow_dataset().to_table(filter=where)
-    return conform(table, schema_of(kind), keep_extra=True)
+        return schema.empty_table()
+    dataset = dt.to_pyarrow_dataset()
+    if not with_files:
+        return conform(dataset.to_table(filter=where), schema, keep_extra=True)
+    pieces = []
+    for fragment in dataset.get_fragments(filter=where):
+        rows = fragment.to_table(schema=dataset.schema, filter=where)
+        files = pa.array([fragment.path] * rows.num_rows, pa.string())
+        pieces.append(conform(rows.append_column(FILE_COLUMN, files), schema, keep_extra=True))
+    return pa.concat_tables(pieces) if pieces else schema.empty_table()
 
 
-def read_log(path: str) -> pa.Table:
+def read_log(path: str, *, with_files: bool = False) -> pa.Table:
     """The committed output log, sorted by (topic, partition, log_offset).
 
     Columns: :data:`~pidfence.spark_sink.schema.LOG_SCHEMA` (the Kafka source's, then ``pid,
@@ -53,8 +69,10 @@ def read_log(path: str) -> pa.Table:
 
     Args:
         path: the sink's ``path`` option.
+        with_files: add :data:`FILE_COLUMN`: the data file each row is in, relative to the
+            table root (``data/QUERY/BATCH/...`` for a file the sink's commit added).
     """
-    return read_table(path, "log").sort_by(_LOG_ORDER)
+    return read_table(path, "log", with_files=with_files).sort_by(_LOG_ORDER)
 
 
 def read_rejects(path: str, rejects_path: str | None = None) -> pa.Table:
@@ -95,6 +113,17 @@ WRITTEN_SCHEMA = pa.schema(
         ("batch", pa.int64()),
     ]
 )
+
+
+def read_data_files(path: str) -> set[str]:
+    """The log data files the sink's commits added, relative to the table root (a file that
+    compaction later replaced included: it is simply no longer in the table)."""
+    return {
+        part.files.log
+        for manifest in Output.reading(path).manifests()
+        for part in manifest.parts
+        if part.files.log is not None
+    }
 
 
 def read_written(path: str, rejects_path: str | None = None) -> pa.Table:

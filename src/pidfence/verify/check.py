@@ -47,7 +47,8 @@ Informational counts (never fail a run by themselves):
   copy of those bytes that no other acknowledged record accounts for (a resend whose own
   acknowledgement was never recorded). Give event ids to prove a resume across pids.
 * ``foreign``: rows another writer appended to a shared (Delta) output, copies of the sink's rows
-  included (a copy the sink's own account lists twice is the sink's: ``duplicate``), and rows
+  included (a copy the sink's own account lists twice, or one in a data file the sink's commits
+  added, is the sink's: ``duplicate``), and rows
   without an identity (a null pid, topic, partition, seq, generation or offset; in the rejects a
   null verdict too); they are not judged (:mod:`pidfence.verify.provenance`).
 * ``deleted``: records the sink appended (its own account, ``written``) that the output no
@@ -194,6 +195,7 @@ def check(
     gaps: pa.Table | None = None,
     history: Iterable[Mapping[str, Any]] | None = None,
     torn: Sequence[str] = (),
+    in_own_files: Sequence[bool] | None = None,
 ) -> CheckReport:
     """Compare acknowledged sends with the output log and the rejects (DESIGN §8).
 
@@ -209,6 +211,9 @@ def check(
         history: the log table's ``DeltaTable.history()`` (with ``written``); None is no
             history, so no missing row is excused as deleted.
         torn: ``file:line`` of each torn ledger line (counted as ``torn``).
+        in_own_files: with ``written``, per ``log`` row whether it is in a data file the
+            sink's commits added: every row there is the sink's, copies beyond its account
+            included (judged, so a ``duplicate``), not ``foreign``.
 
     Returns:
         The report; ``report.ok`` is the pass/fail answer.
@@ -226,7 +231,7 @@ def check(
         _need(
             log, ("topic", "partition", "log_offset", "offset", "pid", "generation", "seq"), "log"
         )
-        parts = split(log, written)
+        parts = split(log, written, in_own_files)
         log = parts.own
         for row in _rows(parts.foreign, (), "log"):
             findings["foreign"].add(_example(row))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -16,7 +17,9 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
 
     Rows other writers appended to a Delta output, and rows deleted from it after commit, are
     told apart with the sink's own account of its commits (``read_written``) and the table's
-    history (a missing row is ``deleted`` only after a commit that removes rows, else ``lost``).
+    history (a missing row is ``deleted`` only after a commit that removes rows, else ``lost``);
+    every row in a data file the sink's commits added is the sink's (extra copies there are
+    ``duplicate``, not ``foreign``).
 
     Args:
         ledgers: ledger files, or folders of ``*.jsonl``.
@@ -36,6 +39,7 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
 
     from pidfence.ledger import ledger_files
     from pidfence.spark_sink import read_gaps, read_log, read_rejects, read_written
+    from pidfence.spark_sink.readers import FILE_COLUMN, read_data_files
     from pidfence.spark_sink.storage import Store
     from pidfence.verify.ledger_input import read_ledgers
 
@@ -55,14 +59,20 @@ def verify_output(ledgers: Sequence[Path], output: str, rejects: str | None = No
     ledger = read_ledgers(files)
     try:
         _refuse_missing_tables(output, rejects)
-        log, rejected = read_log(output), read_rejects(output, rejects)
+        # Before the log: every sink batch this version holds had its manifest written first.
+        read_version = DeltaTable(Store.at(output).uri).version()
+        log, rejected = read_log(output, with_files=True), read_rejects(output, rejects)
         written = read_written(output, rejects)
+        own_files = read_data_files(output)
         gaps = read_gaps(output)
         # After the log: every commit that removed a row the log lacks is in it.
         history = DeltaTable(Store.at(output).uri).history()
     except (OSError, pa.ArrowException, DeltaError) as exc:
         raise OutputUnreadable(f"cannot read the output at {output}: {exc}") from exc
-    return check(ledger.entries, log, rejected, written, gaps, history, ledger.torn)
+    _refuse_missing_account(output, history, read_version)
+    in_own_files = [f in own_files for f in log.column(FILE_COLUMN).to_pylist()]
+    log = log.drop_columns([FILE_COLUMN])
+    return check(ledger.entries, log, rejected, written, gaps, history, ledger.torn, in_own_files)
 
 
 def _refuse_missing_tables(output: str, rejects: str | None) -> None:
@@ -92,6 +102,34 @@ def _refuse_missing_tables(output: str, rejects: str | None) -> None:
                 if rejects
                 else "(the sink puts it there unless it ran with rejectsPath: give --rejects)"
             )
+        )
+
+
+def _refuse_missing_account(
+    output: str, history: Sequence[dict[str, Any]], read_version: int
+) -> None:
+    """Refuse an output whose sink commits are in the table but whose own account is gone.
+
+    Without ``_pidfence/`` (copied without it, deleted by hand) no row can be told the sink's,
+    so every row would pass as another writer's and every acknowledged record be ``lost``: a
+    verdict about the copy, not about the run.
+
+    Raises:
+        NotPidfenceTable: the history shows a sink batch and no batch manifest is there.
+    """
+    from pidfence.spark_sink.delta.errors import NotPidfenceTable
+    from pidfence.spark_sink.delta.history import BATCH_KEY, is_batch_commit
+    from pidfence.spark_sink.delta.table import OWN_DIR
+    from pidfence.spark_sink.output import Output
+
+    committed = [c for c in history if is_batch_commit(c) and int(c["version"]) <= read_version]
+    if committed and next(iter(Output.reading(output).manifests()), None) is None:
+        raise NotPidfenceTable(
+            f"{output} holds sink batches (version {committed[0]['version']}: batch "
+            f"{committed[0][BATCH_KEY]}) but not the sink's account of them: "
+            f"{OWN_DIR}/ under it is missing or holds no batch manifest (copied or restored "
+            f"without it?), so its rows cannot be told from other writers'; verify the "
+            f"original output, or restore {OWN_DIR}/ with the table"
         )
 
 

@@ -11,15 +11,18 @@ rows the account does not list; written rows no longer in the table were removed
 :mod:`pidfence.verify.removals`). The checker judges exactly-once on the sink's rows only.
 
 A copy another writer appended of one of the sink's rows cannot be told from one the sink wrote
-by its contents: it is the sink's row, byte for byte. The manifests name each batch's data file
-(``PartFiles.log``), but a data file added twice is one file to Delta, OPTIMIZE and z-order move
-every row to files no manifest names, and a copy inside a sink's file would mean the decided file
-and the data file disagree; so provenance stays by the account's multiplicity, not by file.
+by its contents: it is the sink's row, byte for byte. Where a row is tells more: every row in a
+data file the sink's manifests name (``PartFiles.log``, ``data/QUERY/BATCH/...``) is the sink's,
+however many copies of it the file holds, so a copy the sink itself wrote beyond its account is
+judged (the checker reports the ``duplicate``), never passed as ``foreign``. Rows in other files
+(another writer's, or files compaction wrote in place of the sink's) are the sink's by the
+account's multiplicity, after the rows in the sink's own files have used it up.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -59,26 +62,36 @@ def _keys(table: pa.Table, name: str) -> list[tuple[object, ...]]:
     return list(zip(*(table.column(c).to_pylist() for c in KEY), strict=True))
 
 
-def split(log: pa.Table, written: pa.Table) -> Provenance:
+def split(
+    log: pa.Table, written: pa.Table, in_own_files: Sequence[bool] | None = None
+) -> Provenance:
     """Split ``log`` by ``written`` (the sink's own account of its appended rows).
 
     Args:
         log: the output log as read (``read_log``), any extra columns.
         written: the rows the sink appended, at least the ``KEY`` columns (``batch`` too, for
             telling a delete from a loss).
+        in_own_files: per log row, whether it is in a data file the sink's commits added
+            (``read_log(with_files=True)`` and ``read_data_files``); None: no row is known to be.
 
     Raises:
-        VerifyInputError: either table lacks a ``KEY`` column.
+        VerifyInputError: either table lacks a ``KEY`` column, or ``in_own_files`` is not one
+            flag per log row.
     """
     left = _keys(log, "log")
     right = _keys(written, "written")
+    owned = [False] * len(left) if in_own_files is None else [bool(f) for f in in_own_files]
+    if len(owned) != len(left):
+        raise VerifyInputError(f"{len(owned)} file flags for {len(left)} log rows")
     unclaimed = Counter(right)
-    mine = []
-    for key in left:
-        ours = unclaimed[key] > 0  # a key with a null never is: the sink writes no nulls
-        if ours:
+    mine = list(owned)
+    for index, key in enumerate(left):  # the sink's own files first: every copy there is its
+        if owned[index] and unclaimed[key] > 0:
             unclaimed[key] -= 1
-        mine.append(ours)
+    for index, key in enumerate(left):
+        if not owned[index] and unclaimed[key] > 0:  # a key with a null never is one
+            unclaimed[key] -= 1
+            mine[index] = True
     gone = []
     for index, key in enumerate(right):
         if unclaimed[key] > 0:
