@@ -150,6 +150,7 @@ def test_json_report_and_ledger_folder_and_several_ledgers(tmp_path: Path, outpu
         "superseded": 0,
         "foreign": 0,
         "deleted": 0,
+        "updated": 0,
         "torn": 0,
         "upstream_gap": 0,
     }

@@ -216,6 +216,19 @@ def test_rows_compaction_moved_out_of_the_sinks_files_stay_the_sinks(
     assert report.counts()["foreign"] == 1
 
 
+def test_verify_output_excuses_a_users_update(tmp_path: Path, output: Path) -> None:  # noqa: F811
+    from deltalake import DeltaTable
+
+    ledger = write_ledger(tmp_path / "l.jsonl", ledger_entries())
+    DeltaTable(str(output)).update(
+        predicate="seq = 1", updates={"value": "arrow_cast('scrubbed', 'Binary')"}
+    )
+    report = verify_output([ledger], str(output))
+    # Before: the scrubbed row was unexpected and its record lost (exit 1).
+    assert report.ok, report.to_dict()
+    assert report.counts()["updated"] == 1
+
+
 def test_equal_bytes_of_another_send_do_not_excuse_a_dropped_record() -> None:
     # Two distinct sends with identical bytes (default event ids), the second dropped.
     same = b"tick"

@@ -94,3 +94,36 @@ def test_file_flags_must_match_the_log() -> None:
     log = log_table([rec(0, 10)])
     with pytest.raises(VerifyInputError, match="1 log rows"):
         split(log, written_of(log), [True, False])
+
+
+def test_a_value_another_writer_updated_after_commit_is_updated_not_lost() -> None:
+    rows = [rec(s, 10 + s) for s in range(3)]
+    log = log_table(rows)
+    written = written_of(log)
+    scrubbed = log_table([rows[0], {**rows[1], "value": b"scrubbed"}, rows[2]])
+    ledger = [sent(s, 10 + s) for s in range(3)]
+    report = check(ledger, scrubbed, NO_REJECTS, written, history=history("UPDATE"))
+    only(report, updated=1)
+    assert report.findings["updated"].examples[0]["changed_by"] == "version 2 (UPDATE)"
+    # With no commit that rewrites rows after the sink's, a changed value is still wrong.
+    report = check(ledger, scrubbed, NO_REJECTS, written, history=history())
+    only(report, lost=1, unexpected=1, event_lost=1)
+
+
+def test_scrubbing_many_rows_to_one_value_is_no_event_duplicate() -> None:
+    rows = [rec(s, 10 + s) for s in range(4)]
+    log = log_table(rows)
+    scrubbed = log_table([{**r, "value": b""} for r in rows])
+    ledger = [sent(s, 10 + s) for s in range(4)]
+    report = check(ledger, scrubbed, NO_REJECTS, written_of(log), history=history("MERGE"))
+    only(report, updated=4)
+    # An updated row is still its event's copy: a second copy under another pid is caught.
+    again = log_table([{**rows[0], "pid": rows[0]["pid"] + 1, "log_offset": 99}])
+    report = check(
+        ledger,
+        pa.concat_tables([scrubbed, again]),
+        NO_REJECTS,
+        pa.concat_tables([written_of(log), written_of(again)]),
+        history=history("MERGE"),
+    )
+    assert report.counts()["event_duplicate"] == 1

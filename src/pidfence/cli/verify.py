@@ -49,7 +49,9 @@ def register(app: typer.Typer) -> None:
         A row the sink wrote that the table no longer holds is deleted (information) only when
         the table's history shows a commit after the sink's that removes rows (DELETE, MERGE,
         UPDATE, RESTORE, an overwrite); otherwise it is lost (a history cleaned past its
-        delta.logRetentionDuration shows no such commit). Torn ledger lines (a writer killed
+        delta.logRetentionDuration shows no such commit). A row whose value was changed in
+        place after such a commit is updated (information), judged by the value the sink
+        wrote. Torn ledger lines (a writer killed
         mid-line) are counted (torn): their records are not claimed as sent. With the default
         event id (the value digest), distinct sends of equal bytes are one event.
         """

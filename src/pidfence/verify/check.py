@@ -55,6 +55,10 @@ Informational counts (never fail a run by themselves):
   longer holds and that the table's history shows a row-removing commit after (a DELETE, MERGE,
   UPDATE, RESTORE, an overwrite: :mod:`pidfence.verify.removals`; retention, GDPR): neither lost
   nor re-appended. Without such a commit in the history the record is ``lost``.
+* ``updated``: records the sink appended whose value another writer changed in place after
+  the sink's commit (an UPDATE or MERGE in the table's history after it, the row still where
+  the sink put it with its identity): judged by the value the sink wrote, so neither ``lost``
+  nor ``unexpected``. Without such a commit a changed value is ``unexpected`` (and ``lost``).
 * ``torn``: ledger lines a writer killed mid-line left (``file:line``); their acknowledgements
   were never fully recorded, so their records are not claimed as sent
   (:mod:`pidfence.verify.ledger_input`).
@@ -74,12 +78,19 @@ import pyarrow as pa
 
 from pidfence.ledger import LedgerEntry, value_digest
 from pidfence.verify.errors import VerifyInputError
-from pidfence.verify.events import Identity, check_events, events_in_log, identity
+from pidfence.verify.events import (
+    WRITTEN_DIGEST,
+    Identity,
+    check_events,
+    events_in_log,
+    identity,
+    row_digest,
+)
 from pidfence.verify.finding import Finding
 from pidfence.verify.gaps import filled, gap_of, report_gaps, seq_gaps
 from pidfence.verify.ledger_input import entry_problem
 from pidfence.verify.provenance import split
-from pidfence.verify.removals import Removals
+from pidfence.verify.removals import Changes, Removals
 from pidfence.wire import Verdict
 
 if TYPE_CHECKING:
@@ -102,6 +113,7 @@ INFORMATIONAL: Final = (
     "superseded",
     "foreign",
     "deleted",
+    "updated",
     "torn",
     "upstream_gap",
 )
@@ -227,6 +239,7 @@ def check(
         findings["torn"].add({"line": where})
     deleted: set[tuple[Identity, int]] = set()
     vanished: dict[tuple[Identity, int], int | None] = {}
+    changes: Changes | None = None
     if written is not None:
         _need(
             log, ("topic", "partition", "log_offset", "offset", "pid", "generation", "seq"), "log"
@@ -236,6 +249,7 @@ def check(
         for row in _rows(parts.foreign, (), "log"):
             findings["foreign"].add(_example(row))
         removals = Removals(history or ())
+        changes = Changes(removals, written)
         for row in parts.deleted.to_pylist():
             batch = None if row.get("batch") is None else int(row["batch"])
             key = (identity(row), int(row["generation"]))
@@ -280,13 +294,19 @@ def check(
             continue
         ident = identity(row)
         digest = value_digest(row["value"])
+        sent = acked.get(ident)
+        if sent is not None and changes is not None and all(d != digest for _, d in sent):
+            change = changes.of(row, sent)
+            if change is not None:
+                # Changed by another writer after the sink wrote it: judged as it was written.
+                row[WRITTEN_DIGEST] = digest = change[0]
+                findings["updated"].add({**_example(row), "changed_by": change[1]})
         seen[ident] += 1
         if seen[ident] == 2:
             findings["duplicate"].add(_example(row))
         elif seen[ident] > 2:
             findings["duplicate"].count += 1
         in_log.setdefault(ident, digest)
-        sent = acked.get(ident)
         if sent is not None:
             if all(d != digest for _, d in sent):
                 findings["unexpected"].add({**_example(row), "why": "digest differs from ledger"})
@@ -373,7 +393,7 @@ def _spare_copies(data: list[LedgerEntry], log_rows: list[dict[str, Any]]) -> Co
     spare = Counter[str]()
     for row in log_rows:
         if row["pid"] != 0:
-            digest = value_digest(row["value"])
+            digest = row_digest(row)
             if (*identity(row), digest) not in accounted:
                 spare[digest] += 1
     return spare

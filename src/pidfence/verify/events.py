@@ -5,17 +5,27 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from pidfence.ledger import LedgerEntry, value_digest
 from pidfence.verify.finding import Finding
 
 Identity = tuple[int, str, int, int]
+#: Set on a log row another writer changed after the sink appended it (``updated``): the digest
+#: of the value the sink wrote, by which the row is judged.
+WRITTEN_DIGEST: Final = "_written_digest"
 
 
 def identity(row: Mapping[str, Any]) -> Identity:
     """(pid, topic, partition, seq) of a log or rejects row."""
     return (int(row["pid"]), str(row["topic"]), int(row["partition"]), int(row["seq"]))
+
+
+def row_digest(row: Mapping[str, Any]) -> str:
+    """The digest of the value the sink appended in a log row (for an ``updated`` row, what it
+    wrote rather than what another writer changed it to)."""
+    written = row.get(WRITTEN_DIGEST)
+    return str(written) if written is not None else value_digest(row["value"])
 
 
 def _row_events(
@@ -40,7 +50,7 @@ def _row_events(
     named: list[str | None] = []
     has_copy: set[str] = set()
     for row in rows:
-        known = by_record.get((identity(row), value_digest(row["value"])))
+        known = by_record.get((identity(row), row_digest(row)))
         named.append(known)
         if known is not None:
             has_copy.add(known)
@@ -48,7 +58,7 @@ def _row_events(
     for row, known in zip(rows, named, strict=True):
         carried = known
         if carried is None:
-            digest = value_digest(row["value"])
+            digest = row_digest(row)
             candidates = sorted(by_digest.get(digest, ()))
             bare = [e for e in candidates if e not in has_copy]
             carried = bare[0] if bare else candidates[0] if candidates else digest

@@ -8,7 +8,8 @@ streaming write in Complete mode. Table care does not remove rows (OPTIMIZE, z-o
 checkpoints, properties, columns), and neither does ``FSCK REPAIR TABLE``: it drops the entries
 of data files that are gone, which is a loss, not a delete. Without such a commit the row is
 ``lost``: a data file gone, a commit the sink never made, whatever removed it without an
-operation that removes rows.
+operation that removes rows. A row still in place whose value differs from what was sent is
+``updated`` (information) on the same condition (:class:`Changes`).
 
 Limit: Delta keeps history only for the table's ``delta.logRetentionDuration`` (the sink creates
 its tables with 1 hour; raise it, say ``interval 30 days``, on an output users delete from): a
@@ -20,7 +21,12 @@ and are never taken as a removal.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from pidfence.ledger import LedgerEntry
 
 #: Operation names (Delta protocol commitInfo ``operation``, Spark's and delta-rs') that may
 #: remove rows whatever their parameters.
@@ -41,6 +47,8 @@ REMOVING: Final = frozenset(
 OVERWRITING: Final = frozenset(
     {"WRITE", "STREAMING UPDATE", "CREATE TABLE AS SELECT", "CREATE TABLE", "COPY INTO"}
 )
+#: Where the sink put a row: a log row's batch in the sink's account is found by it.
+PLACE: Final = ("topic", "partition", "log_offset")
 _WRITER_KEY: Final = "pidfence.writer"  # pidfence.spark_sink.delta.table.WRITER_KEY
 _BATCH_KEY: Final = "pidfence.batch"  # pidfence.spark_sink.delta.history.BATCH_KEY
 
@@ -98,4 +106,33 @@ class Removals:
         return next((c for c in self.removing if c[0] > since), None)
 
 
-__all__ = ["OVERWRITING", "REMOVING", "Removals", "removes_rows"]
+class Changes:
+    """Which of the sink's rows another writer changed in place (an UPDATE, a MERGE): a row of
+    its account whose value differs from every acknowledged send of its identity, after a
+    commit that rewrites rows followed the sink's commit of its batch."""
+
+    def __init__(self, removals: Removals, written: pa.Table) -> None:
+        self._removals = removals
+        places = zip(*(written.column(c).to_pylist() for c in PLACE), strict=True)
+        batches = (
+            written.column("batch").to_pylist()
+            if "batch" in written.column_names
+            else [None] * written.num_rows
+        )
+        self._batch: dict[tuple[Any, ...], int | None] = dict(zip(places, batches, strict=True))
+
+    def of(
+        self, row: Mapping[str, Any], sent: Mapping[tuple[int, str], LedgerEntry]
+    ) -> tuple[str, str] | None:
+        """(the digest the sink wrote, the commit that changed it), or None: not a change."""
+        place = tuple(row[c] for c in PLACE)
+        if place not in self._batch:
+            return None
+        written = {d for g, d in sent if g == row["generation"]}
+        if len(written) != 1:
+            return None  # no send of its generation, or several: not told apart
+        by = self._removals.after(self._batch[place])
+        return None if by is None else (written.pop(), f"version {by[0]} ({by[1]})")
+
+
+__all__ = ["OVERWRITING", "PLACE", "REMOVING", "Changes", "Removals", "removes_rows"]
