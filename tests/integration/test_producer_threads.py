@@ -114,71 +114,42 @@ def assert_sink_appends_each_once(
     assert findings["event_lost"] == findings["event_duplicate"] == findings["lost"] == 0, findings
 
 
-def test_threads_sharing_a_producer_write_every_event_exactly_once(
-    kafka: Any,
-    spark: Any,
-    new_topic: Callable[..., str],
-    lease_server: LeaseServerThread,
-    tmp_path: Path,
-) -> None:
-    """The threads write one topic of one partition, then one of four, keyed; one sink run
-    over both, one ``pidfence verify``."""
+def written_by_threads(
+    bootstrap: str, new_topic: Callable[..., str], lease_server: LeaseServerThread, ledger: Path
+) -> tuple[str, int]:
+    """The threads write one topic of one partition, then one of four, keyed; their send ledger
+    is built from what Kafka holds. Returns the topics (comma-separated) and the record count."""
     layouts = {new_topic(partitions=1): False, new_topic(partitions=4): True}
-    ledger = tmp_path / "ledger.jsonl"
     with LeaseClient(lease_server.address) as client:
-        producer = IdempotentProducer(ProducerConfig(kafka.bootstrap), client)
+        producer = IdempotentProducer(ProducerConfig(bootstrap), client)
         for topic, keyed in layouts.items():
             send_as_threads_do(producer, topic, keyed)
         expire_ms = producer.sequencer.expire_ms
         producer.close()
-    read: list[Record] = []
+    read = 0
     for topic, keyed in layouts.items():
-        records = read_topic(kafka.bootstrap, topic)
+        records = read_topic(bootstrap, topic)
         values = Counter(r.value for r in records)
         assert len(values) == THREADS * PER_THREAD and set(values.values()) == {1}, topic
         assert shared_identities(records) == 0, topic
         assert_gap_free(records)  # per partition, seqs 0, 1, 2, ... in offset order
         assert len({r.partition for r in records}) == (4 if keyed else 1)
         ledger_of(records, topic, ledger, expire_ms)
-        read += records
-    assert_sink_appends_each_once(
-        spark, kafka.bootstrap, ",".join(layouts), ledger, tmp_path, len(read)
-    )
+        read += len(records)
+    return ",".join(layouts), read
 
 
-def test_without_the_lock_threads_put_records_on_one_identity(
-    kafka: Any,
-    new_topic: Callable[..., str],
-    lease_server: LeaseServerThread,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The teeth of the test above: the same workload, one partition, on the seeded mutant."""
-    monkeypatch.setattr(producer_lock, "SimpleQueue", producer_lock.SimpleQueue)  # undone after
-    install_mutation("producer-without-lock")
-    topic = new_topic(partitions=1)
-    with LeaseClient(lease_server.address) as client:
-        producer = IdempotentProducer(ProducerConfig(kafka.bootstrap), client)
-        send_as_threads_do(producer, topic, keyed=False)
-        producer.close()
-    assert shared_identities(read_topic(kafka.bootstrap, topic)) > 0  # 9,220 of 40,000 in one run
-
-
-def test_an_asyncio_application_writes_exactly_once(
-    kafka: Any,
-    spark: Any,
-    new_topic: Callable[..., str],
-    lease_server: LeaseServerThread,
-    tmp_path: Path,
-) -> None:
+def written_by_tasks(
+    bootstrap: str, new_topic: Callable[..., str], lease_server: LeaseServerThread, ledger: Path
+) -> tuple[str, int]:
     """Eight tasks share one ``AsyncIdempotentProducer`` (its own ledger): half their records
-    awaited one by one, half sent and awaited together; the sink appends each event once."""
+    awaited one by one, half sent and awaited together. Returns the topic and the record count."""
     topic = new_topic(partitions=3)
-    ledger = tmp_path / "ledger.jsonl"
     per_task = 500
 
     async def app() -> list[Any]:
         with LeaseClient(lease_server.address) as client:
-            config = ProducerConfig(kafka.bootstrap)
+            config = ProducerConfig(bootstrap)
             async with AsyncIdempotentProducer(config, client, ledger=ledger) as producer:
 
                 async def task(t: int) -> list[Any]:
@@ -201,10 +172,46 @@ def test_an_asyncio_application_writes_exactly_once(
     delivered = asyncio.run(app())
     assert len(delivered) == 8 * per_task
     assert all(m.error() is None and m.offset() >= 0 for m in delivered)
-    records = read_topic(kafka.bootstrap, topic)
+    records = read_topic(bootstrap, topic)
     assert shared_identities(records) == 0
     assert_gap_free(records)
-    assert_sink_appends_each_once(spark, kafka.bootstrap, topic, ledger, tmp_path, 8 * per_task)
+    return topic, 8 * per_task
+
+
+@pytest.mark.parametrize(
+    "write", [written_by_threads, written_by_tasks], ids=["threads", "asyncio"]
+)
+def test_an_application_sharing_a_producer_writes_every_event_exactly_once(
+    kafka: Any,
+    spark: Any,
+    new_topic: Callable[..., str],
+    lease_server: LeaseServerThread,
+    tmp_path: Path,
+    write: Callable[[str, Callable[..., str], LeaseServerThread, Path], tuple[str, int]],
+) -> None:
+    """Threads sharing an ``IdempotentProducer``, or asyncio tasks an
+    ``AsyncIdempotentProducer``, write; one sink run over what they wrote, one ``pidfence
+    verify``."""
+    ledger = tmp_path / "ledger.jsonl"
+    topics, count = write(kafka.bootstrap, new_topic, lease_server, ledger)
+    assert_sink_appends_each_once(spark, kafka.bootstrap, topics, ledger, tmp_path, count)
+
+
+def test_without_the_lock_threads_put_records_on_one_identity(
+    kafka: Any,
+    new_topic: Callable[..., str],
+    lease_server: LeaseServerThread,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The teeth of the test above: the threads' workload, one partition, on the seeded mutant."""
+    monkeypatch.setattr(producer_lock, "SimpleQueue", producer_lock.SimpleQueue)  # undone after
+    install_mutation("producer-without-lock")
+    topic = new_topic(partitions=1)
+    with LeaseClient(lease_server.address) as client:
+        producer = IdempotentProducer(ProducerConfig(kafka.bootstrap), client)
+        send_as_threads_do(producer, topic, keyed=False)
+        producer.close()
+    assert shared_identities(read_topic(kafka.bootstrap, topic)) > 0  # 9,220 of 40,000 in one run
 
 
 def _send_in_child(producer: IdempotentProducer, topic: str, out: Any) -> None:

@@ -94,10 +94,12 @@ class Takeover(ProducerFault):
             f"(log {worker.proc.log_path})\n{worker.tail()}"
         )
 
-    def _wake(self, zombie: Worker) -> None:
-        """SIGCONT the zombie, counting its writes from here."""
+    def _wake(self, zombie: Worker, event: str) -> None:
+        """SIGCONT the zombie, counting its writes from here, and go on to the next step
+        (``event``: what the replacement had done by then)."""
         self._zombie_acked = zombie.acked()
         zombie.resume()
+        self._next(event)
 
 
 @dataclass(eq=False)
@@ -140,10 +142,10 @@ class Zombie(Takeover):
             if not replacement.running and replacement.fences() == 0:
                 raise self._failed_before(replacement, "fencing")
             return
-        self._wake(zombie)
-        self._next(
+        self._wake(
+            zombie,
             f"SIGCONT {zombie.name}: replacement fenced "
-            f"{replacement.fences()} partition(s) and wrote {replacement.acked()}"
+            f"{replacement.fences()} partition(s) and wrote {replacement.acked()}",
         )
 
     def _end(self) -> None:
@@ -232,11 +234,11 @@ class LeaseZombie(Takeover):
             if not replacement.running:
                 raise self._failed_before(replacement, "writing anything")
             return
-        self._wake(zombie)
-        self._next(
+        self._wake(
+            zombie,
             f"SIGCONT {zombie.name} {(self.wall_ms() - self.lease_end) / 1000:.1f} s "
             f"after its lease ended; the replacement wrote {replacement.fences()} "
-            f"FENCE(s) and {replacement.acked()} record(s)"
+            f"FENCE(s) and {replacement.acked()} record(s)",
         )
 
     def _await_zombie_exit(self) -> None:
