@@ -168,3 +168,81 @@ def test_lease_ping_with_a_missing_ca_file_is_a_usage_error(tmp_path: Path) -> N
     )
     assert result.exit_code == 2, result.output
     assert "missing.pem" in result.output
+
+
+def test_lease_ping_errors_name_lease_ping_and_health_errors_lease_server(
+    tmp_path: Path,
+) -> None:
+    """Each command's error line names the command the user ran (it said lease-server for
+    both)."""
+    missing = str(tmp_path / "missing.pem")
+    for args, command in [
+        (["lease-ping", "127.0.0.1:1", "--tls-ca", missing], "lease-ping"),
+        (["lease-ping", "no-port"], "lease-ping"),
+        (["lease-server", "--health", "127.0.0.1:1", "--tls-ca", missing], "lease-server"),
+    ]:
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith(f"pidfence {command}: error: "), result.stderr
+
+
+def test_listen_without_a_host_is_a_port_on_the_default_host() -> None:
+    """``--listen :0``, as the option's help offers, is any free port on 127.0.0.1."""
+    from pidfence.pid_allocator.settings_sources import load_settings
+
+    assert parse_listen(":0", default_host="127.0.0.1") == ("127.0.0.1", 0)
+    assert parse_listen("[::1]:0", default_host="127.0.0.1") == ("::1", 0)
+    with pytest.raises(ValueError, match="HOST:PORT"):  # lease-ping needs a host to ping
+        parse_listen(":7070")
+    settings = load_settings({"listen": ":0"}, {}, None)
+    assert (settings.host, settings.port) == ("127.0.0.1", 0)
+    result = CliRunner().invoke(app, ["lease-server", "--zk", "h:1", "--listen", ":99999"])
+    assert result.exit_code == 2 and "HOST:PORT" in result.output
+
+
+#: ``pidfence lease-server`` ARGS with an in-memory store in place of ZooKeeper.
+_SERVE_IN_MEMORY = """
+import functools, sys
+from pidfence.cli import app
+from pidfence.pid_allocator import MemoryCoordinator, daemon
+daemon.start_server = functools.partial(daemon.start_server, coordinator=MemoryCoordinator())
+app(sys.argv[1:], prog_name="pidfence")
+"""
+
+
+def test_lease_server_listen_colon_zero_serves_a_free_port_and_says_which(
+    tmp_path: Path,
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pidfence.pid_allocator import LeaseClient
+
+    ready = tmp_path / "ready"
+    args = ["lease-server", "--zk", "zk.invalid:2181", "--listen", ":0", "--ready-file", str(ready)]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SERVE_IN_MEMORY, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    address, reply = "", {}
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if ready.exists():
+            address = ready.read_text()
+            with LeaseClient(address, retries=0) as client:
+                reply = client.ping()
+    finally:
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=30)
+    assert address, out + err  # before: exit 2, "':0' is not HOST:PORT"
+    host, port = parse_listen(address)
+    assert host == "127.0.0.1" and port != 0
+    assert isinstance(reply.get("now_ms"), int)
+    assert f"listening on {address}" in err  # the port it bound, not 0
+    assert child.returncode == 0, out + err

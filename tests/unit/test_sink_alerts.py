@@ -19,7 +19,7 @@ from typing import Any
 import promql_parser
 import pytest
 import yaml
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pidfence.pid_allocator.metrics import ServerMetrics
@@ -52,6 +52,29 @@ def selected_metrics(expr: str) -> set[str]:
 
     promql_parser.walk(promql_parser.parse(expr), pre_visit=visit)
     return names
+
+
+def selected_by(node: Any) -> set[str]:
+    """The metric names a parsed (sub)expression selects."""
+    names: set[str] = set()
+
+    def visit(found: Any) -> None:
+        if isinstance(found, promql_parser.VectorSelector) and found.name:
+            names.add(found.name)
+
+    promql_parser.walk(node, pre_visit=visit)
+    return names
+
+
+def groups() -> dict[str, dict[str, str]]:
+    """Group name -> (alert name -> expression), of every rule file."""
+    found: dict[str, dict[str, str]] = {}
+    for path in RULES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            found.setdefault(group["name"], {}).update(
+                {rule["alert"]: rule["expr"] for rule in group["rules"]}
+            )
+    return found
 
 
 def rule_exprs() -> dict[str, str]:
@@ -113,6 +136,57 @@ def test_every_rule_is_complete_and_parses() -> None:
     } <= alerts
 
 
+def test_each_components_rules_select_only_the_metrics_that_component_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README promises rules for both; a lease server rule must not lean on the sink's
+    metrics, nor the other way round (a metric of the other would never be scraped there)."""
+    by_group = groups()
+    assert set(by_group) == {"pidfence-sink", "pidfence-lease-server"}
+    # What a lease server can be alerted on from what it exports: down, ZooKeeper failing or
+    # answering UNAVAILABLE, CAPACITY answers, connections refused, a client rate-limited on end.
+    assert set(by_group["pidfence-lease-server"]) == {
+        "PidfenceLeaseServerDown",
+        "PidfenceLeaseServerUnavailable",
+        "PidfenceLeaseCapacityExhausted",
+        "PidfenceLeaseConnectionsRefused",
+        "PidfenceLeaseClientRateLimited",
+    }
+    served = {
+        "pidfence-sink": families(generate_latest(committed_sink(tmp_path, monkeypatch)).decode()),
+        "pidfence-lease-server": families(generate_latest(ServerMetrics().registry).decode()),
+    }
+    for group, rules in by_group.items():
+        for alert, expr in rules.items():
+            names = selected_metrics(expr)
+            foreign = {n for n in names - SCRAPE_SERIES if SUFFIXES.sub("", n) not in served[group]}
+            assert foreign == set(), alert
+            if "up" in names:  # a scrape series: of this component's job only
+                assert f'job="{group}"' in expr, alert
+
+
+def test_the_stall_rule_can_fire_before_the_first_batch(tmp_path: Path) -> None:
+    """The last batch's timestamp only exists once a batch is committed: the rule needs an arm
+    of its ``or`` that selects only what a sink serves before its first batch."""
+    options = SinkOptions.parse({"path": str(tmp_path / "out")})
+    open_output(options.path, options.rejects_path, QUERY)
+    kafka = FakeKafka()
+    kafka.marks = {("t", 0): (0, 100)}
+    sink = SinkMetrics(str(tmp_path / "out"), "-", ["t"], str(tmp_path / "ckpt"), watermarks=kafka)
+    before = families(generate_latest(sink.registry).decode())
+    assert "pidfence_sink_last_batch_timestamp_seconds" not in before
+    assert "pidfence_sink_batches" in before
+    ors: list[Any] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.BinaryExpr) and str(node.op) == "or":
+            ors.append(node)
+
+    promql_parser.walk(promql_parser.parse(rule_exprs()["PidfenceSinkStalled"]), pre_visit=visit)
+    arms = [selected_by(side) for node in ors for side in (node.lhs, node.rhs)]
+    assert any(arm and {SUFFIXES.sub("", n) for n in arm} <= before for arm in arms), arms
+
+
 def test_every_dashboard_query_parses_and_both_components_are_on_it() -> None:
     assert DASHBOARDS, "no dashboard under docs/dashboards"
     names = set().union(*(selected_metrics(e) for e in dashboard_exprs().values()))
@@ -123,10 +197,9 @@ def test_every_dashboard_query_parses_and_both_components_are_on_it() -> None:
         assert len(ids) == len(set(ids)), path
 
 
-def test_every_metric_queried_exists_in_a_scrape(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A sink with one committed batch (the last batch's gauges exist from then on).
+def committed_sink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CollectorRegistry:
+    """The registry of a sink with one committed batch (the last batch's gauges exist from
+    then on)."""
     options = SinkOptions.parse({"path": str(tmp_path / "out")})
     open_output(options.path, options.rejects_path, QUERY)
     writer = PidfenceStreamWriter(options)
@@ -134,7 +207,13 @@ def test_every_metric_queried_exists_in_a_scrape(
     kafka = FakeKafka()
     kafka.marks = {("t", 0): (0, 100), ("t", 1): (0, 100)}
     sink = SinkMetrics(str(tmp_path / "out"), "-", ["t"], str(tmp_path / "ckpt"), watermarks=kafka)
-    scraped = families(generate_latest(sink.registry).decode())
+    return sink.registry
+
+
+def test_every_metric_queried_exists_in_a_scrape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scraped = families(generate_latest(committed_sink(tmp_path, monkeypatch)).decode())
     scraped |= families(generate_latest(ServerMetrics().registry).decode())
     assert missing_from(scraped) == {}
 
@@ -149,7 +228,8 @@ def test_a_metric_that_does_not_exist_is_found_missing() -> None:
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not on PATH")
 def test_promtool_checks_the_rules_and_their_unit_tests_fire() -> None:
     # pidfence.test.yml: each alert fires on the series it is for, and not on its look-alikes
-    # (an idle sink with an old batch, duplicates).
+    # (an idle sink with an old batch, a sink started minutes ago, duplicates, one ZooKeeper
+    # error, a burst of rate limits).
     for args in (["check", "rules", *map(str, RULES)], ["test", "rules", "pidfence.test.yml"]):
         done = subprocess.run(
             ["promtool", *args], capture_output=True, text=True, check=False, cwd=DOCS / "alerts"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -196,6 +197,32 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path: Path, make: object, me
     assert code == 2
     assert "pidfence verify: error:" in text
     assert message in text
+
+
+@pytest.mark.parametrize(
+    ("option", "args"),
+    [
+        ("--output", lambda ledger, out: ["--ledger", ledger, "--output", ""]),
+        ("--ledger", lambda ledger, out: ["--ledger", "", "--output", out]),
+        ("--ledger", lambda ledger, out: ["--ledger", ledger, "--ledger", "", "--output", out]),
+        ("--rejects", lambda ledger, out: ["--ledger", ledger, "--output", out, "--rejects", ""]),
+    ],
+    ids=["output", "ledger", "second-ledger", "rejects"],
+)
+def test_an_empty_path_is_a_usage_error_naming_the_option(
+    tmp_path: Path,
+    output: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    option: str,
+    args: Callable[[str, str], list[str]],
+) -> None:
+    """Before: an empty --output was read as a store holding no table (exit 3), an empty
+    --ledger as the working folder (here one holding a ledger: it was read)."""
+    ledger = write_ledger(tmp_path / "l.jsonl", ledger_entries())
+    monkeypatch.chdir(tmp_path)
+    code, text = invoke(*args(str(ledger), str(output)))
+    assert code == 2, text
+    assert f"pidfence verify: error: {option} is empty" in text
 
 
 def test_missing_required_option_is_a_usage_error(tmp_path: Path) -> None:

@@ -46,15 +46,18 @@ def parse_duration_ms(text: str) -> int:
         raise typer.BadParameter(str(exc)) from None
 
 
-def health(address: str, tls_ca: Path | None, timeout_s: float) -> int:
-    """Ping ``address`` once; 0 on a ping reply, 1 otherwise (the reason on stderr)."""
+def health(address: str, tls_ca: Path | None, timeout_s: float, command: str = _COMMAND) -> int:
+    """Ping ``address`` once; 0 on a ping reply, 1 otherwise (the reason on stderr).
+
+    ``command`` names the command in a usage error's line (``lease-ping`` or ``lease-server``).
+    """
     from pidfence.pid_allocator import LeaseClient, LeaseError, SecretFileError, client_tls_context
 
     try:
         parse_listen(address)
         tls = None if tls_ca is None else client_tls_context(tls_ca)
     except (ValueError, SecretFileError) as exc:
-        fail(_COMMAND, str(exc), EXIT_USAGE)
+        fail(command, str(exc), EXIT_USAGE)
     try:
         with LeaseClient(
             address, connect_timeout_s=timeout_s, request_timeout_s=timeout_s, retries=0, tls=tls
@@ -150,4 +153,4 @@ def register(app: typer.Typer) -> None:
         timeout: Annotated[float, typer.Option(help="Seconds to wait")] = 3.0,
     ) -> None:
         """Ping a lease server; exit 0 only on a real ping reply."""
-        raise typer.Exit(health(address, tls_ca, timeout))
+        raise typer.Exit(health(address, tls_ca, timeout, "lease-ping"))

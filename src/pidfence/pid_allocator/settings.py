@@ -110,8 +110,9 @@ class LeaseServerSettings:
     host: str = setting(
         "127.0.0.1",
         "listen",
-        "address to serve: HOST:PORT (`:0` picks a free port); not loopback: needs "
-        "`--auth-tokens` or `--insecure`",
+        "address to serve: HOST:PORT (`:PORT` on 127.0.0.1; port 0, as in `:0`, picks a free "
+        "port, logged and written to `--ready-file`); not loopback: needs `--auth-tokens` or "
+        "`--insecure`",
         kind="listen",
     )
     port: int = field(default=7070)

@@ -29,16 +29,17 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` to a pair.
+def parse_listen(text: str, default_host: str | None = None) -> tuple[str, int]:
+    """``HOST:PORT`` to a pair; ``:PORT`` is ``default_host``'s port when one is given.
 
     Raises:
-        ValueError: not ``HOST:PORT`` with a port of 0..65535.
+        ValueError: not ``HOST:PORT`` with a port of 0..65535 (nor ``:PORT`` with a default).
     """
     host, sep, port = text.rpartition(":")
+    host = host.strip("[]") or (default_host or "")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:7070)")
-    return host.strip("[]"), int(port)
+    return host, int(port)
 
 
 def _bool(text: str) -> bool:
@@ -67,7 +68,7 @@ def _values(item: Setting, text: str) -> dict[str, Any]:
         ValueError: the text does not read as the setting's kind.
     """
     if item.kind == "listen":
-        host, port = parse_listen(text)
+        host, port = parse_listen(text, default_host=LeaseServerSettings().host)
         return {"host": host, "port": port}
     optional = getattr(LeaseServerSettings(), item.field) is None
     if optional and item.kind in ("int", "ms") and text.strip().lower() in ("", "none", "off"):
