@@ -4,14 +4,24 @@ of pids past their retention are deleted (after which the pid is unknown to ever
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from pidfence.pid_allocator import LeaseClient, LeaseServerThread, NotOwner, ZkCoordinator
+from pidfence.pid_allocator import (
+    LeaseClient,
+    LeaseServerThread,
+    LeaseServiceUnavailable,
+    NotOwner,
+    ZkCoordinator,
+)
 from pidfence.pid_allocator.capability import block_hint
 from pidfence.pid_allocator.security import load_zk_auth
 from pidfence.services.lease_server import LeasePki
@@ -84,3 +94,28 @@ def test_records_past_retention_are_collected(
 def _fresh_server(factory: Callable[..., LeaseServerThread], pki: LeasePki) -> Any:
     """A server with a cold block cache: it must read ZooKeeper to judge a pid."""
     return factory(zk_auth_file=pki.zk_auth_file)
+
+
+def test_a_server_without_the_zookeeper_credentials_is_told_so(
+    lease_server_factory: Callable[..., LeaseServerThread],
+    lease_pki: LeasePki,
+    zk_chroot: str,
+    tmp_path: Path,
+) -> None:
+    """It was told "cannot reach ZooKeeper" (exit 3 either way): a wrong or missing
+    ``--zk-auth-file`` now names itself."""
+    lease_server_factory(zk_auth_file=lease_pki.zk_auth_file)  # /pidfence gets the servers' ACL
+    wrong = tmp_path / "zk-auth"
+    wrong.write_text("pidfence:not-the-password\n")
+    os.chmod(wrong, 0o600)
+    for auth in (None, wrong):
+        with pytest.raises(LeaseServiceUnavailable, match="--zk-auth-file") as refused:
+            LeaseServerThread(zk_chroot, zk_auth_file=auth).start()
+        assert "NoAuthError" in str(refused.value)
+        assert "cannot reach" not in str(refused.value)
+    command = [sys.executable, "-m", "pidfence.cli", "lease-server", "--zk", zk_chroot]
+    ran = subprocess.run(
+        [*command, "--listen", ":0"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert ran.returncode == 3, ran.stderr
+    assert "--zk-auth-file" in ran.stderr and "Traceback" not in ran.stderr

@@ -246,3 +246,17 @@ def test_lease_server_listen_colon_zero_serves_a_free_port_and_says_which(
     assert isinstance(reply.get("now_ms"), int)
     assert f"listening on {address}" in err  # the port it bound, not 0
     assert child.returncode == 0, out + err
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan"])
+@pytest.mark.parametrize(
+    "command", [["lease-ping", "127.0.0.1:7070"], ["lease-server", "--health", "127.0.0.1:7070"]]
+)
+def test_a_timeout_that_is_not_positive_is_a_usage_error(command: list[str], timeout: str) -> None:
+    """It was a traceback (``ValueError: Timeout value out of range`` from the socket)."""
+    result = CliRunner().invoke(app, [*command, "--timeout", timeout])
+    assert result.exit_code == 2
+    name = command[0]
+    assert result.output.splitlines() == [
+        f"pidfence {name}: error: --timeout must be a number of seconds > 0, got {timeout}"
+    ]

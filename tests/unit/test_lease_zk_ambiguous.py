@@ -4,13 +4,19 @@ writes (connection lost after the write was applied, or before) are settled by r
 from __future__ import annotations
 
 import pytest
+from kazoo.exceptions import AuthFailedError, NoAuthError
 
-from pidfence.pid_allocator import NotOwner, StaleGeneration, ZkCoordinator
+from pidfence.pid_allocator import (
+    LeaseServiceUnavailable,
+    NotOwner,
+    StaleGeneration,
+    ZkCoordinator,
+)
 from pidfence.pid_allocator.capability import make_secret
 from pidfence.pid_allocator.coordinator import BlockRequest
 from pidfence.pid_allocator.generations import initial_generation
 from pidfence.pid_allocator.lineage import Change, Lineage, Outcome
-from tests.unit.lease_kit import FakeKazoo
+from tests.unit.test_lease_sync import SyncedKazoo
 
 
 def _request(token: str) -> BlockRequest:
@@ -18,12 +24,12 @@ def _request(token: str) -> BlockRequest:
 
 
 @pytest.fixture
-def zk() -> tuple[ZkCoordinator, FakeKazoo]:
-    fake = FakeKazoo()
+def zk() -> tuple[ZkCoordinator, SyncedKazoo]:
+    fake = SyncedKazoo()
     return ZkCoordinator("fake:2181", client=fake, op_timeout_s=0.1).start(), fake
 
 
-def test_claims_are_consecutive(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
+def test_claims_are_consecutive(zk: tuple[ZkCoordinator, SyncedKazoo]) -> None:
     coordinator, _ = zk
     first = coordinator.claim_block(_request("t1"))
     second = coordinator.claim_block(_request("t2"))
@@ -31,7 +37,7 @@ def test_claims_are_consecutive(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
     assert coordinator.writes == 2
 
 
-def test_ambiguous_claim_that_landed_is_used(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
+def test_ambiguous_claim_that_landed_is_used(zk: tuple[ZkCoordinator, SyncedKazoo]) -> None:
     coordinator, fake = zk
     fake.faults = ["lost-after"]
     block = coordinator.claim_block(_request("mine"))
@@ -40,7 +46,7 @@ def test_ambiguous_claim_that_landed_is_used(zk: tuple[ZkCoordinator, FakeKazoo]
 
 
 def test_ambiguous_claim_that_did_not_land_is_retried(
-    zk: tuple[ZkCoordinator, FakeKazoo],
+    zk: tuple[ZkCoordinator, SyncedKazoo],
 ) -> None:
     coordinator, fake = zk
     fake.faults = ["lost-before"]
@@ -49,7 +55,7 @@ def test_ambiguous_claim_that_did_not_land_is_retried(
     assert coordinator.writes == 2  # the lost attempt and the retry
 
 
-def test_claim_that_loses_the_race_reads_again(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
+def test_claim_that_loses_the_race_reads_again(zk: tuple[ZkCoordinator, SyncedKazoo]) -> None:
     coordinator, fake = zk
     fake.faults = ["race"]
     block = coordinator.claim_block(_request("mine"))
@@ -57,7 +63,7 @@ def test_claim_that_loses_the_race_reads_again(zk: tuple[ZkCoordinator, FakeKazo
     assert coordinator.writes == 2
 
 
-def test_block_at_reads_one_record_and_never_lists(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
+def test_block_at_reads_one_record_and_never_lists(zk: tuple[ZkCoordinator, SyncedKazoo]) -> None:
     coordinator, fake = zk
     coordinator.claim_block(_request("a"))
     fake.get_children_async = None  # type: ignore[assignment,method-assign]  # listing forbidden
@@ -72,7 +78,7 @@ def test_block_at_reads_one_record_and_never_lists(zk: tuple[ZkCoordinator, Fake
 SALT = b"s" * 16
 
 
-def _lineage(zk: tuple[ZkCoordinator, FakeKazoo]) -> Lineage:
+def _lineage(zk: tuple[ZkCoordinator, SyncedKazoo]) -> Lineage:
     coordinator, _ = zk
     coordinator.claim_block(_request("a"))  # pids 1..10, salt SALT, claimed at 1000
     return Lineage(coordinator, retention_ms=10_000)
@@ -80,7 +86,7 @@ def _lineage(zk: tuple[ZkCoordinator, FakeKazoo]) -> Lineage:
 
 @pytest.mark.parametrize("fault", ["lost-after", "lost-before"])
 def test_ambiguous_bump_is_settled_by_its_token(
-    zk: tuple[ZkCoordinator, FakeKazoo], fault: str
+    zk: tuple[ZkCoordinator, SyncedKazoo], fault: str
 ) -> None:
     lineage, (_, fake) = _lineage(zk), zk
     secret, g0 = make_secret(1, SALT, 5, 0), initial_generation(SALT, 5)
@@ -94,7 +100,7 @@ def test_ambiguous_bump_is_settled_by_its_token(
 
 @pytest.mark.parametrize("fault", ["lost-after", "lost-before"])
 def test_ambiguous_roll_is_re_read_never_guessed(
-    zk: tuple[ZkCoordinator, FakeKazoo], fault: str
+    zk: tuple[ZkCoordinator, SyncedKazoo], fault: str
 ) -> None:
     lineage, (coordinator, fake) = _lineage(zk), zk
     block = coordinator.block_at(1)
@@ -118,7 +124,7 @@ def test_ambiguous_roll_is_re_read_never_guessed(
 
 
 def test_bumps_and_rolls_of_unknown_pids_never_list_a_directory(
-    zk: tuple[ZkCoordinator, FakeKazoo],
+    zk: tuple[ZkCoordinator, SyncedKazoo],
 ) -> None:
     """Finding 7: a bump of a never-issued pid listed every child of ``blocks``."""
     lineage, (coordinator, fake) = _lineage(zk), zk
@@ -130,3 +136,16 @@ def test_bumps_and_rolls_of_unknown_pids_never_list_a_directory(
             lineage.bump(Change(pid, 0, secret, "t", 1000))
         with pytest.raises(NotOwner):
             lineage.roll(Change(pid, 0, secret, "t", 1000), Outcome(7, 0, 9000, block, b""))
+
+
+@pytest.mark.parametrize("error", [NoAuthError, AuthFailedError])
+def test_an_auth_failure_at_start_names_the_auth_file(error: type[Exception]) -> None:
+    """Wrong or missing ``--zk-auth-file``: it was reported as "cannot reach ZooKeeper"."""
+
+    class Refusing(SyncedKazoo):
+        def ensure_path(self, path: str) -> None:
+            raise error()
+
+    with pytest.raises(LeaseServiceUnavailable, match="--zk-auth-file") as refused:
+        ZkCoordinator("fake:2181", client=Refusing()).start()
+    assert error.__name__ in str(refused.value) and "cannot reach" not in str(refused.value)

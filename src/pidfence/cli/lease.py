@@ -11,6 +11,7 @@ real ping reply), for compose healthchecks and supervisors.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +54,8 @@ def health(address: str, tls_ca: Path | None, timeout_s: float, command: str = _
     """
     from pidfence.pid_allocator import LeaseClient, LeaseError, SecretFileError, client_tls_context
 
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        fail(command, f"--timeout must be a number of seconds > 0, got {timeout_s:g}", EXIT_USAGE)
     try:
         parse_listen(address)
         tls = None if tls_ca is None else client_tls_context(tls_ca)

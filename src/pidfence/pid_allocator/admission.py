@@ -10,7 +10,9 @@ least progress (stage 0: nothing yet, or a TLS handshake still running; stage 1:
 first bytes in, waiting for ``hello``), taken from the address holding the most of those, oldest
 first. A real client needs milliseconds to pass through; connections held half-open are older and
 less advanced, and a flood from one address evicts its own connections before anyone else's.
-``max_connections_per_address`` bounds admitted connections per address.
+``max_connections_per_address`` bounds admitted connections per address, and
+``max_connections_per_client`` those of one client (a token's name, counted at ``hello``) over
+all its addresses, so no token can hold every admitted slot.
 """
 
 from __future__ import annotations
@@ -35,12 +37,23 @@ class Admission:
         max_connections: admitted connections at most.
         max_pending: pending connections at most.
         max_per_address: admitted connections from one address at most.
+        max_per_client: admitted connections of one client (token name) at most (default:
+            ``max_connections``).
     """
 
-    def __init__(self, max_connections: int, max_pending: int, max_per_address: int) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        max_pending: int,
+        max_per_address: int,
+        max_per_client: int | None = None,
+    ) -> None:
         self.max_connections = max_connections
         self.max_pending = max_pending
         self.max_per_address = max_per_address
+        self.max_per_client = max_connections if max_per_client is None else max_per_client
+        self._clients: dict[str, set[Slot]] = {}
+        self._client_of: dict[Slot, str] = {}
         # stage -> address -> its pending connections at that stage, oldest first
         self._pending: tuple[dict[str, dict[Slot, None]], ...] = ({}, {})
         #: Pending connections now.
@@ -89,23 +102,43 @@ class Admission:
             slot.stage = STAGE_STARTED
             self._add(slot)
 
-    def admit(self, slot: Slot) -> str | None:
-        """Move a pending connection to the admitted pool; None, or why it is refused (the
-        caller closes it)."""
+    def admit(self, slot: Slot, client: str | None = None) -> str | None:
+        """Move a pending connection to the admitted pool, as ``client``'s (a token's name)
+        when given; None, or why it is refused (the caller closes it). An admitted connection
+        that names another client moves to that client's count."""
         mine = self._admitted.get(slot.address)
-        if mine is not None and slot in mine:
-            return None
-        if self.admitted >= self.max_connections:
-            return "connection limit reached; try another lease server"
-        if mine is not None and len(mine) >= self.max_per_address:
-            return (
-                f"{len(mine)} connections from this address already; close idle ones "
-                "(--max-connections-per-address)"
-            )
-        self._remove_pending(slot)
-        self._admitted.setdefault(slot.address, set()).add(slot)
-        self.admitted += 1
+        known = mine is not None and slot in mine
+        if not known:
+            if self.admitted >= self.max_connections:
+                return "connection limit reached; try another lease server"
+            if mine is not None and len(mine) >= self.max_per_address:
+                return (
+                    f"{len(mine)} connections from this address already; close idle ones "
+                    "(--max-connections-per-address)"
+                )
+        if client is not None and self._client_of.get(slot) != client:
+            theirs = len(self._clients.get(client, ()))
+            if theirs >= self.max_per_client:
+                return (
+                    f"{theirs} connections of client {client} already; close idle ones "
+                    "(--max-connections-per-client)"
+                )
+            self._forget_client(slot)
+            self._client_of[slot] = client
+            self._clients.setdefault(client, set()).add(slot)
+        if not known:
+            self._remove_pending(slot)
+            self._admitted.setdefault(slot.address, set()).add(slot)
+            self.admitted += 1
         return None
+
+    def _forget_client(self, slot: Slot) -> None:
+        client = self._client_of.pop(slot, None)
+        if client is not None:
+            theirs = self._clients[client]
+            theirs.discard(slot)
+            if not theirs:
+                del self._clients[client]
 
     def release(self, slot: Slot) -> None:
         """Forget a connection (idempotent)."""
@@ -114,6 +147,7 @@ class Admission:
         mine = self._admitted.get(slot.address)
         if mine is not None and slot in mine:
             mine.discard(slot)
+            self._forget_client(slot)
             self.admitted -= 1
             if not mine:
                 del self._admitted[slot.address]

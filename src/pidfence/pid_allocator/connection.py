@@ -53,8 +53,9 @@ class ConnectionHost(Protocol):
         """Count a new connection; None, or why it is refused."""
         ...
 
-    def admit(self, connection: LeaseConnection) -> str | None:
-        """Move it to the admitted pool; None, or why it is refused."""
+    def admit(self, connection: LeaseConnection, client: str | None = None) -> str | None:
+        """Move it to the admitted pool (as ``client``'s, a token's name); None, or why it is
+        refused."""
         ...
 
     def advance(self, connection: LeaseConnection) -> None:
@@ -171,7 +172,7 @@ class LeaseConnection(asyncio.Protocol):
 
     def admit_as(self, name: str | None = None) -> str | None:
         """Take an admitted slot (as client ``name`` after ``hello``); None, or why not."""
-        refused = self.server.admit(self)
+        refused = self.server.admit(self, name)
         if refused is None:
             self.admitted(name)
         return refused

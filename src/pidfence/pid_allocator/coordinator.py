@@ -241,6 +241,16 @@ class Coordinator(Protocol):
         """(record, version) of ``pid``, or None when it was never bumped or rolled."""
         ...
 
+    def sync(self) -> None:
+        """Make the reads that follow see every write the store acknowledged before this call,
+        whichever server made it (a ZooKeeper server may lag its leader; a write's
+        compare-and-set never trusts a stale read, an answer given without a write would).
+
+        Raises:
+            LeaseServiceUnavailable: the store is unreachable.
+        """
+        ...
+
     def write_lineage(self, pid: int, record: LineageRecord, version: int | None) -> None:
         """Create (``version`` None) or compare-and-set the record of ``pid``. As in ZooKeeper,
         version -1 would set whatever version is there: the lineage rules never pass it.

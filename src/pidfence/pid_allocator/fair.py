@@ -16,8 +16,12 @@ never sees RATE_LIMITED, and a flooder ignoring the retry-after costs the server
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 #: Frames answered per event-loop callback before the loop polls sockets again.
 FRAMES_PER_TURN = 64
@@ -53,6 +57,25 @@ class Served(Protocol):
     def flush(self) -> None:
         """Write the replies of its frames answered in this turn."""
         ...
+
+    def abort(self) -> None:
+        """Drop the connection now (serving it failed)."""
+        ...
+
+
+def _safely(connection: Served, action: Callable[[], None]) -> bool:
+    """Run ``action`` of ``connection``; a failure (a bug) drops that connection only, so it
+    can never stop the turns of everyone else. True when it ran."""
+    try:
+        action()
+    except Exception:
+        log.exception("serving a connection of %s failed; dropping it", connection.client)
+        try:
+            connection.abort()
+        except Exception:  # dropped as far as it goes; the others come first
+            log.exception("dropping a failed connection failed")
+        return False
+    return True
 
 
 class Bucket:
@@ -134,10 +157,12 @@ class Turns:
         if self._scheduled or self._ring or client.ready or not self._may_serve(client):
             self._enter(self._line(connection, client))
             return
-        connection.serve_one()  # nobody waits: answered now, no turn to schedule
+        # Nobody waits: answered now, no turn to schedule.
+        if not _safely(connection, connection.serve_one):
+            return
         if not connection.closed and connection.has_frame():
             self._enter(self._line(connection))
-        connection.flush()
+        _safely(connection, connection.flush)
 
     def _line(self, connection: Served, client: Client | None = None) -> Client:
         """Queue ``connection`` in its client's line."""
@@ -220,8 +245,7 @@ class Turns:
         client's others if it holds another."""
         connection = client.ready.popleft()
         connection.queued = False
-        if not connection.closed:
-            connection.serve_one()
+        if not connection.closed and _safely(connection, connection.serve_one):
             if connection.closed:
                 pass
             elif connection.has_frame():
@@ -239,17 +263,20 @@ class Turns:
 
     def _turn(self) -> None:
         """Answer up to ``FRAMES_PER_TURN`` frames, one per client in turn (``_scheduled`` stays
-        set meanwhile: clients entering the line wait for the next turn scheduled below)."""
+        set meanwhile: clients entering the line wait for the next turn scheduled below, which
+        is scheduled whatever happened in this one)."""
         ring = self._ring
         served: dict[Served, None] = {}
-        for _ in range(FRAMES_PER_TURN):
-            if not ring:
-                break
-            client = ring.popleft()
-            client.in_ring = False
-            served[self._serve(client)] = None
-        for connection in served:
-            connection.flush()
-        self._scheduled = bool(ring)
-        if ring:
-            self.loop.call_soon(self._turn)
+        try:
+            for _ in range(FRAMES_PER_TURN):
+                if not ring:
+                    break
+                client = ring.popleft()
+                client.in_ring = False
+                served[self._serve(client)] = None
+            for connection in served:
+                _safely(connection, connection.flush)
+        finally:
+            self._scheduled = bool(ring)
+            if ring:
+                self.loop.call_soon(self._turn)

@@ -3,7 +3,10 @@
 Blocking code: the lease service runs it on its ZooKeeper executor. Every write is a
 compare-and-set on the version just read; a lost race or an ambiguous write (connection lost
 around it) is settled by re-reading, and the token stored with each write tells whether our own
-earlier attempt landed. Nothing is guessed.
+earlier attempt landed. Nothing is guessed. A refusal is given on no stale view either: the
+reads behind it may come from a ZooKeeper server that lags a write another lease server made, so
+before refusing, the store is synced and the request decided once more (a write needs no sync:
+its compare-and-set fails on a stale version).
 
 Who may act on pid P: a caller holding P's secret, or (lineage authority, one step) the secret of
 the pid that was rolled into P. Anyone else, or a pid the store does not know (never issued, or
@@ -13,7 +16,9 @@ is looked at in a way that shows in the reply.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 from pidfence.pid_allocator.capability import (
     block_hint,
@@ -42,6 +47,10 @@ from pidfence.pid_allocator.generations import GENERATION_LIMIT, initial_generat
 NOT_OWNER_MESSAGE = "not the owner of this pid (or no such pid): send the secret from its lease"
 
 _ATTEMPTS = 64
+#: What a request may be told without a write: decided again on a synced view before it is final.
+_REFUSALS = (NotOwner, StaleGeneration, UnknownPid)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +124,15 @@ class Lineage:
         self.store = store
         self.retention_ms = retention_ms
 
+    def _final(self, decide: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``decide``, and when it refuses, ``decide`` again after a sync: the refusal stands
+        only on a view that holds every write acknowledged before it."""
+        try:
+            return decide(*args, **kwargs)
+        except _REFUSALS:
+            self.store.sync()
+        return decide(*args, **kwargs)
+
     # -- ownership ------------------------------------------------------------------------------
 
     def _state(self, change: Change) -> _State:
@@ -187,6 +205,9 @@ class Lineage:
             NotOwner, StaleGeneration, UnknownPid (expired: roll it), LeaseCapacityExhausted,
             LeaseServiceUnavailable.
         """
+        return self._final(self._bump, change)
+
+    def _bump(self, change: Change) -> Outcome:
         pid, generation, token = change.pid, change.generation, change.token
         for _ in range(_ATTEMPTS):
             state = self._state(change)
@@ -236,7 +257,7 @@ class Lineage:
         Raises:
             NotOwner, StaleGeneration, LeaseServiceUnavailable.
         """
-        return self._landed_roll(self._state(change), change)
+        return self._final(lambda: self._landed_roll(self._state(change), change))
 
     def _landed_roll(self, state: _State, change: Change) -> Outcome | None:
         """The earlier successor when this ``change.token``'s roll already landed; None when the
@@ -279,6 +300,9 @@ class Lineage:
         Raises:
             NotOwner, StaleGeneration, LeaseServiceUnavailable.
         """
+        return self._final(self._roll, change, successor)
+
+    def _roll(self, change: Change, successor: Outcome) -> Outcome:
         pid, token = change.pid, change.token
         for _ in range(_ATTEMPTS):
             state = self._state(change)

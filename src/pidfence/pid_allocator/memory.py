@@ -77,6 +77,11 @@ class MemoryCoordinator:
             self._check_up()
             return self._records.get(pid)
 
+    def sync(self) -> None:
+        """Nothing to catch up with: every read sees every write."""
+        with self._lock:
+            self._check_up()
+
     def _fault(self) -> bool:
         """True: land the write, then report Ambiguous. Raises Ambiguous for a lost write."""
         if self._lost_before:

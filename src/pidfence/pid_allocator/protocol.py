@@ -164,24 +164,27 @@ def parse_request(body: bytes, *, pre_auth: bool = False) -> Request:
 
     Raises:
         RequestRejected: wrapping ``MalformedRequest`` (``FrameLimitExceeded`` for a broken
-            decode limit or pre-auth shape), ``UnsupportedVersion`` or ``UnknownOp``.
+            decode limit or pre-auth shape), ``UnsupportedVersion`` or ``UnknownOp``; any other
+            error while reading the frame is ``MalformedRequest`` too (never raised as is).
     """
+    request_id: RequestId = None
     try:
         message = decode_message(body)
         request_id = _request_id(message)
-    except MalformedRequest as exc:
-        raise RequestRejected(None, exc) from None
-    try:
         check_shape(message)
         if pre_auth:
             _check_pre_auth(message)
         return _parse_fields(message, request_id)
     except (MalformedRequest, UnsupportedVersion, UnknownOp) as exc:
         raise RequestRejected(request_id, exc) from None
+    except Exception as exc:  # noqa: BLE001 - a frame no check foresaw is this client's problem
+        error = MalformedRequest(f"unreadable request ({type(exc).__name__})")
+        raise RequestRejected(request_id, error) from None
 
 
 def _check_pre_auth(message: dict[Any, Any]) -> None:
-    allowed = PRE_AUTH_FIELDS.get(message.get("op"))  # type: ignore[arg-type]
+    op = message.get("op")
+    allowed = PRE_AUTH_FIELDS.get(op) if type(op) is str else None
     if allowed is not None and not message.keys() <= allowed:
         raise FrameLimitExceeded(
             "before hello a ping carries only v, op and id, and a hello only v, op, id and token"

@@ -131,6 +131,8 @@ async def start_server(
         max_workers=settings.zk_workers + 1, thread_name_prefix="lease-zk"
     )
     claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-claim")
+    # Garbage collection reads every record once: its own thread, so claims never queue behind it.
+    collector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-gc")
     owned: Coordinator | None = None
     try:
         if coordinator is None:
@@ -150,6 +152,7 @@ async def start_server(
             signing_key=signing_key,
             claim_executor=claims,
             mac_secret=mac_secret,
+            gc_executor=collector,
         )
         server = LeaseServer(service, metrics, tokens, tls)
         try:
@@ -162,10 +165,13 @@ async def start_server(
     except BaseException:
         executor.shutdown(wait=False, cancel_futures=True)
         claims.shutdown(wait=False, cancel_futures=True)
+        collector.shutdown(wait=False, cancel_futures=True)
         if owned is not None:
             owned.close()
         raise
-    running = RunningServer(server, coordinator, [executor, claims], bound_host, bound_port)
+    running = RunningServer(
+        server, coordinator, [executor, claims, collector], bound_host, bound_port
+    )
     if settings.gc_interval_s > 0:
         running.tasks.append(
             asyncio.get_running_loop().create_task(

@@ -120,6 +120,7 @@ class LeaseServer:
             self.settings.max_connections,
             self.settings.pending_cap,
             self.settings.max_connections_per_address,
+            self.settings.client_connection_cap,
         )
         self._server: asyncio.Server | None = None
         self._connections: set[LeaseConnection] = set()
@@ -181,9 +182,9 @@ class LeaseServer:
         self.metrics.pending.set(self.admission.pending)
         return None
 
-    def admit(self, connection: LeaseConnection) -> str | None:
-        """Move a pending connection to the admitted pool."""
-        refused = self.admission.admit(connection)
+    def admit(self, connection: LeaseConnection, client: str | None = None) -> str | None:
+        """Move a pending connection to the admitted pool (as ``client``'s, after ``hello``)."""
+        refused = self.admission.admit(connection, client)
         if refused is not None:
             self.metrics.refused.inc()
             self.note(REFUSED, connection, refused)

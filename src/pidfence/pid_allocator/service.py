@@ -1,11 +1,11 @@
 """The lease logic of one server: pids from claimed blocks, the lease ring, bumps and rolls.
 
 Runs on the server's event loop. Block claims run on their own one-thread executor
-(``blocks.py``); bumps and rolls go through the fair, bounded :class:`ZkQueue`, so ZooKeeper
-latency never blocks the loop, a flood cannot queue without bound and a flooder delays only
-itself. Requests a server can refuse as not the owner's without ZooKeeper are refused first
-(``owners.py``). While ZooKeeper is SUSPENDED, leases keep coming from blocks already claimed;
-bumps and rolls answer UNAVAILABLE.
+(``blocks.py``), garbage collection on another; bumps and rolls go through the fair, bounded
+:class:`ZkQueue`, so ZooKeeper latency never blocks the loop, a flood cannot queue without bound
+and a flooder delays only itself. Requests a server can refuse as not the owner's without
+ZooKeeper are refused first (``owners.py``). While ZooKeeper is SUSPENDED, leases keep coming
+from blocks already claimed; bumps and rolls answer UNAVAILABLE.
 
 Every grant carries the pid's secret; with a signing key a ``cert`` (v2, naming the producer's
 key, when the request sent one); with a record-MAC secret the lease's ``mac_key``.
@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pidfence.pid_allocator.blocks import BlockSupply
 from pidfence.pid_allocator.capability import secret_from, secret_hasher
 from pidfence.pid_allocator.clock import SteadyClock
-from pidfence.pid_allocator.coordinator import Block, Coordinator
+from pidfence.pid_allocator.coordinator import Block, Coordinator, LineageRecord
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable, NotOwner
 from pidfence.pid_allocator.generations import (
     generation_from,
@@ -83,6 +83,8 @@ class LeaseService:
         signing_key: when given, every grant carries a signed ``cert``.
         claim_executor: where block claims run (default: ``executor``).
         mac_secret: when given, every grant carries the lease's record MAC key.
+        gc_executor: where garbage collection runs (default: the event loop's executor); never
+            the claim executor, which a long collection would keep from claiming blocks.
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class LeaseService:
         signing_key: Ed25519PrivateKey | None = None,
         claim_executor: Executor | None = None,
         mac_secret: bytes | None = None,
+        gc_executor: Executor | None = None,
     ) -> None:
         self.coordinator = coordinator
         self.settings = settings = settings or LeaseServerSettings()
@@ -110,7 +113,7 @@ class LeaseService:
         self.supply = BlockSupply(
             coordinator, claim_executor or executor, settings, self.server_id, self.clock, self._rng
         )
-        self._claim_executor = claim_executor or executor
+        self._gc_executor = gc_executor
         self.owners = LocalOwners(self.ring, self.supply)
         self.zk = ZkQueue(executor, settings.zk_queue, settings.zk_share, settings.zk_workers)
         self.lineage = Lineage(coordinator, settings.retention)
@@ -272,15 +275,15 @@ class LeaseService:
 
         The pid's lineage record decides (its current or retired generation and lease end);
         without one (never bumped or rolled) this server's ring, if it issued the pid; anything
-        else, or a record past its retention, is ``unknown``. The record is read through the
-        fair ZooKeeper queue in ``client``'s bucket, as bumps and rolls are.
+        else, or a record past its retention, is ``unknown``. The record is read (after a sync)
+        through the fair ZooKeeper queue in ``client``'s bucket, as bumps and rolls are.
 
         Raises:
             RateLimited, LeaseServiceUnavailable.
         """
         if not self.coordinator.connected:
             raise LeaseServiceUnavailable("ZooKeeper unreachable; describe needs it, retry shortly")
-        found = await self.zk.run(client, self.coordinator.read_lineage, pid)
+        found = await self.zk.run(client, self._read_synced, pid)
         now = self.clock()
         if found is not None:
             record = found[0]
@@ -300,6 +303,12 @@ class LeaseService:
         state = PidState.ENDED if now >= local.expire_ms else PidState.LIVE
         return PidStatus(pid, state, local.generation, local.expire_ms)
 
+    def _read_synced(self, pid: int) -> tuple[LineageRecord, int] | None:
+        """The lineage record of ``pid`` as of now on every server: ``describe`` answers
+        without a write, so its read must not be a lagging ZooKeeper server's."""
+        self.coordinator.sync()
+        return self.coordinator.read_lineage(pid)
+
     def _rolled(self, pid: int, outcome: Outcome, key: bytes | None) -> Grant:
         grant = self._grant(outcome, key)
         if self.mac_secret is None:
@@ -309,11 +318,11 @@ class LeaseService:
     # -- housekeeping ---------------------------------------------------------------------------
 
     async def collect_garbage(self) -> int:
-        """Delete records no request can be granted about any more (runs on the claim executor,
-        off the request queue)."""
+        """Delete records no request can be granted about any more (on the GC executor: off the
+        request queue, and off the block claims, which must not wait for a long pass)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._claim_executor,
+            self._gc_executor,
             self.coordinator.collect_garbage,
             self.clock(),
             self.settings.retention,

@@ -249,6 +249,14 @@ class LeaseServerSettings:
         kind="int",
         low=1,
     )
+    max_connections_per_client: int | None = setting(
+        None,
+        "max-connections-per-client",
+        "admitted connections of one client (its token's name, at `hello`), from any address",
+        kind="int",
+        low=1,
+        unset="`--max-connections` / 4",
+    )
     max_in_flight: int = setting(
         32,
         "max-in-flight",
@@ -428,6 +436,13 @@ class LeaseServerSettings:
         return min(256, self.max_connections)
 
     @property
+    def client_connection_cap(self) -> int:
+        """Admitted connections one client (token name) may hold."""
+        if self.max_connections_per_client is not None:
+            return self.max_connections_per_client
+        return max(1, self.max_connections // 4)
+
+    @property
     def ring_share(self) -> int:
         """Live leases one client may hold."""
         return max(1, int(self.capacity * self.client_share))
@@ -483,14 +498,3 @@ def _zk_problem(hosts: str | None) -> str | None:
     except ValueError as exc:
         return f"--zk {hosts!r} is not HOST:PORT[,HOST:PORT...][/chroot]: {exc}"
     return None
-
-
-__all__ = [
-    "MAX_BLOCK_TTL_MS",
-    "LeaseServerSettings",
-    "Setting",
-    "SettingsError",
-    "declared",
-    "is_loopback",
-    "setting",
-]
