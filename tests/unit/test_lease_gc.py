@@ -23,8 +23,7 @@ from pidfence.pid_allocator.capability import block_hint, make_secret
 from pidfence.pid_allocator.coordinator import BlockRequest
 from pidfence.pid_allocator.generations import initial_generation
 from pidfence.pid_allocator.lineage import Change, Lineage, Outcome
-from tests.unit.lease_kit import LeaseServers, asynchronous
-from tests.unit.test_lease_sync import SyncedKazoo
+from tests.unit.lease_kit import FakeKazoo, LeaseServers, asynchronous
 
 LIFETIME_MS, RETENTION_MS, BLOCK_TTL_MS, GC_INTERVAL_S = 2000, 2000, 120_000, 1.0
 SETTINGS = {
@@ -40,7 +39,7 @@ def store_of(kind: str) -> MemoryCoordinator | ZkCoordinator:
     """The in-memory coordinator, or ``ZkCoordinator`` on the fake ZooKeeper."""
     if kind == "memory":
         return MemoryCoordinator()
-    return ZkCoordinator("fake:2181", client=SyncedKazoo(), op_timeout_s=0.1).start()
+    return ZkCoordinator("fake:2181", client=FakeKazoo(), op_timeout_s=0.1).start()
 
 
 async def refused(servers: list[LeaseService], *views: Grant, holder: Grant | None = None) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 from pidfence.pid_allocator import LeaseClient, LeaseServerThread, MemoryCoordinator, ZkCoordinator
 from pidfence.pid_allocator.coordinator import LineageRecord
-from tests.unit.test_lease_sync import SyncedKazoo
+from tests.unit.lease_kit import FakeKazoo
 
 
 class SlowCollector(MemoryCoordinator):
@@ -51,7 +51,7 @@ def test_block_claims_go_on_while_a_collection_pass_runs() -> None:
         server.stop()
 
 
-class Pipelined(SyncedKazoo):
+class Pipelined(FakeKazoo):
     """The fake ZooKeeper, recording when a read is sent and when its answer is waited for."""
 
     def __init__(self) -> None:

@@ -36,15 +36,6 @@ PID, SUCCESSOR = 5, 7
 LINEAGE = f"/pidfence/generations/{PID}"
 
 
-class SyncedKazoo(FakeKazoo):
-    """The fake ZooKeeper as one server: every read is up to date, so ``sync`` has nothing to
-    do (the fake of the tests whose servers share one view)."""
-
-    def sync_async(self, path: str) -> Done:
-        del path
-        return Done(None)
-
-
 class Follower:
     """One lease server's ZooKeeper server: reads come from a copy of ``leader``'s znodes made
     at construction, at each ``sync_async`` and, as in ZooKeeper (a session sees its own writes,
@@ -92,7 +83,7 @@ class Follower:
 def _cluster() -> tuple[Lineage, Lineage, Follower, bytes, int]:
     """Server B on the leader, with pid 5 bumped once through it, and server A on a follower
     that has seen that much: (B, A, A's follower, pid 5's secret, its generation now)."""
-    leader = SyncedKazoo()
+    leader = FakeKazoo()
     b = ZkCoordinator("fake:2181", client=leader, op_timeout_s=0.1).start()
     b.claim_block(BlockRequest(10, "server-b", "claim", NOW, 10_000, 500, SALT))  # pids 1..10
     secret, g0 = make_secret(1, SALT, PID, 0), initial_generation(SALT, PID)

@@ -16,7 +16,7 @@ from pidfence.pid_allocator.capability import make_secret
 from pidfence.pid_allocator.coordinator import BlockRequest
 from pidfence.pid_allocator.generations import initial_generation
 from pidfence.pid_allocator.lineage import Change, Lineage, Outcome
-from tests.unit.test_lease_sync import SyncedKazoo
+from tests.unit.lease_kit import FakeKazoo
 
 
 def _request(token: str) -> BlockRequest:
@@ -24,12 +24,12 @@ def _request(token: str) -> BlockRequest:
 
 
 @pytest.fixture
-def zk() -> tuple[ZkCoordinator, SyncedKazoo]:
-    fake = SyncedKazoo()
+def zk() -> tuple[ZkCoordinator, FakeKazoo]:
+    fake = FakeKazoo()
     return ZkCoordinator("fake:2181", client=fake, op_timeout_s=0.1).start(), fake
 
 
-def test_claims_are_consecutive(zk: tuple[ZkCoordinator, SyncedKazoo]) -> None:
+def test_claims_are_consecutive(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
     coordinator, _ = zk
     first = coordinator.claim_block(_request("t1"))
     second = coordinator.claim_block(_request("t2"))
@@ -37,7 +37,7 @@ def test_claims_are_consecutive(zk: tuple[ZkCoordinator, SyncedKazoo]) -> None:
     assert coordinator.writes == 2
 
 
-def test_ambiguous_claim_that_landed_is_used(zk: tuple[ZkCoordinator, SyncedKazoo]) -> None:
+def test_ambiguous_claim_that_landed_is_used(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
     coordinator, fake = zk
     fake.faults = ["lost-after"]
     block = coordinator.claim_block(_request("mine"))
@@ -46,7 +46,7 @@ def test_ambiguous_claim_that_landed_is_used(zk: tuple[ZkCoordinator, SyncedKazo
 
 
 def test_ambiguous_claim_that_did_not_land_is_retried(
-    zk: tuple[ZkCoordinator, SyncedKazoo],
+    zk: tuple[ZkCoordinator, FakeKazoo],
 ) -> None:
     coordinator, fake = zk
     fake.faults = ["lost-before"]
@@ -55,7 +55,7 @@ def test_ambiguous_claim_that_did_not_land_is_retried(
     assert coordinator.writes == 2  # the lost attempt and the retry
 
 
-def test_claim_that_loses_the_race_reads_again(zk: tuple[ZkCoordinator, SyncedKazoo]) -> None:
+def test_claim_that_loses_the_race_reads_again(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
     coordinator, fake = zk
     fake.faults = ["race"]
     block = coordinator.claim_block(_request("mine"))
@@ -63,7 +63,7 @@ def test_claim_that_loses_the_race_reads_again(zk: tuple[ZkCoordinator, SyncedKa
     assert coordinator.writes == 2
 
 
-def test_block_at_reads_one_record_and_never_lists(zk: tuple[ZkCoordinator, SyncedKazoo]) -> None:
+def test_block_at_reads_one_record_and_never_lists(zk: tuple[ZkCoordinator, FakeKazoo]) -> None:
     coordinator, fake = zk
     coordinator.claim_block(_request("a"))
     fake.get_children_async = None  # type: ignore[assignment,method-assign]  # listing forbidden
@@ -78,7 +78,7 @@ def test_block_at_reads_one_record_and_never_lists(zk: tuple[ZkCoordinator, Sync
 SALT = b"s" * 16
 
 
-def _lineage(zk: tuple[ZkCoordinator, SyncedKazoo]) -> Lineage:
+def _lineage(zk: tuple[ZkCoordinator, FakeKazoo]) -> Lineage:
     coordinator, _ = zk
     coordinator.claim_block(_request("a"))  # pids 1..10, salt SALT, claimed at 1000
     return Lineage(coordinator, retention_ms=10_000)
@@ -86,7 +86,7 @@ def _lineage(zk: tuple[ZkCoordinator, SyncedKazoo]) -> Lineage:
 
 @pytest.mark.parametrize("fault", ["lost-after", "lost-before"])
 def test_ambiguous_bump_is_settled_by_its_token(
-    zk: tuple[ZkCoordinator, SyncedKazoo], fault: str
+    zk: tuple[ZkCoordinator, FakeKazoo], fault: str
 ) -> None:
     lineage, (_, fake) = _lineage(zk), zk
     secret, g0 = make_secret(1, SALT, 5, 0), initial_generation(SALT, 5)
@@ -100,7 +100,7 @@ def test_ambiguous_bump_is_settled_by_its_token(
 
 @pytest.mark.parametrize("fault", ["lost-after", "lost-before"])
 def test_ambiguous_roll_is_re_read_never_guessed(
-    zk: tuple[ZkCoordinator, SyncedKazoo], fault: str
+    zk: tuple[ZkCoordinator, FakeKazoo], fault: str
 ) -> None:
     lineage, (coordinator, fake) = _lineage(zk), zk
     block = coordinator.block_at(1)
@@ -124,7 +124,7 @@ def test_ambiguous_roll_is_re_read_never_guessed(
 
 
 def test_bumps_and_rolls_of_unknown_pids_never_list_a_directory(
-    zk: tuple[ZkCoordinator, SyncedKazoo],
+    zk: tuple[ZkCoordinator, FakeKazoo],
 ) -> None:
     """Finding 7: a bump of a never-issued pid listed every child of ``blocks``."""
     lineage, (coordinator, fake) = _lineage(zk), zk
@@ -142,7 +142,7 @@ def test_bumps_and_rolls_of_unknown_pids_never_list_a_directory(
 def test_an_auth_failure_at_start_names_the_auth_file(error: type[Exception]) -> None:
     """Wrong or missing ``--zk-auth-file``: it was reported as "cannot reach ZooKeeper"."""
 
-    class Refusing(SyncedKazoo):
+    class Refusing(FakeKazoo):
         def ensure_path(self, path: str) -> None:
             raise error()
 
