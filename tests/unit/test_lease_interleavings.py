@@ -30,8 +30,7 @@ from pidfence.pid_allocator.capability import make_secret
 from pidfence.pid_allocator.coordinator import Block, BlockRequest
 from pidfence.pid_allocator.generations import initial_generation
 from pidfence.pid_allocator.lineage import Change, Lineage, Outcome
-from tests.unit.lease_kit import Stepped, Turns
-from tests.unit.test_lease_sync import SyncedKazoo
+from tests.unit.lease_kit import FakeKazoo, Stepped, Turns
 
 LIFETIME_MS, RETENTION_MS, BLOCK_TTL_MS = 1000, 1000, 1000
 EXAMPLES = 60
@@ -73,7 +72,7 @@ class World:
             self.servers = [Lineage(stepped, RETENTION_MS) for _ in range(2)]
             self.janitor: Any = stepped
         else:
-            fake = Stepped(SyncedKazoo(), self.turns, ZOOKEEPER_CALLS)
+            fake = Stepped(FakeKazoo(), self.turns, ZOOKEEPER_CALLS)
             zks = [ZkCoordinator("fake:2181", client=fake).start() for _ in range(3)]
             self.store, self.janitor = zks[2], zks[2]
             self.servers = [Lineage(zk, RETENTION_MS) for zk in zks[:2]]
