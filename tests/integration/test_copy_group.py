@@ -22,6 +22,7 @@ from pidfence.producer import IdempotentProducer, ProducerConfig, ProducerFenced
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.copy_task import CopyTask, task_opener
 from pidfence.producer.driver import SessionDriver
+from pidfence.producer.lease import LeaseKeeper
 from pidfence.spark_sink import read_log, read_rejects, run_sink
 from pidfence.testing import FaultKind, FaultPlan, install_mutation, step
 from pidfence.wire import Verdict
@@ -134,11 +135,15 @@ def test_a_zombie_takeover_that_fences_the_owner_is_caught_by_the_owners_bump(
     same commit before it was dropped from the group resumes it late, which bumps past B and
     FENCEs B's records after that point. B's next checkpoint bump is refused, so B commits
     nothing and copies again from the last commit; the output stays exact. A build that commits
-    without the bump (mutation ``copy-commit-without-bump``) loses the records Z fenced."""
+    without the bump (mutation ``copy-commit-without-bump``: the bump only takes a checkpoint)
+    is caught by that checkpoint's own question to the lease server; without that question too,
+    it loses the records Z fenced."""
     mutated = _race(kafka, new_topic, copy_kit)
     assert not mutated, "the owner's bump did not see the zombie's takeover"
     monkeypatch.setattr(IdempotentProducer, "bump", IdempotentProducer.bump)
     install_mutation("copy-commit-without-bump")
+    assert not _race(kafka, new_topic, copy_kit), "the checkpoint did not see the takeover"
+    monkeypatch.setattr(LeaseKeeper, "confirm", lambda self, current: None)
     with pytest.raises(AssertionError, match=r"missing [1-9]"):
         _race(kafka, new_topic, copy_kit)
 

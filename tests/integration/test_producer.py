@@ -205,11 +205,13 @@ def test_resume_fences_a_zombie_that_keeps_writing(kafka: Any, producing: Produc
 def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
     kafka: Any, new_topic: Callable[..., str], lease_server: LeaseServerThread, tmp_path: Path
 ) -> None:
-    """Process A is SIGSTOPped; B resumes A's checkpoint; A, continued, is FENCED everywhere."""
+    """Process A is SIGSTOPped; B resumes A's checkpoint; A, continued, is FENCED everywhere,
+    and stops at its next save (exit 3): it was replaced, so it stores nothing."""
     topic = new_topic(partitions=2)
     state_a, state_b = tmp_path / "a.json", tmp_path / "b.json"
+    # Saves 100 records apart: A, paused just after one, writes on for a while when continued.
     common = produce_args(
-        kafka.bootstrap, lease_server.address, topic, "--keys", "0", "--checkpoint-every", "20"
+        kafka.bootstrap, lease_server.address, topic, "--keys", "0", "--checkpoint-every", "100"
     )
     zombie_log = (tmp_path / "zombie.err").open("w")
     zombie = subprocess.Popen(
@@ -236,24 +238,27 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
         heir = run_cli(
             *common,
             "--count",
-            str(taken_over_at + 40),
+            str(taken_over_at + 100),  # past all A sent before its pause (< 100 past a save)
             "--rate",
             "400",  # a resume must repeat the options that shaped its records
             "--state",
             str(state_b),
         )
         assert heir.returncode == 0, heir.stderr
-        # Let the zombie write on: every record it sends now carries the fenced generation.
+        # Let the zombie write on: every record it sends now carries the fenced generation,
+        # until its next save asks the lease server and learns it was replaced.
+        saved = state_count(state_a, "next_i")
         os.kill(zombie.pid, signal.SIGCONT)
-        before = len(read_topic(kafka.bootstrap, topic))
-        while len(read_topic(kafka.bootstrap, topic)) < before + 20:
-            assert zombie.poll() is None, (tmp_path / "zombie.err").read_text()
-            zombie_wait(zombie, 0.2)
+        zombie_wait(zombie, 60)
     finally:
         if zombie.poll() is None:
             os.kill(zombie.pid, signal.SIGKILL)
         zombie.wait(30)
         zombie_log.close()
+    told = (tmp_path / "zombie.err").read_text()
+    assert zombie.returncode == 3 and "ProducerFenced" in told and "replaced" in told, told
+    # Its refused save stored nothing (a save it had confirmed before its pause may land).
+    assert state_count(state_a, "next_i") in (saved, saved + 100)
     verdicts = replay(read_topic(kafka.bootstrap, topic))
     fence_at = {r.partition: r.offset for r, v in verdicts if v is Verdict.FENCE}
     heir_generation = max(r.pf.generation for r, _ in verdicts if r.pf)
@@ -265,9 +270,9 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
     ]
     assert len(late_zombie) >= 20
     assert {v for _, v in late_zombie} == {Verdict.FENCED}
-    # The appended log is records 0 .. taken_over_at+39 of the load, each exactly once.
+    # The appended log is records 0 .. taken_over_at+99 of the load, each exactly once.
     appended = [json.loads(r.value or b"{}")["i"] for r, v in verdicts if v is Verdict.APPENDED]
-    assert sorted(appended) == list(range(taken_over_at + 40))
+    assert sorted(appended) == list(range(taken_over_at + 100))
 
 
 def zombie_wait(process: subprocess.Popen[Any], seconds: float) -> None:

@@ -47,7 +47,7 @@ class FakeProducer:
     def poll(self, timeout: float = 0.0) -> int:
         return 0
 
-    def checkpoint(self) -> ProducerCheckpoint:
+    def checkpoint(self, *, confirm: bool = True) -> ProducerCheckpoint:
         tp = (TARGET, self.partition)
         pid = self.partition_pid or self.partition + 1
         return ProducerCheckpoint(pid, self.generation, 2**45, {tp: self.seq})

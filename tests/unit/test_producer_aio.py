@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import confluent_kafka
@@ -19,7 +20,7 @@ from pidfence.producer import (
     ProducerConfig,
     ProducerConfigError,
 )
-from pidfence.wire import decode_pf
+from pidfence.wire import PidState, PidStatus, decode_pf
 from tests.unit.producer_kit import LIFETIME, FakeLeaseClient
 from tests.unit.test_producer_threads import ThreadedKafka, problems
 
@@ -71,6 +72,10 @@ class WatchedLease(FakeLeaseClient):
         self.waits.note("bump")
         return super().bump(*args, **kwargs)
 
+    def describe(self, pid: int) -> PidStatus:
+        self.waits.note("describe")
+        return PidStatus(pid, PidState.LIVE, self.latest[pid], self.expire[pid])
+
 
 class AioRig:
     def __init__(self, full_every: int = 0) -> None:
@@ -117,6 +122,7 @@ def test_tasks_write_through_the_async_api_and_nothing_waits_on_the_loop() -> No
             results = await asyncio.gather(*(task(t) for t in range(4)))
             assert await producer.flush() == 0
             assert (await producer.bump()).generation == producer.producer.sequencer.generation
+            assert (await producer.checkpoint()).generation == rig.lease.latest[rolled[0]]
             got = [r for rs in results for r in rs]
             delivered = [await r if isinstance(r, asyncio.Future) else r for r in got]
         return delivered, loop_thread
@@ -126,7 +132,9 @@ def test_tasks_write_through_the_async_api_and_nothing_waits_on_the_loop() -> No
     assert rig.kafka is not None
     assert problems(rig.kafka, 1200) == []
     assert len(rolled) == 1
-    assert {"lease", "roll", "bump", "metadata", "flush", "poll"} <= set(rig.waits.threads)
+    assert {"lease", "roll", "bump", "describe", "metadata", "flush", "poll"} <= set(
+        rig.waits.threads
+    )
     for call, threads in rig.waits.threads.items():
         assert loop_thread not in threads, f"{call} ran on the event loop"
 
@@ -158,7 +166,7 @@ def test_resume_runs_off_the_loop_and_continues_the_checkpoint() -> None:
         async with rig.producer() as first:
             await first.produce("t", b"a", partition=1)
             await first.flush()
-            checkpoint = first.checkpoint()
+            checkpoint = await first.checkpoint()
         resumed = await AsyncIdempotentProducer.resume(
             checkpoint,
             rig.lease,
@@ -181,3 +189,49 @@ def test_success_reports_off_is_refused() -> None:
     config = ProducerConfig("127.0.0.1:9", success_reports=False)
     with pytest.raises(ProducerConfigError, match="success_reports=True"):
         AsyncIdempotentProducer(config, FakeLeaseClient(lambda: 0))
+
+
+class SlowFlushKafka(WatchedKafka):
+    """Kafka acknowledging a bump's FENCE after 2 s (flushes off the main thread wait)."""
+
+    def flush(self, timeout: float = -1) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(2.0)
+        return super().flush(timeout)
+
+
+def test_a_send_while_a_bump_holds_the_producer_does_not_stop_the_event_loop() -> None:
+    """A bump holds the producer's lock until its FENCE is acknowledged (up to a minute): a
+    send on the loop meanwhile waited for the lock there, and the loop froze. It now moves to
+    the executor, and the loop goes on."""
+    rig = AioRig()
+
+    def slow(conf: dict[str, Any]) -> WatchedKafka:
+        rig.kafka = SlowFlushKafka(conf, 0, rig.waits)
+        return rig.kafka
+
+    rig.factory = slow  # type: ignore[method-assign]
+
+    async def app() -> float:
+        async with rig.producer() as producer:
+            await producer.produce("t", b"x", partition=0)
+            gaps: list[float] = []
+
+            async def heartbeat() -> None:
+                last = time.monotonic()
+                for _ in range(40):
+                    await asyncio.sleep(0.05)
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+
+            beats = asyncio.create_task(heartbeat())
+            bump = asyncio.create_task(producer.bump())
+            await asyncio.sleep(0.2)  # the bump holds the lock, waiting for its FENCE
+            delivered = await producer.send("t", b"y", partition=0)
+            await bump
+            await beats
+            assert (await delivered).value() == b"y"
+            return max(gaps)
+
+    assert asyncio.run(app()) < 1.0

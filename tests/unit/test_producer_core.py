@@ -153,7 +153,7 @@ def test_checkpoint_keeps_the_partitions_fenced_at_its_generation_only() -> None
     [
         "not json",
         "[]",
-        '{"v": 3, "pid": 1, "generation": 0, "expire_ms": 1, "next_seq": []}',
+        '{"v": 4, "pid": 1, "generation": 0, "expire_ms": 1, "next_seq": []}',
         '{"v": 1, "pid": 1, "generation": 0, "next_seq": []}',
         '{"v": 1, "pid": 1, "generation": 0, "expire_ms": 1, "next_seq": [["t", "0", 1]]}',
         '{"v": 1, "pid": -1, "generation": 0, "expire_ms": 1, "next_seq": []}',

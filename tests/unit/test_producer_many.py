@@ -28,6 +28,7 @@ from pidfence.producer import (
     DeliveryFailed,
     DrainFailed,
     IdempotentProducer,
+    KafkaRefused,
     LeaseExpired,
     LeaseState,
     ProducerCheckpoint,
@@ -346,7 +347,7 @@ def test_kafka_refusing_a_record_on_the_inline_path_rewinds_its_seq() -> None:
     rig.kafka.produce = refuse_second  # type: ignore[method-assign]
     producer._kafka_produce = refuse_second  # the bound method the producer kept
     producer.produce("t", b"b", partition=0)
-    with pytest.raises(confluent_kafka.KafkaException):
+    with pytest.raises(KafkaRefused, match="a record to t"):
         producer.produce_many("t", [b"c", b"d"], partition=0)
     assert producer.batch_done == 0
     rig.kafka.full_once = True  # a full queue on the inline path is waited out, not lost

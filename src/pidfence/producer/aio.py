@@ -9,7 +9,8 @@ client holds it, ``await flush()``, ``await close()``.
 Nothing waits on the event loop. A record is handed over on the loop when that cannot wait (the
 common case: no rollover due, the topic's partitions known, room in librdkafka's queue);
 otherwise (:mod:`~pidfence.producer.blocking`) the same call runs on the executor, as do the
-lease server calls (lease, resume, roll), flushes and ``close``. Delivery reports are served by
+lease server calls (lease, resume, roll, bump, the checkpoint's ownership question), flushes and
+``close``. Delivery reports are served by
 one thread per producer and settle the futures on the loop.
 """
 
@@ -198,9 +199,14 @@ class AsyncIdempotentProducer:
         """A new generation of the same pid, on the executor (``IdempotentProducer.bump``)."""
         return await self._run(self.producer.bump)
 
-    def checkpoint(self) -> ProducerCheckpoint:
-        """What to store with the upstream position (no I/O; ``NotFlushed``: flush first)."""
-        return self.producer.checkpoint()
+    async def checkpoint(self) -> ProducerCheckpoint:
+        """What to store with the upstream position (``IdempotentProducer.checkpoint`` on the
+        executor: it asks the lease authority whether this instance was replaced).
+
+        Raises:
+            NotFlushed / DeliveryFailed / ProducerFenced / LeaseServerDown: as the producer's.
+        """
+        return await self._run(self.producer.checkpoint)
 
     async def close(self, timeout: float = 30.0) -> None:
         """Flush, close the producer and stop serving reports; idempotent."""

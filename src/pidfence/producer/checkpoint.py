@@ -14,10 +14,13 @@ T = TypeVar("T")
 
 TopicPartition = tuple[str, int]
 
-#: Version 2 carries a skip plan with holes (``resend``, ``ahead_holes``); a checkpoint without
-#: one is written as version 1, which every pidfence reads. An older pidfence refuses version 2
-#: rather than skip a hole's events (it would read the skips as a plain count).
-CHECKPOINT_VERSION = 2
+#: Version 3 carries sticky positions of unkeyed records (``sticky``), version 2 a skip plan
+#: with holes (``resend``, ``ahead_holes``); a checkpoint with neither is written as version 1,
+#: which every pidfence reads. An older pidfence refuses a newer version rather than skip a
+#: hole's events (it would read the skips as a plain count) or replay unkeyed records to other
+#: partitions than the first run (other seqs: duplicates and losses).
+CHECKPOINT_VERSION = 3
+_HOLES_VERSION = 2
 _PLAIN_VERSION = 1
 
 
@@ -46,6 +49,11 @@ class ProducerCheckpoint:
             skipped as a gap (:attr:`pidfence.producer.sequencer.Sequencer.resend`).
         ahead_holes: per partition, the seqs below ``ahead`` the sink skipped as a gap,
             ``(first, last)`` ascending: never to be skipped by a successor.
+        sticky: per topic, where unkeyed records without a partition go next: ``(partition,
+            records left)`` before moving on (:class:`~pidfence.producer.partitioner.
+            Partitioner`). Empty (an older checkpoint): each topic starts afresh.
+        sticky_seed: a topic's first unkeyed record goes to ``sticky_seed % partitions``; 0:
+            the checkpoint's ``pid`` (written only when it differs: after a rollover).
     """
 
     pid: int
@@ -62,12 +70,22 @@ class ProducerCheckpoint:
     fenced: Mapping[TopicPartition, int] = field(default_factory=dict)
     resend: Mapping[TopicPartition, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     ahead_holes: Mapping[TopicPartition, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    sticky: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    sticky_seed: int = 0
+
+    @property
+    def version(self) -> int:
+        """The oldest checkpoint version that holds everything this one carries."""
+        if self.sticky:
+            return CHECKPOINT_VERSION
+        return _HOLES_VERSION if self.resend or self.ahead_holes else _PLAIN_VERSION
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``next_seq`` as ``[[topic, partition, seq], ...]``, sorted)."""
+        seed = self.sticky_seed if self.sticky_seed not in (0, self.pid) else 0
         return (
             {
-                "v": CHECKPOINT_VERSION if self.resend or self.ahead_holes else _PLAIN_VERSION,
+                "v": self.version,
                 "pid": self.pid,
                 "generation": self.generation,
                 "expire_ms": self.expire_ms,
@@ -87,6 +105,12 @@ class ProducerCheckpoint:
             )
             | _ranges_field("resend", self.resend)
             | _ranges_field("ahead_holes", self.ahead_holes)
+            | (
+                {"sticky": [[t, p, n] for t, (p, n) in sorted(self.sticky.items())]}
+                if self.sticky
+                else {}
+            )
+            | ({"sticky_seed": seed} if seed else {})
         )
 
     def to_json(self) -> str:
@@ -101,9 +125,9 @@ class ProducerCheckpoint:
             BadCheckpoint: wrong version, missing field or wrong types.
         """
         try:
-            if data["v"] not in (_PLAIN_VERSION, CHECKPOINT_VERSION):
+            if data["v"] not in (_PLAIN_VERSION, _HOLES_VERSION, CHECKPOINT_VERSION):
                 raise BadCheckpoint(
-                    f"checkpoint version {data['v']!r} is not {_PLAIN_VERSION} or "
+                    f"checkpoint version {data['v']!r} is not {_PLAIN_VERSION} to "
                     f"{CHECKPOINT_VERSION}: written by a newer pidfence? Resume it with that one"
                 )
             next_seq = _per_partition(data["next_seq"], "next_seq")
@@ -128,6 +152,10 @@ class ProducerCheckpoint:
             taken_ms = _optional(data, "taken_ms", 0, "an int")
             secret = bytes.fromhex(_optional(data, "secret", "", "a hex string"))
             mac_key = bytes.fromhex(_optional(data, "mac_key", "", "a hex string"))
+            sticky = _sticky(data.get("sticky", []))
+            sticky_seed = _optional(data, "sticky_seed", 0, "an int")
+            if sticky_seed < 0:
+                raise BadCheckpoint(f"sticky_seed must be >= 0, got {sticky_seed}")
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, BadCheckpoint):
                 raise
@@ -146,6 +174,8 @@ class ProducerCheckpoint:
             fenced=fenced,
             resend=resend,
             ahead_holes=ahead_holes,
+            sticky=sticky,
+            sticky_seed=sticky_seed,
             **fields,
         )
 
@@ -179,6 +209,15 @@ def _per_partition(items: Any, name: str) -> dict[TopicPartition, int]:
         if partition < 0 or n < 0:
             raise BadCheckpoint(f"negative partition or count in {name} {[topic, partition, n]!r}")
         out[(topic, partition)] = n
+    return out
+
+
+def _sticky(items: Any) -> dict[str, tuple[int, int]]:
+    """Parse ``sticky`` rows ``[topic, partition, records left]``, one per topic."""
+    rows = [((t, p), n) for (t, p), n in _per_partition(items, "sticky").items()]
+    out = {t: (p, n) for (t, p), n in rows}
+    if len(out) != len(items):
+        raise BadCheckpoint(f"sticky names a topic twice: {items!r}")
     return out
 
 

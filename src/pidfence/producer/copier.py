@@ -40,7 +40,7 @@ from pidfence.producer.input_start import (
     raise_for,
     start_offset,
 )
-from pidfence.producer.opening import OpenProducer
+from pidfence.producer.opening import OpenProducer, PeriodicCheckpoints
 from pidfence.producer.partitioner import partition_count
 from pidfence.producer.statefile import load_state, save_state
 
@@ -183,6 +183,7 @@ class Copier:
         self.state_path = Path(state_path)
         self._consumer_factory = consumer_factory
         self._clock = clock
+        self._checkpoints = PeriodicCheckpoints(f"state file {self.state_path}")
 
     def _load(self) -> tuple[dict[int, int], ProducerCheckpoint | None, int]:
         data = load_state(self.state_path)
@@ -217,10 +218,21 @@ class Copier:
             ) from exc
         return int(low), int(high)
 
-    def _save(self, producer: IdempotentProducer, offsets: dict[int, int], copied: int) -> None:
+    def _save(
+        self,
+        producer: IdempotentProducer,
+        offsets: dict[int, int],
+        copied: int,
+        last: bool = False,
+    ) -> None:
+        """Flush, then store the offsets with a checkpoint that confirms this instance still
+        owns its pid (``ProducerFenced`` otherwise: it was replaced, it stops). While no lease
+        server answers, a save before the ``last`` one is skipped."""
         while producer.flush(60.0):
             pass
-        self._store(producer.checkpoint(), offsets, copied)
+        checkpoint = self._checkpoints.take(producer, last)
+        if checkpoint is not None:
+            self._store(checkpoint, offsets, copied)
 
     def _store(self, checkpoint: ProducerCheckpoint, offsets: dict[int, int], copied: int) -> None:
         save_state(
@@ -283,6 +295,12 @@ class Copier:
         last_record = self._clock()
         while not spec.max_records or this_run < spec.max_records:
             msg = consumer.poll(spec.poll_s)
+            if producer.rollover_due:
+                # roll() drains, rolls through the lease server and stores the offsets with the
+                # successor's checkpoint: its seqs start here (docs/producer.md, "Lease
+                # rollover"). Also while idle: a quiet input keeps its lease (and its stored
+                # offsets) current instead of meeting a pid the lease servers forgot.
+                producer.roll(functools.partial(self._store, offsets=offsets, copied=copied))
             if msg is None:
                 producer.poll(0)
                 if spec.idle_exit_s and self._clock() - last_record >= spec.idle_exit_s:
@@ -293,14 +311,10 @@ class Copier:
                     raise_for(msg.error(), spec.from_topic, msg.partition())
                 except InputRecordsDeleted:
                     # Saved, nothing is owed past the checkpoint: --allow-data-loss can go on.
-                    self._save(producer, offsets, copied)
+                    self._save(producer, offsets, copied, last=True)
                     raise
                 continue
             last_record = self._clock()
-            if producer.rollover_due:
-                # roll() drains, rolls through the lease server and stores the offsets with the
-                # successor's checkpoint: its seqs start here (docs/producer.md, "Lease rollover").
-                producer.roll(functools.partial(self._store, offsets=offsets, copied=copied))
             copy_record(producer, msg, spec.to_topic)
             offsets[msg.partition()] = msg.offset() + 1
             this_run += 1
@@ -309,7 +323,7 @@ class Copier:
                 self._save(producer, offsets, copied)
                 if on_progress is not None:
                     on_progress(copied)
-        self._save(producer, offsets, copied)
+        self._save(producer, offsets, copied, last=True)
         if on_progress is not None:
             on_progress(copied)
         return CopyResult(copied, dict(offsets), resumed=False)

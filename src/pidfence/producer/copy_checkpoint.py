@@ -4,9 +4,9 @@ partition, with the task's producer checkpoint in the offset commit's metadata s
 Kafka keeps the offset and its metadata in one record of ``__consumer_offsets``, so they are
 stored atomically, any member of the group reads them (``OffsetFetch``), and the group
 coordinator refuses a commit from a member that is no longer in the group. The metadata is
-``{"v": 1, "to": OUTPUT_TOPIC, "cp": ProducerCheckpoint.to_dict()}`` as JSON: at most about 420
-bytes plus six times the output topic's name, 1,920 bytes for Kafka's longest name (249
-characters) and 2,605 sealed; the broker's ``offset.metadata.max.bytes`` is 4096 by default.
+``{"v": 1, "to": OUTPUT_TOPIC, "cp": ProducerCheckpoint.to_dict()}`` as JSON: at most about 460
+bytes plus six times the output topic's name, 1,954 bytes for Kafka's longest name (249
+characters) and 2,649 sealed; the broker's ``offset.metadata.max.bytes`` is 4096 by default.
 While a resume carries its predecessor's timeout holes (``resend``, ``ahead_holes``: rare, 16 at
 most) it grows by two more names and about 25 bytes a hole: a sealed checkpoint of a
 249-character topic with many holes can pass the limit, and is refused before the commit.

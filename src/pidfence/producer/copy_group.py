@@ -40,6 +40,7 @@ from pidfence.producer.errors import (
     BrokerUnavailable,
     DeliveryFailed,
     DrainFailed,
+    KafkaClientFailed,
     LeaseExpired,
     LeaseServerDown,
     ProducerError,
@@ -84,6 +85,7 @@ _TASK_ERRORS = (
     LeaseServerDown,
     LeaseExpired,
     CommitFailed,
+    KafkaClientFailed,  # a new producer (a new client) continues from the commit
 )
 
 

@@ -95,7 +95,8 @@ class CopyTask:
             if guard is not None:
                 guard(producer)
             task._flush()  # librdkafka's own events count as in flight until served
-            task._save(offset, producer.checkpoint())
+            # The lease or the resume's bump just proved this task owns the pid.
+            task._save(offset, producer.checkpoint(confirm=False))
         except BaseException:
             task.close()
             raise
@@ -130,8 +131,9 @@ class CopyTask:
         if self.pending:
             self._flush()
             # Committed: the generation the records went out under, which the output holds.
-            # The bump only proves nobody fenced them; the next owner's resume probes past it.
-            checkpoint = producer.checkpoint()
+            # The bump only proves nobody fenced them (a compare-and-set, so no lease server
+            # question before it); the next owner's resume probes past it.
+            checkpoint = producer.checkpoint(confirm=False)
             producer.bump()
             self.pending = 0
             self._unstored = (self.offset, checkpoint)

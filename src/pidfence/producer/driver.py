@@ -10,6 +10,7 @@ resume and every record that is not stamped inline (through the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,8 +20,9 @@ from pidfence.ledger import Ledger
 from pidfence.producer.blocking import may_block
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.config import ProducerConfig
-from pidfence.producer.delivery import DeliveryCallback
+from pidfence.producer.delivery import DeliveryCallback, Skipped
 from pidfence.producer.errors import (
+    LeaseExpired,
     LeaseServerDown,
     ProducerConfigError,
     ProducerFenced,
@@ -101,7 +103,9 @@ class SessionDriver:
             LeaseServerDown: no lease server answered (``ZooKeeperUnavailable``: one answered
                 but cannot reach ZooKeeper).
         """
-        self._session.leased(self._keeper.lease_new())
+        sequencer = self._keeper.lease_new()
+        self.partitioner.seed = sequencer.pid
+        self._session.leased(sequencer)
 
     def resume(
         self,
@@ -122,6 +126,8 @@ class SessionDriver:
         except ProducerFenced:
             session.refused()
             raise
+        # The first run's sticky choices, whatever pid continues: the replay picks as it did.
+        self.partitioner.restore(checkpoint.sticky, checkpoint.sticky_seed or checkpoint.pid)
         names = session.resumed(resumed, checkpoint, topics)
         parts = (
             [(t, p) for t in names for p in range(self._count(t))]
@@ -157,6 +163,32 @@ class SessionDriver:
         except KeyFileError as exc:
             raise ProducerConfigError(f"lease_public_keys: {exc}") from None
 
+    def stored(
+        self, checkpoint: ProducerCheckpoint, unpicked: str | None = None
+    ) -> ProducerCheckpoint:
+        """``checkpoint`` with the partitioner's sticky positions and seed (see
+        :meth:`Partitioner.sticky_state` for ``unpicked``)."""
+        seed = self.partitioner.seed
+        return dataclasses.replace(
+            checkpoint,
+            sticky=self.partitioner.sticky_state(unpicked),
+            sticky_seed=0 if seed == checkpoint.pid else seed,
+        )
+
+    def checkpoint(self, confirm: bool) -> ProducerCheckpoint:
+        """The checkpoint to store now (:meth:`pidfence.producer.IdempotentProducer.checkpoint`):
+        nothing in flight, no record failed, and (``confirm``) no other owner moved the pid on."""
+        self._sender.require_idle()
+        session = self._session
+        current = session.current()
+        if confirm:
+            try:
+                self._keeper.confirm(current)
+            except ProducerFenced:
+                session.refused()
+                raise
+        return self.stored(session.checkpoint(self._clock()))
+
     def bump(self) -> ProducerCheckpoint:
         """Bump the live pid's generation, then FENCE its partitions at the new one
         (:meth:`pidfence.producer.IdempotentProducer.bump`)."""
@@ -169,7 +201,7 @@ class SessionDriver:
             raise
         session.bumped(bumped, self._clock())
         self.announce(bumped)
-        return session.checkpoint(self._clock())
+        return self.stored(session.checkpoint(self._clock()))
 
     def announce(self, bumped: Sequencer) -> None:
         """FENCE every partition ``bumped`` wrote or fenced at its generation, acknowledged
@@ -179,9 +211,11 @@ class SessionDriver:
         fences = self._session.fences(bumped.generation, bumped.fenced)
         self._sender.send_fences(fences, BUMP_FENCE_TIMEOUT_S)
 
-    def roll(self, save: SaveCheckpoint | None) -> ProducerCheckpoint:
+    def roll(self, save: SaveCheckpoint | None, unpicked: str | None = None) -> ProducerCheckpoint:
         """Drain, roll through the lease server, hand over, then ``save`` the successor's
-        checkpoint (see :meth:`pidfence.producer.IdempotentProducer.roll`)."""
+        checkpoint (see :meth:`pidfence.producer.IdempotentProducer.roll`); ``unpicked``: the
+        topic of a record whose sticky pick came before the roll (:meth:`stored`)."""
+        self._sender.require_unfailed()  # the successor's checkpoint would cover the record
         session = self._session
         current = session.begin_roll()
         try:
@@ -198,23 +232,26 @@ class SessionDriver:
         except LeaseServerDown as exc:
             session.roll_unanswered(exc, self._clock())
             raise
-        checkpoint = session.rolled(successor, self._clock())
+        except LeaseExpired:
+            session.roll_lapsed()
+            raise
+        checkpoint = self.stored(session.rolled(successor, self._clock()), unpicked)
         if save is not None:
             save(checkpoint)
         return checkpoint
 
-    def sendable(self) -> Sequencer:
+    def sendable(self, unpicked: str | None = None) -> Sequencer:
         """The sequencer to send with now: rolls over first when due (``on_roll()`` stores the
-        successor's checkpoint); raises if nothing may be sent.
+        successor's checkpoint; ``unpicked``: see :meth:`roll`); raises if nothing may be sent.
 
         Raises:
-            DrainFailed / ProducerFenced / LeaseExpired: see :meth:`roll`.
+            DrainFailed / ProducerFenced / LeaseExpired / DeliveryFailed: see :meth:`roll`.
         """
         session = self._session
         if session.rollover_due(self._clock()):
             may_block()  # the drain and the lease call wait
             try:
-                self.roll(self._on_roll())
+                self.roll(self._on_roll(), unpicked)
             except LeaseServerDown as exc:
                 # roll() raised LeaseExpired instead if the lease had ended; here it is live.
                 pid = session.sequencer.pid
@@ -230,20 +267,26 @@ class SessionDriver:
         headers: Headers | None,
         on_delivery: DeliveryCallback | None,
         event_id: str | None,
+        sticky: bool = False,
     ) -> int:
         """One record the general way: roll when due, convert and check, ask the session for
         its headers (or a skip), hand it over with its callback; returns its partition.
 
-        Call it holding the producer's lock. ``QueueFull``: the record's seq was given back;
-        wait for room outside the lock, then call it again for ``QueueFull.partition``."""
-        seq = self.sendable()
+        ``sticky``: ``partition`` is this unkeyed record's sticky pick, made before a rollover
+        this call may do (its checkpoint must come before that pick). Call it holding the
+        producer's lock. ``QueueFull``: the record's seq was given back; wait for room outside
+        the lock, then call it again for ``QueueFull.partition``."""
+        seq = self.sendable(topic if sticky and partition is not None else None)
         value_b = value.encode() if isinstance(value, str) else value
-        if value_b is not None and len(value_b) > self._max_value:
-            raise ValueTooLarge(
-                f"value of {len(value_b)} bytes exceeds message_max_bytes={self._max_value}; "
-                "split the record or raise the limit (producer and topic max.message.bytes)"
-            )
         key_b = key.encode() if isinstance(key, str) else key
+        user = _user_headers(headers)
+        size = len(value_b or b"") + len(key_b or b"") + sum(n for _, _, n in user)
+        if size > self._max_value:
+            raise ValueTooLarge(
+                f"record of {size} bytes (key, value and headers) exceeds message_max_bytes="
+                f"{self._max_value}; split the record or raise the limit (producer and topic "
+                "max.message.bytes)"
+            )
         if partition is None:
             partition = self.partitioner.pick(topic, key_b, seq.pid)
         self.partitioner.check(topic, partition)
@@ -251,21 +294,18 @@ class SessionDriver:
         now_ms = self._clock()
         stamped = session.stamp(topic, partition, now_ms)
         if stamped is None:
-            return partition  # already in Kafka under the predecessor pid (recovery scan)
+            # Already in Kafka under the predecessor pid (recovery scan): delivered.
+            if on_delivery is not None:
+                self._sender.report_skipped(on_delivery, Skipped(topic, partition, key_b, value_b))
+            return partition
         pf, extras = stamped
         if seq.mac_key is not None:
             extras += mac_headers(
                 seq, topic, partition, seq.peek(topic, partition) - 1, 0, key_b, value_b
             )
         wire: list[tuple[str, bytes | str | None]] = [(PF_HEADER_KEY, pf), *extras]
+        wire.extend((name, header) for name, header, _ in user)
         try:
-            for name, header in headers or ():
-                if name in RESERVED_HEADERS:
-                    raise ReservedHeader(
-                        f"the header name {name!r} is reserved for the producer's own headers; "
-                        "rename your header"
-                    )
-                wire.append((name, header))
             callback = self._sender.callback(pf, event_id, on_delivery)
             self._sender.hand_over(topic, value_b, key_b, partition, wire, callback)
         except BufferError:
@@ -276,3 +316,21 @@ class SessionDriver:
             raise
         session.sent(topic, partition, now_ms)
         return partition
+
+
+def _user_headers(headers: Headers | None) -> list[tuple[str, bytes | str | None, int]]:
+    """The caller's headers with their sizes in bytes (name and value, as Kafka counts them).
+
+    Raises:
+        ReservedHeader: one is named ``pf``, ``pfc`` or ``pfm``.
+    """
+    out = []
+    for name, header in headers or ():
+        if name in RESERVED_HEADERS:
+            raise ReservedHeader(
+                f"the header name {name!r} is reserved for the producer's own headers; "
+                "rename your header"
+            )
+        value = header.encode() if isinstance(header, str) else header or b""
+        out.append((name, header, len(name.encode()) + len(value)))
+    return out

@@ -68,7 +68,8 @@ class LeaseExpired(ProducerError):
 
 
 class ProducerFenced(ProducerError):
-    """Another producer resumed the same checkpoint (its bump won); this instance must stop."""
+    """Another producer resumed the same checkpoint (its bump or roll won), so this instance was
+    replaced: it must stop and store nothing more."""
 
 
 class ValueTooLarge(ProducerError, ValueError):
@@ -76,14 +77,40 @@ class ValueTooLarge(ProducerError, ValueError):
 
 
 class DeliveryFailed(ProducerError):
-    """Kafka did not acknowledge a record after librdkafka's own retries.
+    """Kafka did not acknowledge a record after librdkafka's own retries (``code``: librdkafka's
+    error name, e.g. ``MSG_SIZE_TOO_LARGE``).
 
     Resume from the last checkpoint: the records after it are re-sent and deduplicated by seq.
+    Once a record failed, the producer refuses ``checkpoint``, ``bump`` and ``roll`` (the failed
+    record is not in Kafka, so no checkpoint may cover it).
     """
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class DeliveryTimedOut(DeliveryFailed):
+    """Kafka could not be reached in time: librdkafka's message timeout, a broker or the network
+    down, a partition without a leader. A rerun that resumes from the last checkpoint continues
+    once Kafka answers."""
+
+    retriable = True
+
+
+class KafkaRefused(ProducerError):
+    """librdkafka refused a call for a reason a rerun meets again (``code``: its error name)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class KafkaClientFailed(KafkaRefused):
+    """librdkafka's client failed for good (a fatal error, ``code``): this producer cannot go
+    on. A new producer resumed from the last checkpoint has a new client and continues."""
+
+    retriable = True
 
 
 class InvalidTransition(ProducerError):

@@ -7,11 +7,12 @@ the sender (:mod:`~pidfence.producer.sender`, the Kafka I/O).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from threading import local
-from typing import Unpack
+from typing import TypeVar, Unpack
 
 import confluent_kafka
 
@@ -26,14 +27,14 @@ from pidfence.producer.errors import BatchMismatch
 from pidfence.producer.lease import LeaseClientLike, LeaseKeeper
 from pidfence.producer.lock import Empty, ProducerLock
 from pidfence.producer.recovery import CertVerifier, Scanner
-from pidfence.producer.sender import ClientFactory, QueueFull, Sender
+from pidfence.producer.sender import ClientFactory, QueueFull, Sender, refused
 from pidfence.producer.sequencer import U16X, Sequencer
 from pidfence.producer.session import ProducerSession
+from pidfence.producer.stamping import StampLoop
 from pidfence.producer.state import LeaseState
 from pidfence.wire import PF_HEADER_KEY
 
-#: Records ``produce_many`` stamps per hold of the lock (other threads get their turns).
-RUN = 256
+T = TypeVar("T")
 
 
 class IdempotentProducer:
@@ -86,22 +87,42 @@ class IdempotentProducer:
         self._one = driver.one
         self._kafka_produce = sender.client.produce
         # ns on the clock's time base (the wall clock's own builtin when not injected).
-        self._now_ns: Callable[[], int] = (
+        now_ns: Callable[[], int] = (
             time.time_ns if clock is wall_clock_ms else (lambda: clock() * 1_000_000)
         )
-        self._tracking, self._max_value = sender.tracking, config.message_max_bytes
-        # produce's inline stamp takes values up to this size: none when every record is
+        self._now_ns = now_ns
+        # produce's inline stamp takes key + value up to this size: none when every record is
         # tracked (one test for both on the per-record path).
         self._inline_max = -1 if sender.tracking else config.message_max_bytes
         self._lock = lock = ProducerLock()
         self._take, self._give = lock.take, lock.give
         self._local = local()  # per thread: its produce_many's progress (batch_done)
+        self._stamper = StampLoop(
+            session,
+            lock,
+            self._local,
+            sender,
+            driver.partitioner,
+            driver.one,
+            now_ns,
+            config.message_max_bytes,
+        )
         self.resent = 0
         #: How :meth:`resume` continued: ``bumped``, ``rolled``, ``followed`` or ``fresh``.
         self.resumed_how = ""
         forks.register(self)
         if _lease_now:
-            driver.lease_new()
+            self._opening(driver.lease_new)
+
+    def _opening(self, open_: Callable[[], T]) -> T:
+        """``open_()`` (the lease, or the resume); if it raises, the Kafka client is closed at
+        once: the producer is never returned, and its client's threads would otherwise live on
+        until the cyclic garbage collector found it."""
+        try:
+            return open_()
+        except BaseException:
+            self._sender.discard()
+            raise
 
     @classmethod
     def resume(
@@ -135,7 +156,8 @@ class IdempotentProducer:
         """
         self = cls(config, lease_client, **options, _lease_now=False)
         with self._lock.held():  # its FENCEs' reports may call back in, as after a roll
-            self.resumed_how = self._driver.resume(
+            resume = functools.partial(
+                self._driver.resume,
                 checkpoint,
                 stale_probe=stale_probe,
                 topics=topics,
@@ -144,6 +166,7 @@ class IdempotentProducer:
                 scanner=scanner,
                 scan_verifier=scan_verifier,
             )
+            self.resumed_how = self._opening(resume)
         return self
 
     @property
@@ -245,6 +268,7 @@ class IdempotentProducer:
         # Locals: CPython 3.11 does not specialise calls of callables kept in attributes.
         session, now_ns, kafka_produce = self._session, self._now_ns, self._kafka_produce
         take, give = self._take, self._give
+        sticky = partition is None and key is None  # a partition set below is its sticky pick
         while True:
             try:
                 # One step under the lock: the seq is taken, stamped and handed to librdkafka
@@ -265,10 +289,23 @@ class IdempotentProducer:
                         or now_ns() >= session.deadline_ns
                     ):
                         return self._lock.marked(
-                            self._one, topic, value, key, partition, headers, on_delivery, event_id
+                            self._one,
+                            topic,
+                            value,
+                            key,
+                            partition,
+                            headers,
+                            on_delivery,
+                            event_id,
+                            sticky,
                         )
-                    if key is not None and type(key) is str:
-                        key = key.encode()
+                    if key is not None:
+                        if type(key) is str:
+                            key = key.encode()
+                        if len(key) + len(value) > self._inline_max:
+                            return self._lock.marked(
+                                self._one, topic, value, key, partition, None, None, event_id
+                            )
                     if partition is None:
                         partition = self._partitioner.pick(topic, key, seq.pid)  # type: ignore[arg-type]
                     try:
@@ -277,9 +314,9 @@ class IdempotentProducer:
                         cell = None
                     if cell is None:
                         return self._lock.marked(
-                            self._one, topic, value, key, partition, None, None, event_id
+                            self._one, topic, value, key, partition, None, None, event_id, sticky
                         )
-                    # _stamp_loop's body for one record: entering the loop costs +60%.
+                    # StampLoop.run's body for one record: entering the loop costs +60%.
                     n = cell[0]
                     if n < 256:
                         pf = seq.fixed[n]
@@ -295,8 +332,11 @@ class IdempotentProducer:
                     )
                     try:
                         kafka_produce(topic, value, key, partition=partition, headers=wire)
-                    except BaseException:
+                    except confluent_kafka.KafkaException as exc:
                         cell[0] = n  # not handed over: n is the next record's seq
+                        raise refused(exc, topic, partition) from exc
+                    except BaseException:
+                        cell[0] = n
                         raise
                     return partition
                 finally:
@@ -339,110 +379,8 @@ class IdempotentProducer:
                 )
         skipped = self.skipped
         self._local.done = 0
-        self._stamp_loop(topic, values, keys, partition, event_ids)
+        self._stamper.run(topic, values, keys, partition, event_ids)
         return count - (self.skipped - skipped)
-
-    def _stamp_loop(
-        self,
-        topic: str,
-        values: Sequence[bytes | str | None],
-        keys: Sequence[bytes | str | None] | None,
-        partition: int | None,
-        event_ids: Sequence[str | None] | None,
-    ) -> None:
-        """The stamping loop (:meth:`produce` is its one-record form): records to lanes the
-        session made ready (nothing to skip, no extra header until ``deadline_ns``) are stamped
-        inline, any other goes the driver's general path, then the loop goes on."""
-        session, local = self._session, self._local
-        kafka_produce, now_ns, max_value = self._kafka_produce, self._now_ns, self._max_value
-        pick, inline = self._partitioner.pick, not self._tracking
-        lock = self._lock
-        take, give = lock.take, lock.give
-        count = len(values)
-        fixed_partition = -1 if partition is None else partition
-        retry: int | None = None  # where values[i] goes after a full queue
-        i = 0
-        try:
-            while i < count:
-                try:
-                    try:
-                        take()
-                        mine = True
-                    except Empty:
-                        mine = lock.wait()
-                    try:
-                        picked = partition if retry is None else retry
-                        seq = session.live
-                        lanes = None if seq is None or not inline else seq.ready.get(topic)
-                        # The one partition's lane, or None: the records pick theirs.
-                        own = None if lanes is None or partition is None else lanes.get(partition)
-                        if (
-                            seq is not None
-                            and lanes is not None
-                            and retry is None
-                            and (partition is None or own)
-                        ):
-                            fixed, prefix16, header = seq.fixed, seq.prefix16, seq.header
-                            pid, mac, deadline = seq.pid, seq.mac_hasher, session.deadline_ns
-                            end = min(count, i + RUN)
-                            for i in range(i, end):  # noqa: B020 - the run resumes at i
-                                value = values[i]
-                                key = None if keys is None else keys[i]
-                                if (
-                                    type(value) is not bytes
-                                    or len(value) > max_value
-                                    or (key is not None and type(key) is not bytes)
-                                    or now_ns() >= deadline
-                                ):
-                                    break
-                                if own is None:
-                                    q = pick(topic, key, pid)
-                                    cell = lanes.get(q)
-                                    if cell is None:
-                                        picked = q
-                                        break
-                                else:
-                                    q, cell = fixed_partition, own
-                                n = cell[0]
-                                if n < 256:
-                                    pf = fixed[n]
-                                elif n < 0x10000:
-                                    pf = prefix16 + U16X(n)
-                                else:
-                                    pf = header(n)
-                                cell[0] = n + 1
-                                wire = (
-                                    [(PF_HEADER_KEY, pf)]
-                                    if mac is None
-                                    else seq.with_mac(topic, q, n, pf, key, value)
-                                )
-                                try:
-                                    kafka_produce(topic, value, key, partition=q, headers=wire)
-                                except BufferError:
-                                    cell[0] = n
-                                    raise QueueFull(q) from None
-                                except BaseException:
-                                    cell[0] = n
-                                    raise
-                            else:
-                                i = end
-                                continue
-                        local.done = i
-                        key = None if keys is None else keys[i]
-                        event = None if event_ids is None else event_ids[i]
-                        retry = None
-                        lock.marked(self._one, topic, values[i], key, picked, None, None, event)
-                        i += 1
-                    finally:
-                        if mine:
-                            give(None)
-                except QueueFull as full:
-                    retry = full.partition
-                    self._sender.wait_for_room()
-        except BaseException:
-            local.done = i
-            raise
-        local.done = count
 
     def resend_acknowledged(self, n: int) -> int:
         """Fault hook: re-send each partition's last ``n`` acknowledged records as they were."""
@@ -474,12 +412,24 @@ class IdempotentProducer:
     def __len__(self) -> int:
         return len(self._sender)  # records in flight
 
-    def checkpoint(self) -> ProducerCheckpoint:
-        """The identity and next seqs to store atomically with the caller's upstream position
-        (``NotFlushed`` while records are in flight: ``flush()`` first)."""
+    def checkpoint(self, *, confirm: bool = True) -> ProducerCheckpoint:
+        """The identity and next seqs to store atomically with the caller's upstream position.
+
+        Take it when ``flush()`` returned 0. It first asks the lease authority whether another
+        instance resumed this producer's checkpoint and moved the pid on (``describe``): a
+        replaced instance (a zombie) must not overwrite its replacement's stored position with
+        one the sink ``FENCED``. ``confirm=False`` skips that question, only for a caller that
+        proves ownership itself right after (a copy task bumps before it commits).
+
+        Raises:
+            NotFlushed: records are in flight, or a delivery error was not raised yet.
+            DeliveryFailed: a record failed delivery earlier: resume from the last checkpoint.
+            ProducerFenced: this instance was replaced: stop, store nothing (``FENCED``).
+            LeaseServerDown: no lease server answered: store nothing now, try again later
+                (not storing is safe: a resume re-sends, and the rules drop the duplicates).
+        """
         with self._lock.held():
-            self._sender.require_idle()
-            return self._session.checkpoint(self._clock())
+            return self._driver.checkpoint(confirm)
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush what is in flight (errors are raised), close the ledger; idempotent. Other

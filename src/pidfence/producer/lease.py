@@ -33,11 +33,19 @@ from pidfence.pid_allocator.errors import (
     NotOwner,
     RateLimited,
     StaleGeneration,
+    UnknownOp,
     UnknownPid,
 )
 from pidfence.producer.checkpoint import ProducerCheckpoint
-from pidfence.producer.errors import LeaseServerDown, ProducerFenced, ZooKeeperUnavailable
+from pidfence.producer.errors import (
+    LeaseExpired,
+    LeaseServerDown,
+    ProducerError,
+    ProducerFenced,
+    ZooKeeperUnavailable,
+)
 from pidfence.producer.sequencer import Sequencer
+from pidfence.wire import PidState, PidStatus
 from pidfence.wire.cert import cert_producer_key
 
 log = logging.getLogger(__name__)
@@ -57,6 +65,10 @@ class LeaseClientLike(Protocol):
 
     def roll(self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None) -> Any:
         """Retire ``pid`` at ``generation`` and return its successor's lease."""
+
+    def describe(self, pid: int) -> PidStatus:
+        """What the lease authority knows of ``pid`` (read-only). A stand-in without it cannot
+        confirm ownership: ``checkpoint()`` then trusts it (:meth:`LeaseKeeper.confirm`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +171,65 @@ class LeaseKeeper:
             LeaseServerDown: no lease server answered (retriable; nothing changed, or a lost
                 reply, which the next attempt reports as fenced).
         """
-        lease = self._move(self._client.roll, current, "roll over")
+        try:
+            lease = self._move(self._client.roll, current, "roll over")
+        except ProducerFenced as fenced:
+            cause = fenced.__cause__
+            if isinstance(cause, NotOwner | UnknownPid) and current.expire_ms <= self._clock():
+                # The server forgot the pid: its lease ended more than the lineage retention
+                # ago. Nothing proves another owner, nor that there is none: a fresh pid could
+                # not be fenced by a replacement that resumed this producer's checkpoint, and
+                # the sink would take its records as a new producer's (duplicates). A rerun
+                # resumes the stored checkpoint through the lineage instead.
+                raise LeaseExpired(
+                    f"the lease of pid {current.pid} ended at {current.expire_ms}, longer ago "
+                    f"than the lease servers keep a pid ({type(cause).__name__}: {cause}), so "
+                    "it cannot be rolled over (the producer sent nothing for over a lease "
+                    "lifetime); nothing was sent under it since it ended. Rerun: resume from the "
+                    "last stored checkpoint"
+                ) from cause
+            raise
         return self._sequencer(lease, lifetime_ms=current.lifetime_ms)
+
+    def confirm(self, current: Sequencer) -> None:
+        """Raise ``ProducerFenced`` when the lease authority shows that another owner moved
+        ``current``'s pid on: a newer generation, or the pid rolled (retired) at this
+        generation or later, by a resume of its checkpoint.
+
+        Called when nothing is in flight: every record a checkpoint covers is acknowledged
+        before this question, so if no newer generation exists now, any later bump's FENCE
+        lands after them in every partition and the sink appends them. An ``unknown`` answer
+        (never bumped or rolled, or past retention) proves no fencing and is accepted, as is a
+        lease client without ``describe``.
+
+        Raises:
+            ProducerFenced: another owner moved the pid on; this instance must stop.
+            LeaseServerDown: no lease server answered (retriable; nothing was confirmed).
+        """
+        describe = getattr(self._client, "describe", None)
+        if describe is None:
+            return
+        try:
+            status: PidStatus = self._call(lambda: describe(current.pid))
+        except UnknownOp as exc:
+            raise ProducerError(
+                f"the lease server does not answer describe ({exc}): it is older than this "
+                "producer, which asks it at every checkpoint whether this instance was "
+                "replaced; upgrade the lease servers"
+            ) from exc
+        if not status.known:
+            return
+        newer = status.generation > current.generation
+        rolled = status.state is PidState.RETIRED and status.generation >= current.generation
+        if newer or rolled:
+            how = (
+                "rolled it into a successor" if rolled else f"holds generation {status.generation}"
+            )
+            raise ProducerFenced(
+                f"pid {current.pid} generation {current.generation} was replaced: another "
+                f"instance resumed this producer's checkpoint and {how}; this instance must stop "
+                "and store nothing (its records since then may be FENCED)"
+            )
 
     def bump(self, current: Sequencer) -> Sequencer:
         """Bump ``current`` to a new generation of its pid (compare-and-set on its own), with

@@ -22,7 +22,7 @@ from pidfence.pid_allocator.clock import wall_clock_ms
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.errors import BadCheckpoint
 from pidfence.producer.idempotent import IdempotentProducer
-from pidfence.producer.opening import OpenProducer
+from pidfence.producer.opening import OpenProducer, PeriodicCheckpoints
 from pidfence.producer.statefile import load_state, save_state
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,7 @@ class LoadGenerator:
         self._sleep = sleep
         self._wall_ms = wall_ms
         self._saves = 0
+        self._checkpoints = PeriodicCheckpoints(f"state file {self.state_path}")
 
     def _load(self) -> tuple[int, int, ProducerCheckpoint | None]:
         data = load_state(self.state_path) if self.state_path is not None else None
@@ -156,8 +157,14 @@ class LoadGenerator:
             "rate": spec.rate,
         }
 
-    def _save(self, producer: IdempotentProducer, next_i: int, start_ms: int) -> None:
-        self._store(producer.checkpoint(), next_i, start_ms)
+    def _save(
+        self, producer: IdempotentProducer, next_i: int, start_ms: int, last: bool = False
+    ) -> None:
+        if self.state_path is None:
+            return  # nothing resumes this run: no checkpoint, no lease server question
+        checkpoint = self._checkpoints.take(producer, last)
+        if checkpoint is not None:
+            self._store(checkpoint, next_i, start_ms)
 
     def _store(self, checkpoint: ProducerCheckpoint, next_i: int, start_ms: int) -> None:
         if self.state_path is None:
@@ -178,11 +185,16 @@ class LoadGenerator:
             log.warning("fault hook: stopping this process (SIGSTOP) after save %d", self._saves)
             os.kill(os.getpid(), signal.SIGSTOP)
 
-    def _checkpoint(self, producer: IdempotentProducer, next_i: int, start_ms: int) -> None:
+    def _checkpoint(
+        self, producer: IdempotentProducer, next_i: int, start_ms: int, last: bool = False
+    ) -> None:
+        """Flush, then save (see :class:`~pidfence.producer.opening.PeriodicCheckpoints`:
+        skipped while no lease server answers, unless ``last``; ``ProducerFenced``: this
+        instance was replaced)."""
         left = producer.flush(60.0)
         while left:
             left = producer.flush(60.0)
-        self._save(producer, next_i, start_ms)
+        self._save(producer, next_i, start_ms, last)
 
     def run(self, on_progress: Callable[[int], None] | None = None) -> LoadResult:
         """Send until ``count`` records are done; returns what happened.
@@ -233,7 +245,7 @@ class LoadGenerator:
                         on_progress(done)
                 elif done % 64 == 0:
                     producer.poll(0)
-            self._checkpoint(producer, max(first_i, spec.count), start_ms)
+            self._checkpoint(producer, max(first_i, spec.count), start_ms, last=True)
             result.next_i = max(first_i, spec.count)
             result.rollovers = producer.rollovers
             result.pid = producer.sequencer.pid

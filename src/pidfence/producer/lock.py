@@ -23,6 +23,8 @@ from queue import Empty, SimpleQueue
 from threading import get_ident
 from typing import ParamSpec, TypeVar
 
+from pidfence.producer.blocking import may_block
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -45,9 +47,16 @@ class ProducerLock:
         self._holder = 0
 
     def wait(self) -> bool:
-        """Wait for the lock and take it; False when this thread holds it already."""
+        """Wait for the lock and take it; False when this thread holds it already.
+
+        Raises:
+            WouldBlock: on a thread that must not wait (the asyncio producer's event loop,
+                :func:`~pidfence.producer.blocking.nonblocking`), before anything was taken:
+                the call runs again on the executor.
+        """
         if self._holder == get_ident():
             return False
+        may_block()  # a bump or a rollover may hold the lock for up to a minute
         self._queue.get()
         return True
 

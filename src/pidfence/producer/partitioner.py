@@ -6,7 +6,7 @@ advance before the record is handed to librdkafka.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import confluent_kafka
@@ -41,6 +41,11 @@ def partition_count(
 class Partitioner:
     """Partition counts from metadata (fetched once per topic) and the partition of a record.
 
+    Unkeyed records are sticky: ``sticky_records`` to one partition, then the next one. That
+    position per topic (:meth:`sticky_state`) and the number the first partition derives from
+    (``seed``: the lineage's first pid) go into every checkpoint and are restored on resume
+    (:meth:`restore`), so a replay from a checkpoint puts each record where the first run did.
+
     Args:
         list_topics: ``confluent_kafka.Producer.list_topics``.
         bootstrap: for error messages.
@@ -61,6 +66,8 @@ class Partitioner:
         self._sticky_records = sticky_records
         self.counts: dict[str, int] = {}
         self._sticky: dict[str, list[int]] = {}  # topic -> [partition, records left]
+        #: A topic's first unkeyed record goes to ``seed % partitions`` (0: the pid's own).
+        self.seed = 0
 
     def count(self, topic: str) -> int:
         """Partitions of ``topic`` (cached after the first call).
@@ -81,20 +88,42 @@ class Partitioner:
     def pick(self, topic: str, key: bytes | None, pid: int) -> int:
         """The partition of a record without an explicit one (murmur2 of the key, else sticky).
 
-        Unkeyed records start at ``pid % partitions`` so many producers of one topic do not all
-        begin on partition 0.
+        Unkeyed records start at ``seed % partitions`` (``pid`` when no seed is set) so many
+        producers of one topic do not all begin on partition 0.
         """
         count = self.count(topic)
         if key is not None:
             return key_partition(key, count)
         sticky = self._sticky.get(topic)
         if sticky is None:
-            sticky = self._sticky[topic] = [pid % count, self._sticky_records]
+            sticky = self._sticky[topic] = [(self.seed or pid) % count, self._sticky_records]
         elif sticky[1] <= 0:
             sticky[0] = (sticky[0] + 1) % count
             sticky[1] = self._sticky_records
         sticky[1] -= 1
         return sticky[0]
+
+    def sticky_state(self, unpicked: str | None = None) -> dict[str, tuple[int, int]]:
+        """Each topic's sticky position: (partition, records left before moving on).
+
+        ``unpicked``: a topic whose last unkeyed pick belongs to a record not handed over yet
+        (a rollover comes first): its position as it was before that pick. A pick that moved
+        on from partition ``p - 1`` with no records left leads to the same next pick as the
+        topic's first one, so one step back is ``(p - 1, 0)`` in both cases.
+        """
+        state = {topic: (p, left) for topic, (p, left) in self._sticky.items()}
+        if unpicked is not None and unpicked in state:
+            p, left = state[unpicked]
+            if left + 1 < self._sticky_records:
+                state[unpicked] = (p, left + 1)
+            else:
+                state[unpicked] = ((p - 1) % self.counts[unpicked], 0)
+        return state
+
+    def restore(self, state: Mapping[str, tuple[int, int]], seed: int) -> None:
+        """Continue a checkpoint's sticky positions and seed (see :meth:`sticky_state`)."""
+        self.seed = seed
+        self._sticky = {topic: [p, left] for topic, (p, left) in state.items()}
 
     def check(self, topic: str, partition: int) -> None:
         """Raise :class:`UnknownPartition` unless ``partition`` exists in ``topic``."""

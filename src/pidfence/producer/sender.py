@@ -9,22 +9,70 @@ FENCE records a resume planned and re-sends acknowledged copies for the fault ho
 from __future__ import annotations
 
 import functools
+import logging
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+import confluent_kafka
 
 from pidfence.ledger import Ledger, LedgerError, LedgerWriter
 from pidfence.producer.blocking import may_block
 from pidfence.producer.client_log import librdkafka_logger
 from pidfence.producer.config import ProducerConfig
-from pidfence.producer.delivery import DeliveryCallback, DeliveryTracker
-from pidfence.producer.errors import BrokerUnavailable, NotFlushed, ProducerConfigError
+from pidfence.producer.delivery import DeliveryCallback, DeliveryTracker, Skipped
+from pidfence.producer.errors import (
+    BrokerUnavailable,
+    KafkaClientFailed,
+    KafkaRefused,
+    NotFlushed,
+    ProducerConfigError,
+    ProducerError,
+    UnknownPartition,
+    UnknownTopic,
+    ValueTooLarge,
+)
 from pidfence.producer.headers import Fence
 from pidfence.wire import PF_HEADER_KEY
+
+log = logging.getLogger(__name__)
 
 #: Builds the Kafka client from a librdkafka dict (``confluent_kafka.Producer``, or a stand-in
 #: with its interface: the simulation's, a unit test's).
 ClientFactory = Callable[[dict[str, Any]], Any]
+
+
+def client_failed(exc: confluent_kafka.KafkaException, what: str) -> KafkaRefused:
+    """The producer's error for librdkafka's exception ``exc`` raised while ``what``: retriable
+    (:class:`KafkaClientFailed`) when the client failed for good, a new one continues."""
+    err = exc.args[0] if exc.args else None
+    code = str(err.name()) if isinstance(err, confluent_kafka.KafkaError) else str(exc)
+    fatal = isinstance(err, confluent_kafka.KafkaError) and (err.fatal() or code == "_FATAL")
+    if fatal:
+        return KafkaClientFailed(
+            f"Kafka's client failed for good while {what} ({err}): this producer cannot go on; "
+            "resume from the last checkpoint (a new producer has a new client)",
+            code,
+        )
+    return KafkaRefused(f"Kafka's client refused {what} ({exc})", code)
+
+
+def refused(exc: confluent_kafka.KafkaException, topic: str, partition: int) -> ProducerError:
+    """The producer's error for librdkafka refusing a record to ``topic[partition]``."""
+    err = exc.args[0] if exc.args else None
+    code = str(err.name()) if isinstance(err, confluent_kafka.KafkaError) else ""
+    if code == "MSG_SIZE_TOO_LARGE":
+        return ValueTooLarge(
+            f"the record to {topic}[{partition}] is larger than Kafka's client takes ({err}): "
+            "keep key + value + headers within message_max_bytes; split the record or raise the "
+            "limit (producer and topic max.message.bytes)"
+        )
+    if code == "_UNKNOWN_TOPIC":
+        return UnknownTopic(topic)
+    if code == "_UNKNOWN_PARTITION":
+        return UnknownPartition(f"partition {partition} of {topic!r} does not exist ({err})")
+    return client_failed(exc, f"a record to {topic}[{partition}]")
 
 
 class QueueFull(BufferError):
@@ -41,6 +89,9 @@ class QueueFull(BufferError):
 
 class Sender:
     """The confluent-kafka client of one producer, with delivery tracking.
+
+    Every ``confluent_kafka.KafkaException`` of the client becomes one of the producer's errors
+    (:func:`refused`, :func:`client_failed`), so callers meet only ``PidfenceError``.
 
     Args:
         config: the producer settings (librdkafka settings, success reports, resend buffer).
@@ -75,6 +126,8 @@ class Sender:
         self.client = factory(conf)
         #: True when each record needs its own callback (ledger or resend buffer).
         self.tracking = self.delivery.tracking
+        #: Reports of records a resume skipped, served by the next ``poll`` or ``flush``.
+        self._skipped: deque[tuple[DeliveryCallback, Skipped]] = deque()
 
     def callback(
         self, pf: bytes, event_id: str | None, on_delivery: DeliveryCallback | None
@@ -89,12 +142,36 @@ class Sender:
         if self.tracking:
             callback = functools.partial(delivery.on_tracked, pf, event_id)
         if on_delivery is not None:
-            if not self._success_reports:
-                raise ProducerConfigError(
-                    "on_delivery needs a report per record: use success_reports=True"
-                )
+            self._reports_on()
             callback = _chain(callback or self._counted, on_delivery)
         return callback
+
+    def _reports_on(self) -> None:
+        if not self._success_reports:
+            raise ProducerConfigError(
+                "on_delivery needs a report per record: use success_reports=True"
+            )
+
+    def report_skipped(self, on_delivery: DeliveryCallback, record: Skipped) -> None:
+        """Report ``record``, which a resume skipped (already in Kafka), to ``on_delivery`` as
+        delivered, from the next ``poll`` or ``flush`` (as librdkafka serves its reports).
+
+        Raises:
+            ProducerConfigError: ``on_delivery`` without success reports.
+        """
+        self._reports_on()
+        self._skipped.append((on_delivery, record))
+
+    def _serve_skipped(self) -> int:
+        served = 0
+        while self._skipped:
+            try:
+                on_delivery, record = self._skipped.popleft()
+            except IndexError:  # another thread served the last one
+                break
+            on_delivery(None, record)
+            served += 1
+        return served
 
     def hand_over(
         self,
@@ -121,12 +198,14 @@ class Sender:
                 if not wait:
                     raise
                 self.wait_for_room()
+            except confluent_kafka.KafkaException as exc:
+                raise refused(exc, topic, partition) from exc
 
     def wait_for_room(self) -> None:
         """librdkafka's queue is full: serve delivery reports until some leave it (0.1 s at
         most; ``WouldBlock`` on a thread that must not wait)."""
         may_block()
-        self.client.poll(0.1)
+        self.poll(0.1)
 
     def send_fences(self, fences: Iterable[Fence], timeout_s: float) -> None:
         """Write the FENCE records (empty values) and wait until Kafka acknowledged them all.
@@ -161,8 +240,12 @@ class Sender:
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery callbacks; returns how many were served."""
-        served: int = self.client.poll(timeout)
-        return served
+        served = self._serve_skipped() if self._skipped else 0
+        try:
+            polled: int = self.client.poll(timeout)
+        except confluent_kafka.KafkaException as exc:
+            raise client_failed(exc, "serving delivery reports") from exc
+        return served + polled
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait for every record in flight, push the ledger to the OS; returns how many are
@@ -172,7 +255,12 @@ class Sender:
             DeliveryFailed: the first delivery error since the last flush (then cleared).
             LedgerWriteFailed / LedgerRefused: the ledger could not be written.
         """
-        left: int = self.client.flush(-1 if timeout is None else timeout)
+        if self._skipped:
+            self._serve_skipped()
+        try:
+            left: int = self.client.flush(-1 if timeout is None else timeout)
+        except confluent_kafka.KafkaException as exc:
+            raise client_failed(exc, "flushing") from exc
         delivery = self.delivery
         if delivery.ledger is not None:
             try:
@@ -185,15 +273,40 @@ class Sender:
         return left
 
     def require_idle(self) -> None:
-        """Raise ``NotFlushed`` unless nothing is in flight and no delivery error is pending."""
+        """Raise ``NotFlushed`` unless nothing is in flight and no delivery error is pending,
+        and the first failed delivery (:meth:`require_unfailed`) once one failed."""
         if len(self.client) or self.delivery.error is not None:
             raise NotFlushed(
                 "records are in flight (or a delivery error is pending): call flush() and "
                 "take the checkpoint only when it returns 0 without raising"
             )
+        self.require_unfailed()
+
+    def require_unfailed(self) -> None:
+        """Raise ``DeliveryFailed`` once a record failed delivery: no checkpoint, bump or roll
+        may cover it (:meth:`DeliveryTracker.refusal`)."""
+        refusal = self.delivery.refusal()
+        if refusal is not None:
+            raise refusal
 
     def __len__(self) -> int:
         return len(self.client)
+
+    def discard(self) -> None:
+        """Close the client and the ledger of a producer that never opened (its lease or resume
+        failed): nothing of it is in Kafka's hands worth waiting for. Errors are only logged."""
+        client = self.client
+        try:
+            for name in ("purge", "close"):  # confluent-kafka >= 2.13 has close()
+                call = getattr(client, name, None)
+                if call is not None:
+                    call()
+        except Exception as exc:  # noqa: BLE001 - the caller raises the error that matters
+            log.debug("closing the Kafka client of an unopened producer: %s", exc)
+        try:
+            self.close_ledger()
+        except Exception as exc:  # noqa: BLE001 - as above
+            log.debug("closing the ledger of an unopened producer: %s", exc)
 
     def close_ledger(self) -> None:
         """Close the ledger when this sender opened it, else only flush it."""

@@ -258,6 +258,11 @@ class ProducerSession:
             ) from reason
         self._set_rollover(now_ms + max((current.expire_ms - now_ms) // 4, 1))
 
+    def roll_lapsed(self) -> None:
+        """The roll found the pid forgotten (its lease ended over a retention ago): back to
+        ``LEASED`` under the ended lease, under which nothing is sent (``LeaseExpired``)."""
+        self._move(LeaseState.LEASED)
+
     def rolled(self, successor: Sequencer, now_ms: int) -> ProducerCheckpoint:
         """The roll succeeded: hand over to ``successor``; returns its checkpoint to store.
 

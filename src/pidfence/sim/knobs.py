@@ -45,6 +45,12 @@ class Knobs:
         zombie_p: a crashed instance keeps running for a few sends (a zombie).
         pause_p: a zombie is first paused (SIGSTOP) for up to two lifetimes, so it may wake past
             its rollover point or its lease end (its in-flight records wait with it).
+        zombie_saves: a zombie keeps storing its periodic checkpoints where its chain keeps
+            them (one state file for every instance, as ``pidfence copy --state`` and
+            ``pidfence produce --state`` have), every ``checkpoint_every`` of its sends and after
+            its last one. ``checkpoint()`` must refuse a replaced instance (``ProducerFenced``):
+            a zombie's stored position covers records the sink ``FENCED``, and the next resume
+            from it would never send their events again.
         down_p: a crashed chain restarts only up to two lifetimes later, so its checkpoint may
             have expired (resume rolls it through the lineage).
         double_p: a second resumer of the same checkpoint starts later (two resumers of one
@@ -119,6 +125,7 @@ class Knobs:
     crash_p: float = 0.03
     zombie_p: float = 0.5
     pause_p: float = 0.3
+    zombie_saves: bool = False
     down_p: float = 0.1
     double_p: float = 0.1
     restart_p: float = 0.1

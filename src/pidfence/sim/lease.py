@@ -34,8 +34,9 @@ from pidfence.wire import PidStatus
 
 T = TypeVar("T")
 
-#: What the lease server did, counted.
-_COUNTS = ("rolls", "refused", "outages", "unanswered", "described")
+#: What the lease server did, counted (``described``: the sinks' questions; ``confirmed``: the
+#: producers' checkpoints asking whether they were replaced).
+_COUNTS = ("rolls", "refused", "outages", "unanswered", "described", "confirmed")
 
 
 class _InlineLoop(asyncio.SelectorEventLoop):
@@ -153,6 +154,33 @@ class SimLeaseServer:
         """What the lease authority knows of ``pid`` (the sinks' question)."""
         self.counts["described"] += 1
         return self._call(self.service.describe(pid, "sink"))
+
+
+@dataclass(eq=False)
+class ProducerLease:
+    """The simulated lease servers as the producers reach them: the same service, with the
+    producers' own ``describe`` (``checkpoint()`` asks whether this instance was replaced)
+    counted apart from the sinks'."""
+
+    server: SimLeaseServer
+
+    def lease(self, partitions: Any = (), *, key: bytes | None = None) -> Lease:
+        """A new pid (:meth:`SimLeaseServer.lease`)."""
+        return self.server.lease(partitions, key=key)
+
+    def bump(self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None) -> Lease:
+        """:meth:`SimLeaseServer.bump`."""
+        return self.server.bump(pid, generation, secret, key=key)
+
+    def roll(self, pid: int, generation: int, secret: bytes, *, key: bytes | None = None) -> Lease:
+        """:meth:`SimLeaseServer.roll`."""
+        return self.server.roll(pid, generation, secret, key=key)
+
+    def describe(self, pid: int) -> PidStatus:
+        """What the lease authority knows of ``pid`` (a producer's checkpoint asks)."""
+        server = self.server
+        server.counts["confirmed"] += 1
+        return server._call(server.service.describe(pid, "sim"))
 
 
 def _lease(grant: Grant) -> Lease:

@@ -29,7 +29,7 @@ from pidfence.producer import (
 from pidfence.producer.recovery import CertVerifier
 from pidfence.sim.client import TOPIC, KafkaReader, Network, SimClient, SimStuck
 from pidfence.sim.knobs import Knobs
-from pidfence.sim.lease import SimLeaseServer
+from pidfence.sim.lease import ProducerLease, SimLeaseServer
 
 __all__ = ["TOPIC", "Chain", "Instance", "Producers", "SimStuck", "make_events"]
 
@@ -42,6 +42,9 @@ COUNTS = (
     "zombies_expired",
     "rollovers",
     "checkpoints",
+    "checkpoints_skipped",
+    "zombie_saves",
+    "zombie_saves_refused",
     "dead_landings",
     "resumes_bumped",
     "resumes_rolled",
@@ -71,6 +74,8 @@ class Instance:
     paused_until: int = 0
     #: It sent everything and its last flush succeeded: the process exited cleanly.
     closed: bool = False
+    #: Sends of a zombie since it became one (its periodic saves, ``Knobs.zombie_saves``).
+    zombie_sends: int = 0
 
 
 @dataclass(slots=True)
@@ -128,6 +133,8 @@ class Producers:
     def __post_init__(self) -> None:
         knobs = self.knobs
         self._scanner = KafkaReader(self.network.kafka)
+        #: What the processes reach (their checkpoints' ``describe`` counted apart).
+        self._owners = ProducerLease(self.lease)
         # The processes' clocks are the simulation's: exact, so the scan needs no skew, and
         # librdkafka times records out just inside the rollover margin.
         self.config = ProducerConfig(
@@ -179,7 +186,7 @@ class Producers:
         try:
             producer = IdempotentProducer(
                 self.config,
-                self.lease,
+                self._owners,
                 ledger=MemoryLedger(self.network.ledger),
                 clock=self._clock,
                 producer_factory=self._client_factory(made),
@@ -194,7 +201,7 @@ class Producers:
         try:
             producer = IdempotentProducer.resume(
                 cp,
-                self.lease,
+                self._owners,
                 self.config,
                 ledger=MemoryLedger(self.network.ledger),
                 clock=self._clock,
@@ -255,8 +262,9 @@ class Producers:
                             return  # it exited on a delivery error
         elif not inst.closed:
             # Its last flush: it raises what timed out since the one before (the process exits).
-            self._checkpoint(chain, inst)
-            inst.closed = chain.active is inst and not inst.client.pending
+            saved = self._checkpoint(chain, inst)
+            # Unsaved (no lease server answered): it tries again next step, as exit 75 would.
+            inst.closed = saved and chain.active is inst and not inst.client.pending
         if chain.active is not inst:
             return  # it exited on a delivery error
         if knobs.timeout_p and self.timeouts.random() < knobs.timeout_p:
@@ -277,7 +285,8 @@ class Producers:
         inst.producer.produce(TOPIC, value, key, partition, event_id=event)
         self.counts["skipped"] += inst.producer.skipped - skipped
 
-    def _checkpoint(self, chain: Chain, inst: Instance) -> None:
+    def _checkpoint(self, chain: Chain, inst: Instance) -> bool:
+        """Flush and store the checkpoint with the position; False when nothing was stored."""
         try:
             inst.producer.flush()
         except DeliveryFailed:
@@ -285,9 +294,16 @@ class Producers:
             # resumes the stored checkpoint, whose re-sends fill the hole they left).
             self.counts["timeout_exits"] += 1
             self._crash(chain, self.lease.now, dead=True)
-            return
-        chain.checkpoint = (inst.producer.checkpoint(), inst.pos)
+            return False
+        try:
+            checkpoint = inst.producer.checkpoint()
+        except LeaseServerDown:
+            # Nobody confirmed it still owns the pid: not stored now, tried at the next one.
+            self.counts["checkpoints_skipped"] += 1
+            return False
+        chain.checkpoint = (checkpoint, inst.pos)
         self.counts["checkpoints"] += 1
+        return True
 
     def _roll(self, inst: Instance, chain: Chain, save: Any) -> bool:
         """``producer.roll(save)`` as a process does it; False when the process exits."""
@@ -402,6 +418,11 @@ class Producers:
                 else:
                     self._send(chain, other)
                     other.budget -= 1
+                    other.zombie_sends += 1
+                    if self.knobs.zombie_saves and (
+                        other.budget == 0 or other.zombie_sends % self.knobs.checkpoint_every == 0
+                    ):
+                        self._zombie_save(chain, other)
             else:
                 other.budget = 0
             if other.client.pending:
@@ -410,6 +431,26 @@ class Producers:
                 # A zombie's retries finish (librdkafka delivers what it holds).
                 self.network.flush(other.client)
                 chain.others.remove(other)
+
+    def _zombie_save(self, chain: Chain, zombie: Instance) -> None:
+        """A zombie's periodic save into its chain's one state file: flush, then store the
+        checkpoint with its position, as its process does. A replaced zombie is refused
+        (``ProducerFenced``) and exits; one nobody replaced yet still owns its pid, and its
+        stored checkpoint is the one its replacement resumes."""
+        try:
+            zombie.producer.flush()
+            checkpoint = zombie.producer.checkpoint()
+        except DeliveryFailed:
+            zombie.budget = 0  # it exits on the error
+            return
+        except ProducerFenced:
+            self.counts["zombie_saves_refused"] += 1
+            zombie.budget = 0  # exit 3: replaced
+            return
+        except LeaseServerDown:
+            return  # not stored now
+        chain.checkpoint = (checkpoint, zombie.pos)
+        self.counts["zombie_saves"] += 1
 
     def _zombie_roll(self, chain: Chain, zombie: Instance) -> None:
         """A zombie past its rollover point drains and tries to roll: the lineage refuses it.

@@ -13,8 +13,9 @@ and asserts that the proof fails.
   each client (its turns, in-flight bound and rate buckets), so a flooder's connection count
   buys it more of the server, as a server keyed by connection would.
 * ``copy-commit-without-bump``: :meth:`~pidfence.producer.IdempotentProducer.bump` returns the
-  checkpoint without asking the lease server, so a copy group member commits records another
-  owner's takeover had fenced: those events are lost.
+  checkpoint without a bump, so a copy group member's commit rests on the checkpoint's own
+  ownership question alone (switched off too, it commits records another owner's takeover had
+  fenced: those events are lost).
 * ``bump-without-fence``: :meth:`~pidfence.producer.IdempotentProducer.bump` writes no FENCE,
   so a generation whose records were all re-sends (``DUPLICATE``) never reaches the sink, and a
   copy task's records two bumps later are ``INVALID_GENERATION``: lost.
