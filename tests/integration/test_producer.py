@@ -7,12 +7,9 @@ will.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import shutil
-import signal
 import subprocess
 from collections import Counter
 from collections.abc import Callable
@@ -24,17 +21,24 @@ import pytest
 from pidfence.jars import classpath, java
 from pidfence.ledger import read_ledger
 from pidfence.pid_allocator import LeaseClient, LeaseServerThread, StaleGeneration
-from pidfence.producer import IdempotentProducer, key_partition, wall_clock_ms
+from pidfence.producer import (
+    IdempotentProducer,
+    LeaseState,
+    ProducerFenced,
+    key_partition,
+    wall_clock_ms,
+)
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.wire import FLAG_FENCE, Verdict
 from tests.fixtures.commands import produce_args, state_count
 from tests.fixtures.produced import (
-    PIDFENCE,
     assert_gap_free,
+    paused_after_save,
     producer_for,
     read_topic,
     replay,
     run_cli,
+    woken,
 )
 
 Producing = Callable[[int], tuple[str, IdempotentProducer, LeaseClient]]
@@ -213,26 +217,8 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
     common = produce_args(
         kafka.bootstrap, lease_server.address, topic, "--keys", "0", "--checkpoint-every", "100"
     )
-    zombie_log = (tmp_path / "zombie.err").open("w")
-    zombie = subprocess.Popen(
-        [
-            PIDFENCE,
-            *common,
-            "--count",
-            "1000000",
-            "--rate",
-            "400",
-            "--state",
-            str(state_a),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=zombie_log,
-    )
-    try:
-        while state_count(state_a, "next_i") < 100:
-            assert zombie.poll() is None, (tmp_path / "zombie.err").read_text()
-            zombie_wait(zombie, 0.05)
-        os.kill(zombie.pid, signal.SIGSTOP)
+    zombie_args = [*common, "--count", "1000000", "--rate", "400", "--state", str(state_a)]
+    with paused_after_save(zombie_args, state_a, tmp_path / "zombie.err") as zombie:
         shutil.copyfile(state_a, state_b)
         taken_over_at = state_count(state_b, "next_i")
         heir = run_cli(
@@ -248,13 +234,7 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
         # Let the zombie write on: every record it sends now carries the fenced generation,
         # until its next save asks the lease server and learns it was replaced.
         saved = state_count(state_a, "next_i")
-        os.kill(zombie.pid, signal.SIGCONT)
-        zombie_wait(zombie, 60)
-    finally:
-        if zombie.poll() is None:
-            os.kill(zombie.pid, signal.SIGKILL)
-        zombie.wait(30)
-        zombie_log.close()
+        woken(zombie)
     told = (tmp_path / "zombie.err").read_text()
     assert zombie.returncode == 3 and "ProducerFenced" in told and "replaced" in told, told
     # Its refused save stored nothing (a save it had confirmed before its pause may land).
@@ -273,12 +253,6 @@ def test_paused_producer_process_is_fenced_by_its_resumed_replacement(
     # The appended log is records 0 .. taken_over_at+99 of the load, each exactly once.
     appended = [json.loads(r.value or b"{}")["i"] for r, v in verdicts if v is Verdict.APPENDED]
     assert sorted(appended) == list(range(taken_over_at + 100))
-
-
-def zombie_wait(process: subprocess.Popen[Any], seconds: float) -> None:
-    """Wait up to ``seconds`` for ``process`` (a polling pause that ends early if it exits)."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(seconds)
 
 
 def test_resume_of_an_expired_checkpoint_rolls_it_into_its_successor(
@@ -358,3 +332,70 @@ def test_resume_after_a_bump_that_wrote_no_fence_is_accepted_by_the_broker_rules
         heir.close()
     verdicts = replay(read_topic(kafka.bootstrap, topic))
     assert Counter(v for _, v in verdicts) == {Verdict.APPENDED: 10, Verdict.FENCE: 4}
+
+
+# A replaced producer stores nothing: ``checkpoint()`` asks the lease authority whether a resume
+# of its checkpoint moved the pid on, so a zombie's periodic save cannot overwrite its
+# replacement's state with a position the sink never appended.
+
+
+@pytest.mark.timeout(240)
+def test_a_replaced_producer_cannot_checkpoint(
+    kafka: Any, new_topic: Callable[..., str], lease_server: LeaseServerThread
+) -> None:
+    topic = new_topic(partitions=2)
+    zombie, client = producer_for(kafka, lease_server)
+    with client:
+        for i in range(10):
+            zombie.produce(topic, b"a%d" % i, partition=i % 2)
+        assert zombie.flush(30) == 0
+        checkpoint = zombie.checkpoint()  # the owner's: confirmed
+        heir = IdempotentProducer.resume(checkpoint, client, zombie.config)
+        for i in range(10, 14):
+            zombie.produce(topic, b"a%d" % i, partition=i % 2)  # FENCED: the heir bumped
+        assert zombie.flush(30) == 0
+        with pytest.raises(ProducerFenced, match="was replaced"):
+            zombie.checkpoint()
+        assert zombie.state is LeaseState.FENCED
+        zombie.close()
+        assert heir.checkpoint().generation > checkpoint.generation
+        heir.close()
+    verdicts = Counter(v for r, v in replay(read_topic(kafka.bootstrap, topic)) if r.value)
+    assert verdicts == {Verdict.APPENDED: 10, Verdict.FENCED: 4}
+
+
+@pytest.mark.timeout(240)
+def test_a_paused_produce_stops_at_its_next_save_instead_of_overwriting_its_replacements(
+    kafka: Any, new_topic: Callable[..., str], lease_server: LeaseServerThread, tmp_path: Path
+) -> None:
+    """The review's case with ``pidfence produce`` and ONE state file: A saves and is paused
+    (SIGSTOP); B resumes that file, writes 5 records, saves and ends; A is continued, writes on
+    under its fenced generation and comes to its next save. Storing it would put the file past
+    records the sink FENCED (B never wrote them), and C's resume from it would skip them. A
+    stops there instead (exit 3, "replaced"), and C continues the file: every record is
+    appended exactly once. (A paused between its question and its write finishes that one
+    save when continued: confirmed before B's resume, it is true, as every record it covers
+    was acknowledged before B's FENCE.)"""
+    topic = new_topic(partitions=2)
+    state = tmp_path / "p.json"
+    common = produce_args(
+        kafka.bootstrap, lease_server.address, topic, "--keys", "0", "--checkpoint-every", "20"
+    )
+    shaped = ("--rate", "400", "--state", str(state))
+    zombie_err = tmp_path / "zombie.err"
+    with paused_after_save([*common, "--count", "1000000", *shaped], state, zombie_err) as zombie:
+        paused_at = state_count(state, "next_i")
+        heir = run_cli(*common, "--count", str(paused_at + 5), *shaped)
+        assert heir.returncode == 0, heir.stderr
+        assert state_count(state, "next_i") == paused_at + 5
+        woken(zombie)
+    assert zombie.returncode == 3, zombie_err.read_text()
+    assert "ProducerFenced" in zombie_err.read_text() and "replaced" in zombie_err.read_text()
+    # B's save stands, or the one A had confirmed before its pause (a save is 20 records).
+    assert state_count(state, "next_i") in (paused_at + 5, paused_at + 20)
+    total = paused_at + 60
+    last = run_cli(*common, "--count", str(total), *shaped)
+    assert last.returncode == 0, last.stderr
+    verdicts = replay(read_topic(kafka.bootstrap, topic))
+    appended = [json.loads(r.value or b"{}")["i"] for r, v in verdicts if v is Verdict.APPENDED]
+    assert sorted(appended) == list(range(total))

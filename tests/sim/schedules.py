@@ -7,11 +7,13 @@ CI always means the change broke something, never that today's random draw found
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Collection
 from typing import Any
 
-from hypothesis import HealthCheck, note, settings
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from pidfence.sim import Knobs, SimResult, run
@@ -21,6 +23,16 @@ EXPLORE = os.environ.get("PIDFENCE_SIM_EXPLORE", "") not in ("", "0")
 EXAMPLES = int(os.environ.get("PIDFENCE_SIM_EXAMPLES", "1000"))
 
 SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
+#: Two producers, 150 events over two partitions one apart, crashing, every crash leaving a
+#: zombie: the world the focused tests add their faults to.
+CRASHING_PAIR: dict[str, Any] = {
+    "events": 150,
+    "partitions": 2,
+    "producers": 2,
+    "reorder": 1,
+    "crash_p": 0.1,
+    "zombie_p": 1.0,
+}
 #: Every fault of the simulation, each knob with the values worth drawing.
 SCHEDULE_SPACE: dict[str, st.SearchStrategy[Any]] = {
     "events": st.integers(1, 250),
@@ -98,3 +110,26 @@ def assert_clean(result: SimResult) -> None:
     assert result.exactly_once, result.describe()
     assert result.non_idempotent_once, result.describe()
     assert result.oracle.ok, result.describe()
+
+
+def walk_shard(
+    shard: int, shards: int, space: st.SearchStrategy[dict[str, Any]], examples: int, pinned: int
+) -> int:
+    """Judge every ``shards``-th schedule of one drawn sequence, from ``shard`` on.
+
+    The sequence is drawn from ``pinned`` (so editing a test keeps its schedules) unless
+    exploring (``PIDFENCE_SIM_EXPLORE``: fresh schedules each run). Returns how many schedules
+    the sequence held.
+    """
+    drawn = itertools.count()
+
+    @explored(examples)
+    @given(seed=SEEDS, knobs=space)
+    def schedule(seed: int, knobs: dict[str, Any]) -> None:
+        if next(drawn) % shards == shard:
+            assert_clean(judged(seed, **knobs))
+
+    if not EXPLORE:
+        schedule = hypothesis_seed(pinned)(schedule)
+    schedule()
+    return next(drawn)

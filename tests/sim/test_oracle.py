@@ -22,17 +22,12 @@ from pidfence.sim.kafka import KafkaRecord
 from pidfence.sim.oracle import StrictRecord, judge
 from pidfence.testing.mutations import LINEAGE_MUTATIONS, MUTATIONS
 from pidfence.wire import Verdict, encode_pf
-from tests.sim.schedules import assert_clean
+from tests.sim.schedules import CRASHING_PAIR, assert_clean
 
 #: Retention deleting what a lagging sink has not read, under crashes, zombies, late restarts
 #: and records of ended leases written again.
 TRIMMED = {
-    "events": 150,
-    "partitions": 2,
-    "producers": 2,
-    "reorder": 1,
-    "crash_p": 0.1,
-    "zombie_p": 1.0,
+    **CRASHING_PAIR,
     "pause_p": 0.3,
     "down_p": 0.3,
     "double_p": 0.2,

@@ -15,26 +15,23 @@ any failing schedule prints its seed and the exact ``pidfence.sim.run(...)`` /
 
 from __future__ import annotations
 
-import itertools
 import shlex
 from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import Phase, given, settings
-from hypothesis import seed as hypothesis_seed
 
 from pidfence.sim import SimResult, run
 from pidfence.sim.__main__ import main as sim_main
 from pidfence.sim.__main__ import parse_replay
 from tests.sim.schedules import (
     EXAMPLES,
-    EXPLORE,
     SEEDS,
     assert_clean,
-    explored,
     judged,
     knob_space,
+    walk_shard,
 )
 
 KNOBS = knob_space()
@@ -55,18 +52,8 @@ SHARDS = 8
 
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_every_schedule_is_exactly_once(shard: int) -> None:
-    drawn = itertools.count()
-
-    @explored(EXAMPLES)
-    @given(seed=SEEDS, knobs=KNOBS)
-    def schedule(seed: int, knobs: dict[str, Any]) -> None:
-        if next(drawn) % SHARDS == shard:
-            assert_clean(judged(seed, **knobs))
-
-    if not EXPLORE:
-        schedule = hypothesis_seed(SCHEDULES_SEED)(schedule)
-    schedule()
-    assert next(drawn) >= EXAMPLES  # this shard walked the whole sequence
+    drawn = walk_shard(shard, SHARDS, KNOBS, EXAMPLES, SCHEDULES_SEED)
+    assert drawn >= EXAMPLES  # this shard walked the whole sequence
 
 
 def test_same_seed_same_schedule() -> None:

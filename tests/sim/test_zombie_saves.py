@@ -11,28 +11,20 @@ service). A checkpoint that does not ask loses events in these schedules.
 
 from __future__ import annotations
 
-import itertools
 import os
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from pidfence.producer.lease import LeaseKeeper
 from pidfence.sim import SimResult, run
 from pidfence.sim.client import SimStuck
-from tests.sim.schedules import EXPLORE, SEEDS, assert_clean, explored, judged, knob_space
+from tests.sim.schedules import CRASHING_PAIR, assert_clean, knob_space, walk_shard
 
 #: Zombies that wake after their replacement took over and store their checkpoints.
 ZOMBIE_SAVES = {
-    "events": 150,
-    "partitions": 2,
-    "producers": 2,
-    "reorder": 1,
-    "crash_p": 0.1,
-    "zombie_p": 1.0,
+    **CRASHING_PAIR,
     "pause_p": 0.5,
     "zombie_saves": True,
     "lifetime_ms": 10**8,
@@ -102,19 +94,8 @@ def bounded_outages(knobs: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_every_drawn_schedule_with_saving_zombies_is_exactly_once(shard: int) -> None:
-    drawn = itertools.count()
-
     # Lease server outages too: a checkpoint nobody could confirm is skipped, not stored.
     space = knob_space(zombie_saves=st.just(True), lease_down_p=st.sampled_from([0.0, 0.01])).map(
         bounded_outages
     )
-
-    @explored(EXAMPLES)
-    @given(seed=SEEDS, knobs=space)
-    def schedule(seed: int, knobs: dict[str, Any]) -> None:
-        if next(drawn) % SHARDS == shard:
-            assert_clean(judged(seed, **knobs))
-
-    if not EXPLORE:
-        schedule = hypothesis_seed(SCHEDULES_SEED)(schedule)
-    schedule()
+    walk_shard(shard, SHARDS, space, EXAMPLES, SCHEDULES_SEED)

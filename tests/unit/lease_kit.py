@@ -16,9 +16,10 @@ import asyncio
 import functools
 import random
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ParamSpec
 
 from kazoo.exceptions import (
@@ -34,6 +35,7 @@ from kazoo.exceptions import (
 from pidfence.pid_allocator import (
     Coordinator,
     LeaseServerSettings,
+    LeaseServerThread,
     LeaseService,
     MemoryCoordinator,
 )
@@ -338,3 +340,14 @@ class Stepped:
             return self._turns.step(name, lambda: found(*args, **kwargs))
 
         return stepped
+
+
+def token_server(tmp_path: Path, tokens: Mapping[str, str], **options: Any) -> LeaseServerThread:
+    """A started lease server on the in-memory store that admits ``tokens`` (client name to
+    token, written to a 0600 tokens file under ``tmp_path``), with ``options``."""
+    path = tmp_path / "tokens"
+    path.write_text("".join(f"{name} {token}\n" for name, token in tokens.items()))
+    path.chmod(0o600)
+    return LeaseServerThread(
+        None, coordinator=MemoryCoordinator(), auth_tokens_file=path, **options
+    ).start()

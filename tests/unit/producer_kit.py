@@ -217,3 +217,34 @@ class Rig:
     def headers(self) -> list[Any]:
         assert self.kafka is not None
         return [decode_pf(m.headers()[0][1]) for m in self.kafka.log]
+
+
+def appended_by_rules(log: Sequence[Any]) -> list[bytes]:
+    """The values the broker rules append from Kafka messages ``log``, replayed in order, one
+    producer state table a partition."""
+    from pidfence.broker_plugin import ProducerStateTable
+    from pidfence.wire import Verdict
+
+    tables: dict[int, ProducerStateTable] = {}
+    out: list[bytes] = []
+    for msg in log:
+        pf = decode_pf(dict(msg.headers())["pf"])
+        table = tables.setdefault(
+            msg.partition(),
+            ProducerStateTable(capacity=16, lifetime_ms=10**12, resolve_gaps=True),
+        )
+        for decision in table.offer(pf.pid, pf.generation, pf.seq, 1, pf.flags, msg.value()):
+            if decision.verdict is Verdict.APPENDED:
+                out.append(decision.ref)
+    return out
+
+
+class SharedRig(Rig):
+    """A :class:`Rig` whose resumed producers write the same Kafka log."""
+
+    def factory(self, conf: dict[str, Any]) -> FakeKafka:
+        old = self.kafka
+        kafka = super().factory(conf)
+        if old is not None:
+            kafka.log, kafka.offsets = old.log, old.offsets
+        return kafka

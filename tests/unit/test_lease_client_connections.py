@@ -5,7 +5,6 @@ other client got UNAVAILABLE."""
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 from collections.abc import Iterator
@@ -21,11 +20,11 @@ from pidfence.pid_allocator import (
     LeaseClient,
     LeaseServerSettings,
     LeaseServerThread,
-    MemoryCoordinator,
     SettingsError,
 )
 from pidfence.pid_allocator.admission import STAGE_NEW, Admission
 from pidfence.pid_allocator.protocol import encode_frame
+from tests.unit.lease_kit import token_server
 
 FLOODER, VICTIM = "f" * 32, "v" * 32
 
@@ -109,16 +108,12 @@ def test_the_default_is_a_quarter_of_the_admitted_connections() -> None:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LeaseServerThread]:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"victim {VICTIM}\nflooder {FLOODER}\n")
-    os.chmod(tokens, 0o600)
-    running = LeaseServerThread(
-        None,
-        coordinator=MemoryCoordinator(),
-        auth_tokens_file=tokens,
+    running = token_server(
+        tmp_path,
+        {"victim": VICTIM, "flooder": FLOODER},
         max_connections=16,
         max_connections_per_address=16,
-    ).start()
+    )
     yield running
     running.stop()
 

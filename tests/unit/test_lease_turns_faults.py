@@ -9,10 +9,8 @@ schedules the next one whatever happened while serving.
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from pidfence.pid_allocator import LeaseClient, LeaseServerThread, MemoryCoordinator
+from pidfence.pid_allocator import LeaseClient, LeaseServerThread
 from pidfence.pid_allocator.errors import MalformedRequest
 from pidfence.pid_allocator.fair import Turns
 from pidfence.pid_allocator.protocol import (
@@ -29,6 +27,8 @@ from pidfence.pid_allocator.protocol import (
     encode_frame,
     parse_request,
 )
+from tests.unit.lease_kit import token_server
+from tests.unit.test_lease_turns import Connection
 
 TOKEN = "a" * 32
 
@@ -83,32 +83,24 @@ class Loop:
             callback()
 
 
-class Peer:
-    """A connection holding ``frames`` frames; ``broken`` ones raise while being served."""
+class Peer(Connection):
+    """A connection holding ``frames`` frames, logging its client as it serves one; ``broken``
+    ones raise while being served."""
 
-    def __init__(self, client: str, frames: int, served: list[str], *, broken: bool = False):
-        self.client = client
-        self.frames = deque(range(frames))
-        self.served = served
+    def __init__(
+        self, turns: Turns, client: str, frames: int, served: list[str], *, broken: bool = False
+    ) -> None:
+        super().__init__(turns, client, client, frames, served)
         self.broken = broken
-        self.queued = False
-        self.closed = False
-        self.flushed = 0
 
     def has_frame(self) -> bool:
         return bool(self.frames) and not self.closed
 
     def serve_one(self) -> None:
-        self.frames.popleft()
         if self.broken:
+            self.frames.popleft()
             raise TypeError("unhashable type: 'list'")
-        self.served.append(self.client)
-
-    def drained(self) -> None:
-        pass
-
-    def flush(self) -> None:
-        self.flushed += 1
+        super().serve_one()
 
     def abort(self) -> None:
         self.closed = True
@@ -120,9 +112,9 @@ def test_a_turn_whose_serve_raises_drops_that_connection_and_goes_on(
     loop = Loop()
     turns = Turns(loop, 32, ((0, 1), (0, 1)))  # type: ignore[arg-type]
     served: list[str] = []
-    first = Peer("addr:first", 1, served)
-    broken = Peer("addr:broken", 3, served, broken=True)
-    other = Peer("addr:other", 3, served)
+    first = Peer(turns, "addr:first", 1, served)
+    broken = Peer(turns, "addr:broken", 3, served, broken=True)
+    other = Peer(turns, "addr:other", 3, served)
     turns.ready(first)  # nobody waits: answered at once
     turns.ready(broken)  # the turn to come is already scheduled: these wait for it
     turns.ready(other)
@@ -135,7 +127,7 @@ def test_a_turn_whose_serve_raises_drops_that_connection_and_goes_on(
     assert served == ["addr:first"] + ["addr:other"] * 3  # everyone else was served
     assert other.flushed >= 1
     # Nothing is left scheduled or stuck: a newcomer is answered at once, as on a quiet server.
-    late = Peer("addr:late", 1, served)
+    late = Peer(turns, "addr:late", 1, served)
     turns.ready(late)
     assert served[-1] == "addr:late" and not loop.soon
 
@@ -144,10 +136,10 @@ def test_a_connection_answered_at_once_that_raises_is_dropped_alone() -> None:
     loop = Loop()
     turns = Turns(loop, 32, ((0, 1), (0, 1)))  # type: ignore[arg-type]
     served: list[str] = []
-    broken = Peer("addr:broken", 1, served, broken=True)
+    broken = Peer(turns, "addr:broken", 1, served, broken=True)
     turns.ready(broken)
     assert broken.closed and not loop.soon
-    turns.ready(Peer("addr:next", 1, served))
+    turns.ready(Peer(turns, "addr:next", 1, served))
     assert served == ["addr:next"]
 
 
@@ -156,12 +148,7 @@ def test_a_connection_answered_at_once_that_raises_is_dropped_alone() -> None:
 
 @pytest.fixture
 def auth_server(tmp_path: Path) -> Iterator[LeaseServerThread]:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"alice {TOKEN}\n")
-    os.chmod(tokens, 0o600)
-    server = LeaseServerThread(
-        None, coordinator=MemoryCoordinator(), auth_tokens_file=tokens
-    ).start()
+    server = token_server(tmp_path, {"alice": TOKEN})
     yield server
     server.stop()
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from pidfence.broker_plugin import ProducerStateTable
 from pidfence.pid_allocator.errors import LeaseServerUnreachable, UnknownOp
 from pidfence.producer import (
     IdempotentProducer,
@@ -31,8 +30,8 @@ from pidfence.producer.loadgen import LoadGenerator, LoadSpec
 from pidfence.producer.recovery import ScanState
 from pidfence.producer.statefile import load_state
 from pidfence.sim.lease import SimLeaseServer
-from pidfence.wire import PidStatus, Verdict, decode_pf
-from tests.unit.producer_kit import FakeKafka
+from pidfence.wire import PidStatus
+from tests.unit.producer_kit import FakeKafka, appended_by_rules
 
 LIFETIME = 24 * 3600 * 1000
 
@@ -79,18 +78,7 @@ class World:
 
     def appended(self) -> list[bytes]:
         """The values the broker rules append, replaying the log in offset order."""
-        tables: dict[int, ProducerStateTable] = {}
-        out: list[bytes] = []
-        for msg in self.log:
-            pf = decode_pf(dict(msg.headers())["pf"])
-            table = tables.setdefault(
-                msg.partition(),
-                ProducerStateTable(capacity=16, lifetime_ms=10**12, resolve_gaps=True),
-            )
-            for decision in table.offer(pf.pid, pf.generation, pf.seq, 1, pf.flags, msg.value()):
-                if decision.verdict is Verdict.APPENDED:
-                    out.append(decision.ref)
-        return out
+        return appended_by_rules(self.log)
 
 
 EVENTS = [b"e%d" % i for i in range(12)]

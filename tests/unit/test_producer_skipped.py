@@ -8,18 +8,7 @@ import asyncio
 from typing import Any
 
 from pidfence.producer import AsyncIdempotentProducer, IdempotentProducer, ProducerCheckpoint
-from tests.unit.producer_kit import LIFETIME, FakeKafka, Rig
-
-
-class SharedRig(Rig):
-    """A :class:`Rig` whose resumed producers write the same Kafka log."""
-
-    def factory(self, conf: dict[str, Any]) -> FakeKafka:
-        old = self.kafka
-        kafka = super().factory(conf)
-        if old is not None:
-            kafka.log, kafka.offsets = old.log, old.offsets
-        return kafka
+from tests.unit.producer_kit import LIFETIME, SharedRig
 
 
 def died_after_its_checkpoint() -> tuple[SharedRig, ProducerCheckpoint]:

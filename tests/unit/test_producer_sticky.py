@@ -13,24 +13,15 @@ from typing import Any
 
 import pytest
 
-from pidfence.broker_plugin import ProducerStateTable
 from pidfence.producer import IdempotentProducer, ProducerCheckpoint
-from pidfence.wire import Verdict, decode_pf
-from tests.unit.producer_kit import LIFETIME, FakeKafka, Rig
+from tests.unit.producer_kit import LIFETIME, SharedRig, appended_by_rules
 
 EVENTS = [b"e%d" % i for i in range(9)]
 
 
-class SharedRig(Rig):
-    """A :class:`Rig` whose resumed producers write the same Kafka log (sticky_records=3,
-    topic ``t`` of 3 partitions)."""
-
-    def factory(self, conf: dict[str, Any]) -> FakeKafka:
-        old = self.kafka
-        kafka = super().factory(conf)
-        if old is not None:
-            kafka.log, kafka.offsets = old.log, old.offsets
-        return kafka
+class StickyRig(SharedRig):
+    """Resumed producers writing one Kafka log (sticky_records=3, topic ``t`` of 3
+    partitions)."""
 
     def placed(self) -> dict[bytes, set[int]]:
         """The partitions each value went to (data records only)."""
@@ -43,25 +34,14 @@ class SharedRig(Rig):
 
     def appended(self) -> Counter[bytes]:
         assert self.kafka is not None
-        tables: dict[int, ProducerStateTable] = {}
-        out: Counter[bytes] = Counter()
-        for msg in self.kafka.log:
-            pf = decode_pf(dict(msg.headers())["pf"])
-            table = tables.setdefault(
-                msg.partition(),
-                ProducerStateTable(capacity=8, lifetime_ms=10**12, resolve_gaps=True),
-            )
-            for decision in table.offer(pf.pid, pf.generation, pf.seq, 1, pf.flags, msg.value()):
-                if decision.verdict is Verdict.APPENDED:
-                    out[decision.ref] += 1
-        return out
+        return Counter(appended_by_rules(self.kafka.log))
 
 
-def crash_and_replay(expire: bool, stored_at: int) -> SharedRig:
+def crash_and_replay(expire: bool, stored_at: int) -> StickyRig:
     """First run: unkeyed e0.., a checkpoint stored after ``stored_at`` records, e.. e4 more,
     then a crash; the restart (after the lease ended when ``expire``) resumes the stored
     checkpoint and replays from its position to the end."""
-    rig = SharedRig()
+    rig = StickyRig()
     first = rig.producer()
     for event in EVENTS[:stored_at]:
         first.produce("t", event)
@@ -108,7 +88,7 @@ def test_the_checkpoint_of_a_rollover_that_comes_between_a_pick_and_its_send(man
     general path then rolls over (the clock passed the rollover point in between): the
     successor's checkpoint, stored with this record's position, is the position before the
     pick, so a replay from it picks the same partitions for the same records."""
-    rig = SharedRig()
+    rig = StickyRig()
     rig.config = replace(rig.config, resend_buffer=0)  # untracked: stamped inline when ready
     saved: list[ProducerCheckpoint] = []
     first: IdempotentProducer = rig.producer(on_roll=saved.append)
@@ -130,10 +110,10 @@ def test_the_checkpoint_of_a_rollover_that_comes_between_a_pick_and_its_send(man
         return partition
 
     first._partitioner.pick = pick_then_time_passes  # type: ignore[method-assign]
-    first._stamper._pick = pick_then_time_passes
+    first._stamper.pick = pick_then_time_passes
     send(first, events[6:7])
     assert first.rollovers == 1 and len(saved) == 1
-    first._partitioner.pick = first._stamper._pick = pick  # type: ignore[method-assign]
+    first._partitioner.pick = first._stamper.pick = pick  # type: ignore[method-assign]
     send(first, events[7:])
     first.flush()
     assert len({p for v, (p,) in rig.placed().items() if v in events[5:7]}) == 2  # it moved on

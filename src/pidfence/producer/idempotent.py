@@ -102,7 +102,7 @@ class IdempotentProducer:
             lock,
             self._local,
             sender,
-            driver.partitioner,
+            driver.partitioner.pick,
             driver.one,
             now_ns,
             config.message_max_bytes,

@@ -10,12 +10,12 @@ out (entering the loop costs a single record about 350 ns more Python).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from threading import local
 
 import confluent_kafka
 
 from pidfence.producer.lock import Empty, ProducerLock
-from pidfence.producer.partitioner import Partitioner
 from pidfence.producer.sender import QueueFull, Sender, refused
 from pidfence.producer.sequencer import U16X
 from pidfence.producer.session import ProducerSession
@@ -25,40 +25,30 @@ from pidfence.wire import PF_HEADER_KEY
 RUN = 256
 
 
+@dataclass(slots=True)
 class StampLoop:
     """Stamps a batch of records in order, each record one step under the producer's lock.
 
-    Args:
+    Attributes:
         session: the producer's session (``live`` sequencer, ``deadline_ns``).
         lock: the producer's lock.
         progress: per thread, ``done``: values of its current batch handled so far.
         sender: the Kafka client (``client.produce``, ``wait_for_room``, ``tracking``).
-        partitioner: picks the partitions of records without one.
+        pick: the partitioner's pick for records without a partition.
         one: the driver's general path for one record (``SessionDriver.one``).
         now_ns: the clock in ns, on the session's ``deadline_ns`` base.
         max_size: ``message_max_bytes``: key + value above it take the general path (which
             raises ``ValueTooLarge``).
     """
 
-    def __init__(
-        self,
-        session: ProducerSession,
-        lock: ProducerLock,
-        progress: local,
-        sender: Sender,
-        partitioner: Partitioner,
-        one: Callable[..., int],
-        now_ns: Callable[[], int],
-        max_size: int,
-    ) -> None:
-        self._session = session
-        self._lock = lock
-        self._progress = progress
-        self._sender = sender
-        self._pick = partitioner.pick
-        self._one = one
-        self._now_ns = now_ns
-        self._max_size = max_size
+    session: ProducerSession
+    lock: ProducerLock
+    progress: local
+    sender: Sender
+    pick: Callable[[str, bytes | None, int], int]
+    one: Callable[..., int]
+    now_ns: Callable[[], int]
+    max_size: int
 
     def run(
         self,
@@ -70,10 +60,10 @@ class StampLoop:
     ) -> None:
         """Send ``values`` in order (``keys``, ``event_ids``: None or one per value); the
         calling thread's ``progress.done`` counts the values handled, also when it raises."""
-        session, progress, sender = self._session, self._progress, self._sender
-        kafka_produce, now_ns, max_size = sender.client.produce, self._now_ns, self._max_size
-        pick, inline = self._pick, not sender.tracking
-        lock = self._lock
+        session, progress, sender = self.session, self.progress, self.sender
+        kafka_produce, now_ns, max_size = sender.client.produce, self.now_ns, self.max_size
+        pick, inline = self.pick, not sender.tracking
+        lock = self.lock
         take, give = lock.take, lock.give
         count = len(values)
         fixed_partition = -1 if partition is None else partition
@@ -154,7 +144,7 @@ class StampLoop:
                         # An unkeyed record's partition picked here is its sticky pick.
                         sticky = partition is None and key is None and picked is not None
                         lock.marked(
-                            self._one, topic, values[i], key, picked, None, None, event, sticky
+                            self.one, topic, values[i], key, picked, None, None, event, sticky
                         )
                         i += 1
                     finally:

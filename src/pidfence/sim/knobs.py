@@ -125,7 +125,6 @@ class Knobs:
     crash_p: float = 0.03
     zombie_p: float = 0.5
     pause_p: float = 0.3
-    zombie_saves: bool = False
     down_p: float = 0.1
     double_p: float = 0.1
     restart_p: float = 0.1
@@ -147,6 +146,7 @@ class Knobs:
     batch_every: int = 3
     fence_all: bool = True
     cold_reorder: bool = False
+    zombie_saves: bool = False
     mutation: Mutation | None = None
 
     def __post_init__(self) -> None:
