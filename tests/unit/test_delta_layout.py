@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -317,3 +319,35 @@ def test_open_again_in_the_same_process_refuses_what_a_fresh_open_refuses(
     write_deltalake(path, pa.table({"x": [1]}))
     with pytest.raises(NotPidfenceTable):
         open_output(path, rejects, QUERY)
+
+
+def test_a_table_replaced_by_a_copy_older_than_the_querys_batches_is_refused(
+    tmp_path: Path, writer: PidfenceStreamWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A copy of the output taken before the query's first batch (its tables created, nothing
+    # committed), put back after two batches: the tables are there and pidfence's, but hold
+    # none of the batches the checkpoint committed. Before, a restarted sink went on appending.
+    path, rejects = str(tmp_path), str(tmp_path / "_rejects")
+    backup = tmp_path.parent / f"{tmp_path.name}-backup"
+    shutil.copytree(tmp_path, backup)
+    _committed_stream(monkeypatch, writer, 38, 100)
+    open_output(path, rejects, QUERY, committed_before=True)  # the query's own table: fine
+    for name in ("_delta_log", "_rejects", "_pidfence", "data"):
+        shutil.rmtree(tmp_path / name, ignore_errors=True)
+    shutil.copytree(backup, tmp_path, dirs_exist_ok=True)
+
+    def restarted(committed_before: bool) -> subprocess.CompletedProcess[str]:
+        """The sink's start in a new process, as after a restart."""
+        code = (
+            "import sys; from pidfence.spark_sink.output import open_output\n"
+            "from pidfence.spark_sink.delta.errors import TableGone\n"
+            f"try: open_output({path!r}, {rejects!r}, {QUERY!r}, {committed_before})\n"
+            "except TableGone as exc: sys.exit(str(exc))"
+        )
+        return subprocess.run(
+            [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120
+        )
+
+    refused = restarted(committed_before=True)
+    assert refused.returncode == 1 and "replaced" in refused.stderr, refused.stderr
+    assert restarted(committed_before=False).returncode == 0  # no batch: nothing to lose

@@ -45,7 +45,7 @@ from pidfence.spark_sink import owner
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.decisions import decided_rows
 from pidfence.spark_sink.delta.commit import check_log, commit_files, table_rows
-from pidfence.spark_sink.delta.errors import DeltaTableError
+from pidfence.spark_sink.delta.errors import DeltaTableError, TableGone
 from pidfence.spark_sink.delta.stats import file_stats
 from pidfence.spark_sink.delta.table import (
     OWN_DIR,
@@ -145,15 +145,19 @@ class Output:
 
         Raises:
             TableGone: a table is missing although batches were committed to it (its manifests
-                or the checkpoint say so): creating an empty one would hide the loss.
+                or the checkpoint say so): creating an empty one would hide the loss; or the
+                log table holds none of the batches the checkpoint committed (replaced).
         """
         key = (self.log.uri, self.rejects.uri)
-        if key in _OPENED and self._reopen():
-            return
-        check_tables(self.log, self.rejects, lambda: committed_before or bool(self._manifest_ids()))
-        self._table("rejects")
-        self._table("log")
-        _OPENED.add(key)
+        if not (key in _OPENED and self._reopen()):
+            check_tables(
+                self.log, self.rejects, lambda: committed_before or bool(self._manifest_ids())
+            )
+            self._table("rejects")
+            self._table("log")
+            _OPENED.add(key)
+        if committed_before and self.query_id != NO_OWNER and self.committed_version() < 0:
+            raise TableGone.replaced(self.log.uri, self.query_id)
 
     def _reopen(self) -> bool:
         """Open both tables again in a process that opened them before (Spark builds a writer

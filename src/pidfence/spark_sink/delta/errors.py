@@ -40,6 +40,17 @@ class RestoredPastSink(CannotContinue):
 class TableGone(CannotContinue):
     """The table the sink committed batches to is gone (deleted, or its Delta log removed)."""
 
+    @classmethod
+    def replaced(cls, uri: str, query: str) -> TableGone:
+        """The log table at ``uri`` holds none of the batches the checkpoint says ``query``
+        committed there."""
+        return cls(
+            f"{uri}: the checkpoint says query {query} committed batches here, and the Delta "
+            "table holds none of them: it was replaced (deleted and created again, or restored "
+            "from a copy older than the query's first batch). Restore the table the query "
+            "wrote, or start a new --output with a new --checkpoint"
+        )
+
 
 class ConstraintViolated(CannotContinue):
     """A CHECK constraint of the table rejects rows of the batch (or cannot be evaluated)."""
