@@ -44,6 +44,14 @@ def main() -> None:
     # that; but SIGINT is how a supervisor (the demo, the soak, a user) asks a producer or a sink
     # to flush, save its state and exit. Python only installs its handler when SIGINT is not
     # ignored at start, so do it here: ignored SIGINT would leave them running until SIGKILL.
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Python's own handler is not used either: it sets KeyboardInterrupt without an instance,
+    # which confluent-kafka (on Python < 3.12) loses when it lands inside a delivery callback,
+    # and flush() then fails with a SystemError instead of stopping.
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.default_int_handler):
+        signal.signal(signal.SIGINT, _interrupt)
     app()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGINT: raise KeyboardInterrupt from Python, as an instance."""
+    raise KeyboardInterrupt

@@ -38,6 +38,11 @@ from pidfence.wire import PF_HEADER_KEY
 
 log = logging.getLogger(__name__)
 
+#: How confluent-kafka's ``flush()`` and ``poll()`` fail, on Python < 3.12, when SIGINT's
+#: default handler interrupts a delivery callback: that handler sets KeyboardInterrupt without an
+#: instance, and the client keeps only the instance, so the interrupt is lost.
+_LOST_INTERRUPT = "returned NULL without setting an exception"
+
 #: Builds the Kafka client from a librdkafka dict (``confluent_kafka.Producer``, or a stand-in
 #: with its interface: the simulation's, a unit test's).
 ClientFactory = Callable[[dict[str, Any]], Any]
@@ -245,6 +250,8 @@ class Sender:
             polled: int = self.client.poll(timeout)
         except confluent_kafka.KafkaException as exc:
             raise client_failed(exc, "serving delivery reports") from exc
+        except SystemError as exc:
+            raise _interrupt_lost_in(exc) from exc
         return served + polled
 
     def flush(self, timeout: float | None = None) -> int:
@@ -261,6 +268,8 @@ class Sender:
             left: int = self.client.flush(-1 if timeout is None else timeout)
         except confluent_kafka.KafkaException as exc:
             raise client_failed(exc, "flushing") from exc
+        except SystemError as exc:
+            raise _interrupt_lost_in(exc) from exc
         delivery = self.delivery
         if delivery.ledger is not None:
             try:
@@ -324,3 +333,8 @@ def _chain(own: DeliveryCallback, user: DeliveryCallback) -> DeliveryCallback:
         user(err, msg)
 
     return both
+
+
+def _interrupt_lost_in(exc: SystemError) -> BaseException:
+    """The KeyboardInterrupt that ``exc`` lost (see :data:`_LOST_INTERRUPT`), else ``exc``."""
+    return KeyboardInterrupt() if _LOST_INTERRUPT in str(exc) else exc
