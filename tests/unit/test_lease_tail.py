@@ -68,3 +68,19 @@ def test_gc_pauses_are_timed_only_while_watched() -> None:
     gc.collect()
     assert get("pidfence_gc_pause_seconds_count") == seen
     assert get("pidfence_gc_pause_seconds_bucket", {"le": "+Inf"}) == seen
+
+
+def test_the_live_lease_gauge_counts_leases_until_they_end_with_no_request_between() -> None:
+    now = [1_000_000]
+    with (
+        LeaseServerThread(
+            None, coordinator=MemoryCoordinator(), clock=lambda: now[0], capacity=8, client_share=1
+        ) as server,
+        LeaseClient(server.address, request_timeout_s=10) as client,
+    ):
+        ends = [client.lease().expire_ms for _ in range(3)]
+        get = server.metrics.registry.get_sample_value
+        assert (get("pidfence_live_leases"), get("pidfence_lease_capacity")) == (3, 8)
+        now[0] = max(ends)  # every lease ended; nothing has expired them from the ring yet
+        assert len(server.running.service.ring) == 3
+        assert get("pidfence_live_leases") == 0

@@ -144,11 +144,13 @@ def test_each_components_rules_select_only_the_metrics_that_component_serves(
     by_group = groups()
     assert set(by_group) == {"pidfence-sink", "pidfence-lease-server"}
     # What a lease server can be alerted on from what it exports: down, ZooKeeper failing or
-    # answering UNAVAILABLE, CAPACITY answers, connections refused, a client rate-limited on end.
+    # answering UNAVAILABLE, CAPACITY answers or a ring nearly full, connections refused, a
+    # client rate-limited on end.
     assert set(by_group["pidfence-lease-server"]) == {
         "PidfenceLeaseServerDown",
         "PidfenceLeaseServerUnavailable",
         "PidfenceLeaseCapacityExhausted",
+        "PidfenceLeaseRingNearlyFull",
         "PidfenceLeaseConnectionsRefused",
         "PidfenceLeaseClientRateLimited",
     }

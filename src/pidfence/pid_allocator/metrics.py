@@ -47,6 +47,8 @@ class LatencyHistogram:
 
 #: Figures owned by the service, read at scrape time: (blocks claimed, ZooKeeper writes, errors).
 ServiceCounts = Callable[[], tuple[int, int, int]]
+#: The lease ring, read at scrape time: (live leases, capacity).
+RingCounts = Callable[[], tuple[int, int]]
 #: Per client, read at scrape time: (label, requests in flight, connections waiting their turn).
 ClientQueues = Callable[[], list[tuple[str, int, int]]]
 #: The one label of every client named by its address (no token): peers never create labels.
@@ -63,7 +65,8 @@ class ServerMetrics:
 
     Hot figures are plain attributes: ``leases_issued`` (int) and ``latency[op]``
     (:class:`LatencyHistogram`); ``service_counts`` is set by the server to read the service's own
-    counters. The rest are prometheus_client objects (not on the lease path).
+    counters, and ``ring_counts`` the lease ring's. The rest are prometheus_client objects (not
+    on the lease path).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -77,6 +80,7 @@ class ServerMetrics:
         self.gc_pauses = LatencyHistogram()
         self._gc_started = 0.0
         self.service_counts: ServiceCounts = lambda: (0, 0, 0)
+        self.ring_counts: RingCounts = lambda: (0, 0)
         #: Refusals by kind (``audit.py``): failed hellos, owner refusals, rate limits, ...
         self.audit_events: dict[str, int] = {}
         #: RATE_LIMITED answers by client label (token names: bounded by the tokens file).
@@ -144,6 +148,13 @@ class _HotCollector(Collector):
         yield _counter("pidfence_blocks_claimed", "Pid blocks claimed", blocks)
         yield _counter("pidfence_zookeeper_errors", "ZooKeeper calls failed or timed out", errors)
         yield _counter("pidfence_zookeeper_writes", "ZooKeeper write transactions sent", writes)
+        live, capacity = m.ring_counts()
+        yield GaugeMetricFamily("pidfence_live_leases", "Live leases in the lease ring", live)
+        yield GaugeMetricFamily(
+            "pidfence_lease_capacity",
+            "Live leases the lease ring holds at most (--capacity)",
+            capacity,
+        )
         family = HistogramMetricFamily(
             "pidfence_request_seconds", "Request handling latency", labels=["op"]
         )

@@ -57,6 +57,15 @@ class LeaseRing:
     def __len__(self) -> int:
         return self._size
 
+    def live(self, now_ms: int) -> int:
+        """Leases live at ``now_ms``: :func:`len` less the ended ones not yet expired from the
+        head. Changes nothing, so a metrics scrape may call it from another thread."""
+        head, size, expires, cap = self._head, self._size, self._expires, self.capacity
+        ended = 0
+        while ended < size and expires[(head + ended) % cap] <= now_ms:
+            ended += 1
+        return size - ended
+
     def expire(self, now_ms: int) -> int:
         """Drop leases that ended at or before ``now_ms`` from the head; return how many."""
         dropped = 0

@@ -128,6 +128,8 @@ class LeaseServer:
         self._lease_latency = self._latency["lease"]
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self.metrics.service_counts = self._service_counts
+        ring, clock = self.service.ring, self.service.clock
+        self.metrics.ring_counts = lambda: (ring.live(clock()), ring.capacity)
         s = self.settings
         rates = ((s.bump_rate, s.bump_burst), (s.lease_rate, s.lease_burst))
         self.turns = Turns(asyncio.get_running_loop(), s.max_in_flight, rates)
