@@ -131,7 +131,7 @@ def dead_address() -> str:
 
 def resumable(tmp_path: Path) -> tuple[str, str]:
     """A state file: with it a failed ``produce`` is retriable (75); without, a rerun would
-    start over, so it is 3."""
+    start over, so it is 3 once a record was sent."""
     return ("--state", str(tmp_path / "produce.json"))
 
 

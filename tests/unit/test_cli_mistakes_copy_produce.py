@@ -14,7 +14,7 @@ from typer.testing import CliRunner, Result
 
 from pidfence.cli import app, producing
 from pidfence.producer.copier import CopySpec
-from pidfence.producer.errors import LeaseServerDown, ProducerConfigError
+from pidfence.producer.errors import DeliveryTimedOut, LeaseServerDown, ProducerConfigError
 
 ENDS = ("--bootstrap", "127.0.0.1:1", "--lease-server", "127.0.0.1:1")
 
@@ -99,9 +99,31 @@ def test_every_group_only_option_given_is_named(copies: list[dict[str, Any]]) ->
     assert "--session-timeout, --stop-after-commit only apply" in result.output
 
 
+class FailsAfter:
+    """A producer that takes ``sent`` records, then times out (retriable) on the next."""
+
+    resumed_from_expired = False
+    rollover_due = False
+
+    def __init__(self, sent: int) -> None:
+        self.sent = sent
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        if not self.sent:
+            raise DeliveryTimedOut("Kafka did not answer in time", "MSG_TIMED_OUT")
+        self.sent -= 1
+
+    def flush(self, timeout: float | None = None) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
 @pytest.fixture
-def lease_server_gone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """``produce`` meets a lease server that is down when it leases its pid."""
+def failing_producer(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """``produce`` meets a lease server that is down when it leases its pid (the list empty),
+    or a producer that fails after sending as many records as the list's one number."""
 
     class Client:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -113,28 +135,45 @@ def lease_server_gone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         def __exit__(self, *exc: object) -> None:
             return None
 
+    sends: list[int] = []
+
     def opener(*args: Any, **kwargs: Any) -> Any:
         def open_producer(checkpoint: Any) -> Any:
-            raise LeaseServerDown("no lease server answered (tried 127.0.0.1:1)")
+            if not sends:
+                raise LeaseServerDown("no lease server answered (tried 127.0.0.1:1)")
+            return FailsAfter(sends[0])
 
         return open_producer
 
     monkeypatch.setattr("pidfence.pid_allocator.LeaseClient", Client)
     monkeypatch.setattr("pidfence.producer.opening.open_producer_factory", opener)
-    yield
+    yield sends
 
 
-def test_produce_exits_75_for_a_retriable_failure_only_when_a_rerun_resumes(
-    lease_server_gone: None, tmp_path: Path
+PRODUCE = ["produce", *ENDS, "--topic", "t", "--count", "10"]
+
+
+def test_produce_without_state_exits_3_for_a_retriable_failure_once_it_sent_records(
+    failing_producer: list[int],
 ) -> None:
-    # Before: 75 without --state too, and a supervisor's rerun sent every record again.
-    argv = ["produce", *ENDS, "--topic", "t", "--count", "10"]
-    alone = CliRunner().invoke(app, argv)
+    # Before: 75, and a supervisor's rerun sent every record again under a new pid.
+    failing_producer.append(1)
+    alone = CliRunner().invoke(app, PRODUCE)
     assert alone.exit_code == 3, alone.output
-    assert "LeaseServerDown" in alone.output
+    assert "DeliveryTimedOut" in alone.output
     assert "rerun would start over" in alone.output and "--state FILE" in alone.output
     assert "pidfence: error:" in alone.output
-    resumable = CliRunner().invoke(app, [*argv, "--state", str(tmp_path / "p.json")])
+
+
+def test_produce_exits_75_for_a_retriable_failure_when_a_rerun_continues(
+    failing_producer: list[int], tmp_path: Path
+) -> None:
+    # Nothing sent yet: a rerun without --state starts over, which is where this run was.
+    alone = CliRunner().invoke(app, PRODUCE)
+    assert alone.exit_code == 75, alone.output
+    assert "pidfence: retriable: LeaseServerDown" in alone.output
+    assert "start over" not in alone.output
+    resumable = CliRunner().invoke(app, [*PRODUCE, "--state", str(tmp_path / "p.json")])
     assert resumable.exit_code == 75, resumable.output
     assert "pidfence: retriable: LeaseServerDown" in resumable.output
     assert "start over" not in resumable.output

@@ -68,9 +68,11 @@ def register(app: typer.Typer) -> None:
         )
         columns = (TextColumn(f"[bold]{name}[/] -> {topic}"), BarColumn(), MofNCompleteColumn())
 
+        generators: list[LoadGenerator] = []
+
         def generate(open_producer: OpenProducer) -> LoadResult:
-            generator = LoadGenerator(spec, open_producer, state)
-            return producing.with_progress(columns, count, generator.run)
+            generators.append(LoadGenerator(spec, open_producer, state))
+            return producing.with_progress(columns, count, generators[0].run)
 
         result = producing.with_producer(
             bootstrap,
@@ -80,8 +82,9 @@ def register(app: typer.Typer) -> None:
             lease_public_key=lease_public_key,
             message_timeout=message_timeout,
             run=generate,
-            # Without a state file a rerun sends everything again under a new pid.
-            resumable=state is not None,
+            # Without a state file a rerun sends everything again under a new pid: it continues
+            # this run only while this run has handed Kafka nothing.
+            resumable=lambda: state is not None or not any(g.produced for g in generators),
             enable_idempotence=librdkafka_idempotence,
             rollover_fraction=lifetime_rollover,
             resend_buffer=16 if resend_every else 0,

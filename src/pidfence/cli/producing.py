@@ -47,20 +47,21 @@ NOT_RESUMABLE = (
 
 
 @contextmanager
-def fail_cleanly(resumable: bool = True) -> Iterator[None]:
+def fail_cleanly(resumable: bool | Callable[[], bool] = True) -> Iterator[None]:
     """Turn a :class:`PidfenceError` into one stderr line, naming its class (the producer's
     documented errors), and its exit code by :data:`~pidfence.cli.exits.EXIT_BY_ERROR`.
 
     Args:
-        resumable: whether running the same command again continues; when not, a retriable
-            error exits 3, not 75 (75 promises that a rerun continues), and the line says so.
+        resumable: whether running the same command again continues (or a function asked when
+            the error comes); when not, a retriable error exits 3, not 75 (75 promises that a
+            rerun continues), and the line says so.
     """
     try:
         yield
     except PidfenceError as exc:
         code = code_of(exc)
         note = ""
-        if code == EXIT_RETRIABLE and not resumable:
+        if code == EXIT_RETRIABLE and not (resumable() if callable(resumable) else resumable):
             code, note = EXIT_UNAVAILABLE, f" ({NOT_RESUMABLE})"
         kind = "retriable" if code == EXIT_RETRIABLE else "error"
         sys.stderr.write(f"pidfence: {kind}: {type(exc).__name__}: {exc}{note}\n")
@@ -86,7 +87,7 @@ def with_producer(
     message_timeout: str | None,
     run: Callable[[Any], R],
     opener: Callable[..., Any] | None = None,
-    resumable: bool = True,
+    resumable: bool | Callable[[], bool] = True,
     **config: Any,
 ) -> R:
     """Build the producer settings, connect to the lease servers and call ``run(open)``,
@@ -104,8 +105,9 @@ def with_producer(
         run: what the command does with its ``open_producer``.
         opener: ``f(settings, client, ledger=, topics=)`` -> what ``run`` gets (default:
             :func:`~pidfence.producer.opening.open_producer_factory`).
-        resumable: whether a rerun continues where this run stopped (``produce`` without
-            ``--state`` starts over): if not, a retriable error exits 3, not 75.
+        resumable: whether a rerun continues where this run stopped, or a function asked when
+            an error comes (``produce`` without ``--state`` starts over, which continues only
+            while it has sent nothing): if not, a retriable error exits 3, not 75.
         **config: more :class:`~pidfence.producer.ProducerConfig` fields.
     """
     from pidfence.pid_allocator import LeaseClient, lease_client_options

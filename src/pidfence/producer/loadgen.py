@@ -118,6 +118,8 @@ class LoadGenerator:
         self._sleep = sleep
         self._wall_ms = wall_ms
         self._saves = 0
+        #: Records this run handed to the producer (a failure before the first loses nothing).
+        self.produced = 0
         self._checkpoints = PeriodicCheckpoints(f"state file {self.state_path}")
 
     def _load(self) -> tuple[int, int, ProducerCheckpoint | None]:
@@ -235,6 +237,7 @@ class LoadGenerator:
                         partition=i % producer.partition_count(topic),
                         event_id=event,
                     )
+                self.produced += 1
                 done = i + 1
                 if spec.resend_every and done % spec.resend_every == 0:
                     producer.poll(0)
