@@ -210,8 +210,9 @@ app(sys.argv[1:], prog_name="pidfence")
 """
 
 
+@pytest.mark.parametrize(("listen", "host"), [(":0", "127.0.0.1"), ("[::1]:0", "::1")])
 def test_lease_server_listen_colon_zero_serves_a_free_port_and_says_which(
-    tmp_path: Path,
+    tmp_path: Path, listen: str, host: str
 ) -> None:
     import signal
     import subprocess
@@ -221,7 +222,15 @@ def test_lease_server_listen_colon_zero_serves_a_free_port_and_says_which(
     from pidfence.pid_allocator import LeaseClient
 
     ready = tmp_path / "ready"
-    args = ["lease-server", "--zk", "zk.invalid:2181", "--listen", ":0", "--ready-file", str(ready)]
+    args = [
+        "lease-server",
+        "--zk",
+        "zk.invalid:2181",
+        "--listen",
+        listen,
+        "--ready-file",
+        str(ready),
+    ]
     child = subprocess.Popen(
         [sys.executable, "-c", _SERVE_IN_MEMORY, *args],
         stdout=subprocess.PIPE,
@@ -241,8 +250,9 @@ def test_lease_server_listen_colon_zero_serves_a_free_port_and_says_which(
         child.send_signal(signal.SIGTERM)
         out, err = child.communicate(timeout=30)
     assert address, out + err  # before: exit 2, "':0' is not HOST:PORT"
-    host, port = parse_listen(address)
-    assert host == "127.0.0.1" and port != 0
+    port = parse_listen(address)[1]
+    assert port != 0
+    assert address == (f"[{host}]:{port}" if ":" in host else f"{host}:{port}")  # IPv6: brackets
     assert isinstance(reply.get("now_ms"), int)
     assert f"listening on {address}" in err  # the port it bound, not 0
     assert child.returncode == 0, out + err

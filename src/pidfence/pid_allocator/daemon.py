@@ -23,6 +23,7 @@ from pidfence.pid_allocator.loops import loop_factory
 from pidfence.pid_allocator.metrics import ServerMetrics
 from pidfence.pid_allocator.runtime import start_server
 from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
+from pidfence.pid_allocator.settings_sources import host_port
 from pidfence.wire import PidfenceError
 
 log = logging.getLogger("pidfence.lease_server")
@@ -118,7 +119,7 @@ async def _serve(settings: LeaseServerSettings, loop_name: str) -> None:
     gc.collect()
     gc.freeze()
     metrics.watch_gc()
-    address = f"{running.host}:{running.port}"
+    address = host_port(running.host, running.port)
     log.info(
         "listening on %s",
         address,
@@ -134,7 +135,7 @@ async def _serve(settings: LeaseServerSettings, loop_name: str) -> None:
             "zk_acl": settings.zk_auth_file is not None,
             "metrics": None
             if settings.metrics_port is None
-            else f"{settings.metrics_host}:{settings.metrics_port}",
+            else host_port(settings.metrics_host, settings.metrics_port),
             "loop": loop_name,
         },
     )

@@ -29,6 +29,7 @@ from pidfence.pid_allocator.security import (
 from pidfence.pid_allocator.server import LeaseServer
 from pidfence.pid_allocator.service import LeaseService
 from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
+from pidfence.pid_allocator.settings_sources import host_port
 from pidfence.pid_allocator.zookeeper import ZkCoordinator
 from pidfence.wire import PidfenceError
 from pidfence.wire.cert import load_private_key
@@ -216,8 +217,7 @@ class LeaseServerThread(Startable):
     @property
     def address(self) -> str:
         """``"host:port"`` once started (an IPv6 host in brackets)."""
-        host = self.running.host
-        return f"[{host}]:{self.running.port}" if ":" in host else f"{host}:{self.running.port}"
+        return host_port(self.running.host, self.running.port)
 
     @property
     def running(self) -> RunningServer:

@@ -42,6 +42,12 @@ def parse_listen(text: str, default_host: str | None = None) -> tuple[str, int]:
     return host, int(port)
 
 
+def host_port(host: str, port: int) -> str:
+    """``HOST:PORT`` as :func:`parse_listen` and the lease client read it back: an IPv6 host in
+    brackets (``[::1]:7070``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in _TRUE:
