@@ -12,10 +12,11 @@ from typing import Any, cast
 import confluent_kafka
 import pytest
 
+from pidfence.cli.exits import code_of
 from pidfence.producer.checkpoint import ProducerCheckpoint
 from pidfence.producer.copier import Copier, CopySpec
 from pidfence.producer.copy_task import CopyTask
-from pidfence.producer.errors import BrokerUnavailable
+from pidfence.producer.errors import BrokerUnavailable, KafkaRefused, UnknownTopic
 from pidfence.producer.input_start import (
     InputRecordsDeleted,
     check_jump,
@@ -88,6 +89,12 @@ def test_the_consumers_errors_mean_what_they_say() -> None:
         raise_for(error_of(confluent_kafka.KafkaError._AUTO_OFFSET_RESET), "in", 3)
     with pytest.raises(BrokerUnavailable, match="consuming in failed"):
         raise_for(error_of(confluent_kafka.KafkaError._TRANSPORT), "in", 0)
+    # A rerun meets these again: exit 3, not the 75 that promises a rerun continues.
+    with pytest.raises(UnknownTopic, match="'in' does not exist"):
+        raise_for(error_of(confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART), "in", 0)
+    with pytest.raises(KafkaRefused, match="grant this client's principal READ") as denied:
+        raise_for(error_of(confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED), "in", 0)
+    assert code_of(denied.value) == 3
 
 
 def test_a_refusing_guard_closes_the_task_producer_and_commits_nothing() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import confluent_kafka
 
-from pidfence.producer.errors import BrokerUnavailable, ProducerError
+from pidfence.producer.errors import BrokerUnavailable, KafkaRefused, ProducerError, UnknownTopic
 
 _log = logging.getLogger(__name__)
 
@@ -103,4 +103,26 @@ def raise_for(error: Any, topic: str, partition: int) -> None:
             f"{topic}[{partition}]: Kafka deleted records before the copier read them ({error}); "
             "rerun with --allow-data-loss to continue after them"
         )
+    code = error.code()
+    if code in _GONE:
+        raise UnknownTopic(topic)
+    if code in _DENIED:
+        raise KafkaRefused(
+            f"consuming {topic} was refused ({error}): grant this client's principal READ on the "
+            "topic (and on its consumer group) and rerun",
+            str(error.name()),
+        )
     raise BrokerUnavailable(f"consuming {topic} failed: {error}")
+
+
+#: Consumer errors a rerun meets again until someone acts (exit 3, not 75).
+_GONE = frozenset(
+    {confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART, confluent_kafka.KafkaError._UNKNOWN_TOPIC}
+)
+_DENIED = frozenset(
+    {
+        confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        confluent_kafka.KafkaError.GROUP_AUTHORIZATION_FAILED,
+        confluent_kafka.KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    }
+)
