@@ -24,6 +24,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from pidfence.spark_sink import output as output_mod
 from pidfence.spark_sink.delta import commit as commit_mod
+from pidfence.spark_sink.delta import table as table_mod
+from pidfence.spark_sink.delta import tip as tip_mod
 from pidfence.spark_sink.delta.care import compact
 from pidfence.spark_sink.delta.errors import TableGone
 from pidfence.spark_sink.delta.stats import footer_stats
@@ -319,6 +321,36 @@ def test_open_again_in_the_same_process_refuses_what_a_fresh_open_refuses(
     write_deltalake(path, pa.table({"x": [1]}))
     with pytest.raises(NotPidfenceTable):
         open_output(path, rejects, QUERY)
+
+
+def test_a_table_replaced_while_the_query_runs_is_refused_at_the_next_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same copy put back while the query runs: no restart, so no open() to refuse it.
+    # Before, the next commit found no batch of the query there and appended to the copy.
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    options = SinkOptions.parse({"path": str(out), **SETTINGS})
+    open_output(options.path, options.rejects_path, QUERY)
+    backup = tmp_path / "backup"
+    shutil.copytree(out, backup)
+    running = PidfenceStreamWriter(options, QUERY, checkpoint=str(checkpoint))
+    _, chunks = _stream(38, 150)
+    _commit_batches(monkeypatch, running, chunks[:2])
+    (checkpoint / "commits").mkdir(parents=True)
+    for batch in (0, 1):  # what Spark writes after each commit returns
+        (checkpoint / "commits" / str(batch)).write_text("v1\n{}")
+    shutil.rmtree(out)
+    shutil.copytree(backup, out)
+    # This process read the table at a version the new log lacks: the next batch stops.
+    with pytest.raises(TableGone, match="deleted and created again"):
+        _commit_batches(monkeypatch, running, chunks[2:3], start=2)
+    # A process that never read it (a new Python worker) meets only a table without the query's
+    # batches; Spark's checkpoint says it committed some.
+    monkeypatch.setattr(tip_mod, "_TIPS", {})
+    monkeypatch.setattr(table_mod, "_CACHE", {})
+    with pytest.raises(TableGone, match="holds none of them"):
+        _commit_batches(monkeypatch, running, chunks[2:3], start=2)
+    assert DeltaTable(str(out)).to_pyarrow_table().num_rows == 0
 
 
 def test_a_table_replaced_by_a_copy_older_than_the_querys_batches_is_refused(

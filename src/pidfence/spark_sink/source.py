@@ -66,6 +66,7 @@ class PidfenceDataSource(DataSource):
             SinkOptions.parse(options),
             checkpoint_query_id(checkpoint),
             committed_before=checkpoint_committed(checkpoint),
+            checkpoint=checkpoint,
         )
 
     def reader(self, schema: StructType) -> PidfenceReader:

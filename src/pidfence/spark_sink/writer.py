@@ -23,7 +23,9 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink import owner
 from pidfence.spark_sink.authority import BatchAuthority
+from pidfence.spark_sink.checkpoint import checkpoint_committed
 from pidfence.spark_sink.crash_points import crash_point
+from pidfence.spark_sink.delta.errors import TableGone
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
 from pidfence.spark_sink.fence import new_tag
 from pidfence.spark_sink.first_batch import check_first_batch
@@ -76,13 +78,20 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         query_id: the streaming query's id when known at start (read from the checkpoint); the
             path is claimed for it before any task runs.
         committed_before: the checkpoint says the query committed batches already.
+        checkpoint: the query's checkpoint location, when known (a commit reads it only when the
+            log table holds no batch of the query).
     """
 
     def __init__(
-        self, options: SinkOptions, query_id: str | None = None, committed_before: bool = False
+        self,
+        options: SinkOptions,
+        query_id: str | None = None,
+        committed_before: bool = False,
+        checkpoint: str | None = None,
     ) -> None:
         self.options = options
         self.query_id = query_id
+        self.checkpoint = checkpoint
         # Refuses another writer's table before anything is written, and creates both tables,
         # so the first batch's tasks find them (unless the query committed batches before: then
         # a missing table is a lost one).
@@ -198,6 +207,15 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         query = next((m.query for m in ours), self.query_id or NO_OWNER)
         output = self.output(query)
         manifest = output.committed(batchId)
+        replaced = (
+            manifest is None
+            and output.committed_version() < 0
+            and checkpoint_committed(self.checkpoint)
+        )
+        if replaced:
+            # Spark committed batches of this query, and the log table holds none of them: it
+            # was replaced while the query ran.
+            raise TableGone.replaced(output.log.uri, query)
         if manifest is None and batchId == 0:
             check_first_batch(self.options, parts.values())
         crash_point("before_manifest")

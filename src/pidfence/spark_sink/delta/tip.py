@@ -9,7 +9,8 @@ per process and brought forward by reading the commits after it by name (``V+1.j
 
 It falls back to deltalake (one listing) when the file at the known version is gone and no
 checkpoint covers it (the table was replaced), or the newest checkpoint is past the known version
-(log cleanup may have removed commits after it): a commit is never skipped.
+(log cleanup may have removed commits after it): a commit is never skipped. A table replaced by
+one with fewer commits is :class:`~pidfence.spark_sink.delta.errors.TableGone`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from pidfence.spark_sink.delta.checkpoints import last_checkpoint
+from pidfence.spark_sink.delta.commit import check_log
 from pidfence.spark_sink.storage import Store
 
 
@@ -80,7 +83,12 @@ def query_tip(table: Store, query_id: str, load: Callable[[], DeltaTable]) -> Ti
     tip = None if known is None else _advance(table, query_id, known)
     if tip is None or not _intact(table, tip):
         dt = load()
-        tip = Tip(dt.version(), str(dt.metadata().id), dt.transaction_version(query_id))
+        try:
+            tip = Tip(dt.version(), str(dt.metadata().id), dt.transaction_version(query_id))
+        except DeltaError:
+            if known is not None:  # the log lost the version this process read: say why
+                check_log(table, known.version)
+            raise
     with _LOCK:
         _TIPS[key] = tip
     return tip
