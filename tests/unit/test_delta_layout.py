@@ -27,7 +27,7 @@ from pidfence.spark_sink.delta import commit as commit_mod
 from pidfence.spark_sink.delta import table as table_mod
 from pidfence.spark_sink.delta import tip as tip_mod
 from pidfence.spark_sink.delta.care import compact
-from pidfence.spark_sink.delta.errors import TableGone
+from pidfence.spark_sink.delta.errors import RestoredPastSink, TableGone
 from pidfence.spark_sink.delta.stats import footer_stats
 from pidfence.spark_sink.delta.table import NotPidfenceTable
 from pidfence.spark_sink.options import SinkOptions
@@ -323,34 +323,60 @@ def test_open_again_in_the_same_process_refuses_what_a_fresh_open_refuses(
         open_output(path, rejects, QUERY)
 
 
-def test_a_table_replaced_while_the_query_runs_is_refused_at_the_next_commit(
+@pytest.mark.parametrize(
+    ("copied_after", "held"), [(0, "holds none of them"), (1, "holds them only up to batch 0")]
+)
+def test_a_copy_older_than_committed_batches_put_back_while_the_query_runs_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copied_after: int, held: str
+) -> None:
+    # A copy of the output taken before the query's first batch, or after its first, put back
+    # after three while the query runs: no restart, so no open() to refuse it. Before, the next
+    # commit found the query's batches missing there and appended to the copy: the missing
+    # batches were lost.
+    out, checkpoint, backup = tmp_path / "out", tmp_path / "checkpoint", tmp_path / "backup"
+    options = SinkOptions.parse({"path": str(out), **SETTINGS})
+    open_output(options.path, options.rejects_path, QUERY)
+    running = PidfenceStreamWriter(options, QUERY, checkpoint=str(checkpoint))
+    _, chunks = _stream(38, 250)
+    (checkpoint / "commits").mkdir(parents=True)
+    for batch in range(3):
+        if batch == copied_after:
+            shutil.copytree(out, backup)
+        _commit_batches(monkeypatch, running, chunks[batch : batch + 1], start=batch)
+        (checkpoint / "commits" / str(batch)).write_text("v1\n{}")  # Spark, after commit()
+    rows = DeltaTable(str(backup)).to_pyarrow_table().num_rows
+    shutil.rmtree(out)
+    shutil.copytree(backup, out)
+    # This process read the table at a version the copy's log lacks: the next batch stops.
+    with pytest.raises(TableGone, match=r"deleted and created again|up to batch 2, and the"):
+        _commit_batches(monkeypatch, running, chunks[3:4], start=3)
+    # A process that never read it (a new Python worker) meets a table without the query's
+    # newest batches; Spark's checkpoint says it committed them.
+    monkeypatch.setattr(tip_mod, "_TIPS", {})
+    monkeypatch.setattr(table_mod, "_CACHE", {})
+    with pytest.raises(TableGone, match=f"up to batch 2, and the Delta table {held}"):
+        _commit_batches(monkeypatch, running, chunks[3:4], start=3)
+    assert DeltaTable(str(out)).to_pyarrow_table().num_rows == rows
+
+
+def test_a_restore_before_committed_batches_is_named_as_such_in_a_new_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The same copy put back while the query runs: no restart, so no open() to refuse it.
-    # Before, the next commit found no batch of the query there and appended to the copy.
+    """The log table lacks batches Spark committed because of a RESTORE: the error says so."""
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     options = SinkOptions.parse({"path": str(out), **SETTINGS})
     open_output(options.path, options.rejects_path, QUERY)
-    backup = tmp_path / "backup"
-    shutil.copytree(out, backup)
     running = PidfenceStreamWriter(options, QUERY, checkpoint=str(checkpoint))
-    _, chunks = _stream(38, 150)
-    _commit_batches(monkeypatch, running, chunks[:2])
+    _, chunks = _stream(38, 250)
     (checkpoint / "commits").mkdir(parents=True)
-    for batch in (0, 1):  # what Spark writes after each commit returns
+    for batch in range(3):
+        _commit_batches(monkeypatch, running, chunks[batch : batch + 1], start=batch)
         (checkpoint / "commits" / str(batch)).write_text("v1\n{}")
-    shutil.rmtree(out)
-    shutil.copytree(backup, out)
-    # This process read the table at a version the new log lacks: the next batch stops.
-    with pytest.raises(TableGone, match="deleted and created again"):
-        _commit_batches(monkeypatch, running, chunks[2:3], start=2)
-    # A process that never read it (a new Python worker) meets only a table without the query's
-    # batches; Spark's checkpoint says it committed some.
+    DeltaTable(str(out)).restore(DeltaTable(str(out)).version() - 1)
     monkeypatch.setattr(tip_mod, "_TIPS", {})
     monkeypatch.setattr(table_mod, "_CACHE", {})
-    with pytest.raises(TableGone, match="holds none of them"):
-        _commit_batches(monkeypatch, running, chunks[2:3], start=2)
-    assert DeltaTable(str(out)).to_pyarrow_table().num_rows == 0
+    with pytest.raises(RestoredPastSink, match="RESTORE"):
+        _commit_batches(monkeypatch, running, chunks[3:4], start=3)
 
 
 def test_a_table_replaced_by_a_copy_older_than_the_querys_batches_is_refused(

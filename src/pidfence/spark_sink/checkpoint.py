@@ -17,12 +17,15 @@ import pyarrow as pa
 from pidfence.spark_sink.storage import Store
 
 
-def checkpoint_committed(checkpoint: str | None) -> bool:
-    """Whether Spark's checkpoint records a committed batch (``<checkpoint>/commits/N``)."""
+def checkpoint_committed(checkpoint: str | None, batch: int | None = None) -> bool:
+    """Whether Spark's checkpoint records a committed batch (``<checkpoint>/commits/N``), or
+    batch ``batch`` committed."""
     if not checkpoint:
         return False
     try:
         store = Store.at(checkpoint)
+        if batch is not None:
+            return store.exists(store.join("commits", str(batch)))
         return any(name.isdigit() for name in store.list(store.join("commits")))
     except (OSError, ValueError, pa.ArrowException):
         return False

@@ -26,6 +26,8 @@ from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.checkpoint import checkpoint_committed
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.delta.errors import TableGone
+from pidfence.spark_sink.delta.history import check_shared
+from pidfence.spark_sink.delta.table import cached_table
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
 from pidfence.spark_sink.fence import new_tag
 from pidfence.spark_sink.first_batch import check_first_batch
@@ -207,15 +209,19 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         query = next((m.query for m in ours), self.query_id or NO_OWNER)
         output = self.output(query)
         manifest = output.committed(batchId)
-        replaced = (
+        holds = output.committed_version()
+        lacking = (
             manifest is None
-            and output.committed_version() < 0
-            and checkpoint_committed(self.checkpoint)
+            and holds < batchId - 1
+            and checkpoint_committed(self.checkpoint, batchId - 1)
         )
-        if replaced:
-            # Spark committed batches of this query, and the log table holds none of them: it
-            # was replaced while the query ran.
-            raise TableGone.replaced(output.log.uri, query)
+        if lacking:
+            # Spark committed batches of this query that the log table lacks (every batch
+            # commits to it). A RESTORE that took them away is named (RestoredPastSink); else
+            # the table was replaced, or a copy older than them put back.
+            uri = output.log.uri
+            check_shared(cached_table(uri, "log", create=False), "log", uri, uri)
+            raise TableGone.replaced(uri, query, holds, batchId - 1)
         if manifest is None and batchId == 0:
             check_first_batch(self.options, parts.values())
         crash_point("before_manifest")

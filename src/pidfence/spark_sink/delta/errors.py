@@ -41,14 +41,22 @@ class TableGone(CannotContinue):
     """The table the sink committed batches to is gone (deleted, or its Delta log removed)."""
 
     @classmethod
-    def replaced(cls, uri: str, query: str) -> TableGone:
-        """The log table at ``uri`` holds none of the batches the checkpoint says ``query``
-        committed there."""
+    def replaced(
+        cls, uri: str, query: str, holds: int = -1, committed: int | None = None
+    ) -> TableGone:
+        """The log table at ``uri`` holds ``query``'s batches only up to ``holds`` (-1: none),
+        where the checkpoint says it committed them up to ``committed`` (None: some)."""
+        if holds < 0:
+            held = "holds none of them: it was replaced (deleted and created again, or restored "
+            held += "from a copy older than the query's first batch)"
+        else:
+            held = f"holds them only up to batch {holds}: it was restored from a copy older "
+            held += "than the batches after that"
+        upto = "" if committed is None else f" up to batch {committed}"
         return cls(
-            f"{uri}: the checkpoint says query {query} committed batches here, and the Delta "
-            "table holds none of them: it was replaced (deleted and created again, or restored "
-            "from a copy older than the query's first batch). Restore the table the query "
-            "wrote, or start a new --output with a new --checkpoint"
+            f"{uri}: the checkpoint says query {query} committed batches here{upto}, and the "
+            f"Delta table {held}. Restore the table the query wrote, or start a new --output "
+            "with a new --checkpoint"
         )
 
 
