@@ -323,6 +323,32 @@ def test_open_again_in_the_same_process_refuses_what_a_fresh_open_refuses(
         open_output(path, rejects, QUERY)
 
 
+def _query_of_three_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copied_after: int | None = None
+) -> tuple[PidfenceStreamWriter, list[list[Record]]]:
+    """A running query's writer (its checkpoint at ``tmp_path/checkpoint``, its output at
+    ``tmp_path/out``) after batches 0-2, each recorded committed as Spark records it; the output
+    copied to ``tmp_path/backup`` before batch ``copied_after``. Returns it and its chunks."""
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    options = SinkOptions.parse({"path": str(out), **SETTINGS})
+    open_output(options.path, options.rejects_path, QUERY)
+    running = PidfenceStreamWriter(options, QUERY, checkpoint=str(checkpoint))
+    _, chunks = _stream(38, 250)
+    (checkpoint / "commits").mkdir(parents=True)
+    for batch in range(3):
+        if batch == copied_after:
+            shutil.copytree(out, tmp_path / "backup")
+        _commit_batches(monkeypatch, running, chunks[batch : batch + 1], start=batch)
+        (checkpoint / "commits" / str(batch)).write_text("v1\n{}")  # Spark, after commit()
+    return running, chunks
+
+
+def _in_a_new_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forget what this process read of the tables, as a new Python worker would not know it."""
+    monkeypatch.setattr(tip_mod, "_TIPS", {})
+    monkeypatch.setattr(table_mod, "_CACHE", {})
+
+
 @pytest.mark.parametrize(
     ("copied_after", "held"), [(0, "holds none of them"), (1, "holds them only up to batch 0")]
 )
@@ -333,48 +359,29 @@ def test_a_copy_older_than_committed_batches_put_back_while_the_query_runs_is_re
     # after three while the query runs: no restart, so no open() to refuse it. Before, the next
     # commit found the query's batches missing there and appended to the copy: the missing
     # batches were lost.
-    out, checkpoint, backup = tmp_path / "out", tmp_path / "checkpoint", tmp_path / "backup"
-    options = SinkOptions.parse({"path": str(out), **SETTINGS})
-    open_output(options.path, options.rejects_path, QUERY)
-    running = PidfenceStreamWriter(options, QUERY, checkpoint=str(checkpoint))
-    _, chunks = _stream(38, 250)
-    (checkpoint / "commits").mkdir(parents=True)
-    for batch in range(3):
-        if batch == copied_after:
-            shutil.copytree(out, backup)
-        _commit_batches(monkeypatch, running, chunks[batch : batch + 1], start=batch)
-        (checkpoint / "commits" / str(batch)).write_text("v1\n{}")  # Spark, after commit()
+    running, chunks = _query_of_three_batches(tmp_path, monkeypatch, copied_after)
+    out, backup = tmp_path / "out", tmp_path / "backup"
     rows = DeltaTable(str(backup)).to_pyarrow_table().num_rows
     shutil.rmtree(out)
     shutil.copytree(backup, out)
     # This process read the table at a version the copy's log lacks: the next batch stops.
     with pytest.raises(TableGone, match=r"deleted and created again|up to batch 2, and the"):
         _commit_batches(monkeypatch, running, chunks[3:4], start=3)
-    # A process that never read it (a new Python worker) meets a table without the query's
-    # newest batches; Spark's checkpoint says it committed them.
-    monkeypatch.setattr(tip_mod, "_TIPS", {})
-    monkeypatch.setattr(table_mod, "_CACHE", {})
+    # A process that never read it meets a table without the query's newest batches; Spark's
+    # checkpoint says it committed them.
+    _in_a_new_process(monkeypatch)
     with pytest.raises(TableGone, match=f"up to batch 2, and the Delta table {held}"):
         _commit_batches(monkeypatch, running, chunks[3:4], start=3)
     assert DeltaTable(str(out)).to_pyarrow_table().num_rows == rows
 
 
-def test_a_restore_before_committed_batches_is_named_as_such_in_a_new_process(
+def test_a_restore_before_committed_batches_is_still_named_as_such_in_a_new_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The log table lacks batches Spark committed because of a RESTORE: the error says so."""
-    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    options = SinkOptions.parse({"path": str(out), **SETTINGS})
-    open_output(options.path, options.rejects_path, QUERY)
-    running = PidfenceStreamWriter(options, QUERY, checkpoint=str(checkpoint))
-    _, chunks = _stream(38, 250)
-    (checkpoint / "commits").mkdir(parents=True)
-    for batch in range(3):
-        _commit_batches(monkeypatch, running, chunks[batch : batch + 1], start=batch)
-        (checkpoint / "commits" / str(batch)).write_text("v1\n{}")
-    DeltaTable(str(out)).restore(DeltaTable(str(out)).version() - 1)
-    monkeypatch.setattr(tip_mod, "_TIPS", {})
-    monkeypatch.setattr(table_mod, "_CACHE", {})
+    running, chunks = _query_of_three_batches(tmp_path, monkeypatch)
+    table = DeltaTable(str(tmp_path / "out"))
+    table.restore(table.version() - 1)
+    _in_a_new_process(monkeypatch)
     with pytest.raises(RestoredPastSink, match="RESTORE"):
         _commit_batches(monkeypatch, running, chunks[3:4], start=3)
 
