@@ -90,11 +90,32 @@ def test_the_consumers_errors_mean_what_they_say() -> None:
     with pytest.raises(BrokerUnavailable, match="consuming in failed"):
         raise_for(error_of(confluent_kafka.KafkaError._TRANSPORT), "in", 0)
     # A rerun meets these again: exit 3, not the 75 that promises a rerun continues.
-    with pytest.raises(UnknownTopic, match="'in' does not exist"):
-        raise_for(error_of(confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART), "in", 0)
     with pytest.raises(KafkaRefused, match="grant this client's principal READ") as denied:
         raise_for(error_of(confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED), "in", 0)
     assert code_of(denied.value) == 3
+
+
+def gone(topic: str) -> int:
+    raise UnknownTopic(topic)
+
+
+@pytest.mark.parametrize(
+    ("partitions", "error", "code"),
+    [
+        (gone, KafkaRefused, 3),  # metadata confirms it: the input topic was deleted
+        (lambda topic: 2, BrokerUnavailable, 75),  # it is there: a broker's metadata lagged
+        (None, BrokerUnavailable, 75),  # no way to ask
+    ],
+)
+def test_an_unknown_input_topic_is_gone_only_once_metadata_confirms_it(
+    partitions: Any, error: type[Exception], code: int
+) -> None:
+    with pytest.raises(error) as raised:
+        unknown = error_of(confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART)
+        raise_for(unknown, "in", 0, partitions)
+    assert code_of(raised.value) == code
+    if code == 3:
+        assert "deleted while copying" in str(raised.value)
 
 
 def test_a_refusing_guard_closes_the_task_producer_and_commits_nothing() -> None:

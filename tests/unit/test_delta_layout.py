@@ -378,12 +378,28 @@ def test_a_copy_older_than_committed_batches_put_back_while_the_query_runs_is_re
 def test_a_restore_before_committed_batches_is_still_named_as_such_in_a_new_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A RESTORE keeps the query's transaction: the check for missing batches stays silent and
+    # the commit's lineage check names it.
     running, chunks = _query_of_three_batches(tmp_path, monkeypatch)
     table = DeltaTable(str(tmp_path / "out"))
     table.restore(table.version() - 1)
     _in_a_new_process(monkeypatch)
     with pytest.raises(RestoredPastSink, match="RESTORE"):
         _commit_batches(monkeypatch, running, chunks[3:4], start=3)
+
+
+@pytest.mark.parametrize("deleted", ["out", "out/_delta_log"])
+def test_a_log_table_deleted_while_the_query_runs_is_gone_in_a_new_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deleted: str
+) -> None:
+    # Not deltalake's own TableNotFoundError, which the sink reports retriable (75): a rerun
+    # meets the same missing table.
+    running, chunks = _query_of_three_batches(tmp_path, monkeypatch)
+    shutil.rmtree(tmp_path / deleted)
+    _in_a_new_process(monkeypatch)
+    with pytest.raises(TableGone, match="gone") as gone:
+        _commit_batches(monkeypatch, running, chunks[3:4], start=3)
+    assert not gone.value.retriable
 
 
 def test_a_table_replaced_by_a_copy_older_than_the_querys_batches_is_refused(

@@ -104,3 +104,28 @@ def test_no_client_ever_holds_more_than_its_share(steps: list[tuple[str, int]], 
             count = sum(1 for c, _ in live if c == name)
             assert ring.held_by(name) == count <= share
         assert len(ring) == len(live)
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=40),
+    st.integers(min_value=0, max_value=2_000),
+    st.integers(min_value=1, max_value=8),
+)
+def test_live_counts_the_leases_not_ended_without_expiring_any(
+    gaps: list[int], now_ms: int, expired_first: int
+) -> None:
+    # A ring wrapped around: some leases expired from the head first, then more appended.
+    ring = LeaseRing(len(gaps))
+    ends, end = [], 1  # every lease ends after it is issued (at 0)
+    for pid, gap in enumerate(gaps, start=1):
+        end += gap
+        ring.append(pid, 0, expire_ms=end, now_ms=0)
+        ends.append(end)
+    dropped = ring.expire(ends[min(expired_first, len(ends)) - 1])
+    for pid in range(len(gaps) + 1, len(gaps) + 1 + dropped):
+        end += 1
+        ring.append(pid, 0, expire_ms=end, now_ms=ends[dropped - 1])
+        ends.append(end)
+    kept = ends[dropped:]
+    assert ring.live(now_ms) == sum(1 for e in kept if e > now_ms)
+    assert len(ring) == len(kept)  # nothing expired by asking

@@ -59,12 +59,17 @@ class LeaseRing:
 
     def live(self, now_ms: int) -> int:
         """Leases live at ``now_ms``: :func:`len` less the ended ones not yet expired from the
-        head. Changes nothing, so a metrics scrape may call it from another thread."""
+        head (ends rise in ring order: one binary search). Changes nothing, so a metrics scrape
+        may call it from another thread."""
         head, size, expires, cap = self._head, self._size, self._expires, self.capacity
-        ended = 0
-        while ended < size and expires[(head + ended) % cap] <= now_ms:
-            ended += 1
-        return size - ended
+        lo, hi = 0, size
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if expires[(head + mid) % cap] <= now_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return size - lo
 
     def expire(self, now_ms: int) -> int:
         """Drop leases that ended at or before ``now_ms`` from the head; return how many."""

@@ -308,7 +308,10 @@ class Copier:
                 continue
             if msg.error() is not None:
                 try:
-                    raise_for(msg.error(), spec.from_topic, msg.partition())
+                    partitions = functools.partial(
+                        partition_count, consumer.list_topics, spec.bootstrap
+                    )
+                    raise_for(msg.error(), spec.from_topic, msg.partition(), partitions)
                 except InputRecordsDeleted:
                     # Saved, nothing is owed past the checkpoint: --allow-data-loss can go on.
                     self._save(producer, offsets, copied, last=True)

@@ -205,7 +205,10 @@ class CopyGroup:
             for msg in batch:
                 error = msg.error()
                 if error is not None:
-                    raise_for(error, spec.from_topic, msg.partition())
+                    partitions = functools.partial(
+                        partition_count, consumer.list_topics, spec.bootstrap
+                    )
+                    raise_for(error, spec.from_topic, msg.partition(), partitions)
                     continue
                 if self._copy(consumer, msg):
                     done += 1

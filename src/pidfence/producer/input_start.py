@@ -14,6 +14,7 @@ the log's end is refused either way.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
@@ -93,8 +94,16 @@ def check_jump(producer: Any, to_topic: str, partition: int, stored: int, start:
         )
 
 
-def raise_for(error: Any, topic: str, partition: int) -> None:
-    """Raise the error a consumer's error event means (``_PARTITION_EOF`` is none)."""
+def raise_for(
+    error: Any, topic: str, partition: int, partitions: Callable[[str], int] | None = None
+) -> None:
+    """Raise the error a consumer's error event means (``_PARTITION_EOF`` is none).
+
+    Args:
+        partitions: a topic's partition count from a fresh metadata request (raising
+            ``UnknownTopic`` when it does not exist): asked whether an unknown-topic error is
+            a deleted input or a broker's metadata lagging (retriable).
+    """
     if error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
         return
     if error.code() == confluent_kafka.KafkaError._AUTO_OFFSET_RESET:
@@ -104,8 +113,15 @@ def raise_for(error: Any, topic: str, partition: int) -> None:
             "rerun with --allow-data-loss to continue after them"
         )
     code = error.code()
-    if code in _GONE:
-        raise UnknownTopic(topic)
+    if code in _GONE and partitions is not None:
+        try:
+            partitions(topic)
+        except UnknownTopic:
+            raise KafkaRefused(
+                f"the input topic {topic!r} was deleted while copying ({error}): restore it, or "
+                "copy into a new output topic (a new --state, or a new --group)",
+                str(error.name()),
+            ) from None
     if code in _DENIED:
         raise KafkaRefused(
             f"consuming {topic} was refused ({error}): grant this client's principal READ on the "
@@ -115,7 +131,8 @@ def raise_for(error: Any, topic: str, partition: int) -> None:
     raise BrokerUnavailable(f"consuming {topic} failed: {error}")
 
 
-#: Consumer errors a rerun meets again until someone acts (exit 3, not 75).
+#: Consumer errors a rerun meets again until someone acts (exit 3, not 75), the first ones
+#: only once metadata confirms the topic is gone.
 _GONE = frozenset(
     {confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART, confluent_kafka.KafkaError._UNKNOWN_TOPIC}
 )

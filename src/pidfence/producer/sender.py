@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -337,4 +338,5 @@ def _chain(own: DeliveryCallback, user: DeliveryCallback) -> DeliveryCallback:
 
 def _interrupt_lost_in(exc: SystemError) -> BaseException:
     """The KeyboardInterrupt that ``exc`` lost (see :data:`_LOST_INTERRUPT`), else ``exc``."""
-    return KeyboardInterrupt() if _LOST_INTERRUPT in str(exc) else exc
+    lost = sys.version_info < (3, 12) and _LOST_INTERRUPT in str(exc)
+    return KeyboardInterrupt() if lost else exc

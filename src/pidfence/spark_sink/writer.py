@@ -25,9 +25,8 @@ from pidfence.spark_sink import owner
 from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.checkpoint import checkpoint_committed
 from pidfence.spark_sink.crash_points import crash_point
+from pidfence.spark_sink.delta.commit import check_log
 from pidfence.spark_sink.delta.errors import TableGone
-from pidfence.spark_sink.delta.history import check_shared
-from pidfence.spark_sink.delta.table import cached_table
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
 from pidfence.spark_sink.fence import new_tag
 from pidfence.spark_sink.first_batch import check_first_batch
@@ -81,7 +80,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             path is claimed for it before any task runs.
         committed_before: the checkpoint says the query committed batches already.
         checkpoint: the query's checkpoint location, when known (a commit reads it only when the
-            log table holds no batch of the query).
+            log table lacks the batch before its own).
     """
 
     def __init__(
@@ -217,11 +216,10 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         )
         if lacking:
             # Spark committed batches of this query that the log table lacks (every batch
-            # commits to it). A RESTORE that took them away is named (RestoredPastSink); else
-            # the table was replaced, or a copy older than them put back.
-            uri = output.log.uri
-            check_shared(cached_table(uri, "log", create=False), "log", uri, uri)
-            raise TableGone.replaced(uri, query, holds, batchId - 1)
+            # commits to it; a RESTORE keeps the query's transaction). A table with no log is
+            # named gone; else it was replaced, or a copy older than them put back.
+            check_log(output.log, 0)
+            raise TableGone.replaced(output.log.uri, query, holds, batchId - 1)
         if manifest is None and batchId == 0:
             check_first_batch(self.options, parts.values())
         crash_point("before_manifest")
