@@ -12,6 +12,7 @@ from pidfence.cli import app
 from pidfence.durations import parse_duration_ms
 from pidfence.pid_allocator import LeaseServerThread, MemoryCoordinator
 from pidfence.pid_allocator.settings_sources import parse_listen
+from tests.unit.test_lease_client import ipv6_loopback
 
 
 @pytest.mark.parametrize(
@@ -210,18 +211,7 @@ app(sys.argv[1:], prog_name="pidfence")
 """
 
 
-def _ipv6_loopback() -> bool:
-    import socket
-
-    try:
-        with socket.socket(socket.AF_INET6) as probe:
-            probe.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-_NO_IPV6 = pytest.mark.skipif(not _ipv6_loopback(), reason="this host has no IPv6 loopback (::1)")
+_NO_IPV6 = pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
 
 
 @pytest.mark.parametrize(

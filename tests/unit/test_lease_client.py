@@ -134,7 +134,8 @@ def test_client_options_from_files_and_environment(tmp_path: Path) -> None:
         lease_client_options(token_file, env={})
 
 
-def _ipv6_loopback() -> bool:
+def ipv6_loopback() -> bool:
+    """Whether this machine can listen on ``::1``."""
     try:
         with socket.socket(socket.AF_INET6) as probe:
             probe.bind(("::1", 0))
@@ -143,7 +144,7 @@ def _ipv6_loopback() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
 def test_a_client_reaches_a_server_listening_on_ipv6_by_its_address() -> None:
     with (
         LeaseServerThread(None, coordinator=MemoryCoordinator(), host="::1", port=0) as server,

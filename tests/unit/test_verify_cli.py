@@ -62,12 +62,17 @@ def output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def build_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Write two batches of ``RECORDS`` with the sink's writer into ``tmp_path/out``."""
     path = tmp_path / "out"
-    writer = PidfenceStreamWriter(SinkOptions.parse({"path": str(path)}))
+    write_output(str(path), monkeypatch)
+    return path
+
+
+def write_output(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Write two batches of ``RECORDS`` with the sink's writer to the output at ``path``."""
+    writer = PidfenceStreamWriter(SinkOptions.parse({"path": path}))
     for batch, (lo, hi) in enumerate(((0, 4), (4, len(RECORDS)))):
         monkeypatch.setattr(writer_mod, "_task_context", lambda b=batch: (b, 0, "query"))
         table = kafka_rows(RECORDS[lo:hi], lo)
         writer.commit([writer.write(iter(table.to_batches()))], batch)
-    return path
 
 
 def ledger_entries() -> list[LedgerEntry]:

@@ -26,10 +26,10 @@ from tests.unit.test_verify_check import (
     value,
 )
 from tests.unit.test_verify_cli import (  # noqa: F401
-    build_output,
     ledger_entries,
     output,
     write_ledger,
+    write_output,
 )
 from tests.unit.test_verify_provenance import history, written_of
 
@@ -179,9 +179,11 @@ def test_verify_output_excuses_a_users_delete(tmp_path: Path, output: Path) -> N
     assert report.counts()["deleted"] == 1
 
 
-def test_an_extra_copy_inside_a_sink_data_file_is_a_duplicate(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def assert_an_extra_copy_in_a_sink_file_is_a_duplicate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
+    """A sink whose writer puts one row twice into its own data file of the output at ``path``
+    (its account lists it once): ``verify`` finds the duplicate."""
     from pidfence.spark_sink import output as output_mod
 
     real = output_mod.table_rows
@@ -190,15 +192,20 @@ def test_an_extra_copy_inside_a_sink_data_file_is_a_duplicate(
         staged = real(rows, kind)  # type: ignore[arg-type]
         return pa.concat_tables([staged, staged.slice(0, 1)]) if kind == "log" else staged
 
-    # A sink whose writer puts one row twice into its own data file (its account lists it once).
     monkeypatch.setattr(output_mod, "table_rows", doubling)
-    path = build_output(tmp_path, monkeypatch)
+    write_output(path, monkeypatch)
     ledger = write_ledger(tmp_path / "l.jsonl", ledger_entries())
-    report = verify_output([ledger], str(path))
+    report = verify_output([ledger], path)
     # Before: each copy was passed as another writer's (foreign) and the run passed.
     assert report.counts()["duplicate"] == 2, report.to_dict()
     assert report.counts()["foreign"] == 0
     assert not report.ok
+
+
+def test_an_extra_copy_inside_a_sink_data_file_is_a_duplicate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert_an_extra_copy_in_a_sink_file_is_a_duplicate(tmp_path, monkeypatch, str(tmp_path / "o"))
 
 
 def test_rows_compaction_moved_out_of_the_sinks_files_stay_the_sinks(
