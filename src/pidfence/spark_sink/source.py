@@ -10,7 +10,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from pidfence.spark_sink.checkpoint import checkpoint_committed, checkpoint_query_id
+from pidfence.spark_sink.checkpoint import checkpoint_query_id
 from pidfence.spark_sink.delta.table import TableKind
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions
@@ -65,7 +65,6 @@ class PidfenceDataSource(DataSource):
         return PidfenceStreamWriter(
             SinkOptions.parse(options),
             checkpoint_query_id(checkpoint),
-            committed_before=checkpoint_committed(checkpoint),
             checkpoint=checkpoint,
         )
 

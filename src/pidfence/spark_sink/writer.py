@@ -78,17 +78,13 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         options: the sink's options.
         query_id: the streaming query's id when known at start (read from the checkpoint); the
             path is claimed for it before any task runs.
-        committed_before: the checkpoint says the query committed batches already.
-        checkpoint: the query's checkpoint location, when known (a commit reads it only when the
-            log table lacks the batch before its own).
+        checkpoint: the query's checkpoint location, when known: whether it committed batches
+            already (then a missing table is a lost one), and, when the log table lacks the
+            batch before a commit's own, whether Spark committed that batch.
     """
 
     def __init__(
-        self,
-        options: SinkOptions,
-        query_id: str | None = None,
-        committed_before: bool = False,
-        checkpoint: str | None = None,
+        self, options: SinkOptions, query_id: str | None = None, checkpoint: str | None = None
     ) -> None:
         self.options = options
         self.query_id = query_id
@@ -97,7 +93,10 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         # so the first batch's tasks find them (unless the query committed batches before: then
         # a missing table is a lost one).
         output = open_output(
-            options.path, options.rejects_path, query_id or NO_OWNER, committed_before
+            options.path,
+            options.rejects_path,
+            query_id or NO_OWNER,
+            checkpoint_committed(checkpoint),
         )
         if query_id is not None:
             # Spark builds a writer at start and again in the process that runs commit(), so
