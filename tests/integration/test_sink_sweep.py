@@ -14,8 +14,8 @@ import pytest
 from pidfence.cli.exits import EXIT_OK
 from pidfence.spark_sink import read_log, read_written
 from pidfence.spark_sink import writer as writer_mod
+from pidfence.spark_sink.claims import claim_output, new_tag
 from pidfence.spark_sink.delta.table import OWN_DIR
-from pidfence.spark_sink.fence import claim_output, new_tag
 from pidfence.spark_sink.fold import listing, segment_stem, segments
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import INDEX_EVERY, Output

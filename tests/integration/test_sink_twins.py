@@ -23,7 +23,7 @@ import pytest
 from pidfence.demo.procs import pidfence_argv, sink_args
 from pidfence.spark_sink import crash_points, read_log
 from pidfence.spark_sink import writer as writer_mod
-from pidfence.spark_sink.fence import OutputFenced, claim_output
+from pidfence.spark_sink.claims import OutputFenced, claim_output
 from pidfence.spark_sink.manifest import BatchManifest
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import Output

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pidfence.spark_sink.fence import check_epoch
+from pidfence.spark_sink.claims import check_epoch
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit
 from pidfence.spark_sink.storage import Store, batch_name
 

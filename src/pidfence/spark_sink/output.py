@@ -2,13 +2,13 @@
 
 ``P`` is the sink's ``path``, ``R`` its ``rejectsPath`` (default ``P/_rejects``); batch ids are
 zero-padded to 20 digits; ``TAG`` is unique per task attempt and starts with the epoch of the
-sink instance's claim on the output (``e3-…``, :mod:`~pidfence.spark_sink.fence`)::
+sink instance's claim on the output (``e3-…``, :mod:`~pidfence.spark_sink.claims`)::
 
     P/_delta_log/, R/_delta_log/                    the two Delta tables' logs
     P/data/QUERY/BATCH/TOPIC-PART.TAG.parquet       log rows of one task attempt (R/data/… rejects):
                                                     invisible until the batch's commit adds them
     P/_pidfence/_owner.json                         the query that owns the path (owner.py)
-    P/_pidfence/_claims/EPOCH.json                  the sink instance that owns it now (fence.py)
+    P/_pidfence/_claims/EPOCH.json                  the sink instance that owns it now (claims.py)
     P/_pidfence/_manifests/BATCH.json               the batch's manifest (manifest.py)
     P/_pidfence/_manifests/_index/BATCH.json        every partition's position as of BATCH, every
                                                     INDEX_EVERY batches; ``latest`` names the newest
@@ -42,6 +42,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from pidfence.spark_sink import owner
+from pidfence.spark_sink.claims import check_epoch, tag_epoch
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.decisions import decided_rows
 from pidfence.spark_sink.delta.commit import check_log, commit_files, table_rows
@@ -56,7 +57,6 @@ from pidfence.spark_sink.delta.table import (
 )
 from pidfence.spark_sink.delta.tip import Tip, query_tip
 from pidfence.spark_sink.errors import ManifestUnreadable
-from pidfence.spark_sink.fence import check_epoch, tag_epoch
 from pidfence.spark_sink.fold import folded_decided, folded_manifest, folded_manifests
 from pidfence.spark_sink.manifest import (
     KINDS,
@@ -89,7 +89,7 @@ _KNOWN: dict[tuple[str, str, str], tuple[int, dict[str, Position]]] = {}
 @dataclass(frozen=True, slots=True)
 class PartAttempt:
     """One (topic, partition)'s part of a batch as one task attempt writes it: its files carry
-    the attempt's ``tag`` (:func:`~pidfence.spark_sink.fence.new_tag`)."""
+    the attempt's ``tag`` (:func:`~pidfence.spark_sink.claims.new_tag`)."""
 
     batch_id: int
     tag: str
@@ -315,7 +315,7 @@ class Output:
     def publish(self, manifest: BatchManifest) -> BatchManifest:
         """Create the batch's manifest if absent, commit the rejects table (when the batch has
         rejects), then the log table (the commit point); each step only while this instance's
-        epoch is the newest (:func:`~pidfence.spark_sink.fence.check_epoch`).
+        epoch is the newest (:func:`~pidfence.spark_sink.claims.check_epoch`).
 
         Returns the batch's manifest as committed: ``manifest``, or the one an earlier attempt
         (a crashed run, a twin driver) created first, whose files are then the ones committed

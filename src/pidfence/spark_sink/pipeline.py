@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from pidfence.spark_sink.claims import Claim, OutputClaim, claim_output
 from pidfence.spark_sink.errors import SinkOptionError, store_failed
 from pidfence.spark_sink.failure import failure_of
-from pidfence.spark_sink.fence import Claim, OutputClaim, claim_output
 from pidfence.spark_sink.manifest import BatchManifest
 from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.progress import BatchProgress, progress_by_batch
@@ -175,7 +175,7 @@ def start_sink(
     **kwargs: Any,
 ) -> Any:
     """Check the output, claim it (waiting as a standby while another sink instance holds it,
-    :mod:`~pidfence.spark_sink.fence`), open it, then start the query (see :func:`build_query`).
+    :mod:`~pidfence.spark_sink.claims`), open it, then start the query (see :func:`build_query`).
 
     The claim is renewed while the query runs and released when it stops; if a newer instance
     takes the output over, the query is stopped (its next commit would be refused anyway).

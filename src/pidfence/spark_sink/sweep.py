@@ -6,7 +6,7 @@ an idle partition's position named them and orphaned once it moved on; files of 
 never committed and that no later attempt of their batch cleaned up (a fenced instance that
 wrote after its successor committed the batch, a process killed before its clean-up); manifests
 and segments a crash left between a fold's steps; indexes older than the two kept. Claims are
-never deleted: a paused owner's fence rests on the claim after its own (fence.py).
+never deleted: a paused owner's fence rests on the claim after its own (claims.py).
 
 A file goes only when all of these hold:
 
@@ -16,7 +16,7 @@ A file goes only when all of these hold:
   names it; or it is a segment that the newest list of segments does not name, an older list,
   or an index older than the two kept;
 * its attempt's epoch is at most the newest claim's when the sweep began (a sink instance that
-  claimed the output since is never touched; fence.py);
+  claimed the output since is never touched; claims.py);
 * it is at least ``min_age`` old (a fold in flight writes its segment before naming it).
 
 State files (``_state/``) are left to the sink, which drops old chains as it writes full
@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Final
 
-from pidfence.spark_sink.fence import newest_claim, tag_epoch
+from pidfence.spark_sink.claims import newest_claim, tag_epoch
 from pidfence.spark_sink.fold import (
     FOLDED,
     LISTS,

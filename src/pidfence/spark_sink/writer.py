@@ -24,11 +24,11 @@ from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink import owner
 from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.checkpoint import checkpoint_committed
+from pidfence.spark_sink.claims import new_tag
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.delta.commit import check_log
 from pidfence.spark_sink.delta.errors import TableGone
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
-from pidfence.spark_sink.fence import new_tag
 from pidfence.spark_sink.first_batch import check_first_batch
 from pidfence.spark_sink.fold import Listing, add_segment, listing, with_place
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals

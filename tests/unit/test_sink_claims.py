@@ -1,4 +1,4 @@
-"""The output claim (fence.py): one owner, standbys that wait, takeover by epoch."""
+"""The output claim (claims.py): one owner, standbys that wait, takeover by epoch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pidfence.spark_sink.fence import (
+from pidfence.spark_sink.claims import (
     Claim,
     OutputFenced,
     _gone,
@@ -245,7 +245,7 @@ def test_a_store_that_blips_while_claiming_is_waited_out(
 
     monkeypatch.setattr(Store, "list", blipping_list)
     monkeypatch.setattr(Store, "put_if_absent", blipping_put)
-    monkeypatch.setattr("pidfence.spark_sink.fence.STANDBY_POLL", 0.01)
+    monkeypatch.setattr("pidfence.spark_sink.claims.STANDBY_POLL", 0.01)
     claim = claim_output(store, lapse=30)
     assert claim is not None and claim.epoch == 1
     assert failures == {"list": [], "put": []}
