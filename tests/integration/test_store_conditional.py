@@ -41,7 +41,7 @@ def test_a_checkpoint_on_s3_gives_the_offsets_of_its_last_committed_batch(
 ) -> None:
     """What ``pidfence sink`` reads before Spark starts (the records Kafka deleted under the
     checkpoint, the progress total) comes from an ``s3a://`` checkpoint as from a local one."""
-    from pidfence.spark_sink.checkpoint import start_offsets
+    from pidfence.spark_sink.spark_checkpoint import start_offsets
 
     checkpoint = f"s3a://{s3_bucket.name}/ckpt"
     store = Store.at(checkpoint)

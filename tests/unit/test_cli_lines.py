@@ -34,10 +34,10 @@ from pidfence.cli.preflight import (
 from pidfence.demo.procs import Worker
 from pidfence.demo.progress import role_line
 from pidfence.spark_sink import BatchLine, SinkOptionError
-from pidfence.spark_sink.checkpoint import start_offsets
 from pidfence.spark_sink.delta.errors import RestoredPastSink
 from pidfence.spark_sink.failure import SparkQueryFailed
 from pidfence.spark_sink.preflight import check_apart, records_to_read
+from pidfence.spark_sink.spark_checkpoint import start_offsets
 from pidfence.verify import VerifyInputError
 from pidfence.wire import PidfenceError
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pidfence.spark_sink.checkpoint import initial_offsets
 from pidfence.spark_sink.first_batch import StartSkipsRecords, check_first_batch
 from pidfence.spark_sink.manifest import PartCommit
 from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.spark_checkpoint import initial_offsets
 
 
 def _initial(ckpt: Path, offsets: str) -> None:

@@ -218,8 +218,8 @@ def register(app: typer.Typer) -> None:
 
         from pidfence.cli import preflight
         from pidfence.spark_sink import SinkOptions, object_store
-        from pidfence.spark_sink import checkpoint as sink_checkpoint
         from pidfence.spark_sink import preflight as sink_preflight
+        from pidfence.spark_sink import spark_checkpoint as sink_checkpoint
         from pidfence.spark_sink.data_loss import data_lost, lost_ranges
         from pidfence.spark_sink.pipeline import SESSION_CONF
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pidfence.spark_sink.checkpoint import initial_offsets
 from pidfence.spark_sink.errors import SinkError
 from pidfence.spark_sink.manifest import PartCommit
 from pidfence.spark_sink.options import SinkOptions
+from pidfence.spark_sink.spark_checkpoint import initial_offsets
 
 
 class StartSkipsRecords(SinkError):

@@ -30,12 +30,12 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pidfence.spark_sink.checkpoint import start_offsets
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.lag import KafkaWatermarks, Watermarks, partition_lag
 from pidfence.spark_sink.manifest import PartCommit, Totals
 from pidfence.spark_sink.output import INDEX_EVERY, Output
 from pidfence.spark_sink.progress import progress_by_batch
+from pidfence.spark_sink.spark_checkpoint import start_offsets
 from pidfence.wire import PidfenceError, Verdict
 
 #: Every verdict that keeps a record out of the log: the label values of the rejected counter.

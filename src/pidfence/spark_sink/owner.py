@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from pidfence.spark_sink.checkpoint import checkpoint_query_id
 from pidfence.spark_sink.errors import OutputOwnedError
+from pidfence.spark_sink.spark_checkpoint import checkpoint_query_id
 from pidfence.spark_sink.storage import Store
 
 OWNER = "_owner.json"

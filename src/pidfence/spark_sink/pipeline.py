@@ -215,11 +215,11 @@ def _start(
     **kwargs: Any,
 ) -> Started | None:
     """:func:`start_sink`, returning the claim too (None: ``stop`` was set while on standby)."""
-    from pidfence.spark_sink.checkpoint import checkpoint_committed
     from pidfence.spark_sink.metrics import SinkMetrics
     from pidfence.spark_sink.options import SinkOptions
     from pidfence.spark_sink.output import NO_OWNER, open_output
     from pidfence.spark_sink.preflight import check_output
+    from pidfence.spark_sink.spark_checkpoint import checkpoint_committed
 
     sink_options = dict(kwargs.pop("sink_options", None) or {})
     opts = SinkOptions.parse({"path": output, **sink_options})

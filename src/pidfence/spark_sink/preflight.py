@@ -12,12 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from pidfence.spark_sink import owner, s3_requests
-from pidfence.spark_sink.checkpoint import checkpoint_committed
 from pidfence.spark_sink.delta.table import check_tables
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.object_store import arrow_uri, is_remote, is_s3
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import NO_OWNER, Output
+from pidfence.spark_sink.spark_checkpoint import checkpoint_committed
 
 
 def _where(path: str) -> str:

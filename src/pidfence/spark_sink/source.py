@@ -10,7 +10,6 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from pidfence.spark_sink.checkpoint import checkpoint_query_id
 from pidfence.spark_sink.delta.table import TableKind
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions
@@ -22,6 +21,7 @@ from pidfence.spark_sink.schema import (
     REJECTS_SCHEMA,
     conform,
 )
+from pidfence.spark_sink.spark_checkpoint import checkpoint_query_id
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 

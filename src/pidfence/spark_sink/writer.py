@@ -23,7 +23,6 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pidfence.broker_plugin import Verifier
 from pidfence.spark_sink import owner
 from pidfence.spark_sink.authority import BatchAuthority
-from pidfence.spark_sink.checkpoint import checkpoint_committed
 from pidfence.spark_sink.claims import new_tag
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.delta.commit import check_log
@@ -36,6 +35,7 @@ from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import INDEX_EVERY, NO_OWNER, Output, PartAttempt, open_output
 from pidfence.spark_sink.partition_batch import process_partition
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
+from pidfence.spark_sink.spark_checkpoint import checkpoint_committed
 from pidfence.spark_sink.state import load_state, save_state
 from pidfence.spark_sink.storage import batch_name
 from pidfence.wire.mac import RecordMacCheck

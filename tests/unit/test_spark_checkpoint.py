@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pidfence.spark_sink.checkpoint import checkpoint_committed, start_offsets
+from pidfence.spark_sink.spark_checkpoint import checkpoint_committed, start_offsets
 
 MARKS = {("t", 0): (5, 100), ("t", 1): (0, 50)}
 #: The line Spark writes before a batch's source offsets: its watermark, clock and session conf.
