@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from typer.testing import CliRunner
 
+from pidfence.cli import app
+from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE
+from pidfence.spark_sink.delta import care
 from pidfence.spark_sink.delta.care import checkpoint, compact, tables_of, vacuum
-from pidfence.spark_sink.delta.errors import NotPidfenceTable
+from pidfence.spark_sink.delta.errors import DataFileMissing, NotPidfenceTable, VersionVacuumed
 from pidfence.spark_sink.delta.table import open_table
 from pidfence.spark_sink.readers import read_log as read_delta_log
 from tests.unit.delta_kit import commit_batch, data_dir, stage_file
@@ -71,6 +75,53 @@ def test_lite_vacuum_deletes_only_replaced_files(busy_table: Path) -> None:
     # The uncommitted batches 5 and 6 are still there.
     assert _files(busy_table, data_dir(Q, 5)) == {f for f in before if f.startswith(data_dir(Q, 5))}
     assert (busy_table / data_dir(Q, 6) / "t-0.parquet").exists()
+    assert read_delta_log(path).equals(expected(list(range(5))))
+
+
+def test_compaction_meeting_a_file_deleted_by_hand_names_it_and_is_not_retriable(
+    busy_table: Path,
+) -> None:
+    """A data file of the current version deleted outside Delta: compaction let deltalake's
+    error out (exit 3 in the CLI, 75 where the store's error was an OSError), naming neither the
+    file's place in the table nor a way on. Now: DataFileMissing, the version and the file."""
+    path = str(busy_table)
+    lost = sorted(_files(busy_table, data_dir(Q, 2)))[0]
+    (busy_table / lost).unlink()
+    with pytest.raises(DataFileMissing, match="FSCK REPAIR TABLE") as raised:
+        compact(path)
+    assert f"version {DeltaTable(path).version()} of the Delta table adds {lost}," in str(
+        raised.value
+    )
+    assert not raised.value.retriable
+    result = CliRunner().invoke(app, ["sink", "compact", path])
+    assert result.exit_code == EXIT_UNAVAILABLE, result.output
+    assert f"pidfence sink compact: error: {path}: version" in result.output
+    assert lost in result.output and "run the same command again" not in result.output
+
+
+def test_compaction_of_a_version_vacuumed_underneath_is_retriable(
+    busy_table: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compaction read a version whose files a newer commit removed and a vacuum deleted while
+    it ran: a rerun reads the newer version and continues (VersionVacuumed, retriable)."""
+    path = str(busy_table)
+    read = DeltaTable(path).version()
+    compact(path)  # the newer commit: every small file removed
+    assert vacuum(path, retention_hours=0, enforce_retention=False)  # and deleted
+    opened = care.open_table
+
+    def stale_once(*args: object, **kwargs: object) -> DeltaTable:
+        monkeypatch.setattr(care, "open_table", opened)
+        return DeltaTable(path, version=read)
+
+    monkeypatch.setattr(care, "open_table", stale_once)
+    with pytest.raises(VersionVacuumed, match="nothing was committed") as raised:
+        compact(path)
+    assert raised.value.retriable
+    monkeypatch.setattr(care, "open_table", stale_once)
+    result = CliRunner().invoke(app, ["sink", "compact", path])
+    assert result.exit_code == EXIT_RETRIABLE, result.output
+    assert "pidfence sink compact: retriable:" in result.output
     assert read_delta_log(path).equals(expected(list(range(5))))
 
 

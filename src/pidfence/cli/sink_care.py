@@ -100,8 +100,9 @@ def register_care(group: typer.Typer) -> None:
 
         Readers see the same rows; files of uncommitted batches are never touched; the
         replaced files stay until a vacuum after the retention period. Safe while the sink runs.
-        Exit 3 when PATH is not a pidfence Delta output, 75 when another writer's commit came
-        first or the store failed (run it again).
+        Exit 3 when PATH is not a pidfence Delta output or a file its table adds was deleted
+        outside Delta, 75 when another writer's commit came first, a vacuum deleted files of the
+        version it read, or the store failed (run it again).
         """
         from pidfence.spark_sink.delta import care
 

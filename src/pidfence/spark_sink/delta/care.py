@@ -13,10 +13,18 @@ writes one now. Other engines may do any of this too, while the sink runs.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Final
+
+from deltalake.exceptions import DeltaError
 
 from pidfence.spark_sink.delta.commit import committed_version
-from pidfence.spark_sink.delta.errors import NotPidfenceTable
+from pidfence.spark_sink.delta.errors import (
+    DataFileMissing,
+    DeltaTableError,
+    NotPidfenceTable,
+    VersionVacuumed,
+)
 from pidfence.spark_sink.delta.table import (
     DATA_DIR,
     TableKind,
@@ -25,6 +33,9 @@ from pidfence.spark_sink.delta.table import (
     open_table,
 )
 from pidfence.spark_sink.storage import Store
+
+#: How deltalake names a file the store does not have (local and object stores alike).
+_NOT_FOUND: Final = re.compile(r"Object at location (\S+) not found")
 
 
 def compact(
@@ -40,7 +51,33 @@ def compact(
     ``numFilesRemoved`` …).
     """
     dt = open_table(path, kind, create=False)
-    return dt.optimize.compact(target_size=target_size, commit_properties=marker())
+    try:
+        return dt.optimize.compact(target_size=target_size, commit_properties=marker())
+    except (DeltaError, OSError) as exc:
+        named = _missing_file(path, kind, exc)
+        if named is None:
+            raise
+        raise named from exc
+
+
+def _missing_file(path: str, kind: TableKind, exc: BaseException) -> DeltaTableError | None:
+    """What a read of the table that met a missing file (``exc``) met, None for any other
+    error: :class:`DataFileMissing` when the table's current version still adds the file,
+    :class:`VersionVacuumed` when a newer version removed it and a vacuum deleted it since."""
+    found = _NOT_FOUND.search(str(exc))
+    if found is None:
+        return None
+    missing = found.group(1)
+    table = Store.at(path)
+    now = open_table(path, kind, create=False)
+    for uri in now.file_uris():
+        rel = _relative(table, uri)
+        if missing == rel or missing.endswith("/" + rel):
+            return DataFileMissing.at(table.uri, now.version(), rel)
+    return VersionVacuumed(
+        f"{table.uri}: {missing} was removed by a newer commit and vacuumed while this ran; "
+        "nothing was committed; run it again, it continues"
+    )
 
 
 def _relative(table: Store, uri: str) -> str:

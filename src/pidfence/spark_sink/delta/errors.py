@@ -60,6 +60,28 @@ class TableGone(CannotContinue):
         )
 
 
+class DataFileMissing(CannotContinue):
+    """A data file the table's current version adds is not in the store: it was deleted
+    outside Delta, and its rows with it. A rerun meets it again."""
+
+    @classmethod
+    def at(cls, uri: str, version: int, file: str) -> DataFileMissing:
+        """The table at ``uri`` adds ``file`` (relative to its root) at ``version``."""
+        return cls(
+            f"{uri}: version {version} of the Delta table adds {file}, which the store does not "
+            "have (deleted outside Delta, with its rows). Put the file back from a backup; or, "
+            "accepting the loss of its rows, remove it from the table with Delta's FSCK REPAIR "
+            "TABLE"
+        )
+
+
+class VersionVacuumed(DeltaTableError):
+    """A file of the table version a command read was removed by a newer commit and vacuumed
+    while the command ran; nothing was committed. Retriable: a rerun reads the newer version."""
+
+    retriable: ClassVar[bool] = True
+
+
 class ConstraintViolated(CannotContinue):
     """A CHECK constraint of the table rejects rows of the batch (or cannot be evaluated)."""
 
@@ -88,6 +110,7 @@ class StagedFileMissing(DeltaTableError):
 __all__ = [
     "CannotContinue",
     "ConstraintViolated",
+    "DataFileMissing",
     "DeltaCommitConflict",
     "DeltaTableError",
     "NotPidfenceTable",
@@ -95,4 +118,5 @@ __all__ = [
     "SchemaChanged",
     "StagedFileMissing",
     "TableGone",
+    "VersionVacuumed",
 ]
