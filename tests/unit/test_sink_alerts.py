@@ -3,7 +3,8 @@ metrics that exist.
 
 Every expression is parsed by a PromQL parser (``promql-parser``, Prometheus' grammar), and
 every metric it selects must be a family of a real scrape of the sink's and the lease server's
-collectors; ``promtool check rules`` runs as well where Prometheus' tool is installed. The
+collectors; ``promtool`` checks the rules and runs their unit tests as well (``make setup`` builds
+it into ``.cache/bin`` when ``go`` is installed; else one on the PATH). The
 integration test ``test_sink_metrics.py`` checks the same names against running processes.
 """
 
@@ -29,7 +30,12 @@ from pidfence.spark_sink.output import open_output
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from tests.unit.test_sink_metrics import QUERY, FakeKafka, two_partitions, write_task
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+#: Prometheus' rule checker: the checkout's own build, else one on the PATH (None: neither).
+BUILT_PROMTOOL = ROOT / ".cache" / "bin" / "promtool"
+PROMTOOL = str(BUILT_PROMTOOL) if BUILT_PROMTOOL.is_file() else shutil.which("promtool")
+NO_PROMTOOL = "promtool (Prometheus) neither built by make setup (needs go) nor on the PATH"
 RULES = sorted(p for p in (DOCS / "alerts").glob("*.yml") if not p.name.endswith(".test.yml"))
 DASHBOARDS = sorted((DOCS / "dashboards").glob("*.json"))
 #: Grafana's variables, as Grafana substitutes them before Prometheus sees a query.
@@ -227,19 +233,19 @@ def test_a_metric_that_does_not_exist_is_found_missing() -> None:
     }
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not on PATH")
+@pytest.mark.skipif(PROMTOOL is None, reason=NO_PROMTOOL)
 def test_promtool_checks_the_rules_and_their_unit_tests_fire() -> None:
     # pidfence.test.yml: each alert fires on the series it is for, and not on its look-alikes
     # (an idle sink with an old batch, a sink started minutes ago, duplicates, one ZooKeeper
     # error, a burst of rate limits).
     for args in (["check", "rules", *map(str, RULES)], ["test", "rules", "pidfence.test.yml"]):
         done = subprocess.run(
-            ["promtool", *args], capture_output=True, text=True, check=False, cwd=DOCS / "alerts"
+            [str(PROMTOOL), *args], capture_output=True, text=True, check=False, cwd=DOCS / "alerts"
         )
         assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not on PATH")
+@pytest.mark.skipif(PROMTOOL is None, reason=NO_PROMTOOL)
 def test_the_scrape_config_in_the_docs_loads_the_rules(tmp_path: Path) -> None:
     text = (DOCS / "metrics.md").read_text()
     config = re.search(r"```yaml\n(# prometheus\.yml.*?)```", text, re.DOTALL)
@@ -248,7 +254,7 @@ def test_the_scrape_config_in_the_docs_loads_the_rules(tmp_path: Path) -> None:
     for rules in RULES:
         shutil.copy(rules, tmp_path)
     done = subprocess.run(
-        ["promtool", "check", "config", "prometheus.yml"],
+        [str(PROMTOOL), "check", "config", "prometheus.yml"],
         capture_output=True,
         text=True,
         check=False,
