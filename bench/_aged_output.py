@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from pidfence.spark_sink import owner
+from pidfence.spark_sink import query_owner
 from pidfence.spark_sink.delta.checkpoints import checkpoint_interval, last_checkpoint
 from pidfence.spark_sink.fold import LISTS, MERGE, WIDEST, Segment, segment_stem, with_place
 from pidfence.spark_sink.manifest import (
@@ -157,13 +157,13 @@ def age_output(young: Path, young_ckpt: Path, aged: Path, aged_ckpt: Path, batch
     """Write at ``aged`` (and ``aged_ckpt``) the output ``young`` would be after ``batches``
     batches; returns what it generated."""
     src = open_output(str(young), str(young / "_rejects"), NO_OWNER)
-    query = owner.owner_of(src.own) or ""
+    query = query_owner.owner_of(src.own) or ""
     src.query_id = query
     newest = src.committed_version()
     last = batches - 1
     shift = last - newest
     out = open_output(str(aged), str(aged / "_rejects"), query)
-    owner.claim(out.own, query)
+    query_owner.claim(out.own, query)
     fold_at = last - last % INDEX_EVERY
     made: dict[int, BatchManifest] = {}
     for batch in range(fold_at - RETAIN + 1, last + 1):

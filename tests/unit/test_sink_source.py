@@ -11,7 +11,7 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 
 from pidfence.spark_sink.delta.errors import TableGone
 from pidfence.spark_sink.output import Output
-from pidfence.spark_sink.owner import owner_of
+from pidfence.spark_sink.query_owner import owner_of
 from pidfence.spark_sink.schema import KAFKA_COLUMNS, LOG_DDL, REJECTS_DDL
 from pidfence.spark_sink.source import PidfenceDataSource
 

@@ -7,7 +7,7 @@ sink instance's claim on the output (``e3-…``, :mod:`~pidfence.spark_sink.clai
     P/_delta_log/, R/_delta_log/                    the two Delta tables' logs
     P/data/QUERY/BATCH/TOPIC-PART.TAG.parquet       log rows of one task attempt (R/data/… rejects):
                                                     invisible until the batch's commit adds them
-    P/_pidfence/_owner.json                         the query that owns the path (owner.py)
+    P/_pidfence/_owner.json                         the query that owns the path (query_owner.py)
     P/_pidfence/_claims/EPOCH.json                  the sink instance that owns it now (claims.py)
     P/_pidfence/_manifests/BATCH.json               the batch's manifest (manifest.py)
     P/_pidfence/_manifests/_index/BATCH.json        every partition's position as of BATCH, every
@@ -41,7 +41,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from pidfence.spark_sink import owner
+from pidfence.spark_sink import query_owner
 from pidfence.spark_sink.claims import check_epoch, tag_epoch
 from pidfence.spark_sink.crash_points import crash_point
 from pidfence.spark_sink.decisions import decided_rows
@@ -127,7 +127,7 @@ class Output:
         """
         path = path.rstrip("/")
         found = cls(path, rejects_path or f"{path}/_rejects", NO_OWNER)
-        found.query_id = owner.owner_of(found.own) or NO_OWNER
+        found.query_id = query_owner.owner_of(found.own) or NO_OWNER
         return found
 
     def table(self, kind: str) -> Store:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pidfence.spark_sink import owner, s3_requests
+from pidfence.spark_sink import query_owner, s3_requests
 from pidfence.spark_sink.delta.table import check_tables
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.object_store import arrow_uri, is_remote, is_s3
@@ -63,7 +63,7 @@ def check_output(options: SinkOptions, checkpoint: str | None) -> Output:
     s3_requests.reach_stores(options.path)  # before pyarrow's S3 file system asks the region
     output = Output(options.path, options.rejects_path, NO_OWNER)
     check_tables(output.log, output.rejects, lambda: checkpoint_committed(checkpoint))
-    owner.check_owner(output.own, checkpoint)
+    query_owner.check_owner(output.own, checkpoint)
     if is_s3(options.path):
         s3_requests.probe(output.log.root, options.path)
     return output

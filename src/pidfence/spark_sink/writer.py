@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
 from pidfence.broker_plugin import Verifier
-from pidfence.spark_sink import owner
+from pidfence.spark_sink import query_owner
 from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.claims import new_tag
 from pidfence.spark_sink.crash_points import crash_point
@@ -251,7 +251,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
             self.query_id or NO_OWNER,
         )
         output = self.output(query)
-        if owner.owner_of(output.own) not in (None, query):
+        if query_owner.owner_of(output.own) not in (None, query):
             return
         # A manifest written before the failure is the batch's intent: a re-run commits the
         # files it names, so they stay.
@@ -312,10 +312,10 @@ def _fold_span(
 
 
 def _claim(output: Output, query: str) -> None:
-    """:func:`owner.claim`, reading the owner record first: a task and every batch's writer
+    """:func:`query_owner.claim`, reading the owner record first: a task and every batch's writer
     claim the path, and all but the first find it theirs (no temporary file, no fsync)."""
-    if owner.owner_of(output.own) != query:
-        owner.claim(output.own, query)
+    if query_owner.owner_of(output.own) != query:
+        query_owner.claim(output.own, query)
 
 
 def kafka_partitions(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[str, int, pa.Table]]:

@@ -8,7 +8,7 @@ import pytest
 
 from pidfence.cli.exits import EXIT_UNAVAILABLE, code_of
 from pidfence.spark_sink.errors import OutputOwnedError
-from pidfence.spark_sink.owner import OWNER, check_owner, claim, owner_of
+from pidfence.spark_sink.query_owner import OWNER, check_owner, claim, owner_of
 from pidfence.spark_sink.storage import Store
 
 QUERY_A = "0f1e2d3c-query-a"
