@@ -165,9 +165,22 @@ def test_only_a_concurrent_conditional_put_is_asked_again(monkeypatch: pytest.Mo
     assert conflicted.puts == 3
     forbidden = AnsweringStore(403, None)
     monkeypatch.setattr(s3_requests, "client", lambda: forbidden)
-    with pytest.raises(ClientError):
+    with pytest.raises(OSError, match=r"s3://lake/k: .*403"):
         s3_requests.put_if_absent("lake/k", b"x")
     assert forbidden.puts == 1
+
+
+def test_a_conditional_put_the_store_did_not_answer_is_an_os_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """put_if_absent let botocore's own errors out, unlike every other S3 request: a store
+    blip while a standby took over (or a sink claimed its output) was no OSError, which the
+    claim retries, so the process died and the CLI exited 3, not 75."""
+    for key, value in STORE.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(OSError, match="s3://lake/k: Could not connect"):
+        s3_requests.put_if_absent("lake/k", b"x")
 
 
 @pytest.mark.parametrize(

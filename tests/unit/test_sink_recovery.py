@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable
+from pidfence.spark_sink import output as output_mod
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
@@ -235,10 +236,47 @@ def test_a_committed_batch_re_run_with_other_options_writes_nothing(tmp_path: Pa
     assert message.committed and {p.rows_in for p in message.parts} == {60}
     rerun.commit([message], 1)
     assert _files(tmp_path) == before
-    # The same batch id with other Kafka offsets fails loudly and writes nothing.
+    # The same batch id with Kafka offsets past its manifest's fails loudly and writes nothing.
     with pytest.raises(CommittedBatchMismatch, match="re-ran it"):
-        write(rerun, 1, kafka_rows(recs[61:]))
+        write(rerun, 1, kafka_rows([(o + 1, h, t) for o, h, t in recs[60:]]))
     assert _files(tmp_path) == before
+
+
+def test_a_committed_batch_re_run_after_retention_trimmed_its_head_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Batch 1 committed, the driver died before Spark's commit log said so, and Kafka's
+    retention deleted the head of its range meanwhile: with --allow-data-loss Spark re-runs it
+    over what is left. That failed every rerun with CommittedBatchMismatch (exit 3, "the
+    checkpoint does not belong to this output path"): no way on but a new output."""
+    recs = records_of(make_stream(random.Random(5), StreamKnobs(pids=6, records=120)))
+    w = PidfenceStreamWriter(options(tmp_path))
+    run_batch(w, 0, recs[:60])
+    run_batch(w, 1, recs[60:])
+    before, rows = _files(tmp_path), output(tmp_path)
+    message = write(w, 1, kafka_rows(recs[75:]))
+    assert message.committed and {p.rows_in for p in message.parts} == {60}
+    w.commit([message], 1)
+    assert _files(tmp_path) == before and output(tmp_path) == rows
+
+
+def test_a_reader_of_history_sees_every_batch_though_the_sink_folds_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Output.manifests (read_written, read_gaps, verify's data files) listed the segments,
+    then the live manifests: batches a fold moved in between were in neither, and were skipped
+    without a word. Folds here every 8 batches (INDEX_EVERY) instead of every 64."""
+    for module in (writer_mod, output_mod):
+        monkeypatch.setattr(module, "INDEX_EVERY", 8)
+    w = PidfenceStreamWriter(options(tmp_path, retainBatches="2"))
+    for batch in range(16):  # the fold at 8 folded 0-5
+        run_batch(w, batch, [(batch, encode_pf(7, 0, batch), 1_000 + batch)])
+    reader = Output.reading(str(tmp_path)).manifests()
+    seen = [next(reader).batch]  # part-way through the segments
+    run_batch(w, 16, [(16, encode_pf(7, 0, 16), 1_016)])  # folds 6-13
+    seen += [m.batch for m in reader]
+    assert seen == list(range(16))  # every batch committed before the read began, in order
+    assert [m.batch for m in Output.reading(str(tmp_path)).manifests()] == list(range(17))
 
 
 def test_a_crashed_attempt_is_never_visible_and_its_files_are_cleaned(tmp_path: Path) -> None:
@@ -314,7 +352,6 @@ def test_a_second_query_on_the_path_fails_at_start_and_deletes_nothing(tmp_path:
 
 
 def test_manifest_index_gives_the_same_positions_as_the_manifests(tmp_path: Path) -> None:
-    from pidfence.spark_sink import output as output_mod
     from pidfence.spark_sink.output import INDEX_EVERY
 
     recs = records_of(make_stream(random.Random(8), StreamKnobs(pids=3, records=400)))
@@ -339,7 +376,6 @@ def test_an_index_pointer_moved_back_costs_no_walk_from_batch_zero(tmp_path: Pat
     """``latest`` is replaced, not compared-and-set: an instance stalled since batch 0's index
     may point it back after the owner deleted that index (it keeps two). Positions then come
     from the index of the batch's own period, not from every manifest since batch 0."""
-    from pidfence.spark_sink import output as output_mod
     from pidfence.spark_sink.output import INDEX_EVERY
 
     recs = records_of(make_stream(random.Random(9), StreamKnobs(pids=2, records=300)))

@@ -24,7 +24,7 @@ batch id). :meth:`Output.publish` creates the manifest if absent (an attempt's i
 written: a later attempt of the batch, or a twin driver, commits the files it names rather than
 its own, unless one is gone before either table holds the batch), commits the rejects table,
 then the log table (:func:`~.delta.commit.commit_files`), each step only while no newer epoch
-claimed the output (:func:`~.fence.check_epoch`). A batch is committed when the log table's
+claimed the output (:func:`~.claims.check_epoch`). A batch is committed when the log table's
 transaction version for the query is at or above it. The sink never reads the tables' rows
 back: producer state derives from the decisions files.
 """
@@ -241,12 +241,9 @@ class Output:
             return None
 
     def last_committed_before(self, batch_id: int) -> int | None:
-        """The newest committed batch below ``batch_id`` (manifests beyond the Delta
-        transaction version belong to attempts that never committed).
-
-        Spark numbers batches consecutively: in the steady state this is ``batch_id - 1``,
-        found without listing the manifests.
-        """
+        """The newest committed batch below ``batch_id`` (a manifest beyond the Delta
+        transaction version is an attempt's that never committed); in the steady state
+        ``batch_id - 1`` (Spark numbers batches consecutively), found without a listing."""
         top = min(batch_id - 1, self.committed_version())
         if top == batch_id - 1 >= 0 and self.own.exists(self.manifest_path(top)):
             return top
@@ -264,10 +261,12 @@ class Output:
     def manifests(self, after: int = -1) -> Iterator[BatchManifest]:
         """The manifests of the committed batches with ids above ``after``, in batch order:
         the folded ones (:mod:`~pidfence.spark_sink.fold`), then the live ones."""
+        # Live ones listed first: a fold meanwhile moves some into a segment listed after.
+        live = self.committed_ids()
         for folded in folded_manifests(self.own, after):
             after = folded.batch
             yield folded
-        for batch_id in self.committed_ids():
+        for batch_id in live:
             manifest = self.committed(batch_id) if batch_id > after else None
             if manifest is not None:
                 yield manifest

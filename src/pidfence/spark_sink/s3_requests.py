@@ -77,22 +77,28 @@ def client() -> Any:
     return _client(os.getpid(), env.get("AWS_ENDPOINT_URL") or None, region, key)
 
 
+def _os_error(path: str, exc: Exception) -> OSError:
+    """boto3's error as pyarrow's file systems raise it: a missing key (or bucket)
+    ``FileNotFoundError``, any other failure ``OSError``."""
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status == 404 or error.get("Code") in {"NoSuchKey", "NoSuchBucket"}:
+            return FileNotFoundError(f"s3://{path}: {error.get('Code', status)}")
+    return OSError(f"s3://{path}: {exc}")
+
+
 @contextlib.contextmanager
 def _as_os_error(path: str) -> Iterator[None]:
-    """boto3's errors as pyarrow's file systems raise them: a missing key (or bucket)
-    ``FileNotFoundError``, any other failure ``OSError``."""
+    """boto3's errors in the block as :func:`_os_error` makes them."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         yield
-    except ClientError as exc:
-        error = exc.response.get("Error", {})
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if status == 404 or error.get("Code") in {"NoSuchKey", "NoSuchBucket"}:
-            raise FileNotFoundError(f"s3://{path}: {error.get('Code', status)}") from exc
-        raise OSError(f"s3://{path}: {exc}") from exc
-    except BotoCoreError as exc:
-        raise OSError(f"s3://{path}: {exc}") from exc
+    except (BotoCoreError, ClientError) as exc:
+        raise _os_error(path, exc) from exc
 
 
 def put(path: str, data: bytes) -> None:
@@ -118,8 +124,12 @@ def delete(path: str) -> None:
 
 
 def put_if_absent(path: str, data: bytes) -> bool:
-    """Create ``bucket/key`` with ``data`` unless it exists; True if this call created it."""
-    from botocore.exceptions import ClientError
+    """Create ``bucket/key`` with ``data`` unless it exists; True if this call created it.
+
+    Raises:
+        OSError: the store failed the request (as :func:`put`'s do).
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, _, key = path.partition("/")
     conflicts = 0
@@ -133,7 +143,9 @@ def put_if_absent(path: str, data: bytes) -> bool:
                 return False
             conflicts += 1  # 409: a concurrent conditional put to the key; ask again
             if status != 409 or conflicts >= _CONFLICT_RETRIES:
-                raise
+                raise _os_error(path, exc) from exc
+        except BotoCoreError as exc:
+            raise _os_error(path, exc) from exc
 
 
 def _fix(text: str) -> str:
@@ -203,11 +215,12 @@ def probe(bucket_path: str, where: str) -> None:
         first = put_if_absent(key, b"1")
         second = put_if_absent(key, b"2")
         client().delete_object(Bucket=bucket, Key=name)
-    except (BotoCoreError, ClientError) as exc:
+    except (BotoCoreError, ClientError, OSError) as exc:
         if first:  # never leave the probe's key under the user's prefix
             with contextlib.suppress(BotoCoreError, ClientError):
                 client().delete_object(Bucket=bucket, Key=name)
-        raise StoreUnusable(f"{where} (store {endpoint}): {exc}; {_fix(str(exc))}") from exc
+        said = exc.__cause__ or exc  # boto3's own words, under put_if_absent's OSError
+        raise StoreUnusable(f"{where} (store {endpoint}): {said}; {_fix(str(said))}") from exc
     if first and not second:
         return
     raise StoreIgnoresConditions(

@@ -373,7 +373,11 @@ def _runs(batch: pa.RecordBatch) -> Iterator[tuple[tuple[str, int], pa.RecordBat
 def _committed_message(
     manifest: BatchManifest, parts: Iterator[tuple[str, int, pa.Table]], query: str
 ) -> SinkCommitMessage:
-    """A re-run of a committed batch: check its offsets, write nothing, return the manifest's."""
+    """A re-run of a committed batch: check its offsets, write nothing, return the manifest's.
+
+    The re-run may hold fewer of the batch's records than it committed, never others: Kafka's
+    retention (or compaction) may have deleted some since, and with ``failOnDataLoss=false``
+    Spark re-runs the batch over what is left (writing nothing, as for any committed batch)."""
     batch_id = manifest.batch
     message = SinkCommitMessage(batch_id, query=query, committed=True)
     for topic, partition, rows in parts:
@@ -381,7 +385,8 @@ def _committed_message(
         part = manifest.part(topic, partition)
         seen = (int(pc.min(offsets).as_py()), int(pc.max(offsets).as_py()), rows.num_rows)
         want = None if part is None else (part.kafka_first, part.kafka_last, part.rows_in)
-        if part is None or seen != want:
+        within = part is not None and part.kafka_first <= seen[0] and seen[1] <= part.kafka_last
+        if part is None or not within or seen[2] > part.rows_in:
             raise CommittedBatchMismatch(
                 f"batch {batch_id} is committed, but Spark re-ran it for {topic}[{partition}] "
                 f"with Kafka offsets {seen[0]}..{seen[1]} ({seen[2]} records) where its manifest "
