@@ -151,6 +151,7 @@ def test_adoption_that_trusts_whatever_it_reads_fails_the_simulation(
 
     monkeypatch.setattr(Adoption, "ask", trusting)
     monkeypatch.setattr(Adoption, "confirm", lambda self, *args: True)
+    monkeypatch.setattr(Adoption, "vouches", lambda self, *args: True)
     broken = _failing([run(seed, **ONE_CHAIN) for seed in seeds])
     assert len(broken) == len(seeds)
     assert all(r.report.findings["zombie"].count for r in broken)
@@ -207,6 +208,17 @@ def test_a_known_producers_zombie_beyond_a_horizon_fails_the_simulation_if_appen
         assert result.oracle.appended_wrongly, result.describe()
         assert {e["strict"] for e in result.oracle.appended_wrongly} == {"FENCED"}
     assert any(r.exactly_once and r.report.ok for r in broken)
+
+
+def test_a_zombie_between_two_deleted_fences_is_never_appended() -> None:
+    """The same world with deliveries doubled: a resume paused, resumed again from its
+    checkpoint, then woken after retention deleted both FENCEs writes at a generation between
+    the sink's entry and the authority's. Seed 73 appended its records (Adoption.confirm moved
+    the entry to that generation; the strict rules FENCE them) and ``verify`` did not see it:
+    the FENCE that would show it was deleted."""
+    world = {**ZOMBIE_BEYOND_A_HORIZON, "double_p": 0.5}
+    broken = _failing([run(seed, **world) for seed in range(200)])
+    assert not broken, broken[0].describe()
 
 
 def test_without_lease_servers_the_sink_adopts_nothing_and_the_oracle_names_it() -> None:

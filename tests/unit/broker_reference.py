@@ -80,7 +80,7 @@ class ReferenceTable:
             return False
         status = self.authority(pid)
         return (
-            status is not None and status.known and g <= status.generation and at < status.expire_ms
+            status is not None and status.known and g == status.generation and at < status.expire_ms
         )
 
     def _land(self, ts: int, out: list[tuple[Any, Verdict]]) -> None:
@@ -267,9 +267,9 @@ class ReferenceTable:
             self.unconfirmed.discard(pid)
             st = self.authority(pid)
             if st is not None and st.known and st.generation > e[0]:
-                if g > e[0] and g <= st.generation and at < st.expire_ms:
+                if g > e[0] and g == st.generation and at < st.expire_ms:
                     e[0] = g
-                elif g == e[0]:
+                elif g == e[0] or (g < st.generation and at < st.expire_ms):
                     self.pending[pid] = {"gen": g, "expire": st.expire_ms, "recs": []}
                     self._wait(o, out)
                     return

@@ -49,6 +49,7 @@ class Adoption:
 
     authority: Authority | None
     verifier: Verifier | None
+    capacity: int
     pending: dict[int, Pending]
     unconfirmed: set[int]
     touched: set[int]
@@ -97,6 +98,10 @@ class Adoption:
             return None
         if g == status.generation:
             return VOUCHED
+        if len(self.entries) + len(self.pending.keys() - self.entries.keys()) >= self.capacity:
+            # A waiting pid holds records as an entry does: it takes a place of the capacity.
+            out.append((ref, Verdict.CAPACITY, token))
+            return None
         # An older generation: the record waits for the log to show where it stands.
         self.pending[pid] = Pending(g, status.expire_ms, [])
         self.wait(pid, g, s, FLAG_FENCE if fence else 0, ts, ref, out, token)
@@ -118,9 +123,10 @@ class Adoption:
         against the entry now; False: it waits).
 
         The authority's answer settles it: its generation is the entry's, or unknown (nothing
-        changes); a newer one the record is at (or below) moves the entry there, as the FENCE
-        that was not read did; a record at the entry's generation below the authority's waits
-        (:class:`~pidfence.broker_plugin.entry.Pending`), as it may be a zombie's.
+        changes); a record at the authority's newer generation moves the entry there, as the
+        FENCE that was not read did; a record at a generation below the authority's (the
+        entry's, or one between) waits (:class:`~pidfence.broker_plugin.entry.Pending`), as an
+        unknown pid's does: it may be a zombie's, written after a FENCE that was not read.
         """
         at = max(self.clock, ts)
         if self.authority is None or at >= self.horizon or g < entry.generation:
@@ -129,19 +135,20 @@ class Adoption:
         status = self.authority(pid)
         if status is None or not status.known or status.generation <= entry.generation:
             return True
-        if g > entry.generation:
-            if g <= status.generation and at < status.expire_ms:
+        if g > entry.generation and (g >= status.generation or at >= status.expire_ms):
+            if g == status.generation and at < status.expire_ms:
                 self.touched.add(pid)
                 entry.generation = g
-            return True
+            return True  # above the authority's, or its lease ended: the rules judge it
         self.pending[pid] = Pending(g, status.expire_ms, [])
         self.wait(pid, g, s, fence, ts, ref, out, token)
         return False
 
     def vouches(self, pid: int, g: int, ts: int) -> bool:
-        """Inside a horizon, whether the authority names generation ``g`` of ``pid`` as granted
-        (its current one or an older one) with the lease live at the record's time: a record
-        of it moves a known entry there without the FENCE the table never saw."""
+        """Inside a horizon, whether the authority names generation ``g`` of ``pid`` as its
+        current one, with the lease live at the record's time: a record of it moves a known
+        entry there without the FENCE the table never saw. An older generation is not vouched
+        for: after a newer FENCE that was not read, its records are a zombie's."""
         at = max(self.clock, ts)
         if self.authority is None or at >= self.horizon:
             return False
@@ -149,7 +156,7 @@ class Adoption:
         return (
             status is not None
             and status.known
-            and g <= status.generation
+            and g == status.generation
             and (at < status.expire_ms)
         )
 

@@ -120,6 +120,8 @@ class RulesKernel(Proofs, Adoption):
         self.unconfirmed: set[int] = set()
         self.vouched: tuple[int, int] | None = None
         self.clock = NO_CLOCK
+        #: The entries' life when they were last expired (None: never).
+        self.expired_life: int | None = None
         #: Unknown producers met at seq > 0 are adopted while a record's time is below this.
         self.horizon = NO_CLOCK
         self.next_serial = 0
@@ -152,10 +154,16 @@ class RulesKernel(Proofs, Adoption):
     # ------------------------------------------------------------------------- the clock
 
     def advance(self, ts_ms: int, out: list[Emit]) -> int:
-        """Move the clock to ``max(clock, ts_ms)`` and expire entries; returns the clock."""
-        if ts_ms > self.clock:
-            self.clock = ts_ms
-            self.expire(ts_ms, out)
+        """Move the clock to ``max(clock, ts_ms)`` and expire entries; returns the clock.
+
+        Entries are expired at the clock also when their life changed since the last expiry (a
+        restore, or a replayed batch, under a shorter lifetime or grace): an entry left in the
+        ring past its life would take a second slot when its pid starts again.
+        """
+        if ts_ms > self.clock or self.life != self.expired_life:
+            self.clock = max(self.clock, ts_ms)
+            self.expired_life = self.life
+            self.expire(self.clock, out)
         return self.clock
 
     def expire(self, now: int, out: list[Emit]) -> None:

@@ -93,7 +93,14 @@ class SinkOptions:
     path: str
     rejects_path: str
     lifetime_ms: int = option(
-        86_400_000, "lifetime", "producer entry lifetime (the lease lifetime)", "ms", 1, "`24h`"
+        86_400_000,
+        "lifetime",
+        "producer entry lifetime: the lease servers' `--lifetime` or longer (a shorter one "
+        "forgets producers whose lease is live, and adopting one again could append its re-sends "
+        "twice)",
+        "ms",
+        1,
+        "`24h`",
     )
     capacity: int = option(
         100_000, "capacity", "most live producers per partition (`CAPACITY` beyond it)", "int", 1
