@@ -52,21 +52,22 @@ $(ARCHIVES): $(JARS)
 	$(BIN)/python -m pidfence.services.class_archive_record
 	@mkdir -p $(@D) && touch $@
 
-$(TOXIPROXY):
+# $(call go_tool,MODULE@VERSION,COMMAND,WHAT SKIPS WITHOUT IT): go install MODULE, its COMMAND
+# moved to the target; without go, one line naming what will skip.
+define go_tool
 	@if command -v go >/dev/null; then \
-		GOBIN=$(CURDIR)/.cache/toxiproxy-build go install $(TOXIPROXY_MODULE) \
-		&& mkdir -p $(@D) && mv .cache/toxiproxy-build/server $@ && rm -rf .cache/toxiproxy-build; \
+		GOBIN=$(CURDIR)/.cache/$(2)-build go install $(1) \
+		&& mkdir -p $(@D) && mv .cache/$(2)-build/$(2) $@ && rm -rf .cache/$(2)-build; \
 	else \
-		echo "note: go not found: toxiproxy not built, the network fault tests will skip (install go, then make setup)"; \
+		echo "note: go not found: $(notdir $@) not built, $(3) will skip (install go, then make setup)"; \
 	fi
+endef
+
+$(TOXIPROXY):
+	$(call go_tool,$(TOXIPROXY_MODULE),server,the network fault tests)
 
 $(PROMTOOL):
-	@if command -v go >/dev/null; then \
-		GOBIN=$(CURDIR)/.cache/promtool-build go install $(PROMTOOL_MODULE) \
-		&& mkdir -p $(@D) && mv .cache/promtool-build/promtool $@ && rm -rf .cache/promtool-build; \
-	else \
-		echo "note: go not found: promtool not built, the alert rules' promtool checks will skip (install go, then make setup)"; \
-	fi
+	$(call go_tool,$(PROMTOOL_MODULE),promtool,the alert rules' promtool checks)
 
 test: setup
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
