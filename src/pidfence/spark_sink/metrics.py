@@ -62,7 +62,7 @@ class SinkMetrics(Collector):
         topics: the topics the sink reads.
         checkpoint: the query's checkpoint, and ``starting_offsets`` its ``startingOffsets``:
             where a partition no committed batch read yet starts (for its lag; as
-            :func:`~.checkpoint.start_offsets` says).
+            :func:`~.spark_checkpoint.start_offsets` says).
         starts: those start offsets when already known (``pidfence sink`` asks Kafka anyway).
         watermarks: asks Kafka for the watermarks (tests give a fake).
         clock: seconds since the epoch.
