@@ -221,6 +221,23 @@ def test_a_zombie_between_two_deleted_fences_is_never_appended() -> None:
     assert not broken, broken[0].describe()
 
 
+def test_forgeries_beyond_a_horizon_change_nothing() -> None:
+    """An attacker in worlds with a horizon (the zombie beyond a trimmed head, a late start).
+    A forged FENCE read first settled the question the lease servers answer, so the zombie's
+    records after it were appended (11 of 200 seeds); a forged FENCE ahead of waiting records
+    ended their wait in the run but not in a rebuild, which skips forgeries (RebuildMismatch,
+    7 of 200). Every forgery is refused (``FORGED``, or ``INVALID_GENERATION`` for a leap
+    without a certificate) and the oracle finds nothing."""
+    attacked = {**ZOMBIE_BEYOND_A_HORIZON, "attack_p": 0.1}
+    late = {**LATEST, "attack_p": 0.1}
+    for world, seeds in ((attacked, range(200)), (late, range(100))):
+        for seed in seeds:
+            result = run(seed, **world)  # a rebuild that differs raises RebuildMismatch
+            assert result.oracle.ok and result.report.ok, result.describe()
+            refused = {"FORGED", "INVALID_GENERATION"}
+            assert all(v in refused for _, v in result.forgeries), result.describe()
+
+
 def test_without_lease_servers_the_sink_adopts_nothing_and_the_oracle_names_it() -> None:
     """No ``--lease-server``: records of producers met beyond a horizon are ``UNKNOWN_PID``
     (safe, and named); the oracle reports them as refused."""

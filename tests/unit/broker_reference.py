@@ -103,7 +103,10 @@ class ReferenceTable:
         self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int
     ) -> Verdict | None:
         """g > gE + 1: None if judged as gE + 1 (a verifier and a proof), else the verdict."""
-        if self._covered(pid, g) or (cert is None and self._vouches(pid, g, ts)):
+        signed_fence = self.verifier is not None and flags & FLAG_FENCE
+        if self._covered(pid, g) or (
+            cert is None and not signed_fence and self._vouches(pid, g, ts)
+        ):
             return None
         if self.verifier is None:
             return Verdict.INVALID_GENERATION
@@ -115,12 +118,22 @@ class ReferenceTable:
             return Verdict.FORGED
         return None
 
+    def _proves(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, at: int) -> bool:
+        """Under signing, a record at the authority's generation proves it by its certificate;
+        without one, a data record is vouched for, a FENCE is not."""
+        if self.verifier is None:
+            return True
+        if cert is None:
+            return not flags & FLAG_FENCE
+        return self.verifier(pid, g, s, flags, cert, at) is None
+
     def _ok(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int) -> bool:
         if any(x["pid"] == pid and x["gen"] == g for x in self.held):
             return True  # a held record of this generation proved it
         if self._covered(pid, g):
             return True
-        if self.verifier is not None and cert is None and self._vouches(pid, g, ts):
+        fence = flags & FLAG_FENCE  # a FENCE carries its certificate: never vouched for
+        if self.verifier is not None and cert is None and not fence and self._vouches(pid, g, ts):
             return True
         return (
             self.verifier is None
@@ -182,6 +195,10 @@ class ReferenceTable:
                     out.append((ref, Verdict.INVALID_GENERATION))
                     return
                 if g < status.generation:
+                    live = sum(1 for x in self.entries.values() if x[2] + self.lifetime > at)
+                    if live + len(self.pending) >= self.capacity:
+                        out.append((ref, Verdict.CAPACITY))
+                        return
                     self.pending[pid] = {"gen": g, "expire": status.expire_ms, "recs": []}
                     self._wait(o, out)
                     return
@@ -264,15 +281,23 @@ class ReferenceTable:
             and at < self.horizon
             and g >= e[0]
         ):
-            self.unconfirmed.discard(pid)
             st = self.authority(pid)
-            if st is not None and st.known and st.generation > e[0]:
-                if g > e[0] and g == st.generation and at < st.expire_ms:
+            if st is None or not st.known or st.generation <= e[0]:
+                if g == e[0]:
+                    self.unconfirmed.discard(pid)
+            elif g > e[0] and (g >= st.generation or at >= st.expire_ms):
+                if (
+                    g == st.generation
+                    and at < st.expire_ms
+                    and self._proves(pid, g, s, flags, cert, at)
+                ):
+                    self.unconfirmed.discard(pid)
                     e[0] = g
-                elif g == e[0] or (g < st.generation and at < st.expire_ms):
-                    self.pending[pid] = {"gen": g, "expire": st.expire_ms, "recs": []}
-                    self._wait(o, out)
-                    return
+            else:
+                self.unconfirmed.discard(pid)
+                self.pending[pid] = {"gen": g, "expire": st.expire_ms, "recs": []}
+                self._wait(o, out)
+                return
         moves = g == e[0] + 1
         leap = self._leap(pid, g, s, flags, cert, ts) if g > e[0] + 1 else None
         if g < e[0]:

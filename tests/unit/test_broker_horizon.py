@@ -14,7 +14,7 @@ import numpy as np
 
 from pidfence.broker_plugin import ProducerStateTable
 from pidfence.wire import FLAG_FENCE, Verdict, encode_pf
-from tests.unit.broker_streams import fixed_authority
+from tests.unit.broker_streams import FakeVerifier, fixed_authority, good
 from tests.unit.test_broker_gaps import DAY, sink_table
 
 A, B, F = Verdict.APPENDED, Verdict.BUFFERED, Verdict.FENCED
@@ -116,3 +116,65 @@ def test_pids_waiting_on_the_authority_take_places_of_the_capacity() -> None:
     waits = [table.offer(pid, 4, 1, 1_000)[0].verdict for pid in (1, 2, 3)]
     assert waits == [B, B, Verdict.CAPACITY]
     assert sorted(table.pending) == [1, 2]
+
+
+def _signed_known_then_lost(generation: int) -> ProducerStateTable:
+    """Pid 7 wrote seqs 0..10 at generation 0 under signing; then offsets were not read, and
+    the lease authority says ``generation`` is current."""
+    table = ProducerStateTable(
+        64,
+        DAY,
+        5,
+        grace_ms=0,
+        verifier=FakeVerifier(),
+        resolve_gaps=True,
+        authority=fixed_authority({7: (generation, 10 * DAY)}),
+    )
+    assert [d.verdict for d in table.offer(7, 0, 0, 1_000, cert=good(7, 0))] == [A]
+    for seq in range(1, 11):
+        assert [d.verdict for d in table.offer(7, 0, seq, 1_000 + seq)] == [A]
+    table.open_horizon(5_000)
+    return table
+
+
+def test_a_forgery_after_a_horizon_does_not_confirm_its_pid() -> None:
+    """An attacker's FENCE, the first record of pid 7 the sink read after the horizon, was
+    refused, yet it had settled the question the authority answers: the zombie's record at the
+    old generation after it was appended without a wait (the simulation's horizon-zombie world
+    with forgeries, 11 seeds of 200). A forgery now changes nothing, and the zombie waits."""
+    for forged in ((2, 11, None), (3, 11, None), (2, 11, good(7, 1))):
+        table = _signed_known_then_lost(2)
+        g, s, cert = forged
+        refused = [d.verdict for d in table.offer(7, g, s, 5_000, FLAG_FENCE, cert=cert)]
+        assert refused in ([Verdict.FORGED], [Verdict.INVALID_GENERATION]), forged
+        assert table.get(7) == (0, 10, 1_000) and 7 in table.unconfirmed, forged
+        assert [d.verdict for d in table.offer(7, 0, 11, 5_001)] == [B], forged
+
+
+def test_a_fence_at_the_authoritys_generation_brings_its_certificate() -> None:
+    """A FENCE without a certificate at the authority's generation was taken as vouched for
+    (FENCE, the entry moved past the real one). Under signing a FENCE always carries its
+    certificate: without one it is FORGED; with it, it moves the entry as before."""
+    table = _signed_known_then_lost(1)
+    assert [d.verdict for d in table.offer(7, 1, 11, 5_000, FLAG_FENCE)] == [Verdict.FORGED]
+    assert table.get(7) == (0, 10, 1_000) and 7 in table.unconfirmed
+    fence = table.offer(7, 1, 11, 5_001, FLAG_FENCE, cert=good(7, 1))
+    assert [d.verdict for d in fence] == [Verdict.FENCE]
+    assert table.get(7) == (1, 10, 1_000) and 7 not in table.unconfirmed
+    # A data record at the authority's generation whose certificate went unread is vouched for.
+    vouched = _signed_known_then_lost(1)
+    assert [d.verdict for d in vouched.offer(7, 1, 11, 5_000)] == [A]
+
+
+def test_a_forged_fence_ahead_of_waiting_records_does_not_end_their_wait() -> None:
+    """Records waiting on the log, then a forged FENCE two generations ahead: it ended the wait
+    and FENCED them, where a rebuild, which skips forgeries, went on waiting (the simulation's
+    late-start world with an attacker: RebuildMismatch). It is FORGED and changes nothing."""
+    table = _signed_known_then_lost(3)
+    assert [d.verdict for d in table.offer(7, 0, 11, 5_000, ref="w")] == [B]
+    before = table.state()
+    assert [d.verdict for d in table.offer(7, 2, 12, 5_001, FLAG_FENCE)] == [Verdict.FORGED]
+    assert table.state() == before
+    # A data record of a newer generation without a certificate ends nothing either.
+    assert [d.verdict for d in table.offer(7, 2, 12, 5_001)] == [Verdict.UNVERIFIED]
+    assert table.state() == before

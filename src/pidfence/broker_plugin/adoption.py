@@ -64,6 +64,7 @@ class Adoption:
     if TYPE_CHECKING:  # provided by the kernel
 
         def decide(self, *args: Any) -> None: ...
+        def live_at(self, at: int) -> int: ...
         def advance(self, ts_ms: int, out: list[Emit]) -> int: ...
         def certified(
             self, pid: int, g: int, s: int, flags: int, cert: bytes | None, ts: int
@@ -98,7 +99,7 @@ class Adoption:
             return None
         if g == status.generation:
             return VOUCHED
-        if len(self.entries) + len(self.pending.keys() - self.entries.keys()) >= self.capacity:
+        if self.live_at(at) + len(self.pending) >= self.capacity:
             # A waiting pid holds records as an entry does: it takes a place of the capacity.
             out.append((ref, Verdict.CAPACITY, token))
             return None
@@ -113,11 +114,12 @@ class Adoption:
         entry: Entry,
         g: int,
         s: int,
-        fence: int,
+        flags: int,
         ts: int,
         ref: Any,
         out: list[Emit],
         token: tuple[int, int] | None,
+        cert: bytes | None,
     ) -> bool:
         """The first record of a known pid after offsets that were not read (True: judge it
         against the entry now; False: it waits).
@@ -127,22 +129,41 @@ class Adoption:
         FENCE that was not read did; a record at a generation below the authority's (the
         entry's, or one between) waits (:class:`~pidfence.broker_plugin.entry.Pending`), as an
         unknown pid's does: it may be a zombie's, written after a FENCE that was not read.
+
+        Only a record that settles it confirms the pid. One the rules will refuse (a generation
+        nobody granted, a lease that ended, a FENCE or certificate that does not prove itself
+        under signing) changes nothing, so a forgery cannot switch the question off for the
+        zombie's records after it, and a rebuild, which skips forgeries, asks as the run did.
         """
         at = max(self.clock, ts)
         if self.authority is None or at >= self.horizon or g < entry.generation:
             return True  # an older generation is FENCED by the rules: the next record asks
-        self.unconfirmed.discard(pid)
         status = self.authority(pid)
         if status is None or not status.known or status.generation <= entry.generation:
+            if g == entry.generation:
+                self.unconfirmed.discard(pid)
             return True
         if g > entry.generation and (g >= status.generation or at >= status.expire_ms):
-            if g == status.generation and at < status.expire_ms:
+            live = g == status.generation and at < status.expire_ms
+            if live and self._proves(pid, g, s, flags, cert, at):
+                self.unconfirmed.discard(pid)
                 self.touched.add(pid)
                 entry.generation = g
-            return True  # above the authority's, or its lease ended: the rules judge it
+            return True  # otherwise the rules refuse it, and the next record asks
+        self.unconfirmed.discard(pid)
         self.pending[pid] = Pending(g, status.expire_ms, [])
-        self.wait(pid, g, s, fence, ts, ref, out, token)
+        self.wait(pid, g, s, flags & FLAG_FENCE, ts, ref, out, token)
         return False
+
+    def _proves(self, pid: int, g: int, s: int, flags: int, cert: bytes | None, at: int) -> bool:
+        """Whether a record at the authority's generation proves it, under signing: by its
+        certificate if it has one; without, a data record is vouched for (its generation's
+        certificate went with the records not read), a FENCE is not (it always carries one)."""
+        if self.verifier is None:
+            return True
+        if cert is None:
+            return not flags & FLAG_FENCE
+        return self.verifier(pid, g, s, flags, cert, at) is None
 
     def vouches(self, pid: int, g: int, ts: int) -> bool:
         """Inside a horizon, whether the authority names generation ``g`` of ``pid`` as its
@@ -225,12 +246,33 @@ class Adoption:
                     return True
                 self.adopt_waiting(pid, g, out)
                 return False
+        refused = self.unproven(pid, g, s, fence, cert, ts)
+        if refused is not None:
+            # Only a record that proves its generation ends the wait: a forgery changes nothing
+            # (and a rebuild, which skips forgeries, goes on waiting as the run did).
+            out.append((ref, refused, token))
+            return True
         del self.pending[pid]
         out.extend((h.ref, Verdict.FENCED, h.token) for h in waiting.records)
         if pid in self.entries:
             # A known pid's: the record that ended the wait is asked about in turn.
             self.unconfirmed.add(pid)
         return False
+
+    def unproven(
+        self, pid: int, g: int, s: int, fence: int, cert: bytes | None, ts: int
+    ) -> Verdict | None:
+        """Under signing, the verdict of a record that does not prove generation ``g`` (None:
+        it proves it, or nothing is signed): by its certificate, or, a data record without one,
+        by the authority vouching for its generation."""
+        if self.verifier is None:
+            return None
+        if cert is None:
+            if not fence and self.vouches(pid, g, ts):
+                return None
+            return Verdict.FORGED if fence else Verdict.UNVERIFIED
+        flags = FLAG_FENCE if fence else 0
+        return None if self.certified(pid, g, s, flags, cert, ts) else Verdict.FORGED
 
     def adopt_waiting(self, pid: int, g: int, out: list[Emit]) -> None:
         """The FENCE of the authority's generation ``g`` proved the waiting records: judge

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pidfence.broker_plugin.entry import Held, Verifier
-from pidfence.wire import Verdict
+from pidfence.wire import FLAG_FENCE, Verdict
 
 
 class Proofs:
@@ -52,7 +52,9 @@ class Proofs:
             return True
         if self.covered(pid, g):
             return True  # a waiting record being adopted: it proved itself when it waited
-        if self.verifier is not None and cert is None and self.vouches(pid, g, ts):
+        # A FENCE carries its certificate: it is never vouched for.
+        vouchable = self.verifier is not None and cert is None and not flags & FLAG_FENCE
+        if vouchable and self.vouches(pid, g, ts):
             return True
         return self.certified(pid, g, s, flags, cert, ts)
 
@@ -67,7 +69,8 @@ class Proofs:
         §4), ``FORGED`` when a certificate is there and the verifier refuses it. Inside a
         horizon, a generation the authority names as granted may leap without proof.
         """
-        if self.covered(pid, g) or (cert is None and self.vouches(pid, g, ts)):
+        signed_fence = self.verifier is not None and flags & FLAG_FENCE
+        if self.covered(pid, g) or (cert is None and not signed_fence and self.vouches(pid, g, ts)):
             return None
         if self.verifier is None:
             return Verdict.INVALID_GENERATION

@@ -191,6 +191,15 @@ class RulesKernel(Proofs, Adoption):
                 for h in sorted(held.values(), key=lambda h: h.arrival):
                     out.append((h.ref, Verdict.OUT_OF_ORDER, h.token))
 
+    def live_at(self, at: int) -> int:
+        """How many entries are still live at ``at`` (the ended ones are the ring's first)."""
+        ended = 0
+        for pid, _ in self.ring:
+            if self.entries[pid].first_seen + self.life > at:
+                break
+            ended += 1
+        return len(self.ring) - ended
+
     def create(self, pid: int, generation: int, highwater: int, now: int) -> None:
         """Add a new entry at the ring's tail."""
         self.entries[pid] = Entry(generation, highwater, now, self.next_serial)
@@ -232,7 +241,7 @@ class RulesKernel(Proofs, Adoption):
             self.decide_new(pid, g, s, fence, ts, at, ref, out, token, cert)
             return
         if pid in self.unconfirmed and not self.confirm(
-            pid, entry, g, s, fence, ts, ref, out, token
+            pid, entry, g, s, flags, ts, ref, out, token, cert
         ):
             return
         current = entry.generation

@@ -293,9 +293,11 @@ def run(seed: int, **knobs: Any) -> SimResult:
     gone |= {value_digest(rec.value) for _, rec in unread}
     acknowledged = {e.digest for e in net.ledger}
     upstream = [value for chain in producers.chains for _, value, _ in chain.events]
+    # A forgery retention deleted before the sink read it was never judged: nothing to refuse.
     forgeries = [
         (f, sink.verdict_at[f.partition].get(f.offset, Verdict.BUFFERED).value)
         for f in attacker.sent
+        if (f.partition, f.offset) in seen
     ]
     got = Counter(
         v for v, pid in zip(log["value"].to_pylist(), log["pid"].to_pylist(), strict=True) if pid
