@@ -16,10 +16,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_compact_on_s3_names_a_data_file_deleted_by_hand_and_exits_3(
-    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch
+    s3_output: str, s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = f"{s3_bucket.uri}/out"
-    write_output(path, monkeypatch)
+    path = s3_output
     table = DeltaTable(path)
     lost = sorted(table.file_uris())[0]
     rel = lost.removeprefix(path + "/")

@@ -10,17 +10,13 @@ import pytest
 
 from pidfence.spark_sink.readers import FILE_COLUMN, read_data_files, read_log
 from tests.fixtures.store import Bucket
-from tests.unit.test_verify_cli import write_output
 from tests.unit.test_verify_judging import assert_an_extra_copy_in_a_sink_file_is_a_duplicate
 
 pytestmark = pytest.mark.integration
 
 
-def test_each_rows_file_on_s3_is_named_as_the_sinks_commits_added_it(
-    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = f"{s3_bucket.uri}/out"
-    write_output(path, monkeypatch)
+def test_each_rows_file_on_s3_is_named_as_the_sinks_commits_added_it(s3_output: str) -> None:
+    path = s3_output
     files = set(read_log(path, with_files=True)[FILE_COLUMN].to_pylist())
     assert files and files <= read_data_files(path), (files, read_data_files(path))
 
