@@ -238,6 +238,19 @@ def test_forgeries_beyond_a_horizon_change_nothing() -> None:
             assert all(v in refused for _, v in result.forgeries), result.describe()
 
 
+def test_a_forged_first_record_after_a_lease_ended_costs_no_event() -> None:
+    """Seed 182 of the one-chain world with an attacker: a genuine placed certificate copied
+    onto another partition as pid 301's first record there, after its lease ended. The sink,
+    whose entry for the pid had expired, called it ``FORGED``; the resume's recovery scan, whose
+    entries never expire, counted it, and the successor skipped event 0:85 behind that seq. The
+    scan now ignores a record of the checkpoint's generation stamped after that lease's end."""
+    result = run(182, **{**ONE_CHAIN, "attack_p": 0.1})
+    assert_clean(result)
+    assert result.stats["attack_replay_first"] > 0
+    logged = [v for v in result.log["value"].to_pylist() if v.endswith(b'"chain": 0, "i": 85}')]
+    assert len(logged) == 1
+
+
 def test_without_lease_servers_the_sink_adopts_nothing_and_the_oracle_names_it() -> None:
     """No ``--lease-server``: records of producers met beyond a horizon are ``UNKNOWN_PID``
     (safe, and named); the oracle reports them as refused."""

@@ -9,7 +9,7 @@ import pytest
 
 from pidfence.producer import ProducerCheckpoint, ProducerConfig, Sequencer
 from pidfence.producer.errors import ProducerConfigError
-from pidfence.producer.recovery import ScanState, scan_keys
+from pidfence.producer.recovery import ScanState, scan_keys, scan_state
 from pidfence.wire import FLAG_FENCE, PF_HEADER_KEY, encode_pf
 from pidfence.wire.cert import CERT_HEADER_KEY
 
@@ -60,6 +60,29 @@ def test_a_proven_fence_still_fences() -> None:
     state = ScanState({PID}, {PID: {TP: -1}}, {PID: GEN}, verifier=per_partition)
     feed(state, b"ok")
     assert state.highs[PID][TP] == 4
+
+
+def test_a_record_stamped_after_the_checkpoints_lease_ended_never_counts() -> None:
+    # A topic writer copies the pid's first record of a partition after its lease ended: a
+    # sink whose entry expired calls it FORGED. Counted, the resumer's successor would skip the
+    # event behind that seq (simulation seed 182 of ONE_CHAIN with an attacker lost one).
+    ends = {PID: (GEN, 5_000)}
+    late = ScanState({PID}, {PID: {}}, {PID: GEN}, verifier=per_partition, lease_ends=ends)
+    late.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, 0)), (CERT_HEADER_KEY, b"ok")], 5_001)
+    assert TP not in late.highs[PID]
+    # Inside the lease, and at the next generation (a resume's bump), records count.
+    live = ScanState({PID}, {PID: {}}, {PID: GEN}, verifier=per_partition, lease_ends=ends)
+    live.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, 0)), (CERT_HEADER_KEY, b"ok")], 5_000)
+    live.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN + 1, 1)), (CERT_HEADER_KEY, b"ok")], 9_000)
+    assert live.highs[PID][TP] == 1
+
+
+def test_the_resumes_scan_takes_the_checkpoints_lease_end_and_the_clock_skew() -> None:
+    checkpoint = ProducerCheckpoint(PID, GEN, expire_ms=5_000, next_seq={TP: 2}, taken_ms=1)
+    state = scan_state(checkpoint, PID, skew_ms=100)
+    state.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, 2))], 5_100)
+    state.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, 3))], 5_101)
+    assert state.highs[PID][TP] == 2
 
 
 def test_config_takes_one_path_or_several_and_reports_a_bad_key_on_resume(

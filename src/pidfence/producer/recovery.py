@@ -68,6 +68,10 @@ class ScanState:
             for the checkpoint's pid there).
         holes: per pid and partition, the open holes below ``base`` (a checkpoint's
             ``ahead_holes``): seqs an earlier scan saw skipped, which a re-send may fill.
+        lease_ends: per pid, a generation and the latest timestamp a record of that lease can
+            carry (its end plus the clock skew). A later record of that generation is a topic
+            writer's, never the pid's: a sink whose entry expired refuses it, so it never
+            counts (counted, a successor would skip the event it stands in for).
     """
 
     def __init__(
@@ -81,8 +85,10 @@ class ScanState:
         macs: Mapping[int, bytes] | None = None,
         fenced: Mapping[TopicPartition, int] | None = None,
         holes: Mapping[int, Mapping[TopicPartition, Iterable[tuple[int, int]]]] | None = None,
+        lease_ends: Mapping[int, tuple[int, int]] | None = None,
     ) -> None:
         self.pids = pids
+        self._lease_ends = dict(lease_ends or {})
         self._base_holes = {
             pid: {tp: list(ranges) for tp, ranges in by_tp.items()}
             for pid, by_tp in (holes or {}).items()
@@ -163,6 +169,9 @@ class ScanState:
         try:
             pf = decode_pf(pf_value)
         except MalformedHeader:
+            return
+        ended = self._lease_ends.get(pf.pid)
+        if ended is not None and pf.generation == ended[0] and ts_ms > ended[1]:
             return
         hasher = self._macs.get(pf.pid)
         if hasher is not None and not mac_matches(
@@ -262,6 +271,7 @@ def scan_state(
     followed: int | None = None,
     resolve_gaps: bool = True,
     macs: Mapping[int, bytes] | None = None,
+    skew_ms: int = 0,
 ) -> ScanState:
     """The state a resume's scan starts from: the checkpoint's pid appended below its next seqs
     and below its ``ahead`` targets; the pids followed are the checkpoint's, ``successor`` (the
@@ -271,6 +281,8 @@ def scan_state(
     ``ahead`` is what an earlier scan saw appended, possibly before this scan's start
     (``taken_ms``); without it the first record after those would look held behind a gap, and
     this resumer's own FENCE would then "fence" it, although the rules appended it (DESIGN §9).
+    A record of the checkpoint's generation stamped more than ``skew_ms`` after its lease end
+    is not the pid's (no lease is renewed: its holder rolls over before the end).
     """
     known = dict(checkpoint.next_seq)
     for tp, target in checkpoint.ahead.items():
@@ -287,6 +299,7 @@ def scan_state(
         macs,
         checkpoint.fenced,
         {checkpoint.pid: checkpoint.ahead_holes},
+        {checkpoint.pid: (checkpoint.generation, checkpoint.expire_ms + skew_ms)},
     )
 
 
