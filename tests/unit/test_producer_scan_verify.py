@@ -77,9 +77,9 @@ def test_a_record_stamped_after_the_checkpoints_lease_ended_never_counts() -> No
     assert live.highs[PID][TP] == 1
 
 
-def test_the_resumes_scan_takes_the_checkpoints_lease_end_and_the_clock_skew() -> None:
+def test_the_resumes_scan_allows_records_stamped_late_after_the_lease_end() -> None:
     checkpoint = ProducerCheckpoint(PID, GEN, expire_ms=5_000, next_seq={TP: 2}, taken_ms=1)
-    state = scan_state(checkpoint, PID, skew_ms=100)
+    state = scan_state(checkpoint, PID, late_ms=100)
     state.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, 2))], 5_100)
     state.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, 3))], 5_101)
     assert state.highs[PID][TP] == 2

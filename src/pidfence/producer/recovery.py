@@ -271,7 +271,7 @@ def scan_state(
     followed: int | None = None,
     resolve_gaps: bool = True,
     macs: Mapping[int, bytes] | None = None,
-    skew_ms: int = 0,
+    late_ms: int = 0,
 ) -> ScanState:
     """The state a resume's scan starts from: the checkpoint's pid appended below its next seqs
     and below its ``ahead`` targets; the pids followed are the checkpoint's, ``successor`` (the
@@ -281,8 +281,9 @@ def scan_state(
     ``ahead`` is what an earlier scan saw appended, possibly before this scan's start
     (``taken_ms``); without it the first record after those would look held behind a gap, and
     this resumer's own FENCE would then "fence" it, although the rules appended it (DESIGN §9).
-    A record of the checkpoint's generation stamped more than ``skew_ms`` after its lease end
-    is not the pid's (no lease is renewed: its holder rolls over before the end).
+    A record of the checkpoint's generation stamped more than ``late_ms`` after its lease end
+    is not the pid's (no lease is renewed; ``late_ms``: the clock skew, plus librdkafka's
+    message timeout where the broker stamps a record when it lands).
     """
     known = dict(checkpoint.next_seq)
     for tp, target in checkpoint.ahead.items():
@@ -299,7 +300,7 @@ def scan_state(
         macs,
         checkpoint.fenced,
         {checkpoint.pid: checkpoint.ahead_holes},
-        {checkpoint.pid: (checkpoint.generation, checkpoint.expire_ms + skew_ms)},
+        {checkpoint.pid: (checkpoint.generation, checkpoint.expire_ms + late_ms)},
     )
 
 

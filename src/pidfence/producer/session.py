@@ -397,7 +397,7 @@ class ProducerSession:
             self._followed,
             self._resolve_gaps,
             recovery.scan_keys(checkpoint, current, self._followed),
-            self._skew_ms,
+            self._skew_ms + self._message_timeout_ms,
         )
         return state, checkpoint.taken_ms - self._skew_ms
 
