@@ -23,7 +23,7 @@ from pidfence.cli import app
 from pidfence.cli.exits import EXIT_RETRIABLE, EXIT_UNAVAILABLE, EXIT_USAGE, code_of
 from pidfence.cli.preflight import KafkaUnreachable, PreflightError, TopicMissing, check_kafka
 from pidfence.cli.spark_master import spark_master
-from pidfence.pid_allocator import InvalidServerList
+from pidfence.pid_allocator import InvalidServerList, LeaseServerThread, MemoryCoordinator
 from pidfence.spark_sink import SinkOptionError, pipeline
 from pidfence.wire import PidfenceError
 from tests.unit.test_sink_release import DeadJvmQuery, FakeClaim, FinishingQuery, jvm_gone
@@ -277,6 +277,20 @@ def test_available_now_with_a_trigger_is_a_usage_error(
 def test_a_lease_server_without_its_port_is_a_usage_error() -> None:
     """InvalidServerList was not in the exit table: exit 3, as for a server that is down."""
     assert code_of(InvalidServerList("lease server 'host' is not HOST:PORT")) == EXIT_USAGE
+
+
+def test_a_lifetime_shorter_than_the_lease_servers_is_a_usage_error_before_kafka(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The sink's lifetime below the lease servers' was documented, not enforced: the sink
+    forgot producers whose lease was live."""
+    with LeaseServerThread(None, coordinator=MemoryCoordinator(), lifetime_ms=7_200_000) as srv:
+        short = _invoke(monkeypatch, tmp_path, "--lease-server", srv.address, "--lifetime", "1h")
+        enough = _invoke(monkeypatch, tmp_path, "--lease-server", srv.address, "--lifetime", "2h")
+    assert short.exit_code == EXIT_USAGE, short.output
+    assert "lifetime=1h is shorter than the lease servers' lease lifetime (2h)" in short.output
+    assert "Kafka" not in short.output  # refused before anything else was asked
+    assert enough.exit_code == 3 and "cannot reach Kafka" in enough.output, enough.output
 
 
 def test_the_docs_synopsis_names_one_mac_secret_file_and_one_pace() -> None:

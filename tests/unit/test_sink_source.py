@@ -3,13 +3,18 @@ case-insensitive dictionary, which keeps its keys in lower case."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.types import BinaryType, StructField, StructType
 
+from pidfence.pid_allocator import LeaseServerThread, MemoryCoordinator
+from pidfence.services.ports import free_port
 from pidfence.spark_sink.delta.errors import TableGone
+from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.query_owner import owner_of
 from pidfence.spark_sink.schema import KAFKA_COLUMNS, LOG_DDL, REJECTS_DDL
@@ -55,3 +60,33 @@ def test_a_checkpoint_that_committed_batches_refuses_an_output_that_is_gone(
 @pytest.mark.parametrize(("table", "ddl"), [("log", LOG_DDL), ("rejects", REJECTS_DDL)])
 def test_the_reader_schema_is_the_tables(tmp_path: Path, table: str, ddl: str) -> None:
     assert _source(path=str(tmp_path), table=table).schema() == ddl
+
+
+@pytest.fixture
+def lease_server() -> Iterator[LeaseServerThread]:
+    """A lease server on the in-memory coordinator whose leases last a day (its default)."""
+    with LeaseServerThread(None, coordinator=MemoryCoordinator()) as running:
+        yield running
+
+
+def test_a_lifetime_shorter_than_the_lease_servers_is_refused_at_start(
+    tmp_path: Path, lease_server: LeaseServerThread
+) -> None:
+    """The sink would forget producers whose lease is live (the lease servers' 1d default)."""
+    source = _source(path=str(tmp_path / "out"), leaseServer=lease_server.address, lifetime="1h")
+    with pytest.raises(SinkOptionError, match=r"lifetime=1h is shorter .* lifetime \(1d\)"):
+        source.streamWriter(KAFKA_INPUT, overwrite=False)
+    assert not (tmp_path / "out").exists()  # refused before it claimed or wrote anything
+    longer = _source(path=str(tmp_path / "out"), leaseServer=lease_server.address, lifetime="2d")
+    assert longer.streamWriter(KAFKA_INPUT, overwrite=False).options.lifetime_ms == 2 * 86_400_000
+
+
+def test_lease_servers_that_do_not_answer_do_not_stop_a_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = _source(
+        path=str(tmp_path / "out"), leaseServer=f"127.0.0.1:{free_port()}", lifetime="1h"
+    )
+    with caplog.at_level(logging.WARNING, "pidfence.spark_sink.authority"):
+        source.streamWriter(KAFKA_INPUT, overwrite=False)
+    assert "did not say their lease lifetime" in caplog.text

@@ -243,7 +243,12 @@ def register(app: typer.Typer) -> None:
             options.record_macs()
             client = options.lease_client()  # the token and TLS files load
             if client is not None:
-                client.close()
+                from pidfence.spark_sink.authority import check_lifetime
+
+                try:
+                    check_lifetime(client, options.lifetime_ms)  # not shorter than the leases'
+                finally:
+                    client.close()
             found = preflight.check_kafka(bootstrap, topics)
             sink_preflight.check_apart(output, checkpoint)  # before either folder is made
             preflight.check_writable(output, "output")

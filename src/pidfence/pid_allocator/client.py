@@ -231,7 +231,8 @@ class LeaseClient:
         return status
 
     def ping(self) -> dict[str, Any]:
-        """The server's ``server`` id, ``now_ms`` and status."""
+        """The server's ``server`` id, ``now_ms``, status and lease ``lifetime_ms`` (those two
+        only once authenticated)."""
         reply = self._call("ping")
         return {k: v for k, v in reply.items() if k not in ("v", "id", "error")}
 

@@ -362,6 +362,7 @@ class LeaseServer:
             now_ms=self.service.clock(),
             zookeeper="CONNECTED" if self.service.coordinator.connected else "DOWN",
             leases=len(self.service.ring),
+            lifetime_ms=self.service.settings.lifetime_ms,
         )
 
     async def handle(self, connection: LeaseConnection, request: Request) -> dict[str, Any]:

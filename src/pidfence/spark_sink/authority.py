@@ -11,15 +11,19 @@ unset) nothing is adopted: such records are ``UNKNOWN_PID``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from pidfence.wire import PidStatus
+from pidfence.durations import format_duration_ms
+from pidfence.spark_sink.errors import SinkOptionError
+from pidfence.wire import PidfenceError, PidStatus
 
 if TYPE_CHECKING:
     from pidfence.pid_allocator import LeaseClient
 
+log = logging.getLogger(__name__)
 #: The line ``pidfence sink`` prints at start without ``--lease-server``.
 NO_AUTHORITY: Final = (
     "adoption is off: a producer the sink meets where it could not see it start (a trimmed head, "
@@ -76,3 +80,31 @@ def lease_client(
 
     options = lease_client_options(path(token_file), path(tls_ca), path(tls_cert), path(tls_key))
     return LeaseClient(servers, **options)
+
+
+def check_lifetime(client: LeaseClient, lifetime_ms: int) -> None:
+    """Refuse an entry ``lifetime`` shorter than the lease servers' lease lifetime: the sink
+    would forget producers whose lease is live, and adopting one again could append its re-sends
+    twice. Lease servers that do not answer are not a reason to refuse a start (logged).
+
+    Raises:
+        SinkOptionError: the option is shorter than the lifetime the servers give leases.
+    """
+    try:
+        theirs = client.ping().get("lifetime_ms")
+    except (PidfenceError, OSError) as exc:
+        log.warning(
+            "the lease servers did not say their lease lifetime (%s); the sink's lifetime "
+            "(%s) must be at least theirs",
+            exc,
+            format_duration_ms(lifetime_ms),
+        )
+        return
+    if isinstance(theirs, int) and lifetime_ms < theirs:
+        raise SinkOptionError(
+            f"option lifetime={format_duration_ms(lifetime_ms)} is shorter than the lease "
+            f"servers' lease lifetime ({format_duration_ms(theirs)}): the sink would forget "
+            "producers whose lease is live, and adopting one again could append its re-sends "
+            f"twice. Set lifetime to {format_duration_ms(theirs)} or more (--lifetime of "
+            "pidfence sink)"
+        )

@@ -97,7 +97,7 @@ class SinkOptions:
         "lifetime",
         "producer entry lifetime: the lease servers' `--lifetime` or longer (a shorter one "
         "forgets producers whose lease is live, and adopting one again could append its re-sends "
-        "twice)",
+        "twice; with `leaseServer` set, a start asks them and refuses a shorter one)",
         "ms",
         1,
         "`24h`",

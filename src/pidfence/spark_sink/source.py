@@ -10,6 +10,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from pidfence.spark_sink.authority import check_lifetime
 from pidfence.spark_sink.delta.table import TableKind
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.options import SinkOptions
@@ -61,9 +62,16 @@ class PidfenceDataSource(DataSource):
         checkpoint = next(
             (v for k, v in options.items() if k.lower() == "checkpointlocation"), None
         )
+        parsed = SinkOptions.parse(options)
+        client = parsed.lease_client()
+        if client is not None:
+            try:
+                check_lifetime(client, parsed.lifetime_ms)
+            finally:
+                client.close()
         # Claims the path for this query (one query per path) before any batch runs.
         return PidfenceStreamWriter(
-            SinkOptions.parse(options),
+            parsed,
             checkpoint_query_id(checkpoint),
             checkpoint=checkpoint,
         )
