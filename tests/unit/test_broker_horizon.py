@@ -178,3 +178,30 @@ def test_a_forged_fence_ahead_of_waiting_records_does_not_end_their_wait() -> No
     # A data record of a newer generation without a certificate ends nothing either.
     assert [d.verdict for d in table.offer(7, 2, 12, 5_001)] == [Verdict.UNVERIFIED]
     assert table.state() == before
+
+
+def test_records_waiting_behind_unread_seqs_are_appended_when_the_next_fence_is_confirmed() -> None:
+    """Pid 7 at generation 0: seq 11 was in offsets the sink never read, seqs 12 and 13 wait
+    behind it; more offsets go unread, then the resume's FENCE of generation 1, which the
+    authority confirms. The strict rules, which read seq 11, append 12 and 13 before the FENCE.
+    Was: the confirmation moved the generation without gap resolution, and the next record
+    FENCED both as a zombie's (the resume's checkpoint covered them: their events were lost;
+    simulation seed 6010 of the zombie-saves exploration)."""
+    strict = ProducerStateTable(64, DAY, 5, resolve_gaps=True)
+    for seq in range(14):
+        strict.offer(7, 0, seq, 1_000 + seq)
+    strict.offer(7, 1, 14, 2_000, FLAG_FENCE)
+    assert strict.get(7) == (1, 13, 1_000)
+
+    answers: dict[int, tuple[int, int] | None] = {7: (0, 10 * DAY)}
+    table = _known_then_lost(fixed_authority(answers))
+    decided: dict[Any, Verdict] = {}
+    for seq in (12, 13):
+        decided |= {d.ref: d.verdict for d in table.offer(7, 0, seq, 5_000 + seq, ref=seq)}
+    assert decided == {12: B, 13: B}
+    table.open_horizon(6_000)  # more offsets not read
+    answers[7] = (1, 10 * DAY)
+    decided |= {d.ref: d.verdict for d in table.offer(7, 1, 14, 6_000, FLAG_FENCE, ref="fence")}
+    decided |= {d.ref: d.verdict for d in table.offer(7, 1, 14, 6_001, ref=14)}
+    assert decided == {12: A, 13: A, "fence": Verdict.FENCE, 14: A}
+    assert table.get(7) == (1, 14, 1_000)

@@ -61,9 +61,13 @@ class Adoption:
     horizon: int
     next_arrival: int
 
+    resolve_gaps: bool
+    held: dict[int, dict[int, Held]]
+
     if TYPE_CHECKING:  # provided by the kernel
 
         def decide(self, *args: Any) -> None: ...
+        def settle(self, pid: int, entry: Entry, out: list[Emit]) -> None: ...
         def live_at(self, at: int) -> int: ...
         def advance(self, ts_ms: int, out: list[Emit]) -> int: ...
         def certified(
@@ -149,6 +153,11 @@ class Adoption:
                 self.unconfirmed.discard(pid)
                 self.touched.add(pid)
                 entry.generation = g
+                if self.resolve_gaps and pid in self.held:
+                    # As the move the FENCE not read made: the older generation's records
+                    # waiting behind a hole came before it (the authority named theirs current
+                    # when they were read), so gap resolution appends them.
+                    self.settle(pid, entry, out)
             return True  # otherwise the rules refuse it, and the next record asks
         self.unconfirmed.discard(pid)
         self.pending[pid] = Pending(g, status.expire_ms, [])
