@@ -293,6 +293,8 @@ class ReferenceTable:
                 ):
                     self.unconfirmed.discard(pid)
                     e[0] = g
+                    if self.resolve_gaps and any(x["pid"] == pid for x in self.held):
+                        self._settle(pid, e, out)  # as the move of the FENCE not read
             else:
                 self.unconfirmed.discard(pid)
                 self.pending[pid] = {"gen": g, "expire": st.expire_ms, "recs": []}

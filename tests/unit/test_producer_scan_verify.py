@@ -85,6 +85,23 @@ def test_the_resumes_scan_allows_records_stamped_late_after_the_lease_end() -> N
     assert state.highs[PID][TP] == 2
 
 
+def test_the_scan_counts_a_lease_s_records_until_the_sinks_entry_could_end() -> None:
+    """A sink keeps an entry its timestamp skew (1 h) past the lease: a late copy the sink
+    still appends counts (or a record of the pid stamped late: librdkafka's message timeout
+    with LogAppendTime)."""
+    assert ProducerConfig("k:9").scan_late_ms == 3_600_000
+    assert ProducerConfig("k:9", sink_timestamp_skew_ms=0).scan_late_ms == 305_000
+    long_wait = ProducerConfig("k:9", message_timeout_ms=7_200_000, sink_timestamp_skew_ms=0)
+    assert long_wait.scan_late_ms == 7_205_000
+
+
+def test_librdkafkas_alias_of_the_message_timeout_is_refused_in_extra() -> None:
+    """``delivery.timeout.ms`` through ``extra=`` overrode ``message_timeout_ms``: records could
+    land later than the scan and the rollover margin allow for."""
+    with pytest.raises(ProducerConfigError, match=r"delivery\.timeout\.ms"):
+        ProducerConfig("k:9", extra={"delivery.timeout.ms": 600_000})
+
+
 def test_config_takes_one_path_or_several_and_reports_a_bad_key_on_resume(
     tmp_path: Path,
 ) -> None:

@@ -87,6 +87,22 @@ def test_lease_servers_that_do_not_answer_do_not_stop_a_start(
     source = _source(
         path=str(tmp_path / "out"), leaseServer=f"127.0.0.1:{free_port()}", lifetime="1h"
     )
-    with caplog.at_level(logging.WARNING, "pidfence.spark_sink.authority"):
+    with caplog.at_level(logging.WARNING):
         source.streamWriter(KAFKA_INPUT, overwrite=False)
     assert "did not say their lease lifetime" in caplog.text
+
+
+def test_token_files_only_the_executors_read_do_not_stop_a_start(
+    tmp_path: Path, lease_server: LeaseServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driver never read ``leaseTokenFile`` before the check (docs: every executor reads
+    it): a path only executors have is not a reason to refuse a start."""
+    source = _source(
+        path=str(tmp_path / "out"),
+        leaseServer=lease_server.address,
+        leaseTokenFile="only-on-executors.token",
+        lifetime="1h",
+    )
+    with caplog.at_level(logging.WARNING):
+        source.streamWriter(KAFKA_INPUT, overwrite=False)
+    assert "lifetime was not checked" in caplog.text

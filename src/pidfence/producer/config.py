@@ -17,6 +17,8 @@ _OWNED = {
     "linger.ms",
     "delivery.report.only.error",
     "message.timeout.ms",
+    # librdkafka's alias of message.timeout.ms: through extra= it would override it.
+    "delivery.timeout.ms",
 }
 
 
@@ -68,6 +70,11 @@ class ProducerConfig:
         sink_resolves_gaps: the sink's ``resolveGaps`` option (on by default there too). A
             resume's recovery scan judges the topic with the sink's rules, so it must know whether
             the sink reports an overflowed hole as a gap and goes on, or holds what follows it.
+        sink_timestamp_skew_ms: the sink's ``timestampSkew`` option (1 h by default there too):
+            its entries live that long past a lease. A resume's recovery scan does not count a
+            record of the checkpoint's generation stamped later than the lease's end plus this
+            (or plus ``clock_skew_ms`` and ``message_timeout_ms``, if longer): none of the pid's
+            own records is stamped then, and a sink whose entry expired refuses such a copy.
         extra: more librdkafka settings, passed through (secrets are masked in ``repr``).
     """
 
@@ -87,6 +94,7 @@ class ProducerConfig:
     clock_skew_ms: int = 5_000
     restamp_ms: int = 1_000
     sink_resolves_gaps: bool = True
+    sink_timestamp_skew_ms: int = 3_600_000
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -111,10 +119,11 @@ class ProducerConfig:
             )
         if self.restamp_ms < 0:
             raise ProducerConfigError(f"restamp_ms must be >= 0 (0: never), got {self.restamp_ms}")
-        if self.message_timeout_ms < 1 or self.clock_skew_ms < 0:
+        if self.message_timeout_ms < 1 or self.clock_skew_ms < 0 or self.sink_timestamp_skew_ms < 0:
             raise ProducerConfigError(
-                f"message_timeout_ms must be >= 1 and clock_skew_ms >= 0, got "
-                f"{self.message_timeout_ms} and {self.clock_skew_ms}"
+                f"message_timeout_ms must be >= 1, clock_skew_ms and sink_timestamp_skew_ms >= 0, "
+                f"got {self.message_timeout_ms}, {self.clock_skew_ms} and "
+                f"{self.sink_timestamp_skew_ms}"
             )
         if not self.success_reports and self.resend_buffer:
             raise ProducerConfigError(
@@ -128,6 +137,13 @@ class ProducerConfig:
         object.__setattr__(
             self, "lease_public_keys", (str(keys),) if isinstance(keys, str) else tuple(keys)
         )
+
+    @property
+    def scan_late_ms(self) -> int:
+        """How long after a lease's end a resume's recovery scan still counts a record of it:
+        the sink's entry life past the lease (``sink_timestamp_skew_ms``), or how late the
+        pid's own records can be stamped (``clock_skew_ms`` plus ``message_timeout_ms``)."""
+        return max(self.sink_timestamp_skew_ms, self.clock_skew_ms + self.message_timeout_ms)
 
     def to_librdkafka(self) -> dict[str, Any]:
         """The ``confluent_kafka.Producer`` configuration (dotted librdkafka keys)."""

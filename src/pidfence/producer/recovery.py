@@ -281,9 +281,11 @@ def scan_state(
     ``ahead`` is what an earlier scan saw appended, possibly before this scan's start
     (``taken_ms``); without it the first record after those would look held behind a gap, and
     this resumer's own FENCE would then "fence" it, although the rules appended it (DESIGN §9).
-    A record of the checkpoint's generation stamped more than ``late_ms`` after its lease end
-    is not the pid's (no lease is renewed; ``late_ms``: the clock skew, plus librdkafka's
-    message timeout where the broker stamps a record when it lands).
+    A record of the checkpoint's generation stamped more than ``late_ms`` after its lease end is
+    not counted: no lease is renewed, so none of the pid's own records is stamped that late
+    (``late_ms`` covers the clock skew and librdkafka's message timeout, where the broker stamps
+    a record when it lands), and a sink whose entry expired (``late_ms`` covers its timestamp
+    skew) refuses such a copy.
     """
     known = dict(checkpoint.next_seq)
     for tp, target in checkpoint.ahead.items():

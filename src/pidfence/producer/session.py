@@ -67,6 +67,7 @@ class ProducerSession:
         self._default_lifetime_ms = config.default_lifetime_ms
         self._message_timeout_ms = config.message_timeout_ms
         self._skew_ms = config.clock_skew_ms
+        self._scan_late_ms = config.scan_late_ms
         self._restamp_ms = config.restamp_ms
         self._resolve_gaps = config.sink_resolves_gaps
         #: When every partition's next record carries the ``pfc`` again (epoch ms).
@@ -397,7 +398,7 @@ class ProducerSession:
             self._followed,
             self._resolve_gaps,
             recovery.scan_keys(checkpoint, current, self._followed),
-            self._skew_ms + self._message_timeout_ms,
+            self._scan_late_ms,
         )
         return state, checkpoint.taken_ms - self._skew_ms
 

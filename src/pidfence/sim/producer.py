@@ -147,6 +147,8 @@ class Producers:
             restamp_ms=30 * knobs.step_ms,
             # The simulated sink resolves gaps only for in-order sessions (SimSink.gaps_on).
             sink_resolves_gaps=knobs.reorder == 1,
+            # The simulated sink's entries get no timestamp grace (its timestampSkew is 0).
+            sink_timestamp_skew_ms=0,
         )
         self.chains = [
             Chain(c, make_events(self.rng, c, knobs.events, knobs.partitions))

@@ -100,7 +100,14 @@ def check_lifetime(client: LeaseClient, lifetime_ms: int) -> None:
             format_duration_ms(lifetime_ms),
         )
         return
-    if isinstance(theirs, int) and lifetime_ms < theirs:
+    if not isinstance(theirs, int):
+        log.warning(
+            "the lease servers did not say their lease lifetime (no token here to authenticate "
+            "with?); the sink's lifetime (%s) must be at least theirs",
+            format_duration_ms(lifetime_ms),
+        )
+        return
+    if lifetime_ms < theirs:
         raise SinkOptionError(
             f"option lifetime={format_duration_ms(lifetime_ms)} is shorter than the lease "
             f"servers' lease lifetime ({format_duration_ms(theirs)}): the sink would forget "

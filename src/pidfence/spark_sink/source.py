@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
@@ -25,6 +26,8 @@ from pidfence.spark_sink.schema import (
 from pidfence.spark_sink.spark_checkpoint import checkpoint_query_id
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter
+
+log = logging.getLogger(__name__)
 
 
 class PidfenceDataSource(DataSource):
@@ -63,12 +66,7 @@ class PidfenceDataSource(DataSource):
             (v for k, v in options.items() if k.lower() == "checkpointlocation"), None
         )
         parsed = SinkOptions.parse(options)
-        client = parsed.lease_client()
-        if client is not None:
-            try:
-                check_lifetime(client, parsed.lifetime_ms)
-            finally:
-                client.close()
+        _check_lifetime(parsed)
         # Claims the path for this query (one query per path) before any batch runs.
         return PidfenceStreamWriter(
             parsed,
@@ -128,3 +126,20 @@ def _adds(dt: Any) -> list[dict[str, Any]]:
     """The ``add`` actions of the table's current version."""
     actions: list[dict[str, Any]] = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
     return [a for a in actions if a.get("path")]
+
+
+def _check_lifetime(options: SinkOptions) -> None:
+    """:func:`check_lifetime` at a query's start on the driver, when ``leaseServer`` is set.
+    The token and TLS files need only be on the executors: where the driver cannot read them,
+    the check is logged as not made rather than refusing the start."""
+    try:
+        client = options.lease_client()
+    except SinkOptionError as exc:
+        log.warning("the sink's lifetime was not checked against the lease servers': %s", exc)
+        return
+    if client is None:
+        return
+    try:
+        check_lifetime(client, options.lifetime_ms)
+    finally:
+        client.close()
