@@ -199,7 +199,54 @@ def test_state_with_extensions_is_a_function_of_the_committed_output(
             horizon_ms=horizon,
             answers=asked,
             rules={"resolve_gaps": gaps_on},
+            signed=False,  # the live table verifies nothing
         )
     assert rebuilt == live_table
     rebuilt.authority = live_table.authority = fixed_authority(answers)
     decide_alike_after(live_table, rebuilt, make_stream(random.Random(seed + 1), knobs))
+
+
+def test_an_unsigned_runs_rebuild_ends_a_wait_as_the_run_did() -> None:
+    """Drawn once by the property above: in a run without signing a record the rules call
+    INVALID_GENERATION ends a pid's wait on the authority (its waiting record FENCED). Replays
+    always verified, so the record replayed without proof was UNVERIFIED, which ends no wait:
+    the rebuilt state kept the FENCED record waiting. The sink replays unsigned where it runs
+    without ``leasePublicKey``."""
+    knobs = StreamKnobs(
+        pids=4,
+        records=43,
+        dup_rate=0.0625,
+        swap_rate=0.125,
+        bump_rate=0.0625,
+        zombie_rate=0.0,
+        fence_rate=0.0,
+        odd_rate=0.0625,
+        ts_step_max=4,
+        ts_back_rate=0.0625,
+        resend_rate=0.0625,
+        skew_rate=0.0,
+        skew_ms=0,
+        leap_rate=0.0,
+        loss_rate=0.09375,
+        late_start_rate=0.0,
+    )
+    recorder = Recorder({1: None, 3: (4, 1089)})
+    live = ProducerStateTable(1, 10, 0, authority=recorder)
+    committed = []
+    for i, (lo, hi, headers, stamps) in enumerate(
+        batches(make_stream(random.Random(4311), knobs), [28])
+    ):
+        horizon = stamps[0] if i == 1 else None
+        if horizon is not None:
+            live.open_horizon(horizon)
+        recorder.batch = {}
+        res = live.offer_batch(headers, np.array(stamps, np.int64), list(range(lo, hi)))
+        verdicts = [v.value for v in res.verdicts()]
+        committed.append((headers, stamps, verdicts, list(range(lo, hi)), horizon, recorder.batch))
+    assert any(v == "INVALID_GENERATION" for _, _, vs, *_ in committed for v in vs)
+    rebuilt = restored(None, (1, 10, 0))
+    for headers, stamps, decided, refs, horizon, asked in committed:
+        replay_batch(
+            rebuilt, headers, stamps, decided, refs, horizon_ms=horizon, answers=asked, signed=False
+        )
+    assert rebuilt == live

@@ -367,6 +367,7 @@ class SimSink:
                     horizon_ms=span.horizon,
                     answers=recorded_answers(span.answers),
                     rules=span.rules,
+                    signed=table.verifier is not None,
                 )
         if table.state() != self.tables[p].state():
             raise RebuildMismatch(

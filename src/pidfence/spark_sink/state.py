@@ -198,8 +198,7 @@ def load_state(
             found.size,
             found.floor,
         )
-    table, floor = _rebuild(output, topic, partition, top, part, opts)
-    table.verifier = verifier
+    table, floor = _rebuild(output, topic, partition, top, part, opts, verifier)
     # The old batches replayed under the settings they recorded; this one runs under today's.
     for name, value in _overrides(opts).items():
         if name != "capacity":
@@ -230,12 +229,14 @@ def _rebuild(
     top: int,
     top_part: PartCommit,
     opts: SinkOptions,
+    verifier: Verifier | None,
 ) -> tuple[ProducerStateTable, int | None]:
     """Newest intact older chain on this partition's batch chain, plus a replay since then; and
     that chain's floor (None: replayed from the partition's first batch).
 
     The walk back (one manifest per batch, linked by ``prev``) stops at the first batch whose
     state chain is intact: a lost newest state costs the batches since the previous full one.
+    The table carries ``verifier`` (this run's); the batches replay signed where it is set.
     """
     replay: list[tuple[int, PartCommit]] = [(top, top_part)]  # newest first
     while (prev := replay[-1][1].prev) is not None:
@@ -251,9 +252,10 @@ def _rebuild(
         except (CorruptSnapshot, FileNotFoundError):
             replay.append((prev, part))
             continue
+        chain.table.verifier = verifier
         _replay(output, chain.table, replay[::-1], top_part, part.kafka_last)
         return chain.table, chain.floor
-    table = new_table(opts)
+    table = new_table(opts, verifier)
     _replay(output, table, replay[::-1], top_part, -1)
     return table, None
 
@@ -298,6 +300,7 @@ def _replay(
             horizon_ms=part.horizon_ms,
             answers=recorded_answers(part.answers),
             rules=dict(part.rules) or None,
+            signed=table.verifier is not None,
         )
 
 
