@@ -254,20 +254,7 @@ def test_a_forged_first_record_after_a_lease_ended_costs_no_event() -> None:
 #: Retention deleting everything a sink reading once a second has not read, a paused zombie
 #: that saves checkpoints, and its resume: records wait behind seqs the sink never read when
 #: the next generation's first record comes (docs/gaps.md, "Older generations in a backlog").
-BACKLOG = {
-    "events": 20,
-    "partitions": 1,
-    "reorder": 1,
-    "crash_p": 0.05,
-    "zombie_p": 1.0,
-    "pause_p": 1.0,
-    "down_p": 1.0,
-    "trim_p": 1.0,
-    "lifetime_ms": 10**8,
-    "checkpoint_every": 1000,
-    "batch_every": 100,
-    "zombie_saves": True,
-}
+BACKLOG = {**ZOMBIE_BEYOND_A_HORIZON, "zombie_saves": True}
 
 
 def test_records_waiting_behind_unread_seqs_keep_their_events() -> None:

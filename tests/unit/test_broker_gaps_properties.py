@@ -212,23 +212,17 @@ def test_an_unsigned_runs_rebuild_ends_a_wait_as_the_run_did() -> None:
     always verified, so the record replayed without proof was UNVERIFIED, which ends no wait:
     the rebuilt state kept the FENCED record waiting. The sink replays unsigned where it runs
     without ``leasePublicKey``."""
-    knobs = StreamKnobs(
-        pids=4,
+    knobs = replace(
+        QUIET,
         records=43,
         dup_rate=0.0625,
         swap_rate=0.125,
         bump_rate=0.0625,
-        zombie_rate=0.0,
-        fence_rate=0.0,
         odd_rate=0.0625,
         ts_step_max=4,
         ts_back_rate=0.0625,
         resend_rate=0.0625,
-        skew_rate=0.0,
-        skew_ms=0,
-        leap_rate=0.0,
         loss_rate=0.09375,
-        late_start_rate=0.0,
     )
     recorder = Recorder({1: None, 3: (4, 1089)})
     live = ProducerStateTable(1, 10, 0, authority=recorder)
