@@ -69,9 +69,10 @@ class ScanState:
         holes: per pid and partition, the open holes below ``base`` (a checkpoint's
             ``ahead_holes``): seqs an earlier scan saw skipped, which a re-send may fill.
         lease_ends: per pid, a generation and the latest timestamp a record of that lease can
-            carry (its end plus the clock skew). A later record of that generation is a topic
-            writer's, never the pid's: a sink whose entry expired refuses it, so it never
-            counts (counted, a successor would skip the event it stands in for).
+            carry (its end plus ``ProducerConfig.scan_late_ms``). A later record of that
+            generation is a topic writer's, never the pid's: a sink whose entry expired
+            refuses it, so it never counts (counted, a successor would skip the event it
+            stands in for).
     """
 
     def __init__(
