@@ -39,7 +39,6 @@ from deltalake import DeltaTable
 
 from pidfence.spark_sink import query_owner
 from pidfence.spark_sink.delta.checkpoints import checkpoint_interval, last_checkpoint
-from pidfence.spark_sink.fold import LISTS, MERGE, WIDEST, Segment, segment_stem, with_place
 from pidfence.spark_sink.manifest import (
     KINDS,
     BatchManifest,
@@ -47,7 +46,9 @@ from pidfence.spark_sink.manifest import (
     Position,
     encode_positions,
 )
-from pidfence.spark_sink.output import INDEX, INDEX_EVERY, NO_OWNER, open_output
+from pidfence.spark_sink.output import NO_OWNER, open_output
+from pidfence.spark_sink.positions import INDEX, INDEX_EVERY
+from pidfence.spark_sink.segments import LISTS, MERGE, WIDEST, Segment, segment_stem, with_place
 from pidfence.spark_sink.state_files import STATE, decode_state, encode_state
 from pidfence.spark_sink.storage import Store, batch_name
 

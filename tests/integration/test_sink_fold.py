@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from pidfence.spark_sink import fold as fold_mod
 from pidfence.spark_sink import read_gaps, read_log, read_written
+from pidfence.spark_sink import segments as fold_mod
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
-from pidfence.spark_sink.fold import Listing, Span, segments
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import INDEX_EVERY, Output
+from pidfence.spark_sink.output import Output
+from pidfence.spark_sink.positions import INDEX_EVERY
+from pidfence.spark_sink.segments import Listing, Span, segments
 from pidfence.spark_sink.storage import Store
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from tests.unit.test_sink_process import expected_log, kafka_rows, make_stream, micro_batches

@@ -16,9 +16,10 @@ from pidfence.spark_sink import read_log, read_written
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.claims import claim_output, new_tag
 from pidfence.spark_sink.delta.table import OWN_DIR
-from pidfence.spark_sink.fold import listing, segment_stem, segments
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import INDEX_EVERY, Output
+from pidfence.spark_sink.output import Output
+from pidfence.spark_sink.positions import INDEX_EVERY
+from pidfence.spark_sink.segments import listing, segment_stem, segments
 from pidfence.spark_sink.storage import Store, batch_name
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from tests.fixtures.commands import run_pidfence

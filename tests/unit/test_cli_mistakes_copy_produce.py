@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from pidfence.cli import app, producing
+from pidfence.cli import app, producer_options
 from pidfence.producer.copier import CopySpec
 from pidfence.producer.errors import DeliveryTimedOut, LeaseServerDown, ProducerConfigError
 
@@ -28,7 +28,7 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         calls.append(kwargs)
         return SimpleNamespace(copied=0, offsets={}, resumed=False, per_partition={})
 
-    monkeypatch.setattr(producing, "with_producer", with_producer)
+    monkeypatch.setattr(producer_options, "with_producer", with_producer)
     return calls
 
 

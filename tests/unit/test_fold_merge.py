@@ -10,9 +10,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from pidfence.spark_sink import fold as fold_mod
+from pidfence.spark_sink import segments as fold_mod
 from pidfence.spark_sink.decisions import decided_rows
-from pidfence.spark_sink.fold import (
+from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
+from pidfence.spark_sink.schema import TS_TYPE
+from pidfence.spark_sink.segments import (
     FOLDED,
     MERGE,
     OLD_LIST,
@@ -29,8 +31,6 @@ from pidfence.spark_sink.fold import (
     segments,
     with_place,
 )
-from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
-from pidfence.spark_sink.schema import TS_TYPE
 from pidfence.spark_sink.storage import Store
 
 FOLD = 64  # batches per fold (the index period)

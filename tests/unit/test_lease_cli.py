@@ -150,7 +150,7 @@ def test_keys_pki_refuses_to_replace_a_pki_without_force(tmp_path: Path) -> None
 def test_a_taken_listen_address_is_a_settings_error_naming_the_option() -> None:
     """``lease-server`` then exits 2 with the line, not a traceback (the ``--metrics-port``
     case already did)."""
-    from pidfence.pid_allocator.settings import SettingsError
+    from pidfence.pid_allocator.declaration import SettingsError
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

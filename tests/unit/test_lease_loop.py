@@ -17,6 +17,7 @@ from pidfence.pid_allocator import (
     MemoryCoordinator,
 )
 from pidfence.pid_allocator.capability import make_secret, secret_from, secret_hasher
+from pidfence.pid_allocator.declaration import SettingsError
 from pidfence.pid_allocator.generations import (
     generation_from,
     generation_hasher,
@@ -24,7 +25,6 @@ from pidfence.pid_allocator.generations import (
 )
 from pidfence.pid_allocator.loops import LoopUnavailable, loop_factory, resolve_loop
 from pidfence.pid_allocator.metrics import LATENCY_BUCKETS, ServerMetrics
-from pidfence.pid_allocator.settings import SettingsError
 
 
 def _has_uvloop() -> bool:

@@ -16,8 +16,8 @@ from pidfence.pid_allocator import (
     StaleGeneration,
     UnknownPid,
 )
+from pidfence.pid_allocator.declaration import SettingsError
 from pidfence.pid_allocator.generations import GENERATION_START_LIMIT
-from pidfence.pid_allocator.settings import SettingsError
 from tests.unit.lease_kit import LeaseServers, asynchronous
 
 

@@ -272,7 +272,7 @@ def _no_scan(*args: Any) -> None:
 def test_a_refused_record_ends_pidfence_copy_and_produce_with_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from pidfence.cli.producing import fail_cleanly
+    from pidfence.cli.producer_options import fail_cleanly
 
     rig = RefusingRig()
     producer = rig.producer()

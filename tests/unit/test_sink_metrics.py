@@ -19,6 +19,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pidfence.spark_sink import output as output_mod
+from pidfence.spark_sink import positions as positions_mod
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.errors import SinkOptionError
@@ -207,7 +208,7 @@ def test_a_restart_reads_the_index_not_every_manifest(
     monkeypatch: pytest.MonkeyPatch,
     metrics_of: Any,
 ) -> None:
-    monkeypatch.setattr(output_mod, "INDEX_EVERY", 4)
+    monkeypatch.setattr(positions_mod, "INDEX_EVERY", 4)
     monkeypatch.setattr(writer_mod, "INDEX_EVERY", 4)
     batches = two_partitions(5, 440)
     for b, parts in enumerate(batches):
@@ -221,7 +222,7 @@ def test_a_restart_reads_the_index_not_every_manifest(
         return committed(self, batch_id)
 
     monkeypatch.setattr(Output, "committed", counted)
-    monkeypatch.setattr(output_mod, "_KNOWN", {})  # a restart: a new process knows nothing
+    monkeypatch.setattr(positions_mod, "_KNOWN", {})  # a restart: a new process knows nothing
     found = scrape(metrics_of())
     last = len(batches) - 1
     assert total(found, "pidfence_sink_last_batch_id") == last

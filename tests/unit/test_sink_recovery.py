@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable
-from pidfence.spark_sink import output as output_mod
+from pidfence.spark_sink import positions as positions_mod
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.delta.table import OWN_DIR
@@ -266,7 +266,7 @@ def test_a_reader_of_history_sees_every_batch_though_the_sink_folds_meanwhile(
     """Output.manifests (read_written, read_gaps, verify's data files) listed the segments,
     then the live manifests: batches a fold moved in between were in neither, and were skipped
     without a word. Folds here every 8 batches (INDEX_EVERY) instead of every 64."""
-    for module in (writer_mod, output_mod):
+    for module in (writer_mod, positions_mod):
         monkeypatch.setattr(module, "INDEX_EVERY", 8)
     w = PidfenceStreamWriter(options(tmp_path, retainBatches="2"))
     for batch in range(16):  # the fold at 8 folded 0-5
@@ -352,7 +352,7 @@ def test_a_second_query_on_the_path_fails_at_start_and_deletes_nothing(tmp_path:
 
 
 def test_manifest_index_gives_the_same_positions_as_the_manifests(tmp_path: Path) -> None:
-    from pidfence.spark_sink.output import INDEX_EVERY
+    from pidfence.spark_sink.positions import INDEX_EVERY
 
     recs = records_of(make_stream(random.Random(8), StreamKnobs(pids=3, records=400)))
     w = PidfenceStreamWriter(options(tmp_path))
@@ -368,7 +368,7 @@ def test_manifest_index_gives_the_same_positions_as_the_manifests(tmp_path: Path
     assert (index / "latest").read_text() == str(INDEX_EVERY)
     indexed = layout.positions(INDEX_EVERY + 4)
     (index / "latest").unlink()
-    output_mod._KNOWN.clear()  # this process's positions: found again from the manifests
+    positions_mod._KNOWN.clear()  # this process's positions: found again from the manifests
     assert layout.positions(INDEX_EVERY + 4) == indexed
 
 
@@ -376,7 +376,7 @@ def test_an_index_pointer_moved_back_costs_no_walk_from_batch_zero(tmp_path: Pat
     """``latest`` is replaced, not compared-and-set: an instance stalled since batch 0's index
     may point it back after the owner deleted that index (it keeps two). Positions then come
     from the index of the batch's own period, not from every manifest since batch 0."""
-    from pidfence.spark_sink.output import INDEX_EVERY
+    from pidfence.spark_sink.positions import INDEX_EVERY
 
     recs = records_of(make_stream(random.Random(9), StreamKnobs(pids=2, records=300)))
     w = PidfenceStreamWriter(options(tmp_path))
@@ -388,7 +388,7 @@ def test_an_index_pointer_moved_back_costs_no_walk_from_batch_zero(tmp_path: Pat
     out = Output(w.options.path, w.options.rejects_path, QUERY_A)
     expected = out.positions(last)
     (index / "latest").write_text("0")  # the stalled instance's late write
-    output_mod._KNOWN.clear()
+    positions_mod._KNOWN.clear()
     with calls_of(out, "committed") as read:
         assert out.positions(last) == expected
     assert len(read) <= INDEX_EVERY, read

@@ -15,9 +15,10 @@ from pidfence.spark_sink import read_written
 from pidfence.spark_sink import writer as writer_mod
 from pidfence.spark_sink.claims import claim_output, new_tag
 from pidfence.spark_sink.delta.table import OWN_DIR
-from pidfence.spark_sink.fold import LISTS, listing
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import INDEX, INDEX_EVERY, Output
+from pidfence.spark_sink.output import Output
+from pidfence.spark_sink.positions import INDEX, INDEX_EVERY
+from pidfence.spark_sink.segments import LISTS, listing
 from pidfence.spark_sink.storage import FileStat, Store, batch_name
 from pidfence.spark_sink.sweep import sweep
 from pidfence.spark_sink.writer import PidfenceStreamWriter

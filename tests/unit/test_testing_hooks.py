@@ -14,7 +14,6 @@ import pytest
 
 from pidfence.services.process import ServiceFailed
 from pidfence.spark_sink import crash_points
-from pidfence.spark_sink.errors import InjectedFault
 from pidfence.testing import (
     BadSinkFault,
     FaultKind,
@@ -30,7 +29,7 @@ from pidfence.testing import (
     step,
 )
 from pidfence.testing.network import LinkFaults
-from pidfence.testing.sink_faults import HELD, RELEASE, kill_group
+from pidfence.testing.sink_faults import HELD, RELEASE, InjectedFault, kill_group
 from pidfence.testing.spark_python import python_wrapper
 
 

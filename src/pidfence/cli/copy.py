@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pidfence.cli import producing
+from pidfence.cli import producer_options
 from pidfence.cli.exits import EXIT_USAGE, fail
 from pidfence.cli.keys import ProducerPublicKeys
 
@@ -19,8 +19,8 @@ def register(app: typer.Typer) -> None:
     @app.command("copy")
     def copy(
         ctx: typer.Context,
-        bootstrap: producing.Bootstrap,
-        lease_server: producing.LeaseServers,
+        bootstrap: producer_options.Bootstrap,
+        lease_server: producer_options.LeaseServers,
         from_topic: Annotated[str, typer.Option(help="Input topic")],
         to_topic: Annotated[str, typer.Option(help="Output topic (same partition count)")],
         state: Annotated[
@@ -58,9 +58,9 @@ def register(app: typer.Typer) -> None:
                 min=1, help="Flush and save --state (a group: commit a partition) every N records"
             ),
         ] = 200,
-        ledger: producing.Ledger = None,
+        ledger: producer_options.Ledger = None,
         lease_public_key: ProducerPublicKeys = None,
-        message_timeout: producing.MessageTimeout = None,
+        message_timeout: producer_options.MessageTimeout = None,
         stop_after_commit: Annotated[
             int,
             typer.Option(
@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
 
         def copy_alone(open_producer: Any) -> CopyResult:
             copier = Copier(spec, open_producer, state or Path())
-            return producing.with_progress(columns, None, copier.run)
+            return producer_options.with_progress(columns, None, copier.run)
 
         def copy_as_member(opened: tuple[Any, Any]) -> CopyResult:
             from pidfence.producer.copy_checkpoint import GroupKey, MetadataCodec
@@ -113,12 +113,12 @@ def register(app: typer.Typer) -> None:
                 key = GroupKey.load(group_key) if group_key is not None else None
                 codec = MetadataCodec(group, from_topic, to_topic, key)
                 member = CopyGroup(spec, open_task, codec)
-                return producing.with_progress(columns, None, member.run)
+                return producer_options.with_progress(columns, None, member.run)
             finally:
                 if ledger_writer is not None:
                     ledger_writer.close()
 
-        result = producing.with_producer(
+        result = producer_options.with_producer(
             bootstrap,
             lease_server,
             topic=to_topic,

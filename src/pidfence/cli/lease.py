@@ -22,7 +22,8 @@ from rich.markup import escape
 
 from pidfence import durations
 from pidfence.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE, code_of, fail
-from pidfence.pid_allocator.settings import Setting, declared
+from pidfence.pid_allocator.declaration import Setting
+from pidfence.pid_allocator.settings import declared
 from pidfence.pid_allocator.settings_sources import (
     default_text,
     env_name,
@@ -91,8 +92,8 @@ def _parameter(item: Setting) -> inspect.Parameter:
 
 def _run(flags: dict[str, Any], config: Path | None) -> None:
     from pidfence.pid_allocator.daemon import serve_forever
+    from pidfence.pid_allocator.declaration import SettingsError
     from pidfence.pid_allocator.errors import LeaseServiceUnavailable
-    from pidfence.pid_allocator.settings import SettingsError
 
     try:
         settings = load_settings(flags, os.environ, config)

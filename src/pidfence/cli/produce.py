@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pidfence.cli import producing
+from pidfence.cli import producer_options
 from pidfence.cli.keys import ProducerPublicKeys
 
 
@@ -16,13 +16,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command("produce")
     def produce(
-        bootstrap: producing.Bootstrap,
-        lease_server: producing.LeaseServers,
+        bootstrap: producer_options.Bootstrap,
+        lease_server: producer_options.LeaseServers,
         topic: Annotated[str, typer.Option(help="An existing topic")],
         count: Annotated[int, typer.Option(min=0, help="Records in total, across restarts")],
         value_size: Annotated[int, typer.Option(min=0, help="Bytes per value")] = 100,
         keys: Annotated[int, typer.Option(min=0, help="Distinct keys (0: unkeyed)")] = 1000,
-        ledger: producing.Ledger = None,
+        ledger: producer_options.Ledger = None,
         state: Annotated[
             Path | None, typer.Option(help="Checkpoint file: resume from it, keep it current")
         ] = None,
@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         lifetime_rollover: Annotated[
             float, typer.Option(help="Lease a new pid after this fraction of the lease lifetime")
         ] = 23 / 24,
-        checkpoint_every: producing.CheckpointEvery = 500,
+        checkpoint_every: producer_options.CheckpointEvery = 500,
         name: Annotated[str, typer.Option(help="Producer name written into every value")] = "p",
         stop_after_checkpoint: Annotated[
             int,
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(help="librdkafka's own idempotence (in-order on the wire per session)"),
         ] = True,
-        message_timeout: producing.MessageTimeout = None,
+        message_timeout: producer_options.MessageTimeout = None,
     ) -> None:
         """Send COUNT deterministic records with pf headers; resumable after SIGKILL via --state."""
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
@@ -72,9 +72,9 @@ def register(app: typer.Typer) -> None:
 
         def generate(open_producer: OpenProducer) -> LoadResult:
             generators.append(LoadGenerator(spec, open_producer, state))
-            return producing.with_progress(columns, count, generators[0].run)
+            return producer_options.with_progress(columns, count, generators[0].run)
 
-        result = producing.with_producer(
+        result = producer_options.with_producer(
             bootstrap,
             lease_server,
             topic=topic,

@@ -3,6 +3,7 @@
 from pidfence.pid_allocator.client import Lease, LeaseClient
 from pidfence.pid_allocator.clock import SteadyClock
 from pidfence.pid_allocator.coordinator import Block, Coordinator, LineageRecord
+from pidfence.pid_allocator.declaration import SettingsError
 from pidfence.pid_allocator.errors import (
     FrameLimitExceeded,
     InvalidServerList,
@@ -32,7 +33,7 @@ from pidfence.pid_allocator.security import (
 )
 from pidfence.pid_allocator.server import LeaseServer
 from pidfence.pid_allocator.service import Grant, LeaseService
-from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
+from pidfence.pid_allocator.settings import LeaseServerSettings
 from pidfence.pid_allocator.settings_sources import load_settings
 from pidfence.pid_allocator.zookeeper import ZkCoordinator
 

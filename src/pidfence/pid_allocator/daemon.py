@@ -19,10 +19,11 @@ from pathlib import Path
 
 from prometheus_client import start_http_server
 
+from pidfence.pid_allocator.declaration import SettingsError
 from pidfence.pid_allocator.loops import loop_factory
 from pidfence.pid_allocator.metrics import ServerMetrics
 from pidfence.pid_allocator.runtime import start_server
-from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
+from pidfence.pid_allocator.settings import LeaseServerSettings
 from pidfence.pid_allocator.settings_sources import host_port
 from pidfence.wire import PidfenceError
 

@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 
-from pidfence.pid_allocator.settings import SettingsError
+from pidfence.pid_allocator.declaration import SettingsError
 from pidfence.wire import PidfenceError
 
 #: The values of ``LeaseServerSettings.event_loop`` (``--loop``).

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pidfence.pid_allocator.declaration import SettingsError
 from pidfence.pid_allocator.errors import LeaseCapacityExhausted
-from pidfence.pid_allocator.settings import SettingsError
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from typing import Any, Self, TypeVar
 
 from pidfence.lifecycle import Startable
 from pidfence.pid_allocator.coordinator import Coordinator
+from pidfence.pid_allocator.declaration import SettingsError
 from pidfence.pid_allocator.errors import LeaseServerUnreachable
 from pidfence.pid_allocator.loops import loop_factory
 from pidfence.pid_allocator.metrics import ServerMetrics
@@ -28,7 +29,7 @@ from pidfence.pid_allocator.security import (
 )
 from pidfence.pid_allocator.server import LeaseServer
 from pidfence.pid_allocator.service import LeaseService
-from pidfence.pid_allocator.settings import LeaseServerSettings, SettingsError
+from pidfence.pid_allocator.settings import LeaseServerSettings
 from pidfence.pid_allocator.settings_sources import host_port
 from pidfence.pid_allocator.zookeeper import ZkCoordinator
 from pidfence.wire import PidfenceError

@@ -15,16 +15,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
-from pidfence.wire import PidfenceError
+from pidfence.pid_allocator.declaration import Setting, SettingsError, setting
 
 #: A pid's issue time travels in its secret as milliseconds after its block's claim, in 4 bytes.
 MAX_BLOCK_TTL_MS: Final = 2**32 - 1
 #: Most pids a server keeps in reserve ahead of its leases, and claims in one write, in blocks.
 MAX_RESERVE_BLOCKS: Final = 16
-
-
-class SettingsError(PidfenceError):
-    """A lease-server setting is invalid or a combination of settings cannot work (exit 2)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -35,61 +31,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name other than localhost may resolve anywhere
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """How the user names and sees one setting (the metadata of its field).
-
-    Attributes:
-        option: the option without dashes (``lifetime``): flag ``--lifetime``, variable
-            ``PIDFENCE_LEASE_SERVER_LIFETIME``, settings file key ``lifetime``.
-        help: what it means (``--help`` and the docs table).
-        kind: how its text is read: ``text``, ``int``, ``float``, ``path``, ``flag``, ``ms``
-            (a duration, in ms), ``seconds`` (a duration, in seconds) or ``listen``
-            (``HOST:PORT``, which sets ``host`` and ``port``).
-        low, high: the smallest and largest allowed value; ``above``: the value must be greater.
-        choices: the allowed values of a text setting.
-        unset: what an unset (None or false) value means, as the docs say it.
-        field: the field it sets (filled in by :func:`declared`).
-    """
-
-    option: str
-    help: str
-    kind: str = "text"
-    low: float | None = None
-    high: float | None = None
-    above: float | None = None
-    choices: tuple[str, ...] = ()
-    unset: str = "off"
-    field: str = ""
-
-    def problem(self, value: Any) -> str | None:
-        """Why ``value`` is out of this setting's bounds, or None."""
-        if value is None or isinstance(value, bool | Path):
-            return None
-        if self.choices:
-            if value in self.choices:
-                return None
-            allowed = ", ".join(self.choices)
-            return f"{self.field} (--{self.option}) must be {allowed}, got {value!r}"
-        low, above, high = self.low, self.above, self.high
-        if (
-            (low is None or value >= low)
-            and (above is None or value > above)
-            and (high is None or value <= high)
-        ):
-            return None
-        if above is not None:
-            bounds = f"> {above:g}" if high is None else f"in ({above:g}, {high:g}]"
-        else:
-            bounds = f">= {low:g}" if high is None else f"{low:g}..{high:g}"
-        return f"{self.field} must be {bounds}, got {value}"
-
-
-def setting(default: Any, option: str, help: str, **details: Any) -> Any:
-    """A settings field: its ``default`` and its :class:`Setting` (``details`` as there)."""
-    return field(default=default, metadata={"setting": Setting(option, help, **details)})
 
 
 @dataclass(frozen=True, slots=True)

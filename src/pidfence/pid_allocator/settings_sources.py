@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from pidfence.durations import format_duration_ms, parse_duration_ms
-from pidfence.pid_allocator.settings import LeaseServerSettings, Setting, SettingsError, declared
+from pidfence.pid_allocator.declaration import Setting, SettingsError
+from pidfence.pid_allocator.settings import LeaseServerSettings, declared
 
 ENV_PREFIX = "PIDFENCE_LEASE_SERVER_"
 _TRUE = {"1", "true", "yes", "on"}

@@ -12,7 +12,6 @@ Usage::
 from __future__ import annotations
 
 from pidfence.spark_sink.errors import (
-    InjectedFault,
     SinkError,
     SinkOptionError,
     SplitPartitionError,
@@ -31,7 +30,6 @@ from pidfence.spark_sink.session import configure, packages, register
 
 __all__ = [
     "BatchLine",
-    "InjectedFault",
     "SinkError",
     "SinkOptionError",
     "SinkOptions",

@@ -20,12 +20,6 @@ class SplitPartitionError(SinkError):
     interleaved with another partition's (a shuffled stream); nothing was published."""
 
 
-class InjectedFault(SinkError):
-    """A task failure injected on purpose by ``pidfence.testing`` (a retry succeeds)."""
-
-    retriable: ClassVar[bool] = True
-
-
 class OutputOwnedError(SinkError):
     """Another streaming query owns the output path (one query per path: DESIGN §7).
 

@@ -33,7 +33,8 @@ from prometheus_client.registry import Collector
 from pidfence.spark_sink.errors import SinkOptionError
 from pidfence.spark_sink.lag import KafkaWatermarks, Watermarks, partition_lag
 from pidfence.spark_sink.manifest import PartCommit, Totals
-from pidfence.spark_sink.output import INDEX_EVERY, Output
+from pidfence.spark_sink.output import Output
+from pidfence.spark_sink.positions import INDEX_EVERY
 from pidfence.spark_sink.progress import progress_by_batch
 from pidfence.spark_sink.spark_checkpoint import start_offsets
 from pidfence.wire import PidfenceError, Verdict

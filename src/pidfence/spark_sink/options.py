@@ -33,6 +33,11 @@ def parse_duration_ms(text: str, name: str = "lifetime", low: int = 1) -> int:
         raise SinkOptionError(f"{name} {exc}") from None
 
 
+def rejects_path_of(path: str, given: str | None = None) -> str:
+    """The rejects table's root: ``given`` (the sink's ``rejectsPath``), else ``PATH/_rejects``."""
+    return (given or f"{path.rstrip('/')}/_rejects").rstrip("/")
+
+
 def option(
     default: Any, name: str, help: str, kind: str = "text", low: int = 0, shown: str = ""
 ) -> Any:
@@ -228,7 +233,7 @@ class SinkOptions:
             for f in fields(cls)
             if f.metadata and (raw := opts.get(f.metadata["name"].lower())) is not None
         }
-        rejects = (opts.get("rejectspath") or f"{path}/_rejects").rstrip("/")
+        rejects = rejects_path_of(path, opts.get("rejectspath"))
         for name, where in (("path", path), ("rejectsPath", rejects)):
             _check_store(name, where)
         checkpoint = opts.get("checkpointlocation")

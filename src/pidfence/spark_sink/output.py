@@ -11,11 +11,11 @@ sink instance's claim on the output (``e3-…``, :mod:`~pidfence.spark_sink.clai
     P/_pidfence/_claims/EPOCH.json                  the sink instance that owns it now (claims.py)
     P/_pidfence/_manifests/BATCH.json               the batch's manifest (manifest.py)
     P/_pidfence/_manifests/_index/BATCH.json        every partition's position as of BATCH, every
-                                                    INDEX_EVERY batches; ``latest`` names the newest
+                                                    INDEX_EVERY batches (positions.py)
     P/_pidfence/_held/BATCH/TOPIC~PART.TAG.parquet  records held for reordering at the batch's end
     P/_pidfence/_decided/BATCH/…                    what the batch decided, by identity
     P/_pidfence/_state/TOPIC~PART/BATCH.TAG.KIND    the partition's state: a cache (state_files)
-    P/_pidfence/_folded/…                           batches older than retainBatches (fold.py)
+    P/_pidfence/_folded/…                           batches older than retainBatches (segments.py)
 
 Delta readers and ``VACUUM`` read only what a Delta log adds and never look under ``_pidfence/``.
 
@@ -31,7 +31,6 @@ back: producer state derives from the decisions files.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -57,33 +56,26 @@ from pidfence.spark_sink.delta.table import (
 )
 from pidfence.spark_sink.delta.tip import Tip, query_tip
 from pidfence.spark_sink.errors import ManifestUnreadable
-from pidfence.spark_sink.fold import folded_decided, folded_manifest, folded_manifests
 from pidfence.spark_sink.manifest import (
     KINDS,
     BatchManifest,
     PartCommit,
     PartFiles,
     Position,
-    decode_positions,
-    encode_positions,
     part_name,
 )
+from pidfence.spark_sink.options import rejects_path_of
+from pidfence.spark_sink.positions import find_positions, write_index
 from pidfence.spark_sink.schema import HELD_SCHEMA, conform
+from pidfence.spark_sink.segments import folded_decided, folded_manifest, folded_manifests
 from pidfence.spark_sink.storage import Store, batch_name
 from pidfence.wire import PidfenceError
 
-#: A compacted index of every partition's position is written every this many batches, so a
-#: task reads at most this many manifests to find its partition's position (flat cost).
-INDEX_EVERY: Final = 64
 #: Query id of an output opened for reading when no query owns the path yet.
 NO_OWNER: Final = "noquery0"
 MANIFESTS: Final = "_manifests"
-INDEX: Final = f"{MANIFESTS}/_index"
 #: (log path, rejects path) of the outputs this process opened.
 _OPENED: set[tuple[str, str]] = set()
-#: Per (sink folder, query, log table id): the newest positions this process found, and the
-#: batch they are as of (a Python worker runs the next batch's tasks from them).
-_KNOWN: dict[tuple[str, str, str], tuple[int, dict[str, Position]]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +118,7 @@ class Output:
             rejects_path: the sink's ``rejectsPath`` (default ``<path>/_rejects``).
         """
         path = path.rstrip("/")
-        found = cls(path, rejects_path or f"{path}/_rejects", NO_OWNER)
+        found = cls(path, rejects_path_of(path, rejects_path), NO_OWNER)
         found.query_id = query_owner.owner_of(found.own) or NO_OWNER
         return found
 
@@ -260,7 +252,7 @@ class Output:
 
     def manifests(self, after: int = -1) -> Iterator[BatchManifest]:
         """The manifests of the committed batches with ids above ``after``, in batch order:
-        the folded ones (:mod:`~pidfence.spark_sink.fold`), then the live ones."""
+        the folded ones (:mod:`~pidfence.spark_sink.segments`), then the live ones."""
         # Live ones listed first: a fold meanwhile moves some into a segment listed after.
         live = self.committed_ids()
         for folded in folded_manifests(self.own, after):
@@ -424,52 +416,17 @@ class Output:
 
     # ------------------------------------------------------------------------ the index
 
-    def _index_path(self, batch_id: int) -> str:
-        return self.own.join(INDEX, batch_name(batch_id) + ".json")
-
-    def _latest_index(self, last: int) -> tuple[int, dict[str, Position]]:
-        """(batch id, positions) of the newest index at or below ``last``; (-1, {}) if none."""
-        try:
-            latest = int(self.own.read(self.own.join(INDEX, "latest")).decode())
-        except (FileNotFoundError, ValueError):
-            latest = -1
-        own_period = (last // INDEX_EVERY) * INDEX_EVERY
-        # ``latest`` past ``last``: a reader of history steps back. Below ``last``'s own period:
-        # a stalled instance may have moved it back (it is replaced, not compared-and-set).
-        for at in dict.fromkeys([own_period, *range(min(latest, own_period), -1, -INDEX_EVERY)]):
-            with contextlib.suppress(FileNotFoundError):
-                return at, decode_positions(self.own.read(self._index_path(at)))
-        return -1, {}
-
     def positions(self, last: int) -> dict[str, Position]:
-        """Per partition (``TOPIC~PART``), the newest committed batch <= ``last`` that read it:
-        the positions this process found last for this output, else the newest index, then at
-        most INDEX_EVERY manifests (committed manifests never change)."""
+        """Per partition (``TOPIC~PART``), the newest committed batch <= ``last`` that read it
+        (:func:`~pidfence.spark_sink.positions.find_positions`)."""
         key = (self.own.uri, self.query_id, self._tip().table_id)
-        known = _KNOWN.get(key)
-        if known is not None and known[0] <= last < known[0] + INDEX_EVERY:
-            base, positions = known[0], dict(known[1])
-        else:
-            base, positions = self._latest_index(last)
-        for batch_id in range(base + 1, last + 1):
-            manifest = self.committed(batch_id)
-            for part in manifest.parts if manifest is not None else ():
-                positions[part.name] = Position(batch_id, part)
-        if last <= self.committed_version() and (known is None or last >= known[0]):
-            if len(_KNOWN) >= 8 and key not in _KNOWN:
-                _KNOWN.clear()  # a process serves a few outputs at most
-            _KNOWN[key] = (last, dict(positions))
-        return positions
+        return find_positions(self.own, key, last, self.committed, last <= self.committed_version())
 
     def write_index(self, batch_id: int) -> None:
-        """Write the index as of the committed ``batch_id`` and point ``latest`` at it."""
+        """Write the positions index as of the committed ``batch_id`` (while this instance
+        still holds the output)."""
         check_epoch(self.own, self.epoch)
-        self.own.put(
-            self._index_path(batch_id), encode_positions(batch_id, self.positions(batch_id))
-        )
-        self.own.put(self.own.join(INDEX, "latest"), str(batch_id).encode())
-        # Readers start at the newest index: two are kept.
-        self.own.delete(self._index_path(batch_id - 2 * INDEX_EVERY))
+        write_index(self.own, batch_id, self.positions(batch_id))
 
 
 def _damaged(what: str) -> DeltaTableError:
@@ -491,7 +448,6 @@ def open_output(
 
 
 __all__ = [
-    "INDEX_EVERY",
     "NO_OWNER",
     "Output",
     "PartAttempt",

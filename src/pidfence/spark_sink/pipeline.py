@@ -174,17 +174,21 @@ def start_sink(
     metrics: SinkMetrics | None = None,
     **kwargs: Any,
 ) -> Any:
-    """Check the output, claim it (waiting as a standby while another sink instance holds it,
-    :mod:`~pidfence.spark_sink.claims`), open it, then start the query (see :func:`build_query`).
+    """Check the output, claim it, open it, then start the query (see :func:`build_query`)
+    and return it (a ``StreamingQuery``).
 
-    The claim is renewed while the query runs and released when it stops; if a newer instance
-    takes the output over, the query is stopped (its next commit would be refused anyway).
+    While another sink instance holds the output, this call blocks as a standby until that
+    instance stops or its claim lapses (:mod:`~pidfence.spark_sink.claims`), logging who holds
+    it. The claim is renewed while the query runs and released when it stops; if a newer
+    instance takes the output over, the query is stopped (its next commit would be refused
+    anyway).
 
     Args:
         metrics_port: serve the sink's Prometheus metrics (``/metrics``) from this process on
             this port (0: a free one, logged), until the process ends.
         metrics_host: the address to serve them on: loopback unless told otherwise.
         metrics: metrics already served (``pidfence sink`` binds before Spark starts).
+        kwargs: as :func:`build_query`'s (``sink_options`` among them).
     """
     started = _start(
         spark,
@@ -280,7 +284,8 @@ def run_sink(
     **kwargs: Any,
 ) -> SinkRunSummary:
     """Run the sink to completion (``available_now``, the default) and summarise what it
-    committed; ``kwargs`` as :func:`build_query`'s."""
+    committed; ``kwargs`` as :func:`start_sink`'s (the metrics arguments and
+    :func:`build_query`'s)."""
     started = _start(spark, bootstrap, topic, output, checkpoint, **kwargs)
     if started is None:  # no stop event is given: it waits until it holds the output
         return SinkRunSummary()

@@ -16,6 +16,7 @@ from deltalake.exceptions import TableNotFoundError
 from pidfence.spark_sink.decisions import appended
 from pidfence.spark_sink.delta.table import TableKind, open_table, schema_of
 from pidfence.spark_sink.gaps import GapReport, gaps_table
+from pidfence.spark_sink.options import rejects_path_of
 from pidfence.spark_sink.output import Output
 from pidfence.spark_sink.schema import PLACE_FIELDS, WRITER_FIELDS, conform
 
@@ -83,9 +84,7 @@ def read_rejects(path: str, rejects_path: str | None = None) -> pa.Table:
         path: the sink's ``path`` option.
         rejects_path: the sink's ``rejectsPath`` option if it was set.
     """
-    return read_table(rejects_path or f"{path.rstrip('/')}/_rejects", "rejects").sort_by(
-        _REJECT_ORDER
-    )
+    return read_table(rejects_path_of(path, rejects_path), "rejects").sort_by(_REJECT_ORDER)
 
 
 def read_gaps(path: str) -> pa.Table:

@@ -29,7 +29,9 @@ import time
 from typing import Final
 
 from pidfence.spark_sink.claims import newest_claim, tag_epoch
-from pidfence.spark_sink.fold import (
+from pidfence.spark_sink.output import MANIFESTS, Output
+from pidfence.spark_sink.positions import INDEX, INDEX_EVERY
+from pidfence.spark_sink.segments import (
     FOLDED,
     LISTS,
     OLD_LIST,
@@ -38,7 +40,6 @@ from pidfence.spark_sink.fold import (
     listing,
     segment_stem,
 )
-from pidfence.spark_sink.output import INDEX, INDEX_EVERY, MANIFESTS, Output
 from pidfence.spark_sink.storage import Store
 
 #: A fold's steps take seconds; an hour leaves room for the slowest store and a paused process.

@@ -29,15 +29,15 @@ from pidfence.spark_sink.delta.commit import check_log
 from pidfence.spark_sink.delta.errors import TableGone
 from pidfence.spark_sink.errors import CommittedBatchMismatch, SinkError, SplitPartitionError
 from pidfence.spark_sink.first_batch import check_first_batch
-from pidfence.spark_sink.fold import Listing, add_segment, listing, with_place
+from pidfence.spark_sink.fold import fold
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit, Totals
 from pidfence.spark_sink.options import SinkOptions
-from pidfence.spark_sink.output import INDEX_EVERY, NO_OWNER, Output, PartAttempt, open_output
+from pidfence.spark_sink.output import NO_OWNER, Output, PartAttempt, open_output
 from pidfence.spark_sink.partition_batch import process_partition
+from pidfence.spark_sink.positions import INDEX_EVERY
 from pidfence.spark_sink.schema import KAFKA_COLUMNS
 from pidfence.spark_sink.spark_checkpoint import checkpoint_committed
 from pidfence.spark_sink.state import load_state, save_state
-from pidfence.spark_sink.storage import batch_name
 from pidfence.wire.mac import RecordMacCheck
 
 
@@ -257,58 +257,6 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         # files it names, so they stay.
         intent = output.intent(batchId)
         output.discard(batchId, set() if intent is None else intent.named())
-
-
-def fold(output: Output, last: int, retain: int) -> None:
-    """Fold the batches up to ``last - retain`` not folded yet into segments and delete their
-    own files, except those a partition's newest position names (driver, after the commit of
-    ``last``; :mod:`~pidfence.spark_sink.fold`). Files an earlier fold kept for a partition's
-    position go once the partition moved on (the previous index names them)."""
-    own = output.own
-    listed = listing(own)
-    first = listed.segments[-1].last + 1 if listed.segments else 0
-    upto = last - retain
-    if upto < first:
-        return
-    keep = {n for pos in output.positions(last).values() for n in pos.part.files.named()}
-    before = output.positions(last - INDEX_EVERY).values() if last >= INDEX_EVERY else ()
-    moved = {n for pos in before if pos.batch < first for n in pos.part.files.named()} - keep
-    for rel in (r for r in moved if not r.startswith("data/")):
-        own.delete(own.join(rel))
-        own.drop_empty_dir(own.join(rel.rpartition("/")[0]))
-    # A backlog (a lowered retainBatches) is folded one fold's width at a time: the driver
-    # holds one segment's manifests and decisions, never the whole backlog's.
-    for start in range(first, upto + 1, INDEX_EVERY):
-        span = (start, min(upto, start + INDEX_EVERY - 1))
-        if (now := _fold_span(output, listed, span, keep)) is None:
-            return  # another instance folded since: its lists stand, and the next fold goes on
-        listed = now
-
-
-def _fold_span(
-    output: Output, base: Listing, span: tuple[int, int], keep: set[str]
-) -> Listing | None:
-    """Fold the batches of ``span`` into a segment after the list ``base``, then delete their
-    own files but ``keep``; the new list (None: another fold wrote one first, nothing deleted)."""
-    own = output.own
-    folded = [m for b in range(span[0], span[1] + 1) if (m := output.committed(b)) is not None]
-    decided = [
-        with_place(rows, m.batch, part)
-        for m in folded
-        for part in m.parts
-        if (rows := output.read_decided(m.batch, part)) is not None
-    ]
-    listed = add_segment(own, output.epoch, base, span, folded, decided)
-    if listed is None:
-        return None
-    for manifest in folded:
-        for rel in manifest.named() - keep:
-            if not rel.startswith("data/"):
-                own.delete(own.join(rel))
-        own.delete(output.manifest_path(manifest.batch))
-        for kind in ("held", "decided"):
-            own.drop_empty_dir(own.join(f"_{kind}", batch_name(manifest.batch)))
-    return listed
 
 
 def _claim(output: Output, query: str) -> None:

@@ -14,7 +14,6 @@
 """
 
 from pidfence.testing.clock import ManualClock
-from pidfence.testing.knobs import sim_knobs, unmapped
 from pidfence.testing.launch import run_argv
 from pidfence.testing.mutations import MUTATIONS, UnknownMutation, install_mutation
 from pidfence.testing.nemesis import NetworkNemesis
@@ -29,6 +28,7 @@ from pidfence.testing.plan import (
     step,
 )
 from pidfence.testing.script import FaultScript, drive
+from pidfence.testing.sim_plan import sim_knobs, unmapped
 from pidfence.testing.sink_faults import BadSinkFault, SinkFaults
 from pidfence.testing.supervise import Supervisor
 from pidfence.testing.toxiproxy import (

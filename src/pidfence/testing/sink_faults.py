@@ -19,10 +19,17 @@ import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from pidfence.spark_sink import crash_points
-from pidfence.spark_sink.errors import InjectedFault
+from pidfence.spark_sink.errors import SinkError
 from pidfence.wire import PidfenceError
+
+
+class InjectedFault(SinkError):
+    """A task failure injected on purpose (a retry succeeds)."""
+
+    retriable: ClassVar[bool] = True
 
 
 class BadSinkFault(PidfenceError):

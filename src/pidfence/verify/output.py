@@ -87,13 +87,14 @@ def _refuse_missing_tables(output: str, rejects: str | None) -> None:
     """
     from pidfence.spark_sink.delta.errors import NotPidfenceTable
     from pidfence.spark_sink.delta.table import holds_delta
+    from pidfence.spark_sink.options import rejects_path_of
 
     if not holds_delta(output):
         raise NotPidfenceTable(
             f"{output} is not a pidfence output: no Delta table there (--output is the sink's "
             "output path, the folder its Delta table is in, e.g. out/log, not the one above it)"
         )
-    rejects_path = rejects or f"{output.rstrip('/')}/_rejects"
+    rejects_path = rejects_path_of(output, rejects)
     if not holds_delta(rejects_path):
         raise NotPidfenceTable(
             f"{rejects_path} is not a pidfence rejects table: no Delta table there "

@@ -32,6 +32,7 @@ from pidfence.spark_sink.delta.table import (
     marker,
     open_table,
 )
+from pidfence.spark_sink.options import rejects_path_of
 from pidfence.spark_sink.storage import Store
 
 #: How deltalake names a file the store does not have (local and object stores alike).
@@ -160,7 +161,7 @@ def tables_of(path: str, rejects_path: str | None = None) -> list[tuple[TableKin
         NotPidfenceTable: ``path`` holds no Delta table.
     """
     path = path.rstrip("/")
-    rejects = (rejects_path or f"{path}/_rejects").rstrip("/")
+    rejects = rejects_path_of(path, rejects_path)
     if not holds_delta(path):
         raise NotPidfenceTable(f"{path} holds no Delta table: is it the sink's --output?")
     tables: list[tuple[TableKind, str]] = [("log", path)]
