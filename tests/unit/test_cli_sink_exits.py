@@ -293,6 +293,35 @@ def test_a_lifetime_shorter_than_the_lease_servers_is_a_usage_error_before_kafka
     assert enough.exit_code == 3 and "cannot reach Kafka" in enough.output, enough.output
 
 
+def test_every_other_sink_option_is_an_option_flag_checked_before_kafka(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Twelve sink options had no flag: the standby line told a user to change claimLapse, and
+    docs/sink.md to raise timestampSkew, which the command could not set."""
+    with LeaseServerThread(None, coordinator=MemoryCoordinator(), lifetime_ms=7_200_000) as srv:
+        short = _invoke(
+            monkeypatch, tmp_path, "--lease-server", srv.address, "--option", "LIFETIME=1h"
+        )
+    assert short.exit_code == EXIT_USAGE, short.output
+    assert "lifetime=1h is shorter than the lease servers'" in short.output
+    refused = {
+        "claimLapse=0s": "claimLapse",  # below its bound: parsed as the sink parses it
+        "claimLapse": "give NAME=VALUE",
+        "nosuch=1": "give NAME=VALUE with NAME one of lifetime",
+        "epoch=4": "give NAME=VALUE",  # the command's own
+    }
+    for given, said in refused.items():
+        result = _invoke(monkeypatch, tmp_path, "--option", given)
+        assert result.exit_code == EXIT_USAGE and said in result.output, (given, result.output)
+        assert "Kafka" not in result.output
+    twice = _invoke(monkeypatch, tmp_path, "--lifetime", "3h", "--option", "lifetime=2h")
+    assert twice.exit_code == EXIT_USAGE and "given twice" in twice.output, twice.output
+    passed = _invoke(
+        monkeypatch, tmp_path, "--option", "claimLapse=2m", "--option", "flushHeld=true"
+    )
+    assert passed.exit_code == 3 and "cannot reach Kafka" in passed.output, passed.output
+
+
 def test_the_docs_synopsis_names_one_mac_secret_file_and_one_pace() -> None:
     """docs/sink.md showed --record-mac-secret FILE[,FILE] (a,b exits 2), and the two paces
     side by side."""

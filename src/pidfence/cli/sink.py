@@ -54,6 +54,49 @@ def spark_log_path(checkpoint: str) -> Path:
     return Path(checkpoint.removeprefix("file://")) / "logs" / name
 
 
+_OPTION_HELP = (
+    "Any other sink option of docs/sink.md's table as NAME=VALUE, repeatable "
+    "(e.g. --option claimLapse=2m --option timestampSkew=2h)"
+)
+#: Sink options this command sets itself: from --output, --checkpoint and --starting-offsets,
+#: and the claim's epoch.
+_SET_BY_COMMAND = ("startingOffsets", "epoch")
+
+
+def named_options(values: list[str] | None, given: dict[str, str]) -> dict[str, str]:
+    """The sink options of ``--option NAME=VALUE`` (names as docs/sink.md spells them, any
+    case), checked against the options the sink has and those ``given`` by their own flags.
+
+    Raises:
+        SinkOptionError: not NAME=VALUE, an unknown name, one this command sets itself, or one
+            given twice.
+    """
+    from dataclasses import fields
+
+    from pidfence.spark_sink import SinkOptions
+    from pidfence.spark_sink.errors import SinkOptionError
+
+    known = {
+        f.metadata["name"].lower(): f.metadata["name"]
+        for f in fields(SinkOptions)
+        if f.metadata and f.metadata["name"] not in _SET_BY_COMMAND
+    }
+    named: dict[str, str] = {}
+    for item in values or ():
+        raw, sep, value = item.partition("=")
+        name = known.get(raw.strip().lower())
+        if not sep or name is None:
+            raise SinkOptionError(
+                f"--option {item!r}: give NAME=VALUE with NAME one of {', '.join(known.values())}"
+            )
+        if name in given or name in named:
+            raise SinkOptionError(
+                f"--option {item!r}: {name} is given twice (here, or by its own flag)"
+            )
+        named[name] = value.strip()
+    return named
+
+
 def register(app: typer.Typer) -> None:
     """Add ``sink`` (run the sink; ``sink compact``/``vacuum``: Delta table care)."""
     group = typer.Typer(
@@ -172,6 +215,9 @@ def register(app: typer.Typer) -> None:
         verbose: Annotated[
             bool, typer.Option("--verbose", help="Show Spark's and the JVM's log on the console")
         ] = False,
+        option: Annotated[
+            list[str] | None, typer.Option("--option", metavar="NAME=VALUE", help=_OPTION_HELP)
+        ] = None,
         storage_option: StorageOption = None,
         jars: Annotated[
             Path | None,
@@ -237,6 +283,7 @@ def register(app: typer.Typer) -> None:
         sink_options = {k: v for k, v in flags.items() if v is not None}
         topics = [t.strip() for t in topic.split(",") if t.strip()]
         with exit_cleanly("sink"):
+            sink_options |= named_options(option, sink_options)
             stores = apply_storage_options(storage_option)
             options = SinkOptions.parse({"path": output, **sink_options})
             options.certificates()  # the key files load (a usage error otherwise)
@@ -387,7 +434,7 @@ def _run(
             on_standby=lambda claim: console.print(
                 f"{output} is held by another sink instance: {claim.owner()}. Waiting as a "
                 "standby: this one takes over when that instance stops or its claim lapses "
-                "(sink option claimLapse). To run both, give each its own --output and "
+                "(--option claimLapse=DURATION). To run both, give each its own --output and "
                 "--checkpoint."
             ),
             **kwargs,
