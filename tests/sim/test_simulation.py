@@ -402,7 +402,7 @@ def test_a_dropped_or_doubled_header_less_record_fails_the_schedule(
 ) -> None:
     """The log's pid-0 rows must be exactly the header-less records the sink read: the checker
     of events cannot see them (they carry no producer), so the schedule compares them itself.
-    A bug in the real sink's placement of them in the log (``_with_non_idempotent``) fails it."""
+    A bug in the real sink's placement of them in the log (``with_non_idempotent``) fails it."""
     from pidfence.broker_plugin import CODE_OF
     from pidfence.sim import sink
     from pidfence.wire import Verdict
@@ -411,7 +411,7 @@ def test_a_dropped_or_doubled_header_less_record_fails_the_schedule(
     clean = run(0, **knobs)
     assert clean.stats["non_idempotent_read"] > 0
     assert_clean(clean)
-    real = sink._with_non_idempotent
+    real = sink.with_non_idempotent
     plain = CODE_OF[Verdict.NON_IDEMPOTENT]
 
     def dropped(order: Any, verdict: Any) -> Any:
@@ -422,7 +422,7 @@ def test_a_dropped_or_doubled_header_less_record_fails_the_schedule(
         return np.concatenate([real(order, verdict), np.flatnonzero(verdict == plain)])
 
     for broken in (dropped, doubled):
-        monkeypatch.setattr(sink, "_with_non_idempotent", broken)
+        monkeypatch.setattr(sink, "with_non_idempotent", broken)
         result = run(0, **knobs)
         assert not result.non_idempotent_once and not result.ok, broken.__name__
         # Only this comparison sees it: every event is still in the log exactly once.

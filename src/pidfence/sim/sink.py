@@ -1,11 +1,11 @@
 """The simulated sink: the real sink's batch path per partition, its state files and restarts.
 
-Each batch of a partition is decided as ``pidfence sink`` decides it
-(:func:`pidfence.spark_sink.partition_batch.process_partition`, less the Arrow assembly of its
-output): the per-record MAC check (:func:`~pidfence.spark_sink.record_macs.mac_forged`), the
-adoption horizon opened where a batch starts past the offsets it read
-(:func:`~pidfence.spark_sink.gaps.unread_offsets`, capped at the broker's clock plus the timestamp
-grace), the lease servers asked through :class:`~pidfence.spark_sink.authority.BatchAuthority`,
+Each batch of a partition is decided by the real sink's own step
+(:func:`pidfence.spark_sink.partition_batch.judge_batch`, which ``process_partition`` calls before
+it assembles its Arrow output): the per-record MAC check
+(:func:`~pidfence.spark_sink.record_macs.mac_forged`), the adoption horizon opened where a batch
+starts past the offsets it read (capped at the broker's clock plus the timestamp grace), the lease
+servers asked through :class:`~pidfence.spark_sink.authority.BatchAuthority`,
 the rules' batch path (:meth:`~pidfence.broker_plugin.ProducerStateTable.offer_batch`, its numpy
 fast path included), the log order of header-less records and the gap reports
 (:func:`~pidfence.spark_sink.gaps.seq_gaps`), all reported in :attr:`SimSink.gaps`. It verifies
@@ -50,8 +50,8 @@ from pidfence.sim.knobs import Knobs
 from pidfence.sim.sink_tables import gaps_table, output_table
 from pidfence.spark_sink.authority import BatchAuthority, recorded_answers
 from pidfence.spark_sink.decisions import DECIDED_SCHEMA, replay_rows
-from pidfence.spark_sink.gaps import GapReport, seq_gaps, unread_offsets
-from pidfence.spark_sink.partition_batch import _with_non_idempotent
+from pidfence.spark_sink.gaps import GapReport, seq_gaps
+from pidfence.spark_sink.partition_batch import judge_batch, with_non_idempotent
 from pidfence.spark_sink.record_macs import mac_forged
 from pidfence.spark_sink.schema import TS_TYPE
 from pidfence.wire import PidStatus, Verdict
@@ -239,8 +239,6 @@ class SimSink:
         table = self.tables[p]
         if self.authority is not None and self.knobs.lease_down_p:
             table = copy.deepcopy(table)
-        table.forged.clear()
-        table.gaps.clear()
         decisions: list[tuple[int, Verdict]] = []
         log: list[int] = []
         writers: list[tuple[int, int, int, int]] = []
@@ -250,13 +248,6 @@ class SimSink:
         if records:
             offsets = [r.offset for r in records]
             last_read = self.committed[p] - 1 if self.read[p] else None
-            unread = unread_offsets(offsets[0], last_read)
-            if unread is not None:
-                # The sink could not have seen producers start before this record (DESIGN §4);
-                # the horizon is capped as the real sink caps it at its clock.
-                horizon = min(records[0].ts_ms, self.kafka.now + table.grace_ms)
-                table.open_horizon(horizon)
-                gaps.append(unread)
             if self.authority is not None:
                 authority = BatchAuthority(cast("LeaseClient", _Describe(self.authority)))
             headers = [r.header for r in records]
@@ -272,15 +263,16 @@ class SimSink:
                     pa.array([r.mac for r in records], pa.binary()),
                 )
             certs = [r.cert for r in records] if table.verifier is not None else None
-            table.authority = authority
-            try:
-                res = table.offer_batch(headers, [r.ts_ms for r in records], offsets, certs, forged)
-            finally:
-                table.authority = None
+            ts_ms = [r.ts_ms for r in records]
+            judged = judge_batch(
+                table, headers, ts_ms, offsets, certs, forged, last_read, self.kafka.now, authority
+            )
+            res, horizon = judged.result, judged.horizon_ms
+            gaps += [judged.unread] if judged.unread is not None else []
             released = [(int(d.ref), d.verdict) for d in res.released]
             decisions += zip(offsets, [VERDICT_CODES[c] for c in res.verdict.tolist()], strict=True)
             decisions += released
-            order = _with_non_idempotent(res.log_order, res.verdict).tolist()
+            order = with_non_idempotent(res.log_order, res.verdict).tolist()
             log = [offsets[i] if i >= 0 else released[-i - 1][0] for i in order]
             writers = list(
                 zip(

@@ -18,7 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pidfence.broker_plugin import CODE_OF, VERDICT_CODES, rules_of
+from pidfence.broker_plugin import (
+    CODE_OF,
+    VERDICT_CODES,
+    BatchResult,
+    ProducerStateTable,
+    rules_of,
+)
 from pidfence.broker_plugin.decode import decode_headers
 from pidfence.spark_sink.authority import BatchAuthority
 from pidfence.spark_sink.gaps import GapReport, seq_gaps, unread_offsets
@@ -158,17 +164,6 @@ def process_partition(
     )
     ts = _to_ts(rows.column("timestamp"))
     ts_us = ts.cast(pa.int64()).to_numpy(zero_copy_only=False)
-    st.table.forged.clear()
-    st.table.gaps.clear()
-    unread = unread_offsets(int(offsets[0]), st.kafka_last) if n else None
-    horizon_ms = None
-    if unread is not None:
-        # The sink could not have seen producers start before this record (DESIGN §4).
-        horizon_ms = int(ts_us[0] // 1000)
-        if now_ms is not None:
-            horizon_ms = min(horizon_ms, now_ms + st.table.grace_ms)
-        st.table.open_horizon(horizon_ms)
-    st.table.authority = authority
     forged = None
     if macs is not None and n:
         forged = mac_forged(
@@ -180,10 +175,18 @@ def process_partition(
             rows.column("value"),
             header_values(rows.column("headers"), MAC_HEADER_KEY),
         )
-    try:
-        res = st.table.offer_batch(headers, ts_us // 1000, offsets.tolist(), certs, forged)
-    finally:
-        st.table.authority = None
+    judged = judge_batch(
+        st.table,
+        headers,
+        ts_us // 1000,
+        offsets.tolist(),
+        certs,
+        forged,
+        st.kafka_last,
+        now_ms,
+        authority,
+    )
+    res, unread, horizon_ms = judged.result, judged.unread, judged.horizon_ms
     if n:
         st.kafka_last = int(offsets[-1])
     base = pa.table(
@@ -205,7 +208,7 @@ def process_partition(
     )
     # Records held by earlier batches that this one decided, from the payloads we kept.
     released_rows = [st.held.pop(int(d.ref)) for d in res.released]
-    order = _with_non_idempotent(res.log_order, res.verdict)
+    order = with_non_idempotent(res.log_order, res.verdict)
     if released_rows:
         released = _held_table(released_rows, topic, partition).select(LOG_SCHEMA.names)
         source = pa.concat_tables([base, released])
@@ -275,7 +278,51 @@ def process_partition(
     )
 
 
-def _with_non_idempotent(order: np.ndarray, verdict: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """The rules' decisions on one partition's batch (``result``), the Kafka offsets the sink
+    never read before it (``unread``) and the adoption horizon that opened (``horizon_ms``)."""
+
+    result: BatchResult
+    unread: GapReport | None
+    horizon_ms: int | None
+
+
+def judge_batch(
+    table: ProducerStateTable,
+    headers: Any,
+    ts_ms: Any,
+    offsets: list[int],
+    certs: Any,
+    forged: Any,
+    last_read: int | None,
+    now_ms: int | None,
+    authority: BatchAuthority | None,
+) -> Judged:
+    """One partition's records, in offset order, through the rules as the sink decides them
+    (the simulation calls this too): a horizon opens where offsets before the first one went
+    unread since ``last_read``, capped at ``now_ms`` plus the timestamp grace, so a record
+    stamped far ahead cannot stretch it; the ``authority`` answers for producers met beyond it.
+    """
+    table.forged.clear()
+    table.gaps.clear()
+    unread = unread_offsets(offsets[0], last_read) if offsets else None
+    horizon_ms = None
+    if unread is not None:
+        # The sink could not have seen producers start before this record (DESIGN §4).
+        horizon_ms = int(ts_ms[0])
+        if now_ms is not None:
+            horizon_ms = min(horizon_ms, now_ms + table.grace_ms)
+        table.open_horizon(horizon_ms)
+    table.authority = authority
+    try:
+        result = table.offer_batch(headers, ts_ms, offsets, certs, forged)
+    finally:
+        table.authority = None
+    return Judged(result, unread, horizon_ms)
+
+
+def with_non_idempotent(order: np.ndarray, verdict: np.ndarray) -> np.ndarray:
     """``log_order`` with the ``NON_IDEMPOTENT`` rows in arrival position.
 
     The batch path lists only rule-appended rows; a row without a header is appended on arrival,
