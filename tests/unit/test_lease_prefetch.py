@@ -18,9 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pidfence.pid_allocator import LeaseServerSettings, LeaseService, MemoryCoordinator
-from pidfence.pid_allocator.blocks import CLAIM_MEMORY, RESERVE_FACTOR
 from pidfence.pid_allocator.coordinator import Block, BlockRequest
-from pidfence.pid_allocator.settings import MAX_RESERVE_BLOCKS
+from pidfence.pid_allocator.settings import CLAIM_MEMORY, MAX_RESERVE_BLOCKS, RESERVE_FACTOR
 from tests.unit.lease_kit import asynchronous
 
 BLOCK = 10

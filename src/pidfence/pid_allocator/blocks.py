@@ -21,19 +21,14 @@ from dataclasses import dataclass
 
 from pidfence.pid_allocator.coordinator import Block, BlockRequest, Coordinator
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
-from pidfence.pid_allocator.settings import MAX_RESERVE_BLOCKS, LeaseServerSettings
+from pidfence.pid_allocator.settings import (
+    CLAIM_MEMORY,
+    MAX_RESERVE_BLOCKS,
+    RESERVE_FACTOR,
+    LeaseServerSettings,
+)
 
 log = logging.getLogger(__name__)
-
-
-#: How many recent claims the reserve remembers: it follows the slowest of them, because claim
-#: times vary several-fold (ZooKeeper's fsync, thread handoffs) and the last one says little.
-CLAIM_MEMORY = 8
-
-#: Reserve (and claim size) over the most pids a recent claim's wait consumed: a claim may take
-#: several times as long as the recent slowest one on a loaded machine (measured: p99 claim time
-#: about 4x the median), and the pids cost nothing but the one write that claims them.
-RESERVE_FACTOR = 4
 
 
 @dataclass(eq=False, repr=False)
