@@ -145,7 +145,7 @@ def _dedup_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
 
 
 def _pidfence_outcome(out: str, progress: list[dict[str, Any]]) -> Outcome:
-    from pidfence.spark_sink.pipeline import summarise
+    from pidfence.spark_sink.batch_report import summarise
 
     summary = summarise(out)
     at, mid = _at_million(progress)

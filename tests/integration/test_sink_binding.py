@@ -35,7 +35,7 @@ from pidfence.pid_allocator import LeaseClient
 from pidfence.producer import IdempotentProducer, ProducerConfig
 from pidfence.services.lease_server import LeasePki
 from pidfence.spark_sink import SinkRunSummary, read_log, read_rejects, run_sink
-from pidfence.spark_sink.pipeline import summarise
+from pidfence.spark_sink.batch_report import summarise
 from pidfence.wire import CERT_HEADER_KEY, FLAG_FENCE, PF_HEADER_KEY, decode_pf, encode_pf
 from pidfence.wire.mac import MAC_HEADER_KEY, RECORD_MAC_BYTES
 from pidfence.wire.statement import encode_placed_pfc

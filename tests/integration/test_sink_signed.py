@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from pidfence.spark_sink import read_log, read_rejects, run_sink
-from pidfence.spark_sink.pipeline import summarise
+from pidfence.spark_sink.batch_report import summarise
 from pidfence.wire import FLAG_FENCE, encode_pf
 from pidfence.wire.cert import encode_cert, generate_keypair, load_private_key
 from pidfence.wire.statement import encode_placed_pfc

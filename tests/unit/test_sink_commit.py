@@ -388,7 +388,7 @@ def test_batch_without_a_partition_keeps_its_state_chain(
 def test_batch_watcher_reports_each_committed_batch_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pidfence.spark_sink.pipeline import BatchWatcher
+    from pidfence.spark_sink.batch_report import BatchWatcher
 
     class Progress:
         def __init__(self, batch: int) -> None:

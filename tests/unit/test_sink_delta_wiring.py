@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 from pidfence.cli import app
 from pidfence.spark_sink import output as output_mod
 from pidfence.spark_sink import read_log, read_rejects
+from pidfence.spark_sink.batch_report import BatchLine, BatchWatcher, SinkRunSummary, summarise
 from pidfence.spark_sink.delta.table import OWN_DIR, NotPidfenceTable
 from pidfence.spark_sink.manifest import BatchManifest, PartCommit
 from pidfence.spark_sink.options import SinkOptions
 from pidfence.spark_sink.output import Output
-from pidfence.spark_sink.pipeline import BatchLine, BatchWatcher, SinkRunSummary, summarise
 from pidfence.spark_sink.readers import read_table
 from pidfence.spark_sink.writer import PidfenceStreamWriter
 from tests.unit.test_delta_layout import Crash, commit_files_dying_at

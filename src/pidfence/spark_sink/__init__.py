@@ -11,6 +11,7 @@ Usage::
 
 from __future__ import annotations
 
+from pidfence.spark_sink.batch_report import BatchLine, SinkRunSummary
 from pidfence.spark_sink.errors import (
     SinkError,
     SinkOptionError,
@@ -18,8 +19,6 @@ from pidfence.spark_sink.errors import (
 )
 from pidfence.spark_sink.options import SinkOptions, parse_duration_ms
 from pidfence.spark_sink.pipeline import (
-    BatchLine,
-    SinkRunSummary,
     build_query,
     run_sink,
     serve,
