@@ -17,6 +17,11 @@ record's value:
   pid the sink reported), where no record of a newer generation of its pid came before it in
   the log: gap resolution appends exactly those,
   and a hole that stays open lets its resumer fill it (DESIGN §4 amended a third time).
+  Likewise a record the strict rules call ``UNKNOWN_PID`` only because its pid's head on the
+  partition was never written (no earlier record of the pid there got any other verdict: a
+  librdkafka timeout hole at seq 0), no newer generation of its pid before it, past the ``head``
+  gap the sink reported for its generation: adoption keeps that head open for the resume's
+  re-sends as gap resolution keeps a hole (docs/gaps.md, "A skipped gap stays open").
   Also, whatever its event: a record the strict rules ``FENCED`` on arrival (a zombie's: a
   newer generation of its pid was on the partition before it). Its successor's copy of the
   event, appended by the strict rules, may be one the sink never read (retention deleted it with
@@ -61,6 +66,9 @@ class StrictRecord:
     #: A record of a newer generation of its pid came before it on the partition.
     after_newer: bool
     lost: bool
+    #: ``UNKNOWN_PID`` with no earlier record of its pid on the partition judged otherwise: the
+    #: strict rules never had an entry for it (its seq 0 was never written there).
+    unstarted: bool = False
 
 
 @dataclass
@@ -128,12 +136,14 @@ def strict_decisions(
     held: set[int] = set()
     newest: dict[int, int] = {}
     after_newer: set[int] = set()
+    order: list[tuple[int, int]] = []
     for place, rec, _ in view:
         pf = pf_of(rec)
         if pf is not None:
             if newest.get(pf[0], -1) > pf[1]:
                 after_newer.add(place)
             newest[pf[0]] = max(newest.get(pf[0], -1), pf[1])
+            order.append((pf[0], place))
         if mac_refused(partition, rec):
             final[place] = Verdict.FORGED
             continue
@@ -144,8 +154,24 @@ def strict_decisions(
     end = max((rec.ts_ms for _, rec, _ in view), default=0)
     for d in table.flush(max(end, table.clock)):
         final[d.ref] = d.verdict
+    started: set[int] = set()
+    unstarted: set[int] = set()
+    for pid, place in order:
+        if final[place] is not Verdict.UNKNOWN_PID:
+            started.add(pid)
+        elif pid not in started:
+            unstarted.add(place)
     return [
-        StrictRecord(partition, place, rec, final[place], place in held, place in after_newer, lost)
+        StrictRecord(
+            partition,
+            place,
+            rec,
+            final[place],
+            place in held,
+            place in after_newer,
+            lost,
+            place in unstarted,
+        )
         for place, rec, lost in view
     ]
 
@@ -172,9 +198,12 @@ def judge(
             (never held) is excused only past a ``lost`` gap of its pid the sink reported.
     """
     skipped: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
-    for partition, kind, pid, _generation, _first, last, after in gaps:
+    heads: dict[tuple[int, int, int], list[tuple[int, int]]] = defaultdict(list)
+    for partition, kind, pid, generation, _first, last, after in gaps:
         if kind == "lost":
             skipped[(partition, pid)].append((last, after))
+        if kind == "head":
+            heads[(partition, pid, generation)].append((last, after))
     report = OracleReport()
     by_place = {(s.partition, s.place): s for s in strict}
     strict_events: dict[bytes, list[StrictRecord]] = defaultdict(list)
@@ -202,6 +231,17 @@ def judge(
         )
         if behind_a_hole and not s.after_newer:
             report.excused["gap_resolution"] += 1
+            continue
+        past_an_open_head = (
+            pf is not None
+            and s.unstarted
+            and any(
+                last < pf[2] and after <= rec.offset
+                for last, after in heads[(partition, pf[0], pf[1])]
+            )
+        )
+        if past_an_open_head and not s.after_newer:
+            report.excused["unwritten_head"] += 1
             continue
         report.appended_wrongly.append(_example(s))
     for value, records in strict_events.items():
