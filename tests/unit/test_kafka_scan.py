@@ -32,6 +32,7 @@ class ScriptedConsumer:
     starts: dict[tuple[str, int], int]
     high: int
     queue: list[Message] = field(default_factory=list)
+    low: int = 0
 
     def offsets_for_times(self, wanted: list[Any], timeout: float) -> list[Any]:
         return [
@@ -42,7 +43,7 @@ class ScriptedConsumer:
         ]
 
     def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
-        return 0, self.high
+        return self.low, self.high
 
     def assign(self, parts: list[Any]) -> None:
         for part in parts:
@@ -71,6 +72,10 @@ class NotedOffsets:
 
     def __init__(self) -> None:
         self.noted: list[tuple[int, int]] = []
+        self.deleted_heads: list[Any] = []
+
+    def head_deleted(self, tp: Any) -> None:
+        self.deleted_heads.append(tp)
 
     def note(self, tp: Any, headers: Any, ts_ms: int, key: Any, value: Any) -> None:
         self.noted.append((tp[1], key))
@@ -94,6 +99,25 @@ def test_a_record_at_the_scans_end_is_not_read_after_an_offset_gap() -> None:
     # Offset 4 holds a transaction marker (no record); 5 is past the resume's FENCE.
     log = [record(0, offset) for offset in (2, 3, 5, 6)]
     assert scan(log, {("t", 0): 5, ("t", 1): 2}) == [(0, 2), (0, 3)]
+
+
+def _deleted_heads(starts: dict[tuple[str, int], int], low: int) -> list[Any]:
+    """The partitions whose scan reported a deleted head, on a log of offsets 2..8."""
+    log = [record(p, offset) for p in (0, 1) for offset in range(2, 9)]
+    consumer = ScriptedConsumer(log, starts, high=9, low=low)
+    state = NotedOffsets()
+    KafkaScanner({}, timeout_s=1, consumer_factory=lambda conf: consumer)(
+        state, list(starts), 0, {}
+    )
+    return state.deleted_heads
+
+
+def test_a_scan_that_starts_at_the_first_offset_retention_left_says_so() -> None:
+    # Offsets 0..1 were deleted: the checkpoint's time maps to offset 2 on partition 0, the first
+    # left, so the pid's records there may have gone; on partition 1 it maps past it.
+    assert _deleted_heads({("t", 0): 2, ("t", 1): 4}, low=2) == [("t", 0)]
+    # Nothing deleted (the log starts at 0): a scan from the start has seen everything.
+    assert _deleted_heads({("t", 0): 0}, low=0) == []
 
 
 def test_the_scans_consumer_keeps_the_producers_connection_and_security_settings() -> None:

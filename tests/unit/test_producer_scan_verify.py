@@ -152,6 +152,26 @@ def test_a_fence_of_an_older_generation_does_not_count() -> None:
     assert state.highs[PID].get(TP, -1) == -1
 
 
+def test_a_first_record_past_a_head_that_never_reached_kafka_does_not_count() -> None:
+    # A fresh pid's seq 0 timed out in librdkafka's queue; seqs 1..2 landed. A sink that read
+    # the partition from before the pid started calls them UNKNOWN_PID, so counted, they made
+    # the successor skip events nobody appended (simulation seed 114 lost 2).
+    # Seqs 1..7: more than the reorder window behind the missing seq 0.
+    state = ScanState({PID}, {PID: {}}, {PID: GEN})
+    for seq in range(1, 8):
+        state.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, seq))], 1000)
+    assert state.highs[PID].get(TP, -1) == -1
+    # Where retention deleted the partition's head since the checkpoint, seq 0 may be what
+    # went, read by the sink before (or the sink adopted the pid beyond a horizon): they count,
+    # past a hole at seq 0 (gap resolution), which the successor fills.
+    trimmed = ScanState({PID}, {PID: {}}, {PID: GEN})
+    trimmed.head_deleted(TP)
+    for seq in range(1, 8):
+        trimmed.note(TP, [(PF_HEADER_KEY, encode_pf(PID, GEN, seq))], 1000)
+    assert trimmed.highs[PID][TP] == 7
+    assert trimmed.holes[PID][TP] == [(0, 0)]
+
+
 def test_a_resume_checks_each_pids_records_with_that_pids_mac_key() -> None:
     checkpoint = ProducerCheckpoint(5, 2, 99, {TP: 3}, mac_key=b"5" * 32)
     rolled = Sequencer(9, 0, 99)

@@ -81,13 +81,14 @@ class KafkaScanner:
         assign = []
         for start in starts:
             tp = (start.topic, start.partition)
-            end = until.get(tp)
-            if end is None:
-                _, end = consumer.get_watermark_offsets(
-                    confluent_kafka.TopicPartition(*tp), timeout=self._timeout_s
-                )
+            low, high = consumer.get_watermark_offsets(
+                confluent_kafka.TopicPartition(*tp), timeout=self._timeout_s
+            )
+            end = until.get(tp, high)
             if start.offset < 0 or start.offset >= end:
                 continue  # nothing written since the checkpoint
+            if 0 < low == start.offset:
+                state.head_deleted(tp)  # what came before the first offset left is unknown
             ends[tp] = end
             assign.append(
                 confluent_kafka.TopicPartition(start.topic, start.partition, start.offset)

@@ -19,7 +19,14 @@ from typing import Any
 from pidfence.broker_plugin import ProducerStateTable, Verifier
 from pidfence.producer.checkpoint import ProducerCheckpoint, TopicPartition
 from pidfence.producer.sequencer import Sequencer
-from pidfence.wire import CERT_HEADER_KEY, MAC_HEADER_KEY, PF_HEADER_KEY, MalformedHeader, decode_pf
+from pidfence.wire import (
+    CERT_HEADER_KEY,
+    FLAG_FENCE,
+    MAC_HEADER_KEY,
+    PF_HEADER_KEY,
+    MalformedHeader,
+    decode_pf,
+)
 from pidfence.wire.mac import mac_matches, record_hasher, record_mac_from
 
 #: ``verifier(topic, partition)``: the broker rules' verifier of that partition (what the sink's
@@ -104,6 +111,12 @@ class ScanState:
         self._window = window
         self._tables: dict[TopicPartition, ProducerStateTable] = {}
         self._unsure: set[tuple[int, TopicPartition]] = set()
+        self._head_deleted: set[TopicPartition] = set()
+
+    def head_deleted(self, tp: TopicPartition) -> None:
+        """Say that the scan of ``tp`` starts at the first offset retention left, so records of
+        the pid from after the checkpoint may be gone (the scanner's call, before any record)."""
+        self._head_deleted.add(tp)
 
     @property
     def highs(self) -> Highs:
@@ -186,7 +199,7 @@ class ScanState:
             table = self._table(tp)
             if (pf.pid, tp) in self._unsure:
                 if not self._first_proven(
-                    table, pf.pid, pf.generation, pf.seq, pf.flags, cert, ts_ms
+                    tp, table, pf.pid, pf.generation, pf.seq, pf.flags, cert, ts_ms
                 ):
                     return
                 self._unsure.discard((pf.pid, tp))
@@ -196,6 +209,7 @@ class ScanState:
 
     def _first_proven(
         self,
+        tp: TopicPartition,
         table: ProducerStateTable,
         pid: int,
         g: int,
@@ -204,11 +218,22 @@ class ScanState:
         cert: bytes | None,
         ts_ms: int,
     ) -> bool:
-        """Whether the first record of ``pid`` on an unsure partition counts: with a verifier,
-        a record of the checkpoint's generation must prove itself, as it must at a sink that
-        holds no entry there (an older generation is still judged, and FENCED, by the table)."""
+        """Whether the first record of ``pid`` on an unsure partition counts, judged as a sink
+        that holds no entry there judges it (an older generation is still judged, and FENCED,
+        by the table).
+
+        A first record past seq 0 whose head the scan would have read (retention deleted none
+        of the partition since the checkpoint) started where the pid's head never reached
+        Kafka (a librdkafka timeout at seq 0): a sink that read the partition from before the
+        pid started calls it ``UNKNOWN_PID``, so it does not count and the successor sends its
+        event again. With a verifier, a record of the checkpoint's generation must prove itself.
+        """
+        if g != self._base_gen.get(pid):
+            return True
+        if seq > 0 and not flags & FLAG_FENCE and tp not in self._head_deleted:
+            return False
         verify = table.verifier
-        if verify is None or g != self._base_gen.get(pid):
+        if verify is None:
             return True
         return verify(pid, g, seq, flags, cert, max(table.clock, ts_ms)) is None
 

@@ -205,8 +205,11 @@ class KafkaReader:
         kafka = self._kafka
         for tp in partitions:
             records = kafka.partitions[tp[1]]
-            # What retention deleted cannot be read.
+            # What retention deleted cannot be read; a scan that starts at the first offset
+            # left cannot tell whether it deleted any record since (as KafkaScanner).
             start = max(kafka.offset_for_time(tp[1], since_ms), kafka.log_start[tp[1]])
+            if 0 < kafka.log_start[tp[1]] == start:
+                state.head_deleted(tp)
             for rec in records[start : until.get(tp, len(records))]:
                 headers = [(PF_HEADER_KEY, rec.header)]
                 if rec.cert is not None:
