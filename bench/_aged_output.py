@@ -164,7 +164,7 @@ def age_output(young: Path, young_ckpt: Path, aged: Path, aged_ckpt: Path, batch
     last = batches - 1
     shift = last - newest
     out = open_output(str(aged), str(aged / "_rejects"), query)
-    query_owner.claim(out.own, query)
+    query_owner.take_ownership(out.own, query)
     fold_at = last - last % INDEX_EVERY
     made: dict[int, BatchManifest] = {}
     for batch in range(fold_at - RETAIN + 1, last + 1):

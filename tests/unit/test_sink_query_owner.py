@@ -8,7 +8,7 @@ import pytest
 
 from pidfence.cli.exits import EXIT_UNAVAILABLE, code_of
 from pidfence.spark_sink.errors import OutputOwnedError
-from pidfence.spark_sink.query_owner import OWNER, check_owner, claim, owner_of
+from pidfence.spark_sink.query_owner import OWNER, check_owner, owner_of, take_ownership
 from pidfence.spark_sink.storage import Store
 
 QUERY_A = "0f1e2d3c-query-a"
@@ -26,7 +26,7 @@ def _checkpoint(folder: Path, query: str) -> str:
 def owned(tmp_path: Path) -> Store:
     """An output's own folder that query A claimed."""
     store = Store.at(str(tmp_path / "out" / "_pidfence"))
-    claim(store, QUERY_A)
+    take_ownership(store, QUERY_A)
     return store
 
 

@@ -1,6 +1,6 @@
 """One query per output path, enforced with an owner record (``P/_pidfence/_owner.json``).
 
-The first query to start on a path claims it (create-if-absent); any other query id is refused
+The first query to start on a path takes it (create-if-absent); any other query id is refused
 with :class:`OutputOwnedError` before it writes or deletes anything; a restart of the same query
 (same checkpoint, hence same query id) simply continues as the owner.
 """
@@ -39,7 +39,7 @@ def owner_of(store: Store) -> str | None:
     return owner
 
 
-def claim(store: Store, query_id: str) -> None:
+def take_ownership(store: Store, query_id: str) -> None:
     """Make ``query_id`` the owner of the path, or raise if another query owns it.
 
     Raises:

@@ -101,7 +101,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         if query_id is not None:
             # Spark builds a writer at start and again in the process that runs commit(), so
             # this only claims; leftovers of a dead attempt go when its batch commits.
-            _claim(output, query_id)
+            _own(output, query_id)
 
     def output(self, query: str = NO_OWNER) -> Output:
         """The sink's output, committing as ``query``."""
@@ -114,7 +114,7 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         crash_point("task_start", attempt)
         message = SinkCommitMessage(batch_id, query=query)
         output = self.output(query)
-        _claim(output, query)
+        _own(output, query)
         parts = kafka_partitions(iterator)
         manifest = output.committed(batch_id)
         if manifest is not None:
@@ -259,11 +259,12 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
         output.discard(batchId, set() if intent is None else intent.named())
 
 
-def _claim(output: Output, query: str) -> None:
-    """:func:`query_owner.claim`, reading the owner record first: a task and every batch's writer
-    claim the path, and all but the first find it theirs (no temporary file, no fsync)."""
+def _own(output: Output, query: str) -> None:
+    """:func:`query_owner.take_ownership`, reading the owner record first: a task and every
+    batch's writer take the path, and all but the first find it theirs (no temporary file, no
+    fsync)."""
     if query_owner.owner_of(output.own) != query:
-        query_owner.claim(output.own, query)
+        query_owner.take_ownership(output.own, query)
 
 
 def kafka_partitions(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[str, int, pa.Table]]:
