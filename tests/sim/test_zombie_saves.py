@@ -99,3 +99,40 @@ def test_every_drawn_schedule_with_saving_zombies_is_exactly_once(shard: int) ->
         bounded_outages
     )
     walk_shard(shard, SHARDS, space, EXAMPLES, SCHEDULES_SEED)
+
+
+def test_an_acknowledged_zombie_copy_of_an_event_owed_only_before_the_sinks_start() -> None:
+    """A resume wrote an event under the bumped generation, unacknowledged, before a sink that
+    starts at the latest offsets began; the paused zombie then wrote it again under the old
+    generation, acknowledged, and the sink FENCED that copy as the strict rules do. The event
+    is owed only at offsets the sink never read (the oracle's named losses), but the checker
+    matched the zombie's acknowledgement and called the event lost (found by the exploration
+    run: ``PIDFENCE_SIM_EXPLORE=1 PIDFENCE_SIM_EXAMPLES=1500``)."""
+    knobs: dict[str, Any] = {
+        "events": 157,
+        "partitions": 4,
+        "producers": 1,
+        "drop_p": 0.5,
+        "dup_p": 0.5,
+        "reorder": 1,
+        "crash_p": 0.1,
+        "zombie_p": 1.0,
+        "pause_p": 1.0,
+        "down_p": 0.1,
+        "double_p": 0.0,
+        "restart_p": 0.0,
+        "plain_p": 0.0,
+        "timeout_p": 0.01,
+        "sink_start": 30,
+        "sink_latest": True,
+        "trim_p": 0.05,
+        "resend_p": 0.01,
+        "lifetime_ms": 3000,
+        "step_ms": 20,
+        "checkpoint_every": 2,
+        "batch_every": 3,
+        "zombie_saves": True,
+    }
+    result = run(1492687, **knobs)
+    assert_clean(result)
+    assert result.oracle.named_losses
