@@ -264,17 +264,9 @@ def run(seed: int, **knobs: Any) -> SimResult:
         if verdict == Verdict.UNVERIFIED.value
     }
 
-    # A copy the sink never read excuses its record whichever copy Kafka acknowledged: a
-    # doubled delivery's later copy (FENCED after a resume's FENCE, say) may hold the ack.
-    unread_copies = {
-        (p, *pf, value_digest(rec.value)) for p, rec in unread if (pf := pf_of(rec)) is not None
-    }
-
     def excused(e: Any) -> bool:
-        return (
-            losses.covers(e.pid, e.partition, e.seq, e.offset)
-            or (e.pid, e.partition, e.seq) in unverified
-            or (e.partition, e.pid, e.generation, e.seq, e.digest) in unread_copies
+        return losses.covers(e.pid, e.partition, e.seq, e.offset) or (
+            (e.pid, e.partition, e.seq) in unverified
         )
 
     # The oracle's own certificate and MAC checks: fresh instances, never the sink's (and on
@@ -297,8 +289,9 @@ def run(seed: int, **knobs: Any) -> SimResult:
         sink.gaps,
     )
     # Events the strict rules append only under copies the sink could not read or verify (the
-    # oracle's named losses): a fenced zombie's older-generation copy may hold the ack while
-    # its replacement's copy, never acknowledged, lies before the sink's start.
+    # oracle's named losses), whichever copy Kafka acknowledged: a doubled delivery's later copy
+    # (FENCED after a resume's FENCE) or a fenced zombie's may hold the ack while the appendable
+    # copy lies before the sink's start or was deleted unread.
     named = {value_digest(v) for v in oracle.named_losses}
 
     # Kafka's losses are the checker's findings by construction; anything else is an anomaly.
