@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from pidfence.spark_sink import fold as folding
 from pidfence.spark_sink import read_gaps, read_log, read_written
 from pidfence.spark_sink import segments as fold_mod
 from pidfence.spark_sink import writer as writer_mod
@@ -81,13 +82,13 @@ def test_a_lowered_retention_folds_the_backlog_a_fold_at_a_time(
     _run(monkeypatch, tmp_path, chunks[:130], retain=1000)
     assert segments(Store.at(str(tmp_path / OWN_DIR))) == []
     written: list[tuple[int, int]] = []
-    add_segment = writer_mod.add_segment
+    add_segment = folding.add_segment
 
     def recorded(own: Store, epoch: int, base: Listing, span: Span, *rest: Any) -> Listing | None:
         written.append(span)
         return add_segment(own, epoch, base, span, *rest)
 
-    monkeypatch.setattr(writer_mod, "add_segment", recorded)
+    monkeypatch.setattr(folding, "add_segment", recorded)
     _run(monkeypatch, tmp_path, chunks[130:], first=130)  # folds at 192, up to batch 172
     assert written and written[0][0] == 0 and written[-1][1] == 172, written
     assert all(b - a + 1 <= INDEX_EVERY for a, b in written), written
@@ -123,14 +124,14 @@ def test_a_fold_stalled_past_another_instances_folds_never_unlists_them(
 
     def fold_a() -> None:
         try:
-            writer_mod.fold(a, 130, 20)
+            folding.fold(a, 130, 20)
         except BaseException as exc:  # noqa: BLE001 (reported below)
             failed.append(exc)
 
     thread = threading.Thread(target=fold_a, name="A")
     thread.start()
     assert checked.wait(120)
-    writer_mod.fold(b, 130, 20)  # B folds batches 0..110 and deletes their manifests
+    folding.fold(b, 130, 20)  # B folds batches 0..110 and deletes their manifests
     folded_by_b = segments(b.own)
     go.set()
     thread.join(120)

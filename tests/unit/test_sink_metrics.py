@@ -18,6 +18,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pidfence.spark_sink import fold as fold_mod
 from pidfence.spark_sink import output as output_mod
 from pidfence.spark_sink import positions as positions_mod
 from pidfence.spark_sink import read_log, read_rejects
@@ -208,8 +209,8 @@ def test_a_restart_reads_the_index_not_every_manifest(
     monkeypatch: pytest.MonkeyPatch,
     metrics_of: Any,
 ) -> None:
-    monkeypatch.setattr(positions_mod, "INDEX_EVERY", 4)
-    monkeypatch.setattr(writer_mod, "INDEX_EVERY", 4)
+    for module in (writer_mod, positions_mod, fold_mod):
+        monkeypatch.setattr(module, "INDEX_EVERY", 4)
     batches = two_partitions(5, 440)
     for b, parts in enumerate(batches):
         writer.commit([write_task(monkeypatch, writer, b, parts)], b)

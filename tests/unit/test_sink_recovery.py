@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pidfence.broker_plugin import CorruptSnapshot, ProducerStateTable
+from pidfence.spark_sink import fold as fold_mod
 from pidfence.spark_sink import positions as positions_mod
 from pidfence.spark_sink import read_log, read_rejects
 from pidfence.spark_sink import writer as writer_mod
@@ -266,7 +267,7 @@ def test_a_reader_of_history_sees_every_batch_though_the_sink_folds_meanwhile(
     """Output.manifests (read_written, read_gaps, verify's data files) listed the segments,
     then the live manifests: batches a fold moved in between were in neither, and were skipped
     without a word. Folds here every 8 batches (INDEX_EVERY) instead of every 64."""
-    for module in (writer_mod, positions_mod):
+    for module in (writer_mod, positions_mod, fold_mod):
         monkeypatch.setattr(module, "INDEX_EVERY", 8)
     w = PidfenceStreamWriter(options(tmp_path, retainBatches="2"))
     for batch in range(16):  # the fold at 8 folded 0-5
