@@ -116,6 +116,8 @@ def test_a_scan_that_starts_at_the_first_offset_retention_left_says_so() -> None
     # Offsets 0..1 were deleted: the checkpoint's time maps to offset 2 on partition 0, the first
     # left, so the pid's records there may have gone; on partition 1 it maps past it.
     assert _deleted_heads({("t", 0): 2, ("t", 1): 4}, low=2) == [("t", 0)]
+    # Retention moved on between the time lookup and the watermark's: below the first offset.
+    assert _deleted_heads({("t", 0): 1}, low=2) == [("t", 0)]
     # Nothing deleted (the log starts at 0): a scan from the start has seen everything.
     assert _deleted_heads({("t", 0): 0}, low=0) == []
 

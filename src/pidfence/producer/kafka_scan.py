@@ -87,8 +87,10 @@ class KafkaScanner:
             end = until.get(tp, high)
             if start.offset < 0 or start.offset >= end:
                 continue  # nothing written since the checkpoint
-            if 0 < low == start.offset:
-                state.head_deleted(tp)  # what came before the first offset left is unknown
+            if low > 0 and start.offset <= low:
+                # What came before the first offset left is unknown (below it: retention moved
+                # between the two lookups).
+                state.head_deleted(tp)
             ends[tp] = end
             assign.append(
                 confluent_kafka.TopicPartition(start.topic, start.partition, start.offset)
