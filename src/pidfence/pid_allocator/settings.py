@@ -28,6 +28,10 @@ CLAIM_MEMORY: Final = 8
 #: several times as long as the recent slowest one on a loaded machine (measured: p99 claim time
 #: about 4x the median), and the pids cost nothing but the one write that claims them.
 RESERVE_FACTOR: Final = 4
+#: ZooKeeper defaults, shared with ``ZkCoordinator`` (built without settings in tests and tools).
+ZK_ROOT: Final = "/pidfence"
+ZK_SESSION_TIMEOUT_S: Final = 10.0
+ZK_OP_TIMEOUT_S: Final = 5.0
 
 
 def is_loopback(host: str) -> bool:
@@ -296,13 +300,21 @@ class LeaseServerSettings:
         low=1,
     )
     zk_root: str = setting(
-        "/pidfence", "zk-root", "znode folder of pidfence's state, inside the chroot"
+        ZK_ROOT, "zk-root", "znode folder of pidfence's state, inside the chroot"
     )
     zk_session_timeout_s: float = setting(
-        10.0, "zk-session-timeout", "ZooKeeper session timeout", kind="seconds", above=0
+        ZK_SESSION_TIMEOUT_S,
+        "zk-session-timeout",
+        "ZooKeeper session timeout",
+        kind="seconds",
+        above=0,
     )
     zk_op_timeout_s: float = setting(
-        5.0, "zk-op-timeout", "longest wait for one ZooKeeper answer", kind="seconds", above=0
+        ZK_OP_TIMEOUT_S,
+        "zk-op-timeout",
+        "longest wait for one ZooKeeper answer",
+        kind="seconds",
+        above=0,
     )
     metrics_port: int | None = setting(
         None, "metrics-port", "Prometheus endpoint (`/metrics`) port", kind="int", low=0, high=65535

@@ -42,6 +42,7 @@ from pidfence.pid_allocator.coordinator import (
     RollWrite,
 )
 from pidfence.pid_allocator.errors import LeaseServiceUnavailable
+from pidfence.pid_allocator.settings import ZK_OP_TIMEOUT_S, ZK_ROOT, ZK_SESSION_TIMEOUT_S
 from pidfence.reachability import REFUSED_GRACE_S, refused_everywhere, zookeeper_servers
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,9 @@ class ZkCoordinator:
         self,
         hosts: str,
         *,
-        root: str = "/pidfence",
-        session_timeout_s: float = 10.0,
-        op_timeout_s: float = 5.0,
+        root: str = ZK_ROOT,
+        session_timeout_s: float = ZK_SESSION_TIMEOUT_S,
+        op_timeout_s: float = ZK_OP_TIMEOUT_S,
         client: Any = None,
         auth: tuple[str, str] | None = None,
     ) -> None:
