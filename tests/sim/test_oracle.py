@@ -375,6 +375,13 @@ def test_the_oracle_names_what_the_strict_rules_never_append() -> None:
         [strict[0], unstarted], [(0, first), (0, headless)], read, set(), relaxed, [head]
     )
     assert adopted.ok and adopted.excused["unwritten_head"] == 1
+    # ... not when the sink read a record of that head before the gap: the gap is its word ...
+    read_head = _record(0, 8, 3, 1, b"event 1")
+    seen = StrictRecord(0, 0, read_head, Verdict.UNKNOWN_PID, False, False, False, True)
+    assert not judge([seen, unstarted], [(0, headless)], read, set(), relaxed, [head]).ok
+    assert judge([seen, unstarted], [(0, headless)], {(0, 1)}, set(), relaxed, [head]).ok
+    uncertified = [{0: Verdict.UNVERIFIED}]  # under signing, adopted at the next certificate
+    assert judge([seen, unstarted], [(0, headless)], read, set(), uncertified, [head]).ok
     # ... never one the strict rules knew (an ended lease's), nor after a newer generation.
     for known in (
         StrictRecord(0, 1, headless, Verdict.UNKNOWN_PID, False, False, False, False),

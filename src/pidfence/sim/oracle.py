@@ -206,6 +206,14 @@ def judge(
             heads[(partition, pid, generation)].append((last, after))
     report = OracleReport()
     by_place = {(s.partition, s.place): s for s in strict}
+    seen_seqs: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for s in strict:
+        pf = pf_of(s.record)
+        if pf is None or (s.partition, s.place) not in read:
+            continue
+        if s.partition < len(relaxed) and relaxed[s.partition].get(s.place) is Verdict.UNVERIFIED:
+            continue  # under signing the sink adopts at a certificate: what came before stays open
+        seen_seqs[(s.partition, pf[0])].append((pf[2], s.place))
     strict_events: dict[bytes, list[StrictRecord]] = defaultdict(list)
     for s in strict:
         if s.verdict is Verdict.APPENDED and pf_of(s.record) is not None:
@@ -232,11 +240,17 @@ def judge(
         if behind_a_hole and not s.after_newer:
             report.excused["gap_resolution"] += 1
             continue
+        # A head gap is the sink's word; it counts only if the sink read no record of that
+        # head before the gap, except ones it could not verify (it adopts at a certificate).
         past_an_open_head = (
             pf is not None
             and s.unstarted
             and any(
-                last < pf[2] and after <= rec.offset
+                last < pf[2]
+                and after <= rec.offset
+                and not any(
+                    seq <= last and place < after for seq, place in seen_seqs[(partition, pf[0])]
+                )
                 for last, after in heads[(partition, pf[0], pf[1])]
             )
         )
