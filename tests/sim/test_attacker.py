@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pidfence.sim import SimResult, run
 from pidfence.sim.attacker import ATTACKS, Forgery
 from tests.sim.schedules import SEEDS, assert_clean, explored, judged, knob_space
+from tests.sim.test_oracle import ONE_CHAIN
 
 # Every fault but producer crashes (see test_forged_fences_do_not_mislead_the_recovery_scan): lossy,
 # duplicating, reordering network, sink restarts rebuilding from snapshots, rollovers and broker
@@ -108,6 +109,18 @@ def test_forged_fences_hit_live_producers(attacked: list[SimResult]) -> None:
         live = [f for f in fences if f.attack != "fence_expired"]
         assert live, result.describe()
         assert any(_followed(result, f) for f in live), result.describe()
+
+
+def test_an_unsigned_fence_several_generations_ahead_is_refused_like_a_resumes_own() -> None:
+    """Seeds 144 and 152 of the one-chain world under attack: a forged ``FENCE`` without
+    ``pfc`` met a partition the pid had not written since an earlier bump, so it stood two
+    generations ahead there. The rules say ``INVALID_GENERATION``, as for the unsigned
+    intermediate FENCEs a resume writes; it changes nothing, and the run is clean."""
+    for seed in (144, 152):
+        result = run(seed, **{**ONE_CHAIN, "attack_p": 0.1})
+        assert result.ok, result.describe()
+        leaps = [f for f, v in result.forgeries if v == "INVALID_GENERATION"]
+        assert [f.attack for f in leaps] == ["fence_none"], result.describe()
 
 
 def test_without_verification_the_attacker_is_caught() -> None:

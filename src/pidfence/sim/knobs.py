@@ -77,7 +77,8 @@ class Knobs:
         attack_p: per step, an attacker with write access to the topic writes one forged record
             (:mod:`pidfence.sim.attacker`): a FENCE one generation ahead of a live pid or a fresh
             pid with seq 0, without ``pfc`` or with a bad one. The lease server always signs and
-            the sink verifies (DESIGN §3 amended), so every forgery must be ``FORGED``.
+            the sink verifies (DESIGN §3 amended), so every forgery must be ``FORGED`` (or
+            ``INVALID_GENERATION``, one without ``pfc`` several generations ahead).
         lifetime_ms: lease lifetime under the fake clock (rollover at 23/24 of it).
         step_ms: fake clock advance per step.
         checkpoint_every: sends between checkpoints (each checkpoint flushes first).

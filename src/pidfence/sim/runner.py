@@ -72,8 +72,15 @@ class SimResult:
 
     @property
     def forgeries_refused(self) -> bool:
-        """Every attacker record was judged ``FORGED`` (trivially true without an attacker)."""
-        return all(verdict == "FORGED" for _, verdict in self.forgeries)
+        """Every attacker record was judged ``FORGED`` (trivially true without an attacker), or
+        ``INVALID_GENERATION`` if it carries no certificate: an unsigned ``FENCE`` several
+        generations ahead of the partition looks exactly like a resume's own unsigned
+        intermediate ones, and is refused as they are, changing nothing."""
+        return all(
+            verdict == "FORGED"
+            or (verdict == "INVALID_GENERATION" and forgery.attack.endswith("_none"))
+            for forgery, verdict in self.forgeries
+        )
 
     @property
     def ok(self) -> bool:
