@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pidfence.broker_plugin import ProducerStateTable
 from pidfence.broker_plugin import batch as batch_path
 from pidfence.broker_plugin.adoption import VOUCHED, Adoption
 from pidfence.sim import SimResult, run
@@ -265,6 +266,33 @@ def test_records_waiting_behind_unread_seqs_keep_their_events() -> None:
     for result in results:
         assert_clean(result)
     assert sum(r.stats.get("gaps_offsets", 0) for r in results) > 0
+
+
+def test_a_timeout_hole_above_unread_seqs_is_not_skipped_from_a_stale_highwater(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Retention deleted seqs the sink had not read, and the next seq had timed out in
+    librdkafka's queue: counted from the highwater the sink last saw, the reorder window
+    overflowed, the gap swallowed the timeout hole and the records after it were appended, then
+    again under the resume's successor (seed 244 of ``ONE_CHAIN`` and 208 of ``TRIMMED``, with
+    timeouts: 4 and 2 events twice). A pid known before offsets not read now counts its window
+    by the records waiting (docs/gaps.md, "A highwater from before a horizon"); a table that
+    forgets which pids those are is the seeded bug."""
+    worlds = [(244, {**ONE_CHAIN, "timeout_p": 0.05}), (208, {**TRIMMED, "timeout_p": 0.05})]
+    for seed, world in worlds:
+        assert_clean(run(seed, **world))
+
+    opened = ProducerStateTable.open_horizon
+
+    def forgetful(self: ProducerStateTable, point_ms: int) -> None:
+        opened(self, point_ms)
+        self.stale.clear()
+
+    monkeypatch.setattr(ProducerStateTable, "open_horizon", forgetful)
+    broken = _failing([run(seed, **world) for seed, world in worlds])
+    assert len(broken) == len(worlds)
+    assert all(r.report.findings["event_duplicate"].count for r in broken)
+    assert all(r.oracle.twice or not r.oracle.ok for r in broken)
 
 
 #: The backlog world with librdkafka timeouts, doubled deliveries and late restarts.

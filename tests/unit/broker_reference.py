@@ -64,12 +64,14 @@ class ReferenceTable:
     arrival: int = field(default=0, init=False)
     vouched: tuple[int, int] | None = field(default=None, init=False)
     unconfirmed: set[int] = field(default_factory=set, init=False)
+    stale: set[int] = field(default_factory=set, init=False)
     #: (pid, generation, first, last, ref, kind) of every gap, in the order found.
     gaps: list[tuple[int, int, int, int, Any, str]] = field(default_factory=list, init=False)
 
     def open_horizon(self, point: int) -> None:
         self.horizon = max(self.horizon, point + self.lifetime)
         self.unconfirmed |= set(self.entries)
+        self.stale |= set(self.entries)
 
     def _covered(self, pid: int, g: int) -> bool:
         return self.vouched is not None and self.vouched[0] == pid and g <= self.vouched[1]
@@ -93,6 +95,7 @@ class ReferenceTable:
             if first_seen + self.lifetime <= self.clock:
                 del self.entries[pid]
                 self.unconfirmed.discard(pid)
+                self.stale.discard(pid)
                 for h in sorted((h for h in self.held if h["pid"] == pid), key=_arrival):
                     out.append((h["ref"], Verdict.OUT_OF_ORDER))
                     self.held.remove(h)
@@ -339,21 +342,23 @@ class ReferenceTable:
                 return
             moved = g > e[0]
             e[0], e[1] = g, s
+            self.stale.discard(pid)
             out.append((ref, Verdict.APPENDED))
             if moved and self.resolve_gaps:
                 self._settle(pid, e, out)
             else:
                 self._release(pid, e, out)
             self._land(ts, out)
-        elif s - e[1] - 1 > self.window and not (self.resolve_gaps and _ranges(e[4]) < MAX_HOLES):
+        elif self._overflow(pid, e, s) and not (self.resolve_gaps and _ranges(e[4]) < MAX_HOLES):
             out.append((ref, Verdict.OUT_OF_ORDER))
-        elif s - e[1] - 1 > self.window:
+        elif self._overflow(pid, e, s):
             if moves and not self._ok(pid, g, s, flags, cert, ts):
                 out.append((ref, Verdict.FORGED))
                 return
+            self.stale.discard(pid)
             mine = [x for x in self.held if x["pid"] == pid]
             low = min(mine, key=lambda x: x["seq"]) if mine else None
-            if low is None:
+            if low is None or s < low["seq"]:
                 self.gaps.append((pid, g, e[1] + 1, s - 1, ref, "lost"))
                 e[4].update(range(e[1] + 1, s))
                 e[1] = s - 1
@@ -382,9 +387,19 @@ class ReferenceTable:
             out.append((ref, Verdict.BUFFERED))
             self._land(ts, out)
 
+    def _overflow(self, pid: int, e: list[Any], s: int) -> bool:
+        """The reorder window overflows at seq ``s``: by seqs missing, or, for a pid known
+        before offsets not read (gap mode), by records waiting."""
+        if pid in self.stale and self.resolve_gaps:
+            mine = {x["seq"] for x in self.held if x["pid"] == pid}
+            return s not in mine and len(mine) >= self.window
+        return s - e[1] - 1 > self.window
+
     def _settle(self, pid: int, e: list[Any], out: list[tuple[Any, Verdict]]) -> None:
         """The generation moved: older held records that reached the log before any held record
         of a newer generation land after their holes (gap mode); later ones are fenced."""
+        if any(x["pid"] == pid for x in self.held):
+            self.stale.discard(pid)
         newer = [x["arrival"] for x in self.held if x["pid"] == pid and x["gen"] >= e[0]]
         cut = min(newer, default=None)
         older = sorted(

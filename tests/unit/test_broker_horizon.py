@@ -205,3 +205,45 @@ def test_records_waiting_behind_unread_seqs_are_appended_when_the_next_fence_is_
     decided |= {d.ref: d.verdict for d in table.offer(7, 1, 14, 6_001, ref=14)}
     assert decided == {12: A, 13: A, "fence": Verdict.FENCE, 14: A}
     assert table.get(7) == (1, 14, 1_000)
+
+
+def _stale(table: ProducerStateTable) -> ProducerStateTable:
+    """Pid 7 wrote seqs 0 and 1 at generation 3; then the offsets after them were not read."""
+    for seq in (0, 1):
+        assert [d.verdict for d in table.offer(7, 3, seq, 1_000 + seq)] == [A]
+    table.open_horizon(2_000)
+    return table
+
+
+def test_a_known_producers_window_counts_waiting_records_after_a_horizon() -> None:
+    """Retention deleted seqs 2..4 of pid 7 unread; seq 5 timed out in librdkafka's queue and
+    6..9 reached the log; a successor pid re-sends 5..9. The strict rules on the whole log append
+    0..4 and never 6..9 (5 never comes). Counted from the stale highwater 1, 8 overflowed the
+    window: the gap 2..5 was skipped and 6..9 appended, each event a second time under the
+    successor. Counted by the records waiting, 6..9 wait and end refused."""
+    table = _stale(sink_table(fixed_authority({7: (3, 10 * DAY)})))
+    decided = [d.verdict for s in range(6, 10) for d in table.offer(7, 3, s, 3_000 + s)]
+    assert decided == [B] * 4
+    assert table.gaps == [] and table.get(7)[1] == 1  # type: ignore[index]
+    flushed = {d.verdict for d in table.flush(3_100)}
+    assert flushed == {Verdict.OUT_OF_ORDER}
+
+    # Without the horizon, the distance rule skips from the highwater the sink saw land.
+    seen = sink_table()
+    for seq in (0, 1):
+        seen.offer(7, 3, seq, 1_000 + seq)
+    out = [d for s in range(6, 10) for d in seen.offer(7, 3, s, 3_000 + s, ref=s)]
+    assert {d.ref: d.verdict for d in out} == {s: A for s in range(6, 10)}
+    assert [(g.first, g.last, g.kind) for g in seen.gaps] == [(2, 5, "lost")]
+
+
+def test_a_stale_window_full_of_waiting_records_skips_from_the_lowest() -> None:
+    """When the window's worth of records wait, the gap below the lowest is reported lost
+    (what a timeout hole right above the unread seqs would also be: docs/gaps.md) and the
+    producer goes on from there; the highwater moved, so the distance rule is back."""
+    table = _stale(sink_table(fixed_authority({7: (3, 10 * DAY)})))
+    out = [d for s in range(6, 12) for d in table.offer(7, 3, s, 3_000 + s, ref=s)]
+    assert {d.ref: d.verdict for d in out} == {s: A for s in range(6, 12)}
+    assert [(g.first, g.last, g.kind) for g in table.gaps] == [(2, 5, "lost")]
+    assert 7 not in table.stale
+    assert [d.verdict for d in table.offer(7, 3, 19, 4_000)] == [A]  # 12..18 lost: distance 7

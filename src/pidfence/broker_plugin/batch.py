@@ -200,6 +200,8 @@ def offer_batch(
     create_upto(n)
     for pid, gen, high in final_states:
         entry = table.entries[pid]
+        if high != entry.highwater:
+            table.stale.discard(pid)  # as the per-record rules: the next seq landed
         entry.generation = gen
         entry.highwater = high
     out.clear()

@@ -118,6 +118,11 @@ class RulesKernel(Proofs, Adoption):
         self.pending: dict[int, Pending] = {}
         #: Known pids that may have missed a FENCE in offsets not read (adoption.py).
         self.unconfirmed: set[int] = set()
+        #: Pids known before offsets that were not read: their highwater may be behind the
+        #: log's, so their reorder window counts records waiting, not seqs missing, until it
+        #: moves again (a gap skipped from a stale highwater would swallow a timeout hole just
+        #: above the unread seqs, and append what a full view holds behind it).
+        self.stale: set[int] = set()
         self.vouched: tuple[int, int] | None = None
         self.clock = NO_CLOCK
         #: The entries' life when they were last expired (None: never).
@@ -150,6 +155,7 @@ class RulesKernel(Proofs, Adoption):
         point_ms = as_timestamp(point_ms)
         self.horizon = max(self.horizon, point_ms + self.life)
         self.unconfirmed.update(self.entries)
+        self.stale.update(self.entries)
 
     # ------------------------------------------------------------------------- the clock
 
@@ -180,6 +186,7 @@ class RulesKernel(Proofs, Adoption):
             ring.pop()
             del self.entries[pid]
             self.unconfirmed.discard(pid)
+            self.stale.discard(pid)
             if serial < self.base_serial:
                 # Entries created since the last snapshot never reached one; deltas skip them.
                 self.expired_since += 1
@@ -294,6 +301,7 @@ class RulesKernel(Proofs, Adoption):
                 out.append((ref, Verdict.FORGED, token))
                 return
             self.touched.add(pid)
+            self.stale.discard(pid)
             entry.generation = g
             entry.highwater = s
             out.append((ref, Verdict.APPENDED, token))
@@ -304,7 +312,13 @@ class RulesKernel(Proofs, Adoption):
                     self.release(pid, entry, out)
             self.advance(ts, out)
             return
-        if s - high - 1 > self.reorder_window:
+        held = self.held.get(pid)
+        if pid in self.stale and self.resolve_gaps:
+            waiting_now = held or {}
+            overflow = s not in waiting_now and len(waiting_now) >= self.reorder_window
+        else:
+            overflow = s - high - 1 > self.reorder_window
+        if overflow:
             if not self.resolve_gaps or not holes.room(entry):
                 out.append((ref, Verdict.OUT_OF_ORDER, token))
                 return
@@ -315,7 +329,6 @@ class RulesKernel(Proofs, Adoption):
             # Judged again against the entry that now follows the gap.
             self.decide(pid, g, s, flags, ts, ref, out, token, cert)
             return
-        held = self.held.get(pid)
         waiting = held.get(s) if held is not None else None
         if waiting is not None and g <= waiting.generation:
             # The same record arrived twice while waiting, or an older generation's copy of a
@@ -396,11 +409,12 @@ class RulesKernel(Proofs, Adoption):
         (or ``s``) as lost, keep them open, and move the highwater up to it, appending what then
         follows."""
         held = self.held.get(pid)
-        low = min(held) if held else s
+        low = min(*held, s) if held else s
         after = held[low].ref if held and low < s else ref
         gen = held[low].generation if held and low < s else g
         self.gaps.append(Gap(pid, gen, entry.highwater + 1, low - 1, after, "lost"))
         self.touched.add(pid)
+        self.stale.discard(pid)
         holes.add(entry, entry.highwater + 1, low - 1)
         entry.highwater = low - 1
         if held:
@@ -418,6 +432,7 @@ class RulesKernel(Proofs, Adoption):
         those under the new generation, and they fill it.
         """
         held = self.held[pid]
+        self.stale.discard(pid)
         cut = min(
             (h.arrival for h in held.values() if h.generation >= entry.generation), default=None
         )

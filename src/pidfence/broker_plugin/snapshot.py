@@ -164,6 +164,7 @@ def _moving(table: RulesKernel) -> dict[str, Any]:
         "held": _held_rows(table),
         "pending": _pending_rows(table),
         "unconfirmed": sorted(table.unconfirmed),
+        "stale": sorted(table.stale),
     }
 
 
@@ -322,6 +323,10 @@ def _restore(cls: type[K], full: bytes, deltas: list[bytes], overrides: SettingO
         if _int(pid, "unconfirmed pid") not in table.entries:
             raise CorruptSnapshot(f"unconfirmed pid {pid} has no entry")
         table.unconfirmed.add(pid)
+    for pid in state["stale"]:
+        if _int(pid, "stale pid") not in table.entries:
+            raise CorruptSnapshot(f"stale pid {pid} has no entry")
+        table.stale.add(pid)
     _mark_clean(table, epoch)
     return table
 

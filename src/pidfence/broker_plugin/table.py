@@ -183,6 +183,7 @@ class ProducerStateTable(RulesKernel):
             held,
             pending,
             tuple(sorted(self.unconfirmed)),
+            tuple(sorted(self.stale)),
         )
 
     def __eq__(self, other: object) -> bool:
