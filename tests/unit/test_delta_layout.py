@@ -330,9 +330,11 @@ def _query_of_three_batches(
     ``tmp_path/out``) after batches 0-2, each recorded committed as Spark records it; the output
     copied to ``tmp_path/backup`` before batch ``copied_after``. Returns it and its chunks."""
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    options = SinkOptions.parse({"path": str(out), **SETTINGS})
+    options = SinkOptions.parse(
+        {"path": str(out), "checkpointLocation": str(checkpoint), **SETTINGS}
+    )
     open_output(options.path, options.rejects_path, QUERY)
-    running = PidfenceStreamWriter(options, QUERY, checkpoint=str(checkpoint))
+    running = PidfenceStreamWriter(options, QUERY)
     _, chunks = _stream(38, 250)
     (checkpoint / "commits").mkdir(parents=True)
     for batch in range(3):

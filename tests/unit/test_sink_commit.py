@@ -338,8 +338,10 @@ def test_the_docs_table_is_the_declarations() -> None:
 def test_options_are_validated() -> None:
     assert parse_duration_ms("15m") == 900_000
     assert parse_duration_ms("250") == 250
-    with pytest.raises(SinkOptionError, match="lifetime"):
+    with pytest.raises(SinkOptionError, match=r"^duration 'soon' is not a duration"):
         parse_duration_ms("soon")
+    with pytest.raises(SinkOptionError, match=r"^lifetime 'soon'"):
+        parse_duration_ms("soon", "lifetime")
     # A minimum holds for the duration, not the number before its unit: 30s passes 1000 ms.
     assert SinkOptions.parse({"path": "/x", "claimLapse": "30s"}).claim_lapse_ms == 30_000
     with pytest.raises(SinkOptionError, match="claimLapse '500ms' is a duration shorter than 1s"):

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from pidfence.pid_allocator import LeaseClient
 
 
-def parse_duration_ms(text: str, name: str = "lifetime", low: int = 1) -> int:
+def parse_duration_ms(text: str, name: str = "duration", low: int = 1) -> int:
     """``"3600000"``, ``"90s"``, ``"15m"``, ``"24h"`` or ``"7d"`` as milliseconds, at least
-    ``low`` once its unit is applied.
+    ``low`` once its unit is applied; ``name`` (the option read) begins the error's message.
 
     Raises:
         SinkOptionError: not a whole duration, or shorter than ``low``.

@@ -61,18 +61,10 @@ class PidfenceDataSource(DataSource):
                 "with spark.readStream.format('kafka').option('includeHeaders', 'true') and do "
                 "not drop columns"
             )
-        options = dict(self.options)
-        checkpoint = next(
-            (v for k, v in options.items() if k.lower() == "checkpointlocation"), None
-        )
-        parsed = SinkOptions.parse(options)
+        parsed = SinkOptions.parse(dict(self.options))
         _check_lifetime(parsed)
         # Claims the path for this query (one query per path) before any batch runs.
-        return PidfenceStreamWriter(
-            parsed,
-            checkpoint_query_id(checkpoint),
-            checkpoint=checkpoint,
-        )
+        return PidfenceStreamWriter(parsed, checkpoint_query_id(parsed.checkpoint))
 
     def reader(self, schema: StructType) -> PidfenceReader:
         """A batch reader of the committed log."""

@@ -75,20 +75,18 @@ class PidfenceStreamWriter(DataSourceStreamArrowWriter):
     """Applies the broker rules per Kafka partition and publishes each batch once.
 
     Args:
-        options: the sink's options.
+        options: the sink's options. Their ``checkpoint`` (the query's checkpoint location),
+            when known, tells whether the query committed batches already (then a missing table
+            is a lost one), and, when the log table lacks the batch before a commit's own,
+            whether Spark committed that batch.
         query_id: the streaming query's id when known at start (read from the checkpoint); the
             path is claimed for it before any task runs.
-        checkpoint: the query's checkpoint location, when known: whether it committed batches
-            already (then a missing table is a lost one), and, when the log table lacks the
-            batch before a commit's own, whether Spark committed that batch.
     """
 
-    def __init__(
-        self, options: SinkOptions, query_id: str | None = None, checkpoint: str | None = None
-    ) -> None:
+    def __init__(self, options: SinkOptions, query_id: str | None = None) -> None:
         self.options = options
         self.query_id = query_id
-        self.checkpoint = checkpoint
+        checkpoint = self.checkpoint = options.checkpoint
         # Refuses another writer's table before anything is written, and creates both tables,
         # so the first batch's tasks find them (unless the query committed batches before: then
         # a missing table is a lost one).
